@@ -1,0 +1,4 @@
+//! Mercurio's broker core: the MQTT codec, sessions, routing, listeners and the embedding API.
+
+pub mod codec;
+pub mod config;
