@@ -1,4 +1,29 @@
 //! Mercurio's broker core: the MQTT codec, sessions, routing, listeners and the embedding API.
+//!
+//! A message flows socket to socket like this: a [`connection`] task's reader decodes a
+//! PUBLISH ([`codec`]), the broker finds matching subscriptions in the [`router`] index and
+//! pushes one shared [`message::Message`] into each subscriber's [`session`] queue, which wakes
+//! that subscriber's writer; the writer drains its queue into one buffer and one write.
+//!
+//! Dependencies: tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
+//! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
+//! configuration), tracing (logs), async-trait (hook traits).
 
+mod broker;
 pub mod codec;
 pub mod config;
+mod connection;
+mod error;
+mod handle;
+mod listener;
+pub mod message;
+pub mod router;
+mod session;
+pub mod stats;
+pub mod topic;
+
+pub use connection::DisconnectReason;
+pub use error::Error;
+pub use handle::{Broker, BrokerBuilder, BrokerHandle, SessionInfo, Subscription, SHUTDOWN_GRACE};
+pub use message::Message;
+pub use session::Session;

@@ -1,0 +1,346 @@
+//! The broker's shared state and the operations on it that are not tied to one connection:
+//! routing a message to the sessions whose subscriptions match, retained messages, taking a
+//! session over at CONNECT, ending it at DISCONNECT or expiry, and wills.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+
+use crate::codec::QoS;
+use crate::config::Config;
+use crate::connection::Link;
+use crate::message::Message;
+use crate::router::{RetainedStore, SubscriptionIndex};
+use crate::session::{Enqueued, Granted, QueueLimits, Queued, Session, Will};
+use crate::stats::{DropCause, Stats};
+
+/// What the subscription index holds for each subscription.
+#[derive(Debug, Clone)]
+pub(crate) struct SubEntry {
+    pub session: Arc<Session>,
+    pub granted: Granted,
+}
+
+/// Everything the connections, listeners, timers and handles share.
+pub(crate) struct BrokerInner {
+    pub config: Config,
+    pub limits: QueueLimits,
+    pub sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
+    pub index: RwLock<SubscriptionIndex<SubEntry>>,
+    pub retained: Mutex<RetainedStore<Arc<Message>>>,
+    pub stats: Stats,
+    pub started: Instant,
+    pub shutting_down: AtomicBool,
+    /// Open network connections (accepted sockets not yet closed).
+    pub open_connections: AtomicUsize,
+    /// Signalled each time a connection closes, for shutdown to wait on.
+    pub connection_closed: Notify,
+    /// Signalled once when shutdown starts, to stop the listeners.
+    pub stop_listeners: Notify,
+    pub local_addrs: Mutex<Vec<SocketAddr>>,
+    pub next_client_number: AtomicU64,
+}
+
+impl BrokerInner {
+    pub(crate) fn new(config: Config) -> BrokerInner {
+        let limits = QueueLimits {
+            max_messages: config.server.max_queued_messages,
+            max_qos0_messages: config.server.max_queued_qos0_messages,
+            max_bytes: config.server.max_queued_bytes,
+        };
+        BrokerInner {
+            config,
+            limits,
+            sessions: Mutex::new(HashMap::new()),
+            index: RwLock::new(SubscriptionIndex::new()),
+            retained: Mutex::new(RetainedStore::new()),
+            stats: Stats::default(),
+            started: Instant::now(),
+            shutting_down: AtomicBool::new(false),
+            open_connections: AtomicUsize::new(0),
+            connection_closed: Notify::new(),
+            stop_listeners: Notify::new(),
+            local_addrs: Mutex::new(Vec::new()),
+            next_client_number: AtomicU64::new(1),
+        }
+    }
+
+    /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
+    /// Returns how many sessions it was queued for.
+    pub(crate) fn publish(&self, msg: Message) -> usize {
+        let msg = Arc::new(msg);
+        if msg.retain {
+            self.retain(&msg);
+        }
+        self.route(&msg)
+    }
+
+    /// Applies the RETAIN flag of `msg` (MQTT 5.0 section 3.3.1.3): an empty payload deletes
+    /// the retained message of its topic [MQTT-3.3.1-6], anything else replaces it
+    /// [MQTT-3.3.1-5]; `max_retained_messages` caps how many topics are kept.
+    fn retain(&self, msg: &Arc<Message>) {
+        let mut store = self.retained.lock();
+        if msg.payload.is_empty() {
+            store.remove(&msg.topic);
+            return;
+        }
+        let max = self.config.server.max_retained_messages;
+        if max > 0 && store.len() >= max && store.get(&msg.topic).is_none() {
+            tracing::warn!(topic = %msg.topic, max, "retained message not kept: max_retained_messages reached");
+            return;
+        }
+        store.insert(&msg.topic, Arc::clone(msg));
+    }
+
+    /// Queues `msg` for every session with a matching subscription: one delivery per client at
+    /// the highest QoS its matching subscriptions grant, carrying all their subscription
+    /// identifiers [MQTT-3.3.4-3]; one member per shared subscription group [MQTT-4.8.2-?].
+    pub(crate) fn route(&self, msg: &Arc<Message>) -> usize {
+        let matches = self.index.read().matches(&msg.topic);
+        let mut delivered = 0;
+        for cm in &matches.clients {
+            let Some(first) = cm.subscriptions.first() else { continue };
+            let mut qos: Option<QoS> = None;
+            let mut retain = false;
+            let mut ids = Vec::new();
+            for e in &cm.subscriptions {
+                let o = &e.granted.options;
+                // No Local: never back to the publisher's own subscription [MQTT-3.8.3-3].
+                if o.no_local && msg.publisher.as_deref() == Some(&*cm.client) {
+                    continue;
+                }
+                let q = msg.qos.min(o.qos);
+                qos = Some(qos.map_or(q, |have| have.max(q)));
+                retain |= o.retain_as_published && msg.retain;
+                if let Some(id) = e.granted.identifier {
+                    ids.push(id);
+                }
+            }
+            let Some(qos) = qos else { continue };
+            let q = Queued { msg: Arc::clone(msg), qos, retain, subscription_ids: ids };
+            if self.deliver(&first.session, q) {
+                delivered += 1;
+            }
+        }
+        for sm in &matches.shared {
+            let n = sm.members.len();
+            if n == 0 {
+                continue;
+            }
+            let start = sm.next.fetch_add(1, Ordering::Relaxed) % n;
+            let order = (0..n).map(|i| &sm.members[(start + i) % n].1);
+            let mut taken = false;
+            for e in order.clone().filter(|e| e.session.is_connected()) {
+                if let Enqueued::Queued = e.session.enqueue(shared_delivery(msg, e), &self.limits) {
+                    taken = true;
+                    break;
+                }
+            }
+            if !taken && msg.qos > QoS::AtMostOnce {
+                // Nobody connected: keep it for one member's persistent session.
+                for e in order {
+                    if let Enqueued::Queued = e.session.enqueue(shared_delivery(msg, e), &self.limits) {
+                        taken = true;
+                        break;
+                    }
+                }
+            }
+            if taken {
+                delivered += 1;
+            } else {
+                self.stats.dropped(DropCause::NoShareMember);
+            }
+        }
+        delivered
+    }
+
+    /// Offers one delivery to a session, counting a drop. True when queued.
+    pub(crate) fn deliver(&self, session: &Session, q: Queued) -> bool {
+        match session.enqueue(q, &self.limits) {
+            Enqueued::Queued => true,
+            Enqueued::Skipped => false,
+            Enqueued::Dropped(cause) => {
+                self.stats.dropped(cause);
+                false
+            }
+        }
+    }
+
+    /// Records a subscription in the session and the index. Returns true when it replaced an
+    /// existing subscription on the same filter [MQTT-3.8.4-3].
+    pub(crate) fn subscribe(&self, session: &Arc<Session>, filter: &str, granted: Granted) -> bool {
+        let existed = session.state.lock().subscriptions.insert(filter.to_string(), granted).is_some();
+        let entry = SubEntry { session: Arc::clone(session), granted };
+        self.index.write().insert(filter, Arc::clone(&session.client_id), entry);
+        existed
+    }
+
+    /// Removes a subscription. True when it existed.
+    pub(crate) fn unsubscribe(&self, session: &Session, filter: &str) -> bool {
+        let existed = session.state.lock().subscriptions.remove(filter).is_some();
+        if existed {
+            self.index.write().remove(filter, &session.client_id);
+        }
+        existed
+    }
+
+    /// Queues the retained messages matching `filter` for `session`, as a new subscription
+    /// with these options receives them [MQTT-3.8.4-4], with RETAIN set [MQTT-3.3.1-8].
+    pub(crate) fn send_retained(&self, session: &Session, filter: &str, granted: &Granted) {
+        let now = Instant::now();
+        let found = self.retained.lock().matching(filter);
+        for msg in found {
+            if msg.is_expired(now) {
+                continue;
+            }
+            let q = Queued {
+                qos: msg.qos.min(granted.options.qos),
+                msg,
+                retain: true,
+                subscription_ids: granted.identifier.into_iter().collect(),
+            };
+            self.deliver(session, q);
+        }
+    }
+
+    /// Ends a session: removes its subscriptions from the index and the session from the map
+    /// (if it is still the one there), and publishes a will still pending [MQTT-3.1.2-8].
+    pub(crate) fn end_session(&self, session: &Arc<Session>) {
+        let (filters, will) = {
+            let mut st = session.state.lock();
+            if st.ended {
+                return;
+            }
+            st.ended = true;
+            st.queue.clear();
+            st.queued_bytes = 0;
+            st.inflight.clear();
+            let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
+            (filters, st.will.take())
+        };
+        {
+            let mut index = self.index.write();
+            for f in &filters {
+                index.remove(f, &session.client_id);
+            }
+        }
+        {
+            let mut sessions = self.sessions.lock();
+            if sessions.get(&session.client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
+                sessions.remove(&session.client_id);
+            }
+        }
+        if let Some(will) = will {
+            self.publish_will(&session.client_id, will);
+        }
+    }
+
+    pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
+        tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
+        let msg = Arc::unwrap_or_clone(will.msg);
+        self.publish(msg);
+    }
+
+    /// Called when a session's connection has ended. `publish_will` is false after a normal
+    /// DISCONNECT [MQTT-3.1.2-10]. Arms the will delay and session expiry timers.
+    pub(crate) fn detach(self: &Arc<Self>, session: &Arc<Session>, link: &Arc<Link>, publish_will: bool) {
+        let (generation, expiry, will_now, will_delay) = {
+            let mut st = session.state.lock();
+            if !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
+                return;
+            }
+            st.link = None;
+            st.disconnected_at = Some(Instant::now());
+            for f in st.inflight.iter_mut() {
+                f.sent = false;
+            }
+            // QoS 0 messages are not kept for a client that is away.
+            let before = st.queue.len();
+            st.queue.retain(|q| q.qos != QoS::AtMostOnce);
+            if st.queue.len() != before {
+                st.queued_bytes = st.queue.iter().map(|q| q.msg.payload.len() as u64).sum();
+            }
+            let mut will_now = None;
+            let mut will_delay = None;
+            if !publish_will {
+                st.will = None;
+            } else if let Some(w) = &st.will {
+                if w.delay == 0 || st.expiry_interval == 0 {
+                    will_now = st.will.take();
+                } else {
+                    will_delay = Some(w.delay);
+                }
+            }
+            (st.generation, st.expiry_interval, will_now, will_delay)
+        };
+        if let Some(will) = will_now {
+            self.publish_will(&session.client_id, will);
+        }
+        if expiry == 0 {
+            self.end_session(session);
+            return;
+        }
+        if let Some(delay) = will_delay {
+            if delay < expiry {
+                let broker = Arc::clone(self);
+                let session = Arc::clone(session);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
+                    let will = {
+                        let mut st = session.state.lock();
+                        if st.generation != generation || st.link.is_some() || st.ended {
+                            return;
+                        }
+                        st.will.take()
+                    };
+                    if let Some(will) = will {
+                        broker.publish_will(&session.client_id, will);
+                    }
+                });
+            }
+        }
+        if expiry != u32::MAX {
+            let broker = Arc::clone(self);
+            let session = Arc::clone(session);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(u64::from(expiry))).await;
+                {
+                    let st = session.state.lock();
+                    if st.generation != generation || st.link.is_some() || st.ended {
+                        return;
+                    }
+                }
+                tracing::debug!(client_id = %session.client_id, "session expired");
+                broker.stats.sessions_expired.fetch_add(1, Ordering::Relaxed);
+                broker.end_session(&session);
+            });
+        }
+    }
+
+    /// True once shutdown has begun.
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+}
+
+fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Queued {
+    let o = &e.granted.options;
+    Queued {
+        msg: Arc::clone(msg),
+        qos: msg.qos.min(o.qos),
+        retain: o.retain_as_published && msg.retain,
+        subscription_ids: e.granted.identifier.into_iter().collect(),
+    }
+}
+
+impl Session {
+    /// True while a connection serves this session.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.state.lock().link.is_some()
+    }
+}

@@ -1,0 +1,988 @@
+//! One network connection: the CONNECT handshake, then a reader and a writer running side by
+//! side in the connection's task.
+//!
+//! The reader decodes packets and runs the inbound state machines (MQTT 5.0 section 4.3);
+//! what it answers (PUBACK, SUBACK, ...) is encoded into the link's control buffer. The writer
+//! sleeps until woken, then drains the control buffer and the session's queue into one buffer
+//! and one write (DESIGN.md section 3: coalescing writes is what makes a broker fast).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+
+use crate::broker::BrokerInner;
+use crate::codec::{
+    self, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck,
+    Publish, PublishRef, QoS, ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
+};
+use crate::message::Message;
+use crate::session::{Granted, Inflight, OutboundState, Session, Will};
+use crate::stats::{DropCause, Stats};
+use crate::topic;
+
+/// Topic aliases a client may use towards the broker (CONNACK Topic Alias Maximum).
+pub const TOPIC_ALIAS_MAXIMUM: u16 = 10;
+/// A writer writes at most about this many bytes per system call before draining again.
+const WRITE_CHUNK: usize = 64 * 1024;
+/// A read buffer larger than this is released once empty, so idle connections stay small.
+const IDLE_BUFFER_LIMIT: usize = 16 * 1024;
+/// How long the final packets (DISCONNECT, a refused CONNACK) may take to be written.
+const FINAL_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a connection ended, as logs and counters show it (DESIGN.md section 3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DisconnectReason {
+    /// The client sent DISCONNECT.
+    ClientDisconnect,
+    /// The client closed the socket without DISCONNECT.
+    ConnectionLost,
+    /// No packet within 1.5 times the keep alive.
+    KeepAliveTimeout,
+    /// A second connection took the session over.
+    TakenOver,
+    /// The broker is shutting down.
+    Shutdown,
+    /// Closed by an administrator or the embedding application.
+    Administrative,
+    /// The client broke the protocol (malformed packet, protocol error, a limit).
+    ProtocolViolation(ReasonCode),
+    /// Reading or writing the socket failed.
+    Io(String),
+}
+
+impl std::fmt::Display for DisconnectReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DisconnectReason::ClientDisconnect => write!(f, "client disconnected"),
+            DisconnectReason::ConnectionLost => write!(f, "connection closed by client"),
+            DisconnectReason::KeepAliveTimeout => write!(f, "keep alive timeout"),
+            DisconnectReason::TakenOver => write!(f, "session taken over"),
+            DisconnectReason::Shutdown => write!(f, "server shutting down"),
+            DisconnectReason::Administrative => write!(f, "administrative action"),
+            DisconnectReason::ProtocolViolation(rc) => write!(f, "protocol violation: {rc}"),
+            DisconnectReason::Io(e) => write!(f, "socket error: {e}"),
+        }
+    }
+}
+
+/// How the connection ends: why, what to send first, whether the will goes out.
+#[derive(Debug)]
+struct Close {
+    reason: DisconnectReason,
+    /// A 5.0 DISCONNECT to send before closing.
+    send: Option<ReasonCode>,
+    publish_will: bool,
+}
+
+impl Close {
+    fn lost(reason: DisconnectReason) -> Close {
+        Close { reason, send: None, publish_will: true }
+    }
+
+    /// A protocol violation: 5.0 clients get DISCONNECT with `rc` [MQTT-4.13.1-1].
+    fn violation(rc: ReasonCode, why: &str, client_id: &str) -> Close {
+        tracing::debug!(client_id, reason = %rc, "closing connection: {why}");
+        Close { reason: DisconnectReason::ProtocolViolation(rc), send: Some(rc), publish_will: true }
+    }
+}
+
+/// The tie between a session and the connection serving it: how publishers wake the writer
+/// and how the broker asks the connection to close.
+#[derive(Debug)]
+pub(crate) struct Link {
+    wake: Notify,
+    kill: Notify,
+    kill_reason: Mutex<Option<(DisconnectReason, ReasonCode)>>,
+    closed: Notify,
+    is_closed: AtomicBool,
+    /// Packets encoded by the reader, written by the writer ahead of queued messages.
+    control: Mutex<BytesMut>,
+}
+
+impl Link {
+    pub(crate) fn new() -> Link {
+        Link {
+            wake: Notify::new(),
+            kill: Notify::new(),
+            kill_reason: Mutex::new(None),
+            closed: Notify::new(),
+            is_closed: AtomicBool::new(false),
+            control: Mutex::new(BytesMut::new()),
+        }
+    }
+
+    /// Wakes the writer: something was queued.
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Waits for the next [`Link::wake`].
+    pub(crate) async fn wait_woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Asks the connection to close, sending DISCONNECT `rc` to a 5.0 client.
+    pub(crate) fn kill(&self, reason: DisconnectReason, rc: ReasonCode) {
+        let mut slot = self.kill_reason.lock();
+        if slot.is_none() {
+            *slot = Some((reason, rc));
+        }
+        drop(slot);
+        self.kill.notify_one();
+    }
+
+    /// Waits until the connection has closed and detached from its session.
+    pub(crate) async fn wait_closed(&self) {
+        loop {
+            let notified = self.closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_closed.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn mark_closed(&self) {
+        self.is_closed.store(true, Ordering::Release);
+        self.closed.notify_waiters();
+    }
+
+    /// Encodes a packet for the writer and wakes it.
+    fn send(&self, packet: &Packet, version: ProtocolVersion) {
+        let mut control = self.control.lock();
+        if let Err(e) = codec::encode(packet, version, &mut control) {
+            tracing::error!("cannot encode {}: {e}", packet.name());
+        }
+        drop(control);
+        self.wake.notify_one();
+    }
+}
+
+/// Serves one accepted connection until it closes. Generic over the stream so TCP, TLS and
+/// WebSocket listeners share it.
+pub(crate) async fn serve<S>(broker: Arc<BrokerInner>, stream: S, peer: SocketAddr)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut buf = BytesMut::with_capacity(256);
+    let server = &broker.config.server;
+    let connect_timeout = Duration::from_secs(server.connect_timeout);
+
+    // 1. CONNECT, within connect_timeout.
+    let connect = match tokio::time::timeout(
+        connect_timeout,
+        read_connect(&mut rd, &mut buf, server.max_packet_size, &broker.stats),
+    )
+    .await
+    {
+        Err(_) => {
+            tracing::debug!(%peer, "no CONNECT within connect_timeout: closing");
+            return;
+        }
+        Ok(Err(ConnectError::Closed)) => return,
+        Ok(Err(ConnectError::Refuse(bytes, why))) => {
+            tracing::debug!(%peer, "refusing connection: {why}");
+            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&bytes)).await;
+            return;
+        }
+        Ok(Ok(connect)) => connect,
+    };
+
+    // 2. Checks, session, CONNACK.
+    let accepted = match accept(&broker, *connect, peer).await {
+        Ok(a) => a,
+        Err(connack) => {
+            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
+            return;
+        }
+    };
+    let Accepted { session, link, version, keep_alive, client_limits, connack, will_present: _ } = accepted;
+    let client_id = Arc::clone(&session.client_id);
+    broker.stats.client_connected();
+    if let Err(e) = wr.write_all(&connack).await {
+        tracing::debug!(%client_id, "cannot send CONNACK: {e}");
+    }
+    Stats::add(&broker.stats.bytes_sent, connack.len() as u64);
+    if broker.config.logging.connection_messages {
+        tracing::info!(target: "mercurio::connections", %client_id, %peer, protocol = version.level(), keep_alive, "client connected");
+    }
+
+    // 3. Reader and writer, until one ends or the broker asks the connection to close.
+    let mut reader = Reader {
+        broker: &broker,
+        session: &session,
+        link: &link,
+        version,
+        aliases: HashMap::new(),
+        receive_maximum: broker.config.server.receive_maximum,
+    };
+    let mut writer = Writer {
+        broker: &broker,
+        session: &session,
+        link: &link,
+        version,
+        limits: client_limits,
+        aliases: HashMap::new(),
+        scratch: Properties::default(),
+    };
+    link.wake();
+    let close = tokio::select! {
+        c = reader.run(&mut rd, &mut buf, keep_alive) => c,
+        c = writer.run(&mut wr) => c,
+        _ = link.kill.notified() => {
+            let (reason, rc) = link.kill_reason.lock().take().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
+            Close { reason, send: Some(rc), publish_will: true }
+        }
+    };
+
+    // 4. Final bytes: what the reader answered last, and a DISCONNECT for 5.0 clients.
+    let mut last = std::mem::take(&mut *link.control.lock());
+    if let (Some(rc), true) = (close.send, version.is_v5()) {
+        let d = Packet::Disconnect(Disconnect { reason_code: rc, properties: Properties::default() });
+        let _ = codec::encode(&d, version, &mut last);
+    }
+    if !last.is_empty() {
+        let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, async {
+            wr.write_all(&last).await?;
+            wr.shutdown().await
+        })
+        .await;
+    }
+    broker.stats.client_disconnected();
+    broker.detach(&session, &link, close.publish_will);
+    link.mark_closed();
+    if broker.config.logging.connection_messages {
+        tracing::info!(target: "mercurio::connections", %client_id, %peer, reason = %close.reason, "client disconnected");
+    }
+}
+
+enum ConnectError {
+    Closed,
+    /// Bytes to send (possibly none) before closing, and why.
+    Refuse(Vec<u8>, String),
+}
+
+/// Reads the first packet, which must be CONNECT [MQTT-3.1.0-1].
+async fn read_connect<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    max_packet_size: u32,
+    stats: &Stats,
+) -> Result<Box<Connect>, ConnectError> {
+    loop {
+        match codec::decode(buf, ProtocolVersion::V311, max_packet_size) {
+            Ok(Some(Packet::Connect(c))) => return Ok(c),
+            Ok(Some(other)) => {
+                return Err(ConnectError::Refuse(Vec::new(), format!("first packet was {}, not CONNECT", other.name())))
+            }
+            Ok(None) => {}
+            Err(DecodeError::UnsupportedProtocolVersion { level }) => {
+                // 3.1.1 section 3.2.2.3: return code 1, then close [MQTT-3.1.2-2].
+                return Err(ConnectError::Refuse(
+                    vec![0x20, 0x02, 0x00, ReasonCode::V3_UNACCEPTABLE_PROTOCOL_VERSION],
+                    format!("unsupported protocol level {level}"),
+                ));
+            }
+            Err(e) => return Err(ConnectError::Refuse(Vec::new(), format!("bad CONNECT: {e}"))),
+        }
+        match rd.read_buf(buf).await {
+            Ok(0) | Err(_) => return Err(ConnectError::Closed),
+            Ok(n) => Stats::add(&stats.bytes_received, n as u64),
+        }
+    }
+}
+
+/// What the client asked for that bounds what the broker sends it.
+#[derive(Debug, Clone, Copy)]
+struct ClientLimits {
+    /// Outbound QoS 1/2 window: the lower of `max_inflight` and the client's Receive Maximum.
+    inflight: usize,
+    /// The client's Maximum Packet Size, bytes.
+    max_packet_size: u32,
+    /// The client's Topic Alias Maximum.
+    topic_alias_maximum: u16,
+}
+
+struct Accepted {
+    session: Arc<Session>,
+    link: Arc<Link>,
+    version: ProtocolVersion,
+    /// Seconds; 0 = no keep alive.
+    keep_alive: u16,
+    client_limits: ClientLimits,
+    connack: Vec<u8>,
+    #[allow(dead_code)]
+    will_present: bool,
+}
+
+fn encode_connack(version: ProtocolVersion, session_present: bool, rc: ReasonCode, properties: Properties) -> Vec<u8> {
+    let reason_code = if version.is_v5() { rc } else { ReasonCode(rc.to_v3_connack()) };
+    let ack = Packet::ConnAck(ConnAck { session_present, reason_code, properties });
+    let mut out = BytesMut::new();
+    if let Err(e) = codec::encode(&ack, version, &mut out) {
+        tracing::error!("cannot encode CONNACK: {e}");
+    }
+    out.to_vec()
+}
+
+/// Checks a CONNECT (MQTT 5.0 section 3.1.4), takes the session over or creates it, and
+/// builds the CONNACK. `Err` carries a refusing CONNACK to send before closing.
+async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -> Result<Accepted, Vec<u8>> {
+    let version = connect.protocol;
+    let server = &broker.config.server;
+    let refuse = |rc: ReasonCode, why: &str| {
+        tracing::debug!(%peer, client_id = %connect.client_id, reason = %rc, "refusing CONNECT: {why}");
+        encode_connack(version, false, rc, Properties::default())
+    };
+    if broker.is_shutting_down() {
+        return Err(refuse(ReasonCode::SERVER_UNAVAILABLE, "shutting down"));
+    }
+    let props = &connect.properties;
+
+    // Enhanced authentication: no method is supported.
+    if props.authentication_method.is_some() {
+        return Err(refuse(ReasonCode::BAD_AUTHENTICATION_METHOD, "authentication method not supported"));
+    }
+    // Client identifier [MQTT-3.1.3-6..9].
+    let mut assigned = None;
+    let client_id: Arc<str> = if connect.client_id.is_empty() {
+        match version {
+            ProtocolVersion::V31 => return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "empty client identifier in 3.1")),
+            ProtocolVersion::V311 if !connect.clean_start => {
+                return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "empty client identifier without clean session [MQTT-3.1.3-8]"))
+            }
+            _ => {
+                let n = broker.next_client_number.fetch_add(1, Ordering::Relaxed);
+                let id = format!("auto-{:x}-{n}", broker.started.elapsed().as_nanos() as u64 ^ 0x5eed_cafe);
+                if version.is_v5() {
+                    assigned = Some(id.clone());
+                }
+                Arc::from(id)
+            }
+        }
+    } else {
+        Arc::from(connect.client_id.as_str())
+    };
+    if !server.clientid_prefixes.is_empty() && !server.clientid_prefixes.iter().any(|p| client_id.starts_with(p.as_str())) {
+        return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "client identifier outside clientid_prefixes"));
+    }
+    // Anonymous clients.
+    let allow_anonymous = broker.config.auth.allow_anonymous.unwrap_or(false);
+    if connect.username.is_none() && !allow_anonymous {
+        return Err(refuse(ReasonCode::NOT_AUTHORIZED, "anonymous clients are not allowed"));
+    }
+    if connect.username.is_some() && !allow_anonymous && broker.config.auth.password_file.is_none() {
+        return Err(refuse(ReasonCode::BAD_USER_NAME_OR_PASSWORD, "no password file to check credentials against"));
+    }
+    // Keep alive (max_keepalive; 3.x clients asking for more are refused, as mosquitto does).
+    let mut keep_alive = connect.keep_alive;
+    let mut server_keep_alive = None;
+    if keep_alive > server.max_keepalive || (keep_alive == 0 && server.max_keepalive < u16::MAX) {
+        if version.is_v5() {
+            keep_alive = server.max_keepalive;
+            server_keep_alive = Some(keep_alive);
+        } else {
+            return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "keep alive above max_keepalive"));
+        }
+    }
+    // The will [MQTT-3.1.2-9..] and what the broker supports.
+    let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
+    let mut will = None;
+    if let Some(w) = &connect.will {
+        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with('$') {
+            return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
+        }
+        if w.qos > max_qos {
+            return Err(refuse(ReasonCode::QOS_NOT_SUPPORTED, "will QoS above max_qos [MQTT-3.2.2-12]"));
+        }
+        if w.retain && !server.retain_available {
+            return Err(refuse(ReasonCode::RETAIN_NOT_SUPPORTED, "will retain but retain_available = false [MQTT-3.2.2-13]"));
+        }
+        if w.properties.payload_format_indicator == Some(1) && std::str::from_utf8(&w.payload).is_err() {
+            return Err(refuse(ReasonCode::PAYLOAD_FORMAT_INVALID, "will payload is not UTF-8"));
+        }
+        let mut properties = w.properties.clone();
+        let delay = properties.will_delay_interval.take().unwrap_or(0);
+        let expiry = properties.message_expiry_interval.take();
+        will = Some(Will {
+            delay,
+            msg: Arc::new(Message {
+                topic: w.topic.clone(),
+                payload: w.payload.clone(),
+                qos: w.qos,
+                retain: w.retain,
+                properties,
+                expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+                publisher: Some(Arc::clone(&client_id)),
+            }),
+        });
+    }
+    // Session Expiry Interval: 5.0 from the property; 3.x clean session 0 lives for
+    // persistent_client_expiration (0 = forever).
+    let expiry_interval = match version {
+        ProtocolVersion::V5 => props.session_expiry_interval.unwrap_or(0),
+        _ if connect.clean_start => 0,
+        _ => match server.persistent_client_expiration {
+            0 => u32::MAX,
+            s => u32::try_from(s).unwrap_or(u32::MAX - 1),
+        },
+    };
+
+    // Take the session over [MQTT-3.1.4-3], or start a new one [MQTT-3.1.2-4].
+    let link = Arc::new(Link::new());
+    let session_present;
+    let session = loop {
+        let existing = broker.sessions.lock().get(&client_id).cloned();
+        if let Some(old) = existing {
+            let old_link = old.state.lock().link.clone();
+            if let Some(old_link) = old_link {
+                old_link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
+                old_link.wait_closed().await;
+                continue;
+            }
+            if connect.clean_start || old.state.lock().ended {
+                {
+                    let mut st = old.state.lock();
+                    st.will = None;
+                }
+                broker.end_session(&old);
+                continue;
+            }
+            let mut st = old.state.lock();
+            if st.ended || st.link.is_some() {
+                continue;
+            }
+            st.link = Some(Arc::clone(&link));
+            st.generation += 1;
+            st.disconnected_at = None;
+            st.protocol = version;
+            st.expiry_interval = expiry_interval;
+            st.will = will.take();
+            drop(st);
+            session_present = true;
+            break old;
+        }
+        let fresh = Arc::new(Session::new(Arc::clone(&client_id), version, expiry_interval));
+        {
+            let mut st = fresh.state.lock();
+            st.link = Some(Arc::clone(&link));
+            st.generation = 1;
+            st.will = will.take();
+        }
+        let mut sessions = broker.sessions.lock();
+        if sessions.contains_key(&client_id) {
+            continue;
+        }
+        sessions.insert(Arc::clone(&client_id), Arc::clone(&fresh));
+        session_present = false;
+        break fresh;
+    };
+
+    // CONNACK properties (MQTT 5.0 section 3.2.2.3).
+    let mut p = Properties::default();
+    if version.is_v5() {
+        p.receive_maximum = Some(server.receive_maximum);
+        if max_qos < QoS::ExactlyOnce {
+            p.maximum_qos = Some(max_qos as u8);
+        }
+        if !server.retain_available {
+            p.retain_available = Some(0);
+        }
+        if server.max_packet_size < 268_435_455 {
+            p.maximum_packet_size = Some(server.max_packet_size);
+        }
+        p.topic_alias_maximum = Some(TOPIC_ALIAS_MAXIMUM);
+        p.assigned_client_identifier = assigned;
+        p.server_keep_alive = server_keep_alive;
+    }
+    let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
+    let client_limits = ClientLimits {
+        inflight: usize::from(server.max_inflight.min(props.receive_maximum.unwrap_or(u16::MAX))).max(1),
+        max_packet_size: props.maximum_packet_size.unwrap_or(268_435_455 + 5),
+        topic_alias_maximum: props.topic_alias_maximum.unwrap_or(0),
+    };
+    Ok(Accepted { session, link, version, keep_alive, client_limits, connack, will_present: connect.will.is_some() })
+}
+
+/// The inbound half: decodes packets and runs their state machines.
+struct Reader<'a> {
+    broker: &'a Arc<BrokerInner>,
+    session: &'a Arc<Session>,
+    link: &'a Arc<Link>,
+    version: ProtocolVersion,
+    /// Topic aliases the client set, alias -> topic (MQTT 5.0 section 3.3.2.3.4).
+    aliases: HashMap<u16, String>,
+    receive_maximum: u16,
+}
+
+impl Reader<'_> {
+    async fn run<R: AsyncRead + Unpin>(&mut self, rd: &mut R, buf: &mut BytesMut, keep_alive: u16) -> Close {
+        // Close after one and a half times the keep alive with no packet [MQTT-3.1.2-24].
+        let grace = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+        let max = self.broker.config.server.max_packet_size;
+        let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
+        loop {
+            loop {
+                match codec::decode(buf, self.version, max) {
+                    Ok(Some(packet)) => {
+                        if let Some(g) = grace {
+                            deadline = Some(tokio::time::Instant::now() + g);
+                        }
+                        if let Err(close) = self.handle(packet) {
+                            return close;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Close::violation(e.reason_code(), &e.to_string(), &self.session.client_id),
+                }
+            }
+            if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
+                *buf = BytesMut::with_capacity(256);
+            }
+            let read = async {
+                match deadline {
+                    Some(d) => tokio::time::timeout_at(d, rd.read_buf(buf)).await.ok(),
+                    None => Some(rd.read_buf(buf).await),
+                }
+            };
+            match read.await {
+                None => {
+                    return Close { reason: DisconnectReason::KeepAliveTimeout, send: Some(ReasonCode::KEEP_ALIVE_TIMEOUT), publish_will: true }
+                }
+                Some(Ok(0)) => return Close::lost(DisconnectReason::ConnectionLost),
+                Some(Ok(n)) => Stats::add(&self.broker.stats.bytes_received, n as u64),
+                Some(Err(e)) => return Close::lost(DisconnectReason::Io(e.to_string())),
+            }
+        }
+    }
+
+    fn send(&self, packet: Packet) {
+        self.link.send(&packet, self.version);
+    }
+
+    fn violation(&self, rc: ReasonCode, why: &str) -> Close {
+        Close::violation(rc, why, &self.session.client_id)
+    }
+
+    fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::Publish(p) => self.on_publish(p),
+            Packet::PubAck(a) => {
+                self.on_ack(a.packet_id, OutboundState::AwaitingPubAck);
+                Ok(())
+            }
+            Packet::PubRec(a) => {
+                self.on_pubrec(a);
+                Ok(())
+            }
+            Packet::PubComp(a) => {
+                self.on_ack(a.packet_id, OutboundState::AwaitingPubComp);
+                Ok(())
+            }
+            Packet::PubRel(a) => {
+                // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11].
+                let known = self.session.state.lock().inbound_qos2.remove(&a.packet_id);
+                let reason_code = if known { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
+                self.send(Packet::PubComp(PubAck { packet_id: a.packet_id, reason_code, properties: Properties::default() }));
+                Ok(())
+            }
+            Packet::Subscribe(s) => self.on_subscribe(s),
+            Packet::Unsubscribe(u) => {
+                self.on_unsubscribe(u);
+                Ok(())
+            }
+            Packet::PingReq => {
+                self.send(Packet::PingResp);
+                Ok(())
+            }
+            Packet::Disconnect(d) => Err(self.on_disconnect(d)),
+            Packet::Connect(_) => Err(self.violation(ReasonCode::PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")),
+            Packet::Auth(_) => Err(self.violation(ReasonCode::PROTOCOL_ERROR, "AUTH without an authentication method")),
+            other => Err(self.violation(ReasonCode::PROTOCOL_ERROR, &format!("{} is sent by servers only", other.name()))),
+        }
+    }
+
+    fn ack_publish(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) {
+        let ack = PubAck { packet_id, reason_code, properties: Properties::default() };
+        match qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(Packet::PubAck(ack)),
+            QoS::ExactlyOnce => {
+                if !reason_code.is_failure() {
+                    self.session.state.lock().inbound_qos2.insert(packet_id);
+                }
+                self.send(Packet::PubRec(ack));
+            }
+        }
+    }
+
+    fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        let broker = self.broker;
+        Stats::add(&broker.stats.messages_received, 1);
+        let server = &broker.config.server;
+        if p.qos as u8 > server.max_qos {
+            return Err(self.violation(ReasonCode::QOS_NOT_SUPPORTED, "PUBLISH above max_qos [MQTT-3.2.2-11]"));
+        }
+        if p.retain && !server.retain_available {
+            return Err(self.violation(ReasonCode::RETAIN_NOT_SUPPORTED, "retained PUBLISH but retain_available = false"));
+        }
+        // Topic alias (MQTT 5.0 section 3.3.2.3.4).
+        if let Some(alias) = p.properties.topic_alias.take() {
+            if alias == 0 || alias > TOPIC_ALIAS_MAXIMUM {
+                return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range [MQTT-3.3.2-8]"));
+            }
+            if p.topic.is_empty() {
+                match self.aliases.get(&alias) {
+                    Some(t) => p.topic = t.clone(),
+                    None => return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias")),
+                }
+            } else {
+                self.aliases.insert(alias, p.topic.clone());
+            }
+        }
+        if p.topic.is_empty() {
+            return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "empty topic name"));
+        }
+        if !self.version.is_v5() && !p.properties.is_empty() {
+            p.properties = Properties::default();
+        }
+        // Flow control: QoS 2 messages awaiting PUBREL [MQTT-3.3.4-7].
+        if p.qos == QoS::ExactlyOnce {
+            let st = self.session.state.lock();
+            if st.inbound_qos2.contains(&p.packet_id) {
+                // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
+                drop(st);
+                self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
+                return Ok(());
+            }
+            if st.inbound_qos2.len() >= usize::from(self.receive_maximum) {
+                drop(st);
+                return Err(self.violation(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED, "more QoS 2 messages than Receive Maximum"));
+            }
+        }
+        if p.topic.starts_with("$SYS") {
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
+            self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
+            return Ok(());
+        }
+        if p.properties.payload_format_indicator == Some(1) && std::str::from_utf8(&p.payload).is_err() {
+            self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
+            return Ok(());
+        }
+        let mut properties = std::mem::take(&mut p.properties);
+        let expiry = properties.message_expiry_interval.take();
+        properties.subscription_identifiers.clear();
+        let msg = Message {
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            properties,
+            expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+            publisher: Some(Arc::clone(&self.session.client_id)),
+        };
+        broker.publish(msg);
+        self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
+        Ok(())
+    }
+
+    /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.
+    fn on_ack(&self, packet_id: u16, expected: OutboundState) {
+        let mut st = self.session.state.lock();
+        match st.inflight_position(packet_id) {
+            Some(i) if st.inflight[i].state == expected => {
+                st.inflight.remove(i);
+                drop(st);
+                self.link.wake();
+            }
+            _ => tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier"),
+        }
+    }
+
+    fn on_pubrec(&self, a: PubAck) {
+        let mut st = self.session.state.lock();
+        let reason_code = match st.inflight_position(a.packet_id) {
+            Some(i) if a.reason_code.is_failure() => {
+                st.inflight.remove(i);
+                drop(st);
+                self.link.wake();
+                return;
+            }
+            Some(i) => {
+                st.inflight[i].state = OutboundState::AwaitingPubComp;
+                ReasonCode::SUCCESS
+            }
+            None => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+        };
+        drop(st);
+        self.send(Packet::PubRel(PubAck { packet_id: a.packet_id, reason_code, properties: Properties::default() }));
+    }
+
+    fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+        let broker = self.broker;
+        let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
+        let identifier = s.properties.subscription_identifiers.first().copied();
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut retained = Vec::new();
+        for f in &s.filters {
+            let shared = match topic::parse_shared(&f.filter) {
+                Ok(shared) => shared.is_some(),
+                Err(_) => {
+                    codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
+                    continue;
+                }
+            };
+            if !shared && topic::validate_topic_filter(&f.filter).is_err() {
+                codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
+                continue;
+            }
+            if shared && f.options.no_local {
+                return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "No Local on a shared subscription [MQTT-3.8.3-4]"));
+            }
+            let mut options = f.options;
+            options.qos = options.qos.min(max_qos);
+            let granted = Granted { options, identifier };
+            let existed = broker.subscribe(self.session, &f.filter, granted);
+            codes.push(ReasonCode(options.qos as u8));
+            let send = match options.retain_handling {
+                0 => true,
+                1 => !existed,
+                _ => false,
+            };
+            if send && !shared {
+                retained.push((f.filter.clone(), granted));
+            }
+        }
+        self.send(Packet::SubAck(SubAck { packet_id: s.packet_id, reason_codes: codes, properties: Properties::default() }));
+        for (filter, granted) in retained {
+            broker.send_retained(self.session, &filter, &granted);
+        }
+        Ok(())
+    }
+
+    fn filter_failure(&self, rc: ReasonCode) -> ReasonCode {
+        if self.version.is_v5() {
+            rc
+        } else {
+            ReasonCode::UNSPECIFIED_ERROR
+        }
+    }
+
+    fn on_unsubscribe(&mut self, u: Unsubscribe) {
+        let codes = u
+            .filters
+            .iter()
+            .map(|f| {
+                if self.broker.unsubscribe(self.session, f) {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::NO_SUBSCRIPTION_EXISTED
+                }
+            })
+            .collect();
+        self.send(Packet::UnsubAck(UnsubAck { packet_id: u.packet_id, reason_codes: codes, properties: Properties::default() }));
+    }
+
+    fn on_disconnect(&mut self, d: Disconnect) -> Close {
+        if let Some(expiry) = d.properties.session_expiry_interval {
+            let mut st = self.session.state.lock();
+            if st.expiry_interval == 0 && expiry != 0 {
+                drop(st);
+                return self.violation(ReasonCode::PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]");
+            }
+            st.expiry_interval = expiry;
+        }
+        // Only DISCONNECT with 0x04 keeps the will [MQTT-3.14.4-3].
+        let publish_will = d.reason_code == ReasonCode::DISCONNECT_WITH_WILL_MESSAGE;
+        Close { reason: DisconnectReason::ClientDisconnect, send: None, publish_will }
+    }
+}
+
+/// The outbound half: drains the control buffer and the session's queue.
+struct Writer<'a> {
+    broker: &'a Arc<BrokerInner>,
+    session: &'a Arc<Session>,
+    link: &'a Arc<Link>,
+    version: ProtocolVersion,
+    limits: ClientLimits,
+    /// Topic aliases the broker set towards the client, topic -> alias.
+    aliases: HashMap<String, u16>,
+    scratch: Properties,
+}
+
+impl Writer<'_> {
+    async fn run<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> Close {
+        let mut buf = BytesMut::new();
+        loop {
+            self.link.wake.notified().await;
+            loop {
+                let more = self.fill(&mut buf);
+                if buf.is_empty() {
+                    break;
+                }
+                if let Err(e) = wr.write_all(&buf).await {
+                    return Close::lost(DisconnectReason::Io(e.to_string()));
+                }
+                Stats::add(&self.broker.stats.bytes_sent, buf.len() as u64);
+                buf.clear();
+                if !more {
+                    break;
+                }
+            }
+            if buf.capacity() > IDLE_BUFFER_LIMIT {
+                buf = BytesMut::new();
+            }
+        }
+    }
+
+    /// Encodes into `buf` the pending control packets, then in-flight messages not yet sent on
+    /// this connection (resent with DUP [MQTT-4.4.0-1]), then queued messages while the window
+    /// allows. Returns true when more is waiting (the chunk limit was reached).
+    fn fill(&mut self, buf: &mut BytesMut) -> bool {
+        {
+            let mut control = self.link.control.lock();
+            if !control.is_empty() {
+                buf.extend_from_slice(&control);
+                control.clear();
+            }
+        }
+        let stats = &self.broker.stats;
+        let now = Instant::now();
+        let mut st = self.session.state.lock();
+        let st = &mut *st;
+        let mut sent = 0u64;
+        for f in st.inflight.iter_mut().filter(|f| !f.sent) {
+            f.sent = true;
+            match f.state {
+                OutboundState::AwaitingPubComp => {
+                    let rel = Packet::PubRel(PubAck { packet_id: f.packet_id, ..PubAck::default() });
+                    let _ = codec::encode(&rel, self.version, buf);
+                }
+                _ => {
+                    encode_delivery(self.version, &f.delivery, f.packet_id, true, None, now, &mut self.scratch, buf);
+                    sent += 1;
+                }
+            }
+        }
+        let mut more = false;
+        loop {
+            if buf.len() >= WRITE_CHUNK {
+                more = !st.queue.is_empty();
+                break;
+            }
+            let Some(head) = st.queue.front() else { break };
+            if head.qos > QoS::AtMostOnce && st.inflight.len() >= self.limits.inflight {
+                break;
+            }
+            let Some(q) = st.pop_queued() else { break };
+            if q.msg.is_expired(now) {
+                stats.dropped(DropCause::Expired);
+                continue;
+            }
+            let alias = self.alias_for(&q.msg.topic);
+            let len = delivery_len(self.version, &q, alias, now, &mut self.scratch);
+            if len > self.limits.max_packet_size as usize {
+                // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
+                stats.dropped(DropCause::TooLarge);
+                continue;
+            }
+            let packet_id = if q.qos > QoS::AtMostOnce {
+                match st.allocate_packet_id() {
+                    Some(id) => id,
+                    None => {
+                        st.queue.push_front(q);
+                        break;
+                    }
+                }
+            } else {
+                0
+            };
+            let new_alias = alias.filter(|(_, known)| !known).is_some();
+            encode_delivery(self.version, &q, packet_id, false, alias, now, &mut self.scratch, buf);
+            if new_alias {
+                if let Some((a, _)) = alias {
+                    self.aliases.insert(q.msg.topic.clone(), a);
+                }
+            }
+            sent += 1;
+            if q.qos > QoS::AtMostOnce {
+                let state = if q.qos == QoS::AtLeastOnce { OutboundState::AwaitingPubAck } else { OutboundState::AwaitingPubRec };
+                st.inflight.push_back(Inflight { packet_id, state, delivery: q, sent: true });
+            }
+        }
+        if sent > 0 {
+            Stats::add(&stats.messages_sent, sent);
+        }
+        more
+    }
+
+    /// The topic alias to use for `topic`: (alias, already known to the client).
+    fn alias_for(&self, topic: &str) -> Option<(u16, bool)> {
+        if !self.version.is_v5() || self.limits.topic_alias_maximum == 0 {
+            return None;
+        }
+        if let Some(&a) = self.aliases.get(topic) {
+            return Some((a, true));
+        }
+        let next = self.aliases.len() as u16 + 1;
+        (next <= self.limits.topic_alias_maximum).then_some((next, false))
+    }
+}
+
+/// The properties a delivery carries: the message's, plus what this delivery adds (the
+/// remaining expiry [MQTT-3.3.2-6], subscription identifiers, a topic alias).
+fn delivery_properties<'p>(
+    q: &'p Queued,
+    alias: Option<(u16, bool)>,
+    now: Instant,
+    scratch: &'p mut Properties,
+) -> &'p Properties {
+    if q.msg.expires_at.is_none() && q.subscription_ids.is_empty() && alias.is_none() {
+        return &q.msg.properties;
+    }
+    scratch.clone_from(&q.msg.properties);
+    scratch.message_expiry_interval = q.msg.remaining_expiry(now);
+    scratch.subscription_identifiers.clone_from(&q.subscription_ids);
+    scratch.topic_alias = alias.map(|(a, _)| a);
+    scratch
+}
+
+use crate::session::Queued;
+
+fn delivery_len(version: ProtocolVersion, q: &Queued, alias: Option<(u16, bool)>, now: Instant, scratch: &mut Properties) -> usize {
+    let properties = delivery_properties(q, alias, now, scratch);
+    let topic = if alias.is_some_and(|(_, known)| known) { "" } else { q.msg.topic.as_str() };
+    codec::publish_encoded_len(
+        &PublishRef { dup: false, qos: q.qos, retain: q.retain, topic, packet_id: 1, properties, payload: &q.msg.payload },
+        version,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn encode_delivery(
+    version: ProtocolVersion,
+    q: &Queued,
+    packet_id: u16,
+    dup: bool,
+    alias: Option<(u16, bool)>,
+    now: Instant,
+    scratch: &mut Properties,
+    buf: &mut BytesMut,
+) {
+    let properties = delivery_properties(q, alias, now, scratch);
+    let topic = if alias.is_some_and(|(_, known)| known) { "" } else { q.msg.topic.as_str() };
+    let p = PublishRef { dup, qos: q.qos, retain: q.retain, topic, packet_id, properties, payload: &q.msg.payload };
+    if let Err(e) = codec::encode_publish(&p, version, buf) {
+        tracing::error!(topic = %q.msg.topic, "cannot encode PUBLISH: {e}");
+    }
+}

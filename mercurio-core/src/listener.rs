@@ -1,0 +1,95 @@
+//! TCP listeners: bind, accept, enforce `max_connections` (global and per listener) before
+//! anything is allocated for the connection, and hand the socket to `connection::serve`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::broker::BrokerInner;
+use crate::config::{ListenerConfig, ListenerProtocol};
+use crate::connection;
+use crate::error::Error;
+
+/// Binds every configured listener. Fails on the first that cannot be bound.
+pub(crate) async fn bind_all(configs: &[ListenerConfig]) -> Result<Vec<(TcpListener, ListenerConfig)>, Error> {
+    let mut bound = Vec::with_capacity(configs.len());
+    for cfg in configs {
+        let addr = format!("{}:{}", cfg.host, cfg.port);
+        if cfg.protocol != ListenerProtocol::Mqtt {
+            return Err(Error::Config(format!("listener {addr}: protocol \"websocket\" is not supported by this version")));
+        }
+        if cfg.cert_file.is_some() {
+            return Err(Error::Config(format!("listener {addr}: TLS is not supported by this version")));
+        }
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&addr)
+            .await
+            .map_err(|source| Error::Resolve { addr: addr.clone(), source })?
+            .collect();
+        let mut last_err = None;
+        let mut listener = None;
+        for a in addrs {
+            match TcpListener::bind(a).await {
+                Ok(l) => {
+                    listener = Some(l);
+                    break;
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        match listener {
+            Some(l) => bound.push((l, cfg.clone())),
+            None => {
+                let source = last_err.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"));
+                return Err(Error::Bind { addr, source });
+            }
+        }
+    }
+    Ok(bound)
+}
+
+/// Accepts connections until the broker stops.
+pub(crate) async fn run(broker: Arc<BrokerInner>, listener: TcpListener, cfg: ListenerConfig) {
+    let on_listener = Arc::new(AtomicUsize::new(0));
+    let global_max = broker.config.server.max_connections as usize;
+    let listener_max = cfg.max_connections as usize;
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = broker.stop_listeners.notified() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: say so, pause briefly, go on.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if broker.is_shutting_down() {
+            break;
+        }
+        let open = broker.open_connections.load(Ordering::Relaxed);
+        if global_max > 0 && open >= global_max {
+            tracing::warn!(%peer, max_connections = global_max, "connection refused: max_connections reached");
+            continue;
+        }
+        if listener_max > 0 && on_listener.load(Ordering::Relaxed) >= listener_max {
+            tracing::warn!(%peer, max_connections = listener_max, "connection refused: listener max_connections reached");
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        broker.open_connections.fetch_add(1, Ordering::Relaxed);
+        on_listener.fetch_add(1, Ordering::Relaxed);
+        let broker = Arc::clone(&broker);
+        let on_listener = Arc::clone(&on_listener);
+        tokio::spawn(async move {
+            connection::serve(Arc::clone(&broker), stream, peer).await;
+            on_listener.fetch_sub(1, Ordering::Relaxed);
+            broker.open_connections.fetch_sub(1, Ordering::Relaxed);
+            broker.connection_closed.notify_waiters();
+        });
+    }
+}

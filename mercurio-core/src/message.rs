@@ -1,0 +1,46 @@
+//! The application message as the broker holds it: one allocation shared (through `Arc`) by
+//! every queue it is routed to, so a fan-out to N subscribers copies the payload zero times.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::codec::{Properties, QoS};
+
+/// An application message accepted from a publisher (or an in-process `publish`, or a will).
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// Topic name (never empty: a topic alias is resolved before a message is built).
+    pub topic: String,
+    pub payload: Bytes,
+    /// The QoS it was published with.
+    pub qos: QoS,
+    /// The RETAIN flag it was published with.
+    pub retain: bool,
+    /// The publisher's MQTT 5.0 properties that are forwarded (payload format indicator,
+    /// content type, response topic, correlation data, user properties in order). Topic Alias
+    /// and Subscription Identifiers are per connection and never stored here; the Message
+    /// Expiry Interval lives in `expires_at` and is recomputed when forwarded [MQTT-3.3.2-6].
+    pub properties: Properties,
+    /// When the Message Expiry Interval runs out; `None` = never.
+    pub expires_at: Option<Instant>,
+    /// Client identifier of the publisher, for No Local; `None` for in-process publishes.
+    pub publisher: Option<Arc<str>>,
+}
+
+impl Message {
+    /// True once the Message Expiry Interval has passed [MQTT-3.3.2-5].
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+
+    /// Seconds left of the Message Expiry Interval, rounded up, at `now`; `None` = no expiry.
+    pub fn remaining_expiry(&self, now: Instant) -> Option<u32> {
+        self.expires_at.map(|at| {
+            let left = at.saturating_duration_since(now);
+            let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            u32::try_from(secs).unwrap_or(u32::MAX)
+        })
+    }
+}

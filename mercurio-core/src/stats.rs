@@ -1,0 +1,93 @@
+//! Broker-wide counters: what `$SYS/broker/...` and `/metrics` report (manual, "$SYS
+//! statistics"). Plain relaxed atomics, updated where the event happens.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a message accepted from a publisher did not reach one of its subscribers
+/// (manual: `publish/messages/dropped/<cause>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropCause {
+    /// A QoS 0 message found the queue at `max_queued_qos0_messages`.
+    QueueFullQos0,
+    /// A QoS 1/2 message found the queue at `max_queued_messages` or `max_queued_bytes`.
+    QueueFull,
+    /// The Message Expiry Interval passed while it waited in a queue.
+    Expired,
+    /// Larger than the subscriber's Maximum Packet Size.
+    TooLarge,
+    /// The subscriber may not read the topic.
+    NotAuthorized,
+    /// No member of a shared subscription's group could take it.
+    NoShareMember,
+}
+
+impl DropCause {
+    /// Every cause, in the manual's order.
+    pub const ALL: [DropCause; 6] = [
+        DropCause::QueueFullQos0,
+        DropCause::QueueFull,
+        DropCause::Expired,
+        DropCause::TooLarge,
+        DropCause::NotAuthorized,
+        DropCause::NoShareMember,
+    ];
+
+    /// The manual's name: `queue_full_qos0`, `queue_full`, `expired`, `too_large`,
+    /// `not_authorized`, `no_share_member`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropCause::QueueFullQos0 => "queue_full_qos0",
+            DropCause::QueueFull => "queue_full",
+            DropCause::Expired => "expired",
+            DropCause::TooLarge => "too_large",
+            DropCause::NotAuthorized => "not_authorized",
+            DropCause::NoShareMember => "no_share_member",
+        }
+    }
+}
+
+/// The counters. Gauges (clients connected, sessions, subscriptions, retained) are read from
+/// the broker's state when asked, not kept here.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub messages_received: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub clients_connected: AtomicU64,
+    pub clients_maximum: AtomicU64,
+    pub sessions_expired: AtomicU64,
+    dropped: [AtomicU64; 6],
+}
+
+impl Stats {
+    /// Counts one dropped message.
+    pub fn dropped(&self, cause: DropCause) {
+        self.dropped[cause as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Messages dropped for `cause` since start.
+    pub fn dropped_count(&self, cause: DropCause) -> u64 {
+        self.dropped[cause as usize].load(Ordering::Relaxed)
+    }
+
+    /// Messages dropped for any cause since start.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn client_connected(&self) {
+        let now = self.clients_connected.fetch_add(1, Ordering::Relaxed) + 1;
+        self.clients_maximum.fetch_max(now, Ordering::Relaxed);
+        self.connections_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn client_disconnected(&self) {
+        self.clients_connected.fetch_sub(1, Ordering::Relaxed);
+    }
+}
