@@ -1,0 +1,208 @@
+//! The data representations of MQTT 5.0 section 1.5 (3.1.1 section 1.5): two- and four-byte
+//! integers, Variable Byte Integers, UTF-8 strings and binary data, read from a complete
+//! frame ([`Reader`]) and written to a [`Sink`] (a byte counter or a buffer).
+
+use bytes::{BufMut, BytesMut};
+
+use super::error::{DecodeError, EncodeError};
+
+/// The largest value a Variable Byte Integer holds: 268,435,455 (MQTT 5.0 section 1.5.5).
+pub const MAX_VARIABLE_BYTE_INTEGER: usize = 268_435_455;
+
+/// The largest UTF-8 string or binary data field: 65,535 bytes (MQTT 5.0 sections 1.5.4, 1.5.6).
+pub const MAX_STRING_LEN: usize = 65_535;
+
+/// Number of bytes the Variable Byte Integer encoding of `v` takes (1 to 4; 4 past the range).
+pub(crate) fn vbi_len(v: usize) -> usize {
+    match v {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
+    }
+}
+
+/// A cursor over a complete frame. Running out of bytes here is malformed: the frame is
+/// whole, so a field that does not fit in it contradicts the remaining length.
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Reader { buf }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if n > self.buf.len() {
+            return Err(DecodeError::MalformedPacket(
+                "field extends past the remaining length",
+            ));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    /// Everything left.
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.buf)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// A Variable Byte Integer, at most 4 bytes, in its shortest form [MQTT-1.5.5-1].
+    pub(crate) fn vbi(&mut self) -> Result<usize, DecodeError> {
+        let mut value = 0usize;
+        for i in 0..4 {
+            let b = self.u8()?;
+            value |= ((b & 0x7F) as usize) << (7 * i);
+            if b & 0x80 == 0 {
+                if i > 0 && b == 0 {
+                    return Err(DecodeError::MalformedPacket(
+                        "variable byte integer not in its shortest form [MQTT-1.5.5-1]",
+                    ));
+                }
+                return Ok(value);
+            }
+        }
+        Err(DecodeError::MalformedPacket(
+            "variable byte integer longer than 4 bytes",
+        ))
+    }
+
+    /// Binary data: a two-byte length then that many bytes (section 1.5.6).
+    pub(crate) fn binary(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.u16()? as usize;
+        self.take(n)
+    }
+
+    /// A UTF-8 Encoded String: well-formed UTF-8 [MQTT-1.5.4-1] without U+0000
+    /// [MQTT-1.5.4-2], else malformed. Borrowed from the frame.
+    pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
+        let b = self.binary()?;
+        let s = std::str::from_utf8(b).map_err(|_| {
+            DecodeError::MalformedPacket("string is not well-formed UTF-8 [MQTT-1.5.4-1]")
+        })?;
+        if b.contains(&0) {
+            return Err(DecodeError::MalformedPacket(
+                "string contains U+0000 [MQTT-1.5.4-2]",
+            ));
+        }
+        Ok(s)
+    }
+
+    /// As [`Reader::str`], owned.
+    pub(crate) fn string(&mut self) -> Result<String, DecodeError> {
+        Ok(self.str()?.to_owned())
+    }
+}
+
+/// Where encoded bytes go: a `usize` counts them (the sizing pass, which also validates),
+/// a `BytesMut` stores them (the writing pass). One body function serves both, so the
+/// length written in a header always matches the bytes that follow.
+pub(crate) trait Sink {
+    fn put_u8(&mut self, v: u8);
+    fn put_u16(&mut self, v: u16);
+    fn put_u32(&mut self, v: u32);
+    fn put_bytes(&mut self, b: &[u8]);
+}
+
+impl Sink for usize {
+    #[inline]
+    fn put_u8(&mut self, _: u8) {
+        *self += 1;
+    }
+    #[inline]
+    fn put_u16(&mut self, _: u16) {
+        *self += 2;
+    }
+    #[inline]
+    fn put_u32(&mut self, _: u32) {
+        *self += 4;
+    }
+    #[inline]
+    fn put_bytes(&mut self, b: &[u8]) {
+        *self += b.len();
+    }
+}
+
+impl Sink for BytesMut {
+    #[inline]
+    fn put_u8(&mut self, v: u8) {
+        BufMut::put_u8(self, v);
+    }
+    #[inline]
+    fn put_u16(&mut self, v: u16) {
+        BufMut::put_u16(self, v);
+    }
+    #[inline]
+    fn put_u32(&mut self, v: u32) {
+        BufMut::put_u32(self, v);
+    }
+    #[inline]
+    fn put_bytes(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+/// Writes `v` as a Variable Byte Integer in its shortest form.
+pub(crate) fn put_vbi<S: Sink>(s: &mut S, v: usize) -> Result<(), EncodeError> {
+    if v > MAX_VARIABLE_BYTE_INTEGER {
+        return Err(EncodeError::PacketTooLarge { size: v });
+    }
+    let mut v = v;
+    loop {
+        let mut b = (v & 0x7F) as u8;
+        v >>= 7;
+        if v > 0 {
+            b |= 0x80;
+        }
+        s.put_u8(b);
+        if v == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes binary data (or a string's bytes) with its two-byte length; never truncates.
+pub(crate) fn put_binary<S: Sink>(
+    s: &mut S,
+    field: &'static str,
+    b: &[u8],
+) -> Result<(), EncodeError> {
+    if b.len() > MAX_STRING_LEN {
+        return Err(EncodeError::StringTooLong {
+            field,
+            len: b.len(),
+        });
+    }
+    s.put_u16(b.len() as u16);
+    s.put_bytes(b);
+    Ok(())
+}
+
+/// Writes a UTF-8 Encoded String with its two-byte length; never truncates.
+pub(crate) fn put_str<S: Sink>(s: &mut S, field: &'static str, v: &str) -> Result<(), EncodeError> {
+    put_binary(s, field, v.as_bytes())
+}
