@@ -2,3 +2,5 @@
 
 pub mod codec;
 pub mod config;
+pub mod router;
+pub mod topic;
