@@ -1,1 +1,97 @@
-//! storage
+//! Mercurio's persisted data model and the [`Storage`] trait its backends implement.
+//!
+//! The broker keeps its state in memory and emits [`Change`]s, in order per client, to a
+//! background writer that [`apply`](Storage::apply)s them in batches; at start it
+//! [`load`](Storage::load)s everything back. This crate knows nothing of sockets or of the
+//! MQTT codec: QoS is a `u8`, MQTT 5 properties are opaque encoded bytes.
+//!
+//! Modules:
+//! - [`records`]: sessions, subscriptions, messages, wills, in-flight and retained messages;
+//! - [`change`]: the [`Change`] enum, one small ordered mutation each;
+//! - [`error`]: [`StorageError`] and the [`ErrorKind`] that tells the writer how to react;
+//! - [`memory`]: [`MemoryStorage`], the default backend and the reference semantics;
+//! - `conformance` (feature `conformance`): checks every backend must pass.
+//!
+//! Dependencies:
+//! - `bytes`: payloads and encoded properties are shared `Bytes`, not copied, between the
+//!   broker's fan-out and storage;
+//! - `thiserror`: the one error type of the crate, as everywhere in the workspace;
+//! - `async-trait`: `Storage` is used as `Arc<dyn Storage>`, which native async trait methods
+//!   don't allow yet;
+//! - `parking_lot`: the memory backend's lock, small and never held across an `.await`;
+//! - `tokio`: the runtime the backends run on (blocking SQLite calls go to its blocking pool,
+//!   PostgreSQL through tokio-postgres).
+
+#![warn(missing_docs)]
+
+pub mod change;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+pub mod error;
+pub mod memory;
+pub mod records;
+
+use async_trait::async_trait;
+
+pub use change::Change;
+pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
+pub use memory::MemoryStorage;
+pub use records::{
+    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
+    SessionRecord, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+};
+
+/// Everything a broker reads from storage when it starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadedState {
+    /// Every stored session that could be read, sorted by client identifier, expired ones
+    /// included (the broker discards them and publishes their wills).
+    pub sessions: Vec<SessionRecord>,
+    /// Every retained message, sorted by topic.
+    pub retained: Vec<RetainedRecord>,
+    /// Sessions that could not be read. They stay in storage untouched; their clients are
+    /// refused until [`Storage::delete_session`] removes them.
+    pub set_aside: Vec<SetAside>,
+}
+
+/// A stored session that could not be read (a damaged row, one written by a newer version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAside {
+    /// The client the session belongs to.
+    pub client_id: String,
+    /// What failed, for the log.
+    pub cause: String,
+}
+
+/// A storage backend: memory, SQLite or PostgreSQL.
+///
+/// Implementations are shared (`Arc<dyn Storage>`) between the broker's background writer
+/// and its admin commands; every method may be called concurrently.
+#[async_trait]
+pub trait Storage: Send + Sync + 'static {
+    /// The backend's name, as in the configuration: `"memory"`, `"sqlite"`, `"postgres"`.
+    fn name(&self) -> &'static str;
+
+    /// Read every stored session and retained message.
+    ///
+    /// A session that cannot be read is reported in [`LoadedState::set_aside`], not as an
+    /// error. Errors are for storage as a whole: unreachable ([`ErrorKind::Transient`]),
+    /// newer schema ([`ErrorKind::Incompatible`]), another broker serving
+    /// ([`ErrorKind::Fenced`]).
+    async fn load(&self) -> Result<LoadedState, StorageError>;
+
+    /// Apply `batch` in order, in one transaction: all of it or none of it.
+    ///
+    /// The meaning of each change is on [`Change`]. On error nothing was applied and the
+    /// error's kind says whether to retry ([`StorageError::is_transient`]), give up after
+    /// [`REFUSED_ATTEMPTS`] ([`StorageError::is_refused`]) or stop
+    /// ([`StorageError::must_stop`]). An empty batch succeeds without touching storage.
+    async fn apply(&self, batch: &[Change]) -> Result<(), StorageError>;
+
+    /// Delete the session of `client_id` and everything it holds, whether it could be read
+    /// or was set aside (`mercurioctl client delete-session`). Returns whether there was one.
+    async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError>;
+
+    /// Return once everything applied so far is durable (fsynced / committed).
+    async fn flush(&self) -> Result<(), StorageError>;
+}

@@ -1,0 +1,957 @@
+//! Checks every [`Storage`] backend must pass: the semantics of
+//! [`MemoryStorage`](crate::MemoryStorage), the reference.
+//!
+//! A backend's tests implement [`Harness`] (how to make an empty storage, how to reopen one)
+//! and call [`run_all`], or call the `check_*` functions one by one from their own tests.
+//! A failed check panics with what differed, like `assert_eq!`.
+//!
+//! ```ignore
+//! #[tokio::test]
+//! async fn sqlite_conforms() {
+//!     mercurio_storage::conformance::run_all(&mut SqliteHarness::new()).await;
+//! }
+//! ```
+
+use std::future::Future;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{
+    Change, ErrorKind, InflightRecord, InflightState, LoadedState, MessageRecord, QueuedRecord,
+    RetainedRecord, SessionHeader, SessionRecord, Storage, StorageError, SubscriptionRecord,
+    WillRecord, NEVER_EXPIRES,
+};
+
+/// How the checks get storages of the backend under test.
+#[async_trait]
+pub trait Harness: Send {
+    /// The backend under test.
+    type Storage: Storage;
+
+    /// An empty storage, independent of every other one this harness made (its own file,
+    /// its own database schema).
+    async fn fresh(&mut self) -> Self::Storage;
+
+    /// Close `storage` as a stopping broker would (after [`Storage::flush`]) and open the
+    /// same database again, as a restarted broker would.
+    async fn reopen(&mut self, storage: Self::Storage) -> Self::Storage;
+
+    /// Make the stored session of `client_id` unreadable (e.g. damage its row), so that
+    /// [`Storage::load`] sets it aside. Returns `false` if the backend can't, which skips
+    /// [`check_set_aside`].
+    async fn make_unreadable(&mut self, storage: &Self::Storage, client_id: &str) -> bool;
+}
+
+/// Run every check, each on a fresh storage.
+pub async fn run_all<H: Harness>(harness: &mut H) {
+    check_empty(&harness.fresh().await).await;
+    check_session_saved(&harness.fresh().await).await;
+    check_subscriptions(&harness.fresh().await).await;
+    check_will(&harness.fresh().await).await;
+    check_queue(&harness.fresh().await).await;
+    check_inflight(&harness.fresh().await).await;
+    check_inbound_qos2(&harness.fresh().await).await;
+    check_session_deleted(&harness.fresh().await).await;
+    check_session_written(&harness.fresh().await).await;
+    check_retained(&harness.fresh().await).await;
+    check_message_fields(&harness.fresh().await).await;
+    check_order_within_batch(&harness.fresh().await).await;
+    check_many_clients(&harness.fresh().await).await;
+    check_batch_is_atomic(&harness.fresh().await).await;
+    check_invalid_values_refused(&harness.fresh().await).await;
+    check_delete_session(&harness.fresh().await).await;
+    check_reopen(harness).await;
+    check_set_aside(harness).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+async fn must<T, F>(what: &str, future: F) -> T
+where
+    F: Future<Output = Result<T, StorageError>>,
+{
+    match future.await {
+        Ok(value) => value,
+        Err(error) => panic!("{what}: unexpected error: {error}"),
+    }
+}
+
+async fn apply<S: Storage>(storage: &S, batch: Vec<Change>) {
+    must("apply", storage.apply(&batch)).await;
+}
+
+async fn load<S: Storage>(storage: &S) -> LoadedState {
+    must("load", storage.load()).await
+}
+
+async fn session<S: Storage>(storage: &S, client_id: &str) -> SessionRecord {
+    let state = load(storage).await;
+    match state
+        .sessions
+        .into_iter()
+        .find(|session| session.client_id == client_id)
+    {
+        Some(session) => session,
+        None => panic!("session {client_id:?} was not loaded"),
+    }
+}
+
+fn header(client_id: &str) -> SessionHeader {
+    SessionHeader {
+        client_id: client_id.to_string(),
+        protocol_level: 5,
+        session_expiry_interval: 3600,
+        disconnected_at: None,
+    }
+}
+
+fn saved(client_id: &str) -> Change {
+    Change::SessionSaved(header(client_id))
+}
+
+fn message(topic: &str, payload: &'static [u8], qos: u8) -> MessageRecord {
+    MessageRecord::new(topic, Bytes::from_static(payload), qos)
+}
+
+fn queued(client_id: &str, seq: u64, payload: &'static [u8]) -> Change {
+    Change::MessageQueued {
+        client_id: client_id.to_string(),
+        seq,
+        message: message("q/t", payload, 1),
+    }
+}
+
+fn dequeued(client_id: &str, seq: u64) -> Change {
+    Change::MessageDequeued {
+        client_id: client_id.to_string(),
+        seq,
+    }
+}
+
+fn subscribed(client_id: &str, filter: &str, qos: u8) -> Change {
+    Change::SubscriptionAdded {
+        client_id: client_id.to_string(),
+        subscription: SubscriptionRecord::new(filter, qos),
+    }
+}
+
+fn inflight(client_id: &str, packet_id: u16, state: InflightState) -> Change {
+    Change::InflightSet {
+        client_id: client_id.to_string(),
+        inflight: InflightRecord {
+            packet_id,
+            message: message("i/t", b"in flight", 2),
+            state,
+        },
+    }
+}
+
+fn retained(topic: &str, payload: &'static [u8], publisher: Option<&str>) -> RetainedRecord {
+    let mut message = message(topic, payload, 1);
+    message.retain = true;
+    message.publisher = publisher.map(str::to_string);
+    RetainedRecord::new(message)
+}
+
+fn seqs(session: &SessionRecord) -> Vec<u64> {
+    session.queued.iter().map(|queued| queued.seq).collect()
+}
+
+fn filters(session: &SessionRecord) -> Vec<&str> {
+    session
+        .subscriptions
+        .iter()
+        .map(|subscription| subscription.filter.as_str())
+        .collect()
+}
+
+fn packet_ids(session: &SessionRecord) -> Vec<(u16, InflightState)> {
+    session
+        .inflight
+        .iter()
+        .map(|inflight| (inflight.packet_id, inflight.state))
+        .collect()
+}
+
+fn client_ids(state: &LoadedState) -> Vec<&str> {
+    state
+        .sessions
+        .iter()
+        .map(|session| session.client_id.as_str())
+        .collect()
+}
+
+fn expect_refused(result: Result<(), StorageError>, what: &str) {
+    match result {
+        Ok(()) => panic!("{what}: the batch was accepted, it must be refused"),
+        Err(error) => assert_eq!(
+            error.kind(),
+            ErrorKind::Refused,
+            "{what}: wrong error kind: {error}"
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks
+
+/// A fresh storage loads nothing; an empty batch and a flush succeed.
+pub async fn check_empty<S: Storage>(storage: &S) {
+    assert_eq!(load(storage).await, LoadedState::default());
+    apply(storage, Vec::new()).await;
+    must("flush", storage.flush()).await;
+    assert_eq!(load(storage).await, LoadedState::default());
+}
+
+/// `SessionSaved` creates an empty session, then updates only its header.
+pub async fn check_session_saved<S: Storage>(storage: &S) {
+    apply(storage, vec![saved("a")]).await;
+    assert_eq!(
+        session(storage, "a").await,
+        SessionRecord::new(header("a")),
+        "a new session is empty"
+    );
+
+    apply(
+        storage,
+        vec![subscribed("a", "x/#", 1), queued("a", 1, b"one")],
+    )
+    .await;
+    let disconnected = SessionHeader {
+        client_id: "a".to_string(),
+        protocol_level: 4,
+        session_expiry_interval: NEVER_EXPIRES,
+        disconnected_at: Some(1_700_000_000_123),
+    };
+    apply(storage, vec![Change::SessionSaved(disconnected.clone())]).await;
+    let loaded = session(storage, "a").await;
+    assert_eq!(loaded.header(), disconnected, "the header is updated");
+    assert_eq!(
+        filters(&loaded),
+        ["x/#"],
+        "SessionSaved keeps subscriptions"
+    );
+    assert_eq!(seqs(&loaded), [1], "SessionSaved keeps queued messages");
+    assert_eq!(loaded.expires_at(), None);
+}
+
+/// Subscriptions: added, replaced by filter, removed, listed by filter.
+pub async fn check_subscriptions<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![
+            saved("a"),
+            subscribed("a", "b/+", 0),
+            subscribed("a", "$share/g/a/#", 1),
+            subscribed("a", "a/b", 2),
+        ],
+    )
+    .await;
+    assert_eq!(
+        filters(&session(storage, "a").await),
+        ["$share/g/a/#", "a/b", "b/+"]
+    );
+
+    let replacement = SubscriptionRecord {
+        filter: "a/b".to_string(),
+        qos: 1,
+        no_local: true,
+        retain_as_published: true,
+        retain_handling: 2,
+        subscription_identifier: Some(268_435_455),
+    };
+    apply(
+        storage,
+        vec![
+            Change::SubscriptionAdded {
+                client_id: "a".to_string(),
+                subscription: replacement.clone(),
+            },
+            Change::SubscriptionRemoved {
+                client_id: "a".to_string(),
+                filter: "b/+".to_string(),
+            },
+            Change::SubscriptionRemoved {
+                client_id: "a".to_string(),
+                filter: "not/subscribed".to_string(),
+            },
+        ],
+    )
+    .await;
+    let loaded = session(storage, "a").await;
+    assert_eq!(filters(&loaded), ["$share/g/a/#", "a/b"]);
+    assert_eq!(loaded.subscriptions[1], replacement, "options are kept");
+    assert_eq!(loaded.subscriptions[0].share(), Some(("g", "a/#")));
+}
+
+/// The will: set, replaced, cleared.
+pub async fn check_will<S: Storage>(storage: &S) {
+    let first = WillRecord {
+        message: message("will/a", b"gone", 1),
+        delay_interval: 0,
+    };
+    let mut second_message = message("will/a", b"really gone", 2);
+    second_message.retain = true;
+    second_message.properties = Bytes::from_static(&[0x03, 0x00, 0x01, b'x']);
+    second_message.expires_at = Some(1_700_000_060_000);
+    let second = WillRecord {
+        message: second_message,
+        delay_interval: 30,
+    };
+    apply(
+        storage,
+        vec![
+            saved("a"),
+            Change::WillSet {
+                client_id: "a".to_string(),
+                will: first,
+            },
+            Change::WillSet {
+                client_id: "a".to_string(),
+                will: second.clone(),
+            },
+        ],
+    )
+    .await;
+    assert_eq!(session(storage, "a").await.will, Some(second));
+    apply(
+        storage,
+        vec![Change::WillCleared {
+            client_id: "a".to_string(),
+        }],
+    )
+    .await;
+    assert_eq!(session(storage, "a").await.will, None);
+}
+
+/// Queued messages come back by seq whatever the order they were queued in; dequeued ones
+/// are gone; queueing at an existing seq replaces.
+pub async fn check_queue<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![saved("a"), queued("a", 3, b"three"), queued("a", 1, b"one")],
+    )
+    .await;
+    apply(
+        storage,
+        vec![
+            queued("a", 2, b"two"),
+            queued("a", 1 << 40, b"far"),
+            queued("a", 4, b"four"),
+        ],
+    )
+    .await;
+    assert_eq!(seqs(&session(storage, "a").await), [1, 2, 3, 4, 1 << 40]);
+
+    apply(
+        storage,
+        vec![
+            dequeued("a", 1),
+            dequeued("a", 3),
+            dequeued("a", 99),
+            queued("a", 4, b"four again"),
+        ],
+    )
+    .await;
+    let loaded = session(storage, "a").await;
+    assert_eq!(seqs(&loaded), [2, 4, 1 << 40]);
+    assert_eq!(loaded.queued[0].message.payload, Bytes::from_static(b"two"));
+    assert_eq!(
+        loaded.queued[1],
+        QueuedRecord {
+            seq: 4,
+            message: message("q/t", b"four again", 1),
+        }
+    );
+}
+
+/// In-flight messages keep the order their packet id was first set in, through state
+/// updates; removed ones are gone and a reused packet id goes last.
+pub async fn check_inflight<S: Storage>(storage: &S) {
+    use InflightState::*;
+    apply(
+        storage,
+        vec![
+            saved("a"),
+            inflight("a", 9, AwaitingPubRec),
+            inflight("a", 2, AwaitingPubAck),
+            inflight("a", 65535, AwaitingPubRec),
+        ],
+    )
+    .await;
+    apply(storage, vec![inflight("a", 1, AwaitingPubAck)]).await;
+    assert_eq!(
+        packet_ids(&session(storage, "a").await),
+        [
+            (9, AwaitingPubRec),
+            (2, AwaitingPubAck),
+            (65535, AwaitingPubRec),
+            (1, AwaitingPubAck)
+        ]
+    );
+
+    apply(
+        storage,
+        vec![
+            inflight("a", 9, AwaitingPubComp),
+            Change::InflightRemoved {
+                client_id: "a".to_string(),
+                packet_id: 2,
+            },
+            Change::InflightRemoved {
+                client_id: "a".to_string(),
+                packet_id: 77,
+            },
+        ],
+    )
+    .await;
+    apply(storage, vec![inflight("a", 2, AwaitingPubAck)]).await;
+    let loaded = session(storage, "a").await;
+    assert_eq!(
+        packet_ids(&loaded),
+        [
+            (9, AwaitingPubComp),
+            (65535, AwaitingPubRec),
+            (1, AwaitingPubAck),
+            (2, AwaitingPubAck)
+        ]
+    );
+    assert_eq!(loaded.inflight[0].message, message("i/t", b"in flight", 2));
+}
+
+/// Inbound QoS 2 packet ids: a set, listed ascending.
+pub async fn check_inbound_qos2<S: Storage>(storage: &S) {
+    let added = |packet_id| Change::InboundQos2Added {
+        client_id: "a".to_string(),
+        packet_id,
+    };
+    let removed = |packet_id| Change::InboundQos2Removed {
+        client_id: "a".to_string(),
+        packet_id,
+    };
+    apply(
+        storage,
+        vec![saved("a"), added(7), added(1), added(65535), added(7)],
+    )
+    .await;
+    assert_eq!(session(storage, "a").await.inbound_qos2, [1, 7, 65535]);
+    apply(storage, vec![removed(7), removed(8)]).await;
+    assert_eq!(session(storage, "a").await.inbound_qos2, [1, 65535]);
+}
+
+/// Deleting a session removes everything of it, and nothing of others; a session created
+/// again starts empty; removals for a session not stored do nothing.
+pub async fn check_session_deleted<S: Storage>(storage: &S) {
+    let full = |client_id: &str| {
+        vec![
+            saved(client_id),
+            subscribed(client_id, "t/#", 1),
+            Change::WillSet {
+                client_id: client_id.to_string(),
+                will: WillRecord {
+                    message: message("will", b"w", 0),
+                    delay_interval: 5,
+                },
+            },
+            queued(client_id, 1, b"q"),
+            inflight(client_id, 1, InflightState::AwaitingPubAck),
+            Change::InboundQos2Added {
+                client_id: client_id.to_string(),
+                packet_id: 3,
+            },
+        ]
+    };
+    apply(storage, full("a")).await;
+    apply(storage, full("b")).await;
+    let b_before = session(storage, "b").await;
+    apply(
+        storage,
+        vec![
+            Change::SessionDeleted {
+                client_id: "a".to_string(),
+            },
+            Change::RetainedSet(retained("r", b"kept", Some("a"))),
+        ],
+    )
+    .await;
+    let state = load(storage).await;
+    assert_eq!(client_ids(&state), ["b"]);
+    assert_eq!(state.sessions[0], b_before, "other sessions are untouched");
+    assert_eq!(
+        state.retained.len(),
+        1,
+        "retained messages outlive sessions"
+    );
+
+    apply(
+        storage,
+        vec![
+            Change::SessionDeleted {
+                client_id: "a".to_string(),
+            },
+            dequeued("a", 1),
+            Change::SubscriptionRemoved {
+                client_id: "a".to_string(),
+                filter: "t/#".to_string(),
+            },
+            Change::WillCleared {
+                client_id: "a".to_string(),
+            },
+            Change::InflightRemoved {
+                client_id: "a".to_string(),
+                packet_id: 1,
+            },
+            Change::InboundQos2Removed {
+                client_id: "a".to_string(),
+                packet_id: 3,
+            },
+        ],
+    )
+    .await;
+    assert_eq!(client_ids(&load(storage).await), ["b"]);
+
+    apply(storage, vec![saved("a")]).await;
+    assert_eq!(
+        session(storage, "a").await,
+        SessionRecord::new(header("a")),
+        "a session created again starts empty"
+    );
+}
+
+/// `SessionWritten` replaces the whole session, dropping what the record doesn't hold.
+pub async fn check_session_written<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![
+            saved("a"),
+            subscribed("a", "old/#", 1),
+            queued("a", 1, b"old"),
+            queued("a", 2, b"old"),
+            inflight("a", 5, InflightState::AwaitingPubAck),
+            Change::InboundQos2Added {
+                client_id: "a".to_string(),
+                packet_id: 3,
+            },
+            Change::WillSet {
+                client_id: "a".to_string(),
+                will: WillRecord {
+                    message: message("will", b"w", 0),
+                    delay_interval: 5,
+                },
+            },
+        ],
+    )
+    .await;
+
+    let mut record = SessionRecord::new(SessionHeader {
+        client_id: "a".to_string(),
+        protocol_level: 3,
+        session_expiry_interval: 0,
+        disconnected_at: Some(42),
+    });
+    record.subscriptions = vec![
+        SubscriptionRecord::new("new/a", 2),
+        SubscriptionRecord::new("new/b", 0),
+    ];
+    record.queued = vec![
+        QueuedRecord {
+            seq: 2,
+            message: message("q", b"new two", 1),
+        },
+        QueuedRecord {
+            seq: 10,
+            message: message("q", b"new ten", 0),
+        },
+    ];
+    record.inflight = vec![
+        InflightRecord {
+            packet_id: 40,
+            message: message("i", b"x", 2),
+            state: InflightState::AwaitingPubComp,
+        },
+        InflightRecord {
+            packet_id: 4,
+            message: message("i", b"y", 1),
+            state: InflightState::AwaitingPubAck,
+        },
+    ];
+    record.inbound_qos2 = vec![8, 9];
+    apply(storage, vec![Change::SessionWritten(record.clone())]).await;
+    assert_eq!(session(storage, "a").await, record);
+
+    // Written whole, then changed in the same batch; also creates a session not stored.
+    let mut fresh = SessionRecord::new(header("b"));
+    fresh.queued.push(QueuedRecord {
+        seq: 1,
+        message: message("q", b"one", 1),
+    });
+    apply(
+        storage,
+        vec![
+            Change::SessionWritten(fresh.clone()),
+            queued("b", 2, b"two"),
+        ],
+    )
+    .await;
+    assert_eq!(seqs(&session(storage, "b").await), [1, 2]);
+}
+
+/// Retained messages: set, replaced, deleted, listed by topic, with their publisher.
+pub async fn check_retained<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![
+            Change::RetainedSet(retained("b/t", b"first", Some("p1"))),
+            Change::RetainedSet(retained("a/t", b"a", None)),
+            Change::RetainedSet(retained("c/t", b"c", Some("p3"))),
+        ],
+    )
+    .await;
+    apply(
+        storage,
+        vec![
+            Change::RetainedSet(retained("b/t", b"second", Some("p2"))),
+            Change::RetainedDeleted {
+                topic: "c/t".to_string(),
+            },
+            Change::RetainedDeleted {
+                topic: "never/retained".to_string(),
+            },
+        ],
+    )
+    .await;
+    let state = load(storage).await;
+    assert_eq!(
+        state.retained,
+        [
+            retained("a/t", b"a", None),
+            retained("b/t", b"second", Some("p2"))
+        ]
+    );
+    assert!(
+        state.sessions.is_empty(),
+        "retained changes create no session"
+    );
+}
+
+/// Every field of a message round-trips: binary payload, empty payload, properties, expiry,
+/// publisher, non-ASCII topics.
+pub async fn check_message_fields<S: Storage>(storage: &S) {
+    let mut binary = MessageRecord::new(
+        "capteurs/température/ü",
+        Bytes::from_static(&[0, 159, 146, 150, 255, 0]),
+        2,
+    );
+    binary.retain = true;
+    binary.properties = Bytes::from_static(&[0x01, 0x01, 0x26, 0, 1, b'k', 0, 1, b'v']);
+    binary.expires_at = Some(1_700_000_000_999);
+    binary.publisher = Some("publisher-é".to_string());
+    let empty = MessageRecord::new("e", Bytes::new(), 0);
+    apply(
+        storage,
+        vec![
+            Change::SessionSaved(SessionHeader {
+                client_id: "client-ñ".to_string(),
+                protocol_level: 3,
+                session_expiry_interval: 0,
+                disconnected_at: Some(0),
+            }),
+            Change::MessageQueued {
+                client_id: "client-ñ".to_string(),
+                seq: 0,
+                message: binary.clone(),
+            },
+            Change::MessageQueued {
+                client_id: "client-ñ".to_string(),
+                seq: 1,
+                message: empty.clone(),
+            },
+            Change::RetainedSet(RetainedRecord::new(binary.clone())),
+        ],
+    )
+    .await;
+    let state = load(storage).await;
+    let loaded = &state.sessions[0];
+    assert_eq!(loaded.client_id, "client-ñ");
+    assert_eq!(loaded.protocol_level, 3);
+    assert_eq!(loaded.disconnected_at, Some(0));
+    assert!(loaded.is_expired(0));
+    assert_eq!(loaded.queued[0].message, binary);
+    assert_eq!(loaded.queued[1].message, empty);
+    assert_eq!(state.retained, [RetainedRecord::new(binary)]);
+}
+
+/// Changes apply in batch order: queued then dequeued, deleted then created again.
+pub async fn check_order_within_batch<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![
+            saved("a"),
+            queued("a", 1, b"one"),
+            dequeued("a", 1),
+            queued("a", 2, b"two"),
+            subscribed("a", "gone", 1),
+            Change::SessionDeleted {
+                client_id: "a".to_string(),
+            },
+            saved("a"),
+            subscribed("a", "kept", 1),
+            Change::RetainedSet(retained("r", b"x", None)),
+            Change::RetainedDeleted {
+                topic: "r".to_string(),
+            },
+            Change::RetainedSet(retained("s", b"y", None)),
+        ],
+    )
+    .await;
+    let state = load(storage).await;
+    assert_eq!(filters(&state.sessions[0]), ["kept"]);
+    assert!(state.sessions[0].queued.is_empty());
+    assert_eq!(state.retained, [retained("s", b"y", None)]);
+}
+
+/// A batch interleaving many clients; sessions come back sorted by client id.
+pub async fn check_many_clients<S: Storage>(storage: &S) {
+    let clients: Vec<String> = (0..50).rev().map(|i| format!("client-{i:03}")).collect();
+    let mut batch: Vec<Change> = clients.iter().map(|client| saved(client)).collect();
+    for seq in 0..5 {
+        for client in &clients {
+            batch.push(queued(client, seq, b"m"));
+        }
+    }
+    for client in &clients {
+        batch.push(dequeued(client, 0));
+    }
+    apply(storage, batch).await;
+    let state = load(storage).await;
+    let mut expected = clients.clone();
+    expected.sort();
+    assert_eq!(client_ids(&state), expected);
+    for session in &state.sessions {
+        assert_eq!(seqs(session), [1, 2, 3, 4], "{}", session.client_id);
+    }
+}
+
+/// A batch with a change the database refuses applies nothing, not even the changes before
+/// it; the error is `Refused`.
+pub async fn check_batch_is_atomic<S: Storage>(storage: &S) {
+    apply(storage, vec![saved("a"), queued("a", 1, b"one")]).await;
+    let before = load(storage).await;
+    let result = storage
+        .apply(&[
+            dequeued("a", 1),
+            saved("b"),
+            Change::RetainedSet(retained("r", b"x", None)),
+            queued("nobody", 1, b"lost"),
+        ])
+        .await;
+    expect_refused(result, "a message queued for a session not stored");
+    assert_eq!(
+        load(storage).await,
+        before,
+        "a refused batch changes nothing"
+    );
+
+    for change in [
+        subscribed("nobody", "t", 0),
+        Change::WillSet {
+            client_id: "nobody".to_string(),
+            will: WillRecord {
+                message: message("w", b"w", 0),
+                delay_interval: 0,
+            },
+        },
+        inflight("nobody", 1, InflightState::AwaitingPubAck),
+        Change::InboundQos2Added {
+            client_id: "nobody".to_string(),
+            packet_id: 1,
+        },
+    ] {
+        let what = format!("{} for a session not stored", change.kind());
+        expect_refused(storage.apply(&[change]).await, &what);
+    }
+    let result = storage
+        .apply(&[
+            Change::SessionDeleted {
+                client_id: "a".to_string(),
+            },
+            queued("a", 2, b"after delete"),
+        ])
+        .await;
+    expect_refused(result, "a message queued after the session's deletion");
+    assert_eq!(
+        load(storage).await,
+        before,
+        "refused batches change nothing"
+    );
+}
+
+/// Values no MQTT packet can carry are refused: QoS over 2, retain handling over 2,
+/// protocol levels other than 3 to 5, subscription identifier 0.
+pub async fn check_invalid_values_refused<S: Storage>(storage: &S) {
+    apply(storage, vec![saved("a")]).await;
+    let before = load(storage).await;
+    let mut bad_header = header("b");
+    bad_header.protocol_level = 6;
+    let mut bad_subscription = SubscriptionRecord::new("t", 1);
+    bad_subscription.retain_handling = 3;
+    let mut zero_identifier = SubscriptionRecord::new("t", 1);
+    zero_identifier.subscription_identifier = Some(0);
+    let cases = vec![
+        ("protocol level 6", Change::SessionSaved(bad_header)),
+        ("subscription QoS 3", subscribed("a", "t", 3)),
+        (
+            "retain handling 3",
+            Change::SubscriptionAdded {
+                client_id: "a".to_string(),
+                subscription: bad_subscription,
+            },
+        ),
+        (
+            "subscription identifier 0",
+            Change::SubscriptionAdded {
+                client_id: "a".to_string(),
+                subscription: zero_identifier,
+            },
+        ),
+        (
+            "message QoS 3",
+            Change::MessageQueued {
+                client_id: "a".to_string(),
+                seq: 1,
+                message: message("t", b"x", 3),
+            },
+        ),
+        (
+            "retained QoS 3",
+            Change::RetainedSet(RetainedRecord::new(message("t", b"x", 3))),
+        ),
+    ];
+    for (what, change) in cases {
+        expect_refused(storage.apply(&[change]).await, what);
+    }
+    let mut duplicated = SessionRecord::new(header("a"));
+    duplicated.queued = vec![
+        QueuedRecord {
+            seq: 1,
+            message: message("t", b"x", 0),
+        },
+        QueuedRecord {
+            seq: 1,
+            message: message("t", b"y", 0),
+        },
+    ];
+    expect_refused(
+        storage.apply(&[Change::SessionWritten(duplicated)]).await,
+        "a written session with a seq twice",
+    );
+    assert_eq!(
+        load(storage).await,
+        before,
+        "refused batches change nothing"
+    );
+}
+
+/// `delete_session` removes a stored session and says whether there was one.
+pub async fn check_delete_session<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![
+            saved("a"),
+            queued("a", 1, b"x"),
+            saved("b"),
+            Change::RetainedSet(retained("r", b"x", Some("a"))),
+        ],
+    )
+    .await;
+    assert!(must("delete_session", storage.delete_session("a")).await);
+    assert!(!must("delete_session", storage.delete_session("a")).await);
+    assert!(!must("delete_session", storage.delete_session("never")).await);
+    let state = load(storage).await;
+    assert_eq!(client_ids(&state), ["b"]);
+    assert_eq!(state.retained.len(), 1);
+}
+
+/// What was applied and flushed is there after reopening.
+pub async fn check_reopen<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    let mut record = SessionRecord::new(SessionHeader {
+        client_id: "a".to_string(),
+        protocol_level: 5,
+        session_expiry_interval: 60,
+        disconnected_at: Some(1_700_000_000_000),
+    });
+    record.subscriptions = vec![SubscriptionRecord::new("t/#", 1)];
+    record.will = Some(WillRecord {
+        message: message("will", b"w", 1),
+        delay_interval: 10,
+    });
+    record.queued = vec![QueuedRecord {
+        seq: 7,
+        message: message("t/x", b"queued", 1),
+    }];
+    record.inflight = vec![InflightRecord {
+        packet_id: 12,
+        message: message("t/y", b"in flight", 2),
+        state: InflightState::AwaitingPubRec,
+    }];
+    record.inbound_qos2 = vec![3];
+    apply(
+        &storage,
+        vec![
+            Change::SessionWritten(record.clone()),
+            Change::RetainedSet(retained("r", b"x", Some("a"))),
+        ],
+    )
+    .await;
+    must("flush", storage.flush()).await;
+    let expected = load(&storage).await;
+    let storage = harness.reopen(storage).await;
+    assert_eq!(
+        load(&storage).await,
+        expected,
+        "the state survives a reopen"
+    );
+    assert_eq!(expected.sessions, [record]);
+
+    apply(&storage, vec![dequeued("a", 7)]).await;
+    assert!(session(&storage, "a").await.queued.is_empty());
+}
+
+/// A session that can't be read is set aside (the rest loads), and `delete_session` clears
+/// it. Skipped if the harness can't make a session unreadable.
+pub async fn check_set_aside<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    apply(
+        &storage,
+        vec![
+            saved("good"),
+            saved("bad"),
+            queued("bad", 1, b"x"),
+            subscribed("bad", "t", 1),
+        ],
+    )
+    .await;
+    if !harness.make_unreadable(&storage, "bad").await {
+        return;
+    }
+    let state = load(&storage).await;
+    assert_eq!(client_ids(&state), ["good"]);
+    assert_eq!(state.set_aside.len(), 1);
+    assert_eq!(state.set_aside[0].client_id, "bad");
+    assert!(!state.set_aside[0].cause.is_empty(), "the cause is given");
+
+    assert!(must("delete_session", storage.delete_session("bad")).await);
+    let state = load(&storage).await;
+    assert!(state.set_aside.is_empty(), "delete_session clears it");
+    assert_eq!(client_ids(&state), ["good"]);
+
+    apply(&storage, vec![saved("bad")]).await;
+    assert_eq!(
+        session(&storage, "bad").await,
+        SessionRecord::new(header("bad")),
+        "its client starts a new session"
+    );
+}
