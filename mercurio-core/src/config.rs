@@ -226,3 +226,404 @@ pub struct AdminConfig {
     /// Unix socket for mercurioctl.
     pub socket: Option<PathBuf>,
 }
+
+/// A configuration value that is out of range, a combination of keys that does not fit, or a
+/// key whose feature this version does not have.
+///
+/// `key` is the key's path in the TOML file: `server.max_qos`, `listeners[1].port` (listeners
+/// counted from 0), `storage.backend`. The daemon turns it into a line of the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct ConfigError {
+    /// Path of the offending key, e.g. `listeners[0].cert_file`.
+    pub key: String,
+    /// What is wrong, e.g. `must be between 1 and 268435455, not 0`.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// An error about `key`.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Largest packet the MQTT specifications allow (the Remaining Length's limit).
+pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_455;
+
+impl Config {
+    /// Checks ranges and combinations of keys, then refuses keys whose feature this version of
+    /// the broker does not have yet (rather than ignoring them). Returns the first problem found,
+    /// in the order of the file's sections.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_values()?;
+        self.validate_supported()
+    }
+
+    fn validate_values(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if s.max_packet_size < 1 || s.max_packet_size > MAX_PACKET_SIZE_LIMIT {
+            return Err(ConfigError::new(
+                "server.max_packet_size",
+                format!(
+                    "must be between 1 and {MAX_PACKET_SIZE_LIMIT}, not {}",
+                    s.max_packet_size
+                ),
+            ));
+        }
+        if s.receive_maximum < 1 {
+            return Err(ConfigError::new(
+                "server.receive_maximum",
+                "must be at least 1",
+            ));
+        }
+        if s.max_inflight < 1 {
+            return Err(ConfigError::new(
+                "server.max_inflight",
+                "must be at least 1",
+            ));
+        }
+        if s.max_qos > 2 {
+            return Err(ConfigError::new(
+                "server.max_qos",
+                format!("must be 0, 1 or 2, not {}", s.max_qos),
+            ));
+        }
+        if s.sys_interval < 1 {
+            return Err(ConfigError::new(
+                "server.sys_interval",
+                "must be at least 1",
+            ));
+        }
+        if s.connect_timeout < 1 {
+            return Err(ConfigError::new(
+                "server.connect_timeout",
+                "must be at least 1",
+            ));
+        }
+        for (i, prefix) in s.clientid_prefixes.iter().enumerate() {
+            if prefix.is_empty() {
+                return Err(ConfigError::new(
+                    format!("server.clientid_prefixes[{i}]"),
+                    "must not be empty (leave the list empty to allow any client identifier)",
+                ));
+            }
+        }
+
+        for (i, l) in self.listeners.iter().enumerate() {
+            let key = |name: &str| format!("listeners[{i}].{name}");
+            if l.host.trim().is_empty() {
+                return Err(ConfigError::new(key("host"), "must not be empty"));
+            }
+            if let Some(j) = self.listeners[..i]
+                .iter()
+                .position(|o| o.host == l.host && o.port == l.port && l.port != 0)
+            {
+                return Err(ConfigError::new(
+                    key("port"),
+                    format!("{}:{} is already used by listeners[{j}]", l.host, l.port),
+                ));
+            }
+            if l.protocol != ListenerProtocol::Websocket {
+                for (set, name) in [
+                    (l.health, "health"),
+                    (l.metrics, "metrics"),
+                    (l.http_dir.is_some(), "http_dir"),
+                ] {
+                    if set {
+                        return Err(ConfigError::new(
+                            key(name),
+                            "needs protocol = \"websocket\"",
+                        ));
+                    }
+                }
+            }
+            match (&l.cert_file, &l.key_file) {
+                (Some(_), None) => {
+                    return Err(ConfigError::new(key("cert_file"), "needs key_file as well"))
+                }
+                (None, Some(_)) => {
+                    return Err(ConfigError::new(key("key_file"), "needs cert_file as well"))
+                }
+                _ => {}
+            }
+            if l.cert_file.is_none() {
+                if l.ca_file.is_some() {
+                    return Err(ConfigError::new(
+                        key("ca_file"),
+                        "needs cert_file and key_file (TLS)",
+                    ));
+                }
+                if l.require_certificate {
+                    return Err(ConfigError::new(
+                        key("require_certificate"),
+                        "needs cert_file and key_file (TLS)",
+                    ));
+                }
+            } else if l.require_certificate && l.ca_file.is_none() {
+                return Err(ConfigError::new(
+                    key("require_certificate"),
+                    "needs ca_file to check client certificates against",
+                ));
+            }
+        }
+
+        let st = &self.storage;
+        match st.backend {
+            StorageBackend::Memory => {
+                if st.path.is_some() {
+                    return Err(ConfigError::new(
+                        "storage.path",
+                        "is only used with backend = \"sqlite\"",
+                    ));
+                }
+                if st.url.is_some() {
+                    return Err(ConfigError::new(
+                        "storage.url",
+                        "is only used with backend = \"postgres\"",
+                    ));
+                }
+                if st.durable_ack {
+                    return Err(ConfigError::new(
+                        "storage.durable_ack",
+                        "needs backend = \"sqlite\" or \"postgres\"",
+                    ));
+                }
+            }
+            StorageBackend::Sqlite => {
+                if st.path.is_none() {
+                    return Err(ConfigError::new(
+                        "storage.backend",
+                        "backend = \"sqlite\" needs path (the database file)",
+                    ));
+                }
+                if st.url.is_some() {
+                    return Err(ConfigError::new(
+                        "storage.url",
+                        "is only used with backend = \"postgres\"",
+                    ));
+                }
+            }
+            StorageBackend::Postgres => {
+                if !matches!(st.url.as_deref(), Some(u) if !u.trim().is_empty()) {
+                    return Err(ConfigError::new(
+                        "storage.backend",
+                        "backend = \"postgres\" needs url (the connection URL)",
+                    ));
+                }
+                if st.path.is_some() {
+                    return Err(ConfigError::new(
+                        "storage.path",
+                        "is only used with backend = \"sqlite\"",
+                    ));
+                }
+            }
+        }
+        if st.standby && st.backend != StorageBackend::Postgres {
+            return Err(ConfigError::new(
+                "storage.standby",
+                "needs backend = \"postgres\"",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Keys whose feature this version of the broker does not have. Each is refused when set,
+    /// so that a configuration never silently runs without TLS, authentication or storage it
+    /// asks for. Remove an entry when its feature lands.
+    fn validate_supported(&self) -> Result<(), ConfigError> {
+        fn unsupported(key: String, feature: &str) -> ConfigError {
+            ConfigError::new(
+                key,
+                format!("{feature} is not supported by this version of Mercurio"),
+            )
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            let key = |name: &str| format!("listeners[{i}].{name}");
+            if l.protocol == ListenerProtocol::Websocket {
+                return Err(unsupported(key("protocol"), "protocol = \"websocket\""));
+            }
+            for (set, name) in [
+                (l.cert_file.is_some(), "cert_file"),
+                (l.key_file.is_some(), "key_file"),
+                (l.ca_file.is_some(), "ca_file"),
+                (l.require_certificate, "require_certificate"),
+            ] {
+                if set {
+                    return Err(unsupported(key(name), &format!("TLS ({name})")));
+                }
+            }
+            for (set, name) in [
+                (l.health, "health"),
+                (l.metrics, "metrics"),
+                (l.http_dir.is_some(), "http_dir"),
+            ] {
+                if set {
+                    return Err(unsupported(key(name), &format!("HTTP ({name})")));
+                }
+            }
+        }
+        if self.auth.password_file.is_some() {
+            return Err(unsupported(
+                "auth.password_file".into(),
+                "a password file (password_file)",
+            ));
+        }
+        if self.auth.acl_file.is_some() {
+            return Err(unsupported(
+                "auth.acl_file".into(),
+                "an ACL file (acl_file)",
+            ));
+        }
+        match self.storage.backend {
+            StorageBackend::Memory => {}
+            StorageBackend::Sqlite => {
+                return Err(unsupported(
+                    "storage.backend".into(),
+                    "backend = \"sqlite\"",
+                ))
+            }
+            StorageBackend::Postgres => {
+                return Err(unsupported(
+                    "storage.backend".into(),
+                    "backend = \"postgres\"",
+                ))
+            }
+        }
+        if self.logging.file.is_some() {
+            return Err(unsupported(
+                "logging.file".into(),
+                "logging to a file (file)",
+            ));
+        }
+        if self.logging.syslog {
+            return Err(unsupported(
+                "logging.syslog".into(),
+                "logging to syslog (syslog)",
+            ));
+        }
+        if self.admin.socket.is_some() {
+            return Err(unsupported(
+                "admin.socket".into(),
+                "the admin socket (socket)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(c: &Config) -> ConfigError {
+        match c.validate() {
+            Err(e) => e,
+            Ok(()) => panic!("{c:?} validated"),
+        }
+    }
+
+    #[test]
+    fn default_is_valid() {
+        assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn ranges() {
+        let mut c = Config::default();
+        c.server.max_packet_size = 0;
+        assert_eq!(err(&c).key, "server.max_packet_size");
+        c.server.max_packet_size = MAX_PACKET_SIZE_LIMIT + 1;
+        assert_eq!(err(&c).key, "server.max_packet_size");
+        c.server.max_packet_size = MAX_PACKET_SIZE_LIMIT;
+        assert_eq!(c.validate(), Ok(()));
+
+        for (f, key) in [
+            (
+                (|c: &mut Config| c.server.receive_maximum = 0) as fn(&mut Config),
+                "server.receive_maximum",
+            ),
+            (|c| c.server.max_inflight = 0, "server.max_inflight"),
+            (|c| c.server.max_qos = 3, "server.max_qos"),
+            (|c| c.server.sys_interval = 0, "server.sys_interval"),
+            (|c| c.server.connect_timeout = 0, "server.connect_timeout"),
+        ] {
+            let mut c = Config::default();
+            f(&mut c);
+            assert_eq!(err(&c).key, key);
+        }
+    }
+
+    #[test]
+    fn duplicate_listeners() {
+        let mut c = Config::default();
+        c.listeners.push(ListenerConfig::default());
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[1].port");
+        assert!(e.message.contains("127.0.0.1:1883"), "{e}");
+        // Port 0 picks a free port each time: never a duplicate.
+        c.listeners[0].port = 0;
+        c.listeners[1].port = 0;
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn http_keys_need_websocket() {
+        let mut c = Config::default();
+        c.listeners[0].metrics = true;
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].metrics");
+        assert!(e.message.contains("websocket"));
+    }
+
+    #[test]
+    fn tls_pairs() {
+        let mut c = Config::default();
+        c.listeners[0].cert_file = Some("c.pem".into());
+        assert_eq!(err(&c).key, "listeners[0].cert_file");
+        c.listeners[0].cert_file = None;
+        c.listeners[0].key_file = Some("k.pem".into());
+        assert_eq!(err(&c).key, "listeners[0].key_file");
+        c.listeners[0].cert_file = Some("c.pem".into());
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].cert_file");
+        assert!(e.message.contains("not supported"), "{e}");
+    }
+
+    #[test]
+    fn storage_combinations() {
+        let mut c = Config::default();
+        c.storage.backend = StorageBackend::Sqlite;
+        assert_eq!(err(&c).key, "storage.backend");
+        c.storage.path = Some("/tmp/m.db".into());
+        assert!(err(&c).message.contains("not supported"));
+
+        let mut c = Config::default();
+        c.storage.backend = StorageBackend::Postgres;
+        assert!(err(&c).message.contains("needs url"));
+
+        let mut c = Config::default();
+        c.storage.standby = true;
+        assert_eq!(err(&c).key, "storage.standby");
+    }
+
+    #[test]
+    fn unsupported_keys() {
+        let mut c = Config::default();
+        c.auth.password_file = Some("/etc/mercurio/passwd".into());
+        let e = err(&c);
+        assert_eq!(e.key, "auth.password_file");
+        assert!(e.message.contains("not supported by this version"), "{e}");
+
+        let mut c = Config::default();
+        c.logging.syslog = true;
+        assert_eq!(err(&c).key, "logging.syslog");
+
+        let mut c = Config::default();
+        c.admin.socket = Some("/run/mercurio/admin.sock".into());
+        assert_eq!(err(&c).key, "admin.socket");
+    }
+}

@@ -1,0 +1,43 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Text after the options in `mercuriod --help`.
+const AFTER_HELP: &str = "\
+Without --config, mercuriod listens on 127.0.0.1:1883 only, allows anonymous clients and keeps
+everything in memory. With a file, [auth] allow_anonymous must be set to true for clients
+without credentials to connect (as in mosquitto 2), and a file without [[listeners]] listens on
+127.0.0.1:1883.
+
+Not yet supported by this version (setting one is a configuration error, exit status 78):
+  TLS (listeners: cert_file, key_file, ca_file, require_certificate),
+  WebSocket and HTTP (listeners: protocol = \"websocket\", health, metrics, http_dir),
+  password and ACL files (auth: password_file, acl_file),
+  SQLite and PostgreSQL storage (storage: backend = \"sqlite\" | \"postgres\", standby,
+  durable_ack), logging to a file or syslog (logging: file, syslog), the admin socket (admin:
+  socket).
+
+Logs go to standard output. SIGTERM or Ctrl+C disconnects every client (reason 0x8B, server
+shutting down) and stops.
+
+Exit status: 0 after a clean stop or a valid --check-config, 1 when the broker cannot start
+(e.g. a port in use), 78 (EX_CONFIG) for a configuration error.";
+
+/// mercuriod, the Mercurio MQTT broker (MQTT 3.1, 3.1.1 and 5.0).
+#[derive(Debug, Parser)]
+#[command(name = "mercuriod", version, about, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Configuration file (TOML). Without it: 127.0.0.1:1883, anonymous clients allowed.
+    #[arg(short, long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Log at debug level, whatever [logging] level says.
+    #[arg(short, long)]
+    pub verbose: bool,
+
+    /// Check the configuration, print the result and exit: 0 if valid, 78 if not.
+    #[arg(long)]
+    pub check_config: bool,
+}

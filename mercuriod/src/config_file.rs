@@ -1,0 +1,381 @@
+//! Reading the configuration file: TOML into [`Config`], with every error located at a line.
+//!
+//! The file is parsed twice: by `toml` into the typed [`Config`] (unknown keys, wrong types and
+//! bad enum values are refused there) and by `toml_edit` into a document that keeps the spans,
+//! which turns an error's byte offset into a key path and a line, and a
+//! [`mercurio_core::config::ConfigError`]'s key path into a line.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use mercurio_core::config::Config;
+use toml_edit::{Array, ArrayOfTables, ImDocument, Item, TableLike, Value};
+
+/// A configuration that cannot be used. Its `Display` is one line:
+/// `FILE:LINE: KEY: MESSAGE`, where the line and the key are left out when unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": {key}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Reads and checks the configuration file at `path`.
+pub fn load(path: &Path) -> Result<Config, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|e| LoadError {
+        file: path.to_path_buf(),
+        line: None,
+        key: None,
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and checks `text`, the contents of the file `path` (used in messages only).
+///
+/// Rules of the file mode: `[auth] allow_anonymous` unset means false, and a file without
+/// `[[listeners]]` gets the default listener (127.0.0.1:1883). Then [`Config::validate`].
+pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
+    let error = |span: Option<Range<usize>>, key: Option<String>, message: &str| LoadError {
+        file: path.to_path_buf(),
+        line: span.map(|s| line_of(text, s.start)),
+        key,
+        message: one_line(message),
+    };
+
+    let doc = ImDocument::parse(text).map_err(|e| error(e.span(), None, e.message()))?;
+    let root = Node::Table(doc.as_table());
+
+    let mut config: Config = toml::from_str(text).map_err(|e| {
+        let key = e.span().and_then(|s| key_at(root, s.start, String::new()));
+        error(e.span(), key, e.message())
+    })?;
+
+    if locate(root, "auth.allow_anonymous").is_none() {
+        config.auth.allow_anonymous = Some(false);
+    }
+    if config.listeners.is_empty() {
+        return Err(error(
+            locate(root, "listeners"),
+            Some("listeners".into()),
+            "no listener: leave `listeners` out for the default 127.0.0.1:1883, or add a [[listeners]] table",
+        ));
+    }
+    config.validate().map_err(|e| {
+        let span = locate(root, &e.key);
+        error(span, Some(e.key), &e.message)
+    })?;
+    Ok(config)
+}
+
+/// Warnings about a valid configuration, one line each, for the log and `--check-config`.
+pub fn warnings(config: &Config) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if config.auth.allow_anonymous != Some(true) && config.auth.password_file.is_none() {
+        warnings.push(
+            "auth.allow_anonymous is not true and there is no password file: every client will be \
+             refused (set allow_anonymous = true in [auth] to accept clients)"
+                .to_string(),
+        );
+    }
+    warnings
+}
+
+/// 1-based line of the byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A place in the parsed document.
+#[derive(Clone, Copy)]
+enum Node<'a> {
+    Table(&'a dyn TableLike),
+    TableArray(&'a ArrayOfTables),
+    Array(&'a Array),
+    Leaf,
+}
+
+impl<'a> Node<'a> {
+    fn of_item(item: &'a Item) -> Self {
+        match item {
+            Item::Table(t) => Node::Table(t),
+            Item::ArrayOfTables(a) => Node::TableArray(a),
+            Item::Value(v) => Node::of_value(v),
+            Item::None => Node::Leaf,
+        }
+    }
+
+    fn of_value(value: &'a Value) -> Self {
+        match value {
+            Value::InlineTable(t) => Node::Table(t),
+            Value::Array(a) => Node::Array(a),
+            _ => Node::Leaf,
+        }
+    }
+}
+
+fn contains(span: Option<Range<usize>>, offset: usize) -> bool {
+    span.is_some_and(|s| s.start <= offset && offset < s.end.max(s.start + 1))
+}
+
+/// Path (`server.max_qos`, `listeners[0].port`) of the innermost key or value at `offset`.
+fn key_at(node: Node<'_>, offset: usize, prefix: String) -> Option<String> {
+    match node {
+        Node::Table(table) => {
+            for (name, item) in table.iter() {
+                let path = if prefix.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                if let Some((key, _)) = table.get_key_value(name) {
+                    if contains(key.span(), offset) {
+                        return Some(path);
+                    }
+                }
+                if let Some(found) = key_at(Node::of_item(item), offset, path.clone()) {
+                    return Some(found);
+                }
+                let span = match item {
+                    Item::Table(t) => t.span(),
+                    other => other.span(),
+                };
+                if contains(span, offset) {
+                    return Some(path);
+                }
+            }
+            None
+        }
+        Node::TableArray(tables) => {
+            for (i, table) in tables.iter().enumerate() {
+                let path = format!("{prefix}[{i}]");
+                if let Some(found) = key_at(Node::Table(table), offset, path.clone()) {
+                    return Some(found);
+                }
+                if contains(table.span(), offset) {
+                    return Some(path);
+                }
+            }
+            None
+        }
+        Node::Array(values) => {
+            for (i, value) in values.iter().enumerate() {
+                let path = format!("{prefix}[{i}]");
+                if let Some(found) = key_at(Node::of_value(value), offset, path.clone()) {
+                    return Some(found);
+                }
+                if contains(value.span(), offset) {
+                    return Some(path);
+                }
+            }
+            None
+        }
+        Node::Leaf => None,
+    }
+}
+
+/// One step of a key path.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn steps(path: &str) -> Vec<Step<'_>> {
+    let mut steps = Vec::new();
+    for part in path.split('.') {
+        let (name, mut rest) = match part.find('[') {
+            Some(i) => part.split_at(i),
+            None => (part, ""),
+        };
+        if !name.is_empty() {
+            steps.push(Step::Key(name));
+        }
+        while let Some(inner) = rest.strip_prefix('[') {
+            let Some(close) = inner.find(']') else { break };
+            if let Ok(i) = inner[..close].parse() {
+                steps.push(Step::Index(i));
+            }
+            rest = &inner[close + 1..];
+        }
+    }
+    steps
+}
+
+/// Span of the key at `path`, or of its innermost ancestor present in the file; `None` when
+/// not even the first step is in the file.
+fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
+    let mut node = root;
+    let mut best = None;
+    for step in steps(path) {
+        match (step, node) {
+            (Step::Key(name), Node::Table(table)) => {
+                let Some((key, item)) = table.get_key_value(name) else {
+                    break;
+                };
+                best = key.span().or_else(|| item.span()).or(best);
+                node = Node::of_item(item);
+            }
+            (Step::Index(i), Node::TableArray(tables)) => {
+                let Some(table) = tables.get(i) else { break };
+                best = table.span().or(best);
+                node = Node::Table(table);
+            }
+            (Step::Index(i), Node::Array(values)) => {
+                let Some(value) = values.get(i) else { break };
+                best = value.span().or(best);
+                node = Node::of_value(value);
+            }
+            _ => break,
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> LoadError {
+        match parse(Path::new("m.toml"), text) {
+            Err(e) => e,
+            Ok(c) => panic!("parsed: {c:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_file_is_the_file_mode_default() {
+        let c = parse(Path::new("m.toml"), "").expect("empty file");
+        assert_eq!(c.listeners, Config::default().listeners);
+        assert_eq!(c.auth.allow_anonymous, Some(false));
+        let c = parse(Path::new("m.toml"), "[auth]\nallow_anonymous = true\n").expect("parse");
+        assert_eq!(c.auth.allow_anonymous, Some(true));
+    }
+
+    #[test]
+    fn unknown_key() {
+        let e = err("[server]\nmax_qos = 1\nmax_qoss = 2\n");
+        assert_eq!(e.line, Some(3));
+        assert_eq!(e.key.as_deref(), Some("server.max_qoss"));
+        assert!(e.message.contains("unknown field"), "{e}");
+        assert_eq!(e.to_string().lines().count(), 1);
+    }
+
+    #[test]
+    fn unknown_section() {
+        let e = err("[server]\n\n[sever]\nmax_qos = 1\n");
+        assert_eq!(e.key.as_deref(), Some("sever"));
+        assert_eq!(e.line, Some(3));
+    }
+
+    #[test]
+    fn wrong_type() {
+        let e = err("[server]\nmax_qos = \"two\"\n");
+        assert_eq!(e.key.as_deref(), Some("server.max_qos"));
+        assert_eq!(e.line, Some(2));
+    }
+
+    #[test]
+    fn bad_value_in_second_listener() {
+        let e = err(
+            "[[listeners]]\nport = 1883\n\n[[listeners]]\nhost = \"::1\"\nport = 1884\n\
+             protocol = \"tcp\"\n",
+        );
+        assert_eq!(e.key.as_deref(), Some("listeners[1].protocol"));
+        assert_eq!(e.line, Some(7));
+    }
+
+    #[test]
+    fn validation_error_is_located() {
+        let e = err("# limits\n[server]\nsys_interval = 5\nmax_qos = 3\n");
+        assert_eq!(
+            e.to_string(),
+            "m.toml:4: server.max_qos: must be 0, 1 or 2, not 3"
+        );
+
+        let e = err("[[listeners]]\nport = 1\n[[listeners]]\nport = 1\n");
+        assert_eq!(e.key.as_deref(), Some("listeners[1].port"));
+        assert_eq!(e.line, Some(4));
+
+        let e = err("[[listeners]]\nport = 2\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n");
+        assert_eq!(e.key.as_deref(), Some("listeners[0].cert_file"));
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("not supported"), "{e}");
+    }
+
+    #[test]
+    fn missing_key_falls_back_to_its_table() {
+        let e = err("[storage]\nstandby = true\n");
+        assert_eq!(e.key.as_deref(), Some("storage.standby"));
+        assert_eq!(e.line, Some(2));
+        // Two listeners left at 127.0.0.1:1883: the second listener's header.
+        let e = err("[[listeners]]\n\n[[listeners]]\n");
+        assert_eq!(e.key.as_deref(), Some("listeners[1].port"));
+        assert_eq!(e.line, Some(3));
+    }
+
+    #[test]
+    fn inline_and_dotted_forms() {
+        let e = err("server.max_inflight = 0\n");
+        assert_eq!(
+            (e.key.as_deref(), e.line),
+            (Some("server.max_inflight"), Some(1))
+        );
+        let e = err("listeners = [\n  { port = 1 },\n  { port = 2, metrics = true },\n]\n");
+        assert_eq!(e.key.as_deref(), Some("listeners[1].metrics"));
+        assert_eq!(e.line, Some(3));
+        let e = err("listeners = []\n");
+        assert_eq!((e.key.as_deref(), e.line), (Some("listeners"), Some(1)));
+    }
+
+    #[test]
+    fn syntax_error() {
+        let e = err("[server]\nmax_qos = = 1\n");
+        assert_eq!(e.line, Some(2));
+        assert_eq!(e.key, None);
+        assert_eq!(e.to_string().lines().count(), 1);
+    }
+
+    #[test]
+    fn key_paths() {
+        let s = steps("listeners[12].cert_file");
+        assert!(matches!(
+            s[..],
+            [
+                Step::Key("listeners"),
+                Step::Index(12),
+                Step::Key("cert_file")
+            ]
+        ));
+    }
+}

@@ -1,0 +1,206 @@
+//! mercuriod and mercurioctl as processes: the command line and configuration errors.
+//! (Tests that start the broker and connect to it live with the broker's tests.)
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
+
+fn mercuriod(args: &[&str]) -> Output {
+    Command::new(MERCURIOD)
+        .args(args)
+        .output()
+        .expect("run mercuriod")
+}
+
+/// Writes `text` to a configuration file in a temp dir kept alive by the returned guard.
+fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("mercuriod.toml");
+    std::fs::write(&path, text).expect("write config");
+    (dir, path)
+}
+
+/// Runs `mercuriod -c FILE --check-config` on `text`; returns (status, stderr).
+fn check(text: &str) -> (Option<i32>, String, PathBuf, tempfile::TempDir) {
+    let (dir, path) = config_file(text);
+    let out = Command::new(MERCURIOD)
+        .arg("-c")
+        .arg(&path)
+        .arg("--check-config")
+        .output()
+        .expect("run mercuriod");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), stderr, path, dir)
+}
+
+/// The one error line: `mercuriod: FILE:LINE: KEY: ...`.
+fn assert_config_error(text: &str, line: usize, key: &str, words: &str) {
+    let (code, stderr, path, _dir) = check(text);
+    assert_eq!(code, Some(78), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    let prefix = format!("mercuriod: {}:{line}: {key}: ", path.display());
+    assert!(
+        stderr.starts_with(&prefix),
+        "expected {prefix:?}, got {stderr:?}"
+    );
+    assert!(stderr.contains(words), "expected {words:?} in {stderr:?}");
+}
+
+#[test]
+fn unknown_key_names_key_and_line() {
+    assert_config_error(
+        "[server]\nmax_qos = 1\nmax_conections = 10\n",
+        3,
+        "server.max_conections",
+        "unknown field `max_conections`",
+    );
+    assert_config_error(
+        "# a comment\n[logging]\nlevel = \"info\"\n\n[sever]\n",
+        5,
+        "sever",
+        "unknown field",
+    );
+}
+
+#[test]
+fn bad_value_names_key_and_line() {
+    assert_config_error(
+        "[server]\nsys_interval = 5\nmax_qos = 3\n",
+        3,
+        "server.max_qos",
+        "must be 0, 1 or 2",
+    );
+    assert_config_error(
+        "[[listeners]]\nport = 1884\n\n[[listeners]]\nport = 1884\n",
+        5,
+        "listeners[1].port",
+        "already used",
+    );
+}
+
+#[test]
+fn wrong_type_names_key_and_line() {
+    assert_config_error(
+        "[server]\n\nmax_packet_size = \"1MB\"\n",
+        3,
+        "server.max_packet_size",
+        "invalid type",
+    );
+}
+
+#[test]
+fn unsupported_feature_is_refused() {
+    assert_config_error(
+        "[[listeners]]\nport = 8883\ncert_file = \"/etc/mercurio/cert.pem\"\n\
+         key_file = \"/etc/mercurio/key.pem\"\n",
+        3,
+        "listeners[0].cert_file",
+        "TLS (cert_file) is not supported by this version",
+    );
+    assert_config_error(
+        "[auth]\nallow_anonymous = false\npassword_file = \"/etc/mercurio/passwd\"\n",
+        3,
+        "auth.password_file",
+        "is not supported by this version",
+    );
+    assert_config_error(
+        "[storage]\nbackend = \"sqlite\"\npath = \"/var/lib/mercurio/mercurio.db\"\n",
+        2,
+        "storage.backend",
+        "is not supported by this version",
+    );
+}
+
+#[test]
+fn syntax_error_is_one_line_with_status_78() {
+    let (code, stderr, path, _dir) = check("[server\nmax_qos = 1\n");
+    assert_eq!(code, Some(78), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("mercuriod: {}:1: ", path.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_file_is_a_configuration_error() {
+    let out = mercuriod(&["-c", "/nonexistent/mercuriod.toml", "--check-config"]);
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/nonexistent/mercuriod.toml"), "{stderr}");
+}
+
+#[test]
+fn example_configuration_is_valid() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/mercuriod.toml");
+    let out = Command::new(MERCURIOD)
+        .arg("--config")
+        .arg(&example)
+        .arg("--check-config")
+        .output()
+        .expect("run mercuriod");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("configuration OK"));
+}
+
+#[test]
+fn check_config_without_file_and_with_a_valid_file() {
+    let out = mercuriod(&["--check-config"]);
+    assert_eq!(out.status.code(), Some(0));
+
+    let (code, stderr, _, _dir) = check(
+        "[server]\nmax_qos = 1\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n\n\
+         [auth]\nallow_anonymous = true\n\n[logging]\nlevel = \"info,mercurio::connections=warn\"\n",
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "no warning expected: {stderr}");
+}
+
+#[test]
+fn check_config_warns_when_no_client_can_connect() {
+    let (code, stderr, _, _dir) = check("[server]\nmax_qos = 1\n");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("allow_anonymous"), "{stderr}");
+}
+
+#[test]
+fn help_describes_the_no_file_mode_and_what_is_missing() {
+    let out = mercuriod(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for words in [
+        "--config",
+        "--verbose",
+        "--check-config",
+        "127.0.0.1:1883",
+        "Not yet supported",
+        "cert_file",
+        "password_file",
+        "syslog",
+        "78",
+    ] {
+        assert!(help.contains(words), "{words:?} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn version() {
+    let out = mercuriod(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("mercuriod {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn unknown_option_is_a_usage_error() {
+    let out = mercuriod(&["--no-such-option"]);
+    assert_eq!(out.status.code(), Some(2));
+}
