@@ -9,7 +9,11 @@ use libfuzzer_sys::fuzz_target;
 use mercurio_core::codec::{decode, encode, ProtocolVersion};
 
 fuzz_target!(|data: &[u8]| {
-    for version in [ProtocolVersion::V31, ProtocolVersion::V311, ProtocolVersion::V5] {
+    for version in [
+        ProtocolVersion::V31,
+        ProtocolVersion::V311,
+        ProtocolVersion::V5,
+    ] {
         let mut buf = BytesMut::from(data);
         while let Ok(Some(packet)) = decode(&mut buf, version, 1 << 20) {
             // A CONNECT is encoded and decoded in its own version.
