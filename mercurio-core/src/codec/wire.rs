@@ -206,3 +206,49 @@ pub(crate) fn put_binary<S: Sink>(
 pub(crate) fn put_str<S: Sink>(s: &mut S, field: &'static str, v: &str) -> Result<(), EncodeError> {
     put_binary(s, field, v.as_bytes())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variable_byte_integer_boundaries_section_1_5_5() {
+        for (v, bytes) in [
+            (0usize, &[0x00][..]),
+            (127, &[0x7F]),
+            (128, &[0x80, 0x01]),
+            (16_383, &[0xFF, 0x7F]),
+            (16_384, &[0x80, 0x80, 0x01]),
+            (2_097_151, &[0xFF, 0xFF, 0x7F]),
+            (2_097_152, &[0x80, 0x80, 0x80, 0x01]),
+            (268_435_455, &[0xFF, 0xFF, 0xFF, 0x7F]),
+        ] {
+            let mut out = BytesMut::new();
+            put_vbi(&mut out, v).unwrap();
+            assert_eq!(&out[..], bytes);
+            assert_eq!(vbi_len(v), bytes.len());
+            let mut n = 0usize;
+            put_vbi(&mut n, v).unwrap();
+            assert_eq!(n, bytes.len());
+            assert_eq!(Reader::new(bytes).vbi(), Ok(v));
+        }
+        let mut out = BytesMut::new();
+        assert!(put_vbi(&mut out, 268_435_456).is_err());
+        assert!(out.is_empty());
+        assert!(Reader::new(&[0xFF, 0xFF, 0xFF, 0xFF, 0x01]).vbi().is_err());
+        assert!(Reader::new(&[0x80, 0x00]).vbi().is_err());
+        assert!(Reader::new(&[0x80]).vbi().is_err());
+    }
+
+    #[test]
+    fn strings_are_strict_utf8_without_null_mqtt_1_5_4_1_and_2() {
+        assert_eq!(Reader::new(b"\x00\x03a\xC3\xA9").str(), Ok("a\u{e9}"));
+        assert!(Reader::new(b"\x00\x01\x00").str().is_err());
+        assert!(Reader::new(b"\x00\x02\xC0\x80").str().is_err()); // overlong U+0000
+        assert!(Reader::new(b"\x00\x05abc").str().is_err()); // short
+        let long = "x".repeat(65_536);
+        let mut out = BytesMut::new();
+        assert!(put_str(&mut out, "topic name", &long).is_err());
+        assert!(out.is_empty());
+    }
+}
