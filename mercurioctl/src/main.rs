@@ -23,6 +23,8 @@ struct Cli {}
 
 fn main() -> ExitCode {
     let Cli {} = Cli::parse();
-    eprintln!("mercurioctl: no admin commands are available yet; see mercurioctl --help");
+    eprintln!(
+        "mercurioctl: the admin commands are not available yet (mercuriod has no admin socket yet)"
+    );
     ExitCode::FAILURE
 }
