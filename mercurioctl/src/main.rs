@@ -6,6 +6,8 @@
 //! Dependencies, and why:
 //! - `clap` (derive): the command line, `--help` and `--version`.
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 const AFTER_HELP: &str = "\
@@ -19,7 +21,10 @@ have. Until then, watch a broker with its logs and its $SYS/broker/# topics, e.g
 #[command(name = "mercurioctl", version, about, after_help = AFTER_HELP)]
 struct Cli {}
 
-fn main() {
+fn main() -> ExitCode {
     let Cli {} = Cli::parse();
-    println!("mercurioctl: no admin commands are available yet; see mercurioctl --help");
+    eprintln!(
+        "mercurioctl: the admin commands are not available yet (mercuriod has no admin socket yet)"
+    );
+    ExitCode::FAILURE
 }

@@ -36,3 +36,12 @@ fn no_subcommands() {
         .expect("run mercurioctl");
     assert_eq!(out.status.code(), Some(2), "a usage error");
 }
+
+#[test]
+fn without_arguments_says_why_and_fails() {
+    let out = Command::new(MERCURIOCTL).output().expect("run mercurioctl");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not available yet"), "{stderr}");
+}
