@@ -384,16 +384,19 @@ async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -
     if connect.username.is_some() && !allow_anonymous && broker.config.auth.password_file.is_none() {
         return Err(refuse(ReasonCode::BAD_USER_NAME_OR_PASSWORD, "no password file to check credentials against"));
     }
-    // Keep alive (max_keepalive; 3.x clients asking for more are refused, as mosquitto does).
+    // Keep alive and max_keepalive: a 5.0 client asking for more (or for none) is told the
+    // Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more is refused with
+    // "identifier rejected", as mosquitto documents (3.x has no way to be told).
     let mut keep_alive = connect.keep_alive;
     let mut server_keep_alive = None;
-    if keep_alive > server.max_keepalive || (keep_alive == 0 && server.max_keepalive < u16::MAX) {
-        if version.is_v5() {
+    let limited = server.max_keepalive < u16::MAX;
+    if version.is_v5() {
+        if limited && (keep_alive == 0 || keep_alive > server.max_keepalive) {
             keep_alive = server.max_keepalive;
             server_keep_alive = Some(keep_alive);
-        } else {
-            return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "keep alive above max_keepalive"));
         }
+    } else if keep_alive > server.max_keepalive {
+        return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "keep alive above max_keepalive"));
     }
     // The will [MQTT-3.1.2-9..] and what the broker supports.
     let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
