@@ -24,7 +24,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => 1883,
     };
     let mut config = Config::default();
-    config.listeners = vec![ListenerConfig { port, ..ListenerConfig::default() }];
+    config.listeners = vec![ListenerConfig {
+        port,
+        ..ListenerConfig::default()
+    }];
     let broker = Broker::builder(config).start().await?;
     println!("broker listening on {:?}", broker.local_addrs());
 

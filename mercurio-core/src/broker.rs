@@ -104,7 +104,9 @@ impl BrokerInner {
         let matches = self.index.read().matches(&msg.topic);
         let mut delivered = 0;
         for cm in &matches.clients {
-            let Some(first) = cm.subscriptions.first() else { continue };
+            let Some(first) = cm.subscriptions.first() else {
+                continue;
+            };
             let mut qos: Option<QoS> = None;
             let mut retain = false;
             let mut ids = Vec::new();
@@ -122,7 +124,12 @@ impl BrokerInner {
                 }
             }
             let Some(qos) = qos else { continue };
-            let q = Queued { msg: Arc::clone(msg), qos, retain, subscription_ids: ids };
+            let q = Queued {
+                msg: Arc::clone(msg),
+                qos,
+                retain,
+                subscription_ids: ids,
+            };
             if self.deliver(&first.session, q) {
                 delivered += 1;
             }
@@ -144,7 +151,9 @@ impl BrokerInner {
             if !taken && msg.qos > QoS::AtMostOnce {
                 // Nobody connected: keep it for one member's persistent session.
                 for e in order {
-                    if let Enqueued::Queued = e.session.enqueue(shared_delivery(msg, e), &self.limits) {
+                    if let Enqueued::Queued =
+                        e.session.enqueue(shared_delivery(msg, e), &self.limits)
+                    {
                         taken = true;
                         break;
                     }
@@ -174,9 +183,19 @@ impl BrokerInner {
     /// Records a subscription in the session and the index. Returns true when it replaced an
     /// existing subscription on the same filter [MQTT-3.8.4-3].
     pub(crate) fn subscribe(&self, session: &Arc<Session>, filter: &str, granted: Granted) -> bool {
-        let existed = session.state.lock().subscriptions.insert(filter.to_string(), granted).is_some();
-        let entry = SubEntry { session: Arc::clone(session), granted };
-        self.index.write().insert(filter, Arc::clone(&session.client_id), entry);
+        let existed = session
+            .state
+            .lock()
+            .subscriptions
+            .insert(filter.to_string(), granted)
+            .is_some();
+        let entry = SubEntry {
+            session: Arc::clone(session),
+            granted,
+        };
+        self.index
+            .write()
+            .insert(filter, Arc::clone(&session.client_id), entry);
         existed
     }
 
@@ -231,7 +250,10 @@ impl BrokerInner {
         }
         {
             let mut sessions = self.sessions.lock();
-            if sessions.get(&session.client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
+            if sessions
+                .get(&session.client_id)
+                .is_some_and(|s| Arc::ptr_eq(s, session))
+            {
                 sessions.remove(&session.client_id);
             }
         }
@@ -248,7 +270,12 @@ impl BrokerInner {
 
     /// Called when a session's connection has ended. `publish_will` is false after a normal
     /// DISCONNECT [MQTT-3.1.2-10]. Arms the will delay and session expiry timers.
-    pub(crate) fn detach(self: &Arc<Self>, session: &Arc<Session>, link: &Arc<Link>, publish_will: bool) {
+    pub(crate) fn detach(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        link: &Arc<Link>,
+        publish_will: bool,
+    ) {
         let (generation, expiry, will_now, will_delay) = {
             let mut st = session.state.lock();
             if !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
@@ -316,7 +343,10 @@ impl BrokerInner {
                     }
                 }
                 tracing::debug!(client_id = %session.client_id, "session expired");
-                broker.stats.sessions_expired.fetch_add(1, Ordering::Relaxed);
+                broker
+                    .stats
+                    .sessions_expired
+                    .fetch_add(1, Ordering::Relaxed);
                 broker.end_session(&session);
             });
         }

@@ -83,13 +83,21 @@ struct Close {
 
 impl Close {
     fn lost(reason: DisconnectReason) -> Close {
-        Close { reason, send: None, publish_will: true }
+        Close {
+            reason,
+            send: None,
+            publish_will: true,
+        }
     }
 
     /// A protocol violation: 5.0 clients get DISCONNECT with `rc` [MQTT-4.13.1-1].
     fn violation(rc: ReasonCode, why: &str, client_id: &str) -> Close {
         tracing::debug!(client_id, reason = %rc, "closing connection: {why}");
-        Close { reason: DisconnectReason::ProtocolViolation(rc), send: Some(rc), publish_will: true }
+        Close {
+            reason: DisconnectReason::ProtocolViolation(rc),
+            send: Some(rc),
+            publish_will: true,
+        }
     }
 }
 
@@ -206,7 +214,15 @@ where
             return;
         }
     };
-    let Accepted { session, link, version, keep_alive, client_limits, connack, will_present: _ } = accepted;
+    let Accepted {
+        session,
+        link,
+        version,
+        keep_alive,
+        client_limits,
+        connack,
+        will_present: _,
+    } = accepted;
     let client_id = Arc::clone(&session.client_id);
     broker.stats.client_connected();
     if let Err(e) = wr.write_all(&connack).await {
@@ -248,7 +264,10 @@ where
     // 4. Final bytes: what the reader answered last, and a DISCONNECT for 5.0 clients.
     let mut last = std::mem::take(&mut *link.control.lock());
     if let (Some(rc), true) = (close.send, version.is_v5()) {
-        let d = Packet::Disconnect(Disconnect { reason_code: rc, properties: Properties::default() });
+        let d = Packet::Disconnect(Disconnect {
+            reason_code: rc,
+            properties: Properties::default(),
+        });
         let _ = codec::encode(&d, version, &mut last);
     }
     if !last.is_empty() {
@@ -283,17 +302,30 @@ async fn read_connect<R: AsyncRead + Unpin>(
         match codec::decode(buf, ProtocolVersion::V311, max_packet_size) {
             Ok(Some(Packet::Connect(c))) => return Ok(c),
             Ok(Some(other)) => {
-                return Err(ConnectError::Refuse(Vec::new(), format!("first packet was {}, not CONNECT", other.name())))
+                return Err(ConnectError::Refuse(
+                    Vec::new(),
+                    format!("first packet was {}, not CONNECT", other.name()),
+                ))
             }
             Ok(None) => {}
             Err(DecodeError::UnsupportedProtocolVersion { level }) => {
                 // 3.1.1 section 3.2.2.3: return code 1, then close [MQTT-3.1.2-2].
                 return Err(ConnectError::Refuse(
-                    vec![0x20, 0x02, 0x00, ReasonCode::V3_UNACCEPTABLE_PROTOCOL_VERSION],
+                    vec![
+                        0x20,
+                        0x02,
+                        0x00,
+                        ReasonCode::V3_UNACCEPTABLE_PROTOCOL_VERSION,
+                    ],
                     format!("unsupported protocol level {level}"),
                 ));
             }
-            Err(e) => return Err(ConnectError::Refuse(Vec::new(), format!("bad CONNECT: {e}"))),
+            Err(e) => {
+                return Err(ConnectError::Refuse(
+                    Vec::new(),
+                    format!("bad CONNECT: {e}"),
+                ))
+            }
         }
         match rd.read_buf(buf).await {
             Ok(0) | Err(_) => return Err(ConnectError::Closed),
@@ -325,9 +357,22 @@ struct Accepted {
     will_present: bool,
 }
 
-fn encode_connack(version: ProtocolVersion, session_present: bool, rc: ReasonCode, properties: Properties) -> Vec<u8> {
-    let reason_code = if version.is_v5() { rc } else { ReasonCode(rc.to_v3_connack()) };
-    let ack = Packet::ConnAck(ConnAck { session_present, reason_code, properties });
+fn encode_connack(
+    version: ProtocolVersion,
+    session_present: bool,
+    rc: ReasonCode,
+    properties: Properties,
+) -> Vec<u8> {
+    let reason_code = if version.is_v5() {
+        rc
+    } else {
+        ReasonCode(rc.to_v3_connack())
+    };
+    let ack = Packet::ConnAck(ConnAck {
+        session_present,
+        reason_code,
+        properties,
+    });
     let mut out = BytesMut::new();
     if let Err(e) = codec::encode(&ack, version, &mut out) {
         tracing::error!("cannot encode CONNACK: {e}");
@@ -337,7 +382,11 @@ fn encode_connack(version: ProtocolVersion, session_present: bool, rc: ReasonCod
 
 /// Checks a CONNECT (MQTT 5.0 section 3.1.4), takes the session over or creates it, and
 /// builds the CONNACK. `Err` carries a refusing CONNACK to send before closing.
-async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -> Result<Accepted, Vec<u8>> {
+async fn accept(
+    broker: &Arc<BrokerInner>,
+    connect: Connect,
+    peer: SocketAddr,
+) -> Result<Accepted, Vec<u8>> {
     let version = connect.protocol;
     let server = &broker.config.server;
     let refuse = |rc: ReasonCode, why: &str| {
@@ -351,19 +400,33 @@ async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -
 
     // Enhanced authentication: no method is supported.
     if props.authentication_method.is_some() {
-        return Err(refuse(ReasonCode::BAD_AUTHENTICATION_METHOD, "authentication method not supported"));
+        return Err(refuse(
+            ReasonCode::BAD_AUTHENTICATION_METHOD,
+            "authentication method not supported",
+        ));
     }
     // Client identifier [MQTT-3.1.3-6..9].
     let mut assigned = None;
     let client_id: Arc<str> = if connect.client_id.is_empty() {
         match version {
-            ProtocolVersion::V31 => return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "empty client identifier in 3.1")),
+            ProtocolVersion::V31 => {
+                return Err(refuse(
+                    ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+                    "empty client identifier in 3.1",
+                ))
+            }
             ProtocolVersion::V311 if !connect.clean_start => {
-                return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "empty client identifier without clean session [MQTT-3.1.3-8]"))
+                return Err(refuse(
+                    ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+                    "empty client identifier without clean session [MQTT-3.1.3-8]",
+                ))
             }
             _ => {
                 let n = broker.next_client_number.fetch_add(1, Ordering::Relaxed);
-                let id = format!("auto-{:x}-{n}", broker.started.elapsed().as_nanos() as u64 ^ 0x5eed_cafe);
+                let id = format!(
+                    "auto-{:x}-{n}",
+                    broker.started.elapsed().as_nanos() as u64 ^ 0x5eed_cafe
+                );
                 if version.is_v5() {
                     assigned = Some(id.clone());
                 }
@@ -373,16 +436,31 @@ async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -
     } else {
         Arc::from(connect.client_id.as_str())
     };
-    if !server.clientid_prefixes.is_empty() && !server.clientid_prefixes.iter().any(|p| client_id.starts_with(p.as_str())) {
-        return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "client identifier outside clientid_prefixes"));
+    if !server.clientid_prefixes.is_empty()
+        && !server
+            .clientid_prefixes
+            .iter()
+            .any(|p| client_id.starts_with(p.as_str()))
+    {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "client identifier outside clientid_prefixes",
+        ));
     }
     // Anonymous clients.
     let allow_anonymous = broker.config.auth.allow_anonymous.unwrap_or(false);
     if connect.username.is_none() && !allow_anonymous {
-        return Err(refuse(ReasonCode::NOT_AUTHORIZED, "anonymous clients are not allowed"));
+        return Err(refuse(
+            ReasonCode::NOT_AUTHORIZED,
+            "anonymous clients are not allowed",
+        ));
     }
-    if connect.username.is_some() && !allow_anonymous && broker.config.auth.password_file.is_none() {
-        return Err(refuse(ReasonCode::BAD_USER_NAME_OR_PASSWORD, "no password file to check credentials against"));
+    if connect.username.is_some() && !allow_anonymous && broker.config.auth.password_file.is_none()
+    {
+        return Err(refuse(
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "no password file to check credentials against",
+        ));
     }
     // Keep alive and max_keepalive: a 5.0 client asking for more (or for none) is told the
     // Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more is refused with
@@ -396,7 +474,10 @@ async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -
             server_keep_alive = Some(keep_alive);
         }
     } else if keep_alive > server.max_keepalive {
-        return Err(refuse(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "keep alive above max_keepalive"));
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "keep alive above max_keepalive",
+        ));
     }
     // The will [MQTT-3.1.2-9..] and what the broker supports.
     let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
@@ -406,13 +487,24 @@ async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -
             return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
         }
         if w.qos > max_qos {
-            return Err(refuse(ReasonCode::QOS_NOT_SUPPORTED, "will QoS above max_qos [MQTT-3.2.2-12]"));
+            return Err(refuse(
+                ReasonCode::QOS_NOT_SUPPORTED,
+                "will QoS above max_qos [MQTT-3.2.2-12]",
+            ));
         }
         if w.retain && !server.retain_available {
-            return Err(refuse(ReasonCode::RETAIN_NOT_SUPPORTED, "will retain but retain_available = false [MQTT-3.2.2-13]"));
+            return Err(refuse(
+                ReasonCode::RETAIN_NOT_SUPPORTED,
+                "will retain but retain_available = false [MQTT-3.2.2-13]",
+            ));
         }
-        if w.properties.payload_format_indicator == Some(1) && std::str::from_utf8(&w.payload).is_err() {
-            return Err(refuse(ReasonCode::PAYLOAD_FORMAT_INVALID, "will payload is not UTF-8"));
+        if w.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&w.payload).is_err()
+        {
+            return Err(refuse(
+                ReasonCode::PAYLOAD_FORMAT_INVALID,
+                "will payload is not UTF-8",
+            ));
         }
         let mut properties = w.properties.clone();
         let delay = properties.will_delay_interval.take().unwrap_or(0);
@@ -475,7 +567,11 @@ async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -
             session_present = true;
             break old;
         }
-        let fresh = Arc::new(Session::new(Arc::clone(&client_id), version, expiry_interval));
+        let fresh = Arc::new(Session::new(
+            Arc::clone(&client_id),
+            version,
+            expiry_interval,
+        ));
         {
             let mut st = fresh.state.lock();
             st.link = Some(Arc::clone(&link));
@@ -510,11 +606,24 @@ async fn accept(broker: &Arc<BrokerInner>, connect: Connect, peer: SocketAddr) -
     }
     let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
     let client_limits = ClientLimits {
-        inflight: usize::from(server.max_inflight.min(props.receive_maximum.unwrap_or(u16::MAX))).max(1),
+        inflight: usize::from(
+            server
+                .max_inflight
+                .min(props.receive_maximum.unwrap_or(u16::MAX)),
+        )
+        .max(1),
         max_packet_size: props.maximum_packet_size.unwrap_or(268_435_455 + 5),
         topic_alias_maximum: props.topic_alias_maximum.unwrap_or(0),
     };
-    Ok(Accepted { session, link, version, keep_alive, client_limits, connack, will_present: connect.will.is_some() })
+    Ok(Accepted {
+        session,
+        link,
+        version,
+        keep_alive,
+        client_limits,
+        connack,
+        will_present: connect.will.is_some(),
+    })
 }
 
 /// The inbound half: decodes packets and runs their state machines.
@@ -529,7 +638,12 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    async fn run<R: AsyncRead + Unpin>(&mut self, rd: &mut R, buf: &mut BytesMut, keep_alive: u16) -> Close {
+    async fn run<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        buf: &mut BytesMut,
+        keep_alive: u16,
+    ) -> Close {
         // Close after one and a half times the keep alive with no packet [MQTT-3.1.2-24].
         let grace = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
         let max = self.broker.config.server.max_packet_size;
@@ -546,7 +660,13 @@ impl Reader<'_> {
                         }
                     }
                     Ok(None) => break,
-                    Err(e) => return Close::violation(e.reason_code(), &e.to_string(), &self.session.client_id),
+                    Err(e) => {
+                        return Close::violation(
+                            e.reason_code(),
+                            &e.to_string(),
+                            &self.session.client_id,
+                        )
+                    }
                 }
             }
             if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
@@ -560,7 +680,11 @@ impl Reader<'_> {
             };
             match read.await {
                 None => {
-                    return Close { reason: DisconnectReason::KeepAliveTimeout, send: Some(ReasonCode::KEEP_ALIVE_TIMEOUT), publish_will: true }
+                    return Close {
+                        reason: DisconnectReason::KeepAliveTimeout,
+                        send: Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
+                        publish_will: true,
+                    }
                 }
                 Some(Ok(0)) => return Close::lost(DisconnectReason::ConnectionLost),
                 Some(Ok(n)) => Stats::add(&self.broker.stats.bytes_received, n as u64),
@@ -595,8 +719,16 @@ impl Reader<'_> {
             Packet::PubRel(a) => {
                 // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11].
                 let known = self.session.state.lock().inbound_qos2.remove(&a.packet_id);
-                let reason_code = if known { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
-                self.send(Packet::PubComp(PubAck { packet_id: a.packet_id, reason_code, properties: Properties::default() }));
+                let reason_code = if known {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+                };
+                self.send(Packet::PubComp(PubAck {
+                    packet_id: a.packet_id,
+                    reason_code,
+                    properties: Properties::default(),
+                }));
                 Ok(())
             }
             Packet::Subscribe(s) => self.on_subscribe(s),
@@ -609,14 +741,26 @@ impl Reader<'_> {
                 Ok(())
             }
             Packet::Disconnect(d) => Err(self.on_disconnect(d)),
-            Packet::Connect(_) => Err(self.violation(ReasonCode::PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")),
-            Packet::Auth(_) => Err(self.violation(ReasonCode::PROTOCOL_ERROR, "AUTH without an authentication method")),
-            other => Err(self.violation(ReasonCode::PROTOCOL_ERROR, &format!("{} is sent by servers only", other.name()))),
+            Packet::Connect(_) => {
+                Err(self.violation(ReasonCode::PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]"))
+            }
+            Packet::Auth(_) => Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH without an authentication method",
+            )),
+            other => Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                &format!("{} is sent by servers only", other.name()),
+            )),
         }
     }
 
     fn ack_publish(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) {
-        let ack = PubAck { packet_id, reason_code, properties: Properties::default() };
+        let ack = PubAck {
+            packet_id,
+            reason_code,
+            properties: Properties::default(),
+        };
         match qos {
             QoS::AtMostOnce => {}
             QoS::AtLeastOnce => self.send(Packet::PubAck(ack)),
@@ -634,20 +778,33 @@ impl Reader<'_> {
         Stats::add(&broker.stats.messages_received, 1);
         let server = &broker.config.server;
         if p.qos as u8 > server.max_qos {
-            return Err(self.violation(ReasonCode::QOS_NOT_SUPPORTED, "PUBLISH above max_qos [MQTT-3.2.2-11]"));
+            return Err(self.violation(
+                ReasonCode::QOS_NOT_SUPPORTED,
+                "PUBLISH above max_qos [MQTT-3.2.2-11]",
+            ));
         }
         if p.retain && !server.retain_available {
-            return Err(self.violation(ReasonCode::RETAIN_NOT_SUPPORTED, "retained PUBLISH but retain_available = false"));
+            return Err(self.violation(
+                ReasonCode::RETAIN_NOT_SUPPORTED,
+                "retained PUBLISH but retain_available = false",
+            ));
         }
         // Topic alias (MQTT 5.0 section 3.3.2.3.4).
         if let Some(alias) = p.properties.topic_alias.take() {
             if alias == 0 || alias > TOPIC_ALIAS_MAXIMUM {
-                return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range [MQTT-3.3.2-8]"));
+                return Err(self.violation(
+                    ReasonCode::TOPIC_ALIAS_INVALID,
+                    "topic alias out of range [MQTT-3.3.2-8]",
+                ));
             }
             if p.topic.is_empty() {
                 match self.aliases.get(&alias) {
                     Some(t) => p.topic = t.clone(),
-                    None => return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias")),
+                    None => {
+                        return Err(
+                            self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias")
+                        )
+                    }
                 }
             } else {
                 self.aliases.insert(alias, p.topic.clone());
@@ -670,7 +827,10 @@ impl Reader<'_> {
             }
             if st.inbound_qos2.len() >= usize::from(self.receive_maximum) {
                 drop(st);
-                return Err(self.violation(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED, "more QoS 2 messages than Receive Maximum"));
+                return Err(self.violation(
+                    ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                    "more QoS 2 messages than Receive Maximum",
+                ));
             }
         }
         if p.topic.starts_with("$SYS") {
@@ -678,7 +838,9 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
             return Ok(());
         }
-        if p.properties.payload_format_indicator == Some(1) && std::str::from_utf8(&p.payload).is_err() {
+        if p.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&p.payload).is_err()
+        {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
             return Ok(());
         }
@@ -708,7 +870,9 @@ impl Reader<'_> {
                 drop(st);
                 self.link.wake();
             }
-            _ => tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier"),
+            _ => {
+                tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier")
+            }
         }
     }
 
@@ -728,7 +892,11 @@ impl Reader<'_> {
             None => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
         };
         drop(st);
-        self.send(Packet::PubRel(PubAck { packet_id: a.packet_id, reason_code, properties: Properties::default() }));
+        self.send(Packet::PubRel(PubAck {
+            packet_id: a.packet_id,
+            reason_code,
+            properties: Properties::default(),
+        }));
     }
 
     fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
@@ -750,11 +918,17 @@ impl Reader<'_> {
                 continue;
             }
             if shared && f.options.no_local {
-                return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "No Local on a shared subscription [MQTT-3.8.3-4]"));
+                return Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "No Local on a shared subscription [MQTT-3.8.3-4]",
+                ));
             }
             let mut options = f.options;
             options.qos = options.qos.min(max_qos);
-            let granted = Granted { options, identifier };
+            let granted = Granted {
+                options,
+                identifier,
+            };
             let existed = broker.subscribe(self.session, &f.filter, granted);
             codes.push(ReasonCode(options.qos as u8));
             let send = match options.retain_handling {
@@ -766,7 +940,11 @@ impl Reader<'_> {
                 retained.push((f.filter.clone(), granted));
             }
         }
-        self.send(Packet::SubAck(SubAck { packet_id: s.packet_id, reason_codes: codes, properties: Properties::default() }));
+        self.send(Packet::SubAck(SubAck {
+            packet_id: s.packet_id,
+            reason_codes: codes,
+            properties: Properties::default(),
+        }));
         for (filter, granted) in retained {
             broker.send_retained(self.session, &filter, &granted);
         }
@@ -793,7 +971,11 @@ impl Reader<'_> {
                 }
             })
             .collect();
-        self.send(Packet::UnsubAck(UnsubAck { packet_id: u.packet_id, reason_codes: codes, properties: Properties::default() }));
+        self.send(Packet::UnsubAck(UnsubAck {
+            packet_id: u.packet_id,
+            reason_codes: codes,
+            properties: Properties::default(),
+        }));
     }
 
     fn on_disconnect(&mut self, d: Disconnect) -> Close {
@@ -801,13 +983,20 @@ impl Reader<'_> {
             let mut st = self.session.state.lock();
             if st.expiry_interval == 0 && expiry != 0 {
                 drop(st);
-                return self.violation(ReasonCode::PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]");
+                return self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "session expiry set at DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]",
+                );
             }
             st.expiry_interval = expiry;
         }
         // Only DISCONNECT with 0x04 keeps the will [MQTT-3.14.4-3].
         let publish_will = d.reason_code == ReasonCode::DISCONNECT_WITH_WILL_MESSAGE;
-        Close { reason: DisconnectReason::ClientDisconnect, send: None, publish_will }
+        Close {
+            reason: DisconnectReason::ClientDisconnect,
+            send: None,
+            publish_will,
+        }
     }
 }
 
@@ -868,11 +1057,23 @@ impl Writer<'_> {
             f.sent = true;
             match f.state {
                 OutboundState::AwaitingPubComp => {
-                    let rel = Packet::PubRel(PubAck { packet_id: f.packet_id, ..PubAck::default() });
+                    let rel = Packet::PubRel(PubAck {
+                        packet_id: f.packet_id,
+                        ..PubAck::default()
+                    });
                     let _ = codec::encode(&rel, self.version, buf);
                 }
                 _ => {
-                    encode_delivery(self.version, &f.delivery, f.packet_id, true, None, now, &mut self.scratch, buf);
+                    encode_delivery(
+                        self.version,
+                        &f.delivery,
+                        f.packet_id,
+                        true,
+                        None,
+                        now,
+                        &mut self.scratch,
+                        buf,
+                    );
                     sent += 1;
                 }
             }
@@ -911,7 +1112,16 @@ impl Writer<'_> {
                 0
             };
             let new_alias = alias.filter(|(_, known)| !known).is_some();
-            encode_delivery(self.version, &q, packet_id, false, alias, now, &mut self.scratch, buf);
+            encode_delivery(
+                self.version,
+                &q,
+                packet_id,
+                false,
+                alias,
+                now,
+                &mut self.scratch,
+                buf,
+            );
             if new_alias {
                 if let Some((a, _)) = alias {
                     self.aliases.insert(q.msg.topic.clone(), a);
@@ -919,8 +1129,17 @@ impl Writer<'_> {
             }
             sent += 1;
             if q.qos > QoS::AtMostOnce {
-                let state = if q.qos == QoS::AtLeastOnce { OutboundState::AwaitingPubAck } else { OutboundState::AwaitingPubRec };
-                st.inflight.push_back(Inflight { packet_id, state, delivery: q, sent: true });
+                let state = if q.qos == QoS::AtLeastOnce {
+                    OutboundState::AwaitingPubAck
+                } else {
+                    OutboundState::AwaitingPubRec
+                };
+                st.inflight.push_back(Inflight {
+                    packet_id,
+                    state,
+                    delivery: q,
+                    sent: true,
+                });
             }
         }
         if sent > 0 {
@@ -955,18 +1174,38 @@ fn delivery_properties<'p>(
     }
     scratch.clone_from(&q.msg.properties);
     scratch.message_expiry_interval = q.msg.remaining_expiry(now);
-    scratch.subscription_identifiers.clone_from(&q.subscription_ids);
+    scratch
+        .subscription_identifiers
+        .clone_from(&q.subscription_ids);
     scratch.topic_alias = alias.map(|(a, _)| a);
     scratch
 }
 
 use crate::session::Queued;
 
-fn delivery_len(version: ProtocolVersion, q: &Queued, alias: Option<(u16, bool)>, now: Instant, scratch: &mut Properties) -> usize {
+fn delivery_len(
+    version: ProtocolVersion,
+    q: &Queued,
+    alias: Option<(u16, bool)>,
+    now: Instant,
+    scratch: &mut Properties,
+) -> usize {
     let properties = delivery_properties(q, alias, now, scratch);
-    let topic = if alias.is_some_and(|(_, known)| known) { "" } else { q.msg.topic.as_str() };
+    let topic = if alias.is_some_and(|(_, known)| known) {
+        ""
+    } else {
+        q.msg.topic.as_str()
+    };
     codec::publish_encoded_len(
-        &PublishRef { dup: false, qos: q.qos, retain: q.retain, topic, packet_id: 1, properties, payload: &q.msg.payload },
+        &PublishRef {
+            dup: false,
+            qos: q.qos,
+            retain: q.retain,
+            topic,
+            packet_id: 1,
+            properties,
+            payload: &q.msg.payload,
+        },
         version,
     )
 }
@@ -983,8 +1222,20 @@ fn encode_delivery(
     buf: &mut BytesMut,
 ) {
     let properties = delivery_properties(q, alias, now, scratch);
-    let topic = if alias.is_some_and(|(_, known)| known) { "" } else { q.msg.topic.as_str() };
-    let p = PublishRef { dup, qos: q.qos, retain: q.retain, topic, packet_id, properties, payload: &q.msg.payload };
+    let topic = if alias.is_some_and(|(_, known)| known) {
+        ""
+    } else {
+        q.msg.topic.as_str()
+    };
+    let p = PublishRef {
+        dup,
+        qos: q.qos,
+        retain: q.retain,
+        topic,
+        packet_id,
+        properties,
+        payload: &q.msg.payload,
+    };
     if let Err(e) = codec::encode_publish(&p, version, buf) {
         tracing::error!(topic = %q.msg.topic, "cannot encode PUBLISH: {e}");
     }

@@ -7,10 +7,16 @@ use std::net::SocketAddr;
 pub enum Error {
     /// A listener could not be bound.
     #[error("listener {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     /// A listener address did not resolve.
     #[error("listener {addr}: cannot resolve the address: {source}")]
-    Resolve { addr: String, source: std::io::Error },
+    Resolve {
+        addr: String,
+        source: std::io::Error,
+    },
     /// The configuration is not usable.
     #[error("configuration: {0}")]
     Config(String),
@@ -19,5 +25,8 @@ pub enum Error {
     Refused(String),
     /// I/O error on a bound listener.
     #[error("listener {addr}: {source}")]
-    Listener { addr: SocketAddr, source: std::io::Error },
+    Listener {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }

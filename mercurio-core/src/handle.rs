@@ -57,7 +57,10 @@ impl BrokerBuilder {
         let inner = Arc::new(BrokerInner::new(self.config));
         let mut addrs = Vec::new();
         for (l, cfg) in bound {
-            let addr = l.local_addr().map_err(|source| Error::Bind { addr: format!("{}:{}", cfg.host, cfg.port), source })?;
+            let addr = l.local_addr().map_err(|source| Error::Bind {
+                addr: format!("{}:{}", cfg.host, cfg.port),
+                source,
+            })?;
             addrs.push(addr);
             tokio::spawn(listener::run(Arc::clone(&inner), l, cfg));
         }
@@ -110,7 +113,13 @@ impl BrokerHandle {
     /// Publishes a message as if a client had, with no properties.
     ///
     /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
-    pub fn publish(&self, topic: &str, payload: impl Into<Bytes>, qos: QoS, retain: bool) -> Result<(), Error> {
+    pub fn publish(
+        &self,
+        topic: &str,
+        payload: impl Into<Bytes>,
+        qos: QoS,
+        retain: bool,
+    ) -> Result<(), Error> {
         self.publish_with(topic, payload, qos, retain, Properties::default(), None)
     }
 
@@ -125,7 +134,8 @@ impl BrokerHandle {
         mut properties: Properties,
         expiry_secs: Option<u32>,
     ) -> Result<(), Error> {
-        topic::validate_topic_name(topic).map_err(|e| Error::Refused(format!("topic {topic:?}: {e}")))?;
+        topic::validate_topic_name(topic)
+            .map_err(|e| Error::Refused(format!("topic {topic:?}: {e}")))?;
         if topic.starts_with("$SYS") {
             return Err(Error::Refused("$SYS topics are the broker's own".into()));
         }
@@ -152,33 +162,59 @@ impl BrokerHandle {
     pub fn subscribe(&self, filter: &str, qos: QoS) -> Result<Subscription, Error> {
         match topic::parse_shared(filter) {
             Ok(Some(_)) => {}
-            Ok(None) => topic::validate_topic_filter(filter).map_err(|e| Error::Refused(format!("filter {filter:?}: {e}")))?,
+            Ok(None) => topic::validate_topic_filter(filter)
+                .map_err(|e| Error::Refused(format!("filter {filter:?}: {e}")))?,
             Err(e) => return Err(Error::Refused(format!("filter {filter:?}: {e}"))),
         }
         if self.inner.is_shutting_down() {
             return Err(Error::Refused("the broker is shutting down".into()));
         }
-        let n = self.inner.next_client_number.fetch_add(1, Ordering::Relaxed);
+        let n = self
+            .inner
+            .next_client_number
+            .fetch_add(1, Ordering::Relaxed);
         let id: Arc<str> = Arc::from(format!("$internal/{n}"));
         let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
         let link = Arc::new(Link::new());
         session.state.lock().link = Some(Arc::clone(&link));
-        self.inner.sessions.lock().insert(Arc::clone(&id), Arc::clone(&session));
-        let granted = Granted { options: SubscriptionOptions { qos, ..Default::default() }, identifier: None };
+        self.inner
+            .sessions
+            .lock()
+            .insert(Arc::clone(&id), Arc::clone(&session));
+        let granted = Granted {
+            options: SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+            identifier: None,
+        };
         self.inner.subscribe(&session, filter, granted);
         let (tx, rx) = mpsc::channel(64);
         let pump = tokio::spawn(pump(Arc::clone(&session), Arc::clone(&link), tx));
         self.inner.send_retained(&session, filter, &granted);
-        Ok(Subscription { rx, broker: Arc::clone(&self.inner), session, pump })
+        Ok(Subscription {
+            rx,
+            broker: Arc::clone(&self.inner),
+            session,
+            pump,
+        })
     }
 
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
     /// Returns false when no such client is connected.
     pub fn disconnect(&self, client_id: &str) -> bool {
-        let link = self.inner.sessions.lock().get(client_id).and_then(|s| s.state.lock().link.clone());
+        let link = self
+            .inner
+            .sessions
+            .lock()
+            .get(client_id)
+            .and_then(|s| s.state.lock().link.clone());
         match link {
             Some(link) => {
-                link.kill(DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION);
+                link.kill(
+                    DisconnectReason::Administrative,
+                    ReasonCode::ADMINISTRATIVE_ACTION,
+                );
                 true
             }
             None => false,
@@ -219,8 +255,12 @@ impl BrokerHandle {
             return self.wait_closed(SHUTDOWN_GRACE).await;
         }
         inner.stop_listeners.notify_waiters();
-        let links: Vec<Arc<Link>> =
-            inner.sessions.lock().values().filter_map(|s| s.state.lock().link.clone()).collect();
+        let links: Vec<Arc<Link>> = inner
+            .sessions
+            .lock()
+            .values()
+            .filter_map(|s| s.state.lock().link.clone())
+            .collect();
         for link in links {
             link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
         }
@@ -238,7 +278,10 @@ impl BrokerHandle {
                 return;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                tracing::warn!(open, "shutdown: connections still open after the grace period");
+                tracing::warn!(
+                    open,
+                    "shutdown: connections still open after the grace period"
+                );
                 return;
             }
         }
@@ -246,7 +289,11 @@ impl BrokerHandle {
 }
 
 /// Moves messages from an in-process subscription's session queue to its channel.
-async fn pump(session: Arc<Session>, link: Arc<Link>, tx: mpsc::Sender<Arc<crate::message::Message>>) {
+async fn pump(
+    session: Arc<Session>,
+    link: Arc<Link>,
+    tx: mpsc::Sender<Arc<crate::message::Message>>,
+) {
     loop {
         link.wait_woken().await;
         loop {

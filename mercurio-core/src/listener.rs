@@ -13,19 +13,28 @@ use crate::connection;
 use crate::error::Error;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
-pub(crate) async fn bind_all(configs: &[ListenerConfig]) -> Result<Vec<(TcpListener, ListenerConfig)>, Error> {
+pub(crate) async fn bind_all(
+    configs: &[ListenerConfig],
+) -> Result<Vec<(TcpListener, ListenerConfig)>, Error> {
     let mut bound = Vec::with_capacity(configs.len());
     for cfg in configs {
         let addr = format!("{}:{}", cfg.host, cfg.port);
         if cfg.protocol != ListenerProtocol::Mqtt {
-            return Err(Error::Config(format!("listener {addr}: protocol \"websocket\" is not supported by this version")));
+            return Err(Error::Config(format!(
+                "listener {addr}: protocol \"websocket\" is not supported by this version"
+            )));
         }
         if cfg.cert_file.is_some() {
-            return Err(Error::Config(format!("listener {addr}: TLS is not supported by this version")));
+            return Err(Error::Config(format!(
+                "listener {addr}: TLS is not supported by this version"
+            )));
         }
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&addr)
             .await
-            .map_err(|source| Error::Resolve { addr: addr.clone(), source })?
+            .map_err(|source| Error::Resolve {
+                addr: addr.clone(),
+                source,
+            })?
             .collect();
         let mut last_err = None;
         let mut listener = None;
@@ -41,7 +50,9 @@ pub(crate) async fn bind_all(configs: &[ListenerConfig]) -> Result<Vec<(TcpListe
         match listener {
             Some(l) => bound.push((l, cfg.clone())),
             None => {
-                let source = last_err.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"));
+                let source = last_err.unwrap_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
+                });
                 return Err(Error::Bind { addr, source });
             }
         }

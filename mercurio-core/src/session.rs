@@ -119,7 +119,11 @@ pub(crate) enum Enqueued {
 }
 
 impl Session {
-    pub(crate) fn new(client_id: Arc<str>, protocol: ProtocolVersion, expiry_interval: u32) -> Session {
+    pub(crate) fn new(
+        client_id: Arc<str>,
+        protocol: ProtocolVersion,
+        expiry_interval: u32,
+    ) -> Session {
         Session {
             client_id,
             state: Mutex::new(SessionState {
