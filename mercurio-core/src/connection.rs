@@ -283,6 +283,28 @@ where
     if broker.config.logging.connection_messages {
         tracing::info!(target: "mercurio::connections", %client_id, %peer, reason = %close.reason, "client disconnected");
     }
+    if close.send.is_some() {
+        linger(&mut rd).await;
+    }
+}
+
+/// After a server-initiated close, reads and discards what the client still sends for a
+/// moment: closing a socket with unread input makes the kernel send RST, and a client still
+/// writing (PUBRELs, say) would then lose the DISCONNECT that tells it why.
+async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
+    const LINGER: Duration = Duration::from_millis(500);
+    const LINGER_BYTES: usize = 1 << 20;
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    let _ = tokio::time::timeout(LINGER, async {
+        while drained < LINGER_BYTES {
+            match rd.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }
 
 enum ConnectError {
