@@ -19,6 +19,9 @@ use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{Enqueued, Granted, QueueLimits, Queued, Session, Will};
 use crate::stats::{DropCause, Stats};
 
+/// Client identifier prefix of in-process subscriptions' sessions.
+pub(crate) const INTERNAL_PREFIX: &str = "$internal/";
+
 /// What the subscription index holds for each subscription.
 #[derive(Debug, Clone)]
 pub(crate) struct SubEntry {
@@ -33,6 +36,8 @@ pub(crate) struct BrokerInner {
     pub sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
     pub index: RwLock<SubscriptionIndex<SubEntry>>,
     pub retained: Mutex<RetainedStore<Arc<Message>>>,
+    /// Retained `$SYS` messages: in memory only, never counted as retained messages.
+    pub sys_retained: Mutex<RetainedStore<Arc<Message>>>,
     pub stats: Stats,
     pub started: Instant,
     pub shutting_down: AtomicBool,
@@ -59,6 +64,7 @@ impl BrokerInner {
             sessions: Mutex::new(HashMap::new()),
             index: RwLock::new(SubscriptionIndex::new()),
             retained: Mutex::new(RetainedStore::new()),
+            sys_retained: Mutex::new(RetainedStore::new()),
             stats: Stats::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
@@ -78,6 +84,28 @@ impl BrokerInner {
             self.retain(&msg);
         }
         self.route(&msg)
+    }
+
+    /// Publishes one of the broker's own `$SYS` messages: kept in the `$SYS` retained store,
+    /// then routed like any message.
+    pub(crate) fn publish_sys(&self, msg: Message) {
+        let msg = Arc::new(msg);
+        self.sys_retained
+            .lock()
+            .insert(&msg.topic, Arc::clone(&msg));
+        self.route(&msg);
+    }
+
+    /// (sessions, connected clients), in-process subscriptions excluded.
+    pub(crate) fn session_counts(&self) -> (usize, usize) {
+        let sessions = self.sessions.lock();
+        let mut total = 0;
+        let mut connected = 0;
+        for s in sessions.values().filter(|s| !s.is_internal()) {
+            total += 1;
+            connected += usize::from(s.is_connected());
+        }
+        (total, connected)
     }
 
     /// Applies the RETAIN flag of `msg` (MQTT 5.0 section 3.3.1.3): an empty payload deletes
@@ -212,7 +240,12 @@ impl BrokerInner {
     /// with these options receives them [MQTT-3.8.4-4], with RETAIN set [MQTT-3.3.1-8].
     pub(crate) fn send_retained(&self, session: &Session, filter: &str, granted: &Granted) {
         let now = Instant::now();
-        let found = self.retained.lock().matching(filter);
+        // `$SYS` messages match only filters that name `$SYS` [MQTT-4.7.2-1].
+        let found = if filter.starts_with("$SYS") {
+            self.sys_retained.lock().matching(filter)
+        } else {
+            self.retained.lock().matching(filter)
+        };
         for msg in found {
             if msg.is_expired(now) {
                 continue;
@@ -369,6 +402,11 @@ fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Queued {
 }
 
 impl Session {
+    /// True for the sessions behind in-process subscriptions ([`crate::BrokerHandle::subscribe`]).
+    pub(crate) fn is_internal(&self) -> bool {
+        self.client_id.starts_with(INTERNAL_PREFIX)
+    }
+
     /// True while a connection serves this session.
     pub(crate) fn is_connected(&self) -> bool {
         self.state.lock().link.is_some()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::broker::BrokerInner;
+use crate::broker::{BrokerInner, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::Config;
 use crate::connection::{DisconnectReason, Link};
@@ -18,6 +18,7 @@ use crate::listener;
 use crate::message::Message;
 use crate::session::{Granted, Session};
 use crate::stats::Stats;
+use crate::sys::SysPublisher;
 use crate::topic;
 
 /// How long [`BrokerHandle::shutdown`] waits for connections to close (manual, "Shutdown").
@@ -65,6 +66,9 @@ impl BrokerBuilder {
             tokio::spawn(listener::run(Arc::clone(&inner), l, cfg));
         }
         *inner.local_addrs.lock() = addrs;
+        let mut sys = SysPublisher::new(Arc::clone(&inner));
+        sys.publish_all();
+        tokio::spawn(sys.run());
         Ok(BrokerHandle { inner })
     }
 }
@@ -173,7 +177,7 @@ impl BrokerHandle {
             .inner
             .next_client_number
             .fetch_add(1, Ordering::Relaxed);
-        let id: Arc<str> = Arc::from(format!("$internal/{n}"));
+        let id: Arc<str> = Arc::from(format!("{INTERNAL_PREFIX}{n}"));
         let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
         let link = Arc::new(Link::new());
         session.state.lock().link = Some(Arc::clone(&link));
@@ -226,7 +230,7 @@ impl BrokerHandle {
         let sessions: Vec<Arc<Session>> = self.inner.sessions.lock().values().cloned().collect();
         sessions
             .iter()
-            .filter(|s| !s.client_id.starts_with("$internal/"))
+            .filter(|s| !s.is_internal())
             .map(|s| {
                 let st = s.state.lock();
                 SessionInfo {

@@ -20,6 +20,7 @@ pub mod message;
 pub mod router;
 mod session;
 pub mod stats;
+mod sys;
 pub mod topic;
 
 pub use connection::DisconnectReason;

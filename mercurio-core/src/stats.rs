@@ -58,6 +58,14 @@ pub struct Stats {
     pub clients_connected: AtomicU64,
     pub clients_maximum: AtomicU64,
     pub sessions_expired: AtomicU64,
+    /// Batches of session changes written again after a storage error.
+    pub storage_batches_retried: AtomicU64,
+    /// Batches of session changes storage refused for good.
+    pub storage_batches_dropped: AtomicU64,
+    /// Clients whose stored state differs from the broker's (a gauge).
+    pub storage_clients_dirty: AtomicU64,
+    /// Stored sessions that could not be read at start (a gauge).
+    pub storage_sessions_set_aside: AtomicU64,
     dropped: [AtomicU64; 6],
 }
 

@@ -1,0 +1,180 @@
+//! `$SYS/broker/...` statistics (manual, "$SYS statistics"): published retained every
+//! `sys_interval` seconds with mosquitto's topic names, kept in memory only, in a retained
+//! store of their own so they never count as retained messages or against
+//! `max_retained_messages`.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::broker::BrokerInner;
+use crate::codec::{Properties, QoS};
+use crate::message::Message;
+use crate::stats::DropCause;
+
+/// 1, 5 and 15 minute exponentially weighted averages of a per-minute rate, as mosquitto's
+/// `load/...` topics report them.
+#[derive(Debug, Default, Clone, Copy)]
+struct Load {
+    last: u64,
+    avg: [f64; 3],
+}
+
+impl Load {
+    const PERIODS: [f64; 3] = [60.0, 300.0, 900.0];
+
+    /// Folds in the counter's value after `interval` seconds.
+    fn update(&mut self, counter: u64, interval: f64) {
+        let per_minute = counter.saturating_sub(self.last) as f64 * 60.0 / interval;
+        self.last = counter;
+        for (avg, period) in self.avg.iter_mut().zip(Self::PERIODS) {
+            let decay = (-interval / period).exp();
+            *avg = *avg * decay + per_minute * (1.0 - decay);
+        }
+    }
+}
+
+/// The `$SYS` publisher's state: load averages and the last value sent per topic (a value is
+/// republished only when it changed, as mosquitto does).
+pub(crate) struct SysPublisher {
+    broker: Arc<BrokerInner>,
+    loads: [Load; 5],
+    last_sent: HashMap<String, String>,
+    last_tick: Instant,
+}
+
+impl SysPublisher {
+    pub(crate) fn new(broker: Arc<BrokerInner>) -> SysPublisher {
+        SysPublisher {
+            broker,
+            loads: [Load::default(); 5],
+            last_sent: HashMap::new(),
+            last_tick: Instant::now(),
+        }
+    }
+
+    /// Publishes every `sys_interval` seconds until the broker shuts down.
+    pub(crate) async fn run(mut self) {
+        let interval = Duration::from_secs(self.broker.config.server.sys_interval.max(1));
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.broker.is_shutting_down() {
+                return;
+            }
+            self.publish_all();
+        }
+    }
+
+    /// Computes every value and publishes those that changed.
+    pub(crate) fn publish_all(&mut self) {
+        let values = self.values();
+        for (topic, value) in values {
+            if self.last_sent.get(&topic) == Some(&value) {
+                continue;
+            }
+            self.last_sent.insert(topic.clone(), value.clone());
+            self.broker.publish_sys(Message {
+                topic,
+                payload: Bytes::from(value),
+                qos: QoS::AtMostOnce,
+                retain: true,
+                properties: Properties::default(),
+                expires_at: None,
+                publisher: None,
+            });
+        }
+    }
+
+    fn values(&mut self) -> Vec<(String, String)> {
+        let b = &self.broker;
+        let s = &b.stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let interval = now.duration_since(self.last_tick).as_secs_f64().max(0.001);
+        self.last_tick = now;
+        let counters = [
+            ("messages/received", get(&s.messages_received)),
+            ("messages/sent", get(&s.messages_sent)),
+            ("bytes/received", get(&s.bytes_received)),
+            ("bytes/sent", get(&s.bytes_sent)),
+            ("connections", get(&s.connections_total)),
+        ];
+        let (sessions, connected) = b.session_counts();
+        let mut v: Vec<(String, String)> = vec![
+            (
+                "version".into(),
+                format!("mercurio version {}", env!("CARGO_PKG_VERSION")),
+            ),
+            (
+                "uptime".into(),
+                format!("{} seconds", b.started.elapsed().as_secs()),
+            ),
+            ("clients/connected".into(), connected.to_string()),
+            (
+                "clients/disconnected".into(),
+                (sessions - connected.min(sessions)).to_string(),
+            ),
+            ("clients/total".into(), sessions.to_string()),
+            (
+                "clients/maximum".into(),
+                get(&s.clients_maximum).to_string(),
+            ),
+            (
+                "clients/expired".into(),
+                get(&s.sessions_expired).to_string(),
+            ),
+            (
+                "retained messages/count".into(),
+                b.retained.lock().len().to_string(),
+            ),
+            (
+                "subscriptions/count".into(),
+                b.index.read().len().to_string(),
+            ),
+            (
+                "publish/messages/dropped".into(),
+                s.dropped_total().to_string(),
+            ),
+            (
+                "storage/batches/retried".into(),
+                get(&s.storage_batches_retried).to_string(),
+            ),
+            (
+                "storage/batches/dropped".into(),
+                get(&s.storage_batches_dropped).to_string(),
+            ),
+            (
+                "storage/clients/dirty".into(),
+                get(&s.storage_clients_dirty).to_string(),
+            ),
+            (
+                "storage/sessions/set aside".into(),
+                get(&s.storage_sessions_set_aside).to_string(),
+            ),
+        ];
+        for (name, value) in &counters[..4] {
+            v.push(((*name).into(), value.to_string()));
+        }
+        for cause in DropCause::ALL {
+            v.push((
+                format!("publish/messages/dropped/{}", cause.name()),
+                s.dropped_count(cause).to_string(),
+            ));
+        }
+        for ((name, value), load) in counters.iter().zip(self.loads.iter_mut()) {
+            load.update(*value, interval);
+            for (window, avg) in ["1min", "5min", "15min"].iter().zip(load.avg) {
+                v.push((format!("load/{name}/{window}"), format!("{avg:.2}")));
+            }
+        }
+        for (topic, _) in v.iter_mut() {
+            topic.insert_str(0, "$SYS/broker/");
+        }
+        v
+    }
+}
