@@ -179,10 +179,14 @@ async fn main() {
     )
     .unwrap();
     drop(f);
+    let log_path = dir.path().join("mercuriod.log");
+    let log = std::fs::File::create(&log_path).unwrap();
     let child = Command::new(&args.mercuriod)
         .arg("-c")
         .arg(&config)
         .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
         .spawn()
         .unwrap_or_else(|e| usage(&format!("cannot run {}: {e}", args.mercuriod)));
     let broker = Broker(child);
@@ -271,4 +275,24 @@ async fn main() {
         published.load(Ordering::Relaxed) as f64 * args.payload as f64 / (1024.0 * 1024.0),
         fast_bytes.load(Ordering::Relaxed) as f64 / (1024.0 * 1024.0)
     );
+    drop(broker);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let per_client = |id: &str| {
+        log.lines()
+            .filter(|l| l.contains("dropping") && l.contains(&format!("client_id={id} ")))
+            .count()
+    };
+    println!(
+        "# broker log: {} lines; queue-full warnings: stalled {}, fast {}",
+        log.lines().count(),
+        per_client("stalled"),
+        per_client("fast")
+    );
+    for l in log
+        .lines()
+        .filter(|l| l.contains("client_id=stalled"))
+        .take(2)
+    {
+        println!("#   {l}");
+    }
 }
