@@ -110,8 +110,13 @@ impl BrokerInner {
 
     /// Applies the RETAIN flag of `msg` (MQTT 5.0 section 3.3.1.3): an empty payload deletes
     /// the retained message of its topic [MQTT-3.3.1-6], anything else replaces it
-    /// [MQTT-3.3.1-5]; `max_retained_messages` caps how many topics are kept.
+    /// [MQTT-3.3.1-5]; `max_retained_messages` caps how many topics are kept; nothing is kept
+    /// with `retain_available = false` (clients cannot publish retained then; wills and
+    /// in-process publishes can still carry the flag).
     fn retain(&self, msg: &Arc<Message>) {
+        if !self.config.server.retain_available {
+            return;
+        }
         let mut store = self.retained.lock();
         if msg.payload.is_empty() {
             store.remove(&msg.topic);
@@ -119,7 +124,8 @@ impl BrokerInner {
         }
         let max = self.config.server.max_retained_messages;
         if max > 0 && store.len() >= max && store.get(&msg.topic).is_none() {
-            tracing::warn!(topic = %msg.topic, max, "retained message not kept: max_retained_messages reached");
+            let client_id = msg.publisher.as_deref().unwrap_or("(in-process)");
+            tracing::warn!(client_id, topic = %msg.topic, max_retained_messages = max, "retained message not kept: max_retained_messages reached");
             return;
         }
         store.insert(&msg.topic, Arc::clone(msg));

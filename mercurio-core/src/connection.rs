@@ -92,7 +92,7 @@ impl Close {
 
     /// A protocol violation: 5.0 clients get DISCONNECT with `rc` [MQTT-4.13.1-1].
     fn violation(rc: ReasonCode, why: &str, client_id: &str) -> Close {
-        tracing::debug!(client_id, reason = %rc, "closing connection: {why}");
+        tracing::info!(client_id, reason = %rc, "closing connection: {why}");
         Close {
             reason: DisconnectReason::ProtocolViolation(rc),
             send: Some(rc),
@@ -194,12 +194,12 @@ where
     .await
     {
         Err(_) => {
-            tracing::debug!(%peer, "no CONNECT within connect_timeout: closing");
+            tracing::info!(%peer, "no CONNECT within connect_timeout: closing");
             return;
         }
         Ok(Err(ConnectError::Closed)) => return,
         Ok(Err(ConnectError::Refuse(bytes, why))) => {
-            tracing::debug!(%peer, "refusing connection: {why}");
+            tracing::info!(%peer, "refusing connection: {why}");
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&bytes)).await;
             return;
         }
@@ -412,7 +412,7 @@ async fn accept(
     let version = connect.protocol;
     let server = &broker.config.server;
     let refuse = |rc: ReasonCode, why: &str| {
-        tracing::debug!(%peer, client_id = %connect.client_id, reason = %rc, "refusing CONNECT: {why}");
+        tracing::info!(%peer, client_id = %connect.client_id, reason = %rc, "refusing CONNECT: {why}");
         encode_connack(version, false, rc, Properties::default())
     };
     if broker.is_shutting_down() {
@@ -683,11 +683,11 @@ impl Reader<'_> {
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        return Close::violation(
-                            e.reason_code(),
-                            &e.to_string(),
-                            &self.session.client_id,
-                        )
+                        let mut why = e.to_string();
+                        if let DecodeError::PacketTooLarge { .. } = e {
+                            why.push_str(" (max_packet_size)");
+                        }
+                        return Close::violation(e.reason_code(), &why, &self.session.client_id);
                     }
                 }
             }
@@ -851,7 +851,7 @@ impl Reader<'_> {
                 drop(st);
                 return Err(self.violation(
                     ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
-                    "more QoS 2 messages than Receive Maximum",
+                    "more QoS 2 messages awaiting PUBREL than receive_maximum",
                 ));
             }
         }

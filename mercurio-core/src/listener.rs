@@ -82,17 +82,22 @@ pub(crate) async fn run(broker: Arc<BrokerInner>, listener: TcpListener, cfg: Li
         if broker.is_shutting_down() {
             break;
         }
-        let open = broker.open_connections.load(Ordering::Relaxed);
+        // Counted first, then checked, so two listeners accepting at once cannot both take
+        // the last slot. Over the limit, the socket is closed as it is: nothing is read and
+        // nothing allocated, so no CONNACK 0x97 either (reading a CONNECT to answer it would
+        // spend, per refused connection, what the limit is there to save).
+        let open = broker.open_connections.fetch_add(1, Ordering::Relaxed);
         if global_max > 0 && open >= global_max {
+            broker.open_connections.fetch_sub(1, Ordering::Relaxed);
             tracing::warn!(%peer, max_connections = global_max, "connection refused: max_connections reached");
             continue;
         }
         if listener_max > 0 && on_listener.load(Ordering::Relaxed) >= listener_max {
+            broker.open_connections.fetch_sub(1, Ordering::Relaxed);
             tracing::warn!(%peer, max_connections = listener_max, "connection refused: listener max_connections reached");
             continue;
         }
         let _ = stream.set_nodelay(true);
-        broker.open_connections.fetch_add(1, Ordering::Relaxed);
         on_listener.fetch_add(1, Ordering::Relaxed);
         let broker = Arc::clone(&broker);
         let on_listener = Arc::clone(&on_listener);

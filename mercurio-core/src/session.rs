@@ -152,7 +152,9 @@ impl Session {
     }
 
     /// Offers a delivery to the queue under `limits`, waking the connection if there is one.
-    /// Never waits: a full queue drops (QoS 0 first), as the manual says.
+    /// Never waits: a full queue drops (QoS 0 first), as the manual says. Logs one warning
+    /// when the queue starts dropping, naming the limit, and one with the count when a
+    /// message finds it back at half its limits.
     pub(crate) fn enqueue(&self, delivery: Queued, limits: &QueueLimits) -> Enqueued {
         let mut st = self.state.lock();
         if st.ended {
@@ -163,28 +165,36 @@ impl Session {
         }
         let len = st.queue.len();
         let bytes = delivery.msg.payload.len() as u64;
-        let cause = if delivery.qos == QoS::AtMostOnce && len >= limits.max_qos0_messages {
-            Some(DropCause::QueueFullQos0)
-        } else if len >= limits.max_messages
-            || (limits.max_bytes > 0 && st.queued_bytes + bytes > limits.max_bytes)
-        {
-            Some(if delivery.qos == QoS::AtMostOnce {
-                DropCause::QueueFullQos0
-            } else {
-                DropCause::QueueFull
-            })
+        // The limit that refuses it, if any (named in the warning).
+        let limit = if delivery.qos == QoS::AtMostOnce && len >= limits.max_qos0_messages {
+            Some("max_queued_qos0_messages")
+        } else if len >= limits.max_messages {
+            Some("max_queued_messages")
+        } else if limits.max_bytes > 0 && st.queued_bytes + bytes > limits.max_bytes {
+            Some("max_queued_bytes")
         } else {
             None
         };
+        let cause = limit.map(|_| {
+            if delivery.qos == QoS::AtMostOnce {
+                DropCause::QueueFullQos0
+            } else {
+                DropCause::QueueFull
+            }
+        });
         if let Some(cause) = cause {
             if !st.dropping {
                 st.dropping = true;
-                tracing::warn!(client_id = %self.client_id, queued = len, "session queue full: dropping messages");
+                tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queued_bytes, limit = limit.unwrap_or_default(), "session queue full: dropping messages");
             }
             st.dropped_since_warning += 1;
             return Enqueued::Dropped(cause);
         }
-        if st.dropping {
+        // Room again once back to half its limits (not at the first message that fits, or a
+        // queue hovering at a limit would log at every message).
+        let low_water = len <= limits.max_qos0_messages.min(limits.max_messages) / 2
+            && (limits.max_bytes == 0 || st.queued_bytes <= limits.max_bytes / 2);
+        if st.dropping && low_water {
             st.dropping = false;
             tracing::warn!(
                 client_id = %self.client_id,

@@ -330,3 +330,112 @@ impl Client {
         let _ = self.stream.shutdown().await;
     }
 }
+
+// ---- Helpers for tests/limits.rs ----
+
+/// Waits until `cond` holds, checking every few milliseconds; panics after [`DEADLINE`]
+/// naming `what`. For state with no event to wait on (counters, session lists).
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !cond() {
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+impl Client {
+    /// Opens a TCP connection whose receive buffer is kept small (`SO_RCVBUF` before
+    /// connecting), so a client that never reads stalls the broker's writes quickly.
+    pub async fn open_small_buffer(addr: SocketAddr, version: ProtocolVersion) -> Client {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }
+        .expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let stream = socket.connect(addr).await.expect("tcp connect");
+        stream.set_nodelay(true).ok();
+        Client {
+            stream,
+            version,
+            buf: BytesMut::new(),
+            next_id: 1,
+        }
+    }
+
+    /// PINGREQ, and asserts PINGRESP comes back: the connection is alive and served.
+    pub async fn ping(&mut self) {
+        self.send(Packet::PingReq).await;
+        match self.recv().await {
+            Some(Packet::PingResp) => {}
+            other => panic!("expected PINGRESP, got {other:?}"),
+        }
+    }
+
+    /// Waits for the broker to close the connection; returns the reason code of the
+    /// DISCONNECT it sent first, if any (5.0), and asserts nothing else came.
+    pub async fn expect_disconnect(&mut self) -> Option<ReasonCode> {
+        let seen = self.expect_closed().await;
+        match seen.as_slice() {
+            [] => None,
+            [Packet::Disconnect(d)] => Some(d.reason_code),
+            other => panic!("expected at most a DISCONNECT before the close, got {other:?}"),
+        }
+    }
+}
+
+/// Log lines captured from the broker while the returned guard lives. Only works in a
+/// current-thread runtime (`#[tokio::test]`'s default): the broker's tasks then run on the
+/// test's thread, where the capturing subscriber is the default. Captures INFO and above.
+pub struct Logs {
+    buf: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Starts capturing log lines (see [`Logs`]).
+pub fn capture_logs() -> Logs {
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let w = std::sync::Arc::clone(&buf);
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || LogWriter(std::sync::Arc::clone(&w)))
+        .finish();
+    Logs {
+        buf,
+        _guard: tracing::subscriber::set_default(subscriber),
+    }
+}
+
+impl Logs {
+    /// Every line captured so far.
+    pub fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.buf.lock().unwrap())
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Lines containing every one of `needles`.
+    pub fn matching(&self, needles: &[&str]) -> Vec<String> {
+        self.lines()
+            .into_iter()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .collect()
+    }
+}
