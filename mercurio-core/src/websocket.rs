@@ -18,6 +18,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -62,23 +63,34 @@ where
     let (deadline_tx, mut deadline_rx) = watch::channel(None::<Instant>);
     let deadline_tx = Arc::new(deadline_tx);
 
+    // Whether a request is under way: bytes of it read, its response not yet sent.
+    let in_request = Arc::new(AtomicBool::new(false));
+
     let service = {
         let ep = Arc::clone(&ep);
         let upgrade = Arc::clone(&upgrade);
+        let in_request = Arc::clone(&in_request);
         service_fn(move |mut req: Request<hyper::body::Incoming>| {
             let ep = Arc::clone(&ep);
             let upgrade = Arc::clone(&upgrade);
             let deadline_tx = Arc::clone(&deadline_tx);
+            let in_request = Arc::clone(&in_request);
             async move {
                 deadline_tx.send_replace(Some(Instant::now() + ep.limits.response_timeout));
                 let guard = ResponseGuard::new(move || {
                     deadline_tx.send_replace(None);
+                    in_request.store(false, Ordering::Relaxed);
                 });
-                let r = if is_upgrade(&req) {
+                let mut r = if is_upgrade(&req) {
                     handshake(&ep, &mut req, &upgrade, guard)
                 } else {
                     ep.respond(&req, guard).await
                 };
+                if ep.broker.is_shutting_down() {
+                    // The last response on this connection.
+                    r.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
                 Ok::<_, Infallible>(r)
             }
         })
@@ -91,18 +103,22 @@ where
         .max_buf_size(ep.limits.max_head)
         .keep_alive(true);
     let conn = builder
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection(
+            TokioIo::new(Tracked {
+                inner: stream,
+                in_request: Arc::clone(&in_request),
+            }),
+            service,
+        )
         .with_upgrades();
     tokio::pin!(conn);
 
+    // When the broker starts stopping, an idle connection is closed at once; a request under
+    // way is answered (503 for /healthz) with `Connection: close`.
     let stop = broker.stop_listeners.notified();
     tokio::pin!(stop);
     stop.as_mut().enable();
-    let mut stopping = false;
-    if broker.is_shutting_down() {
-        conn.as_mut().graceful_shutdown();
-        stopping = true;
-    }
+    let mut stopping = broker.is_shutting_down();
     let mut deadline: Option<Instant> = None;
     loop {
         let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now));
@@ -115,7 +131,9 @@ where
             }
             _ = stop.as_mut(), if !stopping => {
                 stopping = true;
-                conn.as_mut().graceful_shutdown();
+                if !in_request.load(Ordering::Relaxed) {
+                    return;
+                }
             }
             changed = deadline_rx.changed() => {
                 if changed.is_err() {
@@ -374,5 +392,57 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
             Ok(()) | Err(WsError::ConnectionClosed | WsError::AlreadyClosed) => Poll::Ready(Ok(())),
             Err(e) => Poll::Ready(Err(io_err(e))),
         }
+    }
+}
+
+/// The accepted socket, noting when a request's first bytes arrive (see `serve`).
+struct Tracked<S> {
+    inner: S,
+    in_request: Arc<AtomicBool>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            this.in_request.store(true, Ordering::Relaxed);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
