@@ -8,8 +8,8 @@
 //! Dependencies: tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
 //! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
 //! configuration), tracing (logs), async-trait (hook traits).
-//! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body +
-//! http-body-util (response bodies), tokio-tungstenite (WebSocket framing after the upgrade),
+//! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body (response
+//! bodies), tokio-tungstenite (WebSocket framing after the upgrade),
 //! futures-util (its Stream/Sink traits), prometheus-client (`/metrics`, a registry per broker).
 
 mod broker;
