@@ -443,9 +443,6 @@ impl Config {
         }
         for (i, l) in self.listeners.iter().enumerate() {
             let key = |name: &str| format!("listeners[{i}].{name}");
-            if l.protocol == ListenerProtocol::Websocket {
-                return Err(unsupported(key("protocol"), "protocol = \"websocket\""));
-            }
             for (set, name) in [
                 (l.cert_file.is_some(), "cert_file"),
                 (l.key_file.is_some(), "key_file"),
@@ -454,15 +451,6 @@ impl Config {
             ] {
                 if set {
                     return Err(unsupported(key(name), &format!("TLS ({name})")));
-                }
-            }
-            for (set, name) in [
-                (l.health, "health"),
-                (l.metrics, "metrics"),
-                (l.http_dir.is_some(), "http_dir"),
-            ] {
-                if set {
-                    return Err(unsupported(key(name), &format!("HTTP ({name})")));
                 }
             }
         }

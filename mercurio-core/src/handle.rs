@@ -11,9 +11,10 @@ use tokio::sync::mpsc;
 
 use crate::broker::{BrokerInner, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
-use crate::config::Config;
+use crate::config::{Config, ListenerProtocol};
 use crate::connection::{DisconnectReason, Link};
 use crate::error::Error;
+use crate::http::{Endpoint, HttpLimits};
 use crate::listener;
 use crate::message::Message;
 use crate::session::{Granted, Session};
@@ -38,32 +39,56 @@ pub struct Broker;
 impl Broker {
     /// A builder for a broker with this configuration.
     pub fn builder(config: Config) -> BrokerBuilder {
-        BrokerBuilder { config }
+        BrokerBuilder {
+            config,
+            http_limits: HttpLimits::default(),
+        }
     }
 }
 
 /// Builds and starts a broker.
 pub struct BrokerBuilder {
     config: Config,
+    http_limits: HttpLimits,
 }
 
 impl BrokerBuilder {
+    /// The HTTP limits of every WebSocket listener (default: the manual's 8 KiB request head,
+    /// 32 responses at once, a minute per response).
+    pub fn http_limits(mut self, limits: HttpLimits) -> Self {
+        self.http_limits = limits;
+        self
+    }
+
     /// Binds every listener and starts serving. Returns once all listeners are bound.
     ///
     /// Errors: [`Error::Bind`] when an address is in use or not available,
-    /// [`Error::Config`] for a configuration this build cannot serve (TLS, WebSocket).
+    /// [`Error::Config`] for a configuration this build cannot serve (TLS) or an `http_dir`
+    /// that is not a directory.
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
         let bound = listener::bind_all(&self.config.listeners).await?;
         let inner = Arc::new(BrokerInner::new(self.config));
         let mut addrs = Vec::new();
+        let mut ready = Vec::with_capacity(bound.len());
         for (l, cfg) in bound {
             let addr = l.local_addr().map_err(|source| Error::Bind {
                 addr: format!("{}:{}", cfg.host, cfg.port),
                 source,
             })?;
             addrs.push(addr);
-            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg));
+            let http = match cfg.protocol {
+                ListenerProtocol::Websocket => Some(Arc::new(Endpoint::new(
+                    Arc::clone(&inner),
+                    &cfg,
+                    self.http_limits,
+                )?)),
+                ListenerProtocol::Mqtt => None,
+            };
+            ready.push((l, cfg, http));
+        }
+        for (l, cfg, http) in ready {
+            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, http));
         }
         *inner.local_addrs.lock() = addrs;
         let mut sys = SysPublisher::new(Arc::clone(&inner));

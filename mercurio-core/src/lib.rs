@@ -8,6 +8,9 @@
 //! Dependencies: tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
 //! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
 //! configuration), tracing (logs), async-trait (hook traits).
+//! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body (response
+//! bodies), tokio-tungstenite (WebSocket framing after the upgrade),
+//! futures-util (its Stream/Sink traits), prometheus-client (`/metrics`, a registry per broker).
 
 mod broker;
 pub mod codec;
@@ -15,16 +18,20 @@ pub mod config;
 mod connection;
 mod error;
 mod handle;
+mod http;
 mod listener;
 pub mod message;
+mod metrics;
 pub mod router;
 mod session;
 pub mod stats;
 mod sys;
 pub mod topic;
+mod websocket;
 
 pub use connection::DisconnectReason;
 pub use error::Error;
 pub use handle::{Broker, BrokerBuilder, BrokerHandle, SessionInfo, Subscription, SHUTDOWN_GRACE};
+pub use http::HttpLimits;
 pub use message::Message;
 pub use session::Session;

@@ -1,5 +1,6 @@
 //! TCP listeners: bind, accept, enforce `max_connections` (global and per listener) before
-//! anything is allocated for the connection, and hand the socket to `connection::serve`.
+//! anything is allocated for the connection, and hand the socket to `connection::serve`
+//! (MQTT over TCP) or `websocket::serve` (a WebSocket listener's HTTP and MQTT over WebSocket).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,9 +9,11 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::broker::BrokerInner;
-use crate::config::{ListenerConfig, ListenerProtocol};
+use crate::config::ListenerConfig;
 use crate::connection;
 use crate::error::Error;
+use crate::http::Endpoint;
+use crate::websocket;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
 pub(crate) async fn bind_all(
@@ -19,11 +22,6 @@ pub(crate) async fn bind_all(
     let mut bound = Vec::with_capacity(configs.len());
     for cfg in configs {
         let addr = format!("{}:{}", cfg.host, cfg.port);
-        if cfg.protocol != ListenerProtocol::Mqtt {
-            return Err(Error::Config(format!(
-                "listener {addr}: protocol \"websocket\" is not supported by this version"
-            )));
-        }
         if cfg.cert_file.is_some() {
             return Err(Error::Config(format!(
                 "listener {addr}: TLS is not supported by this version"
@@ -60,8 +58,14 @@ pub(crate) async fn bind_all(
     Ok(bound)
 }
 
-/// Accepts connections until the broker stops.
-pub(crate) async fn run(broker: Arc<BrokerInner>, listener: TcpListener, cfg: ListenerConfig) {
+/// Accepts connections until the broker stops. `http` is the HTTP side of a WebSocket
+/// listener (`None` for MQTT over TCP).
+pub(crate) async fn run(
+    broker: Arc<BrokerInner>,
+    listener: TcpListener,
+    cfg: ListenerConfig,
+    http: Option<Arc<Endpoint>>,
+) {
     let on_listener = Arc::new(AtomicUsize::new(0));
     let global_max = broker.config.server.max_connections as usize;
     let listener_max = cfg.max_connections as usize;
@@ -101,8 +105,12 @@ pub(crate) async fn run(broker: Arc<BrokerInner>, listener: TcpListener, cfg: Li
         on_listener.fetch_add(1, Ordering::Relaxed);
         let broker = Arc::clone(&broker);
         let on_listener = Arc::clone(&on_listener);
+        let http = http.clone();
         tokio::spawn(async move {
-            connection::serve(Arc::clone(&broker), stream, peer).await;
+            match http {
+                Some(ep) => websocket::serve(ep, stream, peer).await,
+                None => connection::serve(Arc::clone(&broker), stream, peer).await,
+            }
             on_listener.fetch_sub(1, Ordering::Relaxed);
             broker.open_connections.fetch_sub(1, Ordering::Relaxed);
             broker.connection_closed.notify_waiters();

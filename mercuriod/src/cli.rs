@@ -13,7 +13,6 @@ without credentials to connect (as in mosquitto 2), and a file without [[listene
 
 Not yet supported by this version (setting one is a configuration error, exit status 78):
   TLS (listeners: cert_file, key_file, ca_file, require_certificate),
-  WebSocket and HTTP (listeners: protocol = \"websocket\", health, metrics, http_dir),
   password and ACL files (auth: password_file, acl_file),
   SQLite and PostgreSQL storage (storage: backend = \"sqlite\" | \"postgres\", standby,
   durable_ack), logging to a file or syslog (logging: file, syslog), the admin socket (admin:

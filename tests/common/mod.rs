@@ -383,6 +383,95 @@ impl Client {
             [] => None,
             [Packet::Disconnect(d)] => Some(d.reason_code),
             other => panic!("expected at most a DISCONNECT before the close, got {other:?}"),
+/// A configuration with one WebSocket listener on 127.0.0.1, port 0 (no HTTP endpoints).
+pub fn websocket_config() -> Config {
+    let mut config = Config::default();
+    config.listeners = vec![ListenerConfig {
+        port: 0,
+        protocol: mercurio::config::ListenerProtocol::Websocket,
+        ..ListenerConfig::default()
+    }];
+    config
+}
+
+/// A configuration with an MQTT listener (first) and a WebSocket listener (second), both on
+/// 127.0.0.1, port 0.
+pub fn tcp_and_websocket_config() -> Config {
+    let mut config = test_config();
+    config.listeners.extend(websocket_config().listeners);
+    config
+}
+
+/// A parsed HTTP/1.1 response.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    /// Header names in lower case.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one HTTP response from `stream` (`head`: the request was HEAD, no body). `None` when
+/// the connection closed before a whole response came. Panics after [`DEADLINE`].
+pub async fn read_http_response(stream: &mut TcpStream, head: bool) -> Option<HttpResponse> {
+    let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head_text = String::from_utf8_lossy(&buf[..end]).into_owned();
+            let mut lines = head_text.split("\r\n");
+            let status_line = lines.next().unwrap_or_default();
+            let status: u16 = status_line.split(' ').nth(1)?.parse().ok()?;
+            let headers: Vec<(String, String)> = lines
+                .filter_map(|l| l.split_once(':'))
+                .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+                .collect();
+            let len: usize = if head || status == 101 || status == 304 {
+                0
+            } else {
+                headers
+                    .iter()
+                    .find(|(n, _)| n == "content-length")
+                    .map(|(_, v)| v.parse().expect("content-length"))
+                    .expect("responses carry Content-Length")
+            };
+            let mut body = buf[end + 4..].to_vec();
+            while body.len() < len {
+                match tokio::time::timeout_at(deadline, stream.read(&mut chunk))
+                    .await
+                    .expect("HTTP body before the deadline")
+                {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => body.extend_from_slice(&chunk[..n]),
+                }
+            }
+            body.truncate(len);
+            return Some(HttpResponse {
+                status,
+                headers,
+                body,
+            });
+        }
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk))
+            .await
+            .expect("HTTP response before the deadline")
+        {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }
@@ -438,4 +527,88 @@ impl Logs {
             .filter(|l| needles.iter().all(|n| l.contains(n)))
             .collect()
     }
+/// Sends `request` (raw bytes) on a new connection and reads the response.
+pub async fn http_raw(addr: SocketAddr, request: &[u8]) -> Option<HttpResponse> {
+    let mut s = TcpStream::connect(addr).await.expect("tcp connect");
+    s.write_all(request).await.expect("write request");
+    let head = request.starts_with(b"HEAD ");
+    read_http_response(&mut s, head).await
+}
+
+/// `GET path` on a new connection.
+pub async fn http_get(addr: SocketAddr, path: &str) -> HttpResponse {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    http_raw(addr, req.as_bytes())
+        .await
+        .unwrap_or_else(|| panic!("no response to GET {path}"))
+}
+
+/// Waits until the peer closes `stream` (reading and discarding), panicking after `wait`.
+/// Returns what was read.
+pub async fn expect_eof(stream: &mut TcpStream, wait: Duration) -> Vec<u8> {
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Err(_) => panic!("connection still open after {wait:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return seen,
+            Ok(Ok(n)) => seen.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The python3 to run a test script with, when it can import `modules`. Without it, prints
+/// why the test is skipped and returns `None`; under `CI=true` a missing prerequisite fails.
+pub fn python_with(modules: &[&str]) -> Option<&'static str> {
+    let imports = modules
+        .iter()
+        .map(|m| format!("import {m}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &imports])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        return Some("python3");
+    }
+    let why = format!("python3 with {} is not installed", modules.join(", "));
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why} (CI=true: prerequisites must be installed by .ci/run)");
+    }
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// Runs `python3 -c script args...` with `stdin`, returning its standard output; panics with
+/// its standard error when it fails.
+pub async fn run_python(python: &str, script: &str, args: &[String], stdin: &[u8]) -> String {
+    use std::process::Stdio;
+    let mut child = tokio::process::Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn python3");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin).await.expect("write stdin");
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("python3 finished within 30 s")
+        .expect("python3 ran");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "python3 failed: {}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

@@ -1,0 +1,494 @@
+//! The plain HTTP side of a WebSocket listener (manual, "Health and metrics"; DESIGN.md
+//! section 8): `GET /healthz`, `GET /metrics` and static files from `http_dir`, under the
+//! listener's HTTP limits. The WebSocket upgrade itself is in `websocket.rs`.
+//!
+//! Static files are served only from inside `http_dir`: the path is percent-decoded once, any
+//! `..`, `.` or dot-file segment, backslash or NUL is refused, and the file found is
+//! canonicalized and must still lie inside the (canonicalized) directory, so a symbolic link
+//! pointing out of it is not followed.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::broker::BrokerInner;
+use crate::config::ListenerConfig;
+use crate::error::Error;
+use crate::metrics::Metrics;
+
+/// The HTTP limits of a WebSocket listener (DESIGN.md section 8). The defaults are the
+/// manual's; an embedding application (or a test) may change them with
+/// [`BrokerBuilder::http_limits`](crate::BrokerBuilder::http_limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Largest request head (request line and headers), in bytes; at least 8192 (hyper's
+    /// smallest read buffer). Larger heads get 431. Default 8 KiB.
+    pub max_head: usize,
+    /// Responses being produced or sent at once per listener; more get 503. WebSocket upgrades
+    /// are not counted (`max_connections` bounds them). Default 32.
+    pub max_responses: usize,
+    /// Longest time from a request's head to the end of its response; a slower response (a
+    /// client that does not read) is cut by closing the connection. Default one minute.
+    pub response_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_head: 8 * 1024,
+            max_responses: 32,
+            response_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One WebSocket listener's HTTP state.
+pub(crate) struct Endpoint {
+    pub broker: Arc<BrokerInner>,
+    pub limits: HttpLimits,
+    health: bool,
+    metrics: Option<Metrics>,
+    /// Canonical path of `http_dir`.
+    http_dir: Option<PathBuf>,
+    responses: Arc<Semaphore>,
+}
+
+impl Endpoint {
+    /// The endpoint for a WebSocket listener; fails when `http_dir` is not a readable
+    /// directory.
+    pub(crate) fn new(
+        broker: Arc<BrokerInner>,
+        cfg: &ListenerConfig,
+        limits: HttpLimits,
+    ) -> Result<Endpoint, Error> {
+        let http_dir = match &cfg.http_dir {
+            None => None,
+            Some(dir) => {
+                let canonical = std::fs::canonicalize(dir)
+                    .ok()
+                    .filter(|d| d.is_dir())
+                    .ok_or_else(|| {
+                        Error::Config(format!(
+                            "listener {}:{}: http_dir {} is not a directory",
+                            cfg.host,
+                            cfg.port,
+                            dir.display()
+                        ))
+                    })?;
+                Some(canonical)
+            }
+        };
+        let metrics = cfg.metrics.then(|| Metrics::new(Arc::clone(&broker)));
+        Ok(Endpoint {
+            broker,
+            limits: HttpLimits {
+                max_head: limits.max_head.max(8192),
+                ..limits
+            },
+            health: cfg.health,
+            metrics,
+            http_dir,
+            responses: Arc::new(Semaphore::new(limits.max_responses)),
+        })
+    }
+
+    /// Answers a plain HTTP request (not an upgrade). `guard` is held by the response body
+    /// until it has been sent.
+    pub(crate) async fn respond<B>(
+        &self,
+        req: &Request<B>,
+        guard: ResponseGuard,
+    ) -> Response<HttpBody> {
+        let head = req.method() == Method::HEAD;
+        if req.method() != Method::GET && !head {
+            let mut r = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed\n",
+                guard,
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return r;
+        }
+        let Ok(permit) = Arc::clone(&self.responses).try_acquire_owned() else {
+            tracing::debug!(
+                "HTTP: {} responses at once, answering 503",
+                self.limits.max_responses
+            );
+            return strip(head, text(StatusCode::SERVICE_UNAVAILABLE, "busy\n", guard));
+        };
+        let guard = guard.with_permit(permit);
+        let path = req.uri().path();
+        let r = if self.health && path == "/healthz" {
+            if self.broker.is_shutting_down() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n", guard)
+            } else {
+                text(StatusCode::OK, "ok\n", guard)
+            }
+        } else if let (Some(m), "/metrics") = (&self.metrics, path) {
+            let mut r = Response::new(HttpBody::bytes(m.render(), guard));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            );
+            r
+        } else if let Some(dir) = &self.http_dir {
+            static_file(dir, path, guard).await
+        } else {
+            not_found(guard)
+        };
+        strip(head, r)
+    }
+}
+
+/// Ties a response to its connection's deadline and, for counted responses, to a permit of
+/// the listener's semaphore; both are released when the body is done (dropped).
+pub(crate) struct ResponseGuard {
+    permit: Option<OwnedSemaphorePermit>,
+    on_done: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl ResponseGuard {
+    pub(crate) fn new(on_done: impl FnOnce() + Send + Sync + 'static) -> ResponseGuard {
+        ResponseGuard {
+            permit: None,
+            on_done: Some(Box::new(on_done)),
+        }
+    }
+
+    fn with_permit(mut self, permit: OwnedSemaphorePermit) -> ResponseGuard {
+        self.permit = Some(permit);
+        self
+    }
+}
+
+impl Drop for ResponseGuard {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_done.take() {
+            f();
+        }
+    }
+}
+
+/// A response body: nothing, bytes in memory, or a file read in chunks.
+pub(crate) struct HttpBody {
+    kind: Kind,
+    _guard: Option<ResponseGuard>,
+}
+
+enum Kind {
+    Empty,
+    Bytes(Option<Bytes>),
+    File {
+        file: tokio::fs::File,
+        remaining: u64,
+        buf: Box<[u8]>,
+    },
+}
+
+const FILE_CHUNK: usize = 16 * 1024;
+
+impl HttpBody {
+    pub(crate) fn empty(guard: Option<ResponseGuard>) -> HttpBody {
+        HttpBody {
+            kind: Kind::Empty,
+            _guard: guard,
+        }
+    }
+
+    fn bytes(b: impl Into<Bytes>, guard: ResponseGuard) -> HttpBody {
+        HttpBody {
+            kind: Kind::Bytes(Some(b.into())),
+            _guard: Some(guard),
+        }
+    }
+
+    fn file(file: tokio::fs::File, len: u64, guard: ResponseGuard) -> HttpBody {
+        HttpBody {
+            kind: Kind::File {
+                file,
+                remaining: len,
+                buf: vec![0u8; FILE_CHUNK.min(len.max(1) as usize)].into_boxed_slice(),
+            },
+            _guard: Some(guard),
+        }
+    }
+}
+
+impl Body for HttpBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = self.get_mut();
+        let r = match &mut this.kind {
+            Kind::Empty => None,
+            Kind::Bytes(b) => b.take().map(|b| Ok(Frame::data(b))),
+            Kind::File {
+                file,
+                remaining,
+                buf,
+            } => {
+                if *remaining == 0 {
+                    None
+                } else {
+                    let want = (*remaining).min(buf.len() as u64) as usize;
+                    let mut rb = ReadBuf::new(&mut buf[..want]);
+                    match ready!(Pin::new(file).poll_read(cx, &mut rb)) {
+                        Err(e) => Some(Err(e)),
+                        Ok(()) if rb.filled().is_empty() => Some(Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "file shrank while being served",
+                        ))),
+                        Ok(()) => {
+                            *remaining -= rb.filled().len() as u64;
+                            Some(Ok(Frame::data(Bytes::copy_from_slice(rb.filled()))))
+                        }
+                    }
+                }
+            }
+        };
+        if r.is_none() {
+            // Done: release the permit and the deadline now, not when hyper drops the body.
+            this._guard = None;
+        }
+        Poll::Ready(r)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Bytes(b) => b.is_none(),
+            Kind::File { remaining, .. } => *remaining == 0,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Bytes(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::File { remaining, .. } => SizeHint::with_exact(*remaining),
+        }
+    }
+}
+
+/// A short plain-text response.
+pub(crate) fn text(
+    status: StatusCode,
+    body: &'static str,
+    guard: ResponseGuard,
+) -> Response<HttpBody> {
+    let mut r = Response::new(HttpBody::bytes(body, guard));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn not_found(guard: ResponseGuard) -> Response<HttpBody> {
+    text(StatusCode::NOT_FOUND, "not found\n", guard)
+}
+
+/// HEAD: the same status and headers (Content-Length included), no body.
+fn strip(head: bool, mut r: Response<HttpBody>) -> Response<HttpBody> {
+    if head {
+        let len = r.body().size_hint().exact().unwrap_or(0);
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        let guard = std::mem::replace(r.body_mut(), HttpBody::empty(None))._guard;
+        *r.body_mut() = HttpBody::empty(guard);
+    }
+    r
+}
+
+/// Decodes `%XX` escapes; `None` for a malformed escape.
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = |c: u8| (c as char).to_digit(16);
+            let hi = hex(*b.get(i + 1)?)?;
+            let lo = hex(*b.get(i + 2)?)?;
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// The relative path a request path names inside `http_dir`, or `None` when it tries to leave
+/// it or names something hidden: segments `..`, `.` or starting with a dot, backslashes, NUL,
+/// invalid UTF-8, or escapes that decode to any of those (decoded once, never twice).
+pub(crate) fn safe_relative_path(request_path: &str) -> Option<PathBuf> {
+    let decoded = String::from_utf8(percent_decode(request_path)?).ok()?;
+    let mut rel = PathBuf::new();
+    for seg in decoded.split('/') {
+        if seg.is_empty() {
+            continue;
+        }
+        if seg.starts_with('.') || seg.contains(['\\', '\0']) || seg.contains(':') {
+            return None;
+        }
+        rel.push(seg);
+    }
+    Some(rel)
+}
+
+/// The content type for a file name's extension.
+pub(crate) fn content_type(path: &Path) -> &'static str {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("html" | "htm") => "text/html; charset=utf-8",
+        Some("css") => "text/css; charset=utf-8",
+        Some("js" | "mjs") => "text/javascript; charset=utf-8",
+        Some("json" | "map") => "application/json",
+        Some("txt" | "md") => "text/plain; charset=utf-8",
+        Some("xml") => "application/xml",
+        Some("svg") => "image/svg+xml",
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("gif") => "image/gif",
+        Some("webp") => "image/webp",
+        Some("ico") => "image/x-icon",
+        Some("wasm") => "application/wasm",
+        Some("pdf") => "application/pdf",
+        Some("woff") => "font/woff",
+        Some("woff2") => "font/woff2",
+        Some("ttf") => "font/ttf",
+        Some("otf") => "font/otf",
+        Some("mp4") => "video/mp4",
+        Some("webm") => "video/webm",
+        Some("mp3") => "audio/mpeg",
+        Some("wav") => "audio/wav",
+        Some("csv") => "text/csv; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+/// Serves `request_path` from `dir` (canonical), `index.html` for a directory.
+async fn static_file(dir: &Path, request_path: &str, guard: ResponseGuard) -> Response<HttpBody> {
+    let Some(rel) = safe_relative_path(request_path) else {
+        tracing::debug!(path = request_path, "HTTP: refused path");
+        return not_found(guard);
+    };
+    let inside = |p: &Path| p.starts_with(dir);
+    let Ok(mut path) = tokio::fs::canonicalize(dir.join(&rel)).await else {
+        return not_found(guard);
+    };
+    if !inside(&path) {
+        tracing::debug!(
+            path = request_path,
+            "HTTP: refused a path leading out of http_dir"
+        );
+        return not_found(guard);
+    }
+    let Ok(mut meta) = tokio::fs::metadata(&path).await else {
+        return not_found(guard);
+    };
+    if meta.is_dir() {
+        match tokio::fs::canonicalize(path.join("index.html")).await {
+            Ok(p) if inside(&p) => path = p,
+            _ => return not_found(guard),
+        }
+        match tokio::fs::metadata(&path).await {
+            Ok(m) => meta = m,
+            Err(_) => return not_found(guard),
+        }
+    }
+    if !meta.is_file() {
+        return not_found(guard);
+    }
+    let Ok(file) = tokio::fs::File::open(&path).await else {
+        return not_found(guard);
+    };
+    let len = meta.len();
+    let mut r = Response::new(HttpBody::file(file, len, guard));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type(&path)),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_paths() {
+        assert_eq!(safe_relative_path("/"), Some(PathBuf::new()));
+        assert_eq!(
+            safe_relative_path("/a/b.html"),
+            Some(PathBuf::from("a/b.html"))
+        );
+        assert_eq!(
+            safe_relative_path("/a%20b.txt"),
+            Some(PathBuf::from("a b.txt"))
+        );
+        for bad in [
+            "/../etc/passwd",
+            "/a/../../x",
+            "/%2e%2e/etc/passwd",
+            "/%2E%2E%2Fetc%2Fpasswd",
+            "/a/%2e%2e%2f%2e%2e/x",
+            "/..%5cwindows",
+            "/.hidden",
+            "/a/./b",
+            "/%00",
+            "/%zz",
+            "/%",
+            "/%c0%ae%c0%ae/x",
+            "/C:/x",
+        ] {
+            assert_eq!(safe_relative_path(bad), None, "{bad}");
+        }
+        // Decoded once: %252e stays the literal "%2e", a harmless file name.
+        assert_eq!(
+            safe_relative_path("/%252e%252e/x"),
+            Some(PathBuf::from("%2e%2e/x"))
+        );
+    }
+
+    #[test]
+    fn content_types() {
+        assert_eq!(
+            content_type(Path::new("index.html")),
+            "text/html; charset=utf-8"
+        );
+        assert_eq!(
+            content_type(Path::new("a.JS")),
+            "text/javascript; charset=utf-8"
+        );
+        assert_eq!(content_type(Path::new("x.png")), "image/png");
+        assert_eq!(content_type(Path::new("noext")), "application/octet-stream");
+    }
+}
