@@ -383,6 +383,63 @@ impl Client {
             [] => None,
             [Packet::Disconnect(d)] => Some(d.reason_code),
             other => panic!("expected at most a DISCONNECT before the close, got {other:?}"),
+        }
+    }
+}
+
+/// Log lines captured from the broker while the returned guard lives. Only works in a
+/// current-thread runtime (`#[tokio::test]`'s default): the broker's tasks then run on the
+/// test's thread, where the capturing subscriber is the default. Captures INFO and above.
+pub struct Logs {
+    buf: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Starts capturing log lines (see [`Logs`]).
+pub fn capture_logs() -> Logs {
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let w = std::sync::Arc::clone(&buf);
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || LogWriter(std::sync::Arc::clone(&w)))
+        .finish();
+    Logs {
+        buf,
+        _guard: tracing::subscriber::set_default(subscriber),
+    }
+}
+
+impl Logs {
+    /// Every line captured so far.
+    pub fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.buf.lock().unwrap())
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Lines containing every one of `needles`.
+    pub fn matching(&self, needles: &[&str]) -> Vec<String> {
+        self.lines()
+            .into_iter()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .collect()
+    }
+}
+
 /// A configuration with one WebSocket listener on 127.0.0.1, port 0 (no HTTP endpoints).
 pub fn websocket_config() -> Config {
     let mut config = Config::default();
@@ -476,57 +533,6 @@ pub async fn read_http_response(stream: &mut TcpStream, head: bool) -> Option<Ht
     }
 }
 
-/// Log lines captured from the broker while the returned guard lives. Only works in a
-/// current-thread runtime (`#[tokio::test]`'s default): the broker's tasks then run on the
-/// test's thread, where the capturing subscriber is the default. Captures INFO and above.
-pub struct Logs {
-    buf: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
-    _guard: tracing::subscriber::DefaultGuard,
-}
-
-struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Starts capturing log lines (see [`Logs`]).
-pub fn capture_logs() -> Logs {
-    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let w = std::sync::Arc::clone(&buf);
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || LogWriter(std::sync::Arc::clone(&w)))
-        .finish();
-    Logs {
-        buf,
-        _guard: tracing::subscriber::set_default(subscriber),
-    }
-}
-
-impl Logs {
-    /// Every line captured so far.
-    pub fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.buf.lock().unwrap())
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// Lines containing every one of `needles`.
-    pub fn matching(&self, needles: &[&str]) -> Vec<String> {
-        self.lines()
-            .into_iter()
-            .filter(|l| needles.iter().all(|n| l.contains(n)))
-            .collect()
-    }
 /// Sends `request` (raw bytes) on a new connection and reads the response.
 pub async fn http_raw(addr: SocketAddr, request: &[u8]) -> Option<HttpResponse> {
     let mut s = TcpStream::connect(addr).await.expect("tcp connect");
