@@ -80,8 +80,12 @@ impl AdminSocket {
                         format!("admin socket {shown}: cannot create {}: {e}", dir.display())
                     })?;
             }
-            if dir.starts_with("/tmp") {
-                // In a shared directory another user could have made it first.
+            let shared_tmp = dir.parent() == Some(Path::new("/tmp"))
+                && dir
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("mercurio-"));
+            if shared_tmp {
+                // The /tmp/mercurio-$UID default: another user could have made it first.
                 let meta = std::fs::metadata(dir)
                     .map_err(|e| format!("admin socket {shown}: {}: {e}", dir.display()))?;
                 if meta.uid() != socket_path::euid() || meta.mode() & 0o077 != 0 {
@@ -182,7 +186,7 @@ fn ok(result: Value) -> Value {
 
 /// The answer to one request line.
 fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
-    let request: Request = match serde_json::from_slice(line) {
+    let request = match parse(line) {
         Ok(r) => r,
         Err(e) => return error(format!("bad request: {e}")),
     };
@@ -251,6 +255,29 @@ fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
             )),
             None => error(format!("no such client: {client_id}")),
         },
+    }
+}
+
+/// A request line: a JSON object with a known command and exactly its arguments (serde's
+/// `deny_unknown_fields` does not apply to the unit variants of a tagged enum).
+fn parse(line: &[u8]) -> Result<Request, String> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let Some(object) = value.as_object() else {
+        return Err("a request is a JSON object".into());
+    };
+    let keys: Vec<String> = object.keys().cloned().collect();
+    let request: Request = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let arguments: &[&str] = match request {
+        Request::Status | Request::ClientList => &[],
+        Request::LogLevel { .. } => &["level"],
+        _ => &["client_id"],
+    };
+    match keys
+        .iter()
+        .find(|k| *k != "command" && !arguments.contains(&k.as_str()))
+    {
+        Some(key) => Err(format!("unknown field `{key}`")),
+        None => Ok(request),
     }
 }
 

@@ -132,29 +132,32 @@ impl LogControl {
     }
 
     /// Applies a reread `[logging]` section (SIGHUP): the level and `connection_messages`.
-    /// Returns what it did, one line each; a change of `file` or `syslog` needs a restart and
+    /// Says what it does through `report`, one line each, before the new level applies (so
+    /// that the lines pass the old filter); a change of `file` or `syslog` needs a restart and
     /// is reported as such.
-    pub fn apply(&self, config: &LoggingConfig) -> Vec<String> {
-        let mut report = Vec::new();
+    pub fn apply(&self, config: &LoggingConfig, report: impl Fn(&str)) {
         let (directives, warning) = directives(config, self.inner.verbose);
-        report.extend(warning);
+        if let Some(warning) = warning {
+            report(&warning);
+        }
         let mut state = lock(&self.inner.state);
         if state.config.file != config.file || state.config.syslog != config.syslog {
-            report.push(
-                "logging.file and logging.syslog are read at start only: restart to change them"
-                    .to_string(),
+            report(
+                "logging.file and logging.syslog are read at start only: restart to change them",
             );
         }
+        report(&format!(
+            "log level: {directives} (was {})",
+            state.directives
+        ));
         match self.reload(&directives) {
             Ok(()) => {
-                report.push(format!("log level: {directives}"));
                 state.directives = directives;
                 state.config.level = config.level.clone();
                 state.config.connection_messages = config.connection_messages;
             }
-            Err(e) => report.push(e),
+            Err(e) => report(&e),
         }
-        report
     }
 
     fn reload(&self, directives: &str) -> Result<(), String> {

@@ -207,7 +207,12 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 
 /// The broker's start, behind one function: the daemon's only call into the broker's
 /// construction (the embedding API of DESIGN.md section 5).
-async fn start_broker(config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
+///
+/// The broker always logs the connection lines: `connection_messages = false` turns their
+/// target off in the log filter instead, so that a level naming `mercurio::connections`, in the
+/// file or from `mercurioctl broker log-level`, turns them back on (the manual, "Logging").
+async fn start_broker(mut config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
+    config.logging.connection_messages = true;
     Broker::builder(config).start().await
 }
 

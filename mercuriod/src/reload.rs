@@ -45,8 +45,7 @@ impl Reloader {
 
     /// `[logging] level` and `connection_messages`.
     fn logging(&self, config: &Config) {
-        for line in self.log.apply(&config.logging) {
-            info!("SIGHUP: {line}");
-        }
+        self.log
+            .apply(&config.logging, |line| info!("SIGHUP: {line}"));
     }
 }
