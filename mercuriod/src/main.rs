@@ -143,18 +143,24 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
         }
     };
 
-    let socket_path = config
-        .admin
-        .socket
-        .clone()
-        .unwrap_or_else(socket_path::default_socket_path);
-    let admin = match AdminSocket::bind(&socket_path) {
-        Ok(admin) => admin,
-        Err(e) => {
-            error!("{e}");
-            eprintln!("mercuriod: {e}");
-            return ExitCode::from(EX_FAILURE);
-        }
+    // An [admin] socket that cannot be bound stops the start; the default one only warns,
+    // so that a second broker on the host (other ports, no [admin] socket) still runs.
+    let admin = match &config.admin.socket {
+        Some(path) => match AdminSocket::bind(path) {
+            Ok(admin) => Some(admin),
+            Err(e) => {
+                error!("{e}");
+                eprintln!("mercuriod: {e}");
+                return ExitCode::from(EX_FAILURE);
+            }
+        },
+        None => match AdminSocket::bind(&socket_path::default_socket_path()) {
+            Ok(admin) => Some(admin),
+            Err(e) => {
+                warn!("{e}: running without an admin socket (set [admin] socket)");
+                None
+            }
+        },
     };
 
     let handle = match start_broker(config).await {
@@ -167,10 +173,10 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
     for addr in handle.local_addrs() {
         info!("listening on {addr}");
     }
-    info!("admin socket: {}", admin.path().display());
-    let admin_task = tokio::spawn({
+    let admin_task = admin.map(|admin| {
+        info!("admin socket: {}", admin.path().display());
         let (handle, log) = (handle.clone(), log.clone());
-        async move { admin.serve(handle, log).await }
+        tokio::spawn(async move { admin.serve(handle, log).await })
     });
     systemd::ready("serving");
     systemd::spawn_watchdog();
@@ -200,8 +206,10 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
         }
     };
     // Dropping the task drops the socket, which removes its file.
-    admin_task.abort();
-    let _ = admin_task.await;
+    if let Some(task) = admin_task {
+        task.abort();
+        let _ = task.await;
+    }
     code
 }
 

@@ -114,4 +114,24 @@ mod tests {
         assert!(e.contains("not a socket"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn another_users_socket() {
+        use std::os::unix::ffi::OsStrExt;
+        if euid() != 0 {
+            return; // only root can give a file to another user
+        }
+        let dir = std::env::temp_dir().join(format!("mercurio-sp2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("s.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path");
+        // SAFETY: chown on a path we own, with a valid C string.
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        let e = check_existing(&path, false).expect_err("another user's");
+        assert!(e.contains("belongs to uid 65534"), "{e}");
+        // Root talking to a service user's broker (mercurioctl) accepts it.
+        assert!(check_existing(&path, true).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

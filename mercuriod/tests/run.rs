@@ -18,6 +18,18 @@ fn config_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, path)
 }
 
+/// An admin socket path of this test's own (the default one is shared by every broker).
+fn admin_socket() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "mercurio-run-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    dir.join("mercuriod.sock").display().to_string()
+}
+
 /// Kills the child if a test fails before it exits.
 struct Daemon(Child);
 
@@ -44,7 +56,9 @@ fn port_in_use_exits_1_with_one_line() {
     let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
     let (_dir, path) = config_file(&format!(
-        "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\n"
+        "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [admin]\nsocket = \"{}\"\n",
+        admin_socket()
     ));
     let mut daemon = Daemon(
         Command::new(MERCURIOD)
@@ -66,9 +80,11 @@ fn port_in_use_exits_1_with_one_line() {
 #[test]
 fn sigterm_stops_with_status_0() {
     for signal in ["-TERM", "-INT"] {
-        let (_dir, path) = config_file(
-            "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n",
-        );
+        let (_dir, path) = config_file(&format!(
+            "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n\n\
+             [admin]\nsocket = \"{}\"\n",
+            admin_socket()
+        ));
         let mut daemon = Daemon(
             Command::new(MERCURIOD)
                 .arg("-c")
