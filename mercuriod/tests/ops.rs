@@ -379,3 +379,17 @@ fn systemd_readiness_and_stopping() {
     }
     assert_eq!(d.wait_exit(), Some(0));
 }
+
+#[test]
+fn under_systemd_stdout_lines_carry_their_severity() {
+    let mut d = Daemon::start(
+        Path::new(MERCURIOD),
+        "[logging]\nlevel = \"bogus\"\n",
+        &[("JOURNAL_STREAM", "8:12345")],
+    );
+    let warning = d.wait_line("warning", |l| l.contains("logging at info"));
+    assert!(warning.starts_with("<4>"), "{warning}");
+    let listening = d.wait_line("listening", |l| l.contains("listening on"));
+    // No timestamp: the journal adds its own.
+    assert!(listening.starts_with("<6> INFO mercuriod:"), "{listening}");
+}
