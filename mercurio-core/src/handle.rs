@@ -339,6 +339,15 @@ impl BrokerHandle {
             }
         }
         self.inner.end_session(&session);
+        // A connection that took the session over between the check and its end holds an
+        // ended session: close it, so that the client reconnects to a new one.
+        let late = session.state.lock().link.clone();
+        if let Some(link) = late {
+            link.kill(
+                DisconnectReason::Administrative,
+                ReasonCode::ADMINISTRATIVE_ACTION,
+            );
+        }
         Some(true)
     }
 }

@@ -14,11 +14,13 @@
 //! | `{"command":"client.delete-session","client_id":"x"}` | `{}`; refused while connected |
 //!
 //! A malformed request gets an error answer; a line over [`MAX_REQUEST`] bytes gets one and
-//! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`].
+//! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
+//! [`MAX_CONNECTIONS`] are served at once.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mercurio_core::config::StorageBackend;
@@ -27,12 +29,16 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 
 use crate::logging::LogControl;
 use crate::socket_path;
 
 /// Longest request line, in bytes.
 pub const MAX_REQUEST: usize = 64 * 1024;
+
+/// Admin connections served at once; more get an error answer.
+pub const MAX_CONNECTIONS: usize = 16;
 
 /// An admin connection with no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -123,11 +129,24 @@ impl AdminSocket {
 
     /// Serves connections until the task is dropped.
     pub async fn serve(&self, handle: BrokerHandle, log: LogControl) {
+        let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
             match self.listener.accept().await {
-                Ok((stream, _)) => {
-                    tokio::spawn(connection(stream, handle.clone(), log.clone()));
-                }
+                Ok((mut stream, _)) => match Arc::clone(&permits).try_acquire_owned() {
+                    Ok(permit) => {
+                        let (handle, log) = (handle.clone(), log.clone());
+                        tokio::spawn(async move {
+                            connection(stream, handle, log).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        let busy = error(format!("more than {MAX_CONNECTIONS} admin connections"));
+                        tokio::spawn(async move {
+                            let _ = stream.write_all(format!("{busy}\n").as_bytes()).await;
+                        });
+                    }
+                },
                 Err(e) => {
                     tracing::warn!("admin socket: accept: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -143,8 +162,6 @@ impl Drop for AdminSocket {
     }
 }
 
-use std::os::unix::fs::DirBuilderExt;
-
 /// One admin connection: answers each request line.
 async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
     let (read, mut write) = stream.into_split();
@@ -152,8 +169,7 @@ async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
     let mut line = Vec::new();
     loop {
         line.clear();
-        let limited = (&mut reader).take(MAX_REQUEST as u64 + 1);
-        let mut limited = limited;
+        let mut limited = (&mut reader).take(MAX_REQUEST as u64 + 1);
         let read = tokio::time::timeout(IDLE_TIMEOUT, limited.read_until(b'\n', &mut line)).await;
         let n = match read {
             Ok(Ok(n)) => n,
