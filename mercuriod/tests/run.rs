@@ -14,20 +14,11 @@ const DEADLINE: Duration = Duration::from_secs(20);
 fn config_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("mercuriod.toml");
+    // Each broker's admin socket in its own dir (the default one is shared by every broker).
+    let socket = dir.path().join("mercuriod.sock");
+    let text = text.replace("ADMIN_SOCKET", &socket.display().to_string());
     std::fs::write(&path, text).expect("write config");
     (dir, path)
-}
-
-/// An admin socket path of this test's own (the default one is shared by every broker).
-fn admin_socket() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "mercurio-run-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    dir.join("mercuriod.sock").display().to_string()
 }
 
 /// Kills the child if a test fails before it exits.
@@ -57,8 +48,7 @@ fn port_in_use_exits_1_with_one_line() {
     let port = taken.local_addr().expect("addr").port();
     let (_dir, path) = config_file(&format!(
         "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
-         [admin]\nsocket = \"{}\"\n",
-        admin_socket()
+         [admin]\nsocket = \"ADMIN_SOCKET\"\n"
     ));
     let mut daemon = Daemon(
         Command::new(MERCURIOD)
@@ -82,8 +72,7 @@ fn sigterm_stops_with_status_0() {
     for signal in ["-TERM", "-INT"] {
         let (_dir, path) = config_file(&format!(
             "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n\n\
-             [admin]\nsocket = \"{}\"\n",
-            admin_socket()
+             [admin]\nsocket = \"ADMIN_SOCKET\"\n"
         ));
         let mut daemon = Daemon(
             Command::new(MERCURIOD)
