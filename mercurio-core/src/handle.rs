@@ -315,6 +315,70 @@ impl BrokerHandle {
             }
         }
     }
+
+    /// One session in detail (for `mercurioctl client show`); `None` when the broker holds
+    /// no session for `client_id`.
+    pub fn session_detail(&self, client_id: &str) -> Option<SessionDetail> {
+        if client_id.starts_with("$internal/") {
+            return None;
+        }
+        let session = self.inner.sessions.lock().get(client_id).cloned()?;
+        let st = session.state.lock();
+        if st.ended {
+            return None;
+        }
+        let mut subscriptions: Vec<(String, QoS)> = st
+            .subscriptions
+            .iter()
+            .map(|(filter, granted)| (filter.clone(), granted.options.qos))
+            .collect();
+        subscriptions.sort();
+        Some(SessionDetail {
+            info: SessionInfo {
+                client_id: session.client_id.to_string(),
+                connected: st.link.is_some(),
+                protocol_level: st.protocol.level(),
+                subscriptions: st.subscriptions.len(),
+                queued: st.queue.len(),
+                inflight: st.inflight.len(),
+            },
+            subscriptions,
+            expiry_interval: st.expiry_interval,
+            queued_bytes: st.queued_bytes,
+            will: st.will.is_some(),
+            disconnected_for: st.disconnected_at.map(|at| at.elapsed()),
+        })
+    }
+
+    /// Ends the session of a client that is not connected, as its expiry would (a pending
+    /// will is published). `None`: no such session; `Some(false)`: the client is connected,
+    /// nothing done (disconnect it first); `Some(true)`: deleted.
+    pub fn delete_session(&self, client_id: &str) -> Option<bool> {
+        if client_id.starts_with("$internal/") {
+            return None;
+        }
+        let session = self.inner.sessions.lock().get(client_id).cloned()?;
+        {
+            let st = session.state.lock();
+            if st.ended {
+                return None;
+            }
+            if st.link.is_some() {
+                return Some(false);
+            }
+        }
+        self.inner.end_session(&session);
+        // A connection that took the session over between the check and its end holds an
+        // ended session: close it, so that the client reconnects to a new one.
+        let late = session.state.lock().link.clone();
+        if let Some(link) = late {
+            link.kill(
+                DisconnectReason::Administrative,
+                ReasonCode::ADMINISTRATIVE_ACTION,
+            );
+        }
+        Some(true)
+    }
 }
 
 /// Moves messages from an in-process subscription's session queue to its channel.
@@ -355,4 +419,20 @@ impl Drop for Subscription {
         self.pump.abort();
         self.broker.end_session(&self.session);
     }
+}
+
+/// What [`BrokerHandle::session_detail`] reports of one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionDetail {
+    pub info: SessionInfo,
+    /// Topic filters with their granted QoS, sorted by filter.
+    pub subscriptions: Vec<(String, QoS)>,
+    /// Session Expiry Interval in seconds (`u32::MAX`: never).
+    pub expiry_interval: u32,
+    /// Bytes of queued payloads.
+    pub queued_bytes: u64,
+    /// Whether a will is pending.
+    pub will: bool,
+    /// Time since the connection ended; `None` while connected.
+    pub disconnected_for: Option<Duration>,
 }

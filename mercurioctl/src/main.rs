@@ -1,30 +1,449 @@
-//! `mercurioctl`, the admin CLI of a running mercuriod.
-//!
-//! This first version has no commands: they talk to mercuriod over its admin socket, which
-//! mercuriod does not have yet. It answers `--help` and `--version` only.
+//! `mercurioctl`, the admin CLI of a running mercuriod: one request over the admin Unix socket
+//! (one JSON object per line, see mercuriod's `admin` module), the answer printed for people or,
+//! with `--json`, as JSON for scripts.
 //!
 //! Dependencies, and why:
-//! - `clap` (derive): the command line, `--help` and `--version`.
+//! - `clap` (derive): the command line, usage errors, `--help` and `--version`.
+//! - `serde`, `serde_json`: the admin socket's JSON requests and answers.
+//! - `toml`: `-c FILE` reads `[admin] socket` from the broker's configuration file.
+//! - `libc`: `geteuid`, for the default socket path and the socket owner check (shared with
+//!   mercuriod: `socket_path.rs` is compiled into both).
+//! - `tempfile` (tests only): sockets and configuration files in temp dirs.
 
+#[path = "../../mercuriod/src/socket_path.rs"]
+#[allow(dead_code)]
+mod socket_path;
+
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+/// How long to wait for the broker's answer.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The broker refused the request (no such client, invalid level...).
+const EXIT_REFUSED: u8 = 1;
+/// The broker could not be reached: not running, stale socket, no answer (EX_UNAVAILABLE).
+const EXIT_UNAVAILABLE: u8 = 69;
+/// Permission denied, or a socket path refused: not a socket, another user's (EX_NOPERM).
+const EXIT_NOPERM: u8 = 77;
+/// `-c FILE` cannot be read or has no valid `[admin] socket` (EX_CONFIG).
+const EXIT_CONFIG: u8 = 78;
 
 const AFTER_HELP: &str = "\
-The admin commands are not available yet (client sessions, log level, statistics of a
-running broker): they need mercuriod's admin socket, which this version of mercuriod does not
-have. Until then, watch a broker with its logs and its $SYS/broker/# topics, e.g.
-  mosquitto_sub -t '$SYS/broker/#' -v";
+The socket: --socket PATH, else [admin] socket of the broker's configuration file given with
+-c FILE, else the default, as mercuriod picks it: $RUNTIME_DIRECTORY/mercuriod.sock (under
+systemd), /run/mercurio/mercuriod.sock as root, $XDG_RUNTIME_DIR/mercurio/mercuriod.sock,
+/tmp/mercurio-$UID/mercuriod.sock. The socket has mode 0600: run mercurioctl as the broker's
+user or as root. A socket that belongs to another user is refused (except by root).
+
+Exit status: 0 on success; 1 when the broker refuses (no such client, invalid level, client
+connected); 2 for a usage error; 69 when the broker is not running or does not answer; 77 for
+permission denied or a refused socket path; 78 when -c FILE cannot be used. Errors are one line
+on standard error.
+
+Examples:
+  mercurioctl broker status
+  mercurioctl broker log-level 'info,mercurio::connections=off'
+  mercurioctl --json client list
+  mercurioctl client disconnect sensor-12
+  mercurioctl client delete-session sensor-12";
 
 /// mercurioctl, the admin CLI of a running mercuriod (Mercurio MQTT broker).
 #[derive(Debug, Parser)]
 #[command(name = "mercurioctl", version, about, after_help = AFTER_HELP)]
-struct Cli {}
+struct Cli {
+    /// The admin socket of the broker.
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// Read the socket path from the broker's configuration file ([admin] socket).
+    #[arg(
+        short = 'c',
+        long = "config",
+        global = true,
+        value_name = "FILE",
+        conflicts_with = "socket"
+    )]
+    config: Option<PathBuf>,
+
+    /// Print the answer as JSON (for scripts).
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The broker as a whole.
+    #[command(subcommand)]
+    Broker(BrokerCommand),
+    /// Clients and their sessions.
+    #[command(subcommand)]
+    Client(ClientCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BrokerCommand {
+    /// Version, uptime, clients connected, sessions, storage, log level.
+    Status,
+    /// Change the running broker's log level until it restarts (or SIGHUP rereads the file),
+    /// e.g. debug, or info,mercurio::connections=off.
+    LogLevel {
+        /// A level or per-module directives, as [logging] level.
+        level: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ClientCommand {
+    /// Every session, connected or not.
+    List,
+    /// One session in detail: state, subscriptions, queue, expiry.
+    Show {
+        /// Client identifier.
+        client_id: String,
+    },
+    /// Close a client's connection (MQTT 5 clients get DISCONNECT 0x98, Administrative
+    /// action); its session stays as its expiry says.
+    Disconnect {
+        /// Client identifier.
+        client_id: String,
+    },
+    /// End the session of a client that is not connected (its queue and subscriptions are
+    /// dropped, a pending will is published). Refused for a connected client: disconnect it
+    /// first.
+    DeleteSession {
+        /// Client identifier.
+        client_id: String,
+    },
+}
+
+/// A failure: the exit status and its one-line reason.
+struct Failure(u8, String);
 
 fn main() -> ExitCode {
-    let Cli {} = Cli::parse();
-    eprintln!(
-        "mercurioctl: the admin commands are not available yet (mercuriod has no admin socket yet)"
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(code, message)) => {
+            eprintln!("mercurioctl: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), Failure> {
+    let socket = socket(cli)?;
+    let request = match &cli.command {
+        Command::Broker(BrokerCommand::Status) => json!({"command": "broker.status"}),
+        Command::Broker(BrokerCommand::LogLevel { level }) => {
+            json!({"command": "broker.log-level", "level": level})
+        }
+        Command::Client(ClientCommand::List) => json!({"command": "client.list"}),
+        Command::Client(ClientCommand::Show { client_id }) => {
+            json!({"command": "client.show", "client_id": client_id})
+        }
+        Command::Client(ClientCommand::Disconnect { client_id }) => {
+            json!({"command": "client.disconnect", "client_id": client_id})
+        }
+        Command::Client(ClientCommand::DeleteSession { client_id }) => {
+            json!({"command": "client.delete-session", "client_id": client_id})
+        }
+    };
+    let result = ask(&socket, &request)?;
+    if cli.json {
+        println!("{result}");
+        return Ok(());
+    }
+    print!("{}", human(&cli.command, &result));
+    Ok(())
+}
+
+/// The socket path: `--socket`, `-c FILE`'s `[admin] socket`, or the default.
+fn socket(cli: &Cli) -> Result<PathBuf, Failure> {
+    if let Some(path) = &cli.socket {
+        return Ok(path.clone());
+    }
+    if let Some(file) = &cli.config {
+        return socket_from_config(file).map_err(|e| Failure(EXIT_CONFIG, e));
+    }
+    Ok(socket_path::default_socket_path())
+}
+
+/// `[admin] socket` in the broker's configuration file, or the default when it has none.
+fn socket_from_config(file: &Path) -> Result<PathBuf, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("{}: cannot read: {e}", file.display()))?;
+    let doc: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("{}: {}", file.display(), e.message()))?;
+    match doc.get("admin").and_then(|a| a.get("socket")) {
+        None => Ok(socket_path::default_socket_path()),
+        Some(toml::Value::String(s)) => Ok(PathBuf::from(s)),
+        Some(_) => Err(format!(
+            "{}: admin.socket: must be a string (a path)",
+            file.display()
+        )),
+    }
+}
+
+/// Sends one request, returns the answer's result or the broker's reason as a failure.
+fn ask(path: &Path, request: &Value) -> Result<Value, Failure> {
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            return Err(Failure(
+                EXIT_UNAVAILABLE,
+                format!("mercuriod is not running (no socket at {shown})"),
+            ))
+        }
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+            return Err(Failure(
+                EXIT_NOPERM,
+                format!("permission denied: {shown} (run as the broker's user or root)"),
+            ))
+        }
+        Err(e) => return Err(Failure(EXIT_UNAVAILABLE, format!("{shown}: {e}"))),
+        Ok(_) => {}
+    }
+    socket_path::check_existing(path, true).map_err(|e| Failure(EXIT_NOPERM, e))?;
+    let stream = UnixStream::connect(path).map_err(|e| match e.kind() {
+        ErrorKind::ConnectionRefused => Failure(
+            EXIT_UNAVAILABLE,
+            format!("mercuriod is not running ({shown} refuses connections: a stale socket)"),
+        ),
+        ErrorKind::PermissionDenied => Failure(
+            EXIT_NOPERM,
+            format!("permission denied: {shown} (run as the broker's user or root)"),
+        ),
+        _ => Failure(EXIT_UNAVAILABLE, format!("cannot connect to {shown}: {e}")),
+    })?;
+    let unavailable = |e: std::io::Error| {
+        let why = if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+            format!("no answer within {} s", TIMEOUT.as_secs())
+        } else {
+            e.to_string()
+        };
+        Failure(EXIT_UNAVAILABLE, format!("mercuriod on {shown}: {why}"))
+    };
+    stream
+        .set_read_timeout(Some(TIMEOUT))
+        .map_err(unavailable)?;
+    stream
+        .set_write_timeout(Some(TIMEOUT))
+        .map_err(unavailable)?;
+    let mut line = request.to_string();
+    line.push('\n');
+    (&stream).write_all(line.as_bytes()).map_err(unavailable)?;
+    let mut answer = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut answer)
+        .map_err(unavailable)?;
+    if answer.is_empty() {
+        return Err(Failure(
+            EXIT_UNAVAILABLE,
+            format!("mercuriod on {shown} closed the connection without answering"),
+        ));
+    }
+    let answer: Value = serde_json::from_str(&answer).map_err(|e| {
+        Failure(
+            EXIT_UNAVAILABLE,
+            format!("mercuriod on {shown}: unreadable answer: {e}"),
+        )
+    })?;
+    if answer["ok"] == Value::Bool(true) {
+        Ok(answer.get("result").cloned().unwrap_or(Value::Null))
+    } else {
+        let reason = answer["error"]
+            .as_str()
+            .unwrap_or("refused without a reason");
+        Err(Failure(EXIT_REFUSED, reason.to_string()))
+    }
+}
+
+/// The answer for people.
+fn human(command: &Command, result: &Value) -> String {
+    match command {
+        Command::Broker(BrokerCommand::Status) => status(result),
+        Command::Broker(BrokerCommand::LogLevel { .. }) => {
+            format!("log level: {}\n", text(&result["level"]))
+        }
+        Command::Client(ClientCommand::List) => list(result),
+        Command::Client(ClientCommand::Show { .. }) => show(result),
+        Command::Client(ClientCommand::Disconnect { client_id }) => {
+            format!("disconnected {client_id}\n")
+        }
+        Command::Client(ClientCommand::DeleteSession { client_id }) => {
+            format!("deleted the session of {client_id}\n")
+        }
+    }
+}
+
+/// A JSON value as text: strings without quotes.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m {s}s"),
+        _ => format!("{d}d {h}h {m}m {s}s"),
+    }
+}
+
+fn status(r: &Value) -> String {
+    let listeners: Vec<String> = r["listeners"]
+        .as_array()
+        .map(|a| a.iter().map(text).collect())
+        .unwrap_or_default();
+    format!(
+        "version     {}\nuptime      {}\nclients     {} connected (at most {})\nsessions    {} ({} disconnected)\nstorage     {} ({})\nlog level   {}\nlisteners   {}\n",
+        text(&r["version"]),
+        duration(r["uptime_secs"].as_u64().unwrap_or(0)),
+        text(&r["clients_connected"]),
+        text(&r["clients_maximum"]),
+        text(&r["sessions"]),
+        text(&r["sessions_disconnected"]),
+        text(&r["storage"]["backend"]),
+        text(&r["storage"]["state"]),
+        text(&r["log_level"]),
+        listeners.join(", "),
+    )
+}
+
+fn state(connected: &Value) -> &'static str {
+    if connected.as_bool() == Some(true) {
+        "connected"
+    } else {
+        "disconnected"
+    }
+}
+
+fn protocol(level: &Value) -> &'static str {
+    match level.as_u64() {
+        Some(3) => "3.1",
+        Some(4) => "3.1.1",
+        Some(5) => "5.0",
+        _ => "?",
+    }
+}
+
+fn list(r: &Value) -> String {
+    let clients = r["clients"].as_array().cloned().unwrap_or_default();
+    if clients.is_empty() {
+        return "no sessions\n".to_string();
+    }
+    let width = clients
+        .iter()
+        .map(|c| text(&c["client_id"]).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("CLIENT ID".len());
+    let mut out = format!(
+        "{:<width$}  {:<12}  {:<8}  {:>13}  {:>6}  {:>8}\n",
+        "CLIENT ID", "STATE", "PROTOCOL", "SUBSCRIPTIONS", "QUEUED", "INFLIGHT"
     );
-    ExitCode::FAILURE
+    for c in &clients {
+        out.push_str(&format!(
+            "{:<width$}  {:<12}  {:<8}  {:>13}  {:>6}  {:>8}\n",
+            text(&c["client_id"]),
+            state(&c["connected"]),
+            protocol(&c["protocol_level"]),
+            text(&c["subscriptions"]),
+            text(&c["queued"]),
+            text(&c["inflight"]),
+        ));
+    }
+    out
+}
+
+fn show(r: &Value) -> String {
+    let expiry = match r["expiry_interval"].as_u64() {
+        Some(0) => "0 (ends with the connection)".to_string(),
+        Some(n) if n == u64::from(u32::MAX) => "never".to_string(),
+        Some(n) => format!("{n} s"),
+        None => "-".to_string(),
+    };
+    let mut out = format!(
+        "client id       {}\nstate           {}\nprotocol        MQTT {}\nsession expiry  {}\n",
+        text(&r["client_id"]),
+        state(&r["connected"]),
+        protocol(&r["protocol_level"]),
+        expiry,
+    );
+    if let Some(secs) = r["disconnected_secs"].as_u64() {
+        out.push_str(&format!("disconnected    {} ago\n", duration(secs)));
+    }
+    out.push_str(&format!(
+        "queued          {} messages, {} bytes\ninflight        {}\nwill            {}\n",
+        text(&r["queued"]),
+        text(&r["queued_bytes"]),
+        text(&r["inflight"]),
+        if r["will"].as_bool() == Some(true) {
+            "pending"
+        } else {
+            "none"
+        },
+    ));
+    let subscriptions = r["subscriptions"].as_array().cloned().unwrap_or_default();
+    if subscriptions.is_empty() {
+        out.push_str("subscriptions   none\n");
+    } else {
+        out.push_str("subscriptions\n");
+        for s in &subscriptions {
+            out.push_str(&format!(
+                "  {} (QoS {})\n",
+                text(&s["filter"]),
+                text(&s["qos"])
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration(5), "5s");
+        assert_eq!(duration(65), "1m 5s");
+        assert_eq!(duration(3723), "1h 2m 3s");
+        assert_eq!(duration(90061), "1d 1h 1m 1s");
+    }
+
+    #[test]
+    fn config_socket() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("m.toml");
+        std::fs::write(&file, "[admin]\nsocket = \"/x/y.sock\"\n").expect("write");
+        assert_eq!(
+            socket_from_config(&file).expect("path"),
+            Path::new("/x/y.sock")
+        );
+        std::fs::write(&file, "[server]\n").expect("write");
+        assert_eq!(
+            socket_from_config(&file).expect("path"),
+            socket_path::default_socket_path()
+        );
+        std::fs::write(&file, "[admin]\nsocket = 3\n").expect("write");
+        assert!(socket_from_config(&file).is_err());
+        assert!(socket_from_config(&dir.path().join("none.toml")).is_err());
+    }
 }

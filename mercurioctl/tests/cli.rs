@@ -1,47 +1,286 @@
-//! mercurioctl as a process.
+//! Every mercurioctl subcommand against a live mercuriod and against none.
+//!
+//! mercuriod is found next to mercurioctl in the target directory (`cargo test --workspace`
+//! builds both); when it is missing (`cargo test -p mercurioctl`), it is built first.
+#![cfg(unix)]
 
-use std::process::Command;
+#[path = "../../mercuriod/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::{wait_until, Daemon, Mqtt};
+use serde_json::Value;
 
 const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
 
+/// target/<profile>/mercuriod, built if missing.
+fn mercuriod() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = Path::new(MERCURIOCTL).parent().expect("target dir");
+        let exe = dir.join("mercuriod");
+        if !exe.exists() {
+            let target = dir.parent().expect("target root");
+            let mut build = Command::new(env!("CARGO"));
+            build
+                .args(["build", "-p", "mercuriod", "--target-dir"])
+                .arg(target)
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+            if dir.file_name().is_some_and(|n| n == "release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("run cargo build -p mercuriod");
+            assert!(status.success(), "cargo build -p mercuriod failed");
+        }
+        exe
+    })
+}
+
+fn ctl(args: &[&str]) -> Output {
+    Command::new(MERCURIOCTL)
+        .args(args)
+        .env_remove("RUNTIME_DIRECTORY")
+        .output()
+        .expect("run mercurioctl")
+}
+
+/// Runs mercurioctl with `--socket` of `d`; returns (status, stdout, stderr).
+fn run(d: &Daemon, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec!["--socket", d.socket.to_str().expect("utf-8")];
+    all.extend_from_slice(args);
+    let out = ctl(&all);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs with `--json`, expects success, parses standard output.
+fn json(d: &Daemon, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let (code, out, err) = run(d, &all);
+    assert_eq!(code, Some(0), "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"))
+}
+
+/// Expects a failure with `code` and one line on stderr containing `words`.
+fn fails(d: &Daemon, args: &[&str], code: i32, words: &str) {
+    let (got, out, err) = run(d, args);
+    assert_eq!(got, Some(code), "{args:?}: {err}");
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(words), "{args:?}: {err}");
+}
+
+const EVERY_COMMAND: [&[&str]; 6] = [
+    &["broker", "status"],
+    &["broker", "log-level", "debug"],
+    &["client", "list"],
+    &["client", "show", "c1"],
+    &["client", "disconnect", "c1"],
+    &["client", "delete-session", "c1"],
+];
+
+#[test]
+fn every_command_against_no_broker() {
+    let dir = tempfile::tempdir().expect("dir");
+    let missing = dir.path().join("mercuriod.sock");
+    // A stale socket: the file is there, nobody listens.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, "").expect("write");
+    for args in EVERY_COMMAND {
+        for (socket, code, words) in [
+            (&missing, 69, "mercuriod is not running"),
+            (&stale, 69, "mercuriod is not running"),
+            (&plain, 77, "is not a socket"),
+        ] {
+            let mut all = vec!["--socket", socket.to_str().expect("utf-8")];
+            all.extend_from_slice(args);
+            let out = ctl(&all);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "{all:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.contains(words), "{all:?}: {err}");
+            assert!(out.stdout.is_empty());
+        }
+    }
+}
+
+#[test]
+fn usage_errors() {
+    for args in [
+        &["frobnicate"][..],
+        &["broker"],
+        &["broker", "stop"],
+        &["client", "show"],
+        &["client", "list", "--bogus"],
+        &["--socket", "/a", "-c", "/b", "broker", "status"],
+    ] {
+        let out = ctl(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
+    }
+    let help = ctl(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&help.stdout);
+    for words in ["broker", "client", "--socket", "--json", "Exit status"] {
+        assert!(help.contains(words), "{words}: {help}");
+    }
+}
+
+#[test]
+fn config_file_names_the_socket() {
+    let mut d = Daemon::start(mercuriod(), "", &[]);
+    d.wait_listening();
+    let config = d.config.to_str().expect("utf-8");
+    let out = ctl(&["-c", config, "broker", "status"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = ctl(&["-c", "/nonexistent/mercuriod.toml", "broker", "status"]);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+}
+
+#[test]
+fn every_command_against_a_live_broker() {
+    let mut d = Daemon::start(mercuriod(), "", &[]);
+    let port = d.wait_listening();
+
+    // broker status
+    let (code, out, err) = run(&d, &["broker", "status"]);
+    assert_eq!(code, Some(0), "{err}");
+    for words in [
+        env!("CARGO_PKG_VERSION"),
+        "uptime",
+        "0 connected",
+        "memory",
+        "log level   info",
+    ] {
+        assert!(out.contains(words), "{words}: {out}");
+    }
+    let status = json(&d, &["broker", "status"]);
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(status["sessions"], 0);
+    assert_eq!(status["storage"]["backend"], "memory");
+
+    // broker log-level
+    let (code, out, _) = run(&d, &["broker", "log-level", "debug"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out, "log level: debug\n");
+    d.wait_line("level set", |l| l.contains("log level set to \"debug\""));
+    fails(&d, &["broker", "log-level", "verbose"], 1, "not a level");
+    fails(&d, &["broker", "log-level", ""], 1, "empty");
+    assert_eq!(json(&d, &["broker", "status"])["log_level"], "debug");
+
+    // client list, empty
+    let (code, out, _) = run(&d, &["client", "list"]);
+    assert_eq!((code, out.as_str()), (Some(0), "no sessions\n"));
+
+    // A 5.0 client connected, a 3.1.1 client with a kept session, disconnected.
+    let mut five = Mqtt::connect(port, 5, "five", true);
+    let mut kept = Mqtt::connect(port, 4, "kept", false);
+    kept.subscribe(4, "sensors/+/temp", 1);
+    kept.disconnect();
+    wait_until("kept disconnected", || {
+        json(&d, &["client", "list"])["clients"]
+            .as_array()
+            .expect("clients")
+            .iter()
+            .any(|c| c["client_id"] == "kept" && c["connected"] == false)
+    });
+    let (code, out, _) = run(&d, &["client", "list"]);
+    assert_eq!(code, Some(0));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines[0].starts_with("CLIENT ID"), "{out}");
+    assert!(
+        lines[1].starts_with("five ") && lines[1].contains("connected") && lines[1].contains("5.0"),
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with("kept ")
+            && lines[2].contains("disconnected")
+            && lines[2].contains("3.1.1"),
+        "{out}"
+    );
+
+    // client show
+    let (code, out, _) = run(&d, &["client", "show", "kept"]);
+    assert_eq!(code, Some(0));
+    for words in [
+        "kept",
+        "disconnected",
+        "MQTT 3.1.1",
+        "never",
+        "sensors/+/temp (QoS 1)",
+    ] {
+        assert!(out.contains(words), "{words}: {out}");
+    }
+    let shown = json(&d, &["client", "show", "kept"]);
+    assert_eq!(shown["subscriptions"][0]["filter"], "sensors/+/temp");
+    assert_eq!(shown["subscriptions"][0]["qos"], 1);
+    assert_eq!(shown["connected"], false);
+    fails(
+        &d,
+        &["client", "show", "nobody"],
+        1,
+        "no such client: nobody",
+    );
+
+    // client delete-session: refused while connected, done when not.
+    fails(
+        &d,
+        &["client", "delete-session", "five"],
+        1,
+        "is connected: disconnect it first",
+    );
+    fails(
+        &d,
+        &["client", "delete-session", "nobody"],
+        1,
+        "no such client",
+    );
+    let (code, out, _) = run(&d, &["client", "delete-session", "kept"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "deleted the session of kept\n")
+    );
+    fails(&d, &["client", "show", "kept"], 1, "no such client: kept");
+
+    // client disconnect: the 5.0 client gets DISCONNECT 0x98 (Administrative action).
+    let (code, out, _) = run(&d, &["client", "disconnect", "five"]);
+    assert_eq!((code, out.as_str()), (Some(0), "disconnected five\n"));
+    let (kind, body) = five.read().expect("DISCONNECT");
+    assert_eq!((kind, body[0]), (0xe0, 0x98));
+    fails(
+        &d,
+        &["client", "disconnect", "nobody"],
+        1,
+        "no such client: nobody",
+    );
+    wait_until("five gone", || {
+        json(&d, &["client", "list"])["clients"]
+            .as_array()
+            .is_some_and(|c| c.is_empty())
+    });
+
+    // After the broker stops: not running.
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(), Some(0));
+    fails(&d, &["broker", "status"], 69, "mercuriod is not running");
+}
+
 #[test]
 fn version() {
-    let out = Command::new(MERCURIOCTL)
-        .arg("--version")
-        .output()
-        .expect("run mercurioctl");
+    let out = ctl(&["--version"]);
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         format!("mercurioctl {}", env!("CARGO_PKG_VERSION"))
     );
-}
-
-#[test]
-fn help_says_the_admin_commands_are_not_available_yet() {
-    let out = Command::new(MERCURIOCTL)
-        .arg("--help")
-        .output()
-        .expect("run mercurioctl");
-    assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
-    assert!(help.contains("not available yet"), "{help}");
-}
-
-#[test]
-fn no_subcommands() {
-    let out = Command::new(MERCURIOCTL)
-        .arg("client")
-        .output()
-        .expect("run mercurioctl");
-    assert_eq!(out.status.code(), Some(2), "a usage error");
-}
-
-#[test]
-fn without_arguments_says_why_and_fails() {
-    let out = Command::new(MERCURIOCTL).output().expect("run mercurioctl");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("not available yet"), "{stderr}");
 }

@@ -15,11 +15,20 @@ Not yet supported by this version (setting one is a configuration error, exit st
   TLS (listeners: cert_file, key_file, ca_file, require_certificate),
   password and ACL files (auth: password_file, acl_file),
   SQLite and PostgreSQL storage (storage: backend = \"sqlite\" | \"postgres\", standby,
-  durable_ack), logging to a file or syslog (logging: file, syslog), the admin socket (admin:
-  socket).
+  durable_ack).
 
-Logs go to standard output. SIGTERM or Ctrl+C disconnects every client (reason 0x8B, server
-shutting down) and stops.
+Logging: to standard output (the journal under systemd), or to [logging] file (appended; rotate
+with logrotate's copytruncate) and/or syslog (/dev/log, facility daemon). [logging] level takes
+per-module directives, e.g. \"info,mercurio::connections=off\".
+
+Admin socket: [admin] socket, else $RUNTIME_DIRECTORY/mercuriod.sock under systemd,
+/run/mercurio/mercuriod.sock as root, $XDG_RUNTIME_DIR/mercurio/mercuriod.sock, or
+/tmp/mercurio-$UID/mercuriod.sock; mode 0600. See mercurioctl --help.
+
+Signals: SIGTERM or Ctrl+C disconnects every client (MQTT 5: DISCONNECT 0x8B, server shutting
+down), waits up to 5 s for connections to close and exits 0; a second one exits at once (1).
+SIGHUP rereads the configuration file and applies the log level and connection_messages.
+Under systemd (Type=notify) readiness is reported once the listeners are bound.
 
 Exit status: 0 after a clean stop or a valid --check-config, 1 when the broker cannot start
 (e.g. a port in use), 78 (EX_CONFIG) for a configuration error.";

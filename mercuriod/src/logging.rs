@@ -1,9 +1,26 @@
-//! Logging: a `tracing` subscriber writing to standard output, filtered by `[logging] level`.
+//! Logging: a `tracing` subscriber with one reloadable filter (`[logging] level`) and the
+//! outputs of `[logging]`: standard output (the journal under systemd), a file, syslog.
+//!
+//! Outputs: `file` and `syslog` replace standard output; with neither, lines go to standard
+//! output. Under systemd (`JOURNAL_STREAM` set) standard output lines carry no timestamp (the
+//! journal adds its own) and start with `<N>`, the syslog severity that journald reads.
+//!
+//! The filter can be replaced while the broker runs ([`LogControl::set_level`] for
+//! `mercurioctl broker log-level`, [`LogControl::apply`] for SIGHUP).
 
-use std::io::IsTerminal;
+use std::fs::OpenOptions;
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::{Arc, Mutex};
 
 use mercurio_core::config::LoggingConfig;
-use tracing_subscriber::EnvFilter;
+use tracing::{Level, Metadata};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
+
+use crate::syslog::Syslog;
 
 /// Target of the lines logged for each connection and disconnection.
 pub const CONNECTIONS_TARGET: &str = "mercurio::connections";
@@ -11,16 +28,16 @@ pub const CONNECTIONS_TARGET: &str = "mercurio::connections";
 /// Level names a directive without `=` may be.
 const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
-/// The filter for `config`, or `debug` with `-v`, and a warning when the level had to be
-/// replaced by `info`. `connection_messages = false` turns [`CONNECTIONS_TARGET`] off unless
-/// the level names it.
-pub fn filter(config: &LoggingConfig, verbose: bool) -> (EnvFilter, Option<String>) {
+/// The filter directives for `config`, or `debug` with `-v`, and a warning when the level had
+/// to be replaced by `info`. `connection_messages = false` turns [`CONNECTIONS_TARGET`] off
+/// unless the level names it.
+pub fn directives(config: &LoggingConfig, verbose: bool) -> (String, Option<String>) {
     let level = if verbose {
         "debug"
     } else {
         config.level.trim()
     };
-    let (mut directives, warning) = match check(level) {
+    let (level, warning) = match check(level) {
         Ok(()) => (level.to_string(), None),
         Err(why) => (
             "info".to_string(),
@@ -30,16 +47,33 @@ pub fn filter(config: &LoggingConfig, verbose: bool) -> (EnvFilter, Option<Strin
             )),
         ),
     };
-    if !config.connection_messages && !directives.contains(CONNECTIONS_TARGET) {
-        directives.push_str(&format!(",{CONNECTIONS_TARGET}=off"));
+    (
+        with_connections(&level, config.connection_messages),
+        warning,
+    )
+}
+
+/// `level`, with [`CONNECTIONS_TARGET`] turned off when `connection_messages` is false and
+/// `level` does not name it.
+fn with_connections(level: &str, connection_messages: bool) -> String {
+    if !connection_messages && !level.contains(CONNECTIONS_TARGET) {
+        format!("{level},{CONNECTIONS_TARGET}=off")
+    } else {
+        level.to_string()
     }
+}
+
+/// The filter of [`directives`], for `--check-config` and tests.
+pub fn filter(config: &LoggingConfig, verbose: bool) -> (EnvFilter, Option<String>) {
+    let (directives, warning) = directives(config, verbose);
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     (filter, warning)
 }
 
 /// Whether `level` is usable: not empty, and each directive parses, with a bare word being a
 /// level name (EnvFilter would read "verbose" as a target and silence everything else).
-fn check(level: &str) -> Result<(), String> {
+pub fn check(level: &str) -> Result<(), String> {
+    let level = level.trim();
     if level.is_empty() {
         return Err("is empty".into());
     }
@@ -59,20 +93,241 @@ fn check(level: &str) -> Result<(), String> {
         .map_err(|e| format!("is not valid ({e})"))
 }
 
-/// Installs the subscriber; returns the warning of [`filter`], already logged.
-pub fn init(config: &LoggingConfig, verbose: bool) -> Option<String> {
-    let (filter, warning) = filter(config, verbose);
-    let installed = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stdout)
-        .with_ansi(std::io::stdout().is_terminal())
+/// What can be changed in the installed subscriber.
+#[derive(Clone)]
+pub struct LogControl {
+    inner: Arc<Control>,
+}
+
+struct Control {
+    handle: reload::Handle<EnvFilter, Registry>,
+    verbose: bool,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// The `[logging]` section the outputs were opened for.
+    config: LoggingConfig,
+    /// The directives in force.
+    directives: String,
+}
+
+impl LogControl {
+    /// The filter directives in force.
+    pub fn level(&self) -> String {
+        lock(&self.inner.state).directives.clone()
+    }
+
+    /// Replaces the level until the broker restarts (or SIGHUP rereads the file); refuses an
+    /// empty or invalid level rather than falling back to info. `connection_messages = false`
+    /// still applies unless `level` names [`CONNECTIONS_TARGET`]. Returns the directives now in
+    /// force.
+    pub fn set_level(&self, level: &str) -> Result<String, String> {
+        check(level).map_err(|why| format!("level {level:?} {why}"))?;
+        let mut state = lock(&self.inner.state);
+        let directives = with_connections(level.trim(), state.config.connection_messages);
+        self.reload(&directives)?;
+        state.directives = directives.clone();
+        Ok(directives)
+    }
+
+    /// Applies a reread `[logging]` section (SIGHUP): the level and `connection_messages`.
+    /// Says what it does through `report`, one line each, before the new level applies (so
+    /// that the lines pass the old filter); a change of `file` or `syslog` needs a restart and
+    /// is reported as such.
+    pub fn apply(&self, config: &LoggingConfig, report: impl Fn(&str)) {
+        let (directives, warning) = directives(config, self.inner.verbose);
+        if let Some(warning) = warning {
+            report(&warning);
+        }
+        let mut state = lock(&self.inner.state);
+        if state.config.file != config.file || state.config.syslog != config.syslog {
+            report(
+                "logging.file and logging.syslog are read at start only: restart to change them",
+            );
+        }
+        report(&format!(
+            "log level: {directives} (was {})",
+            state.directives
+        ));
+        match self.reload(&directives) {
+            Ok(()) => {
+                state.directives = directives;
+                state.config.level = config.level.clone();
+                state.config.connection_messages = config.connection_messages;
+            }
+            Err(e) => report(&e),
+        }
+    }
+
+    fn reload(&self, directives: &str) -> Result<(), String> {
+        let filter = EnvFilter::try_new(directives).map_err(|e| format!("{directives:?}: {e}"))?;
+        self.inner
+            .handle
+            .reload(filter)
+            .map_err(|e| format!("cannot change the log level: {e}"))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+type Boxed = Box<
+    dyn Layer<tracing_subscriber::layer::Layered<reload::Layer<EnvFilter, Registry>, Registry>>
+        + Send
+        + Sync,
+>;
+
+/// Opens the outputs and installs the subscriber. Logs the level warning of [`directives`]
+/// once installed. Errors: the log file cannot be opened (one line).
+pub fn init(config: &LoggingConfig, verbose: bool) -> Result<LogControl, String> {
+    let (directives, warning) = directives(config, verbose);
+    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = reload::Layer::new(filter);
+
+    let mut outputs: Vec<Boxed> = Vec::new();
+    if let Some(path) = &config.file {
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o640)
+            .open(path)
+            .map_err(|e| format!("logging.file {}: cannot open: {e}", path.display()))?;
+        outputs.push(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(Mutex::new(file))
+                .boxed(),
+        );
+    }
+    if config.syslog {
+        outputs.push(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .without_time()
+                .with_writer(PerEvent(Syslog::from_env()))
+                .boxed(),
+        );
+    }
+    if outputs.is_empty() {
+        if std::env::var_os("JOURNAL_STREAM").is_some() {
+            outputs.push(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .without_time()
+                    .with_writer(PerEvent(Journal))
+                    .boxed(),
+            );
+        } else {
+            outputs.push(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(std::io::stdout().is_terminal())
+                    .with_writer(std::io::stdout)
+                    .boxed(),
+            );
+        }
+    }
+
+    let installed = tracing_subscriber::registry()
+        .with(filter)
+        .with(outputs)
         .try_init();
     if installed.is_ok() {
         if let Some(warning) = &warning {
             tracing::warn!("{warning}");
         }
     }
-    warning
+    Ok(LogControl {
+        inner: Arc::new(Control {
+            handle,
+            verbose,
+            state: Mutex::new(State {
+                config: config.clone(),
+                directives,
+            }),
+        }),
+    })
+}
+
+/// The syslog severity of a level (also what journald reads in a `<N>` prefix).
+pub fn severity(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        _ => 7,
+    }
+}
+
+/// An output that takes one whole line with its level.
+pub trait Emit: Send + Sync + 'static {
+    fn emit(&self, level: Level, line: &[u8]);
+}
+
+/// A [`MakeWriter`] that collects each event's line and hands it to an [`Emit`] with the
+/// event's level.
+pub struct PerEvent<E>(pub E);
+
+/// The writer of one event: collects its bytes, emits them when dropped.
+pub struct EventWriter<'a, E: Emit> {
+    emit: &'a E,
+    level: Level,
+    buf: Vec<u8>,
+}
+
+impl<'a, E: Emit> MakeWriter<'a> for PerEvent<E> {
+    type Writer = EventWriter<'a, E>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EventWriter {
+            emit: &self.0,
+            level: Level::INFO,
+            buf: Vec::new(),
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Self::Writer {
+        EventWriter {
+            emit: &self.0,
+            level: *meta.level(),
+            buf: Vec::new(),
+        }
+    }
+}
+
+impl<E: Emit> Write for EventWriter<'_, E> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<E: Emit> Drop for EventWriter<'_, E> {
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            self.emit.emit(self.level, &self.buf);
+        }
+    }
+}
+
+/// Standard output read by journald: each line prefixed with `<N>`, its severity.
+pub struct Journal;
+
+impl Emit for Journal {
+    fn emit(&self, level: Level, line: &[u8]) {
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "<{}>", severity(level));
+        let _ = out.write_all(line);
+        if !line.ends_with(b"\n") {
+            let _ = out.write_all(b"\n");
+        }
+        let _ = out.flush();
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +353,8 @@ mod tests {
         assert!(filter(&level("verbose"), false).1.is_some());
         assert!(filter(&level("info,x=loud"), false).1.is_some());
         assert!(filter(&level("verbose"), true).1.is_none());
+        assert_eq!(directives(&level("verbose"), true).0, "debug");
+        assert_eq!(directives(&level("bad level"), false).0, "info");
     }
 
     #[test]
@@ -109,5 +366,14 @@ mod tests {
         c.level = "info,mercurio::connections=info".into();
         let (f, _) = filter(&c, false);
         assert!(!f.to_string().contains("=off"), "{f}");
+    }
+
+    #[test]
+    fn severities() {
+        assert_eq!(severity(Level::ERROR), 3);
+        assert_eq!(severity(Level::WARN), 4);
+        assert_eq!(severity(Level::INFO), 6);
+        assert_eq!(severity(Level::DEBUG), 7);
+        assert_eq!(severity(Level::TRACE), 7);
     }
 }

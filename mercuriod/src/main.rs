@@ -1,33 +1,56 @@
 //! `mercuriod`, the Mercurio MQTT broker daemon: a thin shell over `mercurio-core` that reads
-//! the configuration file, sets up logging and signals, starts the broker and stops it
-//! gracefully. It holds no broker logic: an embedding application can do all of this through
-//! the library.
+//! the configuration file, sets up logging, signals and the admin socket, starts the broker and
+//! stops it gracefully. It holds no broker logic: an embedding application can do all of this
+//! through the library.
 //!
 //! Dependencies, and why:
 //! - `mercurio-core`: the broker itself (`Broker`, `BrokerHandle`) and the `Config` struct.
-//! - `tokio`: the runtime the broker runs on; `tokio::signal` for SIGTERM and Ctrl+C.
+//! - `tokio`: the runtime the broker runs on; `tokio::signal` for SIGTERM, Ctrl+C and SIGHUP;
+//!   the admin socket's Unix listener.
 //! - `clap` (derive): the command line, `--help` and `--version` for free.
 //! - `toml`: the configuration file into `Config` through serde, errors with byte spans.
 //! - `toml_edit`: the same file as a document with spans, to name the key and line of an error
 //!   found after parsing (already in the tree as `toml`'s parser).
-//! - `tracing`, `tracing-subscriber` (env-filter, fmt): logs to stdout, per-module levels.
-//! - `serde`, `thiserror`, `mercurio-storage`: not used yet; kept for the admin socket and the
-//!   storage options of later versions.
-//! - `tempfile` (tests only): configuration files written by the tests.
+//! - `tracing`, `tracing-subscriber` (env-filter, fmt, reload): logs to stdout, a file or
+//!   syslog, per-module levels, a filter replaced at runtime.
+//! - `serde`, `serde_json`: the admin socket's JSON requests and answers.
+//! - `libc`: `geteuid` for the admin socket's default path and owner checks; `mallopt`.
+//! - `sd-notify`: systemd readiness, watchdog and stopping notifications (`Type=notify`).
+//! - `tikv-jemallocator` (optional, feature `jemalloc`): jemalloc as the global allocator.
+//! - `thiserror`, `mercurio-storage`: not used yet; kept for the storage options of later
+//!   versions.
+//! - `tempfile` (tests only): configuration files and sockets in temp dirs.
+//!
+//! Not used although DESIGN.md lists them: `syslog-tracing` (libc's syslog(3) always writes to
+//! `/dev/log`; ours takes a test socket), `tracing-appender` (a blocking `O_APPEND` file is
+//! enough and keeps each line whole), `tracing-journald` (under systemd standard output is the
+//! journal; lines carry `<N>` severity prefixes).
 
+mod admin;
 mod cli;
 mod config_file;
 mod logging;
+mod reload;
+mod socket_path;
+mod syslog;
+mod systemd;
 
-use std::path::Path;
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
 use mercurio_core::config::Config;
 use mercurio_core::{Broker, BrokerHandle};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
+use crate::admin::AdminSocket;
 use crate::cli::Cli;
+use crate::logging::LogControl;
+use crate::reload::Reloader;
 
 /// Exit status of a configuration error (sysexits.h EX_CONFIG); the systemd unit lists it in
 /// RestartPreventExitStatus.
@@ -62,7 +85,13 @@ fn main() -> ExitCode {
         return check_config(&config, cli.config.as_deref(), cli.verbose);
     }
 
-    logging::init(&config.logging, cli.verbose);
+    let log = match logging::init(&config.logging, cli.verbose) {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("mercuriod: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
     for warning in config_file::warnings(&config) {
         warn!("{warning}");
     }
@@ -77,7 +106,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_FAILURE);
         }
     };
-    runtime.block_on(serve(config, cli.config.as_deref()))
+    runtime.block_on(serve(config, cli.config.clone(), log))
 }
 
 /// `--check-config`: the configuration is valid (errors were reported before); print the
@@ -97,10 +126,10 @@ fn check_config(config: &Config, path: Option<&Path>, verbose: bool) -> ExitCode
     ExitCode::SUCCESS
 }
 
-/// Starts the broker, waits for SIGTERM or SIGINT, stops it.
-async fn serve(config: Config, path: Option<&Path>) -> ExitCode {
+/// Starts the broker and the admin socket, reloads on SIGHUP, stops on SIGTERM or SIGINT.
+async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCode {
     info!("mercuriod {} starting", env!("CARGO_PKG_VERSION"));
-    match path {
+    match &path {
         Some(path) => info!("configuration: {}", path.display()),
         None => info!("no configuration file: defaults (127.0.0.1:1883, anonymous clients)"),
     }
@@ -114,6 +143,26 @@ async fn serve(config: Config, path: Option<&Path>) -> ExitCode {
         }
     };
 
+    // An [admin] socket that cannot be bound stops the start; the default one only warns,
+    // so that a second broker on the host (other ports, no [admin] socket) still runs.
+    let admin = match &config.admin.socket {
+        Some(path) => match AdminSocket::bind(path) {
+            Ok(admin) => Some(admin),
+            Err(e) => {
+                error!("{e}");
+                eprintln!("mercuriod: {e}");
+                return ExitCode::from(EX_FAILURE);
+            }
+        },
+        None => match AdminSocket::bind(&socket_path::default_socket_path()) {
+            Ok(admin) => Some(admin),
+            Err(e) => {
+                warn!("{e}: running without an admin socket (set [admin] socket)");
+                None
+            }
+        },
+    };
+
     let handle = match start_broker(config).await {
         Ok(handle) => handle,
         Err(e) => {
@@ -124,33 +173,73 @@ async fn serve(config: Config, path: Option<&Path>) -> ExitCode {
     for addr in handle.local_addrs() {
         info!("listening on {addr}");
     }
+    let admin_task = admin.map(|admin| {
+        info!("admin socket: {}", admin.path().display());
+        let (handle, log) = (handle.clone(), log.clone());
+        tokio::spawn(async move { admin.serve(handle, log).await })
+    });
+    systemd::ready("serving");
+    systemd::spawn_watchdog();
 
-    let signal = signals.recv().await;
+    let reloader = Reloader::new(path, log, handle.clone());
+    let signal = loop {
+        match signals.recv().await {
+            Signal::Reload => reloader.reload(),
+            Signal::Stop(name) => break name,
+        }
+    };
+    systemd::stopping();
     info!("{signal} received: disconnecting clients and stopping");
-    tokio::select! {
-        () = handle.shutdown() => {
-            info!("stopped");
-            ExitCode::SUCCESS
+    let code = loop {
+        tokio::select! {
+            () = handle.shutdown() => {
+                info!("stopped");
+                break ExitCode::SUCCESS;
+            }
+            signal = signals.recv() => match signal {
+                Signal::Reload => info!("SIGHUP ignored: stopping"),
+                Signal::Stop(signal) => {
+                    warn!("{signal} received again: exiting without waiting for clients");
+                    break ExitCode::from(EX_FAILURE);
+                }
+            },
         }
-        signal = signals.recv() => {
-            warn!("{signal} received again: exiting without waiting for clients");
-            ExitCode::from(EX_FAILURE)
-        }
+    };
+    // Dropping the task drops the socket, which removes its file.
+    if let Some(task) = admin_task {
+        task.abort();
+        let _ = task.await;
     }
+    code
 }
 
 /// The broker's start, behind one function: the daemon's only call into the broker's
 /// construction (the embedding API of DESIGN.md section 5).
-async fn start_broker(config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
+///
+/// The broker always logs the connection lines: `connection_messages = false` turns their
+/// target off in the log filter instead, so that a level naming `mercurio::connections`, in the
+/// file or from `mercurioctl broker log-level`, turns them back on (the manual, "Logging").
+async fn start_broker(mut config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
+    config.logging.connection_messages = true;
     Broker::builder(config).start().await
 }
 
-/// SIGTERM and SIGINT.
+/// What a signal asks for.
+enum Signal {
+    /// SIGTERM, SIGINT (Ctrl+C): stop gracefully. Names the signal.
+    Stop(&'static str),
+    /// SIGHUP: reread what can change at runtime.
+    Reload,
+}
+
+/// SIGTERM, SIGINT and SIGHUP.
 struct Signals {
     #[cfg(unix)]
     terminate: tokio::signal::unix::Signal,
     #[cfg(unix)]
     interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -160,6 +249,7 @@ impl Signals {
         Ok(Signals {
             terminate: signal(SignalKind::terminate())?,
             interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
@@ -168,26 +258,27 @@ impl Signals {
         Ok(Signals {})
     }
 
-    /// Waits for the next signal and names it.
+    /// Waits for the next signal.
     #[cfg(unix)]
-    async fn recv(&mut self) -> &'static str {
+    async fn recv(&mut self) -> Signal {
         tokio::select! {
-            _ = self.terminate.recv() => "SIGTERM",
-            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => Signal::Stop("SIGTERM"),
+            _ = self.interrupt.recv() => Signal::Stop("SIGINT"),
+            _ = self.hangup.recv() => Signal::Reload,
         }
     }
 
     #[cfg(not(unix))]
-    async fn recv(&mut self) -> &'static str {
+    async fn recv(&mut self) -> Signal {
         let _ = tokio::signal::ctrl_c().await;
-        "Ctrl+C"
+        Signal::Stop("Ctrl+C")
     }
 }
 
 /// On glibc, at most two malloc arenas: with one per thread (the default), memory freed under
 /// load stays with its thread and the process grows and stays high (the manual, "Memory").
-/// `MALLOC_ARENA_MAX` in the environment still wins.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// `MALLOC_ARENA_MAX` in the environment still wins. Not with the `jemalloc` feature.
+#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
 fn limit_malloc_arenas() {
     extern "C" {
         fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
@@ -202,5 +293,5 @@ fn limit_malloc_arenas() {
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+#[cfg(not(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))))]
 fn limit_malloc_arenas() {}

@@ -183,6 +183,9 @@ fn help_describes_the_no_file_mode_and_what_is_missing() {
         "cert_file",
         "password_file",
         "syslog",
+        "SIGHUP",
+        "mercuriod.sock",
+        "0x8B",
         "78",
     ] {
         assert!(help.contains(words), "{words:?} missing from:\n{help}");

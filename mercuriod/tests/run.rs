@@ -14,6 +14,9 @@ const DEADLINE: Duration = Duration::from_secs(20);
 fn config_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("mercuriod.toml");
+    // Each broker's admin socket in its own dir (the default one is shared by every broker).
+    let socket = dir.path().join("mercuriod.sock");
+    let text = text.replace("ADMIN_SOCKET", &socket.display().to_string());
     std::fs::write(&path, text).expect("write config");
     (dir, path)
 }
@@ -44,7 +47,8 @@ fn port_in_use_exits_1_with_one_line() {
     let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
     let (_dir, path) = config_file(&format!(
-        "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\n"
+        "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [admin]\nsocket = \"ADMIN_SOCKET\"\n"
     ));
     let mut daemon = Daemon(
         Command::new(MERCURIOD)
@@ -66,9 +70,10 @@ fn port_in_use_exits_1_with_one_line() {
 #[test]
 fn sigterm_stops_with_status_0() {
     for signal in ["-TERM", "-INT"] {
-        let (_dir, path) = config_file(
-            "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n",
-        );
+        let (_dir, path) = config_file(&format!(
+            "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n\n\
+             [admin]\nsocket = \"ADMIN_SOCKET\"\n"
+        ));
         let mut daemon = Daemon(
             Command::new(MERCURIOD)
                 .arg("-c")

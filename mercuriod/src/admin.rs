@@ -1,0 +1,321 @@
+//! The admin socket: a Unix socket (mode 0600) that mercurioctl talks to.
+//!
+//! Protocol: one JSON object per line each way. A request names its command and its
+//! arguments; the answer is `{"ok":true,"result":...}` or `{"ok":false,"error":"one line"}`.
+//! Several requests may follow each other on one connection.
+//!
+//! | request | result |
+//! |---|---|
+//! | `{"command":"broker.status"}` | version, uptime, clients, sessions, storage, log level |
+//! | `{"command":"broker.log-level","level":"debug"}` | `{"level": directives in force}` |
+//! | `{"command":"client.list"}` | `{"clients":[{client_id, connected, protocol_level, ...}]}` |
+//! | `{"command":"client.show","client_id":"x"}` | the session in detail |
+//! | `{"command":"client.disconnect","client_id":"x"}` | `{}` |
+//! | `{"command":"client.delete-session","client_id":"x"}` | `{}`; refused while connected |
+//!
+//! A malformed request gets an error answer; a line over [`MAX_REQUEST`] bytes gets one and
+//! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
+//! [`MAX_CONNECTIONS`] are served at once.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mercurio_core::config::StorageBackend;
+use mercurio_core::BrokerHandle;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+
+use crate::logging::LogControl;
+use crate::socket_path;
+
+/// Longest request line, in bytes.
+pub const MAX_REQUEST: usize = 64 * 1024;
+
+/// Admin connections served at once; more get an error answer.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// An admin connection with no request for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A request, as mercurioctl sends it.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "command", deny_unknown_fields)]
+enum Request {
+    #[serde(rename = "broker.status")]
+    Status,
+    #[serde(rename = "broker.log-level")]
+    LogLevel { level: String },
+    #[serde(rename = "client.list")]
+    ClientList,
+    #[serde(rename = "client.show")]
+    ClientShow { client_id: String },
+    #[serde(rename = "client.disconnect")]
+    ClientDisconnect { client_id: String },
+    #[serde(rename = "client.delete-session")]
+    ClientDeleteSession { client_id: String },
+}
+
+/// The bound admin socket; the file is removed when this is dropped.
+pub struct AdminSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl AdminSocket {
+    /// Binds `path` with mode 0600, creating its directory (mode 0700) when missing.
+    ///
+    /// Refused, with a one-line reason: a path that exists and is not a socket or belongs to
+    /// another user, a socket another broker answers on, a directory of another user or open
+    /// to others when it is the `/tmp` default. A stale socket (nobody answers) is replaced.
+    pub fn bind(path: &Path) -> Result<AdminSocket, String> {
+        use std::os::unix::fs::MetadataExt;
+        let shown = path.display();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        format!("admin socket {shown}: cannot create {}: {e}", dir.display())
+                    })?;
+            }
+            let shared_tmp = dir.parent() == Some(Path::new("/tmp"))
+                && dir
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("mercurio-"));
+            if shared_tmp {
+                // The /tmp/mercurio-$UID default: another user could have made it first.
+                let meta = std::fs::metadata(dir)
+                    .map_err(|e| format!("admin socket {shown}: {}: {e}", dir.display()))?;
+                if meta.uid() != socket_path::euid() || meta.mode() & 0o077 != 0 {
+                    return Err(format!(
+                        "admin socket {shown}: {} must belong to this user with mode 0700",
+                        dir.display()
+                    ));
+                }
+            }
+        }
+        if std::fs::symlink_metadata(path).is_ok() {
+            socket_path::check_existing(path, false).map_err(|e| format!("admin socket: {e}"))?;
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(format!(
+                    "admin socket {shown}: another mercuriod answers on it"
+                ));
+            }
+            std::fs::remove_file(path).map_err(|e| {
+                format!("admin socket {shown}: cannot remove the stale socket: {e}")
+            })?;
+        }
+        let listener =
+            UnixListener::bind(path).map_err(|e| format!("admin socket {shown}: {e}"))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("admin socket {shown}: {e}"))?;
+        Ok(AdminSocket {
+            listener,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves connections until the task is dropped.
+    pub async fn serve(&self, handle: BrokerHandle, log: LogControl) {
+        let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        loop {
+            match self.listener.accept().await {
+                Ok((mut stream, _)) => match Arc::clone(&permits).try_acquire_owned() {
+                    Ok(permit) => {
+                        let (handle, log) = (handle.clone(), log.clone());
+                        tokio::spawn(async move {
+                            connection(stream, handle, log).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        let busy = error(format!("more than {MAX_CONNECTIONS} admin connections"));
+                        tokio::spawn(async move {
+                            let _ = stream.write_all(format!("{busy}\n").as_bytes()).await;
+                        });
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!("admin socket: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for AdminSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One admin connection: answers each request line.
+async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let mut limited = (&mut reader).take(MAX_REQUEST as u64 + 1);
+        let read = tokio::time::timeout(IDLE_TIMEOUT, limited.read_until(b'\n', &mut line)).await;
+        let n = match read {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return,
+        };
+        if n == 0 {
+            return;
+        }
+        let too_long = line.len() > MAX_REQUEST;
+        let answer = if too_long {
+            error(format!("request longer than {MAX_REQUEST} bytes"))
+        } else {
+            answer(&line, &handle, &log)
+        };
+        let mut out = answer.to_string().into_bytes();
+        out.push(b'\n');
+        if write.write_all(&out).await.is_err() || too_long {
+            return;
+        }
+    }
+}
+
+fn error(message: impl Into<String>) -> Value {
+    json!({"ok": false, "error": message.into()})
+}
+
+fn ok(result: Value) -> Value {
+    json!({"ok": true, "result": result})
+}
+
+/// The answer to one request line.
+fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
+    let request = match parse(line) {
+        Ok(r) => r,
+        Err(e) => return error(format!("bad request: {e}")),
+    };
+    tracing::debug!(?request, "admin request");
+    match request {
+        Request::Status => ok(status(handle, log)),
+        Request::LogLevel { level } => match log.set_level(&level) {
+            Ok(directives) => {
+                tracing::info!("log level set to {directives:?} by mercurioctl");
+                ok(json!({"level": directives}))
+            }
+            Err(e) => error(e),
+        },
+        Request::ClientList => {
+            let mut sessions = handle.sessions();
+            sessions.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+            let clients: Vec<Value> = sessions
+                .iter()
+                .map(|s| {
+                    json!({
+                        "client_id": s.client_id,
+                        "connected": s.connected,
+                        "protocol_level": s.protocol_level,
+                        "subscriptions": s.subscriptions,
+                        "queued": s.queued,
+                        "inflight": s.inflight,
+                    })
+                })
+                .collect();
+            ok(json!({ "clients": clients }))
+        }
+        Request::ClientShow { client_id } => match handle.session_detail(&client_id) {
+            Some(d) => ok(json!({
+                "client_id": d.info.client_id,
+                "connected": d.info.connected,
+                "protocol_level": d.info.protocol_level,
+                "subscriptions": d.subscriptions.iter()
+                    .map(|(filter, qos)| json!({"filter": filter, "qos": *qos as u8}))
+                    .collect::<Vec<_>>(),
+                "queued": d.info.queued,
+                "queued_bytes": d.queued_bytes,
+                "inflight": d.info.inflight,
+                "expiry_interval": d.expiry_interval,
+                "will": d.will,
+                "disconnected_secs": d.disconnected_for.map(|t| t.as_secs()),
+            })),
+            None => error(format!("no such client: {client_id}")),
+        },
+        Request::ClientDisconnect { client_id } => {
+            if handle.disconnect(&client_id) {
+                tracing::info!(%client_id, "disconnected by mercurioctl");
+                ok(json!({}))
+            } else if handle.session_detail(&client_id).is_some() {
+                error(format!("client {client_id} is not connected"))
+            } else {
+                error(format!("no such client: {client_id}"))
+            }
+        }
+        Request::ClientDeleteSession { client_id } => match handle.delete_session(&client_id) {
+            Some(true) => {
+                tracing::info!(%client_id, "session deleted by mercurioctl");
+                ok(json!({}))
+            }
+            Some(false) => error(format!(
+                "client {client_id} is connected: disconnect it first (mercurioctl client disconnect {client_id})"
+            )),
+            None => error(format!("no such client: {client_id}")),
+        },
+    }
+}
+
+/// A request line: a JSON object with a known command and exactly its arguments (serde's
+/// `deny_unknown_fields` does not apply to the unit variants of a tagged enum).
+fn parse(line: &[u8]) -> Result<Request, String> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let Some(object) = value.as_object() else {
+        return Err("a request is a JSON object".into());
+    };
+    let keys: Vec<String> = object.keys().cloned().collect();
+    let request: Request = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let arguments: &[&str] = match request {
+        Request::Status | Request::ClientList => &[],
+        Request::LogLevel { .. } => &["level"],
+        _ => &["client_id"],
+    };
+    match keys
+        .iter()
+        .find(|k| *k != "command" && !arguments.contains(&k.as_str()))
+    {
+        Some(key) => Err(format!("unknown field `{key}`")),
+        None => Ok(request),
+    }
+}
+
+fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
+    let sessions = handle.sessions();
+    let disconnected = sessions.iter().filter(|s| !s.connected).count();
+    let config = handle.config();
+    let (backend, state) = match config.storage.backend {
+        StorageBackend::Memory => ("memory", "in memory: lost when the broker stops"),
+        StorageBackend::Sqlite => ("sqlite", "unknown"),
+        StorageBackend::Postgres => ("postgres", "unknown"),
+    };
+    let stats = handle.stats();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_secs": handle.uptime().as_secs(),
+        "clients_connected": stats.clients_connected.load(Ordering::Relaxed),
+        "clients_maximum": stats.clients_maximum.load(Ordering::Relaxed),
+        "sessions": sessions.len(),
+        "sessions_disconnected": disconnected,
+        "storage": {"backend": backend, "state": state},
+        "log_level": log.level(),
+        "listeners": handle.local_addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    })
+}

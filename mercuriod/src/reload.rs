@@ -1,0 +1,51 @@
+//! SIGHUP: reread the configuration file and apply what can change while the broker runs.
+//!
+//! Each reload action is one method called from [`Reloader::reload`]; it gets the new
+//! configuration and logs what it changed. A file that no longer loads changes nothing.
+
+use std::path::PathBuf;
+
+use mercurio_core::config::Config;
+use mercurio_core::BrokerHandle;
+use tracing::{error, info};
+
+use crate::config_file;
+use crate::logging::LogControl;
+
+/// What SIGHUP can change.
+pub struct Reloader {
+    path: Option<PathBuf>,
+    log: LogControl,
+    #[allow(dead_code)] // for reload actions that change the broker (passwords, ACLs, TLS)
+    handle: BrokerHandle,
+}
+
+impl Reloader {
+    pub fn new(path: Option<PathBuf>, log: LogControl, handle: BrokerHandle) -> Reloader {
+        Reloader { path, log, handle }
+    }
+
+    /// Rereads the file and applies each reloadable part, logging what it reloaded.
+    pub fn reload(&self) {
+        let Some(path) = &self.path else {
+            info!("SIGHUP: no configuration file, nothing to reload");
+            return;
+        };
+        let config = match config_file::load(path) {
+            Ok(config) => config,
+            Err(e) => {
+                error!("SIGHUP: {e}: keeping the running configuration");
+                return;
+            }
+        };
+        info!("SIGHUP: reloading {}", path.display());
+        // One call per reloadable part.
+        self.logging(&config);
+    }
+
+    /// `[logging] level` and `connection_messages`.
+    fn logging(&self, config: &Config) {
+        self.log
+            .apply(&config.logging, |line| info!("SIGHUP: {line}"));
+    }
+}
