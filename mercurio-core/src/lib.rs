@@ -31,7 +31,9 @@ mod websocket;
 
 pub use connection::DisconnectReason;
 pub use error::Error;
-pub use handle::{Broker, BrokerBuilder, BrokerHandle, SessionInfo, Subscription, SHUTDOWN_GRACE};
+pub use handle::{
+    Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription, SHUTDOWN_GRACE,
+};
 pub use http::HttpLimits;
 pub use message::Message;
 pub use session::Session;
