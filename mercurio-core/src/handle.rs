@@ -38,24 +38,58 @@ pub struct Broker;
 impl Broker {
     /// A builder for a broker with this configuration.
     pub fn builder(config: Config) -> BrokerBuilder {
-        BrokerBuilder { config }
+        BrokerBuilder {
+            config,
+            storage: None,
+        }
     }
 }
 
 /// Builds and starts a broker.
 pub struct BrokerBuilder {
     config: Config,
+    storage: Option<Arc<dyn mercurio_storage::Storage>>,
 }
 
 impl BrokerBuilder {
+    /// Uses `storage` instead of the backend `[storage]` names (an application's own
+    /// backend, or a shared [`MemoryStorage`](mercurio_storage::MemoryStorage) in tests).
+    pub fn storage(mut self, storage: Arc<dyn mercurio_storage::Storage>) -> BrokerBuilder {
+        self.storage = Some(storage);
+        self
+    }
+
     /// Binds every listener and starts serving. Returns once all listeners are bound.
     ///
     /// Errors: [`Error::Bind`] when an address is in use or not available,
     /// [`Error::Config`] for a configuration this build cannot serve (TLS, WebSocket).
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
-        let bound = listener::bind_all(&self.config.listeners).await?;
+        let storage = match self.storage {
+            Some(storage) => Some(storage),
+            None => crate::persist::open_configured(&self.config.storage).await?,
+        };
+        let loaded = match &storage {
+            Some(storage) => Some(storage.load().await?),
+            None => None,
+        };
+        let bound = match listener::bind_all(&self.config.listeners).await {
+            Ok(bound) => bound,
+            Err(e) => {
+                if let Some(storage) = &storage {
+                    let _ = storage.close().await;
+                }
+                return Err(e);
+            }
+        };
+        let durable_ack = self.config.storage.durable_ack;
         let inner = Arc::new(BrokerInner::new(self.config));
+        if let (Some(storage), Some(loaded)) = (storage, loaded) {
+            let persister =
+                crate::persist::Persister::start(storage, durable_ack, Arc::downgrade(&inner));
+            let _ = inner.persist.set(persister);
+            crate::persist::restore(&inner, loaded);
+        }
         let mut addrs = Vec::new();
         for (l, cfg) in bound {
             let addr = l.local_addr().map_err(|source| Error::Bind {
@@ -269,6 +303,54 @@ impl BrokerHandle {
             link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
         }
         self.wait_closed(SHUTDOWN_GRACE).await;
+        if let Some(p) = inner.persist.get() {
+            // Everything the sessions changed, written and synced; the database released.
+            p.close().await;
+        }
+    }
+
+    /// Deletes the session of `client_id`: from memory (closing its connection, without
+    /// its will) and from storage, whether it could be read at start or was set aside
+    /// (`mercurioctl client delete-session`). Its client then connects with a new session.
+    /// Returns whether there was one.
+    ///
+    /// Errors: [`Error::Storage`] when storage fails.
+    pub async fn delete_session(&self, client_id: &str) -> Result<bool, Error> {
+        let session = self.inner.sessions.lock().get(client_id).cloned();
+        let mut existed = false;
+        if let Some(session) = session.filter(|s| !s.is_internal()) {
+            existed = true;
+            let link = {
+                let mut st = session.state.lock();
+                st.will = None;
+                st.link.clone()
+            };
+            if let Some(link) = link {
+                link.kill(
+                    DisconnectReason::Administrative,
+                    ReasonCode::ADMINISTRATIVE_ACTION,
+                );
+                link.wait_closed().await;
+                session.state.lock().will = None;
+            }
+            self.inner.end_session(&session);
+        }
+        if let Some(p) = self.inner.persist.get() {
+            existed |= p.delete_session(client_id).await?;
+            self.inner
+                .stats
+                .storage_sessions_set_aside
+                .store(p.set_aside_count() as u64, Ordering::Relaxed);
+        }
+        Ok(existed)
+    }
+
+    /// Returns once every change made so far is written to storage and synced (at once
+    /// with the memory backend).
+    pub async fn flush_storage(&self) {
+        if let Some(p) = self.inner.persist.get() {
+            p.flush().await;
+        }
     }
 
     async fn wait_closed(&self, grace: Duration) {

@@ -17,6 +17,7 @@ mod error;
 mod handle;
 mod listener;
 pub mod message;
+pub(crate) mod persist;
 pub mod router;
 mod session;
 pub mod stats;
@@ -26,5 +27,7 @@ pub mod topic;
 pub use connection::DisconnectReason;
 pub use error::Error;
 pub use handle::{Broker, BrokerBuilder, BrokerHandle, SessionInfo, Subscription, SHUTDOWN_GRACE};
+/// The storage crate: the `Storage` trait, its records and backends.
+pub use mercurio_storage as storage;
 pub use message::Message;
 pub use session::Session;

@@ -15,8 +15,7 @@ Not yet supported by this version (setting one is a configuration error, exit st
   TLS (listeners: cert_file, key_file, ca_file, require_certificate),
   WebSocket and HTTP (listeners: protocol = \"websocket\", health, metrics, http_dir),
   password and ACL files (auth: password_file, acl_file),
-  SQLite and PostgreSQL storage (storage: backend = \"sqlite\" | \"postgres\", standby,
-  durable_ack), logging to a file or syslog (logging: file, syslog), the admin socket (admin:
+  PostgreSQL storage (storage: backend = \"postgres\", standby), logging to a file or syslog (logging: file, syslog), the admin socket (admin:
   socket).
 
 Logs go to standard output. SIGTERM or Ctrl+C disconnects every client (reason 0x8B, server
