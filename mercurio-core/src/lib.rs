@@ -7,7 +7,8 @@
 //!
 //! Dependencies: tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
 //! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
-//! configuration), tracing (logs), async-trait (hook traits).
+//! configuration), tracing (logs), async-trait (hook traits), mercurio-storage (the `Storage`
+//! trait and backends; its `sqlite` feature through ours).
 
 mod broker;
 pub mod codec;

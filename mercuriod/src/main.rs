@@ -12,7 +12,10 @@
 //!   found after parsing (already in the tree as `toml`'s parser).
 //! - `tracing`, `tracing-subscriber` (env-filter, fmt): logs to stdout, per-module levels.
 //! - `serde`, `thiserror`, `mercurio-storage`: not used yet; kept for the admin socket and the
-//!   storage options of later versions.
+//!   storage options of later versions. The `sqlite` feature (default) builds the SQLite
+//!   backend into the broker.
+//! - `rusqlite`, `bytes` (tests only): reading the database a test's daemon writes; the test
+//!   client's buffers.
 //! - `tempfile` (tests only): configuration files written by the tests.
 
 mod cli;
