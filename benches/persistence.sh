@@ -15,10 +15,12 @@ WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 cd "$ROOT"
-cargo build --release -q -p mercuriod
-cargo build --release -q -p mercurio --example persistence_load
-MERCURIOD=$TARGET/release/mercuriod
-LOAD=$TARGET/release/examples/persistence_load
+# Copied at once: a target directory shared with other checkouts may overwrite them.
+cargo build --release -q -p mercuriod && cp "$TARGET/release/mercuriod" "$WORK/mercuriod"
+cargo build --release -q -p mercurio --example persistence_load &&
+  cp "$TARGET/release/examples/persistence_load" "$WORK/persistence_load"
+MERCURIOD=$WORK/mercuriod
+LOAD=$WORK/persistence_load
 PIN_BROKER="taskset -c 0"
 PIN_LOAD="taskset -c 1"
 [ "$(nproc)" -ge 2 ] || PIN_LOAD=""
