@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -49,6 +49,8 @@ pub(crate) struct BrokerInner {
     pub stop_listeners: Notify,
     pub local_addrs: Mutex<Vec<SocketAddr>>,
     pub next_client_number: AtomicU64,
+    /// The storage writer, when the broker has a storage backend (`persist.rs`).
+    pub persist: OnceLock<Arc<crate::persist::Persister>>,
 }
 
 impl BrokerInner {
@@ -73,6 +75,7 @@ impl BrokerInner {
             stop_listeners: Notify::new(),
             local_addrs: Mutex::new(Vec::new()),
             next_client_number: AtomicU64::new(1),
+            persist: OnceLock::new(),
         }
     }
 
@@ -119,7 +122,11 @@ impl BrokerInner {
         }
         let mut store = self.retained.lock();
         if msg.payload.is_empty() {
-            store.remove(&msg.topic);
+            if store.remove(&msg.topic).is_some() {
+                if let Some(p) = self.persist.get() {
+                    p.retained_deleted(&msg.topic);
+                }
+            }
             return;
         }
         let max = self.config.server.max_retained_messages;
@@ -129,6 +136,9 @@ impl BrokerInner {
             return;
         }
         store.insert(&msg.topic, Arc::clone(msg));
+        if let Some(p) = self.persist.get() {
+            p.retained_set(msg);
+        }
     }
 
     /// Queues `msg` for every session with a matching subscription: one delivery per client at
@@ -163,6 +173,7 @@ impl BrokerInner {
                 qos,
                 retain,
                 subscription_ids: ids,
+                seq: 0,
             };
             if self.deliver(&first.session, q) {
                 delivered += 1;
@@ -217,12 +228,15 @@ impl BrokerInner {
     /// Records a subscription in the session and the index. Returns true when it replaced an
     /// existing subscription on the same filter [MQTT-3.8.4-3].
     pub(crate) fn subscribe(&self, session: &Arc<Session>, filter: &str, granted: Granted) -> bool {
-        let existed = session
-            .state
-            .lock()
-            .subscriptions
-            .insert(filter.to_string(), granted)
-            .is_some();
+        let existed = {
+            let mut st = session.state.lock();
+            let existed = st
+                .subscriptions
+                .insert(filter.to_string(), granted)
+                .is_some();
+            st.persist_subscription(&session.client_id, filter, Some(&granted));
+            existed
+        };
         let entry = SubEntry {
             session: Arc::clone(session),
             granted,
@@ -235,7 +249,14 @@ impl BrokerInner {
 
     /// Removes a subscription. True when it existed.
     pub(crate) fn unsubscribe(&self, session: &Session, filter: &str) -> bool {
-        let existed = session.state.lock().subscriptions.remove(filter).is_some();
+        let existed = {
+            let mut st = session.state.lock();
+            let existed = st.subscriptions.remove(filter).is_some();
+            if existed {
+                st.persist_subscription(&session.client_id, filter, None);
+            }
+            existed
+        };
         if existed {
             self.index.write().remove(filter, &session.client_id);
         }
@@ -261,6 +282,7 @@ impl BrokerInner {
                 msg,
                 retain: true,
                 subscription_ids: granted.identifier.into_iter().collect(),
+                seq: 0,
             };
             self.deliver(session, q);
         }
@@ -275,6 +297,7 @@ impl BrokerInner {
                 return;
             }
             st.ended = true;
+            st.persist_ended(&session.client_id);
             st.queue.clear();
             st.queued_bytes = 0;
             st.inflight.clear();
@@ -342,6 +365,7 @@ impl BrokerInner {
                     will_delay = Some(w.delay);
                 }
             }
+            st.persist_detached(&session.client_id);
             (st.generation, st.expiry_interval, will_now, will_delay)
         };
         if let Some(will) = will_now {
@@ -362,6 +386,7 @@ impl BrokerInner {
                         if st.generation != generation || st.link.is_some() || st.ended {
                             return;
                         }
+                        st.persist_will_cleared(&session.client_id);
                         st.will.take()
                     };
                     if let Some(will) = will {
@@ -404,6 +429,7 @@ fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Queued {
         qos: msg.qos.min(o.qos),
         retain: o.retain_as_published && msg.retain,
         subscription_ids: e.granted.identifier.into_iter().collect(),
+        seq: 0,
     }
 }
 

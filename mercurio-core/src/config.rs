@@ -468,10 +468,13 @@ impl Config {
         }
         match self.storage.backend {
             StorageBackend::Memory => {}
+            #[cfg(feature = "sqlite")]
+            StorageBackend::Sqlite => {}
+            #[cfg(not(feature = "sqlite"))]
             StorageBackend::Sqlite => {
                 return Err(unsupported(
                     "storage.backend".into(),
-                    "backend = \"sqlite\"",
+                    "backend = \"sqlite\" (a build without the sqlite feature)",
                 ))
             }
             StorageBackend::Postgres => {
@@ -569,7 +572,8 @@ mod tests {
         c.storage.backend = StorageBackend::Sqlite;
         assert_eq!(err(&c).key, "storage.backend");
         c.storage.path = Some("/tmp/m.db".into());
-        assert!(err(&c).message.contains("not supported"));
+        c.storage.durable_ack = true;
+        assert_eq!(c.validate().is_ok(), cfg!(feature = "sqlite"));
 
         let mut c = Config::default();
         c.storage.backend = StorageBackend::Postgres;

@@ -555,6 +555,12 @@ async fn accept(
         },
     };
 
+    if crate::persist::is_set_aside(broker, &client_id) {
+        return Err(refuse(
+            ReasonCode::SERVER_UNAVAILABLE,
+            "its stored session could not be read (set aside until deleted)",
+        ));
+    }
     // Take the session over [MQTT-3.1.4-3], or start a new one [MQTT-3.1.2-4].
     let link = Arc::new(Link::new());
     let session_present;
@@ -609,6 +615,7 @@ async fn accept(
         break fresh;
     };
 
+    crate::persist::connected(broker, &session, session_present);
     // CONNACK properties (MQTT 5.0 section 3.2.2.3).
     let mut p = Properties::default();
     if version.is_v5() {
@@ -694,6 +701,9 @@ impl Reader<'_> {
             if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
                 *buf = BytesMut::with_capacity(256);
             }
+            if let Some(p) = self.broker.persist.get() {
+                p.wait_room(&self.session.client_id).await;
+            }
             let read = async {
                 match deadline {
                     Some(d) => tokio::time::timeout_at(d, rd.read_buf(buf)).await.ok(),
@@ -740,7 +750,14 @@ impl Reader<'_> {
             }
             Packet::PubRel(a) => {
                 // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11].
-                let known = self.session.state.lock().inbound_qos2.remove(&a.packet_id);
+                let known = {
+                    let mut st = self.session.state.lock();
+                    let known = st.inbound_qos2.remove(&a.packet_id);
+                    if known {
+                        st.persist_inbound_qos2(&self.session.client_id, a.packet_id, false);
+                    }
+                    known
+                };
                 let reason_code = if known {
                     ReasonCode::SUCCESS
                 } else {
@@ -783,15 +800,26 @@ impl Reader<'_> {
             reason_code,
             properties: Properties::default(),
         };
-        match qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.send(Packet::PubAck(ack)),
+        let packet = match qos {
+            QoS::AtMostOnce => return,
+            QoS::AtLeastOnce => Packet::PubAck(ack),
             QoS::ExactlyOnce => {
                 if !reason_code.is_failure() {
-                    self.session.state.lock().inbound_qos2.insert(packet_id);
+                    let mut st = self.session.state.lock();
+                    if st.inbound_qos2.insert(packet_id) {
+                        st.persist_inbound_qos2(&self.session.client_id, packet_id, true);
+                    }
                 }
-                self.send(Packet::PubRec(ack));
+                Packet::PubRec(ack)
             }
+        };
+        // durable_ack: acknowledged once storage has committed what the message changed.
+        match self.broker.persist.get().filter(|p| p.durable_ack()) {
+            Some(p) => {
+                let (link, version) = (Arc::clone(self.link), self.version);
+                p.then(Box::new(move || link.send(&packet, version)));
+            }
+            None => self.send(packet),
         }
     }
 
@@ -889,6 +917,7 @@ impl Reader<'_> {
         match st.inflight_position(packet_id) {
             Some(i) if st.inflight[i].state == expected => {
                 st.inflight.remove(i);
+                st.persist_acked(&self.session.client_id, packet_id);
                 drop(st);
                 self.link.wake();
             }
@@ -903,12 +932,14 @@ impl Reader<'_> {
         let reason_code = match st.inflight_position(a.packet_id) {
             Some(i) if a.reason_code.is_failure() => {
                 st.inflight.remove(i);
+                st.persist_acked(&self.session.client_id, a.packet_id);
                 drop(st);
                 self.link.wake();
                 return;
             }
             Some(i) => {
                 st.inflight[i].state = OutboundState::AwaitingPubComp;
+                st.persist_inflight(&self.session.client_id, i);
                 ReasonCode::SUCCESS
             }
             None => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
@@ -1113,6 +1144,7 @@ impl Writer<'_> {
             let Some(q) = st.pop_queued() else { break };
             if q.msg.is_expired(now) {
                 stats.dropped(DropCause::Expired);
+                st.persist_dequeued(&self.session.client_id, &q);
                 continue;
             }
             let alias = self.alias_for(&q.msg.topic);
@@ -1120,6 +1152,7 @@ impl Writer<'_> {
             if len > self.limits.max_packet_size as usize {
                 // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
                 stats.dropped(DropCause::TooLarge);
+                st.persist_dequeued(&self.session.client_id, &q);
                 continue;
             }
             let packet_id = if q.qos > QoS::AtMostOnce {
@@ -1162,6 +1195,7 @@ impl Writer<'_> {
                     delivery: q,
                     sent: true,
                 });
+                st.persist_sent(&self.session.client_id);
             }
         }
         if sent > 0 {

@@ -23,6 +23,9 @@ pub enum Error {
     /// An in-process publish or subscribe was refused (bad topic, broker stopped).
     #[error("{0}")]
     Refused(String),
+    /// Storage could not be opened or loaded (locked by another broker, newer schema...).
+    #[error("storage: {0}")]
+    Storage(#[from] mercurio_storage::StorageError),
     /// I/O error on a bound listener.
     #[error("listener {addr}: {source}")]
     Listener {

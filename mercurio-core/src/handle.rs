@@ -42,6 +42,7 @@ impl Broker {
         BrokerBuilder {
             config,
             http_limits: HttpLimits::default(),
+            storage: None,
         }
     }
 }
@@ -50,6 +51,7 @@ impl Broker {
 pub struct BrokerBuilder {
     config: Config,
     http_limits: HttpLimits,
+    storage: Option<Arc<dyn mercurio_storage::Storage>>,
 }
 
 impl BrokerBuilder {
@@ -60,6 +62,13 @@ impl BrokerBuilder {
         self
     }
 
+    /// Uses `storage` instead of the backend `[storage]` names (an application's own
+    /// backend, or a shared [`MemoryStorage`](mercurio_storage::MemoryStorage) in tests).
+    pub fn storage(mut self, storage: Arc<dyn mercurio_storage::Storage>) -> BrokerBuilder {
+        self.storage = Some(storage);
+        self
+    }
+
     /// Binds every listener and starts serving. Returns once all listeners are bound.
     ///
     /// Errors: [`Error::Bind`] when an address is in use or not available,
@@ -67,8 +76,31 @@ impl BrokerBuilder {
     /// that is not a directory.
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
-        let bound = listener::bind_all(&self.config.listeners).await?;
+        let storage = match self.storage {
+            Some(storage) => Some(storage),
+            None => crate::persist::open_configured(&self.config.storage).await?,
+        };
+        let loaded = match &storage {
+            Some(storage) => Some(storage.load().await?),
+            None => None,
+        };
+        let bound = match listener::bind_all(&self.config.listeners).await {
+            Ok(bound) => bound,
+            Err(e) => {
+                if let Some(storage) = &storage {
+                    let _ = storage.close().await;
+                }
+                return Err(e);
+            }
+        };
+        let durable_ack = self.config.storage.durable_ack;
         let inner = Arc::new(BrokerInner::new(self.config));
+        if let (Some(storage), Some(loaded)) = (storage, loaded) {
+            let persister =
+                crate::persist::Persister::start(storage, durable_ack, Arc::downgrade(&inner));
+            let _ = inner.persist.set(persister);
+            crate::persist::restore(&inner, loaded);
+        }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
         for (l, cfg) in bound {
@@ -294,6 +326,62 @@ impl BrokerHandle {
             link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
         }
         self.wait_closed(SHUTDOWN_GRACE).await;
+        if let Some(p) = inner.persist.get() {
+            // Everything the sessions changed, written and synced; the database released.
+            p.close().await;
+        }
+    }
+
+    /// Deletes the session of a client that is not connected, as its expiry would (a pending
+    /// will is published), from memory and from storage, including a session set aside at
+    /// start because it could not be read (`mercurioctl client delete-session`). Its client
+    /// then connects with a new session.
+    ///
+    /// Returns `Ok(None)` when there was no such session, `Ok(Some(false))` when the client
+    /// is connected (nothing is done: disconnect it first), `Ok(Some(true))` when deleted.
+    ///
+    /// Errors: [`Error::Storage`] when storage fails.
+    pub async fn delete_session(&self, client_id: &str) -> Result<Option<bool>, Error> {
+        if client_id.starts_with(INTERNAL_PREFIX) {
+            return Ok(None);
+        }
+        let session = self.inner.sessions.lock().get(client_id).cloned();
+        let mut existed = false;
+        if let Some(session) = session {
+            {
+                let st = session.state.lock();
+                if st.link.is_some() {
+                    return Ok(Some(false));
+                }
+                existed = !st.ended;
+            }
+            self.inner.end_session(&session);
+            // A connection that took the session over between the check and its end holds
+            // an ended session: close it, so that the client reconnects to a new one.
+            let late = session.state.lock().link.clone();
+            if let Some(link) = late {
+                link.kill(
+                    DisconnectReason::Administrative,
+                    ReasonCode::ADMINISTRATIVE_ACTION,
+                );
+            }
+        }
+        if let Some(p) = self.inner.persist.get() {
+            existed |= p.delete_session(client_id).await?;
+            self.inner
+                .stats
+                .storage_sessions_set_aside
+                .store(p.set_aside_count() as u64, Ordering::Relaxed);
+        }
+        Ok(existed.then_some(true))
+    }
+
+    /// Returns once every change made so far is written to storage and synced (at once
+    /// with the memory backend).
+    pub async fn flush_storage(&self) {
+        if let Some(p) = self.inner.persist.get() {
+            p.flush().await;
+        }
     }
 
     async fn wait_closed(&self, grace: Duration) {
@@ -348,36 +436,6 @@ impl BrokerHandle {
             will: st.will.is_some(),
             disconnected_for: st.disconnected_at.map(|at| at.elapsed()),
         })
-    }
-
-    /// Ends the session of a client that is not connected, as its expiry would (a pending
-    /// will is published). `None`: no such session; `Some(false)`: the client is connected,
-    /// nothing done (disconnect it first); `Some(true)`: deleted.
-    pub fn delete_session(&self, client_id: &str) -> Option<bool> {
-        if client_id.starts_with("$internal/") {
-            return None;
-        }
-        let session = self.inner.sessions.lock().get(client_id).cloned()?;
-        {
-            let st = session.state.lock();
-            if st.ended {
-                return None;
-            }
-            if st.link.is_some() {
-                return Some(false);
-            }
-        }
-        self.inner.end_session(&session);
-        // A connection that took the session over between the check and its end holds an
-        // ended session: close it, so that the client reconnects to a new one.
-        let late = session.state.lock().link.clone();
-        if let Some(link) = late {
-            link.kill(
-                DisconnectReason::Administrative,
-                ReasonCode::ADMINISTRATIVE_ACTION,
-            );
-        }
-        Some(true)
     }
 }
 

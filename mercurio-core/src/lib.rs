@@ -7,7 +7,8 @@
 //!
 //! Dependencies: tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
 //! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
-//! configuration), tracing (logs), async-trait (hook traits).
+//! configuration), tracing (logs), async-trait (hook traits), mercurio-storage (the `Storage`
+//! trait and backends; its `sqlite` feature through ours).
 //! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body (response
 //! bodies), tokio-tungstenite (WebSocket framing after the upgrade),
 //! futures-util (its Stream/Sink traits), prometheus-client (`/metrics`, a registry per broker).
@@ -22,6 +23,7 @@ mod http;
 mod listener;
 pub mod message;
 mod metrics;
+pub(crate) mod persist;
 pub mod router;
 mod session;
 pub mod stats;
@@ -35,5 +37,7 @@ pub use handle::{
     Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription, SHUTDOWN_GRACE,
 };
 pub use http::HttpLimits;
+/// The storage crate: the `Storage` trait, its records and backends.
+pub use mercurio_storage as storage;
 pub use message::Message;
 pub use session::Session;

@@ -26,6 +26,8 @@ pub(crate) struct Queued {
     pub retain: bool,
     /// Subscription identifiers of every subscription that matched [MQTT-3.3.4-3].
     pub subscription_ids: Vec<u32>,
+    /// Position in the session's queue, set by [`Session::enqueue`] (storage's key).
+    pub seq: u64,
 }
 
 /// Where an outbound QoS 1/2 message stands (MQTT 5.0 section 4.3).
@@ -100,6 +102,10 @@ pub(crate) struct SessionState {
     pub dropped_since_warning: u64,
     /// When the last connection ended; `None` while connected.
     pub disconnected_at: Option<Instant>,
+    /// Storage's writer, for a broker with a storage backend (see `persist.rs`).
+    pub persist: Option<Arc<crate::persist::Persister>>,
+    /// The `seq` of the next queued message.
+    pub next_seq: u64,
 }
 
 /// A session, shared between its connection, publishers and timers.
@@ -142,6 +148,8 @@ impl Session {
                 dropping: false,
                 dropped_since_warning: 0,
                 disconnected_at: None,
+                persist: None,
+                next_seq: 1,
             }),
         }
     }
@@ -155,7 +163,7 @@ impl Session {
     /// Never waits: a full queue drops (QoS 0 first), as the manual says. Logs one warning
     /// when the queue starts dropping, naming the limit, and one with the count when a
     /// message finds it back at half its limits.
-    pub(crate) fn enqueue(&self, delivery: Queued, limits: &QueueLimits) -> Enqueued {
+    pub(crate) fn enqueue(&self, mut delivery: Queued, limits: &QueueLimits) -> Enqueued {
         let mut st = self.state.lock();
         if st.ended {
             return Enqueued::Skipped;
@@ -204,6 +212,9 @@ impl Session {
             st.dropped_since_warning = 0;
         }
         st.queued_bytes += bytes;
+        delivery.seq = st.next_seq;
+        st.next_seq += 1;
+        st.persist_queued(&self.client_id, &delivery);
         st.queue.push_back(delivery);
         let link = st.link.clone();
         drop(st);

@@ -10,6 +10,8 @@
 //! - [`change`]: the [`Change`] enum, one small ordered mutation each;
 //! - [`error`]: [`StorageError`] and the [`ErrorKind`] that tells the writer how to react;
 //! - [`memory`]: [`MemoryStorage`], the default backend and the reference semantics;
+//! - [`sqlite`] (feature `sqlite`): [`SqliteStorage`](sqlite::SqliteStorage), one database file
+//!   in WAL mode, written by a dedicated thread;
 //! - `conformance` (feature `conformance`): checks every backend must pass.
 //!
 //! Dependencies:
@@ -21,6 +23,10 @@
 //! - `parking_lot`: the memory backend's lock, small and never held across an `.await`;
 //! - `tokio`: the runtime the backends run on (blocking SQLite calls go to its blocking pool,
 //!   PostgreSQL through tokio-postgres).
+//! - `rusqlite` (feature `sqlite`, `bundled`): SQLite compiled in, driven from one dedicated
+//!   thread; the one copy of libsqlite3-sys in the tree (sqlx-sqlite is not used, see DESIGN.md);
+//! - `libc` (feature `sqlite`): `flock` on `mercurio.db.lock`, so that a second broker on the
+//!   same database exits (std's `File::try_lock` needs a newer Rust than the workspace's).
 
 #![warn(missing_docs)]
 
@@ -30,6 +36,8 @@ pub mod conformance;
 pub mod error;
 pub mod memory;
 pub mod records;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 use async_trait::async_trait;
 
@@ -94,4 +102,20 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Return once everything applied so far is durable (fsynced / committed).
     async fn flush(&self) -> Result<(), StorageError>;
+
+    /// [`apply`](Storage::apply) `batch` and return once it is durable (synced), as
+    /// `durable_ack` needs before acknowledging a message. By default `apply` then
+    /// [`flush`](Storage::flush); SQLite commits this one transaction with
+    /// `synchronous = FULL`.
+    async fn apply_durable(&self, batch: &[Change]) -> Result<(), StorageError> {
+        self.apply(batch).await?;
+        self.flush().await
+    }
+
+    /// Flush and release the database (its file lock, its connections): a stopping broker's
+    /// last call, after which another broker may open the same database. Later calls fail.
+    /// By default only [`flush`](Storage::flush).
+    async fn close(&self) -> Result<(), StorageError> {
+        self.flush().await
+    }
 }

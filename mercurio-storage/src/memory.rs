@@ -280,7 +280,7 @@ fn refused(index: usize, change: &Change, reason: &str) -> StorageError {
 }
 
 /// The checks a database's constraints would make on the values of one change.
-fn validate_values(change: &Change) -> Result<(), String> {
+pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
     match change {
         Change::SessionSaved(header) => validate_header(header),
         Change::SessionWritten(record) => validate_record(record),

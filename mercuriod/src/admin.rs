@@ -182,7 +182,7 @@ async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
         let answer = if too_long {
             error(format!("request longer than {MAX_REQUEST} bytes"))
         } else {
-            answer(&line, &handle, &log)
+            answer(&line, &handle, &log).await
         };
         let mut out = answer.to_string().into_bytes();
         out.push(b'\n');
@@ -201,7 +201,7 @@ fn ok(result: Value) -> Value {
 }
 
 /// The answer to one request line.
-fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
+async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
     let request = match parse(line) {
         Ok(r) => r,
         Err(e) => return error(format!("bad request: {e}")),
@@ -261,15 +261,16 @@ fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
                 error(format!("no such client: {client_id}"))
             }
         }
-        Request::ClientDeleteSession { client_id } => match handle.delete_session(&client_id) {
-            Some(true) => {
+        Request::ClientDeleteSession { client_id } => match handle.delete_session(&client_id).await {
+            Err(e) => error(format!("cannot delete the session of {client_id}: {e}")),
+            Ok(Some(true)) => {
                 tracing::info!(%client_id, "session deleted by mercurioctl");
                 ok(json!({}))
             }
-            Some(false) => error(format!(
+            Ok(Some(false)) => error(format!(
                 "client {client_id} is connected: disconnect it first (mercurioctl client disconnect {client_id})"
             )),
-            None => error(format!("no such client: {client_id}")),
+            Ok(None) => error(format!("no such client: {client_id}")),
         },
     }
 }

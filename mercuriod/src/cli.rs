@@ -14,8 +14,7 @@ without credentials to connect (as in mosquitto 2), and a file without [[listene
 Not yet supported by this version (setting one is a configuration error, exit status 78):
   TLS (listeners: cert_file, key_file, ca_file, require_certificate),
   password and ACL files (auth: password_file, acl_file),
-  SQLite and PostgreSQL storage (storage: backend = \"sqlite\" | \"postgres\", standby,
-  durable_ack).
+  PostgreSQL storage (storage: backend = \"postgres\", standby).
 
 Logging: to standard output (the journal under systemd), or to [logging] file (appended; rotate
 with logrotate's copytruncate) and/or syslog (/dev/log, facility daemon). [logging] level takes

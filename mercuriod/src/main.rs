@@ -17,8 +17,9 @@
 //! - `libc`: `geteuid` for the admin socket's default path and owner checks; `mallopt`.
 //! - `sd-notify`: systemd readiness, watchdog and stopping notifications (`Type=notify`).
 //! - `tikv-jemallocator` (optional, feature `jemalloc`): jemalloc as the global allocator.
-//! - `thiserror`, `mercurio-storage`: not used yet; kept for the storage options of later
-//!   versions.
+//! - `mercurio-storage`: the `sqlite` feature (default) builds the SQLite backend into the broker.
+//! - `rusqlite`, `bytes` (tests only): reading the database a test's daemon writes; the test
+//!   client's buffers.
 //! - `tempfile` (tests only): configuration files and sockets in temp dirs.
 //!
 //! Not used although DESIGN.md lists them: `syslog-tracing` (libc's syslog(3) always writes to

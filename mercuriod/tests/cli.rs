@@ -105,7 +105,7 @@ fn unsupported_feature_is_refused() {
         "is not supported by this version",
     );
     assert_config_error(
-        "[storage]\nbackend = \"sqlite\"\npath = \"/var/lib/mercurio/mercurio.db\"\n",
+        "[storage]\nbackend = \"postgres\"\nurl = \"postgres://localhost/mercurio\"\n",
         2,
         "storage.backend",
         "is not supported by this version",

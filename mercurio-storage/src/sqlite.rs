@@ -1,0 +1,1020 @@
+//! [`SqliteStorage`]: one SQLite database file, in WAL mode, written by a dedicated thread.
+//!
+//! - The connection lives on its own thread; every call sends it a job and awaits the answer,
+//!   so the runtime's threads never block on the disk.
+//! - `journal_mode = WAL`, `synchronous = NORMAL` (a crash of the machine may lose the last
+//!   commits, never corrupt the file), `synchronous = FULL` for
+//!   [`apply_durable`](Storage::apply_durable) and [`flush`](Storage::flush).
+//! - The file is created readable by its owner only (0600); SQLite gives `-wal` and `-shm` the
+//!   same mode.
+//! - `<database>.lock` (e.g. `mercurio.db.lock`) is held with `flock` while the storage is open:
+//!   a second broker on the same database fails to open it, while `sqlite3` can still read it.
+//! - The schema version is `PRAGMA user_version`; a newer one is refused
+//!   ([`ErrorKind::Incompatible`]).
+//! - A session whose rows cannot be read (a damaged value, one a newer version wrote) is set
+//!   aside: reported in [`LoadedState::set_aside`] and left as it is.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, ErrorCode, Row, Transaction};
+use tokio::sync::oneshot;
+
+use crate::change::Change;
+use crate::error::StorageError;
+use crate::memory::validate_values;
+use crate::records::{
+    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionRecord,
+    SubscriptionRecord, WillRecord,
+};
+use crate::{LoadedState, SetAside, Storage};
+
+/// The schema version this build writes and reads (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a statement waits for a lock held by another connection before the call fails
+/// with a transient error (which the broker's writer retries).
+const BUSY_TIMEOUT: Duration = Duration::from_millis(250);
+
+const SCHEMA: &str = "
+CREATE TABLE sessions (
+    client_id TEXT PRIMARY KEY NOT NULL,
+    protocol_level INTEGER NOT NULL,
+    session_expiry_interval INTEGER NOT NULL,
+    disconnected_at INTEGER,
+    will_topic TEXT,
+    will_payload BLOB,
+    will_qos INTEGER,
+    will_retain INTEGER,
+    will_properties BLOB,
+    will_expires_at INTEGER,
+    will_publisher TEXT,
+    will_delay_interval INTEGER
+);
+CREATE TABLE subscriptions (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    filter TEXT NOT NULL,
+    qos INTEGER NOT NULL,
+    no_local INTEGER NOT NULL,
+    retain_as_published INTEGER NOT NULL,
+    retain_handling INTEGER NOT NULL,
+    subscription_identifier INTEGER,
+    PRIMARY KEY (client_id, filter)
+) WITHOUT ROWID;
+CREATE TABLE queued (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    properties BLOB NOT NULL,
+    expires_at INTEGER,
+    publisher TEXT,
+    PRIMARY KEY (client_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE inflight (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    packet_id INTEGER NOT NULL,
+    ord INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    properties BLOB NOT NULL,
+    expires_at INTEGER,
+    publisher TEXT,
+    PRIMARY KEY (client_id, packet_id)
+) WITHOUT ROWID;
+CREATE TABLE inbound_qos2 (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    packet_id INTEGER NOT NULL,
+    PRIMARY KEY (client_id, packet_id)
+) WITHOUT ROWID;
+CREATE TABLE retained (
+    topic TEXT PRIMARY KEY NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    properties BLOB NOT NULL,
+    expires_at INTEGER,
+    publisher TEXT
+) WITHOUT ROWID;
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY NOT NULL,
+    value
+) WITHOUT ROWID;
+";
+
+type Job = Box<dyn FnOnce(&mut Worker) + Send>;
+
+/// Storage in one SQLite database file. See the [module documentation](self).
+pub struct SqliteStorage {
+    path: PathBuf,
+    jobs: Mutex<std_mpsc::Sender<Job>>,
+}
+
+impl std::fmt::Debug for SqliteStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStorage")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// What the dedicated thread owns. `None` once closed.
+struct Worker {
+    open: Option<(Connection, File)>,
+}
+
+/// The lock file of the database at `path`: `path` with `.lock` appended.
+pub fn lock_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+impl SqliteStorage {
+    /// Opens (creating if needed, mode 0600) the database at `path`, takes its lock file,
+    /// and creates or checks the schema.
+    ///
+    /// Errors: [`ErrorKind::Fenced`](crate::ErrorKind::Fenced) when another process (or
+    /// another storage in this one) holds the lock; `Incompatible` for a newer schema;
+    /// `Fatal` when the file can't be created or isn't a database.
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStorage, StorageError> {
+        let path = path.as_ref().to_path_buf();
+        let (conn, lock) = open_database(&path)?;
+        let (tx, rx) = std_mpsc::channel::<Job>();
+        let name = format!("mercurio-sqlite {}", path.display());
+        std::thread::Builder::new()
+            .name(name.chars().take(15).collect())
+            .spawn(move || {
+                let mut worker = Worker {
+                    open: Some((conn, lock)),
+                };
+                while let Ok(job) = rx.recv() {
+                    job(&mut worker);
+                }
+            })
+            .map_err(|e| StorageError::fatal(format!("cannot start the SQLite thread: {e}")))?;
+        Ok(SqliteStorage {
+            path,
+            jobs: Mutex::new(tx),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the dedicated thread with the open connection.
+    async fn call<R, F>(&self, f: F) -> Result<R, StorageError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StorageError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let path = self.path.clone();
+        let job: Job = Box::new(move |worker: &mut Worker| {
+            let result = match worker.open.as_mut() {
+                Some((conn, _)) => f(conn),
+                None => Err(StorageError::fatal(format!(
+                    "database {} is closed",
+                    path.display()
+                ))),
+            };
+            let _ = tx.send(result);
+        });
+        self.jobs
+            .lock()
+            .send(job)
+            .map_err(|_| StorageError::fatal("the SQLite thread has stopped"))?;
+        rx.await
+            .map_err(|_| StorageError::fatal("the SQLite thread has stopped"))?
+    }
+}
+
+fn open_database(path: &Path) -> Result<(Connection, File), StorageError> {
+    let lock_file = lock_path(path);
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_file)
+        .map_err(|e| {
+            StorageError::fatal(format!("cannot open {}: {e}", lock_file.display())).with_source(e)
+        })?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if locked != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            StorageError::fenced(format!(
+                "database {} is in use by another broker (it holds {})",
+                path.display(),
+                lock_file.display()
+            ))
+        } else {
+            StorageError::fatal(format!("cannot lock {}: {e}", lock_file.display()))
+        });
+    }
+    // Create the file ourselves so that it is readable by its owner only.
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| {
+            StorageError::fatal(format!("cannot create {}: {e}", path.display())).with_source(e)
+        })?;
+    let conn = Connection::open(path).map_err(|e| sql_error(path, "open", e))?;
+    let setup = || -> rusqlite::Result<i64> {
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+    };
+    let version = setup().map_err(|e| sql_error(path, "set up", e))?;
+    if version > SCHEMA_VERSION {
+        return Err(StorageError::incompatible(format!(
+            "database {} has schema version {version}, newer than this broker's {SCHEMA_VERSION}: \
+             it was written by a newer version of Mercurio",
+            path.display()
+        )));
+    }
+    if version == 0 {
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| sql_error(path, "read the schema", e))?;
+        if tables > 0 {
+            return Err(StorageError::incompatible(format!(
+                "database {} has tables but no Mercurio schema version",
+                path.display()
+            )));
+        }
+        conn.execute_batch(&format!(
+            "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))
+        .map_err(|e| sql_error(path, "create the schema", e))?;
+    }
+    Ok((conn, lock))
+}
+
+/// Maps a SQLite error to the kind the writer acts on.
+fn classify(e: rusqlite::Error) -> StorageError {
+    let message = e.to_string();
+    let kind_error = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::DiskFull
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::CannotOpen
+            | ErrorCode::OutOfMemory
+            | ErrorCode::ReadOnly => StorageError::transient(message),
+            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => StorageError::fatal(message),
+            _ => StorageError::refused(message),
+        },
+        _ => StorageError::refused(message),
+    };
+    kind_error.with_source(e)
+}
+
+fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StorageError {
+    let classified = classify(e);
+    let kind = if classified.is_transient() || classified.is_refused() {
+        crate::ErrorKind::Fatal
+    } else {
+        classified.kind()
+    };
+    StorageError::new(
+        kind,
+        format!(
+            "database {}: cannot {what}: {}",
+            path.display(),
+            classified.message()
+        ),
+    )
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn to_u64(v: i64) -> Result<u64, String> {
+    u64::try_from(v).map_err(|_| format!("negative value {v}"))
+}
+
+fn small<T: TryFrom<i64>>(v: i64, what: &str) -> Result<T, String> {
+    T::try_from(v).map_err(|_| format!("{what} {v} is out of range"))
+}
+
+fn qos(v: i64, what: &str) -> Result<u8, String> {
+    match v {
+        0..=2 => Ok(v as u8),
+        _ => Err(format!("{what} QoS {v} is not 0, 1 or 2")),
+    }
+}
+
+/// Reads column `i` as `T`, describing a failure.
+fn col<T: rusqlite::types::FromSql>(row: &Row<'_>, i: usize) -> Result<T, String> {
+    row.get::<_, T>(i).map_err(|e| {
+        let name = row
+            .as_ref()
+            .column_name(i)
+            .map(str::to_string)
+            .unwrap_or_else(|_| i.to_string());
+        format!("column {name}: {e}")
+    })
+}
+
+/// A message from the columns topic, payload, qos, retain, properties, expires_at, publisher
+/// starting at `at`.
+fn message_at(row: &Row<'_>, at: usize) -> Result<MessageRecord, String> {
+    let expires_at: Option<i64> = col(row, at + 5)?;
+    Ok(MessageRecord {
+        topic: col(row, at)?,
+        payload: Bytes::from(col::<Vec<u8>>(row, at + 1)?),
+        qos: qos(col(row, at + 2)?, "message")?,
+        retain: col(row, at + 3)?,
+        properties: Bytes::from(col::<Vec<u8>>(row, at + 4)?),
+        expires_at: expires_at.map(to_u64).transpose()?,
+        publisher: col(row, at + 6)?,
+    })
+}
+
+type PerClient<T> = HashMap<String, Result<Vec<T>, String>>;
+
+/// Reads every row of `sql` (whose first column is the client id) into per-client lists; a row
+/// that can't be read marks its client with the error.
+fn per_client<T>(
+    conn: &Connection,
+    sql: &str,
+    read: impl Fn(&Row<'_>) -> Result<T, String>,
+) -> rusqlite::Result<PerClient<T>> {
+    let mut out: PerClient<T> = HashMap::new();
+    let mut stmt = conn.prepare(sql)?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let client_id: String = match row.get(0) {
+            Ok(c) => c,
+            Err(_) => continue,
+        };
+        let item = read(row);
+        let entry = out.entry(client_id).or_insert_with(|| Ok(Vec::new()));
+        match (entry.as_mut(), item) {
+            (Ok(list), Ok(item)) => list.push(item),
+            (Ok(_), Err(e)) => *entry = Err(e),
+            (Err(_), _) => {}
+        }
+    }
+    Ok(out)
+}
+
+fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
+    let mut subscriptions = per_client(
+        conn,
+        "SELECT client_id, filter, qos, no_local, retain_as_published, retain_handling, \
+         subscription_identifier FROM subscriptions ORDER BY client_id, filter",
+        |row| {
+            Ok(SubscriptionRecord {
+                filter: col(row, 1)?,
+                qos: qos(col(row, 2)?, "subscription")?,
+                no_local: col(row, 3)?,
+                retain_as_published: col(row, 4)?,
+                retain_handling: small(col(row, 5)?, "retain handling")?,
+                subscription_identifier: col::<Option<i64>>(row, 6)?
+                    .map(|v| small(v, "subscription identifier"))
+                    .transpose()?,
+            })
+        },
+    )?;
+    let mut queued = per_client(
+        conn,
+        "SELECT client_id, seq, topic, payload, qos, retain, properties, expires_at, publisher \
+         FROM queued ORDER BY client_id, seq",
+        |row| {
+            Ok(QueuedRecord {
+                seq: to_u64(col(row, 1)?)?,
+                message: message_at(row, 2)?,
+            })
+        },
+    )?;
+    let mut inflight = per_client(
+        conn,
+        "SELECT client_id, packet_id, state, topic, payload, qos, retain, properties, \
+         expires_at, publisher FROM inflight ORDER BY client_id, ord",
+        |row| {
+            let state: String = col(row, 2)?;
+            Ok(InflightRecord {
+                packet_id: small(col(row, 1)?, "packet identifier")?,
+                state: InflightState::parse(&state)
+                    .ok_or_else(|| format!("unknown in-flight state {state:?}"))?,
+                message: message_at(row, 3)?,
+            })
+        },
+    )?;
+    let mut inbound = per_client(
+        conn,
+        "SELECT client_id, packet_id FROM inbound_qos2 ORDER BY client_id, packet_id",
+        |row| small::<u16>(col(row, 1)?, "packet identifier"),
+    )?;
+
+    let mut state = LoadedState::default();
+    let mut stmt = conn.prepare(
+        "SELECT client_id, protocol_level, session_expiry_interval, disconnected_at, \
+         will_topic, will_payload, will_qos, will_retain, will_properties, will_expires_at, \
+         will_publisher, will_delay_interval FROM sessions ORDER BY client_id",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let client_id: String = match row.get::<_, String>(0) {
+            Ok(c) => c,
+            Err(e) => {
+                let raw = row.get_ref(0).map(|v| format!("{v:?}")).unwrap_or_default();
+                state.set_aside.push(SetAside {
+                    client_id: raw,
+                    cause: format!("client id: {e}"),
+                });
+                continue;
+            }
+        };
+        let mut read = || -> Result<SessionRecord, String> {
+            let level: u8 = small(col(row, 1)?, "protocol level")?;
+            if !(3..=5).contains(&level) {
+                return Err(format!("protocol level {level} is not 3, 4 or 5"));
+            }
+            let will_topic: Option<String> = col(row, 4)?;
+            let will = match will_topic {
+                None => None,
+                Some(_) => Some(WillRecord {
+                    message: message_at(row, 4)?,
+                    delay_interval: small(col(row, 11)?, "will delay interval")?,
+                }),
+            };
+            Ok(SessionRecord {
+                client_id: client_id.clone(),
+                protocol_level: level,
+                session_expiry_interval: small(col(row, 2)?, "session expiry interval")?,
+                disconnected_at: col::<Option<i64>>(row, 3)?.map(to_u64).transpose()?,
+                subscriptions: subscriptions.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+                will,
+                queued: queued.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+                inflight: inflight.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+                inbound_qos2: inbound.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+            })
+        };
+        match read() {
+            Ok(record) => state.sessions.push(record),
+            Err(cause) => state.set_aside.push(SetAside { client_id, cause }),
+        }
+    }
+    let mut stmt = conn.prepare(
+        "SELECT topic, payload, qos, retain, properties, expires_at, publisher FROM retained \
+         ORDER BY topic",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut retained = BTreeMap::new();
+    while let Some(row) = rows.next()? {
+        // A retained message that can't be read is skipped (and logged by the broker as a
+        // count difference): it belongs to no session.
+        if let Ok(message) = message_at(row, 0) {
+            retained.insert(message.topic.clone(), RetainedRecord::new(message));
+        }
+    }
+    state.retained = retained.into_values().collect();
+    Ok(state)
+}
+
+fn refused(index: usize, change: &Change, reason: &str) -> StorageError {
+    let target = change.client_id().unwrap_or("the retained set");
+    StorageError::refused(format!(
+        "change {index} ({}) for {target} refused: {reason}",
+        change.kind()
+    ))
+}
+
+fn insert_message(
+    tx: &Transaction<'_>,
+    sql: &str,
+    client_id: &str,
+    key: i64,
+    message: &MessageRecord,
+) -> rusqlite::Result<usize> {
+    tx.prepare_cached(sql)?.execute(params![
+        client_id,
+        key,
+        message.topic,
+        &message.payload[..],
+        message.qos,
+        message.retain,
+        &message.properties[..],
+        message.expires_at.map(to_i64),
+        message.publisher,
+    ])
+}
+
+const INSERT_QUEUED: &str = "INSERT OR REPLACE INTO queued (client_id, seq, topic, payload, qos, \
+    retain, properties, expires_at, publisher) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+
+fn set_inflight(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    inflight: &InflightRecord,
+) -> rusqlite::Result<usize> {
+    let m = &inflight.message;
+    tx.prepare_cached(
+        "INSERT INTO inflight (client_id, packet_id, ord, state, topic, payload, qos, retain, \
+         properties, expires_at, publisher) VALUES (?1, ?2, \
+         (SELECT COALESCE(MAX(ord), 0) + 1 FROM inflight WHERE client_id = ?1), \
+         ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+         ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
+         topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
+         retain = excluded.retain, properties = excluded.properties, \
+         expires_at = excluded.expires_at, publisher = excluded.publisher",
+    )?
+    .execute(params![
+        client_id,
+        inflight.packet_id,
+        inflight.state.as_str(),
+        m.topic,
+        &m.payload[..],
+        m.qos,
+        m.retain,
+        &m.properties[..],
+        m.expires_at.map(to_i64),
+        m.publisher,
+    ])
+}
+
+fn set_will(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    will: Option<&WillRecord>,
+) -> rusqlite::Result<usize> {
+    let m = will.map(|w| &w.message);
+    tx.prepare_cached(
+        "UPDATE sessions SET will_topic = ?2, will_payload = ?3, will_qos = ?4, \
+         will_retain = ?5, will_properties = ?6, will_expires_at = ?7, will_publisher = ?8, \
+         will_delay_interval = ?9 WHERE client_id = ?1",
+    )?
+    .execute(params![
+        client_id,
+        m.map(|m| m.topic.as_str()),
+        m.map(|m| &m.payload[..]),
+        m.map(|m| m.qos),
+        m.map(|m| m.retain),
+        m.map(|m| &m.properties[..]),
+        m.and_then(|m| m.expires_at.map(to_i64)),
+        m.and_then(|m| m.publisher.as_deref()),
+        will.map(|w| w.delay_interval),
+    ])
+}
+
+fn save_header(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    level: u8,
+    expiry: u32,
+    disconnected_at: Option<u64>,
+) -> rusqlite::Result<usize> {
+    tx.prepare_cached(
+        "INSERT INTO sessions (client_id, protocol_level, session_expiry_interval, \
+         disconnected_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (client_id) DO UPDATE SET \
+         protocol_level = excluded.protocol_level, \
+         session_expiry_interval = excluded.session_expiry_interval, \
+         disconnected_at = excluded.disconnected_at",
+    )?
+    .execute(params![
+        client_id,
+        level,
+        expiry,
+        disconnected_at.map(to_i64)
+    ])
+}
+
+fn delete_session_rows(tx: &Transaction<'_>, client_id: &str) -> rusqlite::Result<usize> {
+    // Children first: a damaged session row must not keep its rows behind.
+    for table in ["subscriptions", "queued", "inflight", "inbound_qos2"] {
+        tx.prepare_cached(&format!("DELETE FROM {table} WHERE client_id = ?1"))?
+            .execute([client_id])?;
+    }
+    tx.prepare_cached("DELETE FROM sessions WHERE client_id = ?1")?
+        .execute([client_id])
+}
+
+/// Applies one change; `Ok(false)` when it adds to a session that is not stored.
+fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
+    let not_stored = |n: usize| n > 0;
+    Ok(match change {
+        Change::SessionSaved(h) => {
+            save_header(
+                tx,
+                &h.client_id,
+                h.protocol_level,
+                h.session_expiry_interval,
+                h.disconnected_at,
+            )?;
+            true
+        }
+        Change::SessionWritten(r) => {
+            delete_session_rows(tx, &r.client_id)?;
+            save_header(
+                tx,
+                &r.client_id,
+                r.protocol_level,
+                r.session_expiry_interval,
+                r.disconnected_at,
+            )?;
+            set_will(tx, &r.client_id, r.will.as_ref())?;
+            for s in &r.subscriptions {
+                add_subscription(tx, &r.client_id, s)?;
+            }
+            for q in &r.queued {
+                insert_message(tx, INSERT_QUEUED, &r.client_id, to_i64(q.seq), &q.message)?;
+            }
+            for f in &r.inflight {
+                set_inflight(tx, &r.client_id, f)?;
+            }
+            for id in &r.inbound_qos2 {
+                add_inbound(tx, &r.client_id, *id)?;
+            }
+            true
+        }
+        Change::SessionDeleted { client_id } => {
+            delete_session_rows(tx, client_id)?;
+            true
+        }
+        Change::SubscriptionAdded {
+            client_id,
+            subscription,
+        } => not_stored(add_subscription(tx, client_id, subscription)?),
+        Change::SubscriptionRemoved { client_id, filter } => {
+            tx.prepare_cached("DELETE FROM subscriptions WHERE client_id = ?1 AND filter = ?2")?
+                .execute(params![client_id, filter])?;
+            true
+        }
+        Change::WillSet { client_id, will } => not_stored(set_will(tx, client_id, Some(will))?),
+        Change::WillCleared { client_id } => {
+            set_will(tx, client_id, None)?;
+            true
+        }
+        Change::MessageQueued {
+            client_id,
+            seq,
+            message,
+        } => not_stored(insert_message(
+            tx,
+            INSERT_QUEUED,
+            client_id,
+            to_i64(*seq),
+            message,
+        )?),
+        Change::MessageDequeued { client_id, seq } => {
+            tx.prepare_cached("DELETE FROM queued WHERE client_id = ?1 AND seq = ?2")?
+                .execute(params![client_id, to_i64(*seq)])?;
+            true
+        }
+        Change::InflightSet {
+            client_id,
+            inflight,
+        } => not_stored(set_inflight(tx, client_id, inflight)?),
+        Change::InflightRemoved {
+            client_id,
+            packet_id,
+        } => {
+            tx.prepare_cached("DELETE FROM inflight WHERE client_id = ?1 AND packet_id = ?2")?
+                .execute(params![client_id, packet_id])?;
+            true
+        }
+        Change::InboundQos2Added {
+            client_id,
+            packet_id,
+        } => not_stored(add_inbound(tx, client_id, *packet_id)?),
+        Change::InboundQos2Removed {
+            client_id,
+            packet_id,
+        } => {
+            tx.prepare_cached("DELETE FROM inbound_qos2 WHERE client_id = ?1 AND packet_id = ?2")?
+                .execute(params![client_id, packet_id])?;
+            true
+        }
+        Change::RetainedSet(r) => {
+            let m = &r.message;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO retained (topic, payload, qos, retain, properties, \
+                 expires_at, publisher) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                m.topic,
+                &m.payload[..],
+                m.qos,
+                m.retain,
+                &m.properties[..],
+                m.expires_at.map(to_i64),
+                m.publisher,
+            ])?;
+            true
+        }
+        Change::RetainedDeleted { topic } => {
+            tx.prepare_cached("DELETE FROM retained WHERE topic = ?1")?
+                .execute([topic])?;
+            true
+        }
+    })
+}
+
+fn add_subscription(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    s: &SubscriptionRecord,
+) -> rusqlite::Result<usize> {
+    // The foreign key refuses a subscription for a session that is not stored.
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO subscriptions (client_id, filter, qos, no_local, \
+         retain_as_published, retain_handling, subscription_identifier) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        client_id,
+        s.filter,
+        s.qos,
+        s.no_local,
+        s.retain_as_published,
+        s.retain_handling,
+        s.subscription_identifier,
+    ])
+}
+
+fn add_inbound(tx: &Transaction<'_>, client_id: &str, packet_id: u16) -> rusqlite::Result<usize> {
+    // OR IGNORE skips an id already there; the foreign key still refuses a missing session.
+    tx.prepare_cached("INSERT OR IGNORE INTO inbound_qos2 (client_id, packet_id) VALUES (?1, ?2)")?
+        .execute(params![client_id, packet_id])
+        .map(|_| 1)
+}
+
+fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result<(), StorageError> {
+    for (index, change) in batch.iter().enumerate() {
+        validate_values(change).map_err(|reason| refused(index, change, &reason))?;
+        if let Change::SessionWritten(r) = change {
+            let mut seqs = std::collections::BTreeSet::new();
+            for q in &r.queued {
+                if !seqs.insert(q.seq) {
+                    return Err(refused(index, change, "a queued seq appears twice"));
+                }
+            }
+        }
+    }
+    if durable {
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(classify)?;
+    }
+    let result = (|| {
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(classify)?;
+        for (index, change) in batch.iter().enumerate() {
+            match apply_one(&tx, change) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(refused(
+                        index,
+                        change,
+                        "no session is stored for the client",
+                    ))
+                }
+                Err(e) => {
+                    let e = classify(e);
+                    return Err(StorageError::new(
+                        e.kind(),
+                        format!("change {index} ({}): {}", change.kind(), e.message()),
+                    ));
+                }
+            }
+        }
+        tx.commit().map_err(classify)
+    })();
+    if durable {
+        let _ = conn.pragma_update(None, "synchronous", "NORMAL");
+    }
+    result
+}
+
+#[async_trait]
+impl Storage for SqliteStorage {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn load(&self) -> Result<LoadedState, StorageError> {
+        self.call(|conn| load_all(conn).map_err(classify)).await
+    }
+
+    async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let batch = batch.to_vec();
+        self.call(move |conn| apply_batch(conn, &batch, false))
+            .await
+    }
+
+    async fn apply_durable(&self, batch: &[Change]) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return self.flush().await;
+        }
+        let batch = batch.to_vec();
+        self.call(move |conn| apply_batch(conn, &batch, true)).await
+    }
+
+    async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError> {
+        let client_id = client_id.to_string();
+        self.call(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(classify)?;
+            let n = delete_session_rows(&tx, &client_id).map_err(classify)?;
+            tx.commit().map_err(classify)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn flush(&self) -> Result<(), StorageError> {
+        // A commit with synchronous = FULL syncs the write-ahead log, and with it every
+        // commit before it.
+        self.call(|conn| {
+            conn.pragma_update(None, "synchronous", "FULL")
+                .map_err(classify)?;
+            let result = conn
+                .execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('flushed_at', \
+                     strftime('%s', 'now'))",
+                    [],
+                )
+                .map_err(classify);
+            let _ = conn.pragma_update(None, "synchronous", "NORMAL");
+            result.map(|_| ())
+        })
+        .await
+    }
+
+    async fn close(&self) -> Result<(), StorageError> {
+        self.flush().await?;
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |worker: &mut Worker| {
+            // Dropping the connection checkpoints the log; dropping the file releases the lock.
+            worker.open = None;
+            let _ = tx.send(());
+        });
+        if self.jobs.lock().send(job).is_ok() {
+            let _ = rx.await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SqliteStorage {
+    fn drop(&mut self) {
+        // The thread ends when the sender is dropped, closing the connection and the lock.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::conformance::{self, Harness};
+
+    struct SqliteHarness {
+        dir: PathBuf,
+        n: u32,
+    }
+
+    impl SqliteHarness {
+        fn new(name: &str) -> SqliteHarness {
+            let dir = std::env::temp_dir().join(format!(
+                "mercurio-sqlite-{name}-{}-{:?}",
+                std::process::id(),
+                std::time::SystemTime::now()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            SqliteHarness { dir, n: 0 }
+        }
+    }
+
+    impl Drop for SqliteHarness {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    #[async_trait]
+    impl Harness for SqliteHarness {
+        type Storage = SqliteStorage;
+
+        async fn fresh(&mut self) -> SqliteStorage {
+            self.n += 1;
+            SqliteStorage::open(self.dir.join(format!("db{}.db", self.n))).unwrap()
+        }
+
+        async fn reopen(&mut self, storage: SqliteStorage) -> SqliteStorage {
+            let path = storage.path().to_path_buf();
+            storage.close().await.unwrap();
+            drop(storage);
+            SqliteStorage::open(path).unwrap()
+        }
+
+        async fn make_unreadable(&mut self, storage: &SqliteStorage, client_id: &str) -> bool {
+            let conn = Connection::open(storage.path()).unwrap();
+            conn.busy_timeout(Duration::from_secs(5)).unwrap();
+            conn.execute(
+                "UPDATE sessions SET protocol_level = 'garbage' WHERE client_id = ?1",
+                [client_id],
+            )
+            .unwrap();
+            true
+        }
+    }
+
+    #[tokio::test]
+    async fn sqlite_conforms() {
+        conformance::run_all(&mut SqliteHarness::new("conf")).await;
+    }
+
+    #[tokio::test]
+    async fn second_open_is_refused_and_close_releases() {
+        let h = SqliteHarness::new("lock");
+        let path = h.dir.join("m.db");
+        let first = SqliteStorage::open(&path).unwrap();
+        let err = SqliteStorage::open(&path).unwrap_err();
+        assert!(err.is_fenced(), "{err}");
+        assert!(err.to_string().contains("m.db"), "{err}");
+        first.close().await.unwrap();
+        let again = SqliteStorage::open(&path).unwrap();
+        again.close().await.unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[tokio::test]
+    async fn newer_schema_is_refused() {
+        let h = SqliteHarness::new("schema");
+        let path = h.dir.join("m.db");
+        SqliteStorage::open(&path).unwrap().close().await.unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("PRAGMA user_version = 99")
+            .unwrap();
+        let err = SqliteStorage::open(&path).unwrap_err();
+        assert!(err.is_incompatible(), "{err}");
+        assert!(err.to_string().contains("99"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn busy_database_is_transient() {
+        let h = SqliteHarness::new("busy");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let header = crate::SessionHeader {
+            client_id: "a".into(),
+            protocol_level: 5,
+            session_expiry_interval: 10,
+            disconnected_at: None,
+        };
+        let err = storage
+            .apply(&[Change::SessionSaved(header.clone())])
+            .await
+            .unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        other.execute_batch("COMMIT").unwrap();
+        storage
+            .apply(&[Change::SessionSaved(header)])
+            .await
+            .unwrap();
+        assert_eq!(storage.load().await.unwrap().sessions.len(), 1);
+    }
+}

@@ -1,0 +1,487 @@
+//! Persistence with mercuriod as a process on a SQLite database: restarts after SIGTERM and
+//! after SIGKILL (sessions of 3.1.1 clean session 0 and 5.0 session expiry, queued QoS 1/2
+//! messages, an in-flight QoS 2 message, retained messages, the will of a client connected at
+//! the crash), durable_ack under SIGKILL in the middle of a QoS 1 stream, and a second daemon
+//! on the same database. A small blocking client on the broker's codec; waits have deadlines.
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use mercurio_core::codec::{
+    self, Connect, LastWill, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, Subscribe,
+    SubscribeFilter, SubscriptionOptions,
+};
+
+const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Daemon {
+    child: Child,
+    addr: SocketAddr,
+    _stderr: mpsc::Receiver<String>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config(dir: &Path, db: &Path, durable_ack: bool) -> PathBuf {
+    let path = dir.join(format!("mercuriod-{durable_ack}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "[auth]\nallow_anonymous = true\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n\n\
+             [storage]\nbackend = \"sqlite\"\npath = \"{}\"\ndurable_ack = {durable_ack}\n",
+            db.display()
+        ),
+    )
+    .expect("write config");
+    path
+}
+
+fn spawn(config: &Path) -> (Child, mpsc::Receiver<String>, mpsc::Receiver<String>) {
+    let mut child = Command::new(MERCURIOD)
+        .arg("-c")
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mercuriod");
+    let lines = |r: Box<dyn Read + Send>| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        rx
+    };
+    let out = lines(Box::new(child.stdout.take().expect("stdout")));
+    let err = lines(Box::new(child.stderr.take().expect("stderr")));
+    (child, out, err)
+}
+
+fn start(config: &Path) -> Daemon {
+    let (child, out, stderr) = spawn(config);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let line = out
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("mercuriod logs its listening address");
+        if let Some(at) = line.find("listening on ") {
+            let addr: String = line[at + 13..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect();
+            std::thread::spawn(move || for _ in out.iter() {});
+            return Daemon {
+                child,
+                addr: addr.parse().expect("address"),
+                _stderr: stderr,
+            };
+        }
+    }
+}
+
+fn stop(mut daemon: Daemon, signal: &str) {
+    let status = Command::new("kill")
+        .arg(signal)
+        .arg(daemon.child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(status) = daemon.child.try_wait().expect("try_wait") {
+            if signal == "-TERM" {
+                assert_eq!(status.code(), Some(0));
+            }
+            return;
+        }
+        assert!(Instant::now() < deadline, "mercuriod did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Polls `sql` (a count) on the database until it returns `want`.
+fn wait_count(db: &Path, sql: &str, want: i64) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let n: i64 = rusqlite::Connection::open(db)
+            .and_then(|c| c.query_row(sql, [], |r| r.get(0)))
+            .unwrap_or(-1);
+        if n == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sql}: {n}, want {want}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+struct Client {
+    stream: TcpStream,
+    version: ProtocolVersion,
+    buf: BytesMut,
+    next_id: u16,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr, connect: Connect) -> (Client, bool) {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_nodelay(true).ok();
+        let mut c = Client {
+            stream,
+            version: connect.protocol,
+            buf: BytesMut::new(),
+            next_id: 1,
+        };
+        c.send(Packet::Connect(Box::new(connect)));
+        match c.recv() {
+            Some(Packet::ConnAck(a)) => {
+                assert!(!a.reason_code.is_failure(), "CONNACK {:?}", a.reason_code);
+                (c, a.session_present)
+            }
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    fn send(&mut self, p: Packet) {
+        let mut out = BytesMut::new();
+        codec::encode(&p, self.version, &mut out).expect("encode");
+        self.stream.write_all(&out).expect("write");
+    }
+
+    /// The next packet; `None` when the connection closed.
+    fn recv(&mut self) -> Option<Packet> {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(p) = codec::decode(&mut self.buf, self.version, 1 << 20).expect("decode") {
+                return Some(p);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no packet before the deadline");
+            self.stream.set_read_timeout(Some(left)).ok();
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn publish_packet(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) -> u16 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.send(Packet::Publish(Publish {
+            dup: false,
+            qos,
+            retain,
+            topic: topic.into(),
+            packet_id: if qos == QoS::AtMostOnce { 0 } else { id },
+            properties: Properties::default(),
+            payload: Bytes::copy_from_slice(payload),
+        }));
+        id
+    }
+
+    /// Publishes and completes the acknowledgement flow.
+    fn publish(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) {
+        let id = self.publish_packet(topic, payload, qos, retain);
+        match qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => {
+                assert!(matches!(self.recv(), Some(Packet::PubAck(a)) if a.packet_id == id))
+            }
+            QoS::ExactlyOnce => {
+                assert!(matches!(self.recv(), Some(Packet::PubRec(a)) if a.packet_id == id));
+                self.send(Packet::PubRel(PubAck {
+                    packet_id: id,
+                    ..PubAck::default()
+                }));
+                assert!(matches!(self.recv(), Some(Packet::PubComp(a)) if a.packet_id == id));
+            }
+        }
+    }
+
+    fn subscribe(&mut self, filter: &str, qos: QoS) {
+        self.send(Packet::Subscribe(Subscribe {
+            packet_id: 1,
+            filters: vec![SubscribeFilter {
+                filter: filter.into(),
+                options: SubscriptionOptions {
+                    qos,
+                    ..Default::default()
+                },
+            }],
+            properties: Properties::default(),
+        }));
+        assert!(matches!(self.recv(), Some(Packet::SubAck(_))));
+    }
+
+    fn expect_publish(&mut self) -> Publish {
+        match self.recv() {
+            Some(Packet::Publish(p)) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    fn ack(&mut self, p: &Publish) {
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(Packet::PubAck(PubAck {
+                packet_id: p.packet_id,
+                ..PubAck::default()
+            })),
+            QoS::ExactlyOnce => {
+                self.send(Packet::PubRec(PubAck {
+                    packet_id: p.packet_id,
+                    ..PubAck::default()
+                }));
+                assert!(matches!(self.recv(), Some(Packet::PubRel(_))));
+                self.send(Packet::PubComp(PubAck {
+                    packet_id: p.packet_id,
+                    ..PubAck::default()
+                }));
+            }
+        }
+    }
+
+    /// A PINGREQ round trip: everything sent before is handled.
+    fn settle(&mut self) {
+        self.send(Packet::PingReq);
+        loop {
+            match self.recv() {
+                Some(Packet::PingResp) => return,
+                Some(_) => {}
+                None => panic!("closed"),
+            }
+        }
+    }
+
+    fn disconnect(mut self) {
+        self.send(Packet::Disconnect(Default::default()));
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        let _ = self.recv();
+    }
+}
+
+fn connect_packet(version: ProtocolVersion, client_id: &str, persistent: bool) -> Connect {
+    let mut properties = Properties::default();
+    if persistent && version == ProtocolVersion::V5 {
+        properties.session_expiry_interval = Some(300);
+    }
+    Connect {
+        protocol: version,
+        clean_start: !persistent,
+        keep_alive: 60,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties,
+    }
+}
+
+#[test]
+fn restart_after_sigterm_and_after_sigkill() {
+    for signal in ["-TERM", "-KILL"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("mercurio.db");
+        let cfg = config(dir.path(), &db, false);
+        let daemon = start(&cfg);
+        let addr = daemon.addr;
+        let versions = [ProtocolVersion::V311, ProtocolVersion::V5];
+        for v in versions {
+            let (mut sub, _) =
+                Client::connect(addr, connect_packet(v, &format!("sub-{v:?}"), true));
+            sub.subscribe("t/#", QoS::ExactlyOnce);
+            sub.disconnect();
+        }
+        // A subscriber that holds a QoS 2 message unacknowledged when the broker stops.
+        let (mut holder, _) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V5, "holder", true));
+        holder.subscribe("h", QoS::ExactlyOnce);
+        // A client connected with a will when the broker stops.
+        let mut dying = connect_packet(ProtocolVersion::V5, "dying", true);
+        dying.will = Some(LastWill {
+            topic: "wills/dying".into(),
+            payload: Bytes::from_static(b"gone"),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: Properties::default(),
+        });
+        let (_dying, _) = Client::connect(addr, dying);
+        let (mut watcher, _) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V5, "watcher", true));
+        watcher.subscribe("wills/#", QoS::AtLeastOnce);
+        watcher.disconnect();
+
+        let (mut publisher, _) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V311, "pub", false));
+        publisher.publish("t/1", b"one", QoS::AtLeastOnce, false);
+        publisher.publish("t/2", b"two", QoS::ExactlyOnce, false);
+        publisher.publish("r/x", b"kept", QoS::AtLeastOnce, true);
+        publisher.publish("h", b"held", QoS::ExactlyOnce, false);
+        let held = holder.expect_publish();
+        assert_eq!(&held.payload[..], b"held");
+        if signal == "-KILL" {
+            // Without durable_ack, changes reach the database within milliseconds.
+            wait_count(&db, "SELECT count(*) FROM queued", 4);
+            wait_count(
+                &db,
+                "SELECT count(*) FROM inflight WHERE client_id = 'holder'",
+                1,
+            );
+            wait_count(&db, "SELECT count(*) FROM retained", 1);
+        }
+        stop(daemon, signal);
+
+        let daemon = start(&cfg);
+        let addr = daemon.addr;
+        for v in versions {
+            let (mut sub, present) =
+                Client::connect(addr, connect_packet(v, &format!("sub-{v:?}"), true));
+            assert!(present, "{signal} {v:?}");
+            let one = sub.expect_publish();
+            assert_eq!(
+                (&one.payload[..], one.qos),
+                (&b"one"[..], QoS::AtLeastOnce),
+                "{signal}"
+            );
+            sub.ack(&one);
+            let two = sub.expect_publish();
+            assert_eq!(
+                (&two.payload[..], two.qos),
+                (&b"two"[..], QoS::ExactlyOnce),
+                "{signal}"
+            );
+            sub.ack(&two);
+            sub.settle();
+        }
+        let (mut holder, present) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V5, "holder", true));
+        assert!(present);
+        let again = holder.expect_publish();
+        assert!(again.dup, "{signal}: resent with DUP");
+        assert_eq!(
+            (again.packet_id, &again.payload[..]),
+            (held.packet_id, &b"held"[..])
+        );
+        holder.ack(&again);
+        let (mut watcher, _) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V5, "watcher", true));
+        let will = watcher.expect_publish();
+        assert_eq!(
+            (will.topic.as_str(), &will.payload[..]),
+            ("wills/dying", &b"gone"[..]),
+            "{signal}"
+        );
+        watcher.ack(&will);
+        let (mut fresh, _) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V311, "fresh", false));
+        fresh.subscribe("r/#", QoS::AtLeastOnce);
+        let r = fresh.expect_publish();
+        assert!(r.retain);
+        assert_eq!(&r.payload[..], b"kept");
+        stop(daemon, "-TERM");
+    }
+}
+
+#[test]
+fn durable_ack_loses_no_acknowledged_message_under_sigkill() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("mercurio.db");
+    let cfg = config(dir.path(), &db, true);
+    let daemon = start(&cfg);
+    let addr = daemon.addr;
+    let (mut sub, _) = Client::connect(addr, connect_packet(ProtocolVersion::V5, "sub", true));
+    sub.subscribe("s", QoS::AtLeastOnce);
+    sub.disconnect();
+
+    // A QoS 1 stream with up to 16 messages awaiting PUBACK; the acknowledged ones recorded.
+    let (acked_tx, acked_rx) = mpsc::channel::<u32>();
+    let stream = std::thread::spawn(move || {
+        let (mut publisher, _) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V311, "pub", false));
+        let mut sent = std::collections::VecDeque::new();
+        for i in 0u32..1_000_000 {
+            let id = publisher.publish_packet("s", &i.to_be_bytes(), QoS::AtLeastOnce, false);
+            sent.push_back((id, i));
+            while sent.len() >= 16 {
+                match publisher.recv() {
+                    Some(Packet::PubAck(a)) => {
+                        let (id, i) = sent.pop_front().expect("sent");
+                        assert_eq!(a.packet_id, id);
+                        if acked_tx.send(i).is_err() {
+                            return;
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        }
+    });
+    let mut acked = Vec::new();
+    while acked.len() < 500 {
+        acked.push(acked_rx.recv_timeout(DEADLINE).expect("acknowledgements"));
+    }
+    stop(daemon, "-KILL");
+    let _ = stream.join();
+    acked.extend(acked_rx.try_iter());
+
+    let daemon = start(&cfg);
+    let (mut sub, present) = Client::connect(
+        daemon.addr,
+        connect_packet(ProtocolVersion::V5, "sub", true),
+    );
+    assert!(present);
+    let mut received = std::collections::HashSet::new();
+    let last = *acked.last().expect("acked");
+    loop {
+        let p = sub.expect_publish();
+        let i = u32::from_be_bytes(p.payload[..4].try_into().expect("4 bytes"));
+        sub.ack(&p);
+        received.insert(i);
+        if i >= last {
+            break;
+        }
+    }
+    for i in &acked {
+        assert!(received.contains(i), "acknowledged message {i} lost");
+    }
+    stop(daemon, "-TERM");
+}
+
+#[test]
+fn a_second_daemon_on_the_same_database_exits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("mercurio.db");
+    let cfg = config(dir.path(), &db, false);
+    let first = start(&cfg);
+    let (mut second, _out, err) = spawn(&cfg);
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the second daemon did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(1));
+    let stderr: Vec<String> = err.iter().collect();
+    let text = stderr.join("\n");
+    assert!(text.contains("mercurio.db"), "{text}");
+    assert!(text.contains("in use"), "{text}");
+    stop(first, "-TERM");
+}

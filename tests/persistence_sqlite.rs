@@ -1,0 +1,609 @@
+//! Persistence with in-process brokers restarted on the same SQLite file: sessions, queues,
+//! in-flight messages at each QoS 2 step, inbound QoS 2 identifiers, retained messages, wills;
+//! the lock file, the schema version, set-aside sessions, a busy database; the writer's
+//! give-up and rewrite of dirty clients (on the memory backend's failure injection).
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use mercurio::codec::{Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode};
+use mercurio::config::{Config, StorageBackend};
+use mercurio::storage::{
+    Change, ErrorKind, MemoryStorage, MessageRecord, SessionHeader, SessionRecord,
+    SubscriptionRecord, WillRecord,
+};
+use mercurio::{Broker, BrokerHandle, Error};
+
+fn sqlite_config(path: &Path) -> Config {
+    let mut config = test_config();
+    config.storage.backend = StorageBackend::Sqlite;
+    config.storage.path = Some(path.to_path_buf());
+    config
+}
+
+struct Db {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+fn db() -> Db {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("mercurio.db");
+    Db { _dir: dir, path }
+}
+
+async fn start_on(db: &Db) -> (BrokerHandle, std::net::SocketAddr) {
+    start_with(sqlite_config(&db.path)).await
+}
+
+/// A persistent CONNECT: clean session 0 for 3.x, session expiry `expiry` for 5.0.
+fn persistent(version: ProtocolVersion, client_id: &str, expiry: u32) -> mercurio::codec::Connect {
+    let mut c = connect_packet(version, client_id);
+    c.clean_start = false;
+    if version == ProtocolVersion::V5 {
+        c.properties.session_expiry_interval = Some(expiry);
+    }
+    c
+}
+
+async fn connect_persistent(
+    addr: std::net::SocketAddr,
+    version: ProtocolVersion,
+    client_id: &str,
+) -> (Client, bool) {
+    let (c, ack) = Client::connect_with(addr, persistent(version, client_id, 300)).await;
+    assert_eq!(
+        ack.reason_code,
+        ReasonCode::SUCCESS,
+        "CONNACK for {client_id}"
+    );
+    (c, ack.session_present)
+}
+
+/// A PINGREQ round trip: everything the client sent before is handled.
+async fn settle(c: &mut Client) {
+    c.send(Packet::PingReq).await;
+    loop {
+        match c.recv().await {
+            Some(Packet::PingResp) => return,
+            Some(_) => continue,
+            None => panic!("closed while settling"),
+        }
+    }
+}
+
+async fn expect_packet(c: &mut Client) -> Packet {
+    c.recv().await.expect("a packet, not a close")
+}
+
+#[tokio::test]
+async fn sessions_queues_and_retained_survive_a_restart() {
+    for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        let db = db();
+        let (broker, addr) = start_on(&db).await;
+        let (mut sub, present) = connect_persistent(addr, version, "sub").await;
+        assert!(!present);
+        sub.subscribe("t/#", QoS::ExactlyOnce).await;
+        sub.disconnect().await;
+        let mut publisher = Client::connect(addr, version, "pub").await;
+        publisher
+            .publish("t/1", b"one", QoS::AtLeastOnce, false)
+            .await;
+        publisher
+            .publish("t/2", b"two", QoS::ExactlyOnce, false)
+            .await;
+        publisher
+            .publish("t/0", b"zero", QoS::AtMostOnce, false)
+            .await;
+        publisher
+            .publish("r/x", b"kept", QoS::AtLeastOnce, true)
+            .await;
+        publisher.disconnect().await;
+        broker.shutdown().await;
+
+        let (broker, addr) = start_on(&db).await;
+        assert_eq!(broker.retained_count(), 1);
+        let (mut sub, present) = connect_persistent(addr, version, "sub").await;
+        assert!(present, "the session is restored ({version:?})");
+        let one = sub.expect_publish().await;
+        assert_eq!(
+            (one.topic.as_str(), &one.payload[..], one.qos),
+            ("t/1", &b"one"[..], QoS::AtLeastOnce)
+        );
+        sub.ack(&one).await;
+        let two = sub.expect_publish().await;
+        assert_eq!(
+            (two.topic.as_str(), &two.payload[..], two.qos),
+            ("t/2", &b"two"[..], QoS::ExactlyOnce)
+        );
+        sub.ack(&two).await;
+        sub.expect_nothing(Duration::from_millis(200)).await;
+        // The subscription was restored too.
+        let mut publisher = Client::connect(addr, version, "pub").await;
+        publisher
+            .publish("t/3", b"three", QoS::AtLeastOnce, false)
+            .await;
+        let three = sub.expect_publish().await;
+        assert_eq!(&three.payload[..], b"three");
+        sub.ack(&three).await;
+        settle(&mut sub).await;
+        // The retained message, with its RETAIN flag.
+        let mut fresh = Client::connect(addr, version, "fresh").await;
+        fresh.subscribe("r/#", QoS::AtLeastOnce).await;
+        let r = fresh.expect_publish().await;
+        assert!(r.retain);
+        assert_eq!(&r.payload[..], b"kept");
+        sub.disconnect().await;
+        broker.shutdown().await;
+
+        // What was delivered and acknowledged is gone after another restart.
+        let (broker, addr) = start_on(&db).await;
+        let (mut sub, present) = connect_persistent(addr, version, "sub").await;
+        assert!(present);
+        sub.expect_nothing(Duration::from_millis(200)).await;
+        broker.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn in_flight_messages_are_resent_at_each_step() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    sub.subscribe("q/#", QoS::ExactlyOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publisher
+        .publish("q/a", b"qos1", QoS::AtLeastOnce, false)
+        .await;
+    publisher
+        .publish("q/b", b"qos2 unacked", QoS::ExactlyOnce, false)
+        .await;
+    publisher
+        .publish("q/c", b"qos2 pubrec", QoS::ExactlyOnce, false)
+        .await;
+    let a = sub.expect_publish().await;
+    let b = sub.expect_publish().await;
+    let c = sub.expect_publish().await;
+    assert_eq!(&c.payload[..], b"qos2 pubrec");
+    // c: PUBREC sent, PUBREL received, no PUBCOMP.
+    sub.send(Packet::PubRec(PubAck {
+        packet_id: c.packet_id,
+        ..PubAck::default()
+    }))
+    .await;
+    match expect_packet(&mut sub).await {
+        Packet::PubRel(r) => assert_eq!(r.packet_id, c.packet_id),
+        other => panic!("expected PUBREL, got {other:?}"),
+    }
+    broker.flush_storage().await;
+    drop(sub);
+    drop(publisher);
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, present) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    assert!(present);
+    let mut resent = Vec::new();
+    for _ in 0..3 {
+        resent.push(expect_packet(&mut sub).await);
+    }
+    match &resent[0] {
+        Packet::Publish(p) => {
+            assert!(p.dup);
+            assert_eq!((p.packet_id, &p.payload[..]), (a.packet_id, &b"qos1"[..]));
+        }
+        other => panic!("expected the QoS 1 message again, got {other:?}"),
+    }
+    match &resent[1] {
+        Packet::Publish(p) => {
+            assert!(p.dup);
+            assert_eq!((p.packet_id, p.qos), (b.packet_id, QoS::ExactlyOnce));
+        }
+        other => panic!("expected the unacknowledged QoS 2 message again, got {other:?}"),
+    }
+    match &resent[2] {
+        Packet::PubRel(r) => assert_eq!(r.packet_id, c.packet_id),
+        other => panic!("expected PUBREL again, got {other:?}"),
+    }
+    sub.expect_nothing(Duration::from_millis(200)).await;
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn inbound_qos2_ids_survive_a_restart() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    sub.subscribe("in/#", QoS::AtLeastOnce).await;
+    let (mut publisher, _) = connect_persistent(addr, ProtocolVersion::V311, "pub").await;
+    let publish = Publish {
+        dup: false,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "in/x".into(),
+        packet_id: 9,
+        properties: Properties::default(),
+        payload: bytes::Bytes::from_static(b"once"),
+    };
+    publisher.send(Packet::Publish(publish.clone())).await;
+    match expect_packet(&mut publisher).await {
+        Packet::PubRec(r) => assert_eq!(r.packet_id, 9),
+        other => panic!("expected PUBREC, got {other:?}"),
+    }
+    let p = sub.expect_publish().await;
+    sub.ack(&p).await;
+    settle(&mut sub).await;
+    drop(publisher);
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    let (mut publisher, present) = connect_persistent(addr, ProtocolVersion::V311, "pub").await;
+    assert!(present);
+    publisher
+        .send(Packet::Publish(Publish {
+            dup: true,
+            ..publish
+        }))
+        .await;
+    match expect_packet(&mut publisher).await {
+        Packet::PubRec(r) => assert_eq!(r.packet_id, 9),
+        other => panic!("expected PUBREC, got {other:?}"),
+    }
+    publisher
+        .send(Packet::PubRel(PubAck {
+            packet_id: 9,
+            ..PubAck::default()
+        }))
+        .await;
+    match expect_packet(&mut publisher).await {
+        Packet::PubComp(r) => assert_eq!(r.packet_id, 9),
+        other => panic!("expected PUBCOMP, got {other:?}"),
+    }
+    sub.expect_nothing(Duration::from_millis(300)).await;
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_delayed_will_survives_a_restart() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    let (mut watcher, _) = connect_persistent(addr, ProtocolVersion::V5, "watcher").await;
+    watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
+    let mut c = persistent(ProtocolVersion::V5, "dying", 60);
+    let mut w = will("wills/dying", "gone", QoS::AtLeastOnce, false);
+    w.properties.will_delay_interval = Some(1);
+    c.will = Some(w);
+    let (dying, ack) = Client::connect_with(addr, c).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    drop(dying); // connection lost: the will waits for its delay
+    watcher.disconnect().await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    let (mut watcher, present) = connect_persistent(addr, ProtocolVersion::V5, "watcher").await;
+    assert!(present);
+    let p = watcher.expect_publish().await;
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("wills/dying", &b"gone"[..])
+    );
+    watcher.ack(&p).await;
+    watcher.expect_nothing(Duration::from_millis(300)).await;
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn sessions_expired_while_down_are_discarded_and_their_wills_published() {
+    let db = db();
+    let ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        - 3_600_000;
+    {
+        let storage = mercurio::storage::sqlite::SqliteStorage::open(&db.path).unwrap();
+        let mut watcher = SessionRecord::new(SessionHeader {
+            client_id: "watcher".into(),
+            protocol_level: 5,
+            session_expiry_interval: mercurio::storage::NEVER_EXPIRES,
+            disconnected_at: Some(ago),
+        });
+        watcher.subscriptions = vec![SubscriptionRecord::new("wills/#", 1)];
+        let mut gone = SessionRecord::new(SessionHeader {
+            client_id: "gone".into(),
+            protocol_level: 5,
+            session_expiry_interval: 60,
+            disconnected_at: Some(ago),
+        });
+        gone.will = Some(WillRecord {
+            message: MessageRecord::new("wills/gone", "bye", 1),
+            delay_interval: 120,
+        });
+        use mercurio::storage::Storage;
+        storage
+            .apply(&[
+                Change::SessionWritten(watcher),
+                Change::SessionWritten(gone),
+            ])
+            .await
+            .unwrap();
+        storage.close().await.unwrap();
+    }
+    let (broker, addr) = start_on(&db).await;
+    let ids: Vec<String> = broker.sessions().into_iter().map(|s| s.client_id).collect();
+    assert_eq!(ids, ["watcher"]);
+    assert_eq!(broker.stats().sessions_expired.load(Ordering::Relaxed), 1);
+    let (mut watcher, present) = connect_persistent(addr, ProtocolVersion::V5, "watcher").await;
+    assert!(present);
+    let p = watcher.expect_publish().await;
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("wills/gone", &b"bye"[..])
+    );
+    watcher.ack(&p).await;
+    let (_, present) = connect_persistent(addr, ProtocolVersion::V5, "gone").await;
+    assert!(!present, "the expired session is gone");
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_second_broker_on_the_same_file_is_refused() {
+    let db = db();
+    let (broker, _) = start_on(&db).await;
+    let second = Broker::builder(sqlite_config(&db.path)).start().await;
+    match second {
+        Err(Error::Storage(e)) => {
+            let text = e.to_string();
+            assert!(text.contains("mercurio.db"), "{text}");
+            assert!(text.contains("in use"), "{text}");
+        }
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("a second broker started on the same database"),
+    }
+    // The sqlite3 shell (any reader) can still read it.
+    let reader = rusqlite::Connection::open(&db.path).unwrap();
+    let n: i64 = reader
+        .query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0);
+    broker.shutdown().await;
+    let (again, _) = start_on(&db).await;
+    again.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let db = db();
+    let (broker, _) = start_on(&db).await;
+    broker.shutdown().await;
+    rusqlite::Connection::open(&db.path)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 1000")
+        .unwrap();
+    match Broker::builder(sqlite_config(&db.path)).start().await {
+        Err(Error::Storage(e)) => {
+            assert!(e.is_incompatible(), "{e}");
+            assert!(e.to_string().contains("newer"), "{e}");
+        }
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("started on a newer schema"),
+    }
+}
+
+#[tokio::test]
+async fn a_damaged_session_is_set_aside_until_deleted() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    for id in ["good", "bad"] {
+        let (mut c, _) = connect_persistent(addr, ProtocolVersion::V311, id).await;
+        c.subscribe("x", QoS::AtLeastOnce).await;
+        c.disconnect().await;
+    }
+    broker.shutdown().await;
+    rusqlite::Connection::open(&db.path)
+        .unwrap()
+        .execute(
+            "UPDATE sessions SET session_expiry_interval = 'broken' WHERE client_id = 'bad'",
+            [],
+        )
+        .unwrap();
+
+    let (broker, addr) = start_on(&db).await;
+    assert_eq!(
+        broker
+            .stats()
+            .storage_sessions_set_aside
+            .load(Ordering::Relaxed),
+        1
+    );
+    for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        let (_, ack) = Client::connect_with(addr, persistent(version, "bad", 60)).await;
+        let expected = if version == ProtocolVersion::V5 {
+            ReasonCode::SERVER_UNAVAILABLE
+        } else {
+            ReasonCode(3)
+        };
+        assert_eq!(ack.reason_code, expected, "{version:?}");
+    }
+    let (_, present) = connect_persistent(addr, ProtocolVersion::V311, "good").await;
+    assert!(present);
+    // Left untouched in the file.
+    let reader = rusqlite::Connection::open(&db.path).unwrap();
+    let n: i64 = reader
+        .query_row(
+            "SELECT count(*) FROM subscriptions WHERE client_id = 'bad'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+
+    assert_eq!(broker.delete_session("bad").await.unwrap(), Some(true));
+    assert_eq!(broker.delete_session("bad").await.unwrap(), None);
+    assert_eq!(
+        broker
+            .stats()
+            .storage_sessions_set_aside
+            .load(Ordering::Relaxed),
+        0
+    );
+    let (_, present) = connect_persistent(addr, ProtocolVersion::V311, "bad").await;
+    assert!(!present, "a new session");
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_locked_database_delays_writes_but_loses_nothing() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    sub.subscribe("l/#", QoS::AtLeastOnce).await;
+    sub.disconnect().await;
+    broker.flush_storage().await;
+
+    // Another connection holds the write lock for two seconds.
+    let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+    let path = db.path.clone();
+    let holder = std::thread::spawn(move || {
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        other.execute_batch("COMMIT").unwrap();
+    });
+    locked_rx.await.unwrap();
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..50 {
+        // Acknowledged at once: the message path doesn't wait on the database.
+        let rc = publisher
+            .publish("l/t", format!("m{i}").as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+        assert_eq!(rc, ReasonCode::SUCCESS);
+    }
+    publisher.disconnect().await;
+    holder.join().unwrap();
+    broker.shutdown().await;
+    assert!(
+        broker
+            .stats()
+            .storage_batches_retried
+            .load(Ordering::Relaxed)
+            > 0
+    );
+    assert_eq!(
+        broker
+            .stats()
+            .storage_batches_dropped
+            .load(Ordering::Relaxed),
+        0
+    );
+
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, present) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    assert!(present);
+    for i in 0..50 {
+        let p = sub.expect_publish().await;
+        assert_eq!(&p.payload[..], format!("m{i}").as_bytes());
+        sub.ack(&p).await;
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn durable_ack_acknowledges_after_the_commit() {
+    let db = db();
+    let mut config = sqlite_config(&db.path);
+    config.storage.durable_ack = true;
+    let (broker, addr) = start_with(config.clone()).await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    sub.subscribe("d/#", QoS::ExactlyOnce).await;
+    sub.disconnect().await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..20 {
+        let qos = if i % 2 == 0 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::ExactlyOnce
+        };
+        let rc = publisher
+            .publish("d/t", format!("m{i}").as_bytes(), qos, false)
+            .await;
+        assert_eq!(rc, ReasonCode::SUCCESS);
+        // Acknowledged means in the file already, seen by another connection.
+        let reader = rusqlite::Connection::open(&db.path).unwrap();
+        let n: i64 = reader
+            .query_row(
+                "SELECT count(*) FROM queued WHERE client_id = 'sub'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(n, i + 1);
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn refused_changes_are_given_up_and_the_client_written_whole() {
+    let storage = MemoryStorage::new();
+    let mut config = test_config();
+    config.storage.durable_ack = false;
+    let broker = Broker::builder(config)
+        .storage(Arc::new(storage.clone()))
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    sub.subscribe("a", QoS::AtLeastOnce).await;
+    broker.flush_storage().await;
+    storage.fail_next(ErrorKind::Refused, 5);
+    sub.subscribe("b", QoS::AtLeastOnce).await;
+    // Given up after five attempts; the client is then written whole.
+    tokio::time::timeout(DEADLINE, async {
+        while broker
+            .stats()
+            .storage_batches_dropped
+            .load(Ordering::Relaxed)
+            == 0
+        {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the batch is given up");
+    sub.subscribe("c", QoS::AtLeastOnce).await;
+    tokio::time::timeout(
+        DEADLINE,
+        storage.wait_until(|s| {
+            s.sessions.iter().any(|r| {
+                r.client_id == "sub"
+                    && r.subscriptions
+                        .iter()
+                        .map(|s| s.filter.as_str())
+                        .collect::<Vec<_>>()
+                        == ["a", "b", "c"]
+            })
+        }),
+    )
+    .await
+    .expect("the dirty client is written whole");
+    assert_eq!(
+        broker.stats().storage_clients_dirty.load(Ordering::Relaxed),
+        0
+    );
+    assert!(
+        broker
+            .stats()
+            .storage_batches_retried
+            .load(Ordering::Relaxed)
+            >= 4
+    );
+    broker.shutdown().await;
+}
