@@ -382,3 +382,79 @@ async fn v5_connect_properties_are_accepted() {
     c.ping().await;
     broker.shutdown().await;
 }
+
+/// A will the broker cannot honour refuses the connection: will QoS above Maximum QoS gets
+/// 0x9B [MQTT-3.2.2-12], will retain without retain support 0x9A [MQTT-3.2.2-13]; a will
+/// topic with a wildcard is invalid [MQTT-3.1.3-11] [MQTT-3.3.2-2] (0x90 in 5.0, 3.1.1 has
+/// no such code and may just close). An authentication method the broker does not support
+/// gets 0x8C (5.0 section 4.12).
+#[tokio::test]
+async fn connect_refusals() {
+    let mut config = test_config();
+    config.server.max_qos = 1;
+    config.server.retain_available = false;
+    let (broker, addr) = start_with(config).await;
+    let cases: Vec<(mercurio::codec::Connect, ReasonCode)> = {
+        let mut qos = connect_packet(ProtocolVersion::V5, "r1");
+        qos.will = Some(will("w/t", "x", QoS::ExactlyOnce, false));
+        let mut retain = connect_packet(ProtocolVersion::V5, "r2");
+        retain.will = Some(will("w/t", "x", QoS::AtMostOnce, true));
+        let mut topic = connect_packet(ProtocolVersion::V5, "r3");
+        topic.will = Some(will("w/+", "x", QoS::AtMostOnce, false));
+        let mut auth = connect_packet(ProtocolVersion::V5, "r4");
+        auth.properties.authentication_method = Some("SCRAM-SHA-1".into());
+        vec![
+            (qos, ReasonCode::QOS_NOT_SUPPORTED),
+            (retain, ReasonCode::RETAIN_NOT_SUPPORTED),
+            (topic, ReasonCode::TOPIC_NAME_INVALID),
+            (auth, ReasonCode::BAD_AUTHENTICATION_METHOD),
+        ]
+    };
+    for (connect, rc) in cases {
+        let mut c = Client::open(addr, ProtocolVersion::V5).await;
+        c.send(Packet::Connect(Box::new(connect))).await;
+        let seen = c.expect_closed().await;
+        match seen.as_slice() {
+            [Packet::ConnAck(ack)] => {
+                assert_eq!(ack.reason_code, rc);
+                assert!(!ack.session_present, "[MQTT-3.2.2-6]");
+            }
+            [] if rc == ReasonCode::TOPIC_NAME_INVALID => {}
+            other => panic!("expected CONNACK {rc:?}, got {other:?}"),
+        }
+    }
+    // 3.1.1: will QoS above the maximum is refused too (return code 2..5 or a close).
+    let mut qos = connect_packet(ProtocolVersion::V311, "r5");
+    qos.will = Some(will("w/t", "x", QoS::ExactlyOnce, false));
+    let mut c = Client::open(addr, ProtocolVersion::V311).await;
+    c.send(Packet::Connect(Box::new(qos))).await;
+    let seen = c.expect_closed().await;
+    assert!(
+        seen.iter()
+            .all(|p| !matches!(p, Packet::ConnAck(a) if a.reason_code == ReasonCode::SUCCESS)),
+        "{seen:?}"
+    );
+    broker.shutdown().await;
+}
+
+/// CONNECT with the reserved connect flag set [MQTT-3.1.2-3], a will QoS without the will
+/// flag [MQTT-3.1.2-11] [MQTT-3.1.2-13], or will QoS 3 [MQTT-3.1.2-14] is malformed: closed
+/// without CONNACK (5.0 may answer CONNACK 0x81 first).
+#[tokio::test]
+async fn malformed_connect_flags() {
+    let (broker, addr) = start().await;
+    for (level, flags) in [(4u8, 0x03u8), (5, 0x03), (4, 0x0A), (5, 0x1E), (4, 0x1E)] {
+        let mut bytes = raw_connect(b"MQTT", level);
+        bytes[9] = flags;
+        let mut c = Client::open(addr, ProtocolVersion::V5).await;
+        c.send_raw(&bytes).await;
+        let seen = c.expect_closed().await;
+        assert!(
+            seen.iter().all(
+                |p| matches!(p, Packet::ConnAck(a) if a.reason_code == ReasonCode::MALFORMED_PACKET)
+            ),
+            "level {level} flags {flags:#04x}: {seen:?}"
+        );
+    }
+    broker.shutdown().await;
+}

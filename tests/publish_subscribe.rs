@@ -685,3 +685,202 @@ async fn subscribe_invalid_filter_fails_only_that_filter() {
     }
     broker.shutdown().await;
 }
+
+/// The broker never sends a packet larger than the client's Maximum Packet Size: such a
+/// message is discarded for that client [MQTT-3.1.2-24] [MQTT-3.1.2-25], others still flow.
+#[tokio::test]
+async fn client_maximum_packet_size_is_respected() {
+    let (broker, addr) = start().await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "mps-sub");
+    connect.properties.maximum_packet_size = Some(100);
+    let (mut small, _) = Client::connect_with(addr, connect).await;
+    small.subscribe("mps/t", QoS::AtLeastOnce).await;
+    let mut big = Client::connect(addr, ProtocolVersion::V5, "mps-big").await;
+    big.subscribe("mps/t", QoS::AtLeastOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "mps-pub").await;
+    publisher
+        .publish("mps/t", &[b'x'; 200], QoS::AtLeastOnce, false)
+        .await;
+    publisher
+        .publish("mps/t", b"small", QoS::AtLeastOnce, false)
+        .await;
+    let p = big.expect_publish().await;
+    assert_eq!(p.payload.len(), 200);
+    big.ack(&p).await;
+    let p = small.expect_publish().await;
+    assert_eq!(&p.payload[..], b"small");
+    small.ack(&p).await;
+    small.expect_nothing(SHORT).await;
+    broker.shutdown().await;
+}
+
+/// The broker sends no more unacknowledged QoS 1/2 PUBLISH packets than the client's Receive
+/// Maximum [MQTT-3.3.4-9]; acknowledging one lets the next through. 3.x clients are bounded by
+/// max_inflight the same way.
+#[tokio::test]
+async fn outbound_flow_control() {
+    let mut config = test_config();
+    config.server.max_inflight = 3;
+    let (broker, addr) = start_with(config).await;
+    for (version, window) in [(ProtocolVersion::V5, 2usize), (ProtocolVersion::V311, 3)] {
+        let mut connect = connect_packet(version, "fc-sub");
+        if version.is_v5() {
+            connect.properties.receive_maximum = Some(2);
+        }
+        let (mut sub, _) = Client::connect_with(addr, connect).await;
+        sub.subscribe("fc/t", QoS::ExactlyOnce).await;
+        let mut publisher = Client::connect(addr, version, "fc-pub").await;
+        for i in 0..6u8 {
+            let qos = if i % 2 == 0 {
+                QoS::AtLeastOnce
+            } else {
+                QoS::ExactlyOnce
+            };
+            publisher.publish("fc/t", &[i], qos, false).await;
+        }
+        let mut first = Vec::new();
+        for _ in 0..window {
+            first.push(sub.expect_publish().await);
+        }
+        sub.expect_nothing(SHORT).await;
+        let mut next = 0u8;
+        for p in &first {
+            assert_eq!(p.payload[0], next);
+            next += 1;
+        }
+        // Acknowledge what we hold; the rest then flows, never more than `window`
+        // unacknowledged (PUBLISH without PUBACK, or without PUBCOMP for QoS 2) at once.
+        let mut outstanding = HashSet::new();
+        for p in &first {
+            outstanding.insert(p.packet_id);
+        }
+        let answer = |p: &mercurio::codec::Publish| {
+            let ack = PubAck {
+                packet_id: p.packet_id,
+                ..Default::default()
+            };
+            if p.qos == QoS::AtLeastOnce {
+                Packet::PubAck(ack)
+            } else {
+                Packet::PubRec(ack)
+            }
+        };
+        for p in &first {
+            if p.qos == QoS::AtLeastOnce {
+                outstanding.remove(&p.packet_id);
+            }
+            sub.send(answer(p)).await;
+        }
+        while next < 6 || !outstanding.is_empty() {
+            match sub.expect_packet().await {
+                Packet::Publish(p) => {
+                    assert_eq!(p.payload[0], next);
+                    next += 1;
+                    assert!(outstanding.insert(p.packet_id));
+                    assert!(outstanding.len() <= window, "{outstanding:?}");
+                    if p.qos == QoS::AtLeastOnce {
+                        outstanding.remove(&p.packet_id);
+                    }
+                    sub.send(answer(&p)).await;
+                }
+                Packet::PubRel(r) => {
+                    assert!(outstanding.remove(&r.packet_id));
+                    sub.send(Packet::PubComp(PubAck {
+                        packet_id: r.packet_id,
+                        ..Default::default()
+                    }))
+                    .await;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        sub.disconnect().await;
+        publisher.disconnect().await;
+    }
+    broker.shutdown().await;
+}
+
+/// Unsubscribing a shared subscription removes this member: the other member then gets every
+/// message (MQTT 5.0 section 4.8.2) [MQTT-3.10.4-1].
+#[tokio::test]
+async fn unsubscribe_shared_subscription() {
+    let (broker, addr) = start().await;
+    let mut a = Client::connect(addr, ProtocolVersion::V5, "ush-a").await;
+    let mut b = Client::connect(addr, ProtocolVersion::V5, "ush-b").await;
+    a.subscribe("$share/g/ush/t", QoS::AtMostOnce).await;
+    b.subscribe("$share/g/ush/t", QoS::AtMostOnce).await;
+    assert_eq!(
+        a.unsubscribe(&["$share/g/ush/t"]).await,
+        vec![ReasonCode::SUCCESS]
+    );
+    assert_eq!(
+        a.unsubscribe(&["$share/g/ush/t", "$share/other/ush/t"])
+            .await,
+        vec![
+            ReasonCode::NO_SUBSCRIPTION_EXISTED,
+            ReasonCode::NO_SUBSCRIPTION_EXISTED
+        ]
+    );
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "ush-pub").await;
+    for i in 0..4u8 {
+        publisher
+            .publish("ush/t", &[i], QoS::AtMostOnce, false)
+            .await;
+    }
+    for i in 0..4u8 {
+        assert_eq!(b.expect_publish().await.payload[..], [i]);
+    }
+    a.expect_nothing(SHORT).await;
+    broker.shutdown().await;
+}
+
+/// A PUBLISH above the Maximum QoS the broker announced closes the connection with
+/// DISCONNECT 0x9B (QoS not supported) [MQTT-3.2.2-11].
+#[tokio::test]
+async fn publish_above_maximum_qos() {
+    let mut config = test_config();
+    config.server.max_qos = 1;
+    let (broker, addr) = start_with(config).await;
+    let mut c = Client::connect(addr, ProtocolVersion::V5, "mq").await;
+    c.publish("mq/t", b"1", QoS::AtLeastOnce, false).await;
+    c.send(publish_packet(
+        "mq/t",
+        b"2",
+        QoS::ExactlyOnce,
+        false,
+        5,
+        Properties::default(),
+    ))
+    .await;
+    c.expect_violation(ReasonCode::QOS_NOT_SUPPORTED).await;
+    broker.shutdown().await;
+}
+
+/// An empty topic name without a topic alias is refused: 3.1.1 [MQTT-4.7.3-1] closes, 5.0
+/// closes with DISCONNECT 0x82 (section 3.3.2.3.4: Protocol Error).
+#[tokio::test]
+async fn empty_topic_name_is_refused() {
+    let (broker, addr) = start().await;
+    for version in VERSIONS {
+        let mut c = Client::connect(addr, version, "empty-topic").await;
+        c.send(publish_packet(
+            "",
+            b"x",
+            QoS::AtMostOnce,
+            false,
+            0,
+            Properties::default(),
+        ))
+        .await;
+        let rc = c.expect_disconnect().await;
+        if version.is_v5() {
+            assert!(
+                rc == Some(ReasonCode::PROTOCOL_ERROR)
+                    || rc == Some(ReasonCode::TOPIC_NAME_INVALID)
+                    || rc == Some(ReasonCode::MALFORMED_PACKET),
+                "{rc:?}"
+            );
+        }
+    }
+    broker.shutdown().await;
+}

@@ -225,3 +225,32 @@ async fn retain_unavailable_refuses_retained_publish() {
     assert_eq!(broker.retained_count(), 0);
     broker.shutdown().await;
 }
+
+/// Retained messages on `$` topics are not sent to filters starting with a wildcard
+/// [MQTT-4.7.2-1], but are to filters naming their first level.
+#[tokio::test]
+async fn retained_dollar_topics_not_matched_by_leading_wildcards() {
+    let (broker, addr) = start().await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "rd$-pub").await;
+    publisher
+        .publish("$app/x", b"d", QoS::AtLeastOnce, true)
+        .await;
+    publisher
+        .publish("app/x", b"p", QoS::AtLeastOnce, true)
+        .await;
+    for filter in ["#", "+/x", "+/#"] {
+        let mut sub = Client::connect(addr, ProtocolVersion::V5, "rd$-sub").await;
+        sub.subscribe(filter, QoS::AtMostOnce).await;
+        let mut topics = Vec::new();
+        // Whatever else is retained (the broker's own $SYS is never matched here either).
+        while let Ok(Some(mercurio::codec::Packet::Publish(p))) = sub.recv_within(SHORT).await {
+            topics.push(p.topic);
+        }
+        assert_eq!(topics, vec!["app/x"], "filter {filter}");
+        sub.disconnect().await;
+    }
+    let mut sub = Client::connect(addr, ProtocolVersion::V5, "rd$-sub").await;
+    sub.subscribe("$app/#", QoS::AtMostOnce).await;
+    assert_eq!(sub.expect_publish().await.topic, "$app/x");
+    broker.shutdown().await;
+}
