@@ -280,3 +280,25 @@ async fn will_properties_are_forwarded() {
     assert_eq!(p.properties, expected);
     broker.shutdown().await;
 }
+
+/// The will's Message Expiry Interval is its lifetime from when it is published, sent as the
+/// Message Expiry Interval of the PUBLISH (5.0 section 3.1.3.2.4) [MQTT-3.3.2-6]: a connection
+/// lasting longer than that interval still leaves a live will.
+#[tokio::test]
+async fn will_message_expiry_counts_from_publication() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "will/exp").await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "will-exp");
+    let mut wl = will("will/exp", "late", QoS::AtLeastOnce, true);
+    wl.properties.message_expiry_interval = Some(1);
+    connect.will = Some(wl);
+    let (c, _) = Client::connect_with(addr, connect).await;
+    // The connection outlives the will's expiry interval (waiting for time itself).
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    c.drop_connection().await;
+    let p = w.expect_publish().await;
+    assert_eq!(&p.payload[..], b"late");
+    assert_eq!(p.properties.message_expiry_interval, Some(1));
+    w.ack(&p).await;
+    broker.shutdown().await;
+}
