@@ -511,13 +511,14 @@ async fn accept(
         let expiry = properties.message_expiry_interval.take();
         will = Some(Will {
             delay,
+            expiry,
             msg: Arc::new(Message {
                 topic: w.topic.clone(),
                 payload: w.payload.clone(),
                 qos: w.qos,
                 retain: w.retain,
                 properties,
-                expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+                expires_at: None,
                 publisher: Some(Arc::clone(&client_id)),
             }),
         });
