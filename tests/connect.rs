@@ -458,3 +458,25 @@ async fn malformed_connect_flags() {
     }
     broker.shutdown().await;
 }
+
+/// A 5.0 client asking for no keep alive (or more than max_keepalive) is told the Server
+/// Keep Alive, which the broker then enforces [MQTT-3.2.2-21] [MQTT-3.1.2-24]: silent for one
+/// and a half times it, the client is disconnected (DISCONNECT 0x8D).
+#[tokio::test]
+async fn server_keep_alive_is_enforced() {
+    let mut config = test_config();
+    config.server.max_keepalive = 1;
+    let (broker, addr) = start_with(config).await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "ska");
+    connect.keep_alive = 0;
+    let (mut c, ack) = Client::connect_with(addr, connect).await;
+    assert_eq!(ack.properties.server_keep_alive, Some(1));
+    let started = Instant::now();
+    let rc = c.expect_disconnect().await;
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(
+        rc.is_none() || rc == Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
+        "{rc:?}"
+    );
+    broker.shutdown().await;
+}

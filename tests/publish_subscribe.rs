@@ -884,3 +884,64 @@ async fn empty_topic_name_is_refused() {
     }
     broker.shutdown().await;
 }
+
+/// PUBREL for a packet identifier the broker does not hold is answered with PUBCOMP, in 5.0
+/// with 0x92 (Packet Identifier not found) (5.0 section 3.7.2.1) [MQTT-4.3.3-11]; the
+/// connection stays open.
+#[tokio::test]
+async fn pubrel_for_unknown_identifier() {
+    let (broker, addr) = start().await;
+    for version in VERSIONS {
+        let mut c = Client::connect(addr, version, "unknown-rel").await;
+        c.send(Packet::PubRel(PubAck {
+            packet_id: 99,
+            ..Default::default()
+        }))
+        .await;
+        match c.expect_packet().await {
+            Packet::PubComp(a) => {
+                assert_eq!(a.packet_id, 99);
+                if version.is_v5() {
+                    assert_eq!(a.reason_code, ReasonCode::PACKET_IDENTIFIER_NOT_FOUND);
+                }
+            }
+            other => panic!("expected PUBCOMP, got {other:?}"),
+        }
+        c.ping().await;
+        c.disconnect().await;
+    }
+    broker.shutdown().await;
+}
+
+/// A PUBREC with a failure reason code ends the QoS 2 flow: no PUBREL follows and the packet
+/// identifier and window slot are free again (5.0 section 4.3.3, [MQTT-4.3.3-4]... "unless it
+/// has received a PUBREC with a Reason Code of 0x80 or greater").
+#[tokio::test]
+async fn pubrec_failure_ends_the_flow() {
+    let (broker, addr) = start().await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "rec-fail");
+    connect.properties.receive_maximum = Some(1);
+    let (mut sub, _) = Client::connect_with(addr, connect).await;
+    sub.subscribe("rf/t", QoS::ExactlyOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "rf-pub").await;
+    publisher
+        .publish("rf/t", b"1", QoS::ExactlyOnce, false)
+        .await;
+    publisher
+        .publish("rf/t", b"2", QoS::ExactlyOnce, false)
+        .await;
+    let p = sub.expect_publish().await;
+    assert_eq!(&p.payload[..], b"1");
+    sub.send(Packet::PubRec(PubAck {
+        packet_id: p.packet_id,
+        reason_code: ReasonCode::UNSPECIFIED_ERROR,
+        ..Default::default()
+    }))
+    .await;
+    // The window (Receive Maximum 1) reopens: the next message comes, not a PUBREL.
+    let p = sub.expect_publish().await;
+    assert_eq!(&p.payload[..], b"2");
+    sub.ack(&p).await;
+    sub.expect_nothing(SHORT).await;
+    broker.shutdown().await;
+}

@@ -405,3 +405,25 @@ async fn takeover_resumes_the_session() {
     assert_eq!(&p.payload[..], b"x");
     broker.shutdown().await;
 }
+
+/// 5.0 Clean Start 1 with a Session Expiry Interval above 0: the new session outlives the
+/// connection [MQTT-3.1.2-23], and the next Clean Start 0 connection resumes it.
+#[tokio::test]
+async fn clean_start_with_expiry_keeps_the_new_session() {
+    let (broker, addr) = start().await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "cs1");
+    connect.properties.session_expiry_interval = Some(60);
+    let (mut c, ack) = Client::connect_with(addr, connect).await;
+    assert!(!ack.session_present);
+    c.subscribe("cs1/t", QoS::AtLeastOnce).await;
+    c.disconnect().await;
+    wait_disconnected(&broker, "cs1").await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "cs1-pub").await;
+    publisher
+        .publish("cs1/t", b"kept", QoS::AtLeastOnce, false)
+        .await;
+    let (mut c, present) = Client::connect_persistent(addr, ProtocolVersion::V5, "cs1").await;
+    assert!(present);
+    assert_eq!(&c.expect_publish().await.payload[..], b"kept");
+    broker.shutdown().await;
+}
