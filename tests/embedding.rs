@@ -296,3 +296,19 @@ async fn handle_sessions_reports() {
     assert_eq!(here_info.inflight, 2);
     broker.shutdown().await;
 }
+
+/// An in-process subscription ends (`recv` gives `None`) once the broker has shut down, as
+/// `Subscription::recv` documents, after delivering what it already held.
+#[tokio::test]
+async fn subscription_ends_after_shutdown() {
+    let (broker, _addr) = start().await;
+    let mut sub = broker.subscribe("end/#", QoS::AtMostOnce).unwrap();
+    broker.publish("end/t", "last", QoS::AtMostOnce, false).unwrap();
+    assert_eq!(&next(&mut sub).await.payload[..], b"last");
+    broker.shutdown().await;
+    let end = tokio::time::timeout(DEADLINE, sub.recv())
+        .await
+        .expect("recv returns once the broker has stopped");
+    assert!(end.is_none());
+    assert!(broker.subscribe("end/#", QoS::AtMostOnce).is_err());
+}
