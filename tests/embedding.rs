@@ -303,7 +303,9 @@ async fn handle_sessions_reports() {
 async fn subscription_ends_after_shutdown() {
     let (broker, _addr) = start().await;
     let mut sub = broker.subscribe("end/#", QoS::AtMostOnce).unwrap();
-    broker.publish("end/t", "last", QoS::AtMostOnce, false).unwrap();
+    broker
+        .publish("end/t", "last", QoS::AtMostOnce, false)
+        .unwrap();
     assert_eq!(&next(&mut sub).await.payload[..], b"last");
     broker.shutdown().await;
     let end = tokio::time::timeout(DEADLINE, sub.recv())
