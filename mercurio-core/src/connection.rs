@@ -146,6 +146,12 @@ impl Link {
         self.kill.notify_one();
     }
 
+    /// Waits for [`Link::kill`] (for links without a connection task: in-process
+    /// subscriptions).
+    pub(crate) async fn wait_killed(&self) {
+        self.kill.notified().await;
+    }
+
     /// Waits until the connection has closed and detached from its session.
     pub(crate) async fn wait_closed(&self) {
         loop {

@@ -295,13 +295,20 @@ async fn pump(
     tx: mpsc::Sender<Arc<crate::message::Message>>,
 ) {
     loop {
-        link.wait_woken().await;
+        // Shutdown kills every link: hand over what is queued, then end the stream.
+        let killed = tokio::select! {
+            _ = link.wait_woken() => false,
+            _ = link.wait_killed() => true,
+        };
         loop {
             let next = session.state.lock().pop_queued();
             let Some(q) = next else { break };
             if tx.send(q.msg).await.is_err() {
                 return;
             }
+        }
+        if killed {
+            return;
         }
     }
 }
