@@ -314,3 +314,22 @@ async fn subscription_ends_after_shutdown() {
     assert!(end.is_none());
     assert!(broker.subscribe("end/#", QoS::AtMostOnce).is_err());
 }
+
+/// An MQTT client cannot take over the session behind an in-process subscription by using
+/// its internal client identifier: it gets a CONNACK (refusing it) without hanging, and the
+/// in-process subscription keeps working [MQTT-3.1.3-5] (the server may refuse identifiers).
+#[tokio::test]
+async fn internal_client_ids_cannot_be_taken_over() {
+    let (broker, addr) = start().await;
+    let mut sub = broker.subscribe("int/#", QoS::AtMostOnce).unwrap();
+    for n in 0..4 {
+        let id = format!("$internal/{n}");
+        let (mut c, ack) =
+            Client::connect_with(addr, connect_packet(ProtocolVersion::V5, &id)).await;
+        assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "{id}");
+        c.expect_closed().await;
+    }
+    broker.publish("int/t", "still", QoS::AtMostOnce, false).unwrap();
+    assert_eq!(&next(&mut sub).await.payload[..], b"still");
+    broker.shutdown().await;
+}
