@@ -326,10 +326,16 @@ async fn internal_client_ids_cannot_be_taken_over() {
         let id = format!("$internal/{n}");
         let (mut c, ack) =
             Client::connect_with(addr, connect_packet(ProtocolVersion::V5, &id)).await;
-        assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, "{id}");
+        assert_eq!(
+            ack.reason_code,
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "{id}"
+        );
         c.expect_closed().await;
     }
-    broker.publish("int/t", "still", QoS::AtMostOnce, false).unwrap();
+    broker
+        .publish("int/t", "still", QoS::AtMostOnce, false)
+        .unwrap();
     assert_eq!(&next(&mut sub).await.payload[..], b"still");
     broker.shutdown().await;
 }
