@@ -453,6 +453,14 @@ async fn accept(
             "client identifier outside clientid_prefixes",
         ));
     }
+    // In-process subscriptions own these identifiers (handle.rs); taking one over would wait
+    // forever for a connection that does not exist.
+    if client_id.starts_with("$internal/") {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "client identifier reserved for in-process subscriptions",
+        ));
+    }
     // Anonymous clients.
     let allow_anonymous = broker.config.auth.allow_anonymous.unwrap_or(false);
     if connect.username.is_none() && !allow_anonymous {
