@@ -302,3 +302,63 @@ async fn will_message_expiry_counts_from_publication() {
     w.ack(&p).await;
     broker.shutdown().await;
 }
+
+/// A takeover closes the existing connection without DISCONNECT from the client: its will
+/// (no delay) is published [MQTT-3.1.4-3] (5.0) [MQTT-3.1.2-8].
+#[tokio::test]
+async fn takeover_publishes_the_will_of_the_old_connection() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "will/take").await;
+    let mut old = with_will(
+        addr,
+        ProtocolVersion::V5,
+        "taken",
+        "will/take",
+        false,
+        None,
+        None,
+    )
+    .await;
+    let mut new = Client::connect(addr, ProtocolVersion::V5, "taken").await;
+    assert_eq!(
+        old.expect_disconnect().await,
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    let p = w.expect_publish().await;
+    assert_eq!(p.topic, "will/take");
+    w.ack(&p).await;
+    new.ping().await;
+    broker.shutdown().await;
+}
+
+/// A delayed will is published once: not again when the session expires later
+/// [MQTT-3.1.2-8] (the will is removed from the session once published).
+#[tokio::test]
+async fn delayed_will_is_published_once() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "will/once").await;
+    let c = with_will(
+        addr,
+        ProtocolVersion::V5,
+        "once",
+        "will/once",
+        false,
+        Some(1),
+        Some(2),
+    )
+    .await;
+    c.drop_connection().await;
+    let p = w.expect_publish().await;
+    assert_eq!(p.topic, "will/once");
+    w.ack(&p).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while broker.sessions().iter().any(|s| s.client_id == "once") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.expect_nothing(SHORT).await;
+    broker.shutdown().await;
+}
