@@ -945,3 +945,88 @@ async fn pubrec_failure_ends_the_flow() {
     sub.expect_nothing(SHORT).await;
     broker.shutdown().await;
 }
+
+/// The DUP flag of an incoming PUBLISH is not propagated to subscribers [MQTT-3.3.1-3].
+#[tokio::test]
+async fn dup_flag_is_not_propagated() {
+    let (broker, addr) = start().await;
+    for version in VERSIONS {
+        let mut sub = Client::connect(addr, version, "dupf-sub").await;
+        sub.subscribe("dupf/t", QoS::AtLeastOnce).await;
+        let mut publisher = Client::connect(addr, version, "dupf-pub").await;
+        let mut pk = publish_packet(
+            "dupf/t",
+            b"x",
+            QoS::AtLeastOnce,
+            false,
+            3,
+            Properties::default(),
+        );
+        if let Packet::Publish(p) = &mut pk {
+            p.dup = true;
+        }
+        publisher.send(pk).await;
+        assert!(matches!(publisher.expect_packet().await, Packet::PubAck(a) if a.packet_id == 3));
+        let p = sub.expect_publish().await;
+        assert!(!p.dup, "{version:?}");
+        sub.ack(&p).await;
+        sub.disconnect().await;
+        publisher.disconnect().await;
+    }
+    broker.shutdown().await;
+}
+
+/// A shared subscription member whose session ends leaves the group: the remaining member
+/// gets every message (MQTT 5.0 section 4.8.2).
+#[tokio::test]
+async fn shared_member_leaving_hands_over_to_the_rest() {
+    let (broker, addr) = start().await;
+    let mut a = Client::connect(addr, ProtocolVersion::V5, "shl-a").await;
+    let mut b = Client::connect(addr, ProtocolVersion::V5, "shl-b").await;
+    a.subscribe("$share/g/shl/t", QoS::AtMostOnce).await;
+    b.subscribe("$share/g/shl/t", QoS::AtMostOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "shl-pub").await;
+    // Both members are served first (proves the group has two members).
+    publisher
+        .publish("shl/t", b"0", QoS::AtMostOnce, false)
+        .await;
+    publisher
+        .publish("shl/t", b"1", QoS::AtMostOnce, false)
+        .await;
+    a.expect_publish().await;
+    b.expect_publish().await;
+    b.disconnect().await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while broker.sessions().iter().any(|s| s.client_id == "shl-b") {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..4u8 {
+        publisher
+            .publish("shl/t", &[i], QoS::AtMostOnce, false)
+            .await;
+    }
+    for i in 0..4u8 {
+        assert_eq!(a.expect_publish().await.payload[..], [i]);
+    }
+    broker.shutdown().await;
+}
+
+/// UNSUBSCRIBE compares filters character by character, without wildcard matching
+/// [MQTT-3.10.4-1]: unsubscribing `us/x` does not remove `us/#`.
+#[tokio::test]
+async fn unsubscribe_matches_filters_literally() {
+    let (broker, addr) = start().await;
+    let mut c = Client::connect(addr, ProtocolVersion::V5, "lit").await;
+    c.subscribe("us/#", QoS::AtMostOnce).await;
+    assert_eq!(
+        c.unsubscribe(&["us/x", "us/+"]).await,
+        vec![ReasonCode::NO_SUBSCRIPTION_EXISTED; 2]
+    );
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "lit-pub").await;
+    publisher
+        .publish("us/x", b"x", QoS::AtMostOnce, false)
+        .await;
+    assert_eq!(c.expect_publish().await.topic, "us/x");
+    broker.shutdown().await;
+}

@@ -254,3 +254,26 @@ async fn retained_dollar_topics_not_matched_by_leading_wildcards() {
     assert_eq!(sub.expect_publish().await.topic, "$app/x");
     broker.shutdown().await;
 }
+
+/// Retained messages sent at subscribe carry the subscription's identifier [MQTT-3.3.4-3].
+#[tokio::test]
+async fn retained_delivery_carries_the_subscription_identifier() {
+    let (broker, addr) = start().await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "rsi-pub").await;
+    publisher
+        .publish("rsi/t", b"r", QoS::AtLeastOnce, true)
+        .await;
+    let mut sub = Client::connect(addr, ProtocolVersion::V5, "rsi-sub").await;
+    sub.subscribe_with(
+        &[("rsi/#", handling(QoS::AtLeastOnce, 0))],
+        Properties {
+            subscription_identifiers: vec![7],
+            ..Properties::default()
+        },
+    )
+    .await;
+    let p = sub.expect_publish().await;
+    assert!(p.retain);
+    assert_eq!(p.properties.subscription_identifiers, vec![7]);
+    broker.shutdown().await;
+}
