@@ -203,6 +203,10 @@ impl BrokerHandle {
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
     /// Returns false when no such client is connected.
     pub fn disconnect(&self, client_id: &str) -> bool {
+        if client_id.starts_with("$internal/") {
+            // An in-process subscription, not a client (see `sessions`).
+            return false;
+        }
         let link = self
             .inner
             .sessions
