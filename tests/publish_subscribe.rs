@@ -1030,3 +1030,63 @@ async fn unsubscribe_matches_filters_literally() {
     assert_eq!(c.expect_publish().await.topic, "us/x");
     broker.shutdown().await;
 }
+
+/// A SUBSCRIBE for a filter the client already has replaces that subscription (new QoS and
+/// options), it does not add a second one [MQTT-3.8.4-3].
+#[tokio::test]
+async fn resubscribe_replaces_the_subscription() {
+    let (broker, addr) = start().await;
+    for version in VERSIONS {
+        let mut c = Client::connect(addr, version, "resub").await;
+        c.subscribe("resub/t", QoS::ExactlyOnce).await;
+        assert_eq!(
+            c.subscribe("resub/t", QoS::AtMostOnce).await,
+            ReasonCode::GRANTED_QOS_0
+        );
+        let mut publisher = Client::connect(addr, version, "resub-pub").await;
+        publisher
+            .publish("resub/t", b"x", QoS::ExactlyOnce, false)
+            .await;
+        let p = c.expect_publish().await;
+        assert_eq!(p.qos, QoS::AtMostOnce);
+        c.expect_nothing(SHORT).await;
+        let info = broker
+            .sessions()
+            .into_iter()
+            .find(|s| s.client_id == "resub")
+            .unwrap();
+        assert_eq!(info.subscriptions, 1);
+        c.disconnect().await;
+        publisher.disconnect().await;
+    }
+    broker.shutdown().await;
+}
+
+/// A shared subscription whose only member is away with a persistent session keeps QoS 1
+/// messages for it, delivered when it reconnects (MQTT 5.0 section 4.8.2).
+#[tokio::test]
+async fn shared_subscription_member_away_gets_messages_on_return() {
+    let (broker, addr) = start().await;
+    let (mut m, _) = Client::connect_persistent(addr, ProtocolVersion::V5, "sha-m").await;
+    m.subscribe("$share/g/sha/t", QoS::AtLeastOnce).await;
+    m.disconnect().await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while broker
+        .sessions()
+        .iter()
+        .any(|s| s.client_id == "sha-m" && s.connected)
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "sha-pub").await;
+    publisher
+        .publish("sha/t", b"kept", QoS::AtLeastOnce, false)
+        .await;
+    let (mut m, present) = Client::connect_persistent(addr, ProtocolVersion::V5, "sha-m").await;
+    assert!(present);
+    let p = m.expect_publish().await;
+    assert_eq!(&p.payload[..], b"kept");
+    m.ack(&p).await;
+    broker.shutdown().await;
+}
