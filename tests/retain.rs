@@ -277,3 +277,60 @@ async fn retained_delivery_carries_the_subscription_identifier() {
     assert_eq!(p.properties.subscription_identifiers, vec![7]);
     broker.shutdown().await;
 }
+
+/// Retained messages are matched on subscribe with the same rules as live messages
+/// (section 4.7): `#` includes the parent level [MQTT-4.7.1-2], `+` matches empty levels,
+/// `$` topics are not matched by leading wildcards [MQTT-4.7.2-1].
+#[tokio::test]
+async fn retained_matching_follows_the_wildcard_rules() {
+    let (broker, addr) = start().await;
+    let topics = [
+        "rw", "rw/a", "rw/a/b", "rw//b", "rw/", "/rw", "RW/a", "$rw/a",
+    ];
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "rw-pub").await;
+    for t in topics {
+        publisher
+            .publish(t, t.as_bytes(), QoS::AtLeastOnce, true)
+            .await;
+    }
+    let cases: [(&str, &[&str]); 9] = [
+        ("rw/#", &["rw", "rw/a", "rw/a/b", "rw//b", "rw/"]),
+        ("rw/+", &["rw/a", "rw/"]),
+        ("rw/+/b", &["rw/a/b", "rw//b"]),
+        ("+/a", &["rw/a", "RW/a"]),
+        ("+/+", &["rw/a", "rw/", "/rw", "RW/a"]),
+        ("+", &["rw"]),
+        ("/+", &["/rw"]),
+        ("$rw/#", &["$rw/a"]),
+        ("rw", &["rw"]),
+    ];
+    for (filter, expected) in cases {
+        let mut sub = Client::connect(addr, ProtocolVersion::V5, "rw-sub").await;
+        sub.subscribe_with(
+            &[
+                (filter, handling(QoS::AtMostOnce, 0)),
+                ("rw-end", handling(QoS::AtMostOnce, 0)),
+            ],
+            Properties::default(),
+        )
+        .await;
+        publisher
+            .publish("rw-end", b"", QoS::AtLeastOnce, false)
+            .await;
+        let mut got = Vec::new();
+        loop {
+            let p = sub.expect_publish().await;
+            if p.topic == "rw-end" {
+                break;
+            }
+            assert!(p.retain);
+            got.push(p.topic);
+        }
+        got.sort();
+        let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(got, want, "filter {filter}");
+        sub.disconnect().await;
+    }
+    broker.shutdown().await;
+}
