@@ -218,3 +218,49 @@ async fn publish_topic_with_wildcard_is_refused() {
     sub.expect_nothing(SHORT).await;
     broker.shutdown().await;
 }
+
+/// The `$` rule holds inside shared subscriptions too: `$share/g/#` and `$share/g/+/x` do
+/// not match `$` topics [MQTT-4.7.2-1].
+#[tokio::test]
+async fn dollar_topics_not_matched_by_shared_leading_wildcards() {
+    let (broker, addr) = start().await;
+    let mut sub = Client::connect(addr, ProtocolVersion::V5, "shd-sub").await;
+    sub.subscribe("$share/g/#", QoS::AtMostOnce).await;
+    sub.subscribe("$share/h/+/x", QoS::AtMostOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "shd-pub").await;
+    publisher
+        .publish("$d/x", b"no", QoS::AtMostOnce, false)
+        .await;
+    publisher
+        .publish("d/x", b"yes", QoS::AtMostOnce, false)
+        .await;
+    // One delivery per matching shared group: `#` and `+/x`.
+    for _ in 0..2 {
+        let p = sub.expect_publish().await;
+        assert_eq!(p.topic, "d/x");
+    }
+    sub.expect_nothing(SHORT).await;
+    broker.shutdown().await;
+}
+
+/// Topic alias mappings last one network connection only [MQTT-3.3.2-7]: after a reconnect
+/// an alias set before is unknown, a Protocol Error (DISCONNECT 0x82).
+#[tokio::test]
+async fn topic_aliases_do_not_survive_a_reconnect() {
+    let (broker, addr) = start().await;
+    let alias = Properties {
+        topic_alias: Some(1),
+        ..Properties::default()
+    };
+    let (mut c, _) = Client::connect_persistent(addr, ProtocolVersion::V5, "ta-re").await;
+    c.publish_with("ta/re", b"1", QoS::AtLeastOnce, false, alias.clone())
+        .await;
+    c.publish_with("", b"2", QoS::AtLeastOnce, false, alias.clone())
+        .await;
+    c.disconnect().await;
+    let (mut c, _) = Client::connect_persistent(addr, ProtocolVersion::V5, "ta-re").await;
+    c.send(publish_packet("", b"3", QoS::AtMostOnce, false, 0, alias))
+        .await;
+    c.expect_violation(ReasonCode::PROTOCOL_ERROR).await;
+    broker.shutdown().await;
+}
