@@ -362,3 +362,33 @@ async fn delayed_will_is_published_once() {
     w.expect_nothing(SHORT).await;
     broker.shutdown().await;
 }
+
+/// A will may use any valid topic name, `$` topics included (only `$SYS` is the broker's,
+/// DESIGN.md section 2, as for PUBLISH): it is published to a subscriber naming the `$`
+/// level [MQTT-3.1.2-8] [MQTT-4.7.2-1]. A will on `$SYS/...` is refused at CONNECT.
+#[tokio::test]
+async fn will_on_a_dollar_topic() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "$app/will/#").await;
+    let c = with_will(
+        addr,
+        ProtocolVersion::V5,
+        "dollar",
+        "$app/will/x",
+        false,
+        None,
+        None,
+    )
+    .await;
+    c.drop_connection().await;
+    let p = w.expect_publish().await;
+    assert_eq!(p.topic, "$app/will/x");
+    w.ack(&p).await;
+
+    let mut connect = connect_packet(ProtocolVersion::V5, "sys-will");
+    connect.will = Some(will("$SYS/fake", "x", QoS::AtMostOnce, false));
+    let (mut c, ack) = Client::connect_with(addr, connect).await;
+    assert!(ack.reason_code.is_failure(), "{:?}", ack.reason_code);
+    c.expect_closed().await;
+    broker.shutdown().await;
+}
