@@ -497,7 +497,7 @@ async fn accept(
     let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
     let mut will = None;
     if let Some(w) = &connect.will {
-        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with('$') {
+        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with("$SYS") {
             return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
         }
         if w.qos > max_qos {
