@@ -480,3 +480,39 @@ async fn server_keep_alive_is_enforced() {
     );
     broker.shutdown().await;
 }
+
+/// A password without a user name: 3.1.1 forbids it [MQTT-3.1.2-22] (closed without a
+/// successful CONNACK); 5.0 allows it (section 3.1.2.9).
+#[tokio::test]
+async fn password_without_user_name() {
+    let (broker, addr) = start().await;
+    for level in [4u8, 5] {
+        let mut bytes = raw_connect(b"MQTT", level);
+        bytes[9] = 0x42; // password flag + clean start, no user name flag
+        bytes.extend_from_slice(&[0, 2, b'p', b'w']);
+        bytes[1] += 4;
+        let version = if level == 5 {
+            ProtocolVersion::V5
+        } else {
+            ProtocolVersion::V311
+        };
+        let mut c = Client::open(addr, version).await;
+        c.send_raw(&bytes).await;
+        if level == 5 {
+            match c.recv().await {
+                Some(Packet::ConnAck(a)) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
+                other => panic!("expected CONNACK, got {other:?}"),
+            }
+            c.ping().await;
+        } else {
+            let seen = c.expect_closed().await;
+            assert!(
+                seen.iter().all(
+                    |p| !matches!(p, Packet::ConnAck(a) if a.reason_code == ReasonCode::SUCCESS)
+                ),
+                "{seen:?}"
+            );
+        }
+    }
+    broker.shutdown().await;
+}
