@@ -335,7 +335,10 @@ async fn internal_client_ids_cannot_be_taken_over() {
     }
     // Nor can `disconnect` reach them: they are not clients.
     for n in 0..4 {
-        assert!(!broker.disconnect(&format!("$internal/{n}")), "$internal/{n}");
+        assert!(
+            !broker.disconnect(&format!("$internal/{n}")),
+            "$internal/{n}"
+        );
     }
     broker
         .publish("int/t", "still", QoS::AtMostOnce, false)
