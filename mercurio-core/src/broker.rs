@@ -326,7 +326,10 @@ impl BrokerInner {
 
     pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
         tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
-        let msg = Arc::unwrap_or_clone(will.msg);
+        let mut msg = Arc::unwrap_or_clone(will.msg);
+        msg.expires_at = will
+            .expiry
+            .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
         self.publish(msg);
     }
 

@@ -146,6 +146,12 @@ impl Link {
         self.kill.notify_one();
     }
 
+    /// Waits for [`Link::kill`] (for links without a connection task: in-process
+    /// subscriptions).
+    pub(crate) async fn wait_killed(&self) {
+        self.kill.notified().await;
+    }
+
     /// Waits until the connection has closed and detached from its session.
     pub(crate) async fn wait_closed(&self) {
         loop {
@@ -469,6 +475,14 @@ async fn accept(
             "client identifier outside clientid_prefixes",
         ));
     }
+    // In-process subscriptions own these identifiers (handle.rs); taking one over would wait
+    // forever for a connection that does not exist.
+    if client_id.starts_with("$internal/") {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "client identifier reserved for in-process subscriptions",
+        ));
+    }
     // Anonymous clients.
     let allow_anonymous = broker.config.auth.allow_anonymous.unwrap_or(false);
     if connect.username.is_none() && !allow_anonymous {
@@ -505,7 +519,7 @@ async fn accept(
     let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
     let mut will = None;
     if let Some(w) = &connect.will {
-        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with('$') {
+        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with("$SYS") {
             return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
         }
         if w.qos > max_qos {
@@ -533,13 +547,14 @@ async fn accept(
         let expiry = properties.message_expiry_interval.take();
         will = Some(Will {
             delay,
+            expiry,
             msg: Arc::new(Message {
                 topic: w.topic.clone(),
                 payload: w.payload.clone(),
                 qos: w.qos,
                 retain: w.retain,
                 properties,
-                expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+                expires_at: None,
                 publisher: Some(Arc::clone(&client_id)),
             }),
         });

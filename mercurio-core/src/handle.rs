@@ -264,6 +264,10 @@ impl BrokerHandle {
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
     /// Returns false when no such client is connected.
     pub fn disconnect(&self, client_id: &str) -> bool {
+        if client_id.starts_with("$internal/") {
+            // An in-process subscription, not a client (see `sessions`).
+            return false;
+        }
         let link = self
             .inner
             .sessions
@@ -446,13 +450,20 @@ async fn pump(
     tx: mpsc::Sender<Arc<crate::message::Message>>,
 ) {
     loop {
-        link.wait_woken().await;
+        // Shutdown kills every link: hand over what is queued, then end the stream.
+        let killed = tokio::select! {
+            _ = link.wait_woken() => false,
+            _ = link.wait_killed() => true,
+        };
         loop {
             let next = session.state.lock().pop_queued();
             let Some(q) = next else { break };
             if tx.send(q.msg).await.is_err() {
                 return;
             }
+        }
+        if killed {
+            return;
         }
     }
 }

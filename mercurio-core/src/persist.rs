@@ -123,7 +123,6 @@ fn message_record(msg: &Message, qos: QoS, retain: bool, ids: &[u32]) -> Message
         let mut props = msg.properties.clone();
         props.subscription_identifiers = ids.to_vec();
         props.topic_alias = None;
-        props.message_expiry_interval = None;
         let mut out = BytesMut::new();
         if let Err(e) = codec::encode_properties(&props, &mut out) {
             tracing::warn!(topic = %msg.topic, "message properties not stored: {e}");
@@ -197,9 +196,13 @@ fn subscription_record(filter: &str, granted: &Granted) -> SubscriptionRecord {
     }
 }
 
+/// A will's Message Expiry Interval counts from its publication, so it is stored as the
+/// property itself rather than as a deadline.
 fn will_record(will: &Will) -> WillRecord {
+    let mut msg = (*will.msg).clone();
+    msg.properties.message_expiry_interval = will.expiry;
     WillRecord {
-        message: message_record(&will.msg, will.msg.qos, will.msg.retain, &[]),
+        message: message_record(&msg, msg.qos, msg.retain, &[]),
         delay_interval: will.delay,
     }
 }
@@ -853,12 +856,14 @@ pub(crate) fn restore(broker: &Arc<BrokerInner>, loaded: LoadedState) {
                 client_id: client_id.clone(),
             });
             if let Some(w) = &record.will {
-                if let Ok((msg, _)) = message_from(&w.message, now, now_ms) {
+                if let Ok((mut msg, _)) = message_from(&w.message, now, now_ms) {
+                    let expiry = msg.properties.message_expiry_interval.take();
                     wills_now.push((
                         client_id,
                         Will {
                             msg: Arc::new(msg),
                             delay: w.delay_interval,
+                            expiry,
                         },
                     ));
                 }
@@ -954,10 +959,12 @@ fn restore_session(
         }
         st.inbound_qos2 = record.inbound_qos2.iter().copied().collect();
         if let Some(w) = &record.will {
-            let (msg, _) = message_from(&w.message, now, now_ms)?;
+            let (mut msg, _) = message_from(&w.message, now, now_ms)?;
+            let expiry = msg.properties.message_expiry_interval.take();
             st.will = Some(Will {
                 msg: Arc::new(msg),
                 delay: w.delay_interval,
+                expiry,
             });
         }
     }

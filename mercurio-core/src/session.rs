@@ -64,6 +64,8 @@ pub(crate) struct Will {
     pub msg: Arc<Message>,
     /// Will Delay Interval, seconds.
     pub delay: u32,
+    /// Message Expiry Interval, seconds, counted from publication (5.0 section 3.1.3.2.4).
+    pub expiry: Option<u32>,
 }
 
 /// Limits applied when enqueueing (manual, "Queues and slow clients").

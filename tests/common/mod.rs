@@ -618,3 +618,85 @@ pub async fn run_python(python: &str, script: &str, args: &[String], stdin: &[u8
     );
     stdout
 }
+
+/// Subscription options with only a maximum QoS.
+pub fn opts(qos: QoS) -> SubscriptionOptions {
+    SubscriptionOptions {
+        qos,
+        ..Default::default()
+    }
+}
+
+/// A PUBLISH packet (packet identifier `packet_id`, 0 for QoS 0) for [`Client::send`].
+pub fn publish_packet(
+    topic: &str,
+    payload: &[u8],
+    qos: QoS,
+    retain: bool,
+    packet_id: u16,
+    properties: Properties,
+) -> Packet {
+    Packet::Publish(Publish {
+        dup: false,
+        qos,
+        retain,
+        topic: topic.to_string(),
+        packet_id,
+        properties,
+        payload: Bytes::copy_from_slice(payload),
+    })
+}
+
+/// Every protocol version, oldest first.
+pub const VERSIONS: [ProtocolVersion; 3] = [
+    ProtocolVersion::V31,
+    ProtocolVersion::V311,
+    ProtocolVersion::V5,
+];
+
+impl Client {
+    /// Connects with a persistent session: 3.x clean session 0, 5.0 clean start 0 and a
+    /// session expiry interval of one hour. Returns the client and the Session Present flag.
+    pub async fn connect_persistent(
+        addr: SocketAddr,
+        version: ProtocolVersion,
+        client_id: &str,
+    ) -> (Client, bool) {
+        let mut c = connect_packet(version, client_id);
+        c.clean_start = false;
+        if version.is_v5() {
+            c.properties.session_expiry_interval = Some(3600);
+        }
+        let (client, ack) = Client::connect_with(addr, c).await;
+        assert_eq!(
+            ack.reason_code,
+            ReasonCode::SUCCESS,
+            "CONNACK for {client_id}"
+        );
+        (client, ack.session_present)
+    }
+
+    /// Waits for the close of a connection that broke the protocol: a 5.0 client must get
+    /// DISCONNECT `rc` first, a 3.x client just sees the close.
+    pub async fn expect_violation(&mut self, rc: ReasonCode) {
+        let got = self.expect_disconnect().await;
+        if self.version.is_v5() {
+            assert_eq!(got, Some(rc), "DISCONNECT reason code");
+        } else {
+            assert_eq!(got, None, "3.x has no DISCONNECT from the server");
+        }
+    }
+
+    /// The next packet, which must be `PUBACK`/`PUBREC`/... for a PUBLISH sent by hand.
+    pub async fn expect_packet(&mut self) -> Packet {
+        match self.recv().await {
+            Some(p) => p,
+            None => panic!("expected a packet, the broker closed the connection"),
+        }
+    }
+
+    /// Closes the socket without DISCONNECT (an abnormal close: the will goes out).
+    pub async fn drop_connection(self) {
+        drop(self.stream);
+    }
+}
