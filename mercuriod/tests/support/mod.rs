@@ -63,9 +63,11 @@ pub struct Output {
     pub stderr: String,
 }
 
-/// `mosquitto_pub` and `mosquitto_sub` (Debian: mosquitto-clients), version 2 (for MQTT 5).
+/// `mosquitto_pub` and `mosquitto_sub` (Debian: mosquitto-clients), version 2 (for MQTT 5),
+/// and coreutils' `stdbuf` (mosquitto_sub's output into a pipe is block-buffered).
 pub fn mosquitto_clients(test: &str) -> bool {
     let check = (|| {
+        runs("stdbuf", &["--version"])?;
         for program in ["mosquitto_pub", "mosquitto_sub"] {
             // `--help` exits 1 on mosquitto 2 but prints the version line.
             let out = runs(program, &["--help"])?;

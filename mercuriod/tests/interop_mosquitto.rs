@@ -1,0 +1,355 @@
+//! Interoperability with mosquitto's command-line clients (`mosquitto_pub`, `mosquitto_sub`,
+//! Debian's mosquitto-clients 2.x) against the real daemon, in MQTT 3.1, 3.1.1 and 5.0: QoS
+//! 0/1/2, retained messages and their deletion, wills, 5.0 properties, persistent sessions.
+//!
+//! Synchronisation: `mosquitto_sub -d` prints "Subscribed (mid: N): ..." once its SUBACK is in,
+//! and every message is printed with `-F`; the tests wait for those lines, with deadlines
+//! (`-W` bounds each client's life as well). Without mosquitto's clients the tests skip, or
+//! fail under `CI=true`.
+#![cfg(unix)]
+
+mod support;
+
+use std::process::Command;
+
+use support::*;
+
+/// `-V` values.
+const VERSIONS: [&str; 3] = ["mqttv31", "mqttv311", "mqttv5"];
+
+/// Whether a `mosquitto_sub -d` line is a message (not a debug line of its own).
+fn is_message(line: &str) -> bool {
+    !line.starts_with("Client ") && !line.starts_with("Subscribed (mid")
+}
+
+/// `mosquitto_sub` on the daemon with `-V version -d -W 30` and `args`, not waited for.
+fn spawn_sub(daemon: &Daemon, version: &str, args: &[&str]) -> Proc {
+    // mosquitto_sub's output is block-buffered into a pipe; stdbuf makes it line-buffered.
+    let mut command = Command::new("stdbuf");
+    command
+        .args(["-oL", "mosquitto_sub"])
+        .args(["-h", "127.0.0.1", "-p", &daemon.port().to_string()])
+        .args(["-V", version, "-d", "-W", "30"])
+        .args(args);
+    Proc::spawn(&format!("mosquitto_sub {version} {args:?}"), &mut command)
+}
+
+/// [`spawn_sub`], then waits until its subscriptions are acknowledged.
+fn sub(daemon: &Daemon, version: &str, args: &[&str]) -> Proc {
+    let mut proc = spawn_sub(daemon, version, args);
+    proc.wait_for("the SUBACK", |l| l.starts_with("Subscribed (mid"));
+    proc
+}
+
+/// The next message line of a `mosquitto_sub -d`.
+fn next_message(proc: &mut Proc) -> String {
+    proc.next_kept(is_message)
+}
+
+/// Runs `mosquitto_pub -V version` with `args` to completion (QoS 1/2: acknowledged) and
+/// asserts success.
+fn publish(daemon: &Daemon, version: &str, args: &[&str]) {
+    let mut command = Command::new("mosquitto_pub");
+    command
+        .args(["-h", "127.0.0.1", "-p", &daemon.port().to_string()])
+        .args(["-V", version])
+        .args(args);
+    let mut proc = Proc::spawn(&format!("mosquitto_pub {version} {args:?}"), &mut command);
+    let (status, _) = proc.finish();
+    assert!(
+        status.success(),
+        "mosquitto_pub {version} {args:?}: {status}: {}",
+        proc.stderr()
+    );
+}
+
+#[test]
+fn qos_0_1_2_round_trip() {
+    if !mosquitto_clients("qos_0_1_2_round_trip") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    for version in VERSIONS {
+        let filter = format!("interop/{version}/qos/#");
+        let mut s = sub(
+            &daemon,
+            version,
+            &["-q", "2", "-t", &filter, "-F", "%q %r %t %p"],
+        );
+        for qos in ["0", "1", "2"] {
+            let topic = format!("interop/{version}/qos/{qos}");
+            let payload = format!("payload at qos {qos}");
+            publish(&daemon, version, &["-q", qos, "-t", &topic, "-m", &payload]);
+            assert_eq!(next_message(&mut s), format!("{qos} 0 {topic} {payload}"));
+        }
+        // A QoS 1 subscription gets QoS 2 messages at QoS 1.
+        let mut s1 = sub(
+            &daemon,
+            version,
+            &["-q", "1", "-t", &filter, "-F", "%q %t %p"],
+        );
+        let topic = format!("interop/{version}/qos/down");
+        publish(&daemon, version, &["-q", "2", "-t", &topic, "-m", "down"]);
+        assert_eq!(next_message(&mut s1), format!("1 {topic} down"));
+        assert_eq!(next_message(&mut s), format!("2 0 {topic} down"));
+    }
+}
+
+#[test]
+fn large_payload_round_trip() {
+    if !mosquitto_clients("large_payload_round_trip") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    let file = daemon.config_dir().join("payload.bin");
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &payload).unwrap();
+    for version in VERSIONS {
+        let topic = format!("interop/{version}/large");
+        let mut s = sub(&daemon, version, &["-q", "1", "-t", &topic, "-F", "%l %x"]);
+        publish(
+            &daemon,
+            version,
+            &["-q", "1", "-t", &topic, "-f", file.to_str().unwrap()],
+        );
+        let line = next_message(&mut s);
+        let (len, hex) = line.split_once(' ').expect("length and payload");
+        assert_eq!(len, "300000");
+        let expected: String = payload.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(hex == expected, "payload differs ({version})");
+    }
+}
+
+#[test]
+fn retained_message_reaches_a_later_subscriber_and_is_deleted_with_an_empty_one() {
+    if !mosquitto_clients("retained") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    for version in VERSIONS {
+        let topic = format!("interop/{version}/retained");
+        publish(
+            &daemon,
+            version,
+            &["-r", "-q", "1", "-t", &topic, "-m", "kept"],
+        );
+        // A later subscriber gets it with the retain flag...
+        let mut later = spawn_sub(
+            &daemon,
+            version,
+            &["-q", "1", "-t", &topic, "-F", "%r %q %t %p", "-C", "1"],
+        );
+        assert_eq!(next_message(&mut later), format!("1 1 {topic} kept"));
+        assert!(later.finish().0.success());
+
+        // ...a subscriber already there gets a retained publication without the flag.
+        let mut live = sub(&daemon, version, &["-t", &topic, "-F", "%r %t %p"]);
+        assert_eq!(next_message(&mut live), format!("1 {topic} kept"));
+        publish(&daemon, version, &["-r", "-t", &topic, "-m", "replaced"]);
+        assert_eq!(next_message(&mut live), format!("0 {topic} replaced"));
+
+        // An empty retained message deletes it: a new subscriber gets nothing retained, so
+        // the first message it sees is one published after its SUBACK.
+        publish(&daemon, version, &["-r", "-n", "-t", &topic]);
+        assert_eq!(next_message(&mut live), format!("0 {topic} "));
+        let mut after = sub(&daemon, version, &["-t", &topic, "-F", "%r %t %p"]);
+        publish(&daemon, version, &["-t", &topic, "-m", "marker"]);
+        assert_eq!(next_message(&mut after), format!("0 {topic} marker"));
+    }
+}
+
+#[test]
+fn will_is_published_when_the_client_is_killed() {
+    if !mosquitto_clients("will") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    for version in VERSIONS {
+        let will_topic = format!("interop/{version}/will");
+        let mut watcher = sub(
+            &daemon,
+            version,
+            &["-q", "1", "-t", &will_topic, "-F", "%q %t %p"],
+        );
+
+        // A clean DISCONNECT (-E: exit once subscribed) discards the will.
+        let mut polite = spawn_sub(
+            &daemon,
+            version,
+            &[
+                "-t",
+                "interop/nothing",
+                "-E",
+                "--will-topic",
+                &will_topic,
+                "--will-payload",
+                "not sent",
+            ],
+        );
+        assert!(polite.finish().0.success(), "{}", polite.stderr());
+
+        // Killed without DISCONNECT: the will is published.
+        let killed = sub(
+            &daemon,
+            version,
+            &[
+                "-t",
+                "interop/nothing",
+                "--will-topic",
+                &will_topic,
+                "--will-payload",
+                "gone",
+                "--will-qos",
+                "1",
+            ],
+        );
+        killed.signal("KILL");
+        assert_eq!(next_message(&mut watcher), format!("1 {will_topic} gone"));
+    }
+}
+
+#[test]
+fn v5_properties_are_forwarded() {
+    if !mosquitto_clients("v5_properties") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    let mut s = sub(
+        &daemon,
+        "mqttv5",
+        &[
+            "-q",
+            "1",
+            "-t",
+            "interop/v5/props",
+            "-F",
+            "%P|%C|%R|%D|%F|%E|%p",
+        ],
+    );
+    publish(
+        &daemon,
+        "mqttv5",
+        &[
+            "-q",
+            "1",
+            "-t",
+            "interop/v5/props",
+            "-m",
+            "with properties",
+            "-D",
+            "publish",
+            "user-property",
+            "k",
+            "v",
+            "-D",
+            "publish",
+            "user-property",
+            "a",
+            "b",
+            "-D",
+            "publish",
+            "user-property",
+            "k",
+            "v2",
+            "-D",
+            "publish",
+            "content-type",
+            "text/plain",
+            "-D",
+            "publish",
+            "response-topic",
+            "interop/v5/reply",
+            "-D",
+            "publish",
+            "correlation-data",
+            "corr-42",
+            "-D",
+            "publish",
+            "payload-format-indicator",
+            "1",
+            "-D",
+            "publish",
+            "message-expiry-interval",
+            "3600",
+        ],
+    );
+    let line = next_message(&mut s);
+    let fields: Vec<&str> = line.split('|').collect();
+    assert_eq!(fields.len(), 7, "{line}");
+    // User properties unchanged and in order, duplicates included.
+    assert_eq!(fields[0], "k:v a:b k:v2", "{line}");
+    assert_eq!(fields[1], "text/plain", "{line}");
+    assert_eq!(fields[2], "interop/v5/reply", "{line}");
+    assert_eq!(fields[3], "corr-42", "{line}");
+    assert_eq!(fields[4], "1", "{line}");
+    // The expiry interval is forwarded as what is left of it.
+    let expiry: u32 = fields[5].parse().unwrap_or_else(|_| panic!("{line}"));
+    assert!((3590..=3600).contains(&expiry), "{line}");
+    assert_eq!(fields[6], "with properties");
+
+    // A 3.1.1 subscriber gets the same message without properties.
+    let mut old = sub(
+        &daemon,
+        "mqttv311",
+        &["-t", "interop/v5/props", "-F", "%t %p"],
+    );
+    publish(
+        &daemon,
+        "mqttv5",
+        &[
+            "-t",
+            "interop/v5/props",
+            "-m",
+            "to 3.1.1",
+            "-D",
+            "publish",
+            "user-property",
+            "k",
+            "v",
+        ],
+    );
+    assert_eq!(next_message(&mut old), "interop/v5/props to 3.1.1");
+    assert_eq!(next_message(&mut s), "k:v||||||to 3.1.1");
+}
+
+#[test]
+fn persistent_session_receives_what_was_published_while_away() {
+    if !mosquitto_clients("persistent_session") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    for version in VERSIONS {
+        let id = format!("persist-{version}");
+        let topic = format!("interop/{version}/persist");
+        // Subscribe with a persistent session (-c), then leave (-E: exit once subscribed).
+        let mut first = spawn_sub(
+            &daemon,
+            version,
+            &["-c", "-i", &id, "-q", "1", "-t", &topic, "-E"],
+        );
+        let (status, _) = first.finish();
+        assert!(status.success(), "{}", first.stderr());
+
+        for payload in ["away 1", "away 2", "away 3"] {
+            publish(&daemon, version, &["-q", "1", "-t", &topic, "-m", payload]);
+        }
+        // A QoS 0 message to a QoS 1 subscription of an absent session: delivered at QoS 0
+        // or dropped, never at a higher QoS; so only QoS 1 is checked here.
+
+        let mut back = spawn_sub(
+            &daemon,
+            version,
+            &[
+                "-c", "-i", &id, "-q", "1", "-t", &topic, "-F", "%q %p", "-C", "3",
+            ],
+        );
+        for payload in ["away 1", "away 2", "away 3"] {
+            assert_eq!(next_message(&mut back), format!("1 {payload}"), "{version}");
+        }
+        assert!(back.finish().0.success(), "{}", back.stderr());
+
+        // Clean up the session: a clean connection with the same id.
+        let mut clean = spawn_sub(&daemon, version, &["-i", &id, "-t", &topic, "-E"]);
+        assert!(clean.finish().0.success());
+    }
+}
