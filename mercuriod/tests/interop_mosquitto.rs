@@ -353,3 +353,185 @@ fn persistent_session_receives_what_was_published_while_away() {
         assert!(clean.finish().0.success());
     }
 }
+
+#[test]
+fn shared_subscription_delivers_each_message_to_one_member() {
+    if !mosquitto_clients("shared_subscription") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    for version in ["mqttv311", "mqttv5"] {
+        let group = format!("$share/g/interop/{version}/shared");
+        let mark = format!("interop/{version}/mark");
+        let args = ["-q", "1", "-t", &group, "-t", &mark, "-F", "%t %p"];
+        let mut a = sub(&daemon, version, &args);
+        let mut b = sub(&daemon, version, &args);
+        let topic = format!("interop/{version}/shared");
+        for i in 0..10 {
+            publish(
+                &daemon,
+                version,
+                &["-q", "1", "-t", &topic, "-m", &format!("m{i}")],
+            );
+        }
+        publish(&daemon, version, &["-q", "1", "-t", &mark, "-m", "end"]);
+        // Each member reads until the mark (not shared, so both get it); the shared messages
+        // they saw before it must be the ten, each once.
+        let mut got = Vec::new();
+        for member in [&mut a, &mut b] {
+            loop {
+                let line = next_message(member);
+                if line == format!("{mark} end") {
+                    break;
+                }
+                got.push(line);
+            }
+        }
+        got.sort();
+        let mut expected: Vec<String> = (0..10).map(|i| format!("{topic} m{i}")).collect();
+        expected.sort();
+        assert_eq!(got, expected, "{version}");
+    }
+}
+
+#[test]
+fn v5_session_takeover_disconnects_the_first_client_with_0x8e() {
+    if !mosquitto_clients("takeover") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    let mut first = sub(
+        &daemon,
+        "mqttv5",
+        &["-i", "takeover", "-t", "interop/takeover"],
+    );
+    let mut second = spawn_sub(
+        &daemon,
+        "mqttv5",
+        &["-i", "takeover", "-t", "interop/takeover", "-E"],
+    );
+    assert!(second.finish().0.success(), "{}", second.stderr());
+    // mosquitto_sub -d prints "Client takeover received DISCONNECT (142)".
+    first.wait_for("DISCONNECT 0x8E (142)", |l| {
+        l.contains("DISCONNECT") && l.contains("142")
+    });
+}
+
+#[test]
+fn v5_will_with_delay_and_properties() {
+    if !mosquitto_clients("will_delay") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    let mut watcher = sub(
+        &daemon,
+        "mqttv5",
+        &["-q", "1", "-t", "interop/v5/will", "-F", "%P|%C|%p"],
+    );
+    // The will waits for its delay or the end of the session, whichever comes first
+    // [MQTT-3.1.3.2-2]: the session must outlive the connection for the delay to count.
+    let killed = sub(
+        &daemon,
+        "mqttv5",
+        &[
+            "-c",
+            "-i",
+            "will-delay",
+            "-x",
+            "60",
+            "-t",
+            "interop/nothing",
+            "--will-topic",
+            "interop/v5/will",
+            "--will-payload",
+            "delayed",
+            "--will-qos",
+            "1",
+            "-D",
+            "will",
+            "will-delay-interval",
+            "1",
+            "-D",
+            "will",
+            "user-property",
+            "wk",
+            "wv",
+            "-D",
+            "will",
+            "content-type",
+            "text/plain",
+        ],
+    );
+    let killed_at = std::time::Instant::now();
+    killed.signal("KILL");
+    assert_eq!(next_message(&mut watcher), "wk:wv|text/plain|delayed");
+    assert!(
+        killed_at.elapsed() >= std::time::Duration::from_millis(900),
+        "the will came before its 1 s delay: {:?}",
+        killed_at.elapsed()
+    );
+
+    // Without a session that outlives the connection, the will is not delayed: it is
+    // published when the session ends, at once.
+    let killed = sub(
+        &daemon,
+        "mqttv5",
+        &[
+            "-t",
+            "interop/nothing",
+            "--will-topic",
+            "interop/v5/will",
+            "--will-payload",
+            "session ended",
+            "--will-qos",
+            "1",
+            "-D",
+            "will",
+            "will-delay-interval",
+            "30",
+        ],
+    );
+    killed.signal("KILL");
+    assert_eq!(next_message(&mut watcher), "||session ended");
+}
+
+#[test]
+fn v5_subscription_identifier_and_client_maximum_packet_size() {
+    if !mosquitto_clients("v5_subscription_options") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    let mut s = sub(
+        &daemon,
+        "mqttv5",
+        &[
+            "-q",
+            "1",
+            "-t",
+            "interop/v5/small/#",
+            "-D",
+            "subscribe",
+            "subscription-identifier",
+            "42",
+            "-D",
+            "connect",
+            "maximum-packet-size",
+            "200",
+            "-F",
+            "%S %t %l",
+        ],
+    );
+    let big = "x".repeat(500);
+    // Too large for the client: the broker must not send it (it drops it for this client).
+    publish(
+        &daemon,
+        "mqttv5",
+        &["-q", "1", "-t", "interop/v5/small/big", "-m", &big],
+    );
+    publish(
+        &daemon,
+        "mqttv5",
+        &["-q", "1", "-t", "interop/v5/small/ok", "-m", "fits"],
+    );
+    assert_eq!(next_message(&mut s), "42 interop/v5/small/ok 4");
+}
