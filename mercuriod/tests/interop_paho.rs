@@ -1,6 +1,7 @@
 //! Interoperability with Python's paho-mqtt 2.x against the real daemon, in MQTT 3.1, 3.1.1 and
 //! 5.0. The scenarios run in `tests/python/paho_interop.py` (connect, subscribe, QoS 0/1/2,
-//! retained messages, a will on an abnormal disconnect, 5.0 properties), which prints one JSON
+//! retained messages, wills on an abnormal disconnect, persistent sessions; in 5.0 properties,
+//! subscription options and message expiry), which prints one JSON
 //! line of passed and failed checks; this test asserts on it. Without python3 and paho-mqtt
 //! the tests skip, or fail under `CI=true`.
 #![cfg(unix)]
@@ -24,6 +25,11 @@ const COMMON_CHECKS: &[&str] = &[
     "nothing retained after delete",
     "will published",
     "no will after DISCONNECT",
+    "retained will, live",
+    "retained will, later",
+    "new session not present",
+    "session present",
+    "queued while away",
 ];
 
 /// Checks only 5.0 runs.
@@ -34,6 +40,11 @@ const V5_CHECKS: &[&str] = &[
     "content type",
     "payload format indicator",
     "message expiry",
+    "no local",
+    "retain handling 1, new",
+    "retain as published",
+    "expired message dropped",
+    "expiry counts down",
 ];
 
 fn run(version: &str) {

@@ -20,6 +20,7 @@ import time
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 WAIT = 10.0  # seconds, for each expected event
 
@@ -49,7 +50,7 @@ def rc_value(rc):
 class Peer:
     """A paho client with its events in queues, its network loop in a thread."""
 
-    def __init__(self, client_id, clean=True, will=None, loop=True):
+    def __init__(self, client_id, clean=True, will=None, loop=True, session_expiry=None):
         kwargs = {}
         if not V5:
             kwargs["clean_session"] = clean
@@ -62,17 +63,28 @@ class Peer:
         self.connacks = queue.Queue()
         self.subacks = queue.Queue()
         self.messages = queue.Queue()
-        self.client.on_connect = lambda c, u, flags, rc, props: self.connacks.put(rc_value(rc))
+        self.session_present = None
+
+        def on_connect(c, u, flags, rc, props):
+            self.session_present = bool(flags.session_present)
+            self.connacks.put(rc_value(rc))
+
+        self.client.on_connect = on_connect
         self.client.on_subscribe = lambda c, u, mid, rcs, props: self.subacks.put(
             [rc_value(r) for r in rcs]
         )
         self.client.on_message = lambda c, u, msg: self.messages.put(msg)
         if will is not None:
-            topic, payload, qos = will
-            self.client.will_set(topic, payload, qos=qos)
+            topic, payload, qos = will[:3]
+            retain = len(will) > 3 and will[3]
+            self.client.will_set(topic, payload, qos=qos, retain=retain)
         connect_kwargs = {}
         if V5:
             connect_kwargs["clean_start"] = clean
+            if session_expiry is not None:
+                props = Properties(PacketTypes.CONNECT)
+                props.SessionExpiryInterval = session_expiry
+                connect_kwargs["properties"] = props
         self.client.connect(HOST, PORT, keepalive=60, **connect_kwargs)
         self.looping = loop
         if loop:
@@ -84,8 +96,11 @@ class Peer:
                 self.client.loop(timeout=0.1)
         self.connack = self.connacks.get(timeout=WAIT)
 
-    def subscribe(self, topic, qos):
-        self.client.subscribe(topic, qos)
+    def subscribe(self, topic, qos, options=None):
+        if options is not None:
+            self.client.subscribe(topic, options=options)
+        else:
+            self.client.subscribe(topic, qos)
         return self.subacks.get(timeout=WAIT)
 
     def publish(self, topic, payload, qos=0, retain=False, properties=None):
@@ -93,9 +108,9 @@ class Peer:
         info.wait_for_publish(timeout=WAIT)
         return info.is_published()
 
-    def message(self):
+    def message(self, wait=WAIT):
         try:
-            return self.messages.get(timeout=WAIT)
+            return self.messages.get(timeout=wait)
         except queue.Empty:
             return None
 
@@ -156,6 +171,43 @@ def main():
     check("no will after DISCONNECT", [will_topic, "marker", 1, False], summary(watcher.message()))
     watcher.close()
 
+    # A retained will is kept for later subscribers.
+    retained_will = PREFIX + "/will/retained"
+    live_watch = Peer("paho-lwatch-" + VERSION)
+    live_watch.subscribe(retained_will, 1)
+    doomed = Peer("paho-doomed-r-" + VERSION, will=(retained_will, "gone retained", 1, True), loop=False)
+    sock = doomed.client.socket()
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+    check("retained will, live", [retained_will, "gone retained", 1, False], summary(live_watch.message()))
+    live_watch.close()
+    later_watch = Peer("paho-rwatch-" + VERSION)
+    later_watch.subscribe(retained_will, 1)
+    check("retained will, later", [retained_will, "gone retained", 1, True], summary(later_watch.message()))
+    pub.publish(retained_will, b"", qos=1, retain=True)
+    later_watch.close()
+
+    # Persistent session: QoS 1 messages published while away are delivered on return.
+    away_id = "paho-away-" + VERSION
+    away_topic = PREFIX + "/away"
+    persistent = dict(clean=False, session_expiry=300)
+    away = Peer(away_id, **persistent)
+    check("new session not present", False, away.session_present)
+    check("subscribe away", [1], away.subscribe(away_topic, 1))
+    away.close()
+    for i in range(3):
+        pub.publish(away_topic, "away %d" % i, qos=1)
+    back = Peer(away_id, **persistent)
+    # MQTT 3.1's CONNACK has no session present flag (the byte is reserved, 0).
+    check("session present", VERSION != "31", back.session_present)
+    check(
+        "queued while away",
+        [[away_topic, "away %d" % i, 1, False] for i in range(3)],
+        [summary(back.message()) for _ in range(3)],
+    )
+    back.close()
+    Peer(away_id).close()  # a clean session ends it
+
     # 5.0: publish properties forwarded unchanged, user properties in order.
     if V5:
         props_topic = PREFIX + "/props"
@@ -183,6 +235,52 @@ def main():
             expiry = getattr(p, "MessageExpiryInterval", None)
             check("message expiry", True, expiry is not None and 3590 <= expiry <= 3600)
         receiver.close()
+
+        # Subscription options: no local, retain handling, retain as published.
+        opts_topic = PREFIX + "/opts"
+        pub.publish(opts_topic, "retained", qos=1, retain=True)
+        me = Peer("paho-opts-" + VERSION)
+        check("subscribe no local", [1],
+              me.subscribe(opts_topic, 1, SubscribeOptions(qos=1, noLocal=True, retainHandling=2)))
+        me.publish(opts_topic, "mine", qos=1)
+        pub.publish(opts_topic, "theirs", qos=1)
+        check("no local", [opts_topic, "theirs", 1, False], summary(me.message()))
+        other = Peer("paho-opts2-" + VERSION)
+        check("subscribe rh1", [1],
+              other.subscribe(opts_topic, 1, SubscribeOptions(qos=1, retainHandling=1, retainAsPublished=True)))
+        check("retain handling 1, new", [opts_topic, "retained", 1, True], summary(other.message()))
+        check("subscribe rh1 again", [1],
+              other.subscribe(opts_topic, 1, SubscribeOptions(qos=1, retainHandling=1, retainAsPublished=True)))
+        pub.publish(opts_topic, "live", qos=1, retain=True)
+        # Not the retained message again (retain handling 1, existing subscription); the live
+        # one keeps its retain flag (retain as published).
+        check("retain as published", [opts_topic, "live", 1, True], summary(other.message()))
+        pub.publish(opts_topic, b"", qos=1, retain=True)
+        me.close()
+        other.close()
+
+        # Message expiry of a message queued for a client that is away: the one that expired
+        # is dropped, the other arrives with what is left of its interval. (Waiting for an
+        # expiry is waiting for time itself: 1 s.)
+        exp_id = "paho-exp-" + VERSION
+        exp_topic = PREFIX + "/expiry"
+        exp = Peer(exp_id, clean=False, session_expiry=300)
+        exp.subscribe(exp_topic, 1)
+        exp.close()
+        short = Properties(PacketTypes.PUBLISH)
+        short.MessageExpiryInterval = 1
+        pub.publish(exp_topic, "short", qos=1, properties=short)
+        long_ = Properties(PacketTypes.PUBLISH)
+        long_.MessageExpiryInterval = 100
+        pub.publish(exp_topic, "long", qos=1, properties=long_)
+        time.sleep(2.1)
+        exp = Peer(exp_id, clean=False, session_expiry=300)
+        msg = exp.message()
+        check("expired message dropped", [exp_topic, "long", 1, False], summary(msg))
+        remaining = getattr(msg.properties, "MessageExpiryInterval", None) if msg else None
+        check("expiry counts down", True, remaining is not None and 90 <= remaining <= 98)
+        exp.close()
+        Peer(exp_id).close()
 
     pub.close()
     sub.close()
