@@ -192,7 +192,9 @@ fn no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients() {
     match TcpListener::bind("127.0.0.1:1883") {
         Ok(probe) => drop(probe),
         Err(e) => {
-            eprintln!("no_file_mode: SKIPPED: 127.0.0.1:1883 is not free ({e})");
+            skip_note(&format!(
+                "no_file_mode: SKIPPED: 127.0.0.1:1883 is not free ({e})"
+            ));
             return;
         }
     }
@@ -211,7 +213,9 @@ fn no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients() {
                 // Lost the race for the port to another process between probe and bind.
                 let stderr = proc.stderr();
                 if stderr.contains("1883") {
-                    eprintln!("no_file_mode: SKIPPED: 1883 taken meanwhile: {stderr}");
+                    skip_note(&format!(
+                        "no_file_mode: SKIPPED: 1883 taken meanwhile: {stderr}"
+                    ));
                     return;
                 }
                 panic!("mercuriod exited: {stderr}; {:#?}", proc.seen);

@@ -37,10 +37,19 @@ pub fn prerequisite(test: &str, check: Result<(), String>) -> bool {
         Ok(()) => true,
         Err(why) if in_ci() => panic!("{test}: prerequisite missing under CI=true: {why}"),
         Err(why) => {
-            eprintln!("{test}: SKIPPED: {why} (with CI=true this is a failure)");
+            skip_note(&format!(
+                "{test}: SKIPPED: {why} (with CI=true this is a failure)"
+            ));
             false
         }
     }
+}
+
+/// Prints `note` on standard error past the test harness's capture (which would hide it for a
+/// test that passes), so that `cargo test` shows why a test skipped.
+pub fn skip_note(note: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{note}");
 }
 
 /// Whether `program args` runs and exits (any status); the error says what is missing.
