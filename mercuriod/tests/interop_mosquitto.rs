@@ -535,3 +535,135 @@ fn v5_subscription_identifier_and_client_maximum_packet_size() {
     );
     assert_eq!(next_message(&mut s), "42 interop/v5/small/ok 4");
 }
+
+/// Runs `mosquitto_pub` expecting a failure; returns its standard error.
+fn publish_fails(daemon: &Daemon, version: &str, args: &[&str]) -> String {
+    let (success, stderr) = publish_status(daemon, version, args);
+    assert!(!success, "mosquitto_pub {version} {args:?} succeeded");
+    stderr
+}
+
+/// Runs `mosquitto_pub`; returns whether it exited 0, and its standard error.
+fn publish_status(daemon: &Daemon, version: &str, args: &[&str]) -> (bool, String) {
+    let mut command = Command::new("mosquitto_pub");
+    command
+        .args(["-h", "127.0.0.1", "-p", &daemon.port().to_string()])
+        .args(["-V", version])
+        .args(args);
+    let mut proc = Proc::spawn(&format!("mosquitto_pub {version} {args:?}"), &mut command);
+    let (status, _) = proc.finish();
+    (status.success(), proc.stderr())
+}
+
+#[test]
+fn server_limits_as_mosquitto_clients_see_them() {
+    if !mosquitto_clients("server_limits") {
+        return;
+    }
+    let daemon = Daemon::start(
+        "[server]\nmax_qos = 1\nmax_packet_size = 1000\nclientid_prefixes = [\"ok-\"]\n",
+    );
+    // Client identifier prefixes: others are refused with "identifier rejected" (3.x) or
+    // 0x85 Client Identifier not valid (5.0).
+    for version in ["mqttv31", "mqttv311"] {
+        let err = publish_fails(&daemon, version, &["-i", "bad", "-t", "t", "-m", "m"]);
+        assert!(err.contains("identifier rejected"), "{version}: {err}");
+    }
+    let err = publish_fails(&daemon, "mqttv5", &["-i", "bad", "-t", "t", "-m", "m"]);
+    assert!(err.contains("Client Identifier not valid"), "{err}");
+
+    // max_qos = 1: a QoS 2 subscription is granted QoS 1; a 5.0 client is told and refuses
+    // to publish at QoS 2 itself; a 3.1.1 client publishing at QoS 2 is disconnected.
+    let mut s = sub(
+        &daemon,
+        "mqttv311",
+        &[
+            "-i",
+            "ok-sub",
+            "-q",
+            "2",
+            "-t",
+            "interop/limits/#",
+            "-F",
+            "%q %t %l",
+        ],
+    );
+    assert!(
+        s.seen.iter().any(|l| l == "Subscribed (mid: 1): 1"),
+        "granted QoS 1: {:#?}",
+        s.seen
+    );
+    // (mosquitto_pub 2.0.11 reports this on stderr but exits 0.)
+    let (_, err) = publish_status(
+        &daemon,
+        "mqttv5",
+        &["-i", "ok-5", "-q", "2", "-t", "interop/limits/q", "-m", "m"],
+    );
+    assert!(err.contains("QoS not supported"), "{err}");
+    let err = publish_fails(
+        &daemon,
+        "mqttv311",
+        &[
+            "-i",
+            "ok-311",
+            "-q",
+            "2",
+            "-t",
+            "interop/limits/q",
+            "-m",
+            "m",
+        ],
+    );
+    assert!(err.contains("connection was lost"), "{err}");
+
+    // max_packet_size = 1000: a 3.1.1 client sending more is disconnected; a 5.0 client is
+    // told the limit in CONNACK and does not send it.
+    let big = daemon.config_dir().join("big.txt");
+    std::fs::write(&big, "a".repeat(5000)).unwrap();
+    let big = big.to_str().unwrap();
+    let err = publish_fails(
+        &daemon,
+        "mqttv311",
+        &[
+            "-i",
+            "ok-big",
+            "-q",
+            "1",
+            "-t",
+            "interop/limits/big",
+            "-f",
+            big,
+        ],
+    );
+    assert!(err.contains("connection was lost"), "{err}");
+    publish(
+        &daemon,
+        "mqttv5",
+        &[
+            "-i",
+            "ok-big5",
+            "-q",
+            "1",
+            "-t",
+            "interop/limits/big",
+            "-f",
+            big,
+        ],
+    );
+    publish(
+        &daemon,
+        "mqttv5",
+        &[
+            "-i",
+            "ok-small",
+            "-q",
+            "1",
+            "-t",
+            "interop/limits/small",
+            "-m",
+            "fits",
+        ],
+    );
+    // Only what was accepted reaches the subscriber.
+    assert_eq!(next_message(&mut s), "1 interop/limits/small 4");
+}

@@ -25,6 +25,8 @@ const COMMON_CHECKS: &[&str] = &[
     "nothing retained after delete",
     "will published",
     "no will after DISCONNECT",
+    "keep alive will",
+    "keep alive honoured",
     "retained will, live",
     "retained will, later",
     "new session not present",

@@ -50,7 +50,7 @@ def rc_value(rc):
 class Peer:
     """A paho client with its events in queues, its network loop in a thread."""
 
-    def __init__(self, client_id, clean=True, will=None, loop=True, session_expiry=None):
+    def __init__(self, client_id, clean=True, will=None, loop=True, session_expiry=None, keepalive=60):
         kwargs = {}
         if not V5:
             kwargs["clean_session"] = clean
@@ -85,7 +85,7 @@ class Peer:
                 props = Properties(PacketTypes.CONNECT)
                 props.SessionExpiryInterval = session_expiry
                 connect_kwargs["properties"] = props
-        self.client.connect(HOST, PORT, keepalive=60, **connect_kwargs)
+        self.client.connect(HOST, PORT, keepalive=keepalive, **connect_kwargs)
         self.looping = loop
         if loop:
             self.client.loop_start()
@@ -170,6 +170,19 @@ def main():
     pub.publish(will_topic, "marker", qos=1)
     check("no will after DISCONNECT", [will_topic, "marker", 1, False], summary(watcher.message()))
     watcher.close()
+
+    # Keep alive: a client that goes silent (no PINGREQ, socket left open) is disconnected
+    # after one and a half times its keep alive, and its will is published.
+    ka_topic = PREFIX + "/will/keepalive"
+    ka_watch = Peer("paho-kawatch-" + VERSION)
+    ka_watch.subscribe(ka_topic, 1)
+    silent = Peer("paho-silent-" + VERSION, will=(ka_topic, "silent", 1), loop=False, keepalive=1)
+    silent_since = time.monotonic()
+    check("keep alive will", [ka_topic, "silent", 1, False], summary(ka_watch.message()))
+    waited = time.monotonic() - silent_since
+    check("keep alive honoured", True, 1.0 <= waited <= 5.0)
+    ka_watch.close()
+    silent.client.socket().close()
 
     # A retained will is kept for later subscribers.
     retained_will = PREFIX + "/will/retained"
