@@ -667,3 +667,49 @@ fn server_limits_as_mosquitto_clients_see_them() {
     // Only what was accepted reaches the subscriber.
     assert_eq!(next_message(&mut s), "1 interop/limits/small 4");
 }
+
+/// A persistent subscriber that stops reading (SIGSTOP) and then dies (SIGKILL) without
+/// acknowledging gets the unacknowledged messages again when it comes back, in order, at
+/// their QoS (the broker may have sent them already: then they come with DUP set).
+#[test]
+fn unacknowledged_messages_are_delivered_again_after_a_crash() {
+    if !mosquitto_clients("redelivery") {
+        return;
+    }
+    let daemon = Daemon::start("");
+    for version in VERSIONS {
+        for qos in ["1", "2"] {
+            let id = format!("redeliver-{version}-{qos}");
+            let topic = format!("interop/{version}/redeliver/{qos}");
+            let frozen = sub(
+                &daemon,
+                version,
+                &["-c", "-i", &id, "-q", qos, "-t", &topic],
+            );
+            frozen.signal("STOP");
+            for payload in ["a", "b", "c"] {
+                publish(&daemon, version, &["-q", qos, "-t", &topic, "-m", payload]);
+            }
+            frozen.signal("KILL");
+            drop(frozen);
+
+            let mut back = spawn_sub(
+                &daemon,
+                version,
+                &[
+                    "-c", "-i", &id, "-q", qos, "-t", &topic, "-F", "%q %p", "-C", "3",
+                ],
+            );
+            for payload in ["a", "b", "c"] {
+                assert_eq!(
+                    next_message(&mut back),
+                    format!("{qos} {payload}"),
+                    "{version} QoS {qos}"
+                );
+            }
+            assert!(back.finish().0.success(), "{}", back.stderr());
+            let mut clean = spawn_sub(&daemon, version, &["-i", &id, "-t", &topic, "-E"]);
+            assert!(clean.finish().0.success());
+        }
+    }
+}
