@@ -713,3 +713,35 @@ fn unacknowledged_messages_are_delivered_again_after_a_crash() {
         }
     }
 }
+
+/// `mosquitto_pub -l` sends a burst of QoS 0 messages (one per line) as fast as it can; a
+/// subscriber that keeps up gets every one of them. (The broker once routed a whole read
+/// buffer of PUBLISH packets before letting the subscriber's writer run, so the subscriber's
+/// queue reached max_queued_qos0_messages and most of the burst was dropped.)
+#[test]
+fn qos0_burst_reaches_a_subscriber_that_keeps_up() {
+    if !mosquitto_clients("qos0_burst") {
+        return;
+    }
+    const N: usize = 5000;
+    let daemon = Daemon::start("");
+    for version in ["mqttv311", "mqttv5"] {
+        let topic = format!("interop/{version}/burst");
+        let mut s = sub(&daemon, version, &["-t", &topic, "-F", "%p"]);
+        let mut publisher = Proc::spawn(
+            "seq | mosquitto_pub -l",
+            Command::new("sh").arg("-c").arg(format!(
+                "seq 1 {N} | mosquitto_pub -h 127.0.0.1 -p {} -V {version} -q 0 -t {topic} -l",
+                daemon.port()
+            )),
+        );
+        assert!(publisher.finish().0.success(), "{}", publisher.stderr());
+        for i in 1..=N {
+            assert_eq!(
+                next_message(&mut s),
+                i.to_string(),
+                "{version}: message {i}"
+            );
+        }
+    }
+}
