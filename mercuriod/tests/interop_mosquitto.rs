@@ -745,3 +745,30 @@ fn qos0_burst_reaches_a_subscriber_that_keeps_up() {
         }
     }
 }
+
+/// SIGTERM: a mosquitto_sub in 5.0 is told the server is shutting down (0x8B = 139), and the
+/// daemon exits 0 within 6 s with mosquitto clients connected in every version.
+#[test]
+fn sigterm_is_seen_by_mosquitto_clients() {
+    if !mosquitto_clients("sigterm") {
+        return;
+    }
+    let mut daemon = Daemon::start("");
+    let mut subs: Vec<Proc> = VERSIONS
+        .iter()
+        .map(|v| {
+            sub(
+                &daemon,
+                v,
+                &["-c", "-i", &format!("stop-{v}"), "-t", "interop/stop"],
+            )
+        })
+        .collect();
+    let status = daemon
+        .terminate_within(std::time::Duration::from_secs(6))
+        .expect("mercuriod exits within 6 s of SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", daemon.proc.stderr());
+    subs[2].wait_for("DISCONNECT 0x8B (139)", |l| {
+        l.contains("DISCONNECT") && l.contains("139")
+    });
+}
