@@ -670,6 +670,9 @@ async fn accept(
     })
 }
 
+/// Packets a reader handles before it yields to the scheduler.
+const READER_BATCH: u32 = 64;
+
 /// The inbound half: decodes packets and runs their state machines.
 struct Reader<'a> {
     broker: &'a Arc<BrokerInner>,
@@ -692,6 +695,7 @@ impl Reader<'_> {
         let grace = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
         let max = self.broker.config.server.max_packet_size;
         let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
+        let mut handled = 0u32;
         loop {
             loop {
                 match codec::decode(buf, self.version, max) {
@@ -701,6 +705,14 @@ impl Reader<'_> {
                         }
                         if let Err(close) = self.handle(packet) {
                             return close;
+                        }
+                        // A fast publisher's buffer can hold thousands of packets: let the
+                        // subscribers' writers this routing woke run (tokio keeps the last
+                        // woken task in this worker's unstealable LIFO slot), or their
+                        // queues fill up and drop while the consumers are idle.
+                        handled += 1;
+                        if handled % READER_BATCH == 0 {
+                            tokio::task::yield_now().await;
                         }
                     }
                     Ok(None) => break,
