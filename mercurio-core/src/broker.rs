@@ -44,6 +44,8 @@ pub(crate) struct BrokerInner {
     pub stop_listeners: Notify,
     pub local_addrs: Mutex<Vec<SocketAddr>>,
     pub next_client_number: AtomicU64,
+    /// Authentication and access control (`auth` module); set by the builder.
+    pub auth: crate::auth::Auth,
 }
 
 impl BrokerInner {
@@ -67,6 +69,7 @@ impl BrokerInner {
             stop_listeners: Notify::new(),
             local_addrs: Mutex::new(Vec::new()),
             next_client_number: AtomicU64::new(1),
+            auth: crate::auth::Auth::allow_all(),
         }
     }
 
@@ -140,7 +143,9 @@ impl BrokerInner {
                 continue;
             }
             let start = sm.next.fetch_add(1, Ordering::Relaxed) % n;
-            let order = (0..n).map(|i| &sm.members[(start + i) % n].1);
+            let order = (0..n)
+                .map(|i| &sm.members[(start + i) % n].1)
+                .filter(|e| self.may_read(&e.session, &msg.topic));
             let mut taken = false;
             for e in order.clone().filter(|e| e.session.is_connected()) {
                 if let Enqueued::Queued = e.session.enqueue(shared_delivery(msg, e), &self.limits) {
@@ -170,6 +175,10 @@ impl BrokerInner {
 
     /// Offers one delivery to a session, counting a drop. True when queued.
     pub(crate) fn deliver(&self, session: &Session, q: Queued) -> bool {
+        if !self.may_read(session, &q.msg.topic) {
+            self.stats.dropped(DropCause::NotAuthorized);
+            return false;
+        }
         match session.enqueue(q, &self.limits) {
             Enqueued::Queued => true,
             Enqueued::Skipped => false,

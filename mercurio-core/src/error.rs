@@ -23,6 +23,9 @@ pub enum Error {
     /// An in-process publish or subscribe was refused (bad topic, broker stopped).
     #[error("{0}")]
     Refused(String),
+    /// A password, ACL, certificate or key file that cannot be used (path, line, cause).
+    #[error("{0}")]
+    File(#[from] crate::auth::FileError),
     /// I/O error on a bound listener.
     #[error("listener {addr}: {source}")]
     Listener {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::auth::hooks::{Authenticator, Authorizer};
+use crate::auth::{Auth, FileError, Identity};
 use crate::broker::BrokerInner;
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::Config;
@@ -18,6 +20,7 @@ use crate::listener;
 use crate::message::Message;
 use crate::session::{Granted, Session};
 use crate::stats::Stats;
+use crate::tls::TlsListener;
 use crate::topic;
 
 /// How long [`BrokerHandle::shutdown`] waits for connections to close (manual, "Shutdown").
@@ -37,35 +40,71 @@ pub struct Broker;
 impl Broker {
     /// A builder for a broker with this configuration.
     pub fn builder(config: Config) -> BrokerBuilder {
-        BrokerBuilder { config }
+        BrokerBuilder {
+            config,
+            authenticators: Vec::new(),
+            authorizers: Vec::new(),
+        }
     }
 }
 
 /// Builds and starts a broker.
 pub struct BrokerBuilder {
     config: Config,
+    authenticators: Vec<Arc<dyn Authenticator>>,
+    authorizers: Vec<Arc<dyn Authorizer>>,
 }
 
 impl BrokerBuilder {
+    /// Adds an authenticator, asked before those added later and before the `[auth]`
+    /// section's (`allow_anonymous`, `password_file`); the first opinion wins, so one that
+    /// always answers replaces the configured authentication.
+    pub fn authenticator(mut self, authenticator: impl Authenticator) -> Self {
+        self.authenticators.push(Arc::new(authenticator));
+        self
+    }
+
+    /// Adds an authorizer, asked before those added later and before the `acl_file`; the
+    /// first opinion wins. With no authorizer and no ACL file, everything is allowed (and
+    /// costs nothing).
+    pub fn authorizer(mut self, authorizer: impl Authorizer) -> Self {
+        self.authorizers.push(Arc::new(authorizer));
+        self
+    }
+
     /// Binds every listener and starts serving. Returns once all listeners are bound.
     ///
     /// Errors: [`Error::Bind`] when an address is in use or not available,
-    /// [`Error::Config`] for a configuration this build cannot serve (TLS, WebSocket).
+    /// [`Error::Config`] for a configuration this build cannot serve (WebSocket),
+    /// [`Error::File`] for a password, ACL, certificate or key file that cannot be used.
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
+        let auth = Auth::from_config(&self.config, self.authenticators, self.authorizers)?;
+        let mut tls = Vec::with_capacity(self.config.listeners.len());
+        for l in &self.config.listeners {
+            tls.push(match l.cert_file {
+                Some(_) => Some(Arc::new(TlsListener::load(l)?)),
+                None => None,
+            });
+        }
         let bound = listener::bind_all(&self.config.listeners).await?;
-        let inner = Arc::new(BrokerInner::new(self.config));
+        let mut inner = BrokerInner::new(self.config);
+        inner.auth = auth;
+        let inner = Arc::new(inner);
         let mut addrs = Vec::new();
-        for (l, cfg) in bound {
+        for ((l, cfg), tls) in bound.into_iter().zip(tls.iter().cloned()) {
             let addr = l.local_addr().map_err(|source| Error::Bind {
                 addr: format!("{}:{}", cfg.host, cfg.port),
                 source,
             })?;
             addrs.push(addr);
-            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg));
+            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, tls));
         }
         *inner.local_addrs.lock() = addrs;
-        Ok(BrokerHandle { inner })
+        Ok(BrokerHandle {
+            inner,
+            tls: Arc::new(tls.into_iter().flatten().collect()),
+        })
     }
 }
 
@@ -73,6 +112,8 @@ impl BrokerBuilder {
 #[derive(Clone)]
 pub struct BrokerHandle {
     inner: Arc<BrokerInner>,
+    /// The TLS listeners, for [`BrokerHandle::reload`].
+    tls: Arc<Vec<Arc<TlsListener>>>,
 }
 
 /// What [`BrokerHandle::sessions`] reports of one session.
@@ -175,6 +216,7 @@ impl BrokerHandle {
             .fetch_add(1, Ordering::Relaxed);
         let id: Arc<str> = Arc::from(format!("$internal/{n}"));
         let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
+        *session.identity.write() = Identity::Trusted;
         let link = Arc::new(Link::new());
         session.state.lock().link = Some(Arc::clone(&link));
         self.inner
@@ -239,6 +281,24 @@ impl BrokerHandle {
                 }
             })
             .collect()
+    }
+
+    /// Reads the password file, the ACL file and the TLS certificates and keys again (what
+    /// the daemon does on SIGHUP). Connected clients stay connected; a client whose
+    /// permissions shrank loses the subscriptions it may no longer hold. A file that cannot be
+    /// used keeps its old contents, and is in the returned errors.
+    pub fn reload(&self) -> Result<(), Vec<FileError>> {
+        let mut errors = self.inner.reload_auth();
+        for t in self.tls.iter() {
+            if let Err(e) = t.reload() {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
     }
 
     /// Number of retained messages held.

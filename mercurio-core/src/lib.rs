@@ -7,8 +7,13 @@
 //!
 //! Dependencies: tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
 //! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
-//! configuration), tracing (logs), async-trait (hook traits).
+//! configuration), tracing (logs), async-trait (hook traits), rustls 0.23 with ring +
+//! tokio-rustls (TLS listeners, pure Rust), rustls-pki-types (PEM certificates and keys),
+//! sha2 + pbkdf2 + argon2 + password-hash (mosquitto_passwd's $6$, $7$ and argon2id hashes;
+//! password-hash's getrandom for new salts), subtle (constant-time hash comparison), base64
+//! (the salts and hashes of password files).
 
+pub mod auth;
 mod broker;
 pub mod codec;
 pub mod config;
@@ -20,8 +25,14 @@ pub mod message;
 pub mod router;
 mod session;
 pub mod stats;
+mod tls;
 pub mod topic;
 
+pub use auth::hooks::{
+    AccessRequest, Action, Authentication, Authenticator, Authorizer, ConnectInfo, Decision,
+    DenyReason,
+};
+pub use auth::FileError;
 pub use connection::DisconnectReason;
 pub use error::Error;
 pub use handle::{Broker, BrokerBuilder, BrokerHandle, SessionInfo, Subscription, SHUTDOWN_GRACE};

@@ -11,6 +11,7 @@ use crate::broker::BrokerInner;
 use crate::config::{ListenerConfig, ListenerProtocol};
 use crate::connection;
 use crate::error::Error;
+use crate::tls::TlsListener;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
 pub(crate) async fn bind_all(
@@ -22,11 +23,6 @@ pub(crate) async fn bind_all(
         if cfg.protocol != ListenerProtocol::Mqtt {
             return Err(Error::Config(format!(
                 "listener {addr}: protocol \"websocket\" is not supported by this version"
-            )));
-        }
-        if cfg.cert_file.is_some() {
-            return Err(Error::Config(format!(
-                "listener {addr}: TLS is not supported by this version"
             )));
         }
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&addr)
@@ -61,7 +57,13 @@ pub(crate) async fn bind_all(
 }
 
 /// Accepts connections until the broker stops.
-pub(crate) async fn run(broker: Arc<BrokerInner>, listener: TcpListener, cfg: ListenerConfig) {
+/// With `tls`, each connection first completes a TLS handshake within `connect_timeout`.
+pub(crate) async fn run(
+    broker: Arc<BrokerInner>,
+    listener: TcpListener,
+    cfg: ListenerConfig,
+    tls: Option<Arc<TlsListener>>,
+) {
     let on_listener = Arc::new(AtomicUsize::new(0));
     let global_max = broker.config.server.max_connections as usize;
     let listener_max = cfg.max_connections as usize;
@@ -96,8 +98,12 @@ pub(crate) async fn run(broker: Arc<BrokerInner>, listener: TcpListener, cfg: Li
         on_listener.fetch_add(1, Ordering::Relaxed);
         let broker = Arc::clone(&broker);
         let on_listener = Arc::clone(&on_listener);
+        let tls = tls.clone();
         tokio::spawn(async move {
-            connection::serve(Arc::clone(&broker), stream, peer).await;
+            match tls {
+                None => connection::serve(Arc::clone(&broker), stream, peer).await,
+                Some(tls) => crate::tls::serve(Arc::clone(&broker), &tls, stream, peer).await,
+            }
             on_listener.fetch_sub(1, Ordering::Relaxed);
             broker.open_connections.fetch_sub(1, Ordering::Relaxed);
             broker.connection_closed.notify_waiters();

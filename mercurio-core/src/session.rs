@@ -107,6 +107,8 @@ pub(crate) struct SessionState {
 pub struct Session {
     pub(crate) client_id: Arc<str>,
     pub(crate) state: Mutex<SessionState>,
+    /// Who the session belongs to, for access checks (set at each CONNECT).
+    pub(crate) identity: parking_lot::RwLock<crate::auth::Identity>,
 }
 
 /// What happened to a message offered to a session.
@@ -143,6 +145,7 @@ impl Session {
                 dropped_since_warning: 0,
                 disconnected_at: None,
             }),
+            identity: Default::default(),
         }
     }
 
