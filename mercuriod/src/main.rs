@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use mercurio_core::config::Config;
 use mercurio_core::{Broker, BrokerHandle};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::cli::Cli;
 
@@ -116,6 +116,11 @@ async fn serve(config: Config, path: Option<&Path>) -> ExitCode {
 
     let handle = match start_broker(config).await {
         Ok(handle) => handle,
+        Err(e @ mercurio_core::Error::File(_)) => {
+            // A password, ACL, certificate or key file: a configuration error (path, line).
+            eprintln!("mercuriod: cannot start: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
         Err(e) => {
             eprintln!("mercuriod: cannot start: {e}");
             return ExitCode::from(EX_FAILURE);
@@ -125,7 +130,12 @@ async fn serve(config: Config, path: Option<&Path>) -> ExitCode {
         info!("listening on {addr}");
     }
 
-    let signal = signals.recv().await;
+    let signal = loop {
+        match signals.recv().await {
+            "SIGHUP" => reload(&handle),
+            signal => break signal,
+        }
+    };
     info!("{signal} received: disconnecting clients and stopping");
     tokio::select! {
         () = handle.shutdown() => {
@@ -139,18 +149,34 @@ async fn serve(config: Config, path: Option<&Path>) -> ExitCode {
     }
 }
 
+/// SIGHUP: the password file, the ACL file and the TLS certificates are read again; connected
+/// clients stay. A file that cannot be used keeps its previous contents.
+fn reload(handle: &BrokerHandle) {
+    info!("SIGHUP received: reloading the password file, the ACL file and the certificates");
+    match handle.reload() {
+        Ok(()) => info!("reloaded"),
+        Err(errors) => {
+            for e in errors {
+                error!("reload: {e} (the previous contents stay in force)");
+            }
+        }
+    }
+}
+
 /// The broker's start, behind one function: the daemon's only call into the broker's
 /// construction (the embedding API of DESIGN.md section 5).
 async fn start_broker(config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
     Broker::builder(config).start().await
 }
 
-/// SIGTERM and SIGINT.
+/// SIGTERM and SIGINT (stop), SIGHUP (reload).
 struct Signals {
     #[cfg(unix)]
     terminate: tokio::signal::unix::Signal,
     #[cfg(unix)]
     interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -160,6 +186,7 @@ impl Signals {
         Ok(Signals {
             terminate: signal(SignalKind::terminate())?,
             interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
@@ -174,6 +201,7 @@ impl Signals {
         tokio::select! {
             _ = self.terminate.recv() => "SIGTERM",
             _ = self.interrupt.recv() => "SIGINT",
+            _ = self.hangup.recv() => "SIGHUP",
         }
     }
 
