@@ -39,12 +39,12 @@ pub enum Access {
 
 impl Access {
     fn grants(self, action: Action) -> bool {
-        match (self, action) {
-            (Access::ReadWrite, _) => true,
-            (Access::Read, Action::Read | Action::Subscribe) => true,
-            (Access::Write, Action::Write) => true,
-            _ => false,
-        }
+        matches!(
+            (self, action),
+            (Access::ReadWrite, _)
+                | (Access::Read, Action::Read | Action::Subscribe)
+                | (Access::Write, Action::Write)
+        )
     }
 }
 
