@@ -51,6 +51,8 @@ pub(crate) struct BrokerInner {
     pub next_client_number: AtomicU64,
     /// The storage writer, when the broker has a storage backend (`persist.rs`).
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
+    /// Authentication and access control (`auth` module); set by the builder.
+    pub auth: crate::auth::Auth,
 }
 
 impl BrokerInner {
@@ -76,6 +78,7 @@ impl BrokerInner {
             local_addrs: Mutex::new(Vec::new()),
             next_client_number: AtomicU64::new(1),
             persist: OnceLock::new(),
+            auth: crate::auth::Auth::allow_all(),
         }
     }
 
@@ -185,7 +188,9 @@ impl BrokerInner {
                 continue;
             }
             let start = sm.next.fetch_add(1, Ordering::Relaxed) % n;
-            let order = (0..n).map(|i| &sm.members[(start + i) % n].1);
+            let order = (0..n)
+                .map(|i| &sm.members[(start + i) % n].1)
+                .filter(|e| self.may_read(&e.session, &msg.topic));
             let mut taken = false;
             for e in order.clone().filter(|e| e.session.is_connected()) {
                 if let Enqueued::Queued = e.session.enqueue(shared_delivery(msg, e), &self.limits) {
@@ -215,6 +220,10 @@ impl BrokerInner {
 
     /// Offers one delivery to a session, counting a drop. True when queued.
     pub(crate) fn deliver(&self, session: &Session, q: Queued) -> bool {
+        if !self.may_read(session, &q.msg.topic) {
+            self.stats.dropped(DropCause::NotAuthorized);
+            return false;
+        }
         match session.enqueue(q, &self.limits) {
             Enqueued::Queued => true,
             Enqueued::Skipped => false,

@@ -129,6 +129,9 @@ pub struct ListenerConfig {
     pub ca_file: Option<PathBuf>,
     /// Refuse clients without a valid certificate; default false.
     pub require_certificate: bool,
+    /// The client certificate's common name becomes the user name (and the password file is
+    /// not consulted for it); needs `require_certificate`. Default false.
+    pub use_identity_as_username: bool,
     /// Answer GET /healthz (websocket only); default false.
     pub health: bool,
     /// Answer GET /metrics (websocket only); default false.
@@ -148,6 +151,7 @@ impl Default for ListenerConfig {
             key_file: None,
             ca_file: None,
             require_certificate: false,
+            use_identity_as_username: false,
             health: false,
             metrics: false,
             http_dir: None,
@@ -363,10 +367,21 @@ impl Config {
                         "needs cert_file and key_file (TLS)",
                     ));
                 }
+                if l.use_identity_as_username {
+                    return Err(ConfigError::new(
+                        key("use_identity_as_username"),
+                        "needs cert_file and key_file (TLS)",
+                    ));
+                }
             } else if l.require_certificate && l.ca_file.is_none() {
                 return Err(ConfigError::new(
                     key("require_certificate"),
                     "needs ca_file to check client certificates against",
+                ));
+            } else if l.use_identity_as_username && !l.require_certificate {
+                return Err(ConfigError::new(
+                    key("use_identity_as_username"),
+                    "needs require_certificate = true",
                 ));
             }
         }
@@ -440,31 +455,6 @@ impl Config {
                 key,
                 format!("{feature} is not supported by this version of Mercurio"),
             )
-        }
-        for (i, l) in self.listeners.iter().enumerate() {
-            let key = |name: &str| format!("listeners[{i}].{name}");
-            for (set, name) in [
-                (l.cert_file.is_some(), "cert_file"),
-                (l.key_file.is_some(), "key_file"),
-                (l.ca_file.is_some(), "ca_file"),
-                (l.require_certificate, "require_certificate"),
-            ] {
-                if set {
-                    return Err(unsupported(key(name), &format!("TLS ({name})")));
-                }
-            }
-        }
-        if self.auth.password_file.is_some() {
-            return Err(unsupported(
-                "auth.password_file".into(),
-                "a password file (password_file)",
-            ));
-        }
-        if self.auth.acl_file.is_some() {
-            return Err(unsupported(
-                "auth.acl_file".into(),
-                "an ACL file (acl_file)",
-            ));
         }
         match self.storage.backend {
             StorageBackend::Memory => {}
@@ -561,9 +551,13 @@ mod tests {
         c.listeners[0].key_file = Some("k.pem".into());
         assert_eq!(err(&c).key, "listeners[0].key_file");
         c.listeners[0].cert_file = Some("c.pem".into());
-        let e = err(&c);
-        assert_eq!(e.key, "listeners[0].cert_file");
-        assert!(e.message.contains("not supported"), "{e}");
+        assert_eq!(c.validate(), Ok(()));
+        c.listeners[0].use_identity_as_username = true;
+        assert_eq!(err(&c).key, "listeners[0].use_identity_as_username");
+        c.listeners[0].require_certificate = true;
+        assert_eq!(err(&c).key, "listeners[0].require_certificate");
+        c.listeners[0].ca_file = Some("ca.pem".into());
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]
@@ -587,10 +581,15 @@ mod tests {
     #[test]
     fn unsupported_keys() {
         let mut c = Config::default();
-        c.auth.password_file = Some("/etc/mercurio/passwd".into());
+        c.logging.file = Some("/var/log/mercurio.log".into());
         let e = err(&c);
-        assert_eq!(e.key, "auth.password_file");
+        assert_eq!(e.key, "logging.file");
         assert!(e.message.contains("not supported by this version"), "{e}");
+
+        let mut c = Config::default();
+        c.auth.password_file = Some("/etc/mercurio/passwd".into());
+        c.auth.acl_file = Some("/etc/mercurio/acl".into());
+        assert_eq!(c.validate(), Ok(()));
 
         let mut c = Config::default();
         c.logging.syslog = true;

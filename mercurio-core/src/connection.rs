@@ -187,6 +187,18 @@ pub(crate) async fn serve<S>(broker: Arc<BrokerInner>, stream: S, peer: SocketAd
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    serve_with(broker, stream, peer, None).await
+}
+
+/// [`serve`], with what a TLS handshake told about the client.
+pub(crate) async fn serve_with<S>(
+    broker: Arc<BrokerInner>,
+    stream: S,
+    peer: SocketAddr,
+    tls: Option<crate::tls::TlsIdentity>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(256);
     let server = &broker.config.server;
@@ -213,7 +225,7 @@ where
     };
 
     // 2. Checks, session, CONNACK.
-    let accepted = match accept(&broker, *connect, peer).await {
+    let accepted = match accept(&broker, *connect, peer, tls).await {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
@@ -414,6 +426,7 @@ async fn accept(
     broker: &Arc<BrokerInner>,
     connect: Connect,
     peer: SocketAddr,
+    tls: Option<crate::tls::TlsIdentity>,
 ) -> Result<Accepted, Vec<u8>> {
     let version = connect.protocol;
     let server = &broker.config.server;
@@ -483,21 +496,12 @@ async fn accept(
             "client identifier reserved for in-process subscriptions",
         ));
     }
-    // Anonymous clients.
-    let allow_anonymous = broker.config.auth.allow_anonymous.unwrap_or(false);
-    if connect.username.is_none() && !allow_anonymous {
-        return Err(refuse(
-            ReasonCode::NOT_AUTHORIZED,
-            "anonymous clients are not allowed",
-        ));
-    }
-    if connect.username.is_some() && !allow_anonymous && broker.config.auth.password_file.is_none()
+    // Authentication: the hooks, then allow_anonymous and the password file.
+    let username = match crate::auth::connect_checks(broker, &connect, &client_id, peer, tls).await
     {
-        return Err(refuse(
-            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-            "no password file to check credentials against",
-        ));
-    }
+        Ok(username) => username,
+        Err((rc, why)) => return Err(refuse(rc, &why)),
+    };
     // Keep alive and max_keepalive: a 5.0 client asking for more (or for none) is told the
     // Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more is refused with
     // "identifier rejected", as mosquitto documents (3.x has no way to be told).
@@ -631,6 +635,8 @@ async fn accept(
     };
 
     crate::persist::connected(broker, &session, session_present);
+    *session.identity.write() = crate::auth::Identity::Client { username };
+
     // CONNACK properties (MQTT 5.0 section 3.2.2.3).
     let mut p = Properties::default();
     if version.is_v5() {
@@ -703,7 +709,7 @@ impl Reader<'_> {
                         if let Some(g) = grace {
                             deadline = Some(tokio::time::Instant::now() + g);
                         }
-                        if let Err(close) = self.handle(packet) {
+                        if let Err(close) = self.handle(packet).await {
                             return close;
                         }
                         // A fast publisher's buffer can hold thousands of packets: let the
@@ -760,9 +766,9 @@ impl Reader<'_> {
         Close::violation(rc, why, &self.session.client_id)
     }
 
-    fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+    async fn handle(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
-            Packet::Publish(p) => self.on_publish(p),
+            Packet::Publish(p) => self.on_publish(p).await,
             Packet::PubAck(a) => {
                 self.on_ack(a.packet_id, OutboundState::AwaitingPubAck);
                 Ok(())
@@ -797,7 +803,7 @@ impl Reader<'_> {
                 }));
                 Ok(())
             }
-            Packet::Subscribe(s) => self.on_subscribe(s),
+            Packet::Subscribe(s) => self.on_subscribe(s).await,
             Packet::Unsubscribe(u) => {
                 self.on_unsubscribe(u);
                 Ok(())
@@ -850,7 +856,7 @@ impl Reader<'_> {
         }
     }
 
-    fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+    async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
         let broker = self.broker;
         Stats::add(&broker.stats.messages_received, 1);
         let server = &broker.config.server;
@@ -921,6 +927,21 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
             return Ok(());
         }
+        if broker.auth.checks_access()
+            && !broker
+                .may(self.session, &p.topic, crate::auth::hooks::Action::Write)
+                .await
+        {
+            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
+            let rc = if self.version.is_v5() {
+                ReasonCode::NOT_AUTHORIZED
+            } else {
+                ReasonCode::SUCCESS
+            };
+            self.ack_publish(p.qos, p.packet_id, rc);
+            return Ok(());
+        }
         let mut properties = std::mem::take(&mut p.properties);
         let expiry = properties.message_expiry_interval.take();
         properties.subscription_identifiers.clear();
@@ -979,7 +1000,7 @@ impl Reader<'_> {
         }));
     }
 
-    fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+    async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
         let broker = self.broker;
         let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
         let identifier = s.properties.subscription_identifiers.first().copied();
@@ -1002,6 +1023,19 @@ impl Reader<'_> {
                     ReasonCode::PROTOCOL_ERROR,
                     "No Local on a shared subscription [MQTT-3.8.3-4]",
                 ));
+            }
+            if broker.auth.checks_access()
+                && !broker
+                    .may(
+                        self.session,
+                        crate::auth::subscription_topic(&f.filter),
+                        crate::auth::hooks::Action::Subscribe,
+                    )
+                    .await
+            {
+                tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE not authorized");
+                codes.push(self.filter_failure(ReasonCode::NOT_AUTHORIZED));
+                continue;
             }
             let mut options = f.options;
             options.qos = options.qos.min(max_qos);

@@ -26,6 +26,9 @@ pub enum Error {
     /// Storage could not be opened or loaded (locked by another broker, newer schema...).
     #[error("storage: {0}")]
     Storage(#[from] mercurio_storage::StorageError),
+    /// A password, ACL, certificate or key file that cannot be used (path, line, cause).
+    #[error("{0}")]
+    File(#[from] crate::auth::FileError),
     /// I/O error on a bound listener.
     #[error("listener {addr}: {source}")]
     Listener {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::auth::hooks::{Authenticator, Authorizer};
+use crate::auth::{Auth, FileError, Identity};
 use crate::broker::{BrokerInner, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{Config, ListenerProtocol};
@@ -20,6 +22,7 @@ use crate::message::Message;
 use crate::session::{Granted, Session};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
+use crate::tls::TlsListener;
 use crate::topic;
 
 /// How long [`BrokerHandle::shutdown`] waits for connections to close (manual, "Shutdown").
@@ -43,6 +46,8 @@ impl Broker {
             config,
             http_limits: HttpLimits::default(),
             storage: None,
+            authenticators: Vec::new(),
+            authorizers: Vec::new(),
         }
     }
 }
@@ -52,6 +57,8 @@ pub struct BrokerBuilder {
     config: Config,
     http_limits: HttpLimits,
     storage: Option<Arc<dyn mercurio_storage::Storage>>,
+    authenticators: Vec<Arc<dyn Authenticator>>,
+    authorizers: Vec<Arc<dyn Authorizer>>,
 }
 
 impl BrokerBuilder {
@@ -69,13 +76,38 @@ impl BrokerBuilder {
         self
     }
 
+    /// Adds an authenticator, asked before those added later and before the `[auth]`
+    /// section's (`allow_anonymous`, `password_file`); the first opinion wins, so one that
+    /// always answers replaces the configured authentication.
+    pub fn authenticator(mut self, authenticator: impl Authenticator) -> Self {
+        self.authenticators.push(Arc::new(authenticator));
+        self
+    }
+
+    /// Adds an authorizer, asked before those added later and before the `acl_file`; the
+    /// first opinion wins. With no authorizer and no ACL file, everything is allowed (and
+    /// costs nothing).
+    pub fn authorizer(mut self, authorizer: impl Authorizer) -> Self {
+        self.authorizers.push(Arc::new(authorizer));
+        self
+    }
+
     /// Binds every listener and starts serving. Returns once all listeners are bound.
     ///
     /// Errors: [`Error::Bind`] when an address is in use or not available,
-    /// [`Error::Config`] for a configuration this build cannot serve (TLS) or an `http_dir`
-    /// that is not a directory.
+    /// [`Error::Config`] for an `http_dir` that is not a directory, [`Error::File`] for a
+    /// password, ACL, certificate or key file that cannot be used, [`Error::Storage`] when
+    /// storage cannot be opened or loaded.
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
+        let auth = Auth::from_config(&self.config, self.authenticators, self.authorizers)?;
+        let mut tls = Vec::with_capacity(self.config.listeners.len());
+        for l in &self.config.listeners {
+            tls.push(match l.cert_file {
+                Some(_) => Some(Arc::new(TlsListener::load(l)?)),
+                None => None,
+            });
+        }
         let storage = match self.storage {
             Some(storage) => Some(storage),
             None => crate::persist::open_configured(&self.config.storage).await?,
@@ -94,7 +126,9 @@ impl BrokerBuilder {
             }
         };
         let durable_ack = self.config.storage.durable_ack;
-        let inner = Arc::new(BrokerInner::new(self.config));
+        let mut inner = BrokerInner::new(self.config);
+        inner.auth = auth;
+        let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             let persister =
                 crate::persist::Persister::start(storage, durable_ack, Arc::downgrade(&inner));
@@ -103,7 +137,7 @@ impl BrokerBuilder {
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
-        for (l, cfg) in bound {
+        for ((l, cfg), tls) in bound.into_iter().zip(tls.iter().cloned()) {
             let addr = l.local_addr().map_err(|source| Error::Bind {
                 addr: format!("{}:{}", cfg.host, cfg.port),
                 source,
@@ -117,16 +151,19 @@ impl BrokerBuilder {
                 )?)),
                 ListenerProtocol::Mqtt => None,
             };
-            ready.push((l, cfg, http));
+            ready.push((l, cfg, http, tls));
         }
-        for (l, cfg, http) in ready {
-            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, http));
+        for (l, cfg, http, tls) in ready {
+            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, http, tls));
         }
         *inner.local_addrs.lock() = addrs;
         let mut sys = SysPublisher::new(Arc::clone(&inner));
         sys.publish_all();
         tokio::spawn(sys.run());
-        Ok(BrokerHandle { inner })
+        Ok(BrokerHandle {
+            inner,
+            tls: Arc::new(tls.into_iter().flatten().collect()),
+        })
     }
 }
 
@@ -134,6 +171,8 @@ impl BrokerBuilder {
 #[derive(Clone)]
 pub struct BrokerHandle {
     inner: Arc<BrokerInner>,
+    /// The TLS listeners, for [`BrokerHandle::reload`].
+    tls: Arc<Vec<Arc<TlsListener>>>,
 }
 
 /// What [`BrokerHandle::sessions`] reports of one session.
@@ -236,6 +275,7 @@ impl BrokerHandle {
             .fetch_add(1, Ordering::Relaxed);
         let id: Arc<str> = Arc::from(format!("{INTERNAL_PREFIX}{n}"));
         let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
+        *session.identity.write() = Identity::Trusted;
         let link = Arc::new(Link::new());
         session.state.lock().link = Some(Arc::clone(&link));
         self.inner
@@ -304,6 +344,24 @@ impl BrokerHandle {
                 }
             })
             .collect()
+    }
+
+    /// Reads the password file, the ACL file and the TLS certificates and keys again (what
+    /// the daemon does on SIGHUP). Connected clients stay connected; a client whose
+    /// permissions shrank loses the subscriptions it may no longer hold. A file that cannot be
+    /// used keeps its old contents, and is in the returned errors.
+    pub fn reload(&self) -> Result<(), Vec<FileError>> {
+        let mut errors = self.inner.reload_auth();
+        for t in self.tls.iter() {
+            if let Err(e) = t.reload() {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
     }
 
     /// Number of retained messages held.

@@ -12,7 +12,12 @@
 //! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body (response
 //! bodies), tokio-tungstenite (WebSocket framing after the upgrade),
 //! futures-util (its Stream/Sink traits), prometheus-client (`/metrics`, a registry per broker).
+//! rustls 0.23 with ring + tokio-rustls (TLS listeners, pure Rust), rustls-pki-types (PEM
+//! certificates and keys), sha2 + pbkdf2 + argon2 + password-hash (mosquitto_passwd's $6$, $7$
+//! and argon2id hashes; password-hash's getrandom for new salts), subtle (constant-time hash
+//! comparison), base64 (the salts and hashes of password files).
 
+pub mod auth;
 mod broker;
 pub mod codec;
 pub mod config;
@@ -28,9 +33,15 @@ pub mod router;
 mod session;
 pub mod stats;
 mod sys;
+mod tls;
 pub mod topic;
 mod websocket;
 
+pub use auth::hooks::{
+    AccessRequest, Action, Authentication, Authenticator, Authorizer, ConnectInfo, Decision,
+    DenyReason,
+};
+pub use auth::FileError;
 pub use connection::DisconnectReason;
 pub use error::Error;
 pub use handle::{

@@ -13,6 +13,7 @@ use crate::config::ListenerConfig;
 use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
+use crate::tls::TlsListener;
 use crate::websocket;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
@@ -22,11 +23,6 @@ pub(crate) async fn bind_all(
     let mut bound = Vec::with_capacity(configs.len());
     for cfg in configs {
         let addr = format!("{}:{}", cfg.host, cfg.port);
-        if cfg.cert_file.is_some() {
-            return Err(Error::Config(format!(
-                "listener {addr}: TLS is not supported by this version"
-            )));
-        }
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&addr)
             .await
             .map_err(|source| Error::Resolve {
@@ -59,12 +55,14 @@ pub(crate) async fn bind_all(
 }
 
 /// Accepts connections until the broker stops. `http` is the HTTP side of a WebSocket
-/// listener (`None` for MQTT over TCP).
+/// listener (`None` for MQTT over TCP); with `tls`, each connection first completes a TLS
+/// handshake within `connect_timeout`.
 pub(crate) async fn run(
     broker: Arc<BrokerInner>,
     listener: TcpListener,
     cfg: ListenerConfig,
     http: Option<Arc<Endpoint>>,
+    tls: Option<Arc<TlsListener>>,
 ) {
     let on_listener = Arc::new(AtomicUsize::new(0));
     let global_max = broker.config.server.max_connections as usize;
@@ -106,10 +104,21 @@ pub(crate) async fn run(
         let broker = Arc::clone(&broker);
         let on_listener = Arc::clone(&on_listener);
         let http = http.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            match http {
-                Some(ep) => websocket::serve(ep, stream, peer).await,
-                None => connection::serve(Arc::clone(&broker), stream, peer).await,
+            match (tls, http) {
+                (None, None) => connection::serve(Arc::clone(&broker), stream, peer).await,
+                (None, Some(ep)) => websocket::serve(ep, stream, peer).await,
+                (Some(tls), None) => {
+                    crate::tls::serve(Arc::clone(&broker), &tls, stream, peer).await
+                }
+                (Some(tls), Some(ep)) => {
+                    if let Some((stream, _identity)) =
+                        crate::tls::handshake(&broker, &tls, stream, peer).await
+                    {
+                        websocket::serve(ep, stream, peer).await
+                    }
+                }
             }
             on_listener.fetch_sub(1, Ordering::Relaxed);
             broker.open_connections.fetch_sub(1, Ordering::Relaxed);

@@ -115,6 +115,8 @@ pub(crate) struct SessionState {
 pub struct Session {
     pub(crate) client_id: Arc<str>,
     pub(crate) state: Mutex<SessionState>,
+    /// Who the session belongs to, for access checks (set at each CONNECT).
+    pub(crate) identity: parking_lot::RwLock<crate::auth::Identity>,
 }
 
 /// What happened to a message offered to a session.
@@ -153,6 +155,7 @@ impl Session {
                 persist: None,
                 next_seq: 1,
             }),
+            identity: Default::default(),
         }
     }
 

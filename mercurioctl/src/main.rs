@@ -2,6 +2,8 @@
 //! (one JSON object per line, see mercuriod's `admin` module), the answer printed for people or,
 //! with `--json`, as JSON for scripts.
 //!
+//! `mercurioctl passwd FILE USER` works on a password file and needs no running broker.
+//!
 //! Dependencies, and why:
 //! - `clap` (derive): the command line, usage errors, `--help` and `--version`.
 //! - `serde`, `serde_json`: the admin socket's JSON requests and answers.
@@ -9,6 +11,10 @@
 //! - `libc`: `geteuid`, for the default socket path and the socket owner check (shared with
 //!   mercuriod: `socket_path.rs` is compiled into both).
 //! - `tempfile` (tests only): sockets and configuration files in temp dirs.
+//! - `mercurio-core`: the password file format and its argon2id hashing (`passwd`).
+//! - `rpassword`: reads a password from the terminal without echo (`passwd`).
+
+mod passwd;
 
 #[path = "../../mercuriod/src/socket_path.rs"]
 #[allow(dead_code)]
@@ -52,7 +58,10 @@ Examples:
   mercurioctl broker log-level 'info,mercurio::connections=off'
   mercurioctl --json client list
   mercurioctl client disconnect sensor-12
-  mercurioctl client delete-session sensor-12";
+  mercurioctl client delete-session sensor-12
+
+mercurioctl passwd FILE USER adds a user to a password file or changes its password (argon2id;
+no running broker needed); then send mercuriod SIGHUP to reload it.";
 
 /// mercurioctl, the admin CLI of a running mercuriod (Mercurio MQTT broker).
 #[derive(Debug, Parser)]
@@ -88,6 +97,8 @@ enum Command {
     /// Clients and their sessions.
     #[command(subcommand)]
     Client(ClientCommand),
+    /// Add a user to a password file or change its password (needs no running broker).
+    Passwd(passwd::Passwd),
 }
 
 #[derive(Debug, Subcommand)]
@@ -131,6 +142,9 @@ struct Failure(u8, String);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Passwd(p) = &cli.command {
+        return p.run();
+    }
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, message)) => {
@@ -157,6 +171,8 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Client(ClientCommand::DeleteSession { client_id }) => {
             json!({"command": "client.delete-session", "client_id": client_id})
         }
+        // Handled in main: it needs no broker.
+        Command::Passwd(_) => return Ok(()),
     };
     let result = ask(&socket, &request)?;
     if cli.json {
@@ -284,6 +300,7 @@ fn human(command: &Command, result: &Value) -> String {
         Command::Client(ClientCommand::DeleteSession { client_id }) => {
             format!("deleted the session of {client_id}\n")
         }
+        Command::Passwd(_) => String::new(),
     }
 }
 

@@ -284,3 +284,42 @@ fn version() {
         format!("mercurioctl {}", env!("CARGO_PKG_VERSION"))
     );
 }
+#[test]
+fn passwd_adds_and_changes_users() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("passwd");
+    for (user, password) in [("alice", "one"), ("bob", "two"), ("alice", "three")] {
+        let mut child = Command::new(MERCURIOCTL)
+            .args(["passwd", "--stdin"])
+            .arg(&file)
+            .arg(user)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("run mercurioctl");
+        writeln!(child.stdin.take().unwrap(), "{password}").unwrap();
+        assert!(child.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    let users = mercurio_core::auth::password_file::PasswordFile::load(&file).unwrap();
+    assert!(users.get("alice").unwrap().verify(b"three"));
+    assert!(users.get("bob").unwrap().verify(b"two"));
+    assert!(text.lines().all(|l| l.contains(":$argon2id$")), "{text}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // An empty password is refused.
+    let out = Command::new(MERCURIOCTL)
+        .args(["passwd", "--stdin"])
+        .arg(&file)
+        .arg("carol")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty password"));
+}

@@ -11,9 +11,15 @@ everything in memory. With a file, [auth] allow_anonymous must be set to true fo
 without credentials to connect (as in mosquitto 2), and a file without [[listeners]] listens on
 127.0.0.1:1883.
 
+TLS: a listener with cert_file and key_file (PEM) speaks MQTT over TLS 1.2 and 1.3; ca_file
+checks client certificates, require_certificate refuses clients without one, and
+use_identity_as_username makes the certificate's common name the user name. [auth]
+password_file is a mosquitto_passwd file ($6$, $7$ and argon2id hashes; mercurioctl passwd
+adds users), acl_file a mosquitto ACL file. SIGHUP reloads the password file, the ACL file and
+the certificates without disconnecting clients; a file that cannot be read keeps its previous
+contents and the error is logged.
+
 Not yet supported by this version (setting one is a configuration error, exit status 78):
-  TLS (listeners: cert_file, key_file, ca_file, require_certificate),
-  password and ACL files (auth: password_file, acl_file),
   PostgreSQL storage (storage: backend = \"postgres\", standby).
 
 Logging: to standard output (the journal under systemd), or to [logging] file (appended; rotate
@@ -30,7 +36,8 @@ SIGHUP rereads the configuration file and applies the log level and connection_m
 Under systemd (Type=notify) readiness is reported once the listeners are bound.
 
 Exit status: 0 after a clean stop or a valid --check-config, 1 when the broker cannot start
-(e.g. a port in use), 78 (EX_CONFIG) for a configuration error.";
+(e.g. a port in use), 78 (EX_CONFIG) for a configuration error (including a password, ACL,
+certificate or key file that cannot be used).";
 
 /// mercuriod, the Mercurio MQTT broker (MQTT 3.1, 3.1.1 and 5.0).
 #[derive(Debug, Parser)]

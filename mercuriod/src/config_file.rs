@@ -327,10 +327,10 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("listeners[1].port"));
         assert_eq!(e.line, Some(4));
 
-        let e = err("[[listeners]]\nport = 2\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n");
-        assert_eq!(e.key.as_deref(), Some("listeners[0].cert_file"));
-        assert_eq!(e.line, Some(3));
-        assert!(e.message.contains("not supported"), "{e}");
+        let e = err("[[listeners]]\nport = 2\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\nrequire_certificate = true\n");
+        assert_eq!(e.key.as_deref(), Some("listeners[0].require_certificate"));
+        assert_eq!(e.line, Some(5));
+        assert!(e.message.contains("needs ca_file"), "{e}");
     }
 
     #[test]

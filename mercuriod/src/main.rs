@@ -166,6 +166,11 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 
     let handle = match start_broker(config).await {
         Ok(handle) => handle,
+        Err(e @ mercurio_core::Error::File(_)) => {
+            // A password, ACL, certificate or key file: a configuration error (path, line).
+            eprintln!("mercuriod: cannot start: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
         Err(e) => {
             eprintln!("mercuriod: cannot start: {e}");
             return ExitCode::from(EX_FAILURE);

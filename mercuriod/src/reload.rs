@@ -41,6 +41,20 @@ impl Reloader {
         info!("SIGHUP: reloading {}", path.display());
         // One call per reloadable part.
         self.logging(&config);
+        self.security();
+    }
+
+    /// The password file, the ACL file and the TLS certificates, from the paths the broker
+    /// started with; a file that fails keeps its previous contents in force.
+    fn security(&self) {
+        match self.handle.reload() {
+            Ok(()) => info!("SIGHUP: password file, ACL file and certificates reloaded"),
+            Err(errors) => {
+                for e in errors {
+                    error!("SIGHUP: {e} (the previous contents stay in force)");
+                }
+            }
+        }
     }
 
     /// `[logging] level` and `connection_messages`.

@@ -92,19 +92,6 @@ fn wrong_type_names_key_and_line() {
 #[test]
 fn unsupported_feature_is_refused() {
     assert_config_error(
-        "[[listeners]]\nport = 8883\ncert_file = \"/etc/mercurio/cert.pem\"\n\
-         key_file = \"/etc/mercurio/key.pem\"\n",
-        3,
-        "listeners[0].cert_file",
-        "TLS (cert_file) is not supported by this version",
-    );
-    assert_config_error(
-        "[auth]\nallow_anonymous = false\npassword_file = \"/etc/mercurio/passwd\"\n",
-        3,
-        "auth.password_file",
-        "is not supported by this version",
-    );
-    assert_config_error(
         "[storage]\nbackend = \"postgres\"\nurl = \"postgres://localhost/mercurio\"\n",
         2,
         "storage.backend",

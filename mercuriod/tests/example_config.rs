@@ -64,7 +64,7 @@ fn every_key_is_shown() {
     };
     // Field counts of the structs in mercurio_core::config.
     assert_eq!(len("server"), 15);
-    assert_eq!(len("listeners"), 11);
+    assert_eq!(len("listeners"), 12);
     assert_eq!(len("auth"), 3);
     assert_eq!(len("storage"), 5);
     assert_eq!(len("logging"), 4);

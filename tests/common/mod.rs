@@ -700,3 +700,34 @@ impl Client {
         drop(self.stream);
     }
 }
+
+/// Whether an external program (mosquitto_pub, mosquitto_passwd...) is installed. Missing, it
+/// prints why the test skips, or fails the test when `CI=true` (DESIGN.md section 9).
+pub fn have_program(name: &str) -> bool {
+    let found = std::process::Command::new(name)
+        .arg("--help")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{name} is not installed (CI=true: a missing prerequisite is a failure)");
+        }
+        eprintln!("skipping: {name} is not installed");
+    }
+    found
+}
+
+/// A CONNECT with a user name and password.
+pub fn connect_as(
+    version: ProtocolVersion,
+    client_id: &str,
+    username: Option<&str>,
+    password: Option<&str>,
+) -> Connect {
+    let mut c = connect_packet(version, client_id);
+    c.username = username.map(str::to_string);
+    c.password = password.map(|p| Bytes::from(p.to_string()));
+    c
+}

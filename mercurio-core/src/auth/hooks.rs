@@ -1,0 +1,106 @@
+//! The authentication and authorization hooks of the embedding API (DESIGN.md section 5).
+//!
+//! An application adds its own with `Broker::builder(config).authenticator(..).authorizer(..)`.
+//! Hooks are asked in the order they were added, before the file-based ones (the password
+//! file and the ACL file are implementations of these same traits); the first opinion wins.
+
+use std::net::SocketAddr;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::codec::ProtocolVersion;
+
+/// What a CONNECT says about who the client is.
+#[derive(Debug, Clone)]
+pub struct ConnectInfo {
+    /// The client identifier (assigned by the broker when the client sent an empty one).
+    pub client_id: String,
+    /// The user name of CONNECT, or the certificate's common name on a listener with
+    /// `use_identity_as_username`.
+    pub username: Option<String>,
+    /// The password of CONNECT.
+    pub password: Option<Bytes>,
+    /// The client's address.
+    pub peer: SocketAddr,
+    pub protocol: ProtocolVersion,
+    /// The subject common name of the client certificate, when one was presented and verified.
+    pub certificate_cn: Option<String>,
+    /// True when the user name is the verified certificate's common name
+    /// (`use_identity_as_username`): the certificate has authenticated the client.
+    pub username_from_certificate: bool,
+}
+
+/// Why a connection is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyReason {
+    /// Unknown user or wrong password: 5.0 CONNACK 0x86, 3.x return code 4.
+    BadCredentials,
+    /// Not allowed to connect (anonymous, banned...): 5.0 CONNACK 0x87, 3.x return code 5.
+    NotAuthorized,
+}
+
+/// An authenticator's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authentication {
+    /// Let the client in, under this user name (`None`: anonymous, or keep CONNECT's).
+    Allow { username: Option<String> },
+    /// Refuse the client.
+    Deny(DenyReason),
+    /// Leave the decision to the next authenticator.
+    NoOpinion,
+}
+
+/// Decides whether a client may connect.
+#[async_trait]
+pub trait Authenticator: Send + Sync + 'static {
+    async fn authenticate(&self, info: &ConnectInfo) -> Authentication;
+}
+
+/// What a client wants to do with a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Receive a message published to this topic name (checked at delivery).
+    Read,
+    /// Publish to this topic name.
+    Write,
+    /// Subscribe to this topic filter (without any `$share/group/` prefix).
+    Subscribe,
+}
+
+/// One access check: who, what, on which topic.
+#[derive(Debug, Clone, Copy)]
+pub struct AccessRequest<'a> {
+    pub client_id: &'a str,
+    pub username: Option<&'a str>,
+    /// A topic name (Read, Write) or a topic filter (Subscribe).
+    pub topic: &'a str,
+    pub action: Action,
+}
+
+/// An authorizer's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    Deny,
+    /// Leave the decision to the next authorizer; when none has an opinion, the action is
+    /// allowed.
+    NoOpinion,
+}
+
+/// Decides what a client may do with a topic.
+///
+/// `authorize` is asked on SUBSCRIBE and PUBLISH, from the client's own task, and may wait
+/// (a database, a service). Delivery to a subscriber happens on the publisher's task, where
+/// nothing may wait: there only `authorize_now` is asked. An authorizer that can decide
+/// without waiting (the ACL file can) answers `authorize_now` with `Some`, and is then never
+/// awaited at all; `None` means "ask `authorize`" (and, at delivery, no opinion).
+#[async_trait]
+pub trait Authorizer: Send + Sync + 'static {
+    async fn authorize(&self, request: &AccessRequest<'_>) -> Decision;
+
+    /// The decision without waiting, when this authorizer can give one.
+    fn authorize_now(&self, _request: &AccessRequest<'_>) -> Option<Decision> {
+        None
+    }
+}

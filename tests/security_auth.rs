@@ -1,0 +1,306 @@
+//! Authentication: allow_anonymous, mosquitto_passwd files ($6$, $7$, argon2id), and the
+//! Authenticator / Authorizer hooks of the embedding API.
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use mercurio::auth::password_file::set_password;
+use mercurio::codec::{ProtocolVersion, QoS, ReasonCode};
+use mercurio::{
+    AccessRequest, Authentication, Authenticator, Authorizer, Broker, ConnectInfo, Decision,
+    DenyReason,
+};
+
+const V3_BAD_CREDENTIALS: ReasonCode = ReasonCode(4);
+const V3_NOT_AUTHORIZED: ReasonCode = ReasonCode(5);
+
+fn mosquitto_passwd(args: &[&str]) {
+    let st = std::process::Command::new("mosquitto_passwd")
+        .args(args)
+        .status()
+        .expect("run mosquitto_passwd");
+    assert!(st.success(), "mosquitto_passwd {args:?}");
+}
+
+async fn code(
+    addr: std::net::SocketAddr,
+    v: ProtocolVersion,
+    user: Option<&str>,
+    pw: Option<&str>,
+) -> ReasonCode {
+    let (_c, ack) = Client::connect_with(addr, connect_as(v, "auth-client", user, pw)).await;
+    ack.reason_code
+}
+
+#[tokio::test]
+async fn mosquitto_passwd_file_works_unchanged() {
+    if !have_program("mosquitto_passwd") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    let f = file.to_str().unwrap();
+    mosquitto_passwd(&["-c", "-b", f, "seven", "pw7"]); // $7$ (mosquitto 2's default)
+    mosquitto_passwd(&["-H", "sha512", "-b", f, "six", "pw6"]); // $6$
+    set_password(&file, "argon", b"pw-argon").unwrap(); // argon2id, added to the same file
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("seven:$7$") && text.contains("six:$6$") && text.contains("argon:$argon2id$"),
+        "{text}"
+    );
+
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    config.auth.password_file = Some(file.clone());
+    let (broker, addr) = start_with(config).await;
+    let v5 = ProtocolVersion::V5;
+    for (user, pw) in [("seven", "pw7"), ("six", "pw6"), ("argon", "pw-argon")] {
+        assert_eq!(
+            code(addr, v5, Some(user), Some(pw)).await,
+            ReasonCode::SUCCESS,
+            "{user}"
+        );
+        assert_eq!(
+            code(addr, ProtocolVersion::V311, Some(user), Some(pw)).await,
+            ReasonCode::SUCCESS,
+            "{user}"
+        );
+        assert_eq!(
+            code(addr, v5, Some(user), Some("wrong")).await,
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "{user}"
+        );
+    }
+    assert_eq!(
+        code(addr, v5, Some("nobody"), Some("pw7")).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    assert_eq!(
+        code(addr, v5, Some("seven"), None).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    assert_eq!(
+        code(addr, ProtocolVersion::V311, Some("six"), Some("x")).await,
+        V3_BAD_CREDENTIALS
+    );
+    assert_eq!(
+        code(addr, ProtocolVersion::V31, Some("six"), Some("x")).await,
+        V3_BAD_CREDENTIALS
+    );
+    // Anonymous clients: not authorized.
+    assert_eq!(code(addr, v5, None, None).await, ReasonCode::NOT_AUTHORIZED);
+    assert_eq!(
+        code(addr, ProtocolVersion::V311, None, None).await,
+        V3_NOT_AUTHORIZED
+    );
+
+    // A changed password file counts after a reload.
+    set_password(&file, "six", b"new6").unwrap();
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("new6")).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    broker.reload().expect("reload");
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("new6")).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("pw6")).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    // A broken file on reload: the old users stay, the error names the file and line.
+    std::fs::write(&file, "six:$6$broken\n").unwrap();
+    let errors = broker.reload().unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0]
+            .to_string()
+            .starts_with(&format!("{}:1: ", file.display())),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("new6")).await,
+        ReasonCode::SUCCESS
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn anonymous_with_and_without_allow_anonymous() {
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    let (broker, addr) = start_with(config).await;
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, None, None).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // No password file to check a user name against.
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, Some("u"), Some("p")).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    broker.shutdown().await;
+
+    // The no-file mode: anyone.
+    let (broker, addr) = start().await;
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, None, None).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, Some("u"), Some("p")).await,
+        ReasonCode::SUCCESS
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_password_file_fails_start_with_path_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    std::fs::write(&file, "# users\nalice:$7$101$c2FsdA==$aGFzaA==\nbob\n").unwrap();
+    let mut config = test_config();
+    config.auth.password_file = Some(file.clone());
+    let e = Broker::builder(config.clone())
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        e.to_string(),
+        format!("{}:3: expected user:hash", file.display())
+    );
+
+    config.auth.password_file = Some(dir.path().join("missing"));
+    let e = Broker::builder(config)
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "{}: cannot read: ",
+            Path::new(&dir.path().join("missing")).display()
+        )),
+        "{msg}"
+    );
+}
+
+/// Lets in user "app" with password "token" as user "tenant-a"; no opinion otherwise.
+struct TokenAuth {
+    calls: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Authenticator for TokenAuth {
+    async fn authenticate(&self, info: &ConnectInfo) -> Authentication {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        match (info.username.as_deref(), info.password.as_deref()) {
+            (Some("app"), Some(b"token")) => Authentication::Allow {
+                username: Some("tenant-a".into()),
+            },
+            (Some("app"), _) => Authentication::Deny(DenyReason::BadCredentials),
+            (Some("banned"), _) => Authentication::Deny(DenyReason::NotAuthorized),
+            _ => Authentication::NoOpinion,
+        }
+    }
+}
+
+/// Tenants use only `tenants/<user name>/...`; no opinion about anything else.
+struct TenantAuthz;
+
+#[async_trait::async_trait]
+impl Authorizer for TenantAuthz {
+    async fn authorize(&self, r: &AccessRequest<'_>) -> Decision {
+        // Pretend to ask a service.
+        tokio::task::yield_now().await;
+        self.authorize_now(r).unwrap()
+    }
+
+    fn authorize_now(&self, r: &AccessRequest<'_>) -> Option<Decision> {
+        let Some(rest) = r.topic.strip_prefix("tenants/") else {
+            return Some(Decision::NoOpinion);
+        };
+        let tenant = rest.split('/').next().unwrap_or("");
+        Some(if Some(tenant) == r.username {
+            Decision::Allow
+        } else {
+            Decision::Deny
+        })
+    }
+}
+
+#[tokio::test]
+async fn hooks_decide_first() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    let broker = Broker::builder(config)
+        .authenticator(TokenAuth {
+            calls: Arc::clone(&calls),
+        })
+        .authorizer(TenantAuthz)
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let v5 = ProtocolVersion::V5;
+    assert_eq!(
+        code(addr, v5, Some("app"), Some("nope")).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    assert_eq!(
+        code(addr, v5, Some("banned"), Some("x")).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // No opinion: the configuration decides (no anonymous clients).
+    assert_eq!(code(addr, v5, None, None).await, ReasonCode::NOT_AUTHORIZED);
+    assert!(calls.load(Ordering::Relaxed) >= 3);
+
+    let (mut c, ack) = Client::connect_with(
+        addr,
+        connect_as(v5, "tenant-a-1", Some("app"), Some("token")),
+    )
+    .await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    // The hook renamed the user: it is tenant-a now.
+    assert_eq!(
+        c.subscribe("tenants/tenant-a/#", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    assert_eq!(
+        c.subscribe("tenants/app/#", QoS::AtLeastOnce).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // No opinion anywhere: allowed.
+    assert_eq!(
+        c.subscribe("elsewhere", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    assert_eq!(
+        c.publish("tenants/tenant-a/x", b"1", QoS::AtLeastOnce, false)
+            .await,
+        ReasonCode::SUCCESS
+    );
+    let p = c.expect_publish().await;
+    assert_eq!(p.topic, "tenants/tenant-a/x");
+    c.ack(&p).await;
+    assert_eq!(
+        c.publish("tenants/tenant-b/x", b"2", QoS::AtLeastOnce, false)
+            .await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        c.publish("tenants/tenant-b/x", b"2", QoS::ExactlyOnce, false)
+            .await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    c.disconnect().await;
+    broker.shutdown().await;
+}

@@ -1,0 +1,583 @@
+//! TLS listeners: handshakes (1.2 and 1.3) with certificates made in the test, client
+//! certificates required and refused, the certificate's name as the user name, the handshake
+//! bounded by connect_timeout, reload, mosquitto_pub / mosquitto_sub over TLS.
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::*;
+use mercurio::codec::{self, Connect, Packet, ProtocolVersion, QoS, ReasonCode};
+use mercurio::config::{Config, ListenerConfig};
+use mercurio::{Broker, BrokerHandle};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+/// A certificate authority made for one test.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = p.self_signed(&key).unwrap();
+        Ca { cert, key }
+    }
+
+    /// A leaf certificate: (certificate, key).
+    fn issue(&self, cn: &str, server: bool) -> (rcgen::Certificate, KeyPair) {
+        let key = KeyPair::generate().unwrap();
+        let names = if server {
+            vec!["localhost".to_string(), "127.0.0.1".to_string()]
+        } else {
+            Vec::new()
+        };
+        let mut p = CertificateParams::new(names).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.extended_key_usages = vec![if server {
+            ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            ExtendedKeyUsagePurpose::ClientAuth
+        }];
+        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert, key)
+    }
+}
+
+/// The files of one test: ca.pem, server.pem (chain), server.key, client.pem, client.key.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: Ca,
+    client: (rcgen::Certificate, KeyPair),
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("Mercurio test CA");
+        let client = ca.issue("device-7", false);
+        let pki = Pki { dir, ca, client };
+        pki.write_server(&pki.ca);
+        std::fs::write(pki.path("ca.pem"), pki.ca.cert.pem()).unwrap();
+        std::fs::write(pki.path("client.pem"), pki.client.0.pem()).unwrap();
+        std::fs::write(pki.path("client.key"), pki.client.1.serialize_pem()).unwrap();
+        pki
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes a server certificate issued by `ca`, with the CA in the chain.
+    fn write_server(&self, ca: &Ca) {
+        let (cert, key) = ca.issue("localhost", true);
+        std::fs::write(self.path("server.pem"), cert.pem() + &ca.cert.pem()).unwrap();
+        std::fs::write(self.path("server.key"), key.serialize_pem()).unwrap();
+    }
+
+    fn listener(&self, require_certificate: bool) -> ListenerConfig {
+        ListenerConfig {
+            port: 0,
+            cert_file: Some(self.path("server.pem")),
+            key_file: Some(self.path("server.key")),
+            ca_file: require_certificate.then(|| self.path("ca.pem")),
+            require_certificate,
+            ..ListenerConfig::default()
+        }
+    }
+}
+
+fn config_with(listener: ListenerConfig) -> Config {
+    let mut config = test_config();
+    config.listeners = vec![listener];
+    config
+}
+
+fn client_config(
+    trusted: &rcgen::Certificate,
+    client: Option<&(rcgen::Certificate, KeyPair)>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(trusted.der().clone()).unwrap();
+    let b = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(versions)
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => b
+            .with_client_auth_cert(
+                vec![CertificateDer::from(cert.der().to_vec())],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap(),
+        None => b.with_no_client_auth(),
+    };
+    Arc::new(config)
+}
+
+const ALL: &[&rustls::SupportedProtocolVersion] =
+    &[&rustls::version::TLS13, &rustls::version::TLS12];
+
+/// An MQTT client over TLS, on the broker's codec.
+struct TlsClient {
+    stream: TlsStream<TcpStream>,
+    buf: BytesMut,
+    version: ProtocolVersion,
+}
+
+impl TlsClient {
+    async fn open(
+        addr: SocketAddr,
+        config: Arc<rustls::ClientConfig>,
+    ) -> std::io::Result<TlsClient> {
+        let tcp = TcpStream::connect(addr).await?;
+        let connector = tokio_rustls::TlsConnector::from(config);
+        let stream = connector
+            .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+            .await?;
+        Ok(TlsClient {
+            stream,
+            buf: BytesMut::new(),
+            version: ProtocolVersion::V5,
+        })
+    }
+
+    async fn send(&mut self, p: Packet) -> std::io::Result<()> {
+        let mut out = BytesMut::new();
+        codec::encode(&p, self.version, &mut out).unwrap();
+        self.stream.write_all(&out).await?;
+        self.stream.flush().await
+    }
+
+    /// The next packet; `None` on close or error.
+    async fn recv(&mut self) -> Option<Packet> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            if let Some(p) = codec::decode(&mut self.buf, self.version, u32::MAX).unwrap() {
+                return Some(p);
+            }
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
+                Err(_) => panic!("nothing within the deadline"),
+                Ok(Ok(0)) | Ok(Err(_)) => return None,
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Opens, sends CONNECT, returns the CONNACK code; `None` when refused before it.
+    async fn connect(
+        addr: SocketAddr,
+        config: Arc<rustls::ClientConfig>,
+        connect: Connect,
+    ) -> Option<(TlsClient, ReasonCode)> {
+        let mut c = TlsClient::open(addr, config).await.ok()?;
+        c.version = connect.protocol;
+        c.send(Packet::Connect(Box::new(connect))).await.ok()?;
+        match c.recv().await? {
+            Packet::ConnAck(a) => {
+                let rc = a.reason_code;
+                Some((c, rc))
+            }
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    async fn subscribe(&mut self, filter: &str) -> ReasonCode {
+        self.send(Packet::Subscribe(codec::Subscribe {
+            packet_id: 1,
+            filters: vec![codec::SubscribeFilter {
+                filter: filter.into(),
+                options: codec::SubscriptionOptions {
+                    qos: QoS::AtMostOnce,
+                    ..Default::default()
+                },
+            }],
+            properties: Default::default(),
+        }))
+        .await
+        .unwrap();
+        match self.recv().await {
+            Some(Packet::SubAck(a)) => a.reason_codes[0],
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+}
+
+async fn start_tls(config: Config) -> (BrokerHandle, SocketAddr) {
+    start_with(config).await
+}
+
+#[tokio::test]
+async fn tls12_and_tls13_handshakes() {
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(false))).await;
+    for versions in [
+        &[&rustls::version::TLS13][..],
+        &[&rustls::version::TLS12][..],
+    ] {
+        let cfg = client_config(&pki.ca.cert, None, versions);
+        let (mut c, rc) = TlsClient::connect(addr, cfg, connect_packet(ProtocolVersion::V5, "tls"))
+            .await
+            .expect("CONNACK over TLS");
+        assert_eq!(rc, ReasonCode::SUCCESS);
+        let negotiated = c.stream.get_ref().1.protocol_version().unwrap();
+        assert_eq!(negotiated, versions[0].version);
+        assert_eq!(c.subscribe("tls/#").await, ReasonCode::GRANTED_QOS_0);
+        broker
+            .publish("tls/x", "over tls", QoS::AtMostOnce, false)
+            .unwrap();
+        match c.recv().await {
+            Some(Packet::Publish(p)) => assert_eq!(&p.payload[..], b"over tls"),
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+    // A client that does not trust the server's CA gives up.
+    let other = Ca::new("someone else");
+    assert!(TlsClient::open(addr, client_config(&other.cert, None, ALL))
+        .await
+        .is_err());
+    // Plain MQTT on a TLS port gets nothing.
+    let (mut plain, _) = (Client::open(addr, ProtocolVersion::V5).await, ());
+    plain
+        .send(Packet::Connect(Box::new(connect_packet(
+            ProtocolVersion::V5,
+            "plain",
+        ))))
+        .await;
+    let mut junk = [0u8; 64];
+    let n = tokio::time::timeout(DEADLINE, plain.stream.read(&mut junk))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert!(
+        n == 0 || junk[0] == 0x15,
+        "a TLS alert or a close, not MQTT: {:?}",
+        &junk[..n]
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_certificate_required_and_refused() {
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(true))).await;
+    let connect = || connect_packet(ProtocolVersion::V311, "dev");
+    // With a certificate from the CA: in.
+    let (_c, rc) = TlsClient::connect(
+        addr,
+        client_config(&pki.ca.cert, Some(&pki.client), ALL),
+        connect(),
+    )
+    .await
+    .expect("accepted");
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    // Without a certificate, or with one from another CA: refused in the handshake.
+    for (name, client) in [
+        ("no certificate", None),
+        (
+            "another CA",
+            Some(Ca::new("rogue").issue("device-7", false)),
+        ),
+    ] {
+        for versions in [
+            &[&rustls::version::TLS13][..],
+            &[&rustls::version::TLS12][..],
+        ] {
+            let refused = TlsClient::connect(
+                addr,
+                client_config(&pki.ca.cert, client.as_ref(), versions),
+                connect(),
+            )
+            .await;
+            assert!(refused.is_none(), "{name} must be refused");
+        }
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn certificate_name_as_user_name() {
+    let pki = Pki::new();
+    let mut listener = pki.listener(true);
+    listener.use_identity_as_username = true;
+    let mut config = config_with(listener);
+    config.auth.allow_anonymous = Some(false);
+    let acl = pki.path("acl");
+    std::fs::write(&acl, "user device-7\ntopic readwrite devices/device-7/#\n").unwrap();
+    config.auth.acl_file = Some(acl);
+    let (broker, addr) = start_tls(config).await;
+    let tls = client_config(&pki.ca.cert, Some(&pki.client), ALL);
+    // No user name in CONNECT (or another one): the certificate's name counts.
+    for username in [None, Some("admin")] {
+        let connect = connect_as(ProtocolVersion::V5, "d7", username, Some("ignored"));
+        let (mut c, rc) = TlsClient::connect(addr, Arc::clone(&tls), connect)
+            .await
+            .unwrap();
+        assert_eq!(rc, ReasonCode::SUCCESS);
+        assert_eq!(
+            c.subscribe("devices/device-7/#").await,
+            ReasonCode::GRANTED_QOS_0
+        );
+        assert_eq!(
+            c.subscribe("devices/device-8/#").await,
+            ReasonCode::NOT_AUTHORIZED
+        );
+    }
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn stalled_handshake_is_bounded_by_connect_timeout() {
+    let pki = Pki::new();
+    let mut config = config_with(pki.listener(false));
+    config.server.connect_timeout = 1;
+    let (broker, addr) = start_tls(config).await;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut b = [0u8; 16];
+    // Nothing sent: the broker closes after about a second.
+    let n = tokio::time::timeout(DEADLINE, tcp.read(&mut b))
+        .await
+        .expect("closed in time");
+    assert!(matches!(n, Ok(0) | Err(_)));
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn unusable_files_fail_start_with_path_and_cause() {
+    let pki = Pki::new();
+    let mut l = pki.listener(true);
+    l.cert_file = Some(pki.path("missing.pem"));
+    let e = Broker::builder(config_with(l))
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{}: cannot read: ",
+            pki.path("missing.pem").display()
+        )),
+        "{e}"
+    );
+
+    std::fs::write(pki.path("empty.pem"), "not a certificate\n").unwrap();
+    let mut l = pki.listener(true);
+    l.ca_file = Some(pki.path("empty.pem"));
+    let e = Broker::builder(config_with(l))
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with(&format!("{}: ", pki.path("empty.pem").display())),
+        "{e}"
+    );
+
+    let mut l = pki.listener(false);
+    l.key_file = Some(pki.path("client.key")); // not the certificate's key
+    let e = Broker::builder(config_with(l))
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{}: does not fit",
+            pki.path("client.key").display()
+        )),
+        "{e}"
+    );
+
+    let mut l = pki.listener(false);
+    l.key_file = Some(pki.path("ca.pem")); // no key at all
+    let e = Broker::builder(config_with(l))
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with(&format!("{}: ", pki.path("ca.pem").display())),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn reload_swaps_certificates_and_keeps_clients() {
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(false))).await;
+    let old = client_config(&pki.ca.cert, None, ALL);
+    let (mut kept, rc) = TlsClient::connect(
+        addr,
+        Arc::clone(&old),
+        connect_packet(ProtocolVersion::V5, "kept"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    assert_eq!(kept.subscribe("r/#").await, ReasonCode::GRANTED_QOS_0);
+
+    let ca2 = Ca::new("second CA");
+    pki.write_server(&ca2);
+    broker.reload().expect("reload");
+    // New handshakes use the new certificate.
+    assert!(TlsClient::open(addr, Arc::clone(&old)).await.is_err());
+    let (_c, rc) = TlsClient::connect(
+        addr,
+        client_config(&ca2.cert, None, ALL),
+        connect_packet(ProtocolVersion::V5, "new"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    // The connected client is still there.
+    broker
+        .publish("r/1", "still here", QoS::AtMostOnce, false)
+        .unwrap();
+    match kept.recv().await {
+        Some(Packet::Publish(p)) => assert_eq!(&p.payload[..], b"still here"),
+        other => panic!("expected PUBLISH, got {other:?}"),
+    }
+    // A broken key on reload: the error names it, the current certificate stays.
+    std::fs::write(pki.path("server.key"), "garbage").unwrap();
+    let errors = broker.reload().unwrap_err();
+    assert!(
+        errors[0]
+            .to_string()
+            .starts_with(&pki.path("server.key").display().to_string()),
+        "{}",
+        errors[0]
+    );
+    assert!(TlsClient::open(addr, client_config(&ca2.cert, None, ALL))
+        .await
+        .is_ok());
+    broker.shutdown().await;
+}
+
+fn mosquitto(program: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(program);
+    c.args(args).stdin(Stdio::null());
+    c
+}
+
+#[tokio::test]
+async fn mosquitto_clients_over_tls() {
+    if !have_program("mosquitto_pub") || !have_program("mosquitto_sub") {
+        return;
+    }
+    let pki = Pki::new();
+    let mut listener = pki.listener(false);
+    listener.ca_file = Some(pki.path("ca.pem")); // client certificates optional
+    let (broker, addr) = start_tls(config_with(listener)).await;
+    let port = addr.port().to_string();
+    let ca = pki.path("ca.pem");
+    let cert = pki.path("client.pem");
+    let key = pki.path("client.key");
+    let p = |x: &Path| x.to_str().unwrap().to_string();
+    let (ca, cert, key) = (p(&ca), p(&cert), p(&key));
+    for (n, with_cert) in [(1, false), (2, true)] {
+        let topic = format!("mosq/{n}");
+        let id = format!("mosq-sub-{n}");
+        let mut args = vec![
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--cafile",
+            &ca,
+            "-t",
+            &topic,
+            "-C",
+            "1",
+            "-W",
+            "10",
+            "-i",
+            &id,
+            "-V",
+            "mqttv311",
+        ];
+        if with_cert {
+            args.extend(["--cert", &cert, "--key", &key]);
+        }
+        let sub = mosquitto("mosquitto_sub", &args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until("mosquitto_sub subscribed", || {
+            broker
+                .sessions()
+                .iter()
+                .any(|s| s.client_id == id && s.subscriptions == 1)
+        })
+        .await;
+        let mut args = vec![
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--cafile",
+            &ca,
+            "-t",
+            &topic,
+            "-m",
+            "hello over tls",
+            "-q",
+            "1",
+            "-V",
+            "5",
+        ];
+        if with_cert {
+            args.extend(["--cert", &cert, "--key", &key]);
+        }
+        let mut publisher = mosquitto("mosquitto_pub", &args);
+        // Not on the runtime's thread: the broker runs there.
+        let out = tokio::task::spawn_blocking(move || publisher.output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mosquitto_pub: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = tokio::task::spawn_blocking(move || sub.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mosquitto_sub: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "hello over tls"
+        );
+    }
+    broker.shutdown().await;
+}
