@@ -581,9 +581,10 @@ mod tests {
     #[test]
     fn unsupported_keys() {
         let mut c = Config::default();
-        c.logging.file = Some("/var/log/mercurio.log".into());
+        c.storage.backend = StorageBackend::Postgres;
+        c.storage.url = Some("postgres://localhost/mercurio".into());
         let e = err(&c);
-        assert_eq!(e.key, "logging.file");
+        assert_eq!(e.key, "storage.backend");
         assert!(e.message.contains("not supported by this version"), "{e}");
 
         let mut c = Config::default();
