@@ -110,6 +110,9 @@ struct Args {
     /// Seconds of each sweep step.
     #[arg(long, default_value_t = 3.0)]
     sweep_step: f64,
+    /// The sweep stops when the highest pass and lowest failure are this close (fraction).
+    #[arg(long, default_value_t = 0.1)]
+    sweep_precision: f64,
     /// p99 latency limit of a passing sweep step, milliseconds.
     #[arg(long, default_value_t = 10.0)]
     sweep_p99_ms: f64,
@@ -239,7 +242,7 @@ async fn run(a: Args) -> Report {
             let (mut pass, mut fail) = (0.0f64, f64::INFINITY);
             let mut rate = a.sweep_start;
             for step in 0..40 {
-                if rate > a.sweep_max || (fail - pass) / fail.min(a.sweep_max) < 0.05 {
+                if rate > a.sweep_max || (fail - pass) / fail.min(a.sweep_max) < a.sweep_precision {
                     break;
                 }
                 let cfg = run_config(&a, rate, a.sweep_step, format!("{token}s{step}"));
@@ -282,7 +285,7 @@ async fn run(a: Args) -> Report {
                 if pass == 0.0 && !fail.is_infinite() {
                     // Even the first rate failed: halve.
                     rate = fail / 2.0;
-                    if rate < 100.0 {
+                    if rate < a.sweep_start / 8.0 {
                         break;
                     }
                 }
