@@ -12,6 +12,7 @@
 #   --only REGEX   run only the scenarios whose name matches (e.g. 'fanin|pairs')
 #   --no-build     use the binaries already built
 #   --out DIR      keep raw results there (default: a temporary directory, printed)
+#   --table DIR    only print the table of the results kept in DIR (from --out)
 #   --nice N       run brokers and the load generator at this nice level (e.g. -10 on a machine
 #                  where other jobs compete for the CPUs; needs root for a negative level)
 # Environment: CARGO_TARGET_DIR (where the release binaries are), MERCURIOD and MERCURIO_BENCH
@@ -27,6 +28,7 @@ ONLY=.
 BUILD=1
 OUT=
 NICE=0
+TABLE_ONLY=
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) ROUNDS=$2; shift 2 ;;
@@ -35,10 +37,119 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0; shift ;;
         --out) OUT=$2; shift 2 ;;
         --nice) NICE=$2; shift 2 ;;
+        --table) TABLE_ONLY=$2; shift 2 ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
+
+print_table() {
+    python3 - "$@" <<'PY'
+import glob, json, os, re, statistics, sys
+
+work, brokers = sys.argv[1], sys.argv[2:]
+runs = {}  # (scenario, broker) -> list of (report, meta)
+order = []
+for path in sorted(glob.glob(os.path.join(work, "*.json"))):
+    scn, broker, rnd = os.path.basename(path)[:-5].rsplit(".", 2)
+    try:
+        rep = json.load(open(path))
+    except Exception:
+        rep = {}
+    try:
+        meta = json.loads(re.sub(r':\s*(-?)\.', r': \g<1>0.', open(path[:-5] + ".meta").read()))
+    except Exception:
+        meta = {}
+    runs.setdefault((scn, broker), []).append((rep, meta))
+    if scn not in order:
+        order.append(scn)
+
+def kind(scn):
+    return ("idle" if scn.startswith("idle") else "persist" if scn.startswith("persistent")
+            else "sweep" if scn.startswith("sweep") else "rate" if scn.startswith("lat") else "sat")
+
+def metrics(scn, rep, meta):
+    k = kind(scn)
+    lat = rep.get("latency_us", {})
+    m = {}
+    if not rep:
+        return m
+    if k == "sat":
+        m["delivered msg/s"] = rep.get("delivered_per_s", 0)
+        m["loss %"] = 100 * rep.get("lost", 0) / max(rep.get("expected", 0), 1)
+        m["duplicates"] = rep.get("duplicates", 0)
+        m["latency p50 us"] = lat.get("p50", 0)
+        m["latency p99 us"] = lat.get("p99", 0)
+    elif k == "rate":
+        m["latency p50 us"] = lat.get("p50", 0)
+        m["latency p99 us"] = lat.get("p99", 0)
+        m["latency p99.9 us"] = lat.get("p999", 0)
+        m["latency max us"] = lat.get("max", 0)
+        m["loss %"] = 100 * rep.get("lost", 0) / max(rep.get("expected", 0), 1)
+    elif k == "idle":
+        i = rep.get("idle", {})
+        m["connects/s"] = i.get("connect_per_s", 0)
+        m["connect p99 us"] = i.get("connect_p99_us", 0)
+        n = max(i.get("connected", 0), 1)
+        m["broker KiB/connection"] = (meta.get("rss_peak_kb", 0) - meta.get("rss_base_kb", 0)) / n
+    elif k == "persist":
+        p = rep.get("persistent", {})
+        m["drain msg/s"] = p.get("drain_per_s", 0)
+        m["publish msg/s (acked)"] = rep.get("sent_per_s", 0)
+        m["lost"] = rep.get("lost", 0)
+        m["duplicates"] = rep.get("duplicates", 0)
+    elif k == "sweep":
+        m["max rate msg/s"] = rep.get("sweep", {}).get("max_rate", 0)
+        m["latency p99 us at max"] = lat.get("p99", 0)
+    if meta.get("wall_s"):
+        m["broker CPU %"] = 100 * meta.get("cpu_s", 0) / meta["wall_s"]
+    m["broker peak RSS MiB"] = meta.get("rss_peak_kb", 0) / 1024
+    return m
+
+def fmt(v):
+    if v >= 100000: return f"{v/1e6:.2f}M" if v >= 1e6 else f"{v/1e3:.0f}k"
+    if v >= 1000: return f"{v/1e3:.1f}k"
+    if v == int(v): return str(int(v))
+    return f"{v:.2f}" if v < 10 else f"{v:.0f}"
+
+cols = brokers
+head = "| scenario | metric | " + " | ".join(f"{b} median [min-max]" for b in cols)
+ratios = [b for b in cols if b != "mosquitto"]
+head += "".join(f" | {b}/mosquitto" for b in ratios) + " |"
+print(head)
+print("|" + "---|" * (2 + len(cols) + len(ratios)))
+for scn in order:
+    per = {b: [metrics(scn, r, m) for r, m in runs.get((scn, b), [])] for b in cols}
+    names = []
+    for b in cols:
+        for m in per[b]:
+            for n in m:
+                if n not in names:
+                    names.append(n)
+    for n in names:
+        cells, med = [], {}
+        for b in cols:
+            vals = [m[n] for m in per[b] if n in m]
+            if not vals:
+                cells.append("-"); continue
+            med[b] = statistics.median(vals)
+            cells.append(f"{fmt(med[b])} [{fmt(min(vals))}-{fmt(max(vals))}]" if len(vals) > 1 else fmt(med[b]))
+        rs = []
+        for b in ratios:
+            if b in med and med.get("mosquitto"):
+                rs.append(f"{med[b] / med['mosquitto']:.2f}x")
+            else:
+                rs.append("-")
+        print(f"| {scn} | {n} | " + " | ".join(cells) + "".join(f" | {r}" for r in rs) + " |")
+PY
+}
+
+if [ -n "$TABLE_ONLY" ]; then
+    brokers=(mosquitto mercurio)
+    ls "$TABLE_ONLY"/*.rumqttd.*.json >/dev/null 2>&1 && brokers+=(rumqttd)
+    print_table "$TABLE_ONLY" "${brokers[@]}"
+    exit 0
+fi
 
 BROKER_CPU=${BROKER_CPU:-0}
 BENCH_CPU=${BENCH_CPU:-1}
@@ -185,7 +296,7 @@ for round in $(seq 1 "$ROUNDS"); do
             rss0=$(rss_kb "$BPID"); c0=$(cpu_ticks "$BPID"); t0=$(date +%s.%N)
             ( peak=$rss0; while kill -0 "$BPID" 2>/dev/null; do
                   r=$(rss_kb "$BPID"); [ "${r:-0}" -gt "$peak" ] && peak=$r
-                  echo "$peak" >"$base.peak"; sleep 0.1; done ) &
+                  echo "$peak" >"$base.peak.tmp"; mv "$base.peak.tmp" "$base.peak"; sleep 0.1; done ) &
             SAMPLER=$!
             d=$DURATION
             # shellcheck disable=SC2086
@@ -196,107 +307,11 @@ for round in $(seq 1 "$ROUNDS"); do
             stop_broker
             peak=$(cat "$base.peak" 2>/dev/null || echo "$rss0")
             tail -n 1 "$base.out" >"$base.json"
-            echo "{\"rss_base_kb\": $rss0, \"rss_peak_kb\": ${peak:-0}, \"cpu_s\": $(echo "($c1 - $c0) / $CLK_TCK" | bc -l), \"wall_s\": $(echo "$t1 - $t0" | bc -l)}" >"$base.meta"
+            awk -v r0="$rss0" -v pk="${peak:-0}" -v c0="$c0" -v c1="$c1" -v hz="$CLK_TCK" -v t0="$t0" -v t1="$t1" \
+                'BEGIN { printf "{\"rss_base_kb\": %d, \"rss_peak_kb\": %d, \"cpu_s\": %.3f, \"wall_s\": %.3f}\n", r0, pk, (c1 - c0) / hz, t1 - t0 }' >"$base.meta"
             printf '%-16s %-10s round %s: %s\n' "$name" "$broker" "$round" "$(grep -v '^{' "$base.err" | tail -n 2 | tr '\n' ' ')" >&2
         done
     done
 done
 
-python3 - "$WORK" "${BROKERS[@]}" <<'PY' | tee "$WORK/table.md"
-import glob, json, os, statistics, sys
-
-work, brokers = sys.argv[1], sys.argv[2:]
-runs = {}  # (scenario, broker) -> list of (report, meta)
-order = []
-for path in sorted(glob.glob(os.path.join(work, "*.json"))):
-    scn, broker, rnd = os.path.basename(path)[:-5].rsplit(".", 2)
-    try:
-        rep = json.load(open(path))
-    except Exception:
-        rep = {}
-    try:
-        meta = json.load(open(path[:-5] + ".meta"))
-    except Exception:
-        meta = {}
-    runs.setdefault((scn, broker), []).append((rep, meta))
-    if scn not in order:
-        order.append(scn)
-
-def kind(scn):
-    return ("idle" if scn.startswith("idle") else "persist" if scn.startswith("persistent")
-            else "sweep" if scn.startswith("sweep") else "rate" if scn.startswith("lat") else "sat")
-
-def metrics(scn, rep, meta):
-    k = kind(scn)
-    lat = rep.get("latency_us", {})
-    m = {}
-    if not rep:
-        return m
-    if k == "sat":
-        m["delivered msg/s"] = rep.get("delivered_per_s", 0)
-        m["loss %"] = 100 * rep.get("lost", 0) / max(rep.get("expected", 0), 1)
-        m["duplicates"] = rep.get("duplicates", 0)
-        m["latency p50 us"] = lat.get("p50", 0)
-        m["latency p99 us"] = lat.get("p99", 0)
-    elif k == "rate":
-        m["latency p50 us"] = lat.get("p50", 0)
-        m["latency p99 us"] = lat.get("p99", 0)
-        m["latency p99.9 us"] = lat.get("p999", 0)
-        m["latency max us"] = lat.get("max", 0)
-        m["loss %"] = 100 * rep.get("lost", 0) / max(rep.get("expected", 0), 1)
-    elif k == "idle":
-        i = rep.get("idle", {})
-        m["connects/s"] = i.get("connect_per_s", 0)
-        m["connect p99 us"] = i.get("connect_p99_us", 0)
-        n = max(i.get("connected", 0), 1)
-        m["broker KiB/connection"] = (meta.get("rss_peak_kb", 0) - meta.get("rss_base_kb", 0)) / n
-    elif k == "persist":
-        p = rep.get("persistent", {})
-        m["drain msg/s"] = p.get("drain_per_s", 0)
-        m["publish msg/s (acked)"] = rep.get("sent_per_s", 0)
-        m["lost"] = rep.get("lost", 0)
-        m["duplicates"] = rep.get("duplicates", 0)
-    elif k == "sweep":
-        m["max rate msg/s"] = rep.get("sweep", {}).get("max_rate", 0)
-        m["latency p99 us at max"] = lat.get("p99", 0)
-    if meta.get("wall_s"):
-        m["broker CPU %"] = 100 * meta.get("cpu_s", 0) / meta["wall_s"]
-    m["broker peak RSS MiB"] = meta.get("rss_peak_kb", 0) / 1024
-    return m
-
-def fmt(v):
-    if v >= 100000: return f"{v/1e6:.2f}M" if v >= 1e6 else f"{v/1e3:.0f}k"
-    if v >= 1000: return f"{v/1e3:.1f}k"
-    if v == int(v): return str(int(v))
-    return f"{v:.2f}" if v < 10 else f"{v:.0f}"
-
-cols = brokers
-head = "| scenario | metric | " + " | ".join(f"{b} median [min-max]" for b in cols)
-ratios = [b for b in cols if b != "mosquitto"]
-head += "".join(f" | {b}/mosquitto" for b in ratios) + " |"
-print(head)
-print("|" + "---|" * (2 + len(cols) + len(ratios)))
-for scn in order:
-    per = {b: [metrics(scn, r, m) for r, m in runs.get((scn, b), [])] for b in cols}
-    names = []
-    for b in cols:
-        for m in per[b]:
-            for n in m:
-                if n not in names:
-                    names.append(n)
-    for n in names:
-        cells, med = [], {}
-        for b in cols:
-            vals = [m[n] for m in per[b] if n in m]
-            if not vals:
-                cells.append("-"); continue
-            med[b] = statistics.median(vals)
-            cells.append(f"{fmt(med[b])} [{fmt(min(vals))}-{fmt(max(vals))}]" if len(vals) > 1 else fmt(med[b]))
-        rs = []
-        for b in ratios:
-            if b in med and med.get("mosquitto"):
-                rs.append(f"{med[b] / med['mosquitto']:.2f}x")
-            else:
-                rs.append("-")
-        print(f"| {scn} | {n} | " + " | ".join(cells) + "".join(f" | {r}" for r in rs) + " |")
-PY
+print_table "$WORK" "${BROKERS[@]}" | tee "$WORK/table.md"
