@@ -1,0 +1,246 @@
+//! A minimal MQTT client over raw TCP, on mercurio-core's codec: connect, subscribe and the
+//! handful of packets a load generator needs. Reads go into one large buffer and writes are
+//! batched by the callers (one `write_all` per batch), so that the generator is not the
+//! bottleneck. Nothing here is specific to any broker.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use mercurio_core::codec::{
+    self, ConnAck, Connect, Packet, Properties, ProtocolVersion, QoS, Subscribe, SubscribeFilter,
+    SubscriptionOptions,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest packet the generator accepts from a broker.
+pub const MAX_PACKET: u32 = 16 << 20;
+
+/// How long a handshake step (CONNACK, SUBACK) may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connected client: the stream, the bytes read but not yet decoded, and the version.
+pub struct Client {
+    pub stream: TcpStream,
+    pub rbuf: BytesMut,
+    pub version: ProtocolVersion,
+}
+
+/// What to put in CONNECT.
+pub struct ConnectOptions<'a> {
+    pub client_id: &'a str,
+    pub clean_start: bool,
+    pub keep_alive: u16,
+    /// 5.0 Session Expiry Interval (ignored in 3.1.1).
+    pub session_expiry: u32,
+}
+
+fn err(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::Other, msg.into())
+}
+
+impl Client {
+    /// Opens a TCP connection (TCP_NODELAY), sends CONNECT and waits for a successful CONNACK.
+    pub async fn connect(
+        addr: SocketAddr,
+        version: ProtocolVersion,
+        opts: &ConnectOptions<'_>,
+    ) -> io::Result<(Client, ConnAck)> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let mut client = Client {
+            stream,
+            rbuf: BytesMut::with_capacity(4096),
+            version,
+        };
+        let mut properties = Properties::default();
+        if version.is_v5() {
+            if opts.session_expiry > 0 {
+                properties.session_expiry_interval = Some(opts.session_expiry);
+            }
+            properties.receive_maximum = Some(u16::MAX);
+            properties.maximum_packet_size = Some(MAX_PACKET);
+        }
+        let connect = Connect {
+            protocol: version,
+            clean_start: opts.clean_start,
+            keep_alive: opts.keep_alive,
+            client_id: opts.client_id.to_string(),
+            will: None,
+            username: None,
+            password: None,
+            properties,
+        };
+        client.send(&Packet::Connect(Box::new(connect))).await?;
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, client.recv()).await {
+            Err(_) => Err(err("no CONNACK in time")),
+            Ok(Ok(Some(Packet::ConnAck(ack)))) => {
+                if ack.reason_code.0 != 0 {
+                    return Err(err(format!("CONNACK refused: {:?}", ack.reason_code)));
+                }
+                Ok((client, ack))
+            }
+            Ok(Ok(Some(other))) => Err(err(format!("expected CONNACK, got {}", other.name()))),
+            Ok(Ok(None)) => Err(err("connection closed before CONNACK")),
+            Ok(Err(e)) => Err(e),
+        }
+    }
+
+    /// Encodes and writes one packet.
+    pub async fn send(&mut self, packet: &Packet) -> io::Result<()> {
+        let mut out = BytesMut::with_capacity(64);
+        codec::encode(packet, self.version, &mut out).map_err(|e| err(e.to_string()))?;
+        self.stream.write_all(&out).await
+    }
+
+    /// Reads the next packet; `None` at end of stream.
+    pub async fn recv(&mut self) -> io::Result<Option<Packet>> {
+        loop {
+            if let Some(p) = codec::decode(&mut self.rbuf, self.version, MAX_PACKET)
+                .map_err(|e| err(e.to_string()))?
+            {
+                return Ok(Some(p));
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Subscribes to `filters` at `qos` and waits for a SUBACK granting every one.
+    pub async fn subscribe(&mut self, filters: &[String], qos: QoS) -> io::Result<()> {
+        let sub = Subscribe {
+            packet_id: 1,
+            filters: filters
+                .iter()
+                .map(|f| SubscribeFilter {
+                    filter: f.clone(),
+                    options: SubscriptionOptions {
+                        qos,
+                        ..Default::default()
+                    },
+                })
+                .collect(),
+            properties: Properties::default(),
+        };
+        self.send(&Packet::Subscribe(sub)).await?;
+        let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.recv()).await {
+                Err(_) => return Err(err("no SUBACK in time")),
+                Ok(Ok(Some(Packet::SubAck(ack)))) => {
+                    if ack.reason_codes.iter().any(|c| c.0 >= 0x80) {
+                        return Err(err(format!("SUBSCRIBE refused: {:?}", ack.reason_codes)));
+                    }
+                    return Ok(());
+                }
+                // A persistent session may deliver queued messages before the SUBACK; the
+                // persistent scenario subscribes before anything is published, so none here.
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) => return Err(err("connection closed before SUBACK")),
+                Ok(Err(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends DISCONNECT and closes the write side.
+    pub async fn disconnect(mut self) -> io::Result<()> {
+        self.send(&Packet::Disconnect(Default::default())).await?;
+        self.stream.shutdown().await
+    }
+}
+
+/// A PUBLISH parsed in place (no allocation): what the subscriber's hot path needs.
+pub struct PublishView<'a> {
+    pub qos: u8,
+    pub packet_id: u16,
+    pub payload: &'a [u8],
+}
+
+/// Parses the PUBLISH in `frame` (a whole frame, fixed header included) without copying.
+/// `None` if it is not a well-formed PUBLISH.
+pub fn parse_publish(frame: &[u8], version: ProtocolVersion) -> Option<PublishView<'_>> {
+    let first = *frame.first()?;
+    if first >> 4 != 3 {
+        return None;
+    }
+    let qos = (first >> 1) & 3;
+    // Skip the remaining length.
+    let mut i = 1;
+    while frame.get(i)? & 0x80 != 0 {
+        i += 1;
+    }
+    i += 1;
+    let mut body = frame.get(i..)?;
+    if body.len() < 2 {
+        return None;
+    }
+    let topic_len = body.get_u16() as usize;
+    body = body.get(topic_len..)?;
+    let mut packet_id = 0;
+    if qos > 0 {
+        if body.len() < 2 {
+            return None;
+        }
+        packet_id = body.get_u16();
+    }
+    if version.is_v5() {
+        // Property length (Variable Byte Integer), then skip the properties.
+        let mut len = 0usize;
+        let mut shift = 0;
+        loop {
+            let b = *body.first()?;
+            body = &body[1..];
+            len |= ((b & 0x7F) as usize) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+            if shift > 21 {
+                return None;
+            }
+        }
+        body = body.get(len..)?;
+    }
+    Some(PublishView {
+        qos,
+        packet_id,
+        payload: body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use mercurio_core::codec::Publish;
+
+    #[test]
+    fn parse_publish_matches_the_codec() {
+        for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+            for qos in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce] {
+                let mut properties = Properties::default();
+                if version.is_v5() {
+                    properties.user_properties.push(("k".into(), "v".into()));
+                }
+                let p = Publish {
+                    dup: false,
+                    qos,
+                    retain: false,
+                    topic: "a/b".into(),
+                    packet_id: if qos == QoS::AtMostOnce { 0 } else { 77 },
+                    properties,
+                    payload: Bytes::from(vec![9u8; 300]),
+                };
+                let mut buf = BytesMut::new();
+                codec::encode(&Packet::Publish(p.clone()), version, &mut buf).unwrap();
+                let v = parse_publish(&buf, version).expect("parses");
+                assert_eq!(v.qos, qos as u8);
+                assert_eq!(v.packet_id, p.packet_id);
+                assert_eq!(v.payload, &p.payload[..]);
+            }
+        }
+    }
+}

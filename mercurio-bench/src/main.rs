@@ -1,0 +1,654 @@
+//! mercurio-bench: a load generator for MQTT brokers. It only speaks MQTT (3.1.1, or 5.0 with
+//! `--mqtt 5`), over loopback, so it measures Mercurio, mosquitto or rumqttd alike.
+//!
+//! Scenarios: `fan-in` (P publishers, one wildcard subscriber), `fan-out` (one publisher, K
+//! subscribers), `pairs` (P publisher/subscriber pairs), `idle` (C connections held with keep
+//! alive; connect rate), `persistent` (QoS 1 into an offline persistent session, then
+//! drained). Every run is bounded by `--duration` and `--max-messages`. The report ends with
+//! one JSON line. `--sweep` searches the highest offered rate that passes (no loss, the rate
+//! sustained, p99 under 10 ms).
+
+mod client;
+mod hist;
+mod report;
+mod tracker;
+mod traffic;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use mercurio_core::codec::{ProtocolVersion, QoS};
+use tokio::sync::{watch, Semaphore};
+
+use crate::client::{Client, ConnectOptions};
+use crate::hist::Histogram;
+use crate::report::{IdleReport, Latency, PersistentReport, Report, SweepReport, SweepStep};
+use crate::traffic::{RunConfig, Shared, SubResult};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// P publishers on their own topics, 1 subscriber to a `+` wildcard over all of them.
+    FanIn,
+    /// 1 publisher, K subscribers to its topic.
+    FanOut,
+    /// P independent publisher/subscriber pairs, one topic each.
+    Pairs,
+    /// C connections held open with keep alive; measures the connect rate.
+    Idle,
+    /// Messages published into an offline persistent session, then drained on reconnect.
+    Persistent,
+}
+
+/// A neutral MQTT load generator (loopback only). See docs/BENCHMARKS.md.
+#[derive(Debug, Parser)]
+#[command(name = "mercurio-bench", version, about)]
+struct Args {
+    /// Scenario to run.
+    #[arg(long, short, value_enum, default_value = "fan-in")]
+    scenario: Scenario,
+    /// Broker host (must resolve to a loopback address).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Broker port.
+    #[arg(long, short, default_value_t = 1883)]
+    port: u16,
+    /// MQTT version: 3 (3.1.1) or 5.
+    #[arg(long, default_value_t = 3)]
+    mqtt: u8,
+    /// Publishers (fan-in, pairs).
+    #[arg(long, short = 'P', default_value_t = 4)]
+    publishers: usize,
+    /// Subscribers (fan-out).
+    #[arg(long, short = 'K', default_value_t = 10)]
+    subscribers: usize,
+    /// QoS of publications and subscriptions: 0, 1 or 2.
+    #[arg(long, short, default_value_t = 0)]
+    qos: u8,
+    /// Payload bytes (at least 20: the time stamp, publisher and sequence number).
+    #[arg(long, default_value_t = 64)]
+    payload: usize,
+    /// Seconds of publishing (idle: seconds to hold the connections once all are up).
+    #[arg(long, short, default_value_t = 10.0)]
+    duration: f64,
+    /// Most messages per publisher (persistent: messages queued for the offline session).
+    #[arg(long, default_value_t = 50_000_000)]
+    max_messages: u64,
+    /// Total offered publish rate in messages/s over all publishers; 0 = open loop
+    /// (saturation: publish as fast as the broker reads).
+    #[arg(long, short, default_value_t = 0.0)]
+    rate: f64,
+    /// QoS 1/2 messages a publisher keeps unacknowledged at most.
+    #[arg(long, default_value_t = 100)]
+    inflight: u16,
+    /// Seconds to wait for the last deliveries once publishing stops.
+    #[arg(long, default_value_t = 5.0)]
+    drain: f64,
+    /// Seconds without any delivery after which the wait for the last ones stops.
+    #[arg(long, default_value_t = 1.0)]
+    quiet: f64,
+    /// Connections (idle).
+    #[arg(long, short = 'C', default_value_t = 1000)]
+    connections: usize,
+    /// Connection attempts in progress at once (idle).
+    #[arg(long, default_value_t = 64)]
+    connect_concurrency: usize,
+    /// Keep alive in seconds of every connection.
+    #[arg(long, default_value_t = 60)]
+    keep_alive: u16,
+    /// Search the highest passing rate instead of one run (not for idle / persistent).
+    #[arg(long)]
+    sweep: bool,
+    /// First rate of the sweep, messages/s.
+    #[arg(long, default_value_t = 5000.0)]
+    sweep_start: f64,
+    /// Highest rate the sweep tries, messages/s.
+    #[arg(long, default_value_t = 4_000_000.0)]
+    sweep_max: f64,
+    /// Seconds of each sweep step.
+    #[arg(long, default_value_t = 3.0)]
+    sweep_step: f64,
+    /// The sweep stops when the highest pass and lowest failure are this close (fraction).
+    #[arg(long, default_value_t = 0.1)]
+    sweep_precision: f64,
+    /// p99 latency limit of a passing sweep step, milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    sweep_p99_ms: f64,
+    /// Runtime threads (1 = a single-threaded runtime, best when pinned to one core).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// A label for the report (e.g. the broker's name).
+    #[arg(long, default_value = "")]
+    label: String,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = check(&args) {
+        eprintln!("mercurio-bench: {e}");
+        std::process::exit(2);
+    }
+    let rt = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    }
+    .expect("tokio runtime");
+    let report = rt.block_on(run(args));
+    let failed = !report.errors.is_empty() && report.delivered == 0 && report.idle.is_none();
+    println!("{}", serde_json::to_string(&report).expect("json"));
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+fn check(a: &Args) -> Result<(), String> {
+    let addr = resolve(a)?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "{addr} is not a loopback address: mercurio-bench runs on loopback only"
+        ));
+    }
+    if a.qos > 2 {
+        return Err("--qos must be 0, 1 or 2".into());
+    }
+    if a.mqtt != 3 && a.mqtt != 5 {
+        return Err("--mqtt must be 3 (3.1.1) or 5".into());
+    }
+    if a.payload < traffic::STAMP {
+        return Err(format!(
+            "--payload must be at least {} bytes",
+            traffic::STAMP
+        ));
+    }
+    if !(a.duration > 0.0 && a.duration <= 3600.0) {
+        return Err("--duration must be between 0 and 3600 seconds".into());
+    }
+    if a.publishers == 0 || a.subscribers == 0 || a.connections == 0 || a.inflight == 0 {
+        return Err(
+            "--publishers, --subscribers, --connections and --inflight must be at least 1".into(),
+        );
+    }
+    if a.sweep && matches!(a.scenario, Scenario::Idle | Scenario::Persistent) {
+        return Err("--sweep applies to fan-in, fan-out and pairs".into());
+    }
+    Ok(())
+}
+
+fn resolve(a: &Args) -> Result<SocketAddr, String> {
+    (a.host.as_str(), a.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{}: {e}", a.host))?
+        .next()
+        .ok_or_else(|| format!("{}: no address", a.host))
+}
+
+fn run_config(a: &Args, rate: f64, duration: f64, token: String) -> RunConfig {
+    RunConfig {
+        addr: resolve(a).expect("checked"),
+        version: if a.mqtt == 5 {
+            ProtocolVersion::V5
+        } else {
+            ProtocolVersion::V311
+        },
+        qos: QoS::from_u8(a.qos).expect("checked"),
+        payload: a.payload,
+        duration: Duration::from_secs_f64(duration),
+        max_messages: a.max_messages,
+        rate,
+        inflight: a.inflight,
+        drain: Duration::from_secs_f64(a.drain),
+        quiet: Duration::from_secs_f64(a.quiet),
+        keep_alive: a.keep_alive,
+        token,
+    }
+}
+
+fn base_report(a: &Args) -> Report {
+    Report {
+        scenario: format!("{:?}", a.scenario)
+            .replace("FanIn", "fan-in")
+            .replace("FanOut", "fan-out")
+            .to_lowercase(),
+        label: a.label.clone(),
+        mqtt: if a.mqtt == 5 { "5.0" } else { "3.1.1" }.into(),
+        qos: a.qos,
+        payload: a.payload,
+        ..Report::default()
+    }
+}
+
+async fn run(a: Args) -> Report {
+    let mut report = base_report(&a);
+    let token = format!("mb{}", std::process::id());
+    match a.scenario {
+        Scenario::Idle => {
+            report.idle = Some(idle(&a, &token, &mut report.errors).await);
+        }
+        Scenario::Persistent => {
+            let cfg = run_config(&a, a.rate, a.duration, token);
+            persistent(&cfg, &mut report).await;
+        }
+        _ if a.sweep => {
+            let mut steps = Vec::new();
+            let mut best: Option<Report> = None;
+            let (mut pass, mut fail) = (0.0f64, f64::INFINITY);
+            let mut rate = a.sweep_start;
+            for step in 0..40 {
+                if rate > a.sweep_max || (fail - pass) / fail.min(a.sweep_max) < a.sweep_precision {
+                    break;
+                }
+                let cfg = run_config(&a, rate, a.sweep_step, format!("{token}s{step}"));
+                let mut r = base_report(&a);
+                traffic_run(&a, &cfg, &mut r).await;
+                let sustained = r.sent_per_s >= 0.99 * rate;
+                let ok = r.lost == 0
+                    && r.duplicates == 0
+                    && sustained
+                    && r.errors.is_empty()
+                    && (r.latency_us.p99 as f64) < a.sweep_p99_ms * 1000.0;
+                eprintln!(
+                    "sweep {:>10.0} msg/s offered: sent {:>10.0}/s delivered {:>10.0}/s lost {} p99 {} us -> {}",
+                    rate,
+                    r.sent_per_s,
+                    r.delivered_per_s,
+                    r.lost,
+                    r.latency_us.p99,
+                    if ok { "pass" } else { "FAIL" }
+                );
+                steps.push(SweepStep {
+                    rate,
+                    sent_per_s: r.sent_per_s,
+                    delivered_per_s: r.delivered_per_s,
+                    lost: r.lost,
+                    p99_us: r.latency_us.p99,
+                    pass: ok,
+                });
+                if ok {
+                    pass = rate;
+                    best = Some(r);
+                } else {
+                    fail = fail.min(rate);
+                }
+                rate = if fail.is_infinite() {
+                    rate * 2.0
+                } else {
+                    (pass + fail) / 2.0
+                };
+                if pass == 0.0 && !fail.is_infinite() {
+                    // Even the first rate failed: halve.
+                    rate = fail / 2.0;
+                    if rate < a.sweep_start / 8.0 {
+                        break;
+                    }
+                }
+            }
+            if let Some(b) = best {
+                report = b;
+            }
+            report.rate = pass;
+            report.sweep = Some(SweepReport {
+                max_rate: pass,
+                p99_limit_ms: a.sweep_p99_ms,
+                steps,
+            });
+        }
+        _ => {
+            let cfg = run_config(&a, a.rate, a.duration, token);
+            traffic_run(&a, &cfg, &mut report).await;
+        }
+    }
+    report::print_summary(&report);
+    report
+}
+
+/// Runs fan-in, fan-out or pairs once.
+async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
+    let t = &cfg.token;
+    // (publisher topics, subscribers: (filters, publishers they hear))
+    let (topics, subs): (Vec<String>, Vec<(Vec<String>, Vec<u32>)>) = match a.scenario {
+        Scenario::FanIn => (
+            (0..a.publishers)
+                .map(|i| format!("bench/{t}/in/{i}"))
+                .collect(),
+            vec![(
+                vec![format!("bench/{t}/in/+")],
+                (0..a.publishers as u32).collect(),
+            )],
+        ),
+        Scenario::FanOut => (
+            vec![format!("bench/{t}/out")],
+            (0..a.subscribers)
+                .map(|_| (vec![format!("bench/{t}/out")], vec![0]))
+                .collect(),
+        ),
+        Scenario::Pairs => (
+            (0..a.publishers)
+                .map(|i| format!("bench/{t}/pair/{i}"))
+                .collect(),
+            (0..a.publishers)
+                .map(|i| (vec![format!("bench/{t}/pair/{i}")], vec![i as u32]))
+                .collect(),
+        ),
+        _ => unreachable!(),
+    };
+    report.publishers = topics.len();
+    report.subscribers = subs.len();
+    report.rate = cfg.rate;
+    report.duration_s = cfg.duration.as_secs_f64();
+
+    let shared = Shared::new();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut sub_tasks = Vec::new();
+    for (i, (filters, _)) in subs.iter().enumerate() {
+        match traffic::connect_subscriber(cfg, &format!("{t}-sub-{i}"), filters, true).await {
+            Ok((c, _)) => sub_tasks.push(tokio::spawn(traffic::subscribe_loop(
+                c,
+                Arc::clone(&shared),
+                stop_rx.clone(),
+                SubResult::default(),
+            ))),
+            Err(e) => {
+                report.errors.push(format!("subscriber {i}: {e}"));
+                return;
+            }
+        }
+    }
+    let mut pubs = Vec::new();
+    for i in 0..topics.len() {
+        match traffic::connect_publisher(cfg, &format!("{t}-pub-{i}")).await {
+            Ok(c) => pubs.push(c),
+            Err(e) => {
+                report.errors.push(format!("publisher {i}: {e}"));
+                return;
+            }
+        }
+    }
+    let per_rate = cfg.rate / topics.len() as f64;
+    let start = Instant::now();
+    let pub_tasks: Vec<_> = pubs
+        .into_iter()
+        .zip(topics)
+        .enumerate()
+        .map(|(i, (c, topic))| {
+            tokio::spawn(traffic::publish(
+                cfg.clone(),
+                c,
+                i as u32,
+                topic,
+                per_rate,
+                start,
+                Arc::clone(&shared),
+            ))
+        })
+        .collect();
+    let mut pub_results = Vec::new();
+    for task in pub_tasks {
+        pub_results.push(task.await.unwrap_or_default());
+    }
+    let publish_end = Instant::now();
+    let sent_by: Vec<u64> = pub_results.iter().map(|p| p.sent).collect();
+    let expected: u64 = subs
+        .iter()
+        .map(|(_, hears)| hears.iter().map(|&p| sent_by[p as usize]).sum::<u64>())
+        .sum();
+    traffic::wait_deliveries(&shared, expected, cfg.drain, cfg.quiet).await;
+    let _ = stop_tx.send(true);
+    let mut latency = Histogram::default();
+    let (mut unique, mut dups, mut reordered) = (0, 0, 0);
+    for task in sub_tasks {
+        let r = task.await.unwrap_or_default();
+        latency.merge(&r.latency);
+        unique += r.tracker.unique;
+        dups += r.tracker.duplicates;
+        reordered += r.tracker.reordered;
+        if let Some(e) = r.error {
+            report.errors.push(e);
+        }
+    }
+    for (i, p) in pub_results.iter().enumerate() {
+        if let Some(e) = &p.error {
+            report.errors.push(format!("publisher {i}: {e}"));
+        }
+    }
+    let publish_secs = (publish_end - start).as_secs_f64();
+    let last = shared.last_delivery_ns.load(Ordering::Relaxed);
+    let first = start.duration_since(shared.epoch).as_nanos() as u64;
+    let delivery_secs = (last.saturating_sub(first) as f64 / 1e9).max(publish_secs.min(1e-3));
+    report.sent = sent_by.iter().sum();
+    report.acked = pub_results.iter().map(|p| p.completed).sum();
+    report.expected = expected;
+    report.delivered = unique;
+    report.lost = expected.saturating_sub(unique);
+    report.duplicates = dups;
+    report.reordered = reordered;
+    report.delivered_ratio = if expected > 0 {
+        unique as f64 / expected as f64
+    } else {
+        0.0
+    };
+    report.publish_s = publish_secs;
+    report.delivery_s = delivery_secs;
+    report.sent_per_s = report.sent as f64 / publish_secs;
+    report.delivered_per_s = if last > 0 {
+        unique as f64 / delivery_secs
+    } else {
+        0.0
+    };
+    report.latency_us = Latency::from(&latency);
+}
+
+/// The persistent scenario: subscribe with a persistent session, go offline, have one
+/// publisher send `--max-messages` (capped at 100,000 unless given) at the QoS asked, then
+/// reconnect and drain.
+async fn persistent(cfg: &RunConfig, report: &mut Report) {
+    let t = &cfg.token;
+    let id = format!("{t}-persist");
+    let topic = format!("bench/{t}/persist");
+    let count = cfg.max_messages.min(1_000_000);
+    report.publishers = 1;
+    report.subscribers = 1;
+    report.rate = cfg.rate;
+    // A clean slate, then the persistent subscription, then offline.
+    let setup = async {
+        let (c, _) = traffic::connect_subscriber(cfg, &id, &[], true).await?;
+        c.disconnect().await?;
+        let (c, _) = traffic::connect_subscriber(cfg, &id, &[topic.clone()], false).await?;
+        c.disconnect().await?;
+        // Give the broker a moment to register the disconnect (a takeover would be wrong).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        traffic::connect_publisher(cfg, &format!("{t}-ppub")).await
+    };
+    let publisher = match setup.await {
+        Ok(c) => c,
+        Err(e) => {
+            report.errors.push(format!("setup: {e}"));
+            return;
+        }
+    };
+    let shared = Shared::new();
+    let mut pcfg = cfg.clone();
+    pcfg.max_messages = count;
+    pcfg.duration = cfg.duration.max(Duration::from_secs(60));
+    let start = Instant::now();
+    let p = traffic::publish(
+        pcfg,
+        publisher,
+        0,
+        topic.clone(),
+        cfg.rate,
+        start,
+        Arc::clone(&shared),
+    )
+    .await;
+    report.publish_s = start.elapsed().as_secs_f64();
+    report.sent = p.sent;
+    report.acked = p.completed;
+    report.sent_per_s = p.sent as f64 / report.publish_s;
+    if let Some(e) = p.error {
+        report.errors.push(format!("publisher: {e}"));
+    }
+    // Messages at QoS 0 are not queued for offline sessions by default; count every one
+    // the broker accepted as expected.
+    let expected = p.completed;
+    let reconnect = Instant::now();
+    let (c, present) = match traffic::connect_subscriber(cfg, &id, &[], false).await {
+        Ok(x) => x,
+        Err(e) => {
+            report.errors.push(format!("reconnect: {e}"));
+            return;
+        }
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(traffic::subscribe_loop(
+        c,
+        Arc::clone(&shared),
+        stop_rx,
+        SubResult::default(),
+    ));
+    traffic::wait_deliveries(
+        &shared,
+        expected,
+        cfg.drain.max(Duration::from_secs(10)),
+        cfg.quiet,
+    )
+    .await;
+    let _ = stop_tx.send(true);
+    let r = task.await.unwrap_or_default();
+    let last = shared.last_delivery_ns.load(Ordering::Relaxed);
+    let drain_s = (last.saturating_sub(reconnect.duration_since(shared.epoch).as_nanos() as u64))
+        as f64
+        / 1e9;
+    if let Some(e) = r.error {
+        report.errors.push(e);
+    }
+    report.expected = expected;
+    report.delivered = r.tracker.unique;
+    report.lost = expected.saturating_sub(r.tracker.unique);
+    report.duplicates = r.tracker.duplicates;
+    report.reordered = r.tracker.reordered;
+    report.delivered_ratio = if expected > 0 {
+        r.tracker.unique as f64 / expected as f64
+    } else {
+        0.0
+    };
+    report.delivery_s = drain_s;
+    report.delivered_per_s = if drain_s > 0.0 {
+        r.tracker.unique as f64 / drain_s
+    } else {
+        0.0
+    };
+    report.latency_us = Latency::from(&r.latency);
+    report.persistent = Some(PersistentReport {
+        queued: expected,
+        session_present: present,
+        drain_s,
+        drain_per_s: report.delivered_per_s,
+    });
+    // Leave no session behind.
+    if let Ok((c, _)) = traffic::connect_subscriber(cfg, &id, &[], true).await {
+        let _ = c.disconnect().await;
+    }
+}
+
+/// The idle scenario: opens `--connections` connections (`--connect-concurrency` at a time),
+/// holds them for `--duration` seconds with PINGREQ every keep alive, then closes them.
+async fn idle(a: &Args, token: &str, errors: &mut Vec<String>) -> IdleReport {
+    let addr = resolve(a).expect("checked");
+    let version = if a.mqtt == 5 {
+        ProtocolVersion::V5
+    } else {
+        ProtocolVersion::V311
+    };
+    let sem = Arc::new(Semaphore::new(a.connect_concurrency.max(1)));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (up_tx, mut up_rx) = tokio::sync::mpsc::unbounded_channel::<Result<u64, String>>();
+    let start = Instant::now();
+    let keep_alive = a.keep_alive;
+    let mut tasks = Vec::new();
+    for i in 0..a.connections {
+        let sem = Arc::clone(&sem);
+        let up = up_tx.clone();
+        let mut stop = stop_rx.clone();
+        let id = format!("{token}-idle-{i}");
+        tasks.push(tokio::spawn(async move {
+            let permit = sem.acquire_owned().await.expect("semaphore");
+            let t0 = Instant::now();
+            let opts = ConnectOptions {
+                client_id: &id,
+                clean_start: true,
+                keep_alive,
+                session_expiry: 0,
+            };
+            let mut c: Client = match Client::connect(addr, version, &opts).await {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    let _ = up.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            drop(permit);
+            let _ = up.send(Ok(t0.elapsed().as_nanos() as u64));
+            let ping = Duration::from_secs(u64::from(keep_alive.max(2)) * 3 / 4);
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    _ = tokio::time::sleep(ping) => {
+                        if c.send(&mercurio_core::codec::Packet::PingReq).await.is_err() {
+                            break;
+                        }
+                    }
+                    r = c.recv() => match r {
+                        Ok(Some(_)) => {}
+                        _ => break,
+                    },
+                }
+            }
+            let _ = c.disconnect().await;
+        }));
+    }
+    drop(up_tx);
+    let mut connect = Histogram::default();
+    let (mut ok, mut failed) = (0usize, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while ok + failed < a.connections {
+        match tokio::time::timeout_at(deadline.into(), up_rx.recv()).await {
+            Ok(Some(Ok(ns))) => {
+                ok += 1;
+                connect.record(ns);
+            }
+            Ok(Some(Err(e))) => {
+                failed += 1;
+                if errors.len() < 5 {
+                    errors.push(e);
+                }
+            }
+            _ => break,
+        }
+    }
+    let connect_s = start.elapsed().as_secs_f64();
+    eprintln!("idle: {ok} connections up in {connect_s:.2} s, {failed} failed; holding");
+    tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
+    // Count the connections still up before closing them.
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+    }
+    IdleReport {
+        connections: a.connections,
+        connected: ok,
+        failed,
+        connect_s,
+        connect_per_s: ok as f64 / connect_s,
+        connect_p50_us: connect.quantile(0.5) / 1000,
+        connect_p99_us: connect.quantile(0.99) / 1000,
+        hold_s: a.duration,
+    }
+}

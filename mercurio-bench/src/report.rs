@@ -1,0 +1,138 @@
+//! The report: a few human-readable lines on standard error, then one JSON line on standard
+//! output (the last line of a run).
+
+use serde::Serialize;
+
+use crate::hist::Histogram;
+
+/// End-to-end latency in microseconds.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+    pub mean: u64,
+}
+
+impl From<&Histogram> for Latency {
+    fn from(h: &Histogram) -> Self {
+        Latency {
+            count: h.count(),
+            p50: h.quantile(0.5) / 1000,
+            p99: h.quantile(0.99) / 1000,
+            p999: h.quantile(0.999) / 1000,
+            max: h.max() / 1000,
+            mean: h.mean() / 1000,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct IdleReport {
+    pub connections: usize,
+    pub connected: usize,
+    pub failed: usize,
+    pub connect_s: f64,
+    pub connect_per_s: f64,
+    pub connect_p50_us: u64,
+    pub connect_p99_us: u64,
+    pub hold_s: f64,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct PersistentReport {
+    pub queued: u64,
+    pub session_present: bool,
+    pub drain_s: f64,
+    pub drain_per_s: f64,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct SweepStep {
+    pub rate: f64,
+    pub sent_per_s: f64,
+    pub delivered_per_s: f64,
+    pub lost: u64,
+    pub p99_us: u64,
+    pub pass: bool,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct SweepReport {
+    /// Highest offered publish rate that passed; 0 if none did.
+    pub max_rate: f64,
+    pub p99_limit_ms: f64,
+    pub steps: Vec<SweepStep>,
+}
+
+/// One run's result.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub label: String,
+    pub mqtt: String,
+    pub qos: u8,
+    pub payload: usize,
+    pub publishers: usize,
+    pub subscribers: usize,
+    /// Offered publish rate, messages/s; 0 = open loop.
+    pub rate: f64,
+    pub duration_s: f64,
+    pub sent: u64,
+    pub acked: u64,
+    pub expected: u64,
+    pub delivered: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub reordered: u64,
+    pub delivered_ratio: f64,
+    pub publish_s: f64,
+    pub delivery_s: f64,
+    pub sent_per_s: f64,
+    pub delivered_per_s: f64,
+    pub latency_us: Latency,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<PersistentReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepReport>,
+    pub errors: Vec<String>,
+}
+
+/// Prints the human-readable summary (standard error).
+pub fn print_summary(r: &Report) {
+    let l = &r.latency_us;
+    if let Some(i) = &r.idle {
+        eprintln!(
+            "{} MQTT {}: {}/{} connections in {:.2} s ({:.0}/s), connect p50 {} us p99 {} us, held {:.0} s, {} failed",
+            r.scenario, r.mqtt, i.connected, i.connections, i.connect_s, i.connect_per_s,
+            i.connect_p50_us, i.connect_p99_us, i.hold_s, i.failed
+        );
+    } else {
+        eprintln!(
+            "{} MQTT {} QoS {} {} B, {} pub / {} sub, rate {}: sent {} ({:.0}/s), delivered {} ({:.0}/s), lost {}, duplicates {}, reordered {}",
+            r.scenario, r.mqtt, r.qos, r.payload, r.publishers, r.subscribers,
+            if r.rate > 0.0 { format!("{:.0}/s", r.rate) } else { "open loop".into() },
+            r.sent, r.sent_per_s, r.delivered, r.delivered_per_s, r.lost, r.duplicates, r.reordered
+        );
+        eprintln!(
+            "latency us: p50 {} p99 {} p99.9 {} max {} mean {} ({} samples)",
+            l.p50, l.p99, l.p999, l.max, l.mean, l.count
+        );
+    }
+    if let Some(p) = &r.persistent {
+        eprintln!(
+            "persistent: {} queued, session present {}, drained in {:.3} s ({:.0}/s)",
+            p.queued, p.session_present, p.drain_s, p.drain_per_s
+        );
+    }
+    if let Some(s) = &r.sweep {
+        eprintln!("sweep: highest passing rate {:.0} msg/s", s.max_rate);
+    }
+    for e in &r.errors {
+        eprintln!("error: {e}");
+    }
+}
