@@ -408,24 +408,35 @@ impl BrokerInner {
             }
         }
         if expiry != u32::MAX {
-            let broker = Arc::clone(self);
-            let session = Arc::clone(session);
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(u64::from(expiry))).await;
-                {
-                    let st = session.state.lock();
-                    if st.generation != generation || st.link.is_some() || st.ended {
-                        return;
-                    }
-                }
-                tracing::debug!(client_id = %session.client_id, "session expired");
-                broker
-                    .stats
-                    .sessions_expired
-                    .fetch_add(1, Ordering::Relaxed);
-                broker.end_session(&session);
-            });
+            self.arm_expiry(session, generation, Duration::from_secs(u64::from(expiry)));
         }
+    }
+
+    /// Ends `session` after `after` unless a connection took it up again since `generation`
+    /// (the Session Expiry Interval, MQTT 5.0 section 3.1.2.11.2).
+    pub(crate) fn arm_expiry(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        after: Duration,
+    ) {
+        let broker = Arc::clone(self);
+        let session = Arc::clone(session);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            {
+                let st = session.state.lock();
+                if st.generation != generation || st.link.is_some() || st.ended {
+                    return;
+                }
+            }
+            tracing::debug!(client_id = %session.client_id, "session expired");
+            broker
+                .stats
+                .sessions_expired
+                .fetch_add(1, Ordering::Relaxed);
+            broker.end_session(&session);
+        });
     }
 
     /// True once shutdown has begun.

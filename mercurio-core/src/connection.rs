@@ -239,7 +239,6 @@ pub(crate) async fn serve_with<S>(
         keep_alive,
         client_limits,
         connack,
-        will_present: _,
     } = accepted;
     let client_id = Arc::clone(&session.client_id);
     broker.stats.client_connected();
@@ -393,8 +392,6 @@ struct Accepted {
     keep_alive: u16,
     client_limits: ClientLimits,
     connack: Vec<u8>,
-    #[allow(dead_code)]
-    will_present: bool,
 }
 
 fn encode_connack(
@@ -672,7 +669,6 @@ async fn accept(
         keep_alive,
         client_limits,
         connack,
-        will_present: connect.will.is_some(),
     })
 }
 

@@ -1008,24 +1008,11 @@ fn restore_session(
         .lock()
         .insert(Arc::clone(&client_id), Arc::clone(&session));
     if let Some(at) = expires_at {
-        let broker = Arc::clone(broker);
-        let session = Arc::clone(&session);
-        let after = Duration::from_millis(at.saturating_sub(now_ms));
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            {
-                let st = session.state.lock();
-                if st.generation != 0 || st.link.is_some() || st.ended {
-                    return;
-                }
-            }
-            tracing::debug!(client_id = %session.client_id, "session expired");
-            broker
-                .stats
-                .sessions_expired
-                .fetch_add(1, Ordering::Relaxed);
-            broker.end_session(&session);
-        });
+        broker.arm_expiry(
+            &session,
+            0,
+            Duration::from_millis(at.saturating_sub(now_ms)),
+        );
     }
     Ok(will_due)
 }
