@@ -90,13 +90,12 @@ fn wrong_type_names_key_and_line() {
 }
 
 #[test]
-fn unsupported_feature_is_refused() {
-    assert_config_error(
-        "[storage]\nbackend = \"postgres\"\nurl = \"postgres://localhost/mercurio\"\n",
-        2,
-        "storage.backend",
-        "is not supported by this version",
+fn postgres_backend_is_accepted() {
+    let (code, stderr, _path, _dir) = check(
+        "[storage]\nbackend = \"postgres\"\nurl = \"postgres://localhost/mercurio\"\n\
+         standby = true\n",
     );
+    assert_eq!(code, Some(0), "{stderr}");
 }
 
 #[test]

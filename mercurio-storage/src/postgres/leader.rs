@@ -436,7 +436,7 @@ async fn relock(config: &tokio_postgres::Config, shared: &Shared) -> Result<Clie
         .get(0);
     if !got {
         return Err(StorageError::fenced(format!(
-            "lost the advisory lock: the database is now served by {}",
+            "lost the advisory lock: another broker took over this database, served by {}",
             serving(&lock).await
         )));
     }
@@ -466,14 +466,26 @@ async fn heartbeat(
             _ = stop.wait_for(|stop| *stop) => break,
             _ = tick.tick() => {}
         }
-        let attempt = async {
-            if lock.as_ref().is_none_or_closed() {
-                lock = None;
-                lock = Some(relock(&config, &shared).await?);
+        // A lost lock connection (terminated by a standby, a network cut) is replaced at
+        // once within the same tick: the new one finds whether another broker took over.
+        let mut result = None;
+        for _ in 0..2 {
+            let attempt = async {
+                if lock.as_ref().is_none_or_closed() {
+                    lock = None;
+                    lock = Some(relock(&config, &shared).await?);
+                }
+                beat(lock.as_ref().expect("connected"), &shared).await
+            };
+            let r = tokio::time::timeout(BEAT_TIMEOUT, attempt).await;
+            let retry =
+                matches!(&r, Ok(Err(e)) if e.is_transient()) && lock.as_ref().is_none_or_closed();
+            result = Some(r);
+            if !retry {
+                break;
             }
-            beat(lock.as_ref().expect("connected"), &shared).await
-        };
-        let result = tokio::time::timeout(BEAT_TIMEOUT, attempt).await;
+        }
+        let result = result.expect("attempted");
         match result {
             Ok(Ok(true)) => last_ok = Instant::now(),
             Ok(Ok(false)) => {
