@@ -156,7 +156,7 @@ fn check_config_warns_when_no_client_can_connect() {
 }
 
 #[test]
-fn help_describes_the_no_file_mode_and_what_is_missing() {
+fn help_describes_the_no_file_mode_and_the_storage_backends() {
     let out = mercuriod(&["--help"]);
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
@@ -165,7 +165,7 @@ fn help_describes_the_no_file_mode_and_what_is_missing() {
         "--verbose",
         "--check-config",
         "127.0.0.1:1883",
-        "Not yet supported",
+        "standby = true",
         "cert_file",
         "password_file",
         "syslog",
