@@ -3,6 +3,8 @@
 //! with persistent sessions and queued messages intact, and a second broker that is not a
 //! standby exits naming the serving host. SIGSTOP: the standby takes over once the heartbeat
 //! is stale, and the old broker, continued, is refused and exits. A newer schema is refused.
+//! A serving broker cut off from the database (a TCP proxy that stops forwarding) exits after
+//! about 7 s.
 //! Waits are on events with deadlines; failover times are printed.
 #![cfg(unix)]
 
@@ -443,4 +445,91 @@ fn newer_schema_is_refused_by_broker_and_standby() {
         assert_eq!(code, Some(1), "{output}");
         assert!(output.contains("schema version 99"), "{output}");
     }
+}
+
+/// A TCP proxy to the database that can be cut: it then forwards nothing more, in either
+/// direction, keeping connections open (as a half-open network), and closes new ones.
+struct Proxy {
+    port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    fn start(upstream: SocketAddr) -> Proxy {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&cut);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(client) = stream else { return };
+                if flag.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let flag = Arc::clone(&flag);
+                    std::thread::spawn(move || {
+                        from.set_read_timeout(Some(Duration::from_millis(100))).ok();
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            match from.read(&mut buf) {
+                                Ok(0) => return,
+                                Ok(n) => {
+                                    if !flag.load(Ordering::Relaxed)
+                                        && to.write_all(&buf[..n]).is_err()
+                                    {
+                                        return;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => return,
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Proxy { port, cut }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn serving_broker_exits_when_the_database_is_lost() {
+    let Some(pg) = TestPostgres::start("standby_lost") else {
+        return;
+    };
+    let url = new_database(&pg, "lost");
+    // postgres://user@127.0.0.1:PORT/db, through the proxy.
+    let (rest, db) = url.rsplit_once('/').unwrap();
+    let port: u16 = rest.rsplit_once(':').unwrap().1.parse().unwrap();
+    let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], port)));
+    let proxied = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut serving = Daemon::spawn(&config(dir.path(), "a", &proxied, false));
+    serving.wait_listening(DEADLINE);
+    proxy.cut();
+    let cut = Instant::now();
+    let (code, output) = serving.wait_exit(Duration::from_secs(20));
+    let lost = cut.elapsed();
+    eprintln!("exit after the database was cut: {lost:?}");
+    assert_eq!(code, Some(1), "{output}");
+    assert!(output.contains("cannot reach the database"), "{output}");
+    assert!(lost >= Duration::from_secs(5), "{lost:?}");
 }
