@@ -125,11 +125,13 @@ impl BrokerBuilder {
                 return Err(e);
             }
         };
+        let (failure_tx, failure) = tokio::sync::watch::channel(None);
         let durable_ack = self.config.storage.durable_ack;
         let mut inner = BrokerInner::new(self.config);
         inner.auth = auth;
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
+            spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
             let persister =
                 crate::persist::Persister::start(storage, durable_ack, Arc::downgrade(&inner));
             let _ = inner.persist.set(persister);
@@ -163,8 +165,37 @@ impl BrokerBuilder {
         Ok(BrokerHandle {
             inner,
             tls: Arc::new(tls.into_iter().flatten().collect()),
+            failure,
         })
     }
+}
+
+/// Waits for [`Storage::failed`](mercurio_storage::Storage::failed): then the broker stops at
+/// once (listeners closed, clients cut off, nothing more written) and
+/// [`BrokerHandle::failed`] reports why.
+fn spawn_failure_watch(
+    storage: Arc<dyn mercurio_storage::Storage>,
+    inner: std::sync::Weak<BrokerInner>,
+    failure: tokio::sync::watch::Sender<Option<Arc<mercurio_storage::StorageError>>>,
+) {
+    tokio::spawn(async move {
+        let e = storage.failed().await;
+        tracing::error!("storage failed, stopping at once: {e}");
+        if let Some(inner) = inner.upgrade() {
+            inner.shutting_down.store(true, Ordering::Release);
+            inner.stop_listeners.notify_waiters();
+            let links: Vec<Arc<Link>> = inner
+                .sessions
+                .lock()
+                .values()
+                .filter_map(|s| s.state.lock().link.clone())
+                .collect();
+            for link in links {
+                link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
+            }
+        }
+        let _ = failure.send(Some(Arc::new(e)));
+    });
 }
 
 /// A handle on a running broker. Cheap to clone; every clone drives the same broker.
@@ -173,6 +204,8 @@ pub struct BrokerHandle {
     inner: Arc<BrokerInner>,
     /// The TLS listeners, for [`BrokerHandle::reload`].
     tls: Arc<Vec<Arc<TlsListener>>>,
+    /// Set when storage failed and the broker stopped at once.
+    failure: tokio::sync::watch::Receiver<Option<Arc<mercurio_storage::StorageError>>>,
 }
 
 /// What [`BrokerHandle::sessions`] reports of one session.
@@ -367,6 +400,21 @@ impl BrokerHandle {
     /// Number of retained messages held.
     pub fn retained_count(&self) -> usize {
         self.inner.retained.lock().len()
+    }
+
+    /// Resolves when the broker stopped at once because of its storage: another broker took
+    /// the database over (PostgreSQL epoch fencing) or it was unreachable too long. The daemon
+    /// then exits with an error. Never resolves with storage that cannot fail so.
+    pub async fn failed(&self) -> Arc<mercurio_storage::StorageError> {
+        let mut failure = self.failure.clone();
+        loop {
+            if let Some(e) = failure.borrow_and_update().clone() {
+                return e;
+            }
+            if failure.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Stops the broker gracefully: listeners stop accepting, every client is sent DISCONNECT

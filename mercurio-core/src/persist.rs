@@ -454,6 +454,7 @@ impl Persister {
             broker,
             dirty: HashSet::new(),
             rx,
+            fenced: false,
         };
         tokio::spawn(writer.run());
         persister
@@ -561,6 +562,8 @@ struct Writer {
     /// is written whole.
     dirty: HashSet<String>,
     rx: mpsc::UnboundedReceiver<Op>,
+    /// A write was refused because another broker took over: nothing more is written.
+    fenced: bool,
 }
 
 /// What to do after the changes of a batch are committed.
@@ -698,6 +701,9 @@ impl Writer {
     /// Applies `batch`, retrying transient errors until storage recovers; a batch refused
     /// [`REFUSED_ATTEMPTS`] times is split per client, and what is still refused is given up.
     async fn commit(&mut self, batch: &[Change], durable: bool) {
+        if self.fenced {
+            return;
+        }
         let mut refused = 0;
         let mut backoff = Duration::from_millis(5);
         loop {
@@ -714,6 +720,12 @@ impl Writer {
                 if backoff == Duration::from_millis(5) {
                     tracing::warn!("storage unavailable, retrying until it recovers: {e}");
                 }
+            } else if e.is_fenced() {
+                // Another broker serves the database: write nothing more. Storage reports
+                // it through `Storage::failed`, which stops the broker.
+                tracing::error!("storage refused a write, another broker took over: {e}");
+                self.fenced = true;
+                return;
             } else {
                 refused += 1;
                 if refused >= REFUSED_ATTEMPTS || e.must_stop() {
@@ -1081,8 +1093,20 @@ pub(crate) async fn open_configured(
         StorageBackend::Sqlite => Err(crate::Error::Config(
             "backend = \"sqlite\" needs the sqlite feature".into(),
         )),
+        #[cfg(feature = "postgres")]
+        StorageBackend::Postgres => {
+            let url = config
+                .url
+                .clone()
+                .ok_or_else(|| crate::Error::Config("backend = \"postgres\" needs url".into()))?;
+            let mut options = mercurio_storage::postgres::PostgresOptions::new(url);
+            options.standby = config.standby;
+            let storage = mercurio_storage::postgres::PostgresStorage::open(options).await?;
+            Ok(Some(Arc::new(storage)))
+        }
+        #[cfg(not(feature = "postgres"))]
         StorageBackend::Postgres => Err(crate::Error::Config(
-            "backend = \"postgres\" is not supported by this version".into(),
+            "backend = \"postgres\" needs the postgres feature".into(),
         )),
     }
 }

@@ -12,6 +12,8 @@
 //! - [`memory`]: [`MemoryStorage`], the default backend and the reference semantics;
 //! - [`sqlite`] (feature `sqlite`): [`SqliteStorage`](sqlite::SqliteStorage), one database file
 //!   in WAL mode, written by a dedicated thread;
+//! - [`postgres`] (feature `postgres`): [`PostgresStorage`](postgres::PostgresStorage), a
+//!   PostgreSQL database served by one broker at a time, with standbys and epoch fencing;
 //! - `conformance` (feature `conformance`): checks every backend must pass.
 //!
 //! Dependencies:
@@ -26,7 +28,14 @@
 //! - `rusqlite` (feature `sqlite`, `bundled`): SQLite compiled in, driven from one dedicated
 //!   thread; the one copy of libsqlite3-sys in the tree (sqlx-sqlite is not used, see DESIGN.md);
 //! - `libc` (feature `sqlite`): `flock` on `mercurio.db.lock`, so that a second broker on the
-//!   same database exits (std's `File::try_lock` needs a newer Rust than the workspace's).
+//!   same database exits (std's `File::try_lock` needs a newer Rust than the workspace's);
+//!   `gethostname` for the PostgreSQL heartbeat row (feature `postgres`); `geteuid` in the
+//!   PostgreSQL test cluster;
+//! - `tokio-postgres` (feature `postgres`): pipelined writes on one connection, a dedicated
+//!   connection for the advisory lock, per-connection settings (deadpool-postgres is not used:
+//!   the writer is one task, so one write connection is all it needs);
+//! - `futures-util` (feature `postgres`): `join_all` to pipeline a batch's statements;
+//! - `tracing`: the PostgreSQL backend logs takeovers, heartbeat failures and its stop.
 
 #![warn(missing_docs)]
 
@@ -35,6 +44,8 @@ pub mod change;
 pub mod conformance;
 pub mod error;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod records;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -117,5 +128,12 @@ pub trait Storage: Send + Sync + 'static {
     /// By default only [`flush`](Storage::flush).
     async fn close(&self) -> Result<(), StorageError> {
         self.flush().await
+    }
+
+    /// Resolves when this broker must stop using the storage at once: another broker took
+    /// the database over ([`ErrorKind::Fenced`]), or it was unreachable too long for this
+    /// broker to keep serving (PostgreSQL). Never resolves by default.
+    async fn failed(&self) -> StorageError {
+        std::future::pending().await
     }
 }

@@ -19,8 +19,8 @@ adds users), acl_file a mosquitto ACL file. SIGHUP reloads the password file, th
 the certificates without disconnecting clients; a file that cannot be read keeps its previous
 contents and the error is logged.
 
-Not yet supported by this version (setting one is a configuration error, exit status 78):
-  PostgreSQL storage (storage: backend = \"postgres\", standby).
+Storage: [storage] backend = \"memory\" (default), \"sqlite\" (path) or \"postgres\" (url; one
+broker serves a database, standby = true waits and takes over when it stops).
 
 Logging: to standard output (the journal under systemd), or to [logging] file (appended; rotate
 with logrotate's copytruncate) and/or syslog (/dev/log, facility daemon). [logging] level takes

@@ -17,7 +17,8 @@
 //! - `libc`: `geteuid` for the admin socket's default path and owner checks; `mallopt`.
 //! - `sd-notify`: systemd readiness, watchdog and stopping notifications (`Type=notify`).
 //! - `tikv-jemallocator` (optional, feature `jemalloc`): jemalloc as the global allocator.
-//! - `mercurio-storage`: the `sqlite` feature (default) builds the SQLite backend into the broker.
+//! - `mercurio-storage`: the `sqlite` and `postgres` features (default) build the SQLite and
+//!   PostgreSQL backends into the broker.
 //! - `rusqlite`, `bytes` (tests only): reading the database a test's daemon writes; the test
 //!   client's buffers.
 //! - `tempfile` (tests only): configuration files and sockets in temp dirs.
@@ -107,7 +108,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_FAILURE);
         }
     };
-    runtime.block_on(serve(config, cli.config.clone(), log))
+    let code = runtime.block_on(serve(config, cli.config.clone(), log));
+    // Tasks still running (a stopped broker's connections) are not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    code
 }
 
 /// `--check-config`: the configuration is valid (errors were reported before); print the
@@ -164,7 +168,19 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
         },
     };
 
-    let handle = match start_broker(config).await {
+    let standby = config.storage.standby;
+    if standby {
+        // A standby may wait long for the serving broker: systemd's start must not time out.
+        systemd::ready("standby: waiting for the serving broker");
+    }
+    let started = tokio::select! {
+        started = start_broker(config) => started,
+        signal = wait_stop(&mut signals) => {
+            info!("{signal} received while starting: stopping");
+            return ExitCode::SUCCESS;
+        }
+    };
+    let handle = match started {
         Ok(handle) => handle,
         Err(e @ mercurio_core::Error::File(_)) => {
             // A password, ACL, certificate or key file: a configuration error (path, line).
@@ -189,9 +205,24 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 
     let reloader = Reloader::new(path, log, handle.clone());
     let signal = loop {
-        match signals.recv().await {
-            Signal::Reload => reloader.reload(),
-            Signal::Stop(name) => break name,
+        tokio::select! {
+            signal = signals.recv() => match signal {
+                Signal::Reload => reloader.reload(),
+                Signal::Stop(name) => break name,
+            },
+            e = handle.failed() => {
+                // Another broker took the database over, or it was unreachable too long: the
+                // broker already stopped; exit at once, with an error (systemd restarts it,
+                // as a standby with standby = true).
+                error!("stopping at once: {e}");
+                eprintln!("mercuriod: stopping at once: {e}");
+                systemd::stopping();
+                if let Some(task) = admin_task {
+                    task.abort();
+                    let _ = task.await;
+                }
+                return ExitCode::from(EX_FAILURE);
+            }
         }
     };
     systemd::stopping();
@@ -228,6 +259,15 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 async fn start_broker(mut config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
     config.logging.connection_messages = true;
     Broker::builder(config).start().await
+}
+
+/// Waits for SIGTERM or SIGINT (SIGHUP is ignored), naming it.
+async fn wait_stop(signals: &mut Signals) -> &'static str {
+    loop {
+        if let Signal::Stop(name) = signals.recv().await {
+            return name;
+        }
+    }
 }
 
 /// What a signal asks for.

@@ -90,13 +90,12 @@ fn wrong_type_names_key_and_line() {
 }
 
 #[test]
-fn unsupported_feature_is_refused() {
-    assert_config_error(
-        "[storage]\nbackend = \"postgres\"\nurl = \"postgres://localhost/mercurio\"\n",
-        2,
-        "storage.backend",
-        "is not supported by this version",
+fn postgres_backend_is_accepted() {
+    let (code, stderr, _path, _dir) = check(
+        "[storage]\nbackend = \"postgres\"\nurl = \"postgres://localhost/mercurio\"\n\
+         standby = true\n",
     );
+    assert_eq!(code, Some(0), "{stderr}");
 }
 
 #[test]
@@ -157,7 +156,7 @@ fn check_config_warns_when_no_client_can_connect() {
 }
 
 #[test]
-fn help_describes_the_no_file_mode_and_what_is_missing() {
+fn help_describes_the_no_file_mode_and_the_storage_backends() {
     let out = mercuriod(&["--help"]);
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
@@ -166,7 +165,7 @@ fn help_describes_the_no_file_mode_and_what_is_missing() {
         "--verbose",
         "--check-config",
         "127.0.0.1:1883",
-        "Not yet supported",
+        "standby = true",
         "cert_file",
         "password_file",
         "syslog",

@@ -1,0 +1,1044 @@
+//! [`PostgresStorage`]: a PostgreSQL database (12 or later), served by one broker at a time.
+//!
+//! - Writes go through one connection, in one transaction per batch, its statements pipelined
+//!   (sent together, one round trip). Each write transaction first reads the leader epoch
+//!   `FOR SHARE`; a transaction from an older epoch is rolled back and refused with
+//!   [`ErrorKind::Fenced`](crate::ErrorKind::Fenced), and [`Storage::failed`] resolves: the
+//!   broker stops at once. Commits are durable (`synchronous_commit` as the server has it).
+//! - Leadership ([`leader`]): a session-level advisory lock on a dedicated connection, a
+//!   heartbeat row, standbys, takeovers and the lost-database stop (DESIGN.md section 7).
+//! - The schema version is in `mercurio_meta`; a newer one is refused
+//!   ([`ErrorKind::Incompatible`](crate::ErrorKind::Incompatible)). A standby migrates only
+//!   once it serves.
+//! - A session whose rows cannot be read is set aside, as with SQLite.
+
+pub mod leader;
+#[cfg(any(test, feature = "conformance"))]
+pub mod testing;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::{watch, Mutex};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row, Statement};
+
+use crate::change::Change;
+use crate::error::{ErrorKind, StorageError};
+use crate::memory::validate_values;
+use crate::records::{
+    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionRecord,
+    SubscriptionRecord, WillRecord,
+};
+use crate::{LoadedState, SetAside, Storage};
+
+pub use leader::{Leadership, HEARTBEAT_STALE, LOST_AFTER};
+
+/// The schema version this build writes and reads (`mercurio_meta.schema_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long opening a connection may take before it counts as unreachable.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS mercurio_meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS mercurio_leader (
+    id integer PRIMARY KEY CHECK (id = 1),
+    epoch bigint NOT NULL,
+    host text NOT NULL,
+    pid bigint NOT NULL,
+    backend_pids integer[] NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    since timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS mercurio_takeovers (
+    epoch bigint PRIMARY KEY,
+    host text NOT NULL,
+    pid bigint NOT NULL,
+    previous_host text,
+    previous_heartbeat_at timestamptz,
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS mercurio_sessions (
+    client_id text PRIMARY KEY,
+    protocol_level bigint NOT NULL,
+    session_expiry_interval bigint NOT NULL,
+    disconnected_at bigint,
+    will_topic text,
+    will_payload bytea,
+    will_qos bigint,
+    will_retain boolean,
+    will_properties bytea,
+    will_expires_at bigint,
+    will_publisher text,
+    will_delay_interval bigint
+);
+CREATE TABLE IF NOT EXISTS mercurio_subscriptions (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    filter text NOT NULL,
+    qos bigint NOT NULL,
+    no_local boolean NOT NULL,
+    retain_as_published boolean NOT NULL,
+    retain_handling bigint NOT NULL,
+    subscription_identifier bigint,
+    PRIMARY KEY (client_id, filter)
+);
+CREATE TABLE IF NOT EXISTS mercurio_queued (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    topic text NOT NULL,
+    payload bytea NOT NULL,
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    properties bytea NOT NULL,
+    expires_at bigint,
+    publisher text,
+    PRIMARY KEY (client_id, seq)
+);
+CREATE TABLE IF NOT EXISTS mercurio_inflight (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    packet_id bigint NOT NULL,
+    ord bigint NOT NULL,
+    state text NOT NULL,
+    topic text NOT NULL,
+    payload bytea NOT NULL,
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    properties bytea NOT NULL,
+    expires_at bigint,
+    publisher text,
+    PRIMARY KEY (client_id, packet_id)
+);
+CREATE TABLE IF NOT EXISTS mercurio_inbound_qos2 (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    packet_id bigint NOT NULL,
+    PRIMARY KEY (client_id, packet_id)
+);
+CREATE TABLE IF NOT EXISTS mercurio_retained (
+    topic text PRIMARY KEY,
+    payload bytea NOT NULL,
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    properties bytea NOT NULL,
+    expires_at bigint,
+    publisher text
+);
+";
+
+/// How to open a [`PostgresStorage`].
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// The connection URL or key-value string (`postgres://user:password@host/db`).
+    pub url: String,
+    /// Wait for the serving broker instead of failing when one serves.
+    pub standby: bool,
+    /// This broker's host name, recorded in the heartbeat row; the machine's by default.
+    pub host: Option<String>,
+}
+
+impl PostgresOptions {
+    /// Options for `url`, not a standby.
+    pub fn new(url: impl Into<String>) -> PostgresOptions {
+        PostgresOptions {
+            url: url.into(),
+            standby: false,
+            host: None,
+        }
+    }
+}
+
+/// The statements a write connection prepares once.
+struct Statements {
+    epoch: Statement,
+    save_header: Statement,
+    delete_children: [Statement; 4],
+    delete_session: Statement,
+    set_will: Statement,
+    add_subscription: Statement,
+    remove_subscription: Statement,
+    queue: Statement,
+    dequeue: Statement,
+    set_inflight: Statement,
+    remove_inflight: Statement,
+    add_inbound: Statement,
+    remove_inbound: Statement,
+    set_retained: Statement,
+    delete_retained: Statement,
+}
+
+struct Writer {
+    client: Client,
+    /// Prepared on first use, once the schema exists (after the lead is taken).
+    statements: Option<Statements>,
+}
+
+/// Storage in a PostgreSQL database. See the [module documentation](self).
+pub struct PostgresStorage {
+    config: tokio_postgres::Config,
+    writer: Mutex<Option<Writer>>,
+    leadership: Leadership,
+    closed: AtomicBool,
+    failed: watch::Receiver<Option<(ErrorKind, String)>>,
+}
+
+impl std::fmt::Debug for PostgresStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStorage")
+            .field("epoch", &self.leadership.epoch())
+            .finish()
+    }
+}
+
+/// Parses `url` into a connection configuration named `mercurio`.
+pub(crate) fn parse_config(url: &str) -> Result<tokio_postgres::Config, StorageError> {
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| StorageError::fatal(format!("invalid PostgreSQL connection URL: {e}")))?;
+    if config.get_application_name().is_none() {
+        config.application_name("mercurio");
+    }
+    config.connect_timeout(CONNECT_TIMEOUT);
+    config.keepalives_idle(Duration::from_secs(5));
+    Ok(config)
+}
+
+/// Opens a connection and drives it on the runtime.
+pub(crate) async fn connect(config: &tokio_postgres::Config) -> Result<Client, StorageError> {
+    let connecting = config.connect(tokio_postgres::NoTls);
+    let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        .await
+        .map_err(|_| StorageError::transient("cannot connect to PostgreSQL: timed out"))?
+        .map_err(|e| classify(e, "cannot connect to PostgreSQL"))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Maps a tokio-postgres error to the kind the writer acts on.
+pub(crate) fn classify(e: tokio_postgres::Error, what: &str) -> StorageError {
+    let message = format!("{what}: {}", describe(&e));
+    let kind = match e.code() {
+        None => ErrorKind::Transient,
+        Some(code) => {
+            let code = code.code();
+            match &code[..2] {
+                "08" | "53" | "57" | "40" | "55" | "58" => ErrorKind::Transient,
+                "22" | "23" => ErrorKind::Refused,
+                _ => ErrorKind::Fatal,
+            }
+        }
+    };
+    StorageError::new(kind, message).with_source(e)
+}
+
+/// The server's message when there is one (tokio-postgres' Display says only "db error").
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// The schema version recorded in the database, `None` when it has no Mercurio tables.
+pub(crate) async fn schema_version(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Option<i64>, StorageError> {
+    let row = client
+        .query_one("SELECT to_regclass('mercurio_meta') IS NOT NULL", &[])
+        .await
+        .map_err(|e| classify(e, "cannot read the schema"))?;
+    if !row.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(
+            "SELECT value FROM mercurio_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .map_err(|e| classify(e, "cannot read the schema version"))?;
+    match row {
+        None => Ok(Some(0)),
+        Some(row) => {
+            let value: String = row.get(0);
+            value.parse().map(Some).map_err(|_| {
+                StorageError::incompatible(format!("schema version {value:?} is not a number"))
+            })
+        }
+    }
+}
+
+/// Refuses a schema newer than this build's.
+pub(crate) fn check_version(version: Option<i64>) -> Result<(), StorageError> {
+    match version {
+        Some(v) if v > SCHEMA_VERSION => Err(StorageError::incompatible(format!(
+            "the database has schema version {v}, newer than this broker's {SCHEMA_VERSION}: \
+             it was written by a newer version of Mercurio"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Creates or updates the tables (only the serving broker does).
+pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| classify(e, "cannot create the schema"))?;
+    let version = schema_version(&tx).await?;
+    check_version(version)?;
+    if version != Some(SCHEMA_VERSION) {
+        tx.batch_execute(SCHEMA)
+            .await
+            .map_err(|e| classify(e, "cannot create the schema"))?;
+        tx.execute(
+            "INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', $1) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            &[&SCHEMA_VERSION.to_string()],
+        )
+        .await
+        .map_err(|e| classify(e, "cannot record the schema version"))?;
+    }
+    tx.commit()
+        .await
+        .map_err(|e| classify(e, "cannot create the schema"))
+}
+
+impl PostgresStorage {
+    /// Connects, takes the lead (or, as a standby, waits for it), creates or checks the
+    /// schema and records the takeover.
+    ///
+    /// Errors: [`ErrorKind::Fenced`] when another broker serves and this one is not a
+    /// standby (the message names its host); `Incompatible` for a newer schema (a standby
+    /// checks before waiting); `Transient` when the database can't be reached.
+    pub async fn open(options: PostgresOptions) -> Result<PostgresStorage, StorageError> {
+        let config = parse_config(&options.url)?;
+        let host = options.host.clone().unwrap_or_else(leader::host_name);
+        let writer = open_writer(&config).await?;
+        let (leadership, failed) =
+            Leadership::acquire(&config, &host, options.standby, writer.pid).await?;
+        let storage = PostgresStorage {
+            config,
+            writer: Mutex::new(Some(writer.writer)),
+            leadership,
+            closed: AtomicBool::new(false),
+            failed,
+        };
+        Ok(storage)
+    }
+
+    /// The leader epoch this storage writes under.
+    pub fn epoch(&self) -> i64 {
+        self.leadership.epoch()
+    }
+
+    fn check_open(&self) -> Result<(), StorageError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        }
+        if let Some((kind, message)) = self.failed.borrow().clone() {
+            return Err(StorageError::new(kind, message));
+        }
+        Ok(())
+    }
+
+    /// The write connection, reconnected when it was lost.
+    async fn writer(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Writer>>, StorageError> {
+        self.check_open()?;
+        let mut guard = self.writer.lock().await;
+        if guard.as_ref().map_or(true, |w| w.client.is_closed()) {
+            *guard = None;
+            let opened = open_writer(&self.config).await?;
+            self.leadership.set_writer_pid(opened.pid).await;
+            *guard = Some(opened.writer);
+        }
+        Ok(guard)
+    }
+
+    /// Refused because another broker took over: stop everything.
+    fn fenced(&self, epoch: i64) -> StorageError {
+        let message = format!(
+            "another broker took over this database (epoch {epoch}, ours {}): stopping",
+            self.epoch()
+        );
+        self.leadership.fail(ErrorKind::Fenced, &message);
+        StorageError::fenced(message)
+    }
+
+    async fn write(&self, batch: &[Change]) -> Result<(), StorageError> {
+        for (index, change) in batch.iter().enumerate() {
+            validate_values(change).map_err(|reason| refused(index, change, &reason))?;
+            if let Change::SessionWritten(r) = change {
+                let mut seqs = std::collections::BTreeSet::new();
+                for q in &r.queued {
+                    if !seqs.insert(q.seq) {
+                        return Err(refused(index, change, "a queued seq appears twice"));
+                    }
+                }
+            }
+        }
+        let mut guard = self.writer().await?;
+        let Some(writer) = guard.as_mut() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
+        let result = write_batch(writer, batch, self.epoch()).await;
+        match result {
+            Err(WriteError::Fenced(epoch)) => Err(self.fenced(epoch)),
+            Err(WriteError::Storage(e)) => {
+                if e.is_transient() && writer.client.is_closed() {
+                    *guard = None;
+                }
+                Err(e)
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+}
+
+struct OpenedWriter {
+    writer: Writer,
+    pid: i32,
+}
+
+async fn open_writer(config: &tokio_postgres::Config) -> Result<OpenedWriter, StorageError> {
+    let client = connect(config).await?;
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .map_err(|e| classify(e, "cannot set up the connection"))?
+        .get(0);
+    leader::zero_timeouts(&client).await?;
+    Ok(OpenedWriter {
+        writer: Writer {
+            statements: None,
+            client,
+        },
+        pid,
+    })
+}
+
+const MESSAGE_COLUMNS: &str = "topic, payload, qos, retain, properties, expires_at, publisher";
+
+impl Statements {
+    async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
+        let p = |sql: String| async move { client.prepare(&sql).await };
+        Ok(Statements {
+            epoch: p("SELECT epoch FROM mercurio_leader WHERE id = 1 FOR SHARE".into()).await?,
+            save_header: p("INSERT INTO mercurio_sessions (client_id, protocol_level, \
+                 session_expiry_interval, disconnected_at) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (client_id) DO UPDATE SET \
+                 protocol_level = excluded.protocol_level, \
+                 session_expiry_interval = excluded.session_expiry_interval, \
+                 disconnected_at = excluded.disconnected_at"
+                .into())
+            .await?,
+            delete_children: [
+                p("DELETE FROM mercurio_subscriptions WHERE client_id = $1".into()).await?,
+                p("DELETE FROM mercurio_queued WHERE client_id = $1".into()).await?,
+                p("DELETE FROM mercurio_inflight WHERE client_id = $1".into()).await?,
+                p("DELETE FROM mercurio_inbound_qos2 WHERE client_id = $1".into()).await?,
+            ],
+            delete_session: p("DELETE FROM mercurio_sessions WHERE client_id = $1".into()).await?,
+            set_will: p(
+                "UPDATE mercurio_sessions SET will_topic = $2, will_payload = $3, \
+                 will_qos = $4, will_retain = $5, will_properties = $6, will_expires_at = $7, \
+                 will_publisher = $8, will_delay_interval = $9 WHERE client_id = $1"
+                    .into(),
+            )
+            .await?,
+            add_subscription: p(
+                "INSERT INTO mercurio_subscriptions (client_id, filter, qos, \
+                 no_local, retain_as_published, retain_handling, subscription_identifier) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (client_id, filter) DO UPDATE \
+                 SET qos = excluded.qos, no_local = excluded.no_local, \
+                 retain_as_published = excluded.retain_as_published, \
+                 retain_handling = excluded.retain_handling, \
+                 subscription_identifier = excluded.subscription_identifier"
+                    .into(),
+            )
+            .await?,
+            remove_subscription: p(
+                "DELETE FROM mercurio_subscriptions WHERE client_id = $1 AND filter = $2".into(),
+            )
+            .await?,
+            queue: p(format!(
+                "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (client_id, seq) \
+                 DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
+                 qos = excluded.qos, retain = excluded.retain, \
+                 properties = excluded.properties, expires_at = excluded.expires_at, \
+                 publisher = excluded.publisher"
+            ))
+            .await?,
+            dequeue: p("DELETE FROM mercurio_queued WHERE client_id = $1 AND seq = $2".into())
+                .await?,
+            set_inflight: p(format!(
+                "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
+                 {MESSAGE_COLUMNS}) VALUES ($1, $2, \
+                 (SELECT COALESCE(MAX(ord), 0) + 1 FROM mercurio_inflight WHERE client_id = $1), \
+                 $3, $4, $5, $6, $7, $8, $9, $10) \
+                 ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
+                 topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
+                 retain = excluded.retain, properties = excluded.properties, \
+                 expires_at = excluded.expires_at, publisher = excluded.publisher"
+            ))
+            .await?,
+            remove_inflight: p(
+                "DELETE FROM mercurio_inflight WHERE client_id = $1 AND packet_id = $2".into(),
+            )
+            .await?,
+            add_inbound: p("INSERT INTO mercurio_inbound_qos2 (client_id, packet_id) \
+                 VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                .into())
+            .await?,
+            remove_inbound: p(
+                "DELETE FROM mercurio_inbound_qos2 WHERE client_id = $1 AND packet_id = $2".into(),
+            )
+            .await?,
+            set_retained: p(format!(
+                "INSERT INTO mercurio_retained ({MESSAGE_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (topic) DO UPDATE SET \
+                 payload = excluded.payload, qos = excluded.qos, retain = excluded.retain, \
+                 properties = excluded.properties, expires_at = excluded.expires_at, \
+                 publisher = excluded.publisher"
+            ))
+            .await?,
+            delete_retained: p("DELETE FROM mercurio_retained WHERE topic = $1".into()).await?,
+        })
+    }
+}
+
+type Param = Box<dyn ToSql + Sync + Send>;
+
+/// One statement of a batch: which change it serves, whether it must touch a row (an
+/// addition to a session that must be stored).
+struct Op<'a> {
+    index: usize,
+    statement: &'a Statement,
+    params: Vec<Param>,
+    must_touch: bool,
+}
+
+fn int(v: impl Into<i64>) -> Param {
+    Box::new(v.into())
+}
+
+fn big(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn text(v: &str) -> Param {
+    Box::new(v.to_string())
+}
+
+fn message_params(m: &MessageRecord) -> Vec<Param> {
+    vec![
+        text(&m.topic),
+        Box::new(m.payload.to_vec()),
+        int(m.qos),
+        Box::new(m.retain),
+        Box::new(m.properties.to_vec()),
+        Box::new(m.expires_at.map(big)),
+        Box::new(m.publisher.clone()),
+    ]
+}
+
+fn header_params(id: &str, level: u8, expiry: u32, at: Option<u64>) -> Vec<Param> {
+    vec![text(id), int(level), int(expiry), Box::new(at.map(big))]
+}
+
+fn will_params(id: &str, will: Option<&WillRecord>) -> Vec<Param> {
+    let m = will.map(|w| &w.message);
+    vec![
+        text(id),
+        Box::new(m.map(|m| m.topic.clone())),
+        Box::new(m.map(|m| m.payload.to_vec())),
+        Box::new(m.map(|m| i64::from(m.qos))),
+        Box::new(m.map(|m| m.retain)),
+        Box::new(m.map(|m| m.properties.to_vec())),
+        Box::new(m.and_then(|m| m.expires_at.map(big))),
+        Box::new(m.and_then(|m| m.publisher.clone())),
+        Box::new(will.map(|w| i64::from(w.delay_interval))),
+    ]
+}
+
+fn subscription_params(id: &str, s: &SubscriptionRecord) -> Vec<Param> {
+    vec![
+        text(id),
+        text(&s.filter),
+        int(s.qos),
+        Box::new(s.no_local),
+        Box::new(s.retain_as_published),
+        int(s.retain_handling),
+        Box::new(s.subscription_identifier.map(i64::from)),
+    ]
+}
+
+fn queued_params(id: &str, seq: u64, m: &MessageRecord) -> Vec<Param> {
+    let mut params = vec![text(id), Box::new(big(seq)) as Param];
+    params.extend(message_params(m));
+    params
+}
+
+fn inflight_params(id: &str, f: &InflightRecord) -> Vec<Param> {
+    let mut params = vec![text(id), int(f.packet_id), text(f.state.as_str())];
+    params.extend(message_params(&f.message));
+    params
+}
+
+/// The statements of `change`, in order.
+fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op<'a>>) {
+    let mut push = |statement: &'a Statement, params: Vec<Param>, must_touch: bool| {
+        out.push(Op {
+            index,
+            statement,
+            params,
+            must_touch,
+        })
+    };
+    match change {
+        Change::SessionSaved(h) => push(
+            &s.save_header,
+            header_params(
+                &h.client_id,
+                h.protocol_level,
+                h.session_expiry_interval,
+                h.disconnected_at,
+            ),
+            false,
+        ),
+        Change::SessionWritten(r) => {
+            for statement in &s.delete_children {
+                push(statement, vec![text(&r.client_id)], false);
+            }
+            push(&s.delete_session, vec![text(&r.client_id)], false);
+            push(
+                &s.save_header,
+                header_params(
+                    &r.client_id,
+                    r.protocol_level,
+                    r.session_expiry_interval,
+                    r.disconnected_at,
+                ),
+                false,
+            );
+            push(
+                &s.set_will,
+                will_params(&r.client_id, r.will.as_ref()),
+                false,
+            );
+            for sub in &r.subscriptions {
+                push(
+                    &s.add_subscription,
+                    subscription_params(&r.client_id, sub),
+                    false,
+                );
+            }
+            for q in &r.queued {
+                push(
+                    &s.queue,
+                    queued_params(&r.client_id, q.seq, &q.message),
+                    false,
+                );
+            }
+            for f in &r.inflight {
+                push(&s.set_inflight, inflight_params(&r.client_id, f), false);
+            }
+            for id in &r.inbound_qos2 {
+                push(&s.add_inbound, vec![text(&r.client_id), int(*id)], false);
+            }
+        }
+        Change::SessionDeleted { client_id } => {
+            for statement in &s.delete_children {
+                push(statement, vec![text(client_id)], false);
+            }
+            push(&s.delete_session, vec![text(client_id)], false);
+        }
+        Change::SubscriptionAdded {
+            client_id,
+            subscription,
+        } => push(
+            &s.add_subscription,
+            subscription_params(client_id, subscription),
+            false,
+        ),
+        Change::SubscriptionRemoved { client_id, filter } => push(
+            &s.remove_subscription,
+            vec![text(client_id), text(filter)],
+            false,
+        ),
+        Change::WillSet { client_id, will } => {
+            push(&s.set_will, will_params(client_id, Some(will)), true)
+        }
+        Change::WillCleared { client_id } => push(&s.set_will, will_params(client_id, None), false),
+        Change::MessageQueued {
+            client_id,
+            seq,
+            message,
+        } => push(&s.queue, queued_params(client_id, *seq, message), false),
+        Change::MessageDequeued { client_id, seq } => push(
+            &s.dequeue,
+            vec![text(client_id), Box::new(big(*seq))],
+            false,
+        ),
+        Change::InflightSet {
+            client_id,
+            inflight,
+        } => push(&s.set_inflight, inflight_params(client_id, inflight), false),
+        Change::InflightRemoved {
+            client_id,
+            packet_id,
+        } => push(
+            &s.remove_inflight,
+            vec![text(client_id), int(*packet_id)],
+            false,
+        ),
+        Change::InboundQos2Added {
+            client_id,
+            packet_id,
+        } => push(
+            &s.add_inbound,
+            vec![text(client_id), int(*packet_id)],
+            false,
+        ),
+        Change::InboundQos2Removed {
+            client_id,
+            packet_id,
+        } => push(
+            &s.remove_inbound,
+            vec![text(client_id), int(*packet_id)],
+            false,
+        ),
+        Change::RetainedSet(r) => push(&s.set_retained, message_params(&r.message), false),
+        Change::RetainedDeleted { topic } => push(&s.delete_retained, vec![text(topic)], false),
+    }
+}
+
+enum WriteError {
+    /// The epoch in the database is this one, newer than ours.
+    Fenced(i64),
+    Storage(StorageError),
+}
+
+impl From<StorageError> for WriteError {
+    fn from(e: StorageError) -> WriteError {
+        WriteError::Storage(e)
+    }
+}
+
+/// One transaction: the epoch check, then every change, pipelined; committed only when the
+/// epoch is ours and every statement succeeded.
+async fn write_batch(writer: &mut Writer, batch: &[Change], epoch: i64) -> Result<(), WriteError> {
+    if writer.statements.is_none() {
+        let prepared = Statements::prepare(&writer.client)
+            .await
+            .map_err(|e| classify(e, "cannot prepare the statements"))?;
+        writer.statements = Some(prepared);
+    }
+    let Writer { client, statements } = writer;
+    let statements = statements.as_ref().expect("prepared above");
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| classify(e, "cannot begin a transaction"))?;
+    let mut ops = Vec::new();
+    for (index, change) in batch.iter().enumerate() {
+        ops_of(statements, index, change, &mut ops);
+    }
+    let refs: Vec<Vec<&(dyn ToSql + Sync)>> = ops
+        .iter()
+        .map(|op| {
+            op.params
+                .iter()
+                .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                .collect()
+        })
+        .collect();
+    let check = tx.query_opt(&statements.epoch, &[]);
+    let writes = futures_util::future::join_all(
+        ops.iter()
+            .zip(&refs)
+            .map(|(op, params)| tx.execute(op.statement, params)),
+    );
+    let (current, results) = tokio::join!(check, writes);
+    let current = current.map_err(|e| classify(e, "cannot check the leader epoch"))?;
+    let current: i64 = current.map(|row| row.get(0)).unwrap_or(0);
+    if current != epoch {
+        drop(tx);
+        return Err(WriteError::Fenced(current));
+    }
+    for (op, result) in ops.iter().zip(results) {
+        let change = &batch[op.index];
+        match result {
+            Ok(0) if op.must_touch => {
+                return Err(refused(op.index, change, "no session is stored for the client").into())
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let e = classify(e, "");
+                return Err(StorageError::new(
+                    e.kind(),
+                    format!(
+                        "change {} ({}) for {}{}",
+                        op.index,
+                        change.kind(),
+                        change.client_id().unwrap_or("the retained set"),
+                        e.message()
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| classify(e, "cannot commit").into())
+}
+
+fn refused(index: usize, change: &Change, reason: &str) -> StorageError {
+    let target = change.client_id().unwrap_or("the retained set");
+    StorageError::refused(format!(
+        "change {index} ({}) for {target} refused: {reason}",
+        change.kind()
+    ))
+}
+
+fn qos(v: i64, what: &str) -> Result<u8, String> {
+    match v {
+        0..=2 => Ok(v as u8),
+        _ => Err(format!("{what} QoS {v} is not 0, 1 or 2")),
+    }
+}
+
+fn small<T: TryFrom<i64>>(v: i64, what: &str) -> Result<T, String> {
+    T::try_from(v).map_err(|_| format!("{what} {v} is out of range"))
+}
+
+fn unsigned(v: i64, what: &str) -> Result<u64, String> {
+    u64::try_from(v).map_err(|_| format!("{what}: negative value {v}"))
+}
+
+fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, String> {
+    row.try_get::<_, T>(i).map_err(|e| {
+        let name = row.columns().get(i).map(|c| c.name()).unwrap_or("?");
+        format!("column {name}: {e}")
+    })
+}
+
+/// A message from the columns topic, payload, qos, retain, properties, expires_at, publisher
+/// starting at `at`.
+fn message_at(row: &Row, at: usize) -> Result<MessageRecord, String> {
+    Ok(MessageRecord {
+        topic: col(row, at)?,
+        payload: Bytes::from(col::<Vec<u8>>(row, at + 1)?),
+        qos: qos(col(row, at + 2)?, "message")?,
+        retain: col(row, at + 3)?,
+        properties: Bytes::from(col::<Vec<u8>>(row, at + 4)?),
+        expires_at: col::<Option<i64>>(row, at + 5)?
+            .map(|v| unsigned(v, "expires_at"))
+            .transpose()?,
+        publisher: col(row, at + 6)?,
+    })
+}
+
+type PerClient<T> = HashMap<String, Result<Vec<T>, String>>;
+
+fn per_client<T>(rows: &[Row], read: impl Fn(&Row) -> Result<T, String>) -> PerClient<T> {
+    let mut out: PerClient<T> = HashMap::new();
+    for row in rows {
+        let Ok(client_id) = row.try_get::<_, String>(0) else {
+            continue;
+        };
+        let item = read(row);
+        let entry = out.entry(client_id).or_insert_with(|| Ok(Vec::new()));
+        match (entry.as_mut(), item) {
+            (Ok(list), Ok(item)) => list.push(item),
+            (Ok(_), Err(e)) => *entry = Err(e),
+            (Err(_), _) => {}
+        }
+    }
+    out
+}
+
+async fn load_all(client: &Client) -> Result<LoadedState, tokio_postgres::Error> {
+    let queued_sql = format!(
+        "SELECT client_id, seq, {MESSAGE_COLUMNS} FROM mercurio_queued ORDER BY client_id, seq"
+    );
+    let inflight_sql = format!(
+        "SELECT client_id, packet_id, state, {MESSAGE_COLUMNS} FROM mercurio_inflight \
+         ORDER BY client_id, ord"
+    );
+    let retained_sql = format!("SELECT {MESSAGE_COLUMNS} FROM mercurio_retained ORDER BY topic");
+    let (subs, queued, inflight, inbound, sessions, retained) = tokio::try_join!(
+        client.query(
+            "SELECT client_id, filter, qos, no_local, retain_as_published, retain_handling, \
+             subscription_identifier FROM mercurio_subscriptions ORDER BY client_id, filter",
+            &[],
+        ),
+        client.query(&queued_sql, &[]),
+        client.query(&inflight_sql, &[]),
+        client.query(
+            "SELECT client_id, packet_id FROM mercurio_inbound_qos2 \
+             ORDER BY client_id, packet_id",
+            &[],
+        ),
+        client.query(
+            "SELECT client_id, protocol_level, session_expiry_interval, disconnected_at, \
+             will_topic, will_payload, will_qos, will_retain, will_properties, will_expires_at, \
+             will_publisher, will_delay_interval FROM mercurio_sessions ORDER BY client_id",
+            &[],
+        ),
+        client.query(&retained_sql, &[]),
+    )?;
+    let mut subscriptions = per_client(&subs, |row| {
+        Ok(SubscriptionRecord {
+            filter: col(row, 1)?,
+            qos: qos(col(row, 2)?, "subscription")?,
+            no_local: col(row, 3)?,
+            retain_as_published: col(row, 4)?,
+            retain_handling: small(col(row, 5)?, "retain handling")?,
+            subscription_identifier: col::<Option<i64>>(row, 6)?
+                .map(|v| small(v, "subscription identifier"))
+                .transpose()?,
+        })
+    });
+    let mut queued = per_client(&queued, |row| {
+        Ok(QueuedRecord {
+            seq: unsigned(col(row, 1)?, "seq")?,
+            message: message_at(row, 2)?,
+        })
+    });
+    let mut inflight = per_client(&inflight, |row| {
+        let state: String = col(row, 2)?;
+        Ok(InflightRecord {
+            packet_id: small(col(row, 1)?, "packet identifier")?,
+            state: InflightState::parse(&state)
+                .ok_or_else(|| format!("unknown in-flight state {state:?}"))?,
+            message: message_at(row, 3)?,
+        })
+    });
+    let mut inbound = per_client(&inbound, |row| {
+        small::<u16>(col(row, 1)?, "packet identifier")
+    });
+    let mut state = LoadedState::default();
+    for row in &sessions {
+        let client_id: String = row.get(0);
+        let mut read = || -> Result<SessionRecord, String> {
+            let level: u8 = small(col(row, 1)?, "protocol level")?;
+            if !(3..=5).contains(&level) {
+                return Err(format!("protocol level {level} is not 3, 4 or 5"));
+            }
+            let will = match col::<Option<String>>(row, 4)? {
+                None => None,
+                Some(_) => Some(WillRecord {
+                    message: message_at(row, 4)?,
+                    delay_interval: small(
+                        col::<Option<i64>>(row, 11)?.unwrap_or(0),
+                        "will delay interval",
+                    )?,
+                }),
+            };
+            Ok(SessionRecord {
+                client_id: client_id.clone(),
+                protocol_level: level,
+                session_expiry_interval: small(col(row, 2)?, "session expiry interval")?,
+                disconnected_at: col::<Option<i64>>(row, 3)?
+                    .map(|v| unsigned(v, "disconnected_at"))
+                    .transpose()?,
+                subscriptions: subscriptions.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+                will,
+                queued: queued.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+                inflight: inflight.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+                inbound_qos2: inbound.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
+            })
+        };
+        match read() {
+            Ok(record) => state.sessions.push(record),
+            Err(cause) => state.set_aside.push(SetAside { client_id, cause }),
+        }
+    }
+    let mut by_topic = BTreeMap::new();
+    for row in &retained {
+        if let Ok(message) = message_at(row, 0) {
+            by_topic.insert(message.topic.clone(), RetainedRecord::new(message));
+        }
+    }
+    state.retained = by_topic.into_values().collect();
+    Ok(state)
+}
+
+#[async_trait]
+impl Storage for PostgresStorage {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn load(&self) -> Result<LoadedState, StorageError> {
+        let guard = self.writer().await?;
+        let writer = guard.as_ref().expect("open");
+        load_all(&writer.client)
+            .await
+            .map_err(|e| classify(e, "cannot load the stored state"))
+    }
+
+    async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.write(batch).await
+    }
+
+    async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError> {
+        let existed = {
+            let guard = self.writer().await?;
+            let writer = guard.as_ref().expect("open");
+            writer
+                .client
+                .query_opt(
+                    "SELECT 1 FROM mercurio_sessions WHERE client_id = $1",
+                    &[&client_id],
+                )
+                .await
+                .map_err(|e| classify(e, "cannot read the session"))?
+                .is_some()
+        };
+        self.write(&[Change::SessionDeleted {
+            client_id: client_id.to_string(),
+        }])
+        .await?;
+        Ok(existed)
+    }
+
+    async fn flush(&self) -> Result<(), StorageError> {
+        // Every commit is durable when it returns.
+        self.check_open()
+    }
+
+    async fn close(&self) -> Result<(), StorageError> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        *self.writer.lock().await = None;
+        self.leadership.release().await;
+        Ok(())
+    }
+
+    async fn failed(&self) -> StorageError {
+        let mut failed = self.failed.clone();
+        loop {
+            if let Some((kind, message)) = failed.borrow_and_update().clone() {
+                return StorageError::new(kind, message);
+            }
+            if failed.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The PostgreSQL backend on a throwaway cluster (or `MERCURIO_TEST_POSTGRES_URL`): the
+//! conformance checks, one serving broker per database, standbys (after a clean stop, after a
+//! stale heartbeat, under a role's short timeouts), epoch fencing and the schema version.
+//! Without PostgreSQL the tests print why they skip (and fail with `CI=true`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use mercurio_storage::conformance::{self, Harness};
+use mercurio_storage::postgres::testing::TestPostgres;
+use mercurio_storage::postgres::{PostgresOptions, PostgresStorage};
+use mercurio_storage::{Change, ErrorKind, SessionHeader, Storage};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct PgHarness {
+    pg: TestPostgres,
+    /// The database of the last fresh storage, the one the checks reopen or damage.
+    last_url: String,
+}
+
+async fn open(url: &str) -> PostgresStorage {
+    PostgresStorage::open(PostgresOptions::new(url))
+        .await
+        .unwrap_or_else(|e| panic!("open {url}: {e}"))
+}
+
+fn standby(url: &str) -> PostgresOptions {
+    let mut options = PostgresOptions::new(url);
+    options.standby = true;
+    options.host = Some("standby-host".into());
+    options
+}
+
+fn saved(client_id: &str) -> Change {
+    Change::SessionSaved(SessionHeader {
+        client_id: client_id.into(),
+        protocol_level: 5,
+        session_expiry_interval: 60,
+        disconnected_at: None,
+    })
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    type Storage = PostgresStorage;
+
+    async fn fresh(&mut self) -> PostgresStorage {
+        let name = self.pg.database("conf", None).await;
+        let url = self.pg.url(&name);
+        let storage = open(&url).await;
+        self.last_url = url;
+        storage
+    }
+
+    async fn reopen(&mut self, storage: PostgresStorage) -> PostgresStorage {
+        let url = self.last_url.clone();
+        storage.close().await.unwrap();
+        drop(storage);
+        open(&url).await
+    }
+
+    async fn make_unreadable(&mut self, _storage: &PostgresStorage, client_id: &str) -> bool {
+        let url = self.last_url.clone();
+        self.pg
+            .execute(
+                &url,
+                &format!(
+                    "UPDATE mercurio_sessions SET protocol_level = 99 WHERE client_id = '{client_id}'"
+                ),
+            )
+            .await;
+        true
+    }
+}
+
+#[tokio::test]
+async fn postgres_conforms() {
+    let Some(pg) = TestPostgres::start("postgres_conforms") else {
+        return;
+    };
+    let mut harness = PgHarness {
+        pg,
+        last_url: String::new(),
+    };
+    tokio::time::timeout(Duration::from_secs(120), conformance::run_all(&mut harness))
+        .await
+        .expect("the conformance checks finish");
+}
+
+#[tokio::test]
+async fn one_broker_serves_and_a_standby_takes_over_then_fences() {
+    let Some(pg) = TestPostgres::start("one_broker_serves") else {
+        return;
+    };
+    let url = pg.url(&pg.database("lead", None).await);
+    let mut first_options = PostgresOptions::new(&url);
+    first_options.host = Some("serving-host".into());
+    let first = PostgresStorage::open(first_options).await.unwrap();
+    first.apply(&[saved("a")]).await.unwrap();
+
+    let err = PostgresStorage::open(PostgresOptions::new(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+    assert!(err.to_string().contains("serving-host"), "{err}");
+
+    // A standby waits while the first serves, and takes over once it closes.
+    let waiting = tokio::spawn(PostgresStorage::open(standby(&url)));
+    tokio::time::sleep(Duration::from_millis(500)).await; // lets it reach the wait, not a sync
+    assert!(!waiting.is_finished(), "the standby waits");
+    first.apply(&[saved("b")]).await.unwrap();
+    let first_epoch = first.epoch();
+    // Simulate a serving broker that is still running but replaced: release only its lock.
+    first.close().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("the standby takes over")
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.epoch(), first_epoch + 1);
+    let loaded = second.load().await.unwrap();
+    assert_eq!(loaded.sessions.len(), 2);
+    second.apply(&[saved("c")]).await.unwrap();
+    second.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn stale_heartbeat_is_taken_over_and_the_old_writer_is_fenced() {
+    let Some(pg) = TestPostgres::start("stale_heartbeat") else {
+        return;
+    };
+    let url = pg.url(&pg.database("stale", None).await);
+    let first = open(&url).await;
+    first.apply(&[saved("a")]).await.unwrap();
+    // Make the heartbeat look 20 s old and freeze it, as a stopped process's would be.
+    pg.execute(
+        &url,
+        "CREATE FUNCTION stale_beat() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN NEW.heartbeat_at := now() - interval '20 s'; RETURN NEW; END $$; \
+         CREATE TRIGGER stale_beat BEFORE UPDATE ON mercurio_leader FOR EACH ROW \
+         WHEN (NEW.epoch = OLD.epoch) EXECUTE FUNCTION stale_beat(); \
+         UPDATE mercurio_leader SET heartbeat_at = now() - interval '20 s';",
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let second = tokio::time::timeout(DEADLINE, PostgresStorage::open(standby(&url)))
+        .await
+        .expect("the standby takes over from a stale heartbeat")
+        .unwrap();
+    eprintln!("takeover after {:?}", started.elapsed());
+    assert_eq!(second.epoch(), first.epoch() + 1);
+    // The old broker's next write is refused, and it is told to stop.
+    let err = first.apply(&[saved("late")]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+    let failed = tokio::time::timeout(DEADLINE, first.failed())
+        .await
+        .expect("failed resolves");
+    assert_eq!(failed.kind(), ErrorKind::Fenced);
+    let names: Vec<String> = second
+        .load()
+        .await
+        .unwrap()
+        .sessions
+        .into_iter()
+        .map(|s| s.client_id)
+        .collect();
+    assert_eq!(names, ["a"]);
+    second.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn standby_waits_through_short_role_timeouts() {
+    let Some(pg) = TestPostgres::start("short_timeouts") else {
+        return;
+    };
+    pg.admin(
+        "CREATE ROLE hasty LOGIN; \
+         ALTER ROLE hasty SET statement_timeout = '200ms'; \
+         ALTER ROLE hasty SET lock_timeout = '200ms'; \
+         ALTER ROLE hasty SET idle_in_transaction_session_timeout = '200ms'; \
+         ALTER ROLE hasty SET idle_session_timeout = '200ms';",
+    )
+    .await;
+    let name = pg.database("hasty", Some("hasty")).await;
+    let url = pg.url(&name).replace("postgres@", "hasty@");
+    let first = open(&url).await;
+    first.apply(&[saved("a")]).await.unwrap();
+    let waiting = tokio::spawn(PostgresStorage::open(standby(&url)));
+    // Ten times the role's timeouts: a wait cut short would have ended (with an error or a
+    // takeover) by then.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "the standby still waits");
+    first.apply(&[saved("b")]).await.unwrap();
+    first.close().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("the standby takes over")
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.load().await.unwrap().sessions.len(), 2);
+    second.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn newer_schema_is_refused() {
+    let Some(pg) = TestPostgres::start("newer_schema") else {
+        return;
+    };
+    let url = pg.url(&pg.database("newer", None).await);
+    open(&url).await.close().await.unwrap();
+    pg.execute(
+        &url,
+        "UPDATE mercurio_meta SET value = '99' WHERE key = 'schema_version'",
+    )
+    .await;
+    let err = PostgresStorage::open(PostgresOptions::new(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Incompatible, "{err}");
+    assert!(err.to_string().contains("99"), "{err}");
+    // A standby refuses at once too, without waiting.
+    let err = tokio::time::timeout(DEADLINE, PostgresStorage::open(standby(&url)))
+        .await
+        .expect("refused at once")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Incompatible, "{err}");
+}
