@@ -15,6 +15,7 @@
 pub mod leader;
 #[cfg(any(test, feature = "conformance"))]
 pub mod testing;
+mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,7 +181,7 @@ struct Writer {
 
 /// Storage in a PostgreSQL database. See the [module documentation](self).
 pub struct PostgresStorage {
-    config: tokio_postgres::Config,
+    config: PgConfig,
     writer: Mutex<Option<Writer>>,
     leadership: Leadership,
     closed: AtomicBool,
@@ -195,8 +196,33 @@ impl std::fmt::Debug for PostgresStorage {
     }
 }
 
+/// A parsed connection URL and the TLS it asks for (`sslmode`, see [`tls`]).
+#[derive(Clone)]
+pub(crate) struct PgConfig {
+    pg: tokio_postgres::Config,
+    /// `None` with `sslmode=disable`.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+}
+
+impl std::fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("pg", &self.pg)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+impl std::ops::Deref for PgConfig {
+    type Target = tokio_postgres::Config;
+    fn deref(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+}
+
 /// Parses `url` into a connection configuration named `mercurio`.
-pub(crate) fn parse_config(url: &str) -> Result<tokio_postgres::Config, StorageError> {
+pub(crate) fn parse_config(url: &str) -> Result<PgConfig, StorageError> {
+    let (url, verify) = tls::split_url(url);
     let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| StorageError::fatal(format!("invalid PostgreSQL connection URL: {e}")))?;
@@ -205,12 +231,29 @@ pub(crate) fn parse_config(url: &str) -> Result<tokio_postgres::Config, StorageE
     }
     config.connect_timeout(CONNECT_TIMEOUT);
     config.keepalives_idle(Duration::from_secs(5));
-    Ok(config)
+    let tls = match config.get_ssl_mode() {
+        tokio_postgres::config::SslMode::Disable => None,
+        _ => Some(tls::connector(&verify)?),
+    };
+    Ok(PgConfig { pg: config, tls })
 }
 
-/// Opens a connection and drives it on the runtime.
-pub(crate) async fn connect(config: &tokio_postgres::Config) -> Result<Client, StorageError> {
-    let connecting = config.connect(tokio_postgres::NoTls);
+/// Opens a connection (over TLS unless `sslmode=disable`) and drives it on the runtime.
+pub(crate) async fn connect(config: &PgConfig) -> Result<Client, StorageError> {
+    match &config.tls {
+        None => connect_with(&config.pg, tokio_postgres::NoTls).await,
+        Some(tls) => connect_with(&config.pg, tls.clone()).await,
+    }
+}
+
+async fn connect_with<T>(config: &tokio_postgres::Config, tls: T) -> Result<Client, StorageError>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket> + Send + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+{
+    let connecting = config.connect(tls);
     let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
         .await
         .map_err(|_| StorageError::transient("cannot connect to PostgreSQL: timed out"))?
@@ -407,7 +450,7 @@ struct OpenedWriter {
     pid: i32,
 }
 
-async fn open_writer(config: &tokio_postgres::Config) -> Result<OpenedWriter, StorageError> {
+async fn open_writer(config: &PgConfig) -> Result<OpenedWriter, StorageError> {
     let client = connect(config).await?;
     let pid: i32 = client
         .query_one("SELECT pg_backend_pid()", &[])

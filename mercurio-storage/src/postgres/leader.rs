@@ -126,7 +126,7 @@ async fn backend_pid(client: &Client) -> Result<i32, StorageError> {
 }
 
 /// A new connection with its timeouts at 0.
-async fn dedicated(config: &tokio_postgres::Config) -> Result<Client, StorageError> {
+async fn dedicated(config: &super::PgConfig) -> Result<Client, StorageError> {
     let client = connect(config).await?;
     zero_timeouts(&client).await?;
     Ok(client)
@@ -156,7 +156,7 @@ impl Leadership {
     /// Takes the lead, waiting for it as a standby. Returns the lead and the receiver that
     /// reports its loss.
     pub(crate) async fn acquire(
-        config: &tokio_postgres::Config,
+        config: &super::PgConfig,
         host: &str,
         standby: bool,
         writer_pid: i32,
@@ -244,7 +244,7 @@ impl Drop for Leadership {
 
 /// Blocks on the advisory lock; meanwhile a second connection terminates a serving broker
 /// whose heartbeat is older than [`HEARTBEAT_STALE`]. Returns the connection holding the lock.
-async fn wait_for_lock(config: &tokio_postgres::Config) -> Result<Client, StorageError> {
+async fn wait_for_lock(config: &super::PgConfig) -> Result<Client, StorageError> {
     tracing::info!("PostgreSQL storage: standby, waiting for the serving broker to stop");
     let mut retry = Duration::from_millis(200);
     loop {
@@ -424,7 +424,7 @@ async fn beat(lock: &Client, shared: &Shared) -> Result<bool, StorageError> {
 
 /// A new lock connection after the old one was lost: the lock again, and the epoch still
 /// ours. `Err(Fenced)` when another broker holds either.
-async fn relock(config: &tokio_postgres::Config, shared: &Shared) -> Result<Client, StorageError> {
+async fn relock(config: &super::PgConfig, shared: &Shared) -> Result<Client, StorageError> {
     let lock = dedicated(config).await?;
     let got: bool = lock
         .query_one(
@@ -452,7 +452,7 @@ fn fenced_message(what: &str) -> String {
 
 /// The serving broker's heartbeat, until stopped, fenced or the database is lost.
 async fn heartbeat(
-    config: tokio_postgres::Config,
+    config: super::PgConfig,
     lock: Client,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
