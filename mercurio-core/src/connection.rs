@@ -428,7 +428,7 @@ async fn accept(
     let version = connect.protocol;
     let server = &broker.config.server;
     let refuse = |rc: ReasonCode, why: &str| {
-        tracing::info!(%peer, client_id = %connect.client_id, reason = %rc, "refusing CONNECT: {why}");
+        tracing::info!(%peer, client_id = %connect.client_id, username = connect.username.as_deref().unwrap_or(""), reason = %rc, "refusing CONNECT: {why}");
         encode_connack(version, false, rc, Properties::default())
     };
     if broker.is_shutting_down() {

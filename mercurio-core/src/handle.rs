@@ -52,6 +52,40 @@ impl Broker {
     }
 }
 
+/// Checks what a configuration names outside itself without starting anything: the password
+/// and ACL files parse, every certificate and key loads, each `http_dir` is a directory, and a
+/// SQLite database's directory exists (what `mercuriod --check-config` runs).
+///
+/// Errors: [`Error::File`] (path, line, cause) or [`Error::Config`], as [`BrokerBuilder::start`]
+/// would return them.
+pub fn check_files(config: &Config) -> Result<(), Error> {
+    Auth::from_config(config, Vec::new(), Vec::new())?;
+    for l in &config.listeners {
+        if l.cert_file.is_some() {
+            TlsListener::load(l)?;
+        }
+        if let Some(dir) = l.http_dir.as_ref().filter(|d| !d.is_dir()) {
+            return Err(Error::Config(format!(
+                "listener {}:{}: http_dir {} is not a directory",
+                l.host,
+                l.port,
+                dir.display()
+            )));
+        }
+    }
+    if config.storage.backend == crate::config::StorageBackend::Sqlite {
+        if let Some(dir) = config.storage.path.as_ref().and_then(|p| p.parent()) {
+            if !dir.as_os_str().is_empty() && !dir.is_dir() {
+                return Err(Error::Config(format!(
+                    "storage.path: the directory {} does not exist",
+                    dir.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Builds and starts a broker.
 pub struct BrokerBuilder {
     config: Config,

@@ -45,7 +45,8 @@ pub use auth::FileError;
 pub use connection::DisconnectReason;
 pub use error::Error;
 pub use handle::{
-    Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription, SHUTDOWN_GRACE,
+    check_files, Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription,
+    SHUTDOWN_GRACE,
 };
 pub use http::HttpLimits;
 /// The storage crate: the `Storage` trait, its records and backends.

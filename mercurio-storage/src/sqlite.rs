@@ -205,6 +205,15 @@ impl SqliteStorage {
 }
 
 fn open_database(path: &Path) -> Result<(Connection, File), StorageError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(StorageError::fatal(format!(
+                "cannot open {}: the directory {} does not exist",
+                path.display(),
+                dir.display()
+            )));
+        }
+    }
     let lock_file = lock_path(path);
     let lock = OpenOptions::new()
         .read(true)

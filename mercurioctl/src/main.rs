@@ -329,7 +329,7 @@ fn status(r: &Value) -> String {
         .map(|a| a.iter().map(text).collect())
         .unwrap_or_default();
     format!(
-        "version     {}\nuptime      {}\nclients     {} connected (at most {})\nsessions    {} ({} disconnected)\nstorage     {} ({})\nlog level   {}\nlisteners   {}\n",
+        "version     {}\nuptime      {}\nclients     {} connected (peak {})\nsessions    {} ({} disconnected)\nstorage     {} ({})\nlog level   {}\nlisteners   {}\n",
         text(&r["version"]),
         duration(r["uptime_secs"].as_u64().unwrap_or(0)),
         text(&r["clients_connected"]),

@@ -51,7 +51,7 @@ impl Passwd {
             line.trim_end_matches(['\n', '\r']).to_string()
         } else {
             let first = rpassword::prompt_password("Password: ")
-                .map_err(|e| format!("cannot read the password: {e}"))?;
+                .map_err(|e| format!("cannot read the password from a terminal ({e}): use --stdin to read it from standard input"))?;
             let again = rpassword::prompt_password("Reenter password: ")
                 .map_err(|e| format!("cannot read the password: {e}"))?;
             if first != again {

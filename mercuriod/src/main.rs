@@ -124,6 +124,10 @@ fn check_config(config: &Config, path: Option<&Path>, verbose: bool) -> ExitCode
     {
         eprintln!("mercuriod: warning: {warning}");
     }
+    if let Err(e) = mercurio_core::check_files(config) {
+        eprintln!("mercuriod: {e}");
+        return ExitCode::from(EX_CONFIG);
+    }
     match path {
         Some(path) => println!("mercuriod: {}: configuration OK", path.display()),
         None => println!("mercuriod: no configuration file: defaults OK"),
@@ -182,8 +186,9 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
     };
     let handle = match started {
         Ok(handle) => handle,
-        Err(e @ mercurio_core::Error::File(_)) => {
-            // A password, ACL, certificate or key file: a configuration error (path, line).
+        Err(e @ (mercurio_core::Error::File(_) | mercurio_core::Error::Config(_))) => {
+            // A password, ACL, certificate or key file, an http_dir, a storage path: a
+            // configuration error (path, line), which restarting cannot mend.
             eprintln!("mercuriod: cannot start: {e}");
             return ExitCode::from(EX_CONFIG);
         }

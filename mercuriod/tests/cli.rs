@@ -193,3 +193,31 @@ fn unknown_option_is_a_usage_error() {
     let out = mercuriod(&["--no-such-option"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `--check-config` also reads what the file names: a malformed ACL line, a missing
+/// certificate, an `http_dir` that is not a directory are each exit 78 with the path.
+#[test]
+fn check_config_reads_the_files_it_names() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, "topic read a/#\nfrobnicate b\n").expect("write acl");
+    let cases = [
+        (
+            format!("[auth]\nallow_anonymous = true\nacl_file = \"{}\"\n", acl.display()),
+            format!("{}:2", acl.display()),
+        ),
+        (
+            "[[listeners]]\nport = 8883\ncert_file = \"/nonexistent/cert.pem\"\nkey_file = \"/nonexistent/key.pem\"\n".to_string(),
+            "/nonexistent/cert.pem".to_string(),
+        ),
+        (
+            "[[listeners]]\nport = 8080\nprotocol = \"websocket\"\nhttp_dir = \"/nonexistent/www\"\n".to_string(),
+            "/nonexistent/www".to_string(),
+        ),
+    ];
+    for (text, names) in cases {
+        let (code, stderr, _path, _dir) = check(&text);
+        assert_eq!(code, Some(78), "{text}: {stderr}");
+        assert!(stderr.contains(&names), "{text}: {stderr}");
+    }
+}
