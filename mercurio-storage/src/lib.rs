@@ -31,6 +31,9 @@
 //!   same database exits (std's `File::try_lock` needs a newer Rust than the workspace's);
 //!   `gethostname` for the PostgreSQL heartbeat row (feature `postgres`); `geteuid` in the
 //!   PostgreSQL test cluster;
+//! - `tokio-postgres-rustls`, `rustls` (feature `postgres`): TLS to PostgreSQL as `sslmode`
+//!   asks, on the rustls stack the listeners already use (no OpenSSL).
+//! - `rcgen` (tests only): certificates for the TLS test cluster.
 //! - `tokio-postgres` (feature `postgres`): pipelined writes on one connection, a dedicated
 //!   connection for the advisory lock, per-connection settings (deadpool-postgres is not used:
 //!   the writer is one task, so one write connection is all it needs);

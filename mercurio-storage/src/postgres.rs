@@ -285,7 +285,17 @@ pub(crate) fn classify(e: tokio_postgres::Error, what: &str) -> StorageError {
 pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => {
+            // tokio-postgres' message is generic ("error performing TLS handshake"): the
+            // cause (a certificate from an unknown root, say) is in its sources.
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            text
+        }
     }
 }
 

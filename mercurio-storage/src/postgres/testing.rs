@@ -118,13 +118,31 @@ impl TestPostgres {
                 "no MERCURIO_TEST_POSTGRES_URL and no initdb/pg_ctl (install postgresql)",
             );
         };
-        match Self::start_cluster(test, &initdb, &pg_ctl) {
+        match Self::start_cluster(test, &initdb, &pg_ctl, None) {
             Ok(pg) => Some(pg),
             Err(e) => unavailable(test, &e),
         }
     }
 
-    fn start_cluster(test: &str, initdb: &Path, pg_ctl: &Path) -> Result<TestPostgres, String> {
+    /// A throwaway cluster serving TLS with this PEM certificate and key (`ssl = on`), or
+    /// `None` (after printing why). Ignores `MERCURIO_TEST_POSTGRES_URL`, whose TLS setup is
+    /// unknown.
+    pub fn start_tls(test: &str, cert_pem: &str, key_pem: &str) -> Option<TestPostgres> {
+        let Some((initdb, pg_ctl)) = find_binaries() else {
+            return unavailable(test, "no initdb/pg_ctl (install postgresql)");
+        };
+        match Self::start_cluster(test, &initdb, &pg_ctl, Some((cert_pem, key_pem))) {
+            Ok(pg) => Some(pg),
+            Err(e) => unavailable(test, &e),
+        }
+    }
+
+    fn start_cluster(
+        test: &str,
+        initdb: &Path,
+        pg_ctl: &Path,
+        tls: Option<(&str, &str)>,
+    ) -> Result<TestPostgres, String> {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         let as_postgres = if root { Some(postgres_user()?) } else { None };
@@ -151,6 +169,23 @@ impl TestPostgres {
             .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
             .env("LC_ALL", "C");
         run(init, as_postgres, "initdb")?;
+        let mut ssl = String::new();
+        if let Some((cert, key)) = tls {
+            for (name, pem) in [("server.crt", cert), ("server.key", key)] {
+                let path = data.join(name);
+                std::fs::write(&path, pem).map_err(|e| format!("{}: {e}", path.display()))?;
+                std::fs::set_permissions(
+                    &path,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                )
+                .map_err(|e| e.to_string())?;
+                if let Some((uid, gid)) = as_postgres {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            ssl = " -c ssl=on".to_string();
+        }
         let mut last = String::new();
         for _ in 0..3 {
             let port = TcpListener::bind("127.0.0.1:0")
@@ -166,7 +201,7 @@ impl TestPostgres {
                 .args(["-w", "-t", "60", "-o"])
                 .arg(format!(
                     "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-                     -c max_connections=200",
+                     -c max_connections=200{ssl}",
                     dir.display()
                 ))
                 .arg("start");
