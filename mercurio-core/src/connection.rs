@@ -942,20 +942,29 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, rc);
             return Ok(());
         }
-        let mut properties = std::mem::take(&mut p.properties);
+        // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
+        let Publish {
+            topic,
+            payload,
+            qos,
+            retain,
+            packet_id,
+            mut properties,
+            ..
+        } = p;
         let expiry = properties.message_expiry_interval.take();
         properties.subscription_identifiers.clear();
         let msg = Message {
-            topic: p.topic,
-            payload: p.payload,
-            qos: p.qos,
-            retain: p.retain,
+            topic,
+            payload,
+            qos,
+            retain,
             properties,
             expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
             publisher: Some(Arc::clone(&self.session.client_id)),
         };
         broker.publish(msg);
-        self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
+        self.ack_publish(qos, packet_id, ReasonCode::SUCCESS);
         Ok(())
     }
 
