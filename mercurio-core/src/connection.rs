@@ -1218,13 +1218,6 @@ impl Writer<'_> {
                 continue;
             }
             let alias = self.alias_for(&q.msg.topic);
-            let len = delivery_len(self.version, &q, alias, now, &mut self.scratch);
-            if len > self.limits.max_packet_size as usize {
-                // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
-                stats.dropped(DropCause::TooLarge);
-                st.persist_dequeued(&self.session.client_id, &q);
-                continue;
-            }
             let packet_id = if q.qos > QoS::AtMostOnce {
                 match st.allocate_packet_id() {
                     Some(id) => id,
@@ -1236,8 +1229,9 @@ impl Writer<'_> {
             } else {
                 0
             };
-            let new_alias = alias.filter(|(_, known)| !known).is_some();
-            encode_delivery(
+            // Sized once, checked and written (an identifier taken for a packet that is then
+            // dropped is simply skipped).
+            if encode_delivery_within(
                 self.version,
                 &q,
                 packet_id,
@@ -1245,8 +1239,17 @@ impl Writer<'_> {
                 alias,
                 now,
                 &mut self.scratch,
+                self.limits.max_packet_size as usize,
                 buf,
-            );
+            )
+            .is_err()
+            {
+                // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
+                stats.dropped(DropCause::TooLarge);
+                st.persist_dequeued(&self.session.client_id, &q);
+                continue;
+            }
+            let new_alias = alias.filter(|(_, known)| !known).is_some();
             if new_alias {
                 if let Some((a, _)) = alias {
                     self.aliases.insert(q.msg.topic.clone(), a);
@@ -1309,33 +1312,6 @@ fn delivery_properties<'p>(
 
 use crate::session::Queued;
 
-fn delivery_len(
-    version: ProtocolVersion,
-    q: &Queued,
-    alias: Option<(u16, bool)>,
-    now: Instant,
-    scratch: &mut Properties,
-) -> usize {
-    let properties = delivery_properties(q, alias, now, scratch);
-    let topic = if alias.is_some_and(|(_, known)| known) {
-        ""
-    } else {
-        q.msg.topic.as_str()
-    };
-    codec::publish_encoded_len(
-        &PublishRef {
-            dup: false,
-            qos: q.qos,
-            retain: q.retain,
-            topic,
-            packet_id: 1,
-            properties,
-            payload: &q.msg.payload,
-        },
-        version,
-    )
-}
-
 #[allow(clippy::too_many_arguments)]
 fn encode_delivery(
     version: ProtocolVersion,
@@ -1347,6 +1323,36 @@ fn encode_delivery(
     scratch: &mut Properties,
     buf: &mut BytesMut,
 ) {
+    let r = encode_delivery_within(
+        version,
+        q,
+        packet_id,
+        dup,
+        alias,
+        now,
+        scratch,
+        usize::MAX,
+        buf,
+    );
+    if let Err(e) = r {
+        tracing::error!(topic = %q.msg.topic, "cannot encode PUBLISH: {e}");
+    }
+}
+
+/// Encodes a delivery unless it is larger than `max_packet_size` bytes (or cannot be
+/// encoded at all): then nothing is written.
+#[allow(clippy::too_many_arguments)]
+fn encode_delivery_within(
+    version: ProtocolVersion,
+    q: &Queued,
+    packet_id: u16,
+    dup: bool,
+    alias: Option<(u16, bool)>,
+    now: Instant,
+    scratch: &mut Properties,
+    max_packet_size: usize,
+    buf: &mut BytesMut,
+) -> Result<(), codec::EncodeError> {
     let properties = delivery_properties(q, alias, now, scratch);
     let topic = if alias.is_some_and(|(_, known)| known) {
         ""
@@ -1362,7 +1368,5 @@ fn encode_delivery(
         properties,
         payload: &q.msg.payload,
     };
-    if let Err(e) = codec::encode_publish(&p, version, buf) {
-        tracing::error!(topic = %q.msg.topic, "cannot encode PUBLISH: {e}");
-    }
+    codec::encode_publish_within(&p, version, max_packet_size, buf)
 }
