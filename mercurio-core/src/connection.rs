@@ -703,12 +703,12 @@ impl Reader<'_> {
         let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
         let mut handled = 0u32;
         loop {
+            // The keep alive deadline moves once per read that brought packets, not per packet:
+            // one clock reading for a whole buffer of them.
+            let before = handled;
             loop {
                 match codec::decode(buf, self.version, max) {
                     Ok(Some(packet)) => {
-                        if let Some(g) = grace {
-                            deadline = Some(tokio::time::Instant::now() + g);
-                        }
                         if let Err(close) = self.handle(packet).await {
                             return close;
                         }
@@ -730,6 +730,9 @@ impl Reader<'_> {
                         return Close::violation(e.reason_code(), &why, &self.session.client_id);
                     }
                 }
+            }
+            if let (Some(g), true) = (grace, handled != before) {
+                deadline = Some(tokio::time::Instant::now() + g);
             }
             if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
                 *buf = BytesMut::with_capacity(256);
