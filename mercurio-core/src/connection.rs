@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -225,7 +226,9 @@ pub(crate) async fn serve_with<S>(
     };
 
     // 2. Checks, session, CONNACK.
-    let accepted = match accept(&broker, *connect, peer, tls).await {
+    // Boxed here and below: a future is as large as the largest state it can be in, and
+    // the connection's task holds it for the whole connection (idle ones too).
+    let accepted = match Box::pin(accept(&broker, *connect, peer, tls)).await {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
@@ -267,7 +270,7 @@ pub(crate) async fn serve_with<S>(
         version,
         limits: client_limits,
         aliases: HashMap::new(),
-        scratch: Properties::default(),
+        scratch: None,
     };
     link.wake();
     let close = tokio::select! {
@@ -312,7 +315,8 @@ pub(crate) async fn serve_with<S>(
 async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
     const LINGER: Duration = Duration::from_millis(500);
     const LINGER_BYTES: usize = 1 << 20;
-    let mut sink = [0u8; 4096];
+    // On the heap: an array here would make every connection's task 4 KiB larger.
+    let mut sink = vec![0u8; 4096];
     let mut drained = 0;
     let _ = tokio::time::timeout(LINGER, async {
         while drained < LINGER_BYTES {
@@ -709,7 +713,22 @@ impl Reader<'_> {
             loop {
                 match codec::decode(buf, self.version, max) {
                     Ok(Some(packet)) => {
-                        if let Err(close) = self.handle(packet).await {
+                        // A future holds room for the largest state it can be in, and this
+                        // one lives as long as the connection (idle ones too): the waiting
+                        // handlers (SUBSCRIBE; PUBLISH under access checks) are boxed, and a
+                        // PUBLISH without access checks (fixed for the broker's lifetime)
+                        // never waits, so it runs to completion here, its state on the stack.
+                        let handled_now = match packet {
+                            Packet::Publish(p) if !self.broker.auth.checks_access() => self
+                                .on_publish(p)
+                                .now_or_never()
+                                .expect("on_publish waits only for access checks"),
+                            Packet::Publish(_) | Packet::Subscribe(_) => {
+                                Box::pin(self.handle(packet)).await
+                            }
+                            other => self.handle_other(other),
+                        };
+                        if let Err(close) = handled_now {
                             return close;
                         }
                         // A fast publisher's buffer can hold thousands of packets: let the
@@ -772,6 +791,14 @@ impl Reader<'_> {
     async fn handle(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
             Packet::Publish(p) => self.on_publish(p).await,
+            Packet::Subscribe(s) => self.on_subscribe(s).await,
+            other => self.handle_other(other),
+        }
+    }
+
+    /// Every packet but PUBLISH and SUBSCRIBE.
+    fn handle_other(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
             Packet::PubAck(a) => {
                 self.on_ack(a.packet_id, OutboundState::AwaitingPubAck);
                 Ok(())
@@ -806,7 +833,6 @@ impl Reader<'_> {
                 }));
                 Ok(())
             }
-            Packet::Subscribe(s) => self.on_subscribe(s).await,
             Packet::Unsubscribe(u) => {
                 self.on_unsubscribe(u);
                 Ok(())
@@ -1135,7 +1161,8 @@ struct Writer<'a> {
     limits: ClientLimits,
     /// Topic aliases the broker set towards the client, topic -> alias.
     aliases: HashMap<String, u16>,
-    scratch: Properties,
+    /// Delivery properties built per message (5.0 only), allocated on first use.
+    scratch: Option<Box<Properties>>,
 }
 
 impl Writer<'_> {
@@ -1299,11 +1326,12 @@ fn delivery_properties<'p>(
     q: &'p Queued,
     alias: Option<(u16, bool)>,
     now: Instant,
-    scratch: &'p mut Properties,
+    scratch: &'p mut Option<Box<Properties>>,
 ) -> &'p Properties {
     if q.msg.expires_at.is_none() && q.subscription_ids.is_empty() && alias.is_none() {
         return &q.msg.properties;
     }
+    let scratch: &mut Properties = scratch.get_or_insert_with(Default::default);
     scratch.clone_from(&q.msg.properties);
     scratch.message_expiry_interval = q.msg.remaining_expiry(now);
     scratch
@@ -1323,7 +1351,7 @@ fn encode_delivery(
     dup: bool,
     alias: Option<(u16, bool)>,
     now: Instant,
-    scratch: &mut Properties,
+    scratch: &mut Option<Box<Properties>>,
     buf: &mut BytesMut,
 ) {
     let r = encode_delivery_within(
@@ -1352,7 +1380,7 @@ fn encode_delivery_within(
     dup: bool,
     alias: Option<(u16, bool)>,
     now: Instant,
-    scratch: &mut Properties,
+    scratch: &mut Option<Box<Properties>>,
     max_packet_size: usize,
     buf: &mut BytesMut,
 ) -> Result<(), codec::EncodeError> {
