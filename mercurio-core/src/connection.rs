@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -225,7 +226,9 @@ pub(crate) async fn serve_with<S>(
     };
 
     // 2. Checks, session, CONNACK.
-    let accepted = match accept(&broker, *connect, peer, tls).await {
+    // Boxed here and below: a future is as large as the largest state it can be in, and
+    // the connection's task holds it for the whole connection (idle ones too).
+    let accepted = match Box::pin(accept(&broker, *connect, peer, tls)).await {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
@@ -266,7 +269,7 @@ pub(crate) async fn serve_with<S>(
         version,
         limits: client_limits,
         aliases: HashMap::new(),
-        scratch: Properties::default(),
+        scratch: None,
     };
     link.wake();
     let close = tokio::select! {
@@ -311,7 +314,8 @@ pub(crate) async fn serve_with<S>(
 async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
     const LINGER: Duration = Duration::from_millis(500);
     const LINGER_BYTES: usize = 1 << 20;
-    let mut sink = [0u8; 4096];
+    // On the heap: an array here would make every connection's task 4 KiB larger.
+    let mut sink = vec![0u8; 4096];
     let mut drained = 0;
     let _ = tokio::time::timeout(LINGER, async {
         while drained < LINGER_BYTES {
@@ -699,13 +703,28 @@ impl Reader<'_> {
         let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
         let mut handled = 0u32;
         loop {
+            // The keep alive deadline moves once per read that brought packets, not per packet:
+            // one clock reading for a whole buffer of them.
+            let before = handled;
             loop {
                 match codec::decode(buf, self.version, max) {
                     Ok(Some(packet)) => {
-                        if let Some(g) = grace {
-                            deadline = Some(tokio::time::Instant::now() + g);
-                        }
-                        if let Err(close) = self.handle(packet).await {
+                        // A future holds room for the largest state it can be in, and this
+                        // one lives as long as the connection (idle ones too): the waiting
+                        // handlers (SUBSCRIBE; PUBLISH under access checks) are boxed, and a
+                        // PUBLISH without access checks (fixed for the broker's lifetime)
+                        // never waits, so it runs to completion here, its state on the stack.
+                        let handled_now = match packet {
+                            Packet::Publish(p) if !self.broker.auth.checks_access() => self
+                                .on_publish(p)
+                                .now_or_never()
+                                .expect("on_publish waits only for access checks"),
+                            Packet::Publish(_) | Packet::Subscribe(_) => {
+                                Box::pin(self.handle(packet)).await
+                            }
+                            other => self.handle_other(other),
+                        };
+                        if let Err(close) = handled_now {
                             return close;
                         }
                         // A fast publisher's buffer can hold thousands of packets: let the
@@ -726,6 +745,9 @@ impl Reader<'_> {
                         return Close::violation(e.reason_code(), &why, &self.session.client_id);
                     }
                 }
+            }
+            if let (Some(g), true) = (grace, handled != before) {
+                deadline = Some(tokio::time::Instant::now() + g);
             }
             if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
                 *buf = BytesMut::with_capacity(256);
@@ -765,6 +787,14 @@ impl Reader<'_> {
     async fn handle(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
             Packet::Publish(p) => self.on_publish(p).await,
+            Packet::Subscribe(s) => self.on_subscribe(s).await,
+            other => self.handle_other(other),
+        }
+    }
+
+    /// Every packet but PUBLISH and SUBSCRIBE.
+    fn handle_other(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
             Packet::PubAck(a) => {
                 self.on_ack(a.packet_id, OutboundState::AwaitingPubAck);
                 Ok(())
@@ -799,7 +829,6 @@ impl Reader<'_> {
                 }));
                 Ok(())
             }
-            Packet::Subscribe(s) => self.on_subscribe(s).await,
             Packet::Unsubscribe(u) => {
                 self.on_unsubscribe(u);
                 Ok(())
@@ -938,20 +967,29 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, rc);
             return Ok(());
         }
-        let mut properties = std::mem::take(&mut p.properties);
+        // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
+        let Publish {
+            topic,
+            payload,
+            qos,
+            retain,
+            packet_id,
+            mut properties,
+            ..
+        } = p;
         let expiry = properties.message_expiry_interval.take();
         properties.subscription_identifiers.clear();
         let msg = Message {
-            topic: p.topic,
-            payload: p.payload,
-            qos: p.qos,
-            retain: p.retain,
+            topic,
+            payload,
+            qos,
+            retain,
             properties,
             expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
             publisher: Some(Arc::clone(&self.session.client_id)),
         };
         broker.publish(msg);
-        self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
+        self.ack_publish(qos, packet_id, ReasonCode::SUCCESS);
         Ok(())
     }
 
@@ -1119,7 +1157,8 @@ struct Writer<'a> {
     limits: ClientLimits,
     /// Topic aliases the broker set towards the client, topic -> alias.
     aliases: HashMap<String, u16>,
-    scratch: Properties,
+    /// Delivery properties built per message (5.0 only), allocated on first use.
+    scratch: Option<Box<Properties>>,
 }
 
 impl Writer<'_> {
@@ -1205,13 +1244,6 @@ impl Writer<'_> {
                 continue;
             }
             let alias = self.alias_for(&q.msg.topic);
-            let len = delivery_len(self.version, &q, alias, now, &mut self.scratch);
-            if len > self.limits.max_packet_size as usize {
-                // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
-                stats.dropped(DropCause::TooLarge);
-                st.persist_dequeued(&self.session.client_id, &q);
-                continue;
-            }
             let packet_id = if q.qos > QoS::AtMostOnce {
                 match st.allocate_packet_id() {
                     Some(id) => id,
@@ -1223,8 +1255,9 @@ impl Writer<'_> {
             } else {
                 0
             };
-            let new_alias = alias.filter(|(_, known)| !known).is_some();
-            encode_delivery(
+            // Sized once, checked and written (an identifier taken for a packet that is then
+            // dropped is simply skipped).
+            if encode_delivery_within(
                 self.version,
                 &q,
                 packet_id,
@@ -1232,8 +1265,17 @@ impl Writer<'_> {
                 alias,
                 now,
                 &mut self.scratch,
+                self.limits.max_packet_size as usize,
                 buf,
-            );
+            )
+            .is_err()
+            {
+                // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
+                stats.dropped(DropCause::TooLarge);
+                st.persist_dequeued(&self.session.client_id, &q);
+                continue;
+            }
+            let new_alias = alias.filter(|(_, known)| !known).is_some();
             if new_alias {
                 if let Some((a, _)) = alias {
                     self.aliases.insert(q.msg.topic.clone(), a);
@@ -1280,11 +1322,12 @@ fn delivery_properties<'p>(
     q: &'p Queued,
     alias: Option<(u16, bool)>,
     now: Instant,
-    scratch: &'p mut Properties,
+    scratch: &'p mut Option<Box<Properties>>,
 ) -> &'p Properties {
     if q.msg.expires_at.is_none() && q.subscription_ids.is_empty() && alias.is_none() {
         return &q.msg.properties;
     }
+    let scratch: &mut Properties = scratch.get_or_insert_with(Default::default);
     scratch.clone_from(&q.msg.properties);
     scratch.message_expiry_interval = q.msg.remaining_expiry(now);
     scratch
@@ -1296,33 +1339,6 @@ fn delivery_properties<'p>(
 
 use crate::session::Queued;
 
-fn delivery_len(
-    version: ProtocolVersion,
-    q: &Queued,
-    alias: Option<(u16, bool)>,
-    now: Instant,
-    scratch: &mut Properties,
-) -> usize {
-    let properties = delivery_properties(q, alias, now, scratch);
-    let topic = if alias.is_some_and(|(_, known)| known) {
-        ""
-    } else {
-        q.msg.topic.as_str()
-    };
-    codec::publish_encoded_len(
-        &PublishRef {
-            dup: false,
-            qos: q.qos,
-            retain: q.retain,
-            topic,
-            packet_id: 1,
-            properties,
-            payload: &q.msg.payload,
-        },
-        version,
-    )
-}
-
 #[allow(clippy::too_many_arguments)]
 fn encode_delivery(
     version: ProtocolVersion,
@@ -1331,9 +1347,39 @@ fn encode_delivery(
     dup: bool,
     alias: Option<(u16, bool)>,
     now: Instant,
-    scratch: &mut Properties,
+    scratch: &mut Option<Box<Properties>>,
     buf: &mut BytesMut,
 ) {
+    let r = encode_delivery_within(
+        version,
+        q,
+        packet_id,
+        dup,
+        alias,
+        now,
+        scratch,
+        usize::MAX,
+        buf,
+    );
+    if let Err(e) = r {
+        tracing::error!(topic = %q.msg.topic, "cannot encode PUBLISH: {e}");
+    }
+}
+
+/// Encodes a delivery unless it is larger than `max_packet_size` bytes (or cannot be
+/// encoded at all): then nothing is written.
+#[allow(clippy::too_many_arguments)]
+fn encode_delivery_within(
+    version: ProtocolVersion,
+    q: &Queued,
+    packet_id: u16,
+    dup: bool,
+    alias: Option<(u16, bool)>,
+    now: Instant,
+    scratch: &mut Option<Box<Properties>>,
+    max_packet_size: usize,
+    buf: &mut BytesMut,
+) -> Result<(), codec::EncodeError> {
     let properties = delivery_properties(q, alias, now, scratch);
     let topic = if alias.is_some_and(|(_, known)| known) {
         ""
@@ -1349,7 +1395,5 @@ fn encode_delivery(
         properties,
         payload: &q.msg.payload,
     };
-    if let Err(e) = codec::encode_publish(&p, version, buf) {
-        tracing::error!(topic = %q.msg.topic, "cannot encode PUBLISH: {e}");
-    }
+    codec::encode_publish_within(&p, version, max_packet_size, buf)
 }

@@ -105,19 +105,25 @@ pub(crate) async fn run(
         let on_listener = Arc::clone(&on_listener);
         let http = http.clone();
         let tls = tls.clone();
+        // A task is as large as its future, which is as large as its largest branch: the
+        // TLS and WebSocket ones (TLS state, HTTP) are boxed so that a plain MQTT connection,
+        // idle most of its life, does not carry their size.
         tokio::spawn(async move {
             match (tls, http) {
                 (None, None) => connection::serve(Arc::clone(&broker), stream, peer).await,
-                (None, Some(ep)) => websocket::serve(ep, stream, peer).await,
+                (None, Some(ep)) => Box::pin(websocket::serve(ep, stream, peer)).await,
                 (Some(tls), None) => {
-                    crate::tls::serve(Arc::clone(&broker), &tls, stream, peer).await
+                    Box::pin(crate::tls::serve(Arc::clone(&broker), &tls, stream, peer)).await
                 }
                 (Some(tls), Some(ep)) => {
-                    if let Some((stream, _identity)) =
-                        crate::tls::handshake(&broker, &tls, stream, peer).await
-                    {
-                        websocket::serve(ep, stream, peer).await
-                    }
+                    Box::pin(async {
+                        if let Some((stream, _identity)) =
+                            crate::tls::handshake(&broker, &tls, stream, peer).await
+                        {
+                            websocket::serve(ep, stream, peer).await
+                        }
+                    })
+                    .await
                 }
             }
             on_listener.fetch_sub(1, Ordering::Relaxed);

@@ -220,8 +220,14 @@ impl Session {
         delivery.seq = st.next_seq;
         st.next_seq += 1;
         st.persist_queued(&self.client_id, &delivery);
+        // Wake the connection only when the queue turns non-empty: whoever drains it (the
+        // writer's `fill`, an in-process subscription's pump) takes messages until it is
+        // empty, or stops for a reason that wakes it again (an acknowledgement opening the
+        // window, the write chunk limit, which loops), and a wake-up while it runs is kept
+        // as a permit. So no `Arc<Link>` clone and drop, and no `notify_one`, per message.
+        let was_empty = len == 0;
         st.queue.push_back(delivery);
-        let link = st.link.clone();
+        let link = if was_empty { st.link.clone() } else { None };
         drop(st);
         if let Some(link) = link {
             link.wake();

@@ -402,7 +402,7 @@ fn decode_publish(
             "PUBLISH with DUP 1 and QoS 0 [MQTT-3.3.1-2]",
         ));
     }
-    let topic = r.str()?;
+    let (topic, no_wildcard) = r.topic()?;
     let packet_id = if qos == QoS::AtMostOnce {
         0
     } else {
@@ -413,7 +413,9 @@ fn decode_publish(
     } else {
         Properties::default()
     };
-    check_topic_name(topic, properties.topic_alias.is_some())?;
+    if !no_wildcard || topic.is_empty() {
+        check_topic_name(topic, properties.topic_alias.is_some())?;
+    }
     let payload = Bytes::copy_from_slice(r.rest());
     Ok(Publish {
         dup,

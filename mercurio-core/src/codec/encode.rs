@@ -75,10 +75,27 @@ pub fn encode_publish(
     version: ProtocolVersion,
     out: &mut BytesMut,
 ) -> Result<(), EncodeError> {
+    encode_publish_within(p, version, usize::MAX, out)
+}
+
+/// As [`encode_publish`], for a receiver with a Maximum Packet Size: a PUBLISH larger than
+/// `max_packet_size` bytes (fixed header included, as [`publish_encoded_len`] counts) is not
+/// written and is [`EncodeError::PacketTooLarge`]. One sizing pass serves both the check and
+/// the encoding (the delivery hot path: no separate [`publish_encoded_len`] call).
+pub fn encode_publish_within(
+    p: &PublishRef<'_>,
+    version: ProtocolVersion,
+    max_packet_size: usize,
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
     let mut len = 0usize;
     publish_body(&mut len, p, version)?;
     if len > MAX_VARIABLE_BYTE_INTEGER {
         return Err(EncodeError::PacketTooLarge { size: len });
+    }
+    let size = 1 + vbi_len(len) + len;
+    if size > max_packet_size {
+        return Err(EncodeError::PacketTooLarge { size });
     }
     let start = out.len();
     out.reserve(1 + vbi_len(len) + len);

@@ -70,6 +70,63 @@ pub struct Properties {
 impl Properties {
     /// True when no property is set (the common case for 3.x traffic and plain 5.0 PUBLISH).
     pub fn is_empty(&self) -> bool {
-        *self == Properties::default()
+        // Field by field: comparing with `Properties::default()` built and dropped a whole
+        // struct on every call (a hot path: every inbound PUBLISH).
+        let Properties {
+            payload_format_indicator,
+            message_expiry_interval,
+            content_type,
+            response_topic,
+            correlation_data,
+            subscription_identifiers,
+            session_expiry_interval,
+            assigned_client_identifier,
+            server_keep_alive,
+            authentication_method,
+            authentication_data,
+            request_problem_information,
+            will_delay_interval,
+            request_response_information,
+            response_information,
+            server_reference,
+            reason_string,
+            receive_maximum,
+            topic_alias_maximum,
+            topic_alias,
+            maximum_qos,
+            retain_available,
+            user_properties,
+            maximum_packet_size,
+            wildcard_subscription_available,
+            subscription_identifier_available,
+            shared_subscription_available,
+        } = self;
+        payload_format_indicator.is_none()
+            && message_expiry_interval.is_none()
+            && content_type.is_none()
+            && response_topic.is_none()
+            && correlation_data.is_none()
+            && subscription_identifiers.is_empty()
+            && session_expiry_interval.is_none()
+            && assigned_client_identifier.is_none()
+            && server_keep_alive.is_none()
+            && authentication_method.is_none()
+            && authentication_data.is_none()
+            && request_problem_information.is_none()
+            && will_delay_interval.is_none()
+            && request_response_information.is_none()
+            && response_information.is_none()
+            && server_reference.is_none()
+            && reason_string.is_none()
+            && receive_maximum.is_none()
+            && topic_alias_maximum.is_none()
+            && topic_alias.is_none()
+            && maximum_qos.is_none()
+            && retain_available.is_none()
+            && user_properties.is_empty()
+            && maximum_packet_size.is_none()
+            && wildcard_subscription_available.is_none()
+            && subscription_identifier_available.is_none()
+            && shared_subscription_available.is_none()
     }
 }

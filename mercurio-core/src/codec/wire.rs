@@ -100,22 +100,62 @@ impl<'a> Reader<'a> {
     /// A UTF-8 Encoded String: well-formed UTF-8 [MQTT-1.5.4-1] without U+0000
     /// [MQTT-1.5.4-2], else malformed. Borrowed from the frame.
     pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
+        utf8_without_nul(self.binary()?)
+    }
+
+    /// A PUBLISH Topic Name: as [`Reader::str`], plus whether it is known to hold no wildcard
+    /// character, found in the same single pass for the common ASCII case; `false` means
+    /// "not looked at", and the caller checks.
+    pub(crate) fn topic(&mut self) -> Result<(&'a str, bool), DecodeError> {
         let b = self.binary()?;
-        let s = std::str::from_utf8(b).map_err(|_| {
-            DecodeError::MalformedPacket("string is not well-formed UTF-8 [MQTT-1.5.4-1]")
-        })?;
-        if b.contains(&0) {
-            return Err(DecodeError::MalformedPacket(
-                "string contains U+0000 [MQTT-1.5.4-2]",
-            ));
+        if plain_ascii(b, true) {
+            return Ok((ascii_str(b), true));
         }
-        Ok(s)
+        Ok((utf8_without_nul(b)?, false))
     }
 
     /// As [`Reader::str`], owned.
     pub(crate) fn string(&mut self) -> Result<String, DecodeError> {
         Ok(self.str()?.to_owned())
     }
+}
+
+/// `b` as a UTF-8 Encoded String: well-formed UTF-8 [MQTT-1.5.4-1] without U+0000
+/// [MQTT-1.5.4-2], else malformed.
+fn utf8_without_nul(b: &[u8]) -> Result<&str, DecodeError> {
+    // Fast path, one pass: ASCII without U+0000 needs neither the UTF-8 decoder nor a search
+    // for U+0000 (which were two passes, and most of the cost of decoding a short topic).
+    if plain_ascii(b, false) {
+        return Ok(ascii_str(b));
+    }
+    let s = std::str::from_utf8(b).map_err(|_| {
+        DecodeError::MalformedPacket("string is not well-formed UTF-8 [MQTT-1.5.4-1]")
+    })?;
+    if b.contains(&0) {
+        return Err(DecodeError::MalformedPacket(
+            "string contains U+0000 [MQTT-1.5.4-2]",
+        ));
+    }
+    Ok(s)
+}
+
+/// True when every byte of `b` is 0x01 to 0x7F (ASCII without U+0000) and, with
+/// `no_wildcards`, none is `+` or `#`. Without early exit, so the loop vectorises.
+#[inline]
+fn plain_ascii(b: &[u8], no_wildcards: bool) -> bool {
+    let mut bad = false;
+    for &c in b {
+        bad |= (c.wrapping_sub(1) >= 0x7F) | (no_wildcards & ((c == b'+') | (c == b'#')));
+    }
+    !bad
+}
+
+/// `b`, which [`plain_ascii`] accepted, as a `str`.
+#[inline]
+fn ascii_str(b: &[u8]) -> &str {
+    debug_assert!(b.is_ascii());
+    // SAFETY: `plain_ascii` checked that every byte is below 0x80: ASCII is valid UTF-8.
+    unsafe { std::str::from_utf8_unchecked(b) }
 }
 
 /// Where encoded bytes go: a `usize` counts them (the sizing pass, which also validates),
