@@ -15,12 +15,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use mercurio_core::codec::{
-    self, Connect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, Subscribe,
-    SubscribeFilter, SubscriptionOptions,
-};
+use mercurio_core::codec::{Connect, Properties, ProtocolVersion, QoS};
 use mercurio_storage::postgres::testing::TestPostgres;
+
+#[path = "support/sync_client.rs"]
+mod sync_client;
+use sync_client::Client;
 
 const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -174,141 +174,6 @@ fn wait_count(url: &str, sql: &str, want: i64) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-}
-
-struct Client {
-    stream: TcpStream,
-    version: ProtocolVersion,
-    buf: BytesMut,
-    next_id: u16,
-}
-
-impl Client {
-    fn connect(addr: SocketAddr, connect: Connect) -> (Client, bool) {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_nodelay(true).ok();
-        let mut c = Client {
-            stream,
-            version: connect.protocol,
-            buf: BytesMut::new(),
-            next_id: 1,
-        };
-        c.send(Packet::Connect(Box::new(connect)));
-        match c.recv() {
-            Some(Packet::ConnAck(a)) => {
-                assert!(!a.reason_code.is_failure(), "CONNACK {:?}", a.reason_code);
-                (c, a.session_present)
-            }
-            other => panic!("expected CONNACK, got {other:?}"),
-        }
-    }
-
-    fn send(&mut self, p: Packet) {
-        let mut out = BytesMut::new();
-        codec::encode(&p, self.version, &mut out).expect("encode");
-        self.stream.write_all(&out).expect("write");
-    }
-
-    /// The next packet; `None` when the connection closed.
-    fn recv(&mut self) -> Option<Packet> {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(p) = codec::decode(&mut self.buf, self.version, 1 << 20).expect("decode") {
-                return Some(p);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "no packet before the deadline");
-            self.stream.set_read_timeout(Some(left)).ok();
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-
-    fn publish_packet(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) -> u16 {
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.send(Packet::Publish(Publish {
-            dup: false,
-            qos,
-            retain,
-            topic: topic.into(),
-            packet_id: if qos == QoS::AtMostOnce { 0 } else { id },
-            properties: Properties::default(),
-            payload: Bytes::copy_from_slice(payload),
-        }));
-        id
-    }
-
-    /// Publishes and completes the acknowledgement flow.
-    fn publish(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) {
-        let id = self.publish_packet(topic, payload, qos, retain);
-        match qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => {
-                assert!(matches!(self.recv(), Some(Packet::PubAck(a)) if a.packet_id == id))
-            }
-            QoS::ExactlyOnce => {
-                assert!(matches!(self.recv(), Some(Packet::PubRec(a)) if a.packet_id == id));
-                self.send(Packet::PubRel(PubAck {
-                    packet_id: id,
-                    ..PubAck::default()
-                }));
-                assert!(matches!(self.recv(), Some(Packet::PubComp(a)) if a.packet_id == id));
-            }
-        }
-    }
-
-    fn subscribe(&mut self, filter: &str, qos: QoS) {
-        self.send(Packet::Subscribe(Subscribe {
-            packet_id: 1,
-            filters: vec![SubscribeFilter {
-                filter: filter.into(),
-                options: SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            }],
-            properties: Properties::default(),
-        }));
-        assert!(matches!(self.recv(), Some(Packet::SubAck(_))));
-    }
-
-    fn expect_publish(&mut self) -> Publish {
-        match self.recv() {
-            Some(Packet::Publish(p)) => p,
-            other => panic!("expected PUBLISH, got {other:?}"),
-        }
-    }
-
-    fn ack(&mut self, p: &Publish) {
-        match p.qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.send(Packet::PubAck(PubAck {
-                packet_id: p.packet_id,
-                ..PubAck::default()
-            })),
-            QoS::ExactlyOnce => {
-                self.send(Packet::PubRec(PubAck {
-                    packet_id: p.packet_id,
-                    ..PubAck::default()
-                }));
-                assert!(matches!(self.recv(), Some(Packet::PubRel(_))));
-                self.send(Packet::PubComp(PubAck {
-                    packet_id: p.packet_id,
-                    ..PubAck::default()
-                }));
-            }
-        }
-    }
-
-    fn disconnect(mut self) {
-        self.send(Packet::Disconnect(Default::default()));
-        let _ = self.stream.shutdown(std::net::Shutdown::Write);
-        let _ = self.recv();
-    }
 }
 
 fn persistent(client_id: &str) -> Connect {
