@@ -54,4 +54,11 @@ pub struct Cli {
     /// Check the configuration, print the result and exit: 0 if valid, 78 if not.
     #[arg(long)]
     pub check_config: bool,
+
+    /// Threads serving clients. 1 (the default): one event loop, which handles sockets in the
+    /// order their data arrived, as mosquitto does; more spreads connections over that many
+    /// threads, where packets that arrive together on different connections may be handled
+    /// in either order.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: u16,
 }

@@ -98,10 +98,20 @@ fn main() -> ExitCode {
         warn!("{warning}");
     }
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One event loop by default: sockets are served in the order their data arrived (a
+    // multi-threaded scheduler runs the task woken last first, which can reorder a SUBSCRIBE
+    // and a PUBLISH sent just after it on another connection).
+    let built = if cli.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(cli.threads))
+            .enable_all()
+            .build()
+    };
+    let runtime = match built {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("mercuriod: cannot start the runtime: {e}");
