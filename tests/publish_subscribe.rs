@@ -503,6 +503,38 @@ async fn message_expiry_is_decremented_and_enforced() {
     broker.shutdown().await;
 }
 
+/// A Message Expiry Interval of 0 means "no expiry", as mosquitto reads it: the message
+/// reaches a subscriber online at that moment and one that reconnects later, forwarded
+/// without the property (5.0 section 3.3.2.3.3 gives no meaning to a lifetime of 0 s).
+#[tokio::test]
+async fn message_expiry_interval_zero_never_expires() {
+    let (broker, addr) = start().await;
+    let (mut offline, _) =
+        Client::connect_persistent(addr, ProtocolVersion::V5, "exp0-offline").await;
+    offline.subscribe("exp0/t", QoS::AtLeastOnce).await;
+    offline.disconnect().await;
+    let mut online = Client::connect(addr, ProtocolVersion::V5, "exp0-online").await;
+    online.subscribe("exp0/t", QoS::AtLeastOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "exp0-pub").await;
+    let zero = Properties {
+        message_expiry_interval: Some(0),
+        ..Properties::default()
+    };
+    publisher
+        .publish_with("exp0/t", b"z", QoS::AtLeastOnce, false, zero)
+        .await;
+    let p = online.expect_publish().await;
+    assert_eq!(&p.payload[..], b"z");
+    assert_eq!(p.properties.message_expiry_interval, None);
+    let (mut offline, present) =
+        Client::connect_persistent(addr, ProtocolVersion::V5, "exp0-offline").await;
+    assert!(present);
+    let p = offline.expect_publish().await;
+    assert_eq!(&p.payload[..], b"z");
+    assert_eq!(p.properties.message_expiry_interval, None);
+    broker.shutdown().await;
+}
+
 /// Inbound topic aliases: a PUBLISH with a topic and an alias sets it, a PUBLISH with an
 /// empty topic and the alias uses it (5.0 section 3.3.2.3.4); alias 0 [MQTT-3.3.2-8] or above
 /// the broker's Topic Alias Maximum [MQTT-3.3.2-9] closes with DISCONNECT 0x94.

@@ -336,9 +336,7 @@ impl BrokerInner {
     pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
         tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
         let mut msg = Arc::unwrap_or_clone(will.msg);
-        msg.expires_at = will
-            .expiry
-            .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
+        msg.expires_at = Message::expiry_deadline(will.expiry, Instant::now());
         self.publish(msg);
     }
 

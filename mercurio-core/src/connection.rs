@@ -985,7 +985,7 @@ impl Reader<'_> {
             qos,
             retain,
             properties,
-            expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+            expires_at: Message::expiry_deadline(expiry, Instant::now()),
             publisher: Some(Arc::clone(&self.session.client_id)),
         };
         broker.publish(msg);

@@ -315,7 +315,7 @@ impl BrokerHandle {
             qos,
             retain,
             properties,
-            expires_at: expiry_secs.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+            expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
             publisher: None,
         });
         Ok(())

@@ -30,6 +30,16 @@ pub struct Message {
 }
 
 impl Message {
+    /// When a message published now with this Message Expiry Interval (seconds) runs out.
+    /// `None` (never) when the property is absent, and also when it is 0: mosquitto treats 0
+    /// as "no expiry", and dropping a message in the instant it is published would only ever
+    /// lose it, even for subscribers online at that moment.
+    pub fn expiry_deadline(interval: Option<u32>, now: Instant) -> Option<Instant> {
+        interval
+            .filter(|&secs| secs > 0)
+            .map(|secs| now + std::time::Duration::from_secs(u64::from(secs)))
+    }
+
     /// True once the Message Expiry Interval has passed [MQTT-3.3.2-5].
     pub fn is_expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|at| at <= now)
