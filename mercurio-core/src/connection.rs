@@ -308,20 +308,22 @@ pub(crate) async fn serve_with<S>(
     }
 }
 
-/// After a server-initiated close, reads and discards what the client still sends for a
-/// moment: closing a socket with unread input makes the kernel send RST, and a client still
-/// writing (PUBRELs, say) would then lose the DISCONNECT that tells it why.
+/// After a server-initiated close, reads and discards what the client still sends: closing a
+/// socket with unread input makes the kernel send RST, and a client still writing (the
+/// PUBRELs for a thousand PUBRECs, say) would then lose the DISCONNECT that tells it why.
+/// Ends when the client closes, falls silent for a second, has sent 1 MiB, or after 5 s.
 async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
-    const LINGER: Duration = Duration::from_millis(500);
+    const LINGER: Duration = Duration::from_secs(5);
+    const LINGER_IDLE: Duration = Duration::from_secs(1);
     const LINGER_BYTES: usize = 1 << 20;
     // On the heap: an array here would make every connection's task 4 KiB larger.
     let mut sink = vec![0u8; 4096];
     let mut drained = 0;
     let _ = tokio::time::timeout(LINGER, async {
         while drained < LINGER_BYTES {
-            match rd.read(&mut sink).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => drained += n,
+            match tokio::time::timeout(LINGER_IDLE, rd.read(&mut sink)).await {
+                Ok(Ok(n)) if n > 0 => drained += n,
+                _ => break,
             }
         }
     })
