@@ -1,8 +1,10 @@
 //! [`PostgresStorage`]: a PostgreSQL database (12 or later), served by one broker at a time.
 //!
 //! - Writes go through one connection, in one transaction per batch, its statements pipelined
-//!   (sent together, one round trip). Each write transaction first reads the leader epoch
-//!   `FOR SHARE`; a transaction from an older epoch is rolled back and refused with
+//!   (sent together, one round trip). Each write transaction first takes the fence lock
+//!   shared (a transaction-level advisory lock that a takeover takes exclusively, see
+//!   [`leader`]), then reads the leader epoch; a transaction from an older epoch is rolled
+//!   back and refused with
 //!   [`ErrorKind::Fenced`](crate::ErrorKind::Fenced), and [`Storage::failed`] resolves: the
 //!   broker stops at once. Commits are durable (`synchronous_commit` as the server has it).
 //! - Leadership ([`leader`]): a session-level advisory lock on a dedicated connection, a
@@ -39,7 +41,11 @@ use crate::{LoadedState, SetAside, Storage};
 pub use leader::{Leadership, HEARTBEAT_STALE, LOST_AFTER};
 
 /// The schema version this build writes and reads (`mercurio_meta.schema_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+///
+/// 2: write transactions are fenced by a transaction-level advisory lock instead of a row
+/// lock on `mercurio_leader` (which made the heartbeat wait behind long writes); an older
+/// broker, which fences differently, must not serve these tables.
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long opening a connection may take before it counts as unreachable.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -156,6 +162,7 @@ impl PostgresOptions {
 
 /// The statements a write connection prepares once.
 struct Statements {
+    fence: Statement,
     epoch: Statement,
     save_header: Statement,
     delete_children: [Statement; 4],
@@ -483,7 +490,13 @@ impl Statements {
     async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
         let p = |sql: String| async move { client.prepare(&sql).await };
         Ok(Statements {
-            epoch: p("SELECT epoch FROM mercurio_leader WHERE id = 1 FOR SHARE".into()).await?,
+            fence: p(format!(
+                "SELECT pg_advisory_xact_lock_shared({}, {})",
+                leader::LOCK_CLASS,
+                leader::FENCE_OBJECT
+            ))
+            .await?,
+            epoch: p("SELECT epoch FROM mercurio_leader WHERE id = 1".into()).await?,
             save_header: p("INSERT INTO mercurio_sessions (client_id, protocol_level, \
                  session_expiry_interval, disconnected_at) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (client_id) DO UPDATE SET \
@@ -814,13 +827,18 @@ async fn write_batch(writer: &mut Writer, batch: &[Change], epoch: i64) -> Resul
                 .collect()
         })
         .collect();
+    // In this order on the server: the fence lock (held until commit, so a takeover waits
+    // for this transaction), then the epoch, read after the lock (READ COMMITTED: each
+    // statement sees what was committed before it started), then the writes.
+    let fence = tx.execute(&statements.fence, &[]);
     let check = tx.query_opt(&statements.epoch, &[]);
     let writes = futures_util::future::join_all(
         ops.iter()
             .zip(&refs)
             .map(|(op, params)| tx.execute(op.statement, params)),
     );
-    let (current, results) = tokio::join!(check, writes);
+    let (fenced, current, results) = tokio::join!(fence, check, writes);
+    fenced.map_err(|e| classify(e, "cannot take the fence lock"))?;
     let current = current.map_err(|e| classify(e, "cannot check the leader epoch"))?;
     let current: i64 = current.map(|row| row.get(0)).unwrap_or(0);
     if current != epoch {

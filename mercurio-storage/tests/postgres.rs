@@ -202,6 +202,51 @@ async fn standby_waits_through_short_role_timeouts() {
     second.close().await.unwrap();
 }
 
+/// The heartbeat goes on while a write transaction is in progress: a drain of thousands of
+/// messages makes transactions last seconds, and a heartbeat waiting behind them for 7 s made
+/// the serving broker stop with the database up.
+#[tokio::test]
+async fn heartbeat_is_not_held_up_by_a_long_write() {
+    let Some(pg) = TestPostgres::start("long_write") else {
+        return;
+    };
+    let url = pg.url(&pg.database("longwrite", None).await);
+    let storage = std::sync::Arc::new(open(&url).await);
+    // A write that takes 4 s inside its transaction.
+    pg.execute(
+        &url,
+        "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(4); RETURN NEW; END $$; \
+         CREATE TRIGGER slow_insert BEFORE INSERT ON mercurio_sessions FOR EACH ROW \
+         WHEN (NEW.client_id = 'slow') EXECUTE FUNCTION slow_insert();",
+    )
+    .await;
+    let started = pg.scalar(&url, "SELECT now()::text").await.expect("now()");
+    let writing = {
+        let storage = std::sync::Arc::clone(&storage);
+        tokio::spawn(async move { storage.apply(&[saved("slow")]).await })
+    };
+    // The heartbeat (every second) moves more than 1.5 s past the write's start while the
+    // write still runs (it ends 4 s after its start).
+    let sql = format!(
+        "SELECT heartbeat_at > '{started}'::timestamptz + interval '1.5 s' FROM mercurio_leader"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(3500);
+    loop {
+        if pg.scalar(&url, &sql).await.as_deref() == Some("t") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the heartbeat waited for the write transaction"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!writing.is_finished(), "the write is still in progress");
+    writing.await.unwrap().unwrap();
+    assert_eq!(storage.load().await.unwrap().sessions.len(), 1);
+}
+
 #[tokio::test]
 async fn newer_schema_is_refused() {
     let Some(pg) = TestPostgres::start("newer_schema") else {

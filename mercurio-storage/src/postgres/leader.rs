@@ -26,9 +26,16 @@ use tokio_postgres::Client;
 use super::{check_version, classify, connect, describe, migrate, schema_version};
 use crate::error::{ErrorKind, StorageError};
 
-/// The advisory lock's two keys: "MQTT" and 1.
-const LOCK_CLASS: i32 = 0x4d51_5454;
+/// The leadership advisory lock's two keys: "MQTT" and 1 (session level, held by the
+/// serving broker's lock connection).
+pub(crate) const LOCK_CLASS: i32 = 0x4d51_5454;
 const LOCK_OBJECT: i32 = 1;
+/// The fence: a transaction-level advisory lock ("MQTT", 2) that every write transaction
+/// takes shared and a takeover exclusively, so the epoch cannot change under a write in
+/// progress and every write after a takeover sees the new epoch. An advisory lock rather than
+/// `FOR SHARE` on the heartbeat row, which made each heartbeat wait for the write in
+/// progress: under a long drain the serving broker missed heartbeats for 7 s and stopped.
+pub(crate) const FENCE_OBJECT: i32 = 2;
 
 /// How often the serving broker writes its heartbeat.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
@@ -371,6 +378,14 @@ async fn take_over(lock: &mut Client, host: &str, pids: &[i32]) -> Result<i64, S
     .map_err(err)?;
     let pid = i64::from(std::process::id());
     let tx = lock.transaction().await.map_err(err)?;
+    // Waits for write transactions in progress (of a previous leader still running), and
+    // holds later ones until the new epoch is committed.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, $2)",
+        &[&LOCK_CLASS, &FENCE_OBJECT],
+    )
+    .await
+    .map_err(err)?;
     let previous = tx
         .query_opt(
             "SELECT host, heartbeat_at::text FROM mercurio_leader WHERE id = 1 FOR UPDATE",

@@ -263,6 +263,27 @@ impl TestPostgres {
     }
 }
 
+impl TestPostgres {
+    /// Runs `sql` on the database at `url` and returns the first column of its first row,
+    /// as text (`None` for no row or NULL).
+    pub async fn scalar(&self, url: &str, sql: &str) -> Option<String> {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        let task = tokio::spawn(connection);
+        let messages = client
+            .simple_query(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {}", super::describe(&e)));
+        drop(client);
+        let _ = task.await;
+        messages.into_iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        })
+    }
+}
+
 impl Drop for TestPostgres {
     fn drop(&mut self) {
         if let Some(cluster) = &self.cluster {
