@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Persistence benchmark: QoS 1 messages/s into an offline persistent session, then drained,
-# for mercuriod with memory, SQLite and SQLite + durable_ack storage, and mosquitto with
-# persistence. Each broker is pinned to core 0, the load generator to core 1 (when there are
-# two). Not part of `cargo test`.
+# for mercuriod with memory, SQLite, PostgreSQL (each file backend with and without
+# durable_ack), and mosquitto with persistence. Each broker is pinned to core 0, the load
+# generator to core 1 (when there are two). PostgreSQL: MERCURIO_TEST_POSTGRES_URL, or a
+# throwaway cluster (benches/pg_cluster.sh; fsync on), pinned to the broker's core; skipped
+# when there is neither. Not part of `cargo test`.
 #
 #   benches/persistence.sh [messages] [payload bytes]
 set -euo pipefail
@@ -12,7 +14,15 @@ SIZE=${2:-64}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+. "$ROOT/benches/pg_cluster.sh"
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+  pg_stop
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 cd "$ROOT"
 # Copied at once: a target directory shared with other checkouts may overwrite them.
@@ -44,7 +54,7 @@ run() { # name, command...
   wait_port "$p"
   local result; result=$($PIN_LOAD "$LOAD" "127.0.0.1:$p" "$N" "$SIZE")
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
-  printf '%-26s %s\n' "$name" "$result"
+  printf '%-30s %s\n' "$name" "$result"
 }
 
 mercurio() { # backend, durable_ack, port
@@ -55,14 +65,20 @@ mercurio() { # backend, durable_ack, port
     echo "[auth]"; echo "allow_anonymous = true"
     echo "[logging]"; echo 'level = "warn"'
     echo "[[listeners]]"; echo 'host = "127.0.0.1"'; echo "port = $3"
+    echo "[admin]"; echo "socket = \"$WORK/m.sock\""
     echo "[storage]"; echo "backend = \"$1\""
     if [ "$1" = sqlite ]; then echo "path = \"$WORK/m.db\""; echo "durable_ack = $2"; fi
+    if [ "$1" = postgres ]; then
+      echo "url = \"$(pg_database "bench_${2}_$3")\""; echo "durable_ack = $2"
+    fi
   } > "$cfg"
   exec $PIN_BROKER "$MERCURIOD" -c "$cfg" > "$WORK/m.log" 2>&1
 }
 mercurio_memory() { mercurio memory false "$1"; }
 mercurio_sqlite() { mercurio sqlite false "$1"; }
 mercurio_durable() { mercurio sqlite true "$1"; }
+mercurio_postgres() { mercurio postgres false "$1"; }
+mercurio_postgres_durable() { mercurio postgres true "$1"; }
 
 mosquitto_persist() {
   local cfg=$WORK/mosquitto.conf
@@ -80,6 +96,14 @@ echo "QoS 1, $N messages of $SIZE bytes into an offline persistent session, then
 run "mercurio memory" mercurio_memory
 run "mercurio sqlite" mercurio_sqlite
 run "mercurio sqlite+durable_ack" mercurio_durable
+mkdir "$WORK/pg"
+# The database server shares the broker's core, as SQLite's thread does.
+if PG_PIN=$PIN_BROKER pg_start "$WORK/pg"; then
+  run "mercurio postgres" mercurio_postgres
+  run "mercurio postgres+durable_ack" mercurio_postgres_durable
+else
+  echo "PostgreSQL unavailable: skipped"
+fi
 if [ -x /usr/sbin/mosquitto ]; then
   run "mosquitto persistence" mosquitto_persist
 else
