@@ -149,6 +149,70 @@ async fn sessions_queues_and_retained_survive_a_restart() {
     }
 }
 
+/// A restored session keeps the user name its client connected with, so the ACL check made
+/// when a message is routed to it while it is offline after a restart is the user's, not an
+/// anonymous client's: the message is queued, not dropped as `not_authorized`. And the
+/// user name is stored again when the client reconnects (seen after a second restart).
+#[tokio::test]
+async fn restored_sessions_keep_their_user_name_for_access_checks() {
+    let db = db();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let acl = dir.path().join("acl");
+    std::fs::write(
+        &acl,
+        "user reader\ntopic read fleet/#\n\nuser writer\ntopic write fleet/#\n",
+    )
+    .expect("acl file");
+    let config = || {
+        let mut c = sqlite_config(&db.path);
+        c.auth.acl_file = Some(acl.clone());
+        c
+    };
+    let reader = || {
+        let mut c = connect_as(ProtocolVersion::V5, "reader-1", Some("reader"), None);
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(300);
+        c
+    };
+    let (broker, addr) = start_with(config()).await;
+    let (mut sub, _) = Client::connect_with(addr, reader()).await;
+    assert_eq!(
+        sub.subscribe("fleet/#", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    sub.disconnect().await;
+    broker.shutdown().await;
+
+    for round in 1..=2 {
+        let (broker, addr) = start_with(config()).await;
+        let (mut publisher, ack) = Client::connect_with(
+            addr,
+            connect_as(ProtocolVersion::V5, "writer-1", Some("writer"), None),
+        )
+        .await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        publisher
+            .publish("fleet/7", b"while away", QoS::AtLeastOnce, false)
+            .await;
+        publisher.disconnect().await;
+        assert_eq!(
+            broker
+                .stats()
+                .dropped_count(mercurio::stats::DropCause::NotAuthorized),
+            0,
+            "round {round}: queued for the reader, not dropped"
+        );
+        let (mut sub, ack) = Client::connect_with(addr, reader()).await;
+        assert!(ack.session_present);
+        let p = sub.expect_publish().await;
+        assert_eq!(&p.payload[..], b"while away", "round {round}");
+        sub.ack(&p).await;
+        settle(&mut sub).await;
+        sub.disconnect().await;
+        broker.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn in_flight_messages_are_resent_at_each_step() {
     let db = db();
@@ -312,6 +376,7 @@ async fn sessions_expired_while_down_are_discarded_and_their_wills_published() {
             protocol_level: 5,
             session_expiry_interval: mercurio::storage::NEVER_EXPIRES,
             disconnected_at: Some(ago),
+            username: None,
         });
         watcher.subscriptions = vec![SubscriptionRecord::new("wills/#", 1)];
         let mut gone = SessionRecord::new(SessionHeader {
@@ -319,6 +384,7 @@ async fn sessions_expired_while_down_are_discarded_and_their_wills_published() {
             protocol_level: 5,
             session_expiry_interval: 60,
             disconnected_at: Some(ago),
+            username: None,
         });
         gone.will = Some(WillRecord {
             message: MessageRecord::new("wills/gone", "bye", 1),

@@ -637,8 +637,10 @@ async fn accept(
         break fresh;
     };
 
-    crate::persist::connected(broker, &session, session_present);
+    // The identity first: the header stored next records the user name.
+    session.state.lock().username = username.clone();
     *session.identity.write() = crate::auth::Identity::Client { username };
+    crate::persist::connected(broker, &session, session_present);
 
     // CONNACK properties (MQTT 5.0 section 3.2.2.3).
     let mut p = Properties::default();

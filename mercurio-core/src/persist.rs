@@ -215,6 +215,7 @@ fn header(client_id: &str, st: &SessionState) -> SessionHeader {
         disconnected_at: st
             .disconnected_at
             .map(|at| instant_to_unix(at, Instant::now(), unix_ms())),
+        username: st.username.as_deref().map(str::to_string),
     }
 }
 
@@ -925,11 +926,17 @@ fn restore_session(
     ));
     // The client was connected when the previous broker stopped: its connection ended now.
     let crashed = record.disconnected_at.is_none();
+    // Access checks while the client is away use the user name it last connected with.
+    let username: Option<Arc<str>> = record.username.as_deref().map(Arc::from);
+    *session.identity.write() = crate::auth::Identity::Client {
+        username: username.clone(),
+    };
     let disconnected_ms = record.disconnected_at.unwrap_or(now_ms);
     let mut will_due = None;
     {
         let mut st = session.state.lock();
         st.disconnected_at = Some(unix_to_instant(disconnected_ms, now, now_ms));
+        st.username = username;
         for (seq, q) in record.queued.iter().map(|q| (q.seq, &q.message)) {
             let (msg, ids) = message_from(q, now, now_ms)?;
             let qos = msg.qos;

@@ -104,6 +104,9 @@ pub(crate) struct SessionState {
     pub dropped_since_warning: u64,
     /// When the last connection ended; `None` while connected.
     pub disconnected_at: Option<Instant>,
+    /// The user name of the last connection, stored with the session so that access checks
+    /// made while it is offline after a restart use it (`identity` is restored from it).
+    pub username: Option<Arc<str>>,
     /// Storage's writer, for a broker with a storage backend (see `persist.rs`).
     pub persist: Option<Arc<crate::persist::Persister>>,
     /// The `seq` of the next queued message.
@@ -152,6 +155,7 @@ impl Session {
                 dropping: false,
                 dropped_since_warning: 0,
                 disconnected_at: None,
+                username: None,
                 persist: None,
                 next_seq: 1,
             }),

@@ -104,6 +104,7 @@ fn header(client_id: &str) -> SessionHeader {
         protocol_level: 5,
         session_expiry_interval: 3600,
         disconnected_at: None,
+        username: Some(format!("{client_id}-user")),
     }
 }
 
@@ -224,6 +225,7 @@ pub async fn check_session_saved<S: Storage>(storage: &S) {
         protocol_level: 4,
         session_expiry_interval: NEVER_EXPIRES,
         disconnected_at: Some(1_700_000_000_123),
+        username: None,
     };
     apply(storage, vec![Change::SessionSaved(disconnected.clone())]).await;
     let loaded = session(storage, "a").await;
@@ -550,6 +552,7 @@ pub async fn check_session_written<S: Storage>(storage: &S) {
         protocol_level: 3,
         session_expiry_interval: 0,
         disconnected_at: Some(42),
+        username: None,
     });
     record.subscriptions = vec![
         SubscriptionRecord::new("new/a", 2),
@@ -657,6 +660,7 @@ pub async fn check_message_fields<S: Storage>(storage: &S) {
                 protocol_level: 3,
                 session_expiry_interval: 0,
                 disconnected_at: Some(0),
+                username: None,
             }),
             Change::MessageQueued {
                 client_id: "client-ñ".to_string(),
@@ -882,6 +886,7 @@ pub async fn check_reopen<H: Harness>(harness: &mut H) {
         protocol_level: 5,
         session_expiry_interval: 60,
         disconnected_at: Some(1_700_000_000_000),
+        username: None,
     });
     record.subscriptions = vec![SubscriptionRecord::new("t/#", 1)];
     record.will = Some(WillRecord {

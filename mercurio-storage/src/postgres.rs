@@ -33,8 +33,8 @@ use crate::change::Change;
 use crate::error::{ErrorKind, StorageError};
 use crate::memory::validate_values;
 use crate::records::{
-    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionRecord,
-    SubscriptionRecord, WillRecord,
+    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
+    SessionRecord, SubscriptionRecord, WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
 
@@ -44,7 +44,8 @@ pub use leader::{Leadership, HEARTBEAT_STALE, LOST_AFTER};
 ///
 /// 2: write transactions are fenced by a transaction-level advisory lock instead of a row
 /// lock on `mercurio_leader` (which made the heartbeat wait behind long writes); an older
-/// broker, which fences differently, must not serve these tables.
+/// broker, which fences differently, must not serve these tables; and
+/// `mercurio_sessions.username`.
 pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long opening a connection may take before it counts as unreachable.
@@ -136,6 +137,7 @@ CREATE TABLE IF NOT EXISTS mercurio_retained (
     expires_at bigint,
     publisher text
 );
+ALTER TABLE mercurio_sessions ADD COLUMN IF NOT EXISTS username text;
 ";
 
 /// How to open a [`PostgresStorage`].
@@ -498,11 +500,11 @@ impl Statements {
             .await?,
             epoch: p("SELECT epoch FROM mercurio_leader WHERE id = 1".into()).await?,
             save_header: p("INSERT INTO mercurio_sessions (client_id, protocol_level, \
-                 session_expiry_interval, disconnected_at) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (client_id) DO UPDATE SET \
+                 session_expiry_interval, disconnected_at, username) VALUES ($1, $2, $3, $4, \
+                 $5) ON CONFLICT (client_id) DO UPDATE SET \
                  protocol_level = excluded.protocol_level, \
                  session_expiry_interval = excluded.session_expiry_interval, \
-                 disconnected_at = excluded.disconnected_at"
+                 disconnected_at = excluded.disconnected_at, username = excluded.username"
                 .into())
             .await?,
             delete_children: [
@@ -616,8 +618,14 @@ fn message_params(m: &MessageRecord) -> Vec<Param> {
     ]
 }
 
-fn header_params(id: &str, level: u8, expiry: u32, at: Option<u64>) -> Vec<Param> {
-    vec![text(id), int(level), int(expiry), Box::new(at.map(big))]
+fn header_params(h: &SessionHeader) -> Vec<Param> {
+    vec![
+        text(&h.client_id),
+        int(h.protocol_level),
+        int(h.session_expiry_interval),
+        Box::new(h.disconnected_at.map(big)),
+        Box::new(h.username.clone()),
+    ]
 }
 
 fn will_params(id: &str, will: Option<&WillRecord>) -> Vec<Param> {
@@ -670,31 +678,13 @@ fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op
         })
     };
     match change {
-        Change::SessionSaved(h) => push(
-            &s.save_header,
-            header_params(
-                &h.client_id,
-                h.protocol_level,
-                h.session_expiry_interval,
-                h.disconnected_at,
-            ),
-            false,
-        ),
+        Change::SessionSaved(h) => push(&s.save_header, header_params(h), false),
         Change::SessionWritten(r) => {
             for statement in &s.delete_children {
                 push(statement, vec![text(&r.client_id)], false);
             }
             push(&s.delete_session, vec![text(&r.client_id)], false);
-            push(
-                &s.save_header,
-                header_params(
-                    &r.client_id,
-                    r.protocol_level,
-                    r.session_expiry_interval,
-                    r.disconnected_at,
-                ),
-                false,
-            );
+            push(&s.save_header, header_params(&r.header()), false);
             push(
                 &s.set_will,
                 will_params(&r.client_id, r.will.as_ref()),
@@ -963,7 +953,8 @@ async fn load_all(client: &Client) -> Result<LoadedState, tokio_postgres::Error>
         client.query(
             "SELECT client_id, protocol_level, session_expiry_interval, disconnected_at, \
              will_topic, will_payload, will_qos, will_retain, will_properties, will_expires_at, \
-             will_publisher, will_delay_interval FROM mercurio_sessions ORDER BY client_id",
+             will_publisher, will_delay_interval, username FROM mercurio_sessions \
+             ORDER BY client_id",
             &[],
         ),
         client.query(&retained_sql, &[]),
@@ -1023,6 +1014,7 @@ async fn load_all(client: &Client) -> Result<LoadedState, tokio_postgres::Error>
                 disconnected_at: col::<Option<i64>>(row, 3)?
                     .map(|v| unsigned(v, "disconnected_at"))
                     .transpose()?,
+                username: col(row, 12)?,
                 subscriptions: subscriptions.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
                 will,
                 queued: queued.remove(&client_id).unwrap_or(Ok(Vec::new()))?,

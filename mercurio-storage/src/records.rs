@@ -26,6 +26,9 @@ pub struct SessionHeader {
     /// When the client disconnected, in unix milliseconds; `None` while it is connected.
     /// A session loaded with `None` was connected when the previous broker stopped.
     pub disconnected_at: Option<u64>,
+    /// The user name the client last connected with (`None`: none given). Access checks on
+    /// messages routed to the session while it is offline after a restart use it.
+    pub username: Option<String>,
 }
 
 impl SessionHeader {
@@ -61,6 +64,8 @@ pub struct SessionRecord {
     pub session_expiry_interval: u32,
     /// When the client disconnected, in unix milliseconds; `None` while it is connected.
     pub disconnected_at: Option<u64>,
+    /// The user name the client last connected with (see [`SessionHeader::username`]).
+    pub username: Option<String>,
     /// The session's subscriptions, one per topic filter, sorted by filter.
     pub subscriptions: Vec<SubscriptionRecord>,
     /// The will to publish when the session's connection ends abnormally, if any.
@@ -82,6 +87,7 @@ impl SessionRecord {
             protocol_level: header.protocol_level,
             session_expiry_interval: header.session_expiry_interval,
             disconnected_at: header.disconnected_at,
+            username: header.username,
             subscriptions: Vec::new(),
             will: None,
             queued: Vec::new(),
@@ -97,6 +103,7 @@ impl SessionRecord {
             protocol_level: self.protocol_level,
             session_expiry_interval: self.session_expiry_interval,
             disconnected_at: self.disconnected_at,
+            username: self.username.clone(),
         }
     }
 
@@ -291,6 +298,7 @@ mod tests {
             protocol_level: 5,
             session_expiry_interval: interval,
             disconnected_at,
+            username: None,
         }
     }
 

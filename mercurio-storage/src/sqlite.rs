@@ -38,7 +38,12 @@ use crate::records::{
 use crate::{LoadedState, SetAside, Storage};
 
 /// The schema version this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+///
+/// 2: `sessions.username` (a version 1 database is upgraded when opened).
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// From each older schema version to the next, in order (index 0: from 1 to 2).
+const UPGRADES: &[&str] = &["ALTER TABLE sessions ADD COLUMN username TEXT;"];
 
 /// How long a statement waits for a lock held by another connection before the call fails
 /// with a transient error (which the broker's writer retries).
@@ -57,7 +62,8 @@ CREATE TABLE sessions (
     will_properties BLOB,
     will_expires_at INTEGER,
     will_publisher TEXT,
-    will_delay_interval INTEGER
+    will_delay_interval INTEGER,
+    username TEXT
 );
 CREATE TABLE subscriptions (
     client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
@@ -284,6 +290,14 @@ fn open_database(path: &Path) -> Result<(Connection, File), StorageError> {
             "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))
         .map_err(|e| sql_error(path, "create the schema", e))?;
+    } else {
+        for (from, upgrade) in UPGRADES.iter().enumerate().skip((version - 1) as usize) {
+            let to = from as i64 + 2;
+            conn.execute_batch(&format!(
+                "BEGIN; {upgrade} PRAGMA user_version = {to}; COMMIT;"
+            ))
+            .map_err(|e| sql_error(path, "upgrade the schema", e))?;
+        }
     }
     Ok((conn, lock))
 }
@@ -452,7 +466,7 @@ fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
     let mut stmt = conn.prepare(
         "SELECT client_id, protocol_level, session_expiry_interval, disconnected_at, \
          will_topic, will_payload, will_qos, will_retain, will_properties, will_expires_at, \
-         will_publisher, will_delay_interval FROM sessions ORDER BY client_id",
+         will_publisher, will_delay_interval, username FROM sessions ORDER BY client_id",
     )?;
     let mut rows = stmt.query([])?;
     while let Some(row) = rows.next()? {
@@ -485,6 +499,7 @@ fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
                 protocol_level: level,
                 session_expiry_interval: small(col(row, 2)?, "session expiry interval")?,
                 disconnected_at: col::<Option<i64>>(row, 3)?.map(to_u64).transpose()?,
+                username: col(row, 12)?,
                 subscriptions: subscriptions.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
                 will,
                 queued: queued.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
@@ -605,19 +620,21 @@ fn save_header(
     level: u8,
     expiry: u32,
     disconnected_at: Option<u64>,
+    username: Option<&str>,
 ) -> rusqlite::Result<usize> {
     tx.prepare_cached(
         "INSERT INTO sessions (client_id, protocol_level, session_expiry_interval, \
-         disconnected_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (client_id) DO UPDATE SET \
-         protocol_level = excluded.protocol_level, \
+         disconnected_at, username) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (client_id) \
+         DO UPDATE SET protocol_level = excluded.protocol_level, \
          session_expiry_interval = excluded.session_expiry_interval, \
-         disconnected_at = excluded.disconnected_at",
+         disconnected_at = excluded.disconnected_at, username = excluded.username",
     )?
     .execute(params![
         client_id,
         level,
         expiry,
-        disconnected_at.map(to_i64)
+        disconnected_at.map(to_i64),
+        username
     ])
 }
 
@@ -642,6 +659,7 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 h.protocol_level,
                 h.session_expiry_interval,
                 h.disconnected_at,
+                h.username.as_deref(),
             )?;
             true
         }
@@ -653,6 +671,7 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 r.protocol_level,
                 r.session_expiry_interval,
                 r.disconnected_at,
+                r.username.as_deref(),
             )?;
             set_will(tx, &r.client_id, r.will.as_ref())?;
             for s in &r.subscriptions {
@@ -1002,6 +1021,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn version_1_database_is_upgraded() {
+        let h = SqliteHarness::new("upgrade");
+        let path = h.dir.join("m.db");
+        SqliteStorage::open(&path).unwrap().close().await.unwrap();
+        // What version 1 had: no user name column.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("ALTER TABLE sessions DROP COLUMN username; PRAGMA user_version = 1")
+            .unwrap();
+        let storage = SqliteStorage::open(&path).unwrap();
+        let header = crate::SessionHeader {
+            client_id: "up".into(),
+            protocol_level: 5,
+            session_expiry_interval: 10,
+            disconnected_at: None,
+            username: Some("alice".into()),
+        };
+        storage
+            .apply(&[Change::SessionSaved(header)])
+            .await
+            .unwrap();
+        let loaded = storage.load().await.unwrap();
+        assert_eq!(loaded.sessions[0].username.as_deref(), Some("alice"));
+        storage.close().await.unwrap();
+        let version: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    #[tokio::test]
     async fn busy_database_is_transient() {
         let h = SqliteHarness::new("busy");
         let path = h.dir.join("m.db");
@@ -1013,6 +1064,7 @@ mod tests {
             protocol_level: 5,
             session_expiry_interval: 10,
             disconnected_at: None,
+            username: None,
         };
         let err = storage
             .apply(&[Change::SessionSaved(header.clone())])

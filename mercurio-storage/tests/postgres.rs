@@ -38,6 +38,7 @@ fn saved(client_id: &str) -> Change {
         protocol_level: 5,
         session_expiry_interval: 60,
         disconnected_at: None,
+        username: None,
     })
 }
 
