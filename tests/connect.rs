@@ -517,6 +517,24 @@ async fn password_without_user_name() {
     broker.shutdown().await;
 }
 
+/// A client that opens with anything but CONNECT is closed as soon as the packet's first byte
+/// arrives, without the broker reading (and buffering) the body its remaining length announces
+/// [MQTT-3.1.0-1]: here a PUBLISH announcing about 244 MB, of which only a few bytes are sent.
+#[tokio::test]
+async fn first_packet_not_connect_is_closed_before_its_body() {
+    let mut config = test_config();
+    config.server.max_packet_size = 268_435_455;
+    let (broker, addr) = start_with(config).await;
+    for first in [0x20u8, 0x30, 0x82, 0xC0, 0xE0, 0xF0] {
+        let mut c = Client::open(addr, ProtocolVersion::V311).await;
+        c.send_raw(&[first, 0x80, 0x80, 0x80, 0x74, 0x01, 0x01, 0x01])
+            .await;
+        let seen = c.expect_closed().await;
+        assert!(seen.is_empty(), "{first:02x}: got {seen:?}");
+    }
+    broker.shutdown().await;
+}
+
 /// CONNACK properties come in the order mosquitto writes them (Server Keep Alive, Topic Alias
 /// Maximum, Assigned Client Identifier, Retain Available, Maximum Packet Size, Receive
 /// Maximum, Maximum QoS), so clients and test suites that compare CONNACK byte for byte

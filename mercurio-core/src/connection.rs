@@ -342,6 +342,20 @@ async fn read_connect<R: AsyncRead + Unpin>(
     stats: &Stats,
 ) -> Result<Box<Connect>, ConnectError> {
     loop {
+        // Judged on its first byte: a client that opens with anything else is closed before
+        // the rest of its packet is read, so it cannot make the broker buffer up to
+        // max_packet_size bytes without ever connecting.
+        if let Some(&first) = buf.first() {
+            if first >> 4 != 1 {
+                return Err(ConnectError::Refuse(
+                    Vec::new(),
+                    format!(
+                        "first packet was of type {}, not CONNECT [MQTT-3.1.0-1]",
+                        first >> 4
+                    ),
+                ));
+            }
+        }
         match codec::decode(buf, ProtocolVersion::V311, max_packet_size) {
             Ok(Some(Packet::Connect(c))) => return Ok(c),
             Ok(Some(other)) => {
