@@ -1002,8 +1002,16 @@ impl Reader<'_> {
             expires_at: expiry.map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
             publisher: Some(Arc::clone(&self.session.client_id)),
         };
-        broker.publish(msg);
-        self.ack_publish(qos, packet_id, ReasonCode::SUCCESS);
+        let matched = broker.publish(msg);
+        // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
+        // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
+        // PUBREC stays 0x00, as in mosquitto.
+        let rc = if !matched && qos == QoS::AtLeastOnce && self.version.is_v5() {
+            ReasonCode::NO_MATCHING_SUBSCRIBERS
+        } else {
+            ReasonCode::SUCCESS
+        };
+        self.ack_publish(qos, packet_id, rc);
         Ok(())
     }
 
