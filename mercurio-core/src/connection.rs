@@ -603,6 +603,17 @@ async fn accept(
         if let Some(old) = existing {
             let old_link = old.state.lock().link.clone();
             if let Some(old_link) = old_link {
+                // The session goes on under the new connection (clean start 0, a session that
+                // outlives its connection): the old connection's will is dropped, not published,
+                // since a new connection for its client identifier opened before any will delay
+                // could elapse [MQTT-3.1.2-8] [MQTT-3.1.3-9], as mosquitto does for 3.x and 5.0
+                // alike. A session that ends here publishes it (detach, then end_session).
+                if !connect.clean_start {
+                    let mut st = old.state.lock();
+                    if st.expiry_interval > 0 && st.will.take().is_some() {
+                        st.persist_will_cleared(&old.client_id);
+                    }
+                }
                 old_link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
                 old_link.wait_closed().await;
                 continue;
