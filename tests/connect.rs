@@ -516,3 +516,79 @@ async fn password_without_user_name() {
     }
     broker.shutdown().await;
 }
+
+/// A client that opens with anything but CONNECT is closed as soon as the packet's first byte
+/// arrives, without the broker reading (and buffering) the body its remaining length announces
+/// [MQTT-3.1.0-1]: here a PUBLISH announcing about 244 MB, of which only a few bytes are sent.
+#[tokio::test]
+async fn first_packet_not_connect_is_closed_before_its_body() {
+    let mut config = test_config();
+    config.server.max_packet_size = 268_435_455;
+    let (broker, addr) = start_with(config).await;
+    for first in [0x20u8, 0x30, 0x82, 0xC0, 0xE0, 0xF0] {
+        let mut c = Client::open(addr, ProtocolVersion::V311).await;
+        c.send_raw(&[first, 0x80, 0x80, 0x80, 0x74, 0x01, 0x01, 0x01])
+            .await;
+        let seen = c.expect_closed().await;
+        assert!(seen.is_empty(), "{first:02x}: got {seen:?}");
+    }
+    broker.shutdown().await;
+}
+
+/// CONNACK properties come in the order mosquitto writes them (Server Keep Alive, Topic Alias
+/// Maximum, Assigned Client Identifier, Retain Available, Maximum Packet Size, Receive
+/// Maximum, Maximum QoS), so clients and test suites that compare CONNACK byte for byte
+/// against mosquitto's see the same bytes; the order is otherwise free (MQTT 5.0 section
+/// 2.2.2.2).
+#[tokio::test]
+async fn connack_properties_in_mosquitto_order() {
+    let mut config = test_config();
+    config.server.max_keepalive = 60;
+    config.server.retain_available = false;
+    config.server.max_packet_size = 30_000;
+    config.server.receive_maximum = 20;
+    config.server.max_qos = 1;
+    let (broker, addr) = start_with(config).await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "");
+    connect.keep_alive = 0;
+    let mut c = Client::open(addr, ProtocolVersion::V5).await;
+    c.send(Packet::Connect(Box::new(connect))).await;
+    let mut raw = Vec::new();
+    tokio::time::timeout(DEADLINE, async {
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 256];
+        while raw.len() < 2 || raw.len() < 2 + raw[1] as usize {
+            let n = c.stream.read(&mut b).await.expect("read");
+            assert!(n > 0, "closed after {raw:02x?}");
+            raw.extend_from_slice(&b[..n]);
+        }
+    })
+    .await
+    .expect("CONNACK");
+    assert_eq!(&raw[..4], &[0x20, raw[1], 0x00, 0x00], "{raw:02x?}");
+    let props = &raw[5..];
+    let ids: Vec<u8> = {
+        let mut ids = Vec::new();
+        let mut i = 0;
+        while i < props.len() {
+            let id = props[i];
+            ids.push(id);
+            i += 1 + match id {
+                0x13 | 0x22 | 0x21 => 2,
+                0x25 | 0x24 => 1,
+                0x27 => 4,
+                0x12 => 2 + u16::from_be_bytes([props[i + 1], props[i + 2]]) as usize,
+                other => panic!("unexpected property {other:#04x} in {raw:02x?}"),
+            };
+        }
+        ids
+    };
+    assert_eq!(
+        ids,
+        [0x13, 0x22, 0x12, 0x25, 0x27, 0x21, 0x24],
+        "{raw:02x?}"
+    );
+    assert_eq!(&props[..3], &[0x13, 0x00, 60]);
+    assert_eq!(&props[3..6], &[0x22, 0x00, 10]);
+    broker.shutdown().await;
+}

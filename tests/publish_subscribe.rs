@@ -1122,3 +1122,57 @@ async fn shared_subscription_member_away_gets_messages_on_return() {
     m.ack(&p).await;
     broker.shutdown().await;
 }
+
+/// A 5.0 QoS 1 PUBLISH that no subscription matches is acknowledged with PUBACK 0x10 (No
+/// matching subscribers), which the Server MAY send (MQTT 5.0 section 3.4.2.1), as mosquitto
+/// does; a matching subscription, even the publisher's own with No Local, gives 0x00. 3.x
+/// has no reason code, and PUBREC stays 0x00 (as in mosquitto).
+#[tokio::test]
+async fn puback_no_matching_subscribers() {
+    let (broker, addr) = start().await;
+    let mut p5 = Client::connect(addr, ProtocolVersion::V5, "nms-pub5").await;
+    assert_eq!(
+        p5.publish("nms/none", b"m", QoS::AtLeastOnce, false).await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
+    assert_eq!(
+        p5.publish("nms/none", b"m", QoS::AtLeastOnce, true).await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
+    assert_eq!(
+        p5.publish("nms/none", b"m", QoS::ExactlyOnce, false).await,
+        ReasonCode::SUCCESS
+    );
+    let mut p3 = Client::connect(addr, ProtocolVersion::V311, "nms-pub3").await;
+    assert_eq!(
+        p3.publish("nms/none", b"m", QoS::AtLeastOnce, false).await,
+        ReasonCode::SUCCESS
+    );
+    // The publisher's own No Local subscription matches (and delivers nothing).
+    let o = SubscriptionOptions {
+        qos: QoS::AtLeastOnce,
+        no_local: true,
+        ..Default::default()
+    };
+    p5.subscribe_with(&[("nms/own", o)], Properties::default())
+        .await;
+    assert_eq!(
+        p5.publish("nms/own", b"m", QoS::AtLeastOnce, false).await,
+        ReasonCode::SUCCESS
+    );
+    p5.expect_nothing(SHORT).await;
+    // Another client's subscription, and a shared one.
+    let mut sub = Client::connect(addr, ProtocolVersion::V5, "nms-sub").await;
+    sub.subscribe("nms/+/x", QoS::AtLeastOnce).await;
+    sub.subscribe("$share/g/nms/shared", QoS::AtLeastOnce).await;
+    for topic in ["nms/a/x", "nms/shared"] {
+        assert_eq!(
+            p5.publish(topic, b"m", QoS::AtLeastOnce, false).await,
+            ReasonCode::SUCCESS,
+            "{topic}"
+        );
+        let p = sub.expect_publish().await;
+        sub.ack(&p).await;
+    }
+    broker.shutdown().await;
+}

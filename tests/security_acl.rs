@@ -186,7 +186,8 @@ pattern read inbox/%u/+
         alice
             .publish("devices/dev2/state", b"on", QoS::AtLeastOnce, false)
             .await,
-        ReasonCode::SUCCESS
+        ReasonCode::NO_MATCHING_SUBSCRIBERS,
+        "allowed (nobody subscribes)"
     );
     assert_eq!(
         alice
@@ -198,7 +199,8 @@ pattern read inbox/%u/+
         alice
             .publish("alice/x", b"a", QoS::AtLeastOnce, false)
             .await,
-        ReasonCode::SUCCESS
+        ReasonCode::NO_MATCHING_SUBSCRIBERS,
+        "allowed (nobody subscribes)"
     );
 
     // At delivery: public/# was granted, but public/secret may not be read.

@@ -392,3 +392,55 @@ async fn will_on_a_dollar_topic() {
     c.expect_closed().await;
     broker.shutdown().await;
 }
+
+/// A takeover that continues a session which outlives its connection (3.x clean session 0,
+/// 5.0 Session Expiry Interval above 0, new connection with clean start 0) drops the old
+/// connection's will: a new network connection for the client identifier was opened before
+/// the will could be due [MQTT-3.1.2-8] [MQTT-3.1.3-9], as mosquitto does. A takeover with
+/// clean start 1 ends the session, and the will goes out.
+#[tokio::test]
+async fn takeover_continuing_the_session_drops_the_will() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "will/cont/+").await;
+    for version in VERSIONS {
+        let topic = format!("will/cont/{}", version.level());
+        let id = format!("cont-{}", version.level());
+        let mut connect = connect_packet(version, &id);
+        connect.clean_start = false;
+        if version.is_v5() {
+            connect.properties.session_expiry_interval = Some(60);
+        }
+        connect.will = Some(will(&topic, "gone", QoS::AtLeastOnce, false));
+        let (_old, ack) = Client::connect_with(addr, connect).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        let (mut new, present) = Client::connect_persistent(addr, version, &id).await;
+        // 3.1 has no Session Present flag.
+        assert!(
+            present || version == ProtocolVersion::V31,
+            "{version:?}: session present"
+        );
+        new.ping().await;
+        w.expect_nothing(SHORT).await;
+        // Taken over again, by a clean start: the session ends; the new connection set no
+        // will, so nothing is published either.
+        let mut clean = Client::connect(addr, version, &id).await;
+        clean.ping().await;
+        w.expect_nothing(SHORT).await;
+        // A will, then a clean start takeover: published.
+        let mut connect = connect_packet(version, &id);
+        connect.clean_start = false;
+        if version.is_v5() {
+            connect.properties.session_expiry_interval = Some(60);
+        }
+        connect.will = Some(will(&topic, "ended", QoS::AtLeastOnce, false));
+        let (_old, ack) = Client::connect_with(addr, connect).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        let mut clean = Client::connect(addr, version, &id).await;
+        let p = w.expect_publish().await;
+        assert_eq!(p.topic, topic);
+        assert_eq!(&p.payload[..], b"ended");
+        w.ack(&p).await;
+        clean.ping().await;
+    }
+    broker.shutdown().await;
+}

@@ -83,8 +83,8 @@ impl BrokerInner {
     }
 
     /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
-    /// Returns how many sessions it was queued for.
-    pub(crate) fn publish(&self, msg: Message) -> usize {
+    /// Returns whether any subscription matched its topic (see [`BrokerInner::route`]).
+    pub(crate) fn publish(&self, msg: Message) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
             self.retain(&msg);
@@ -147,9 +147,14 @@ impl BrokerInner {
     /// Queues `msg` for every session with a matching subscription: one delivery per client at
     /// the highest QoS its matching subscriptions grant, carrying all their subscription
     /// identifiers [MQTT-3.3.4-3]; one member per shared subscription group [MQTT-4.8.2-?].
-    pub(crate) fn route(&self, msg: &Arc<Message>) -> usize {
+    /// Returns whether any subscription matched the topic, whether or not a copy was queued (a
+    /// No Local subscription of the publisher's own, a full queue or a reader without
+    /// permission still count, as in mosquitto): MQTT 5 publishers are told when none did
+    /// (PUBACK 0x10).
+    pub(crate) fn route(&self, msg: &Arc<Message>) -> bool {
         let matches = self.index.read().matches(&msg.topic);
-        let mut delivered = 0;
+        let matched =
+            !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
         for cm in &matches.clients {
             let Some(first) = cm.subscriptions.first() else {
                 continue;
@@ -178,9 +183,7 @@ impl BrokerInner {
                 subscription_ids: ids,
                 seq: 0,
             };
-            if self.deliver(&first.session, q) {
-                delivered += 1;
-            }
+            self.deliver(&first.session, q);
         }
         for sm in &matches.shared {
             let n = sm.members.len();
@@ -209,13 +212,11 @@ impl BrokerInner {
                     }
                 }
             }
-            if taken {
-                delivered += 1;
-            } else {
+            if !taken {
                 self.stats.dropped(DropCause::NoShareMember);
             }
         }
-        delivered
+        matched
     }
 
     /// Offers one delivery to a session, counting a drop. True when queued.

@@ -344,6 +344,20 @@ async fn read_connect<R: AsyncRead + Unpin>(
     stats: &Stats,
 ) -> Result<Box<Connect>, ConnectError> {
     loop {
+        // Judged on its first byte: a client that opens with anything else is closed before
+        // the rest of its packet is read, so it cannot make the broker buffer up to
+        // max_packet_size bytes without ever connecting.
+        if let Some(&first) = buf.first() {
+            if first >> 4 != 1 {
+                return Err(ConnectError::Refuse(
+                    Vec::new(),
+                    format!(
+                        "first packet was of type {}, not CONNECT [MQTT-3.1.0-1]",
+                        first >> 4
+                    ),
+                ));
+            }
+        }
         match codec::decode(buf, ProtocolVersion::V311, max_packet_size) {
             Ok(Some(Packet::Connect(c))) => return Ok(c),
             Ok(Some(other)) => {
@@ -591,6 +605,17 @@ async fn accept(
         if let Some(old) = existing {
             let old_link = old.state.lock().link.clone();
             if let Some(old_link) = old_link {
+                // The session goes on under the new connection (clean start 0, a session that
+                // outlives its connection): the old connection's will is dropped, not published,
+                // since a new connection for its client identifier opened before any will delay
+                // could elapse [MQTT-3.1.2-8] [MQTT-3.1.3-9], as mosquitto does for 3.x and 5.0
+                // alike. A session that ends here publishes it (detach, then end_session).
+                if !connect.clean_start {
+                    let mut st = old.state.lock();
+                    if st.expiry_interval > 0 && st.will.take().is_some() {
+                        st.persist_will_cleared(&old.client_id);
+                    }
+                }
                 old_link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
                 old_link.wait_closed().await;
                 continue;
@@ -992,8 +1017,16 @@ impl Reader<'_> {
             expires_at: Message::expiry_deadline(expiry, Instant::now()),
             publisher: Some(Arc::clone(&self.session.client_id)),
         };
-        broker.publish(msg);
-        self.ack_publish(qos, packet_id, ReasonCode::SUCCESS);
+        let matched = broker.publish(msg);
+        // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
+        // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
+        // PUBREC stays 0x00, as in mosquitto.
+        let rc = if !matched && qos == QoS::AtLeastOnce && self.version.is_v5() {
+            ReasonCode::NO_MATCHING_SUBSCRIBERS
+        } else {
+            ReasonCode::SUCCESS
+        };
+        self.ack_publish(qos, packet_id, rc);
         Ok(())
     }
 

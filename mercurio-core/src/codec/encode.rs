@@ -203,7 +203,10 @@ fn body<S: Sink>(s: &mut S, packet: &Packet, version: ProtocolVersion) -> Result
             }
             if v5 {
                 s.put_u8(c.reason_code.0);
-                put_props(s, &c.properties)?;
+                let mut len = 0usize;
+                connack_props_content(&mut len, &c.properties)?;
+                put_vbi(s, len)?;
+                connack_props_content(s, &c.properties)?;
             } else if c.reason_code.0 <= 5 {
                 s.put_u8(c.reason_code.0);
             } else {
@@ -417,6 +420,61 @@ fn bin_prop<S: Sink>(
     if let Some(v) = v {
         s.put_u8(id);
         put_binary(s, what, v)?;
+    }
+    Ok(())
+}
+
+/// CONNACK's properties without their length, in the order mosquitto writes them (clients and
+/// test suites written against mosquitto compare CONNACK byte for byte; the order of
+/// properties is otherwise free, MQTT 5.0 section 2.2.2.2), then the properties mosquitto does
+/// not send, user properties last. Properties a CONNACK cannot carry are not written.
+fn connack_props_content<S: Sink>(s: &mut S, p: &Properties) -> Result<(), EncodeError> {
+    u16_prop(s, 0x13, p.server_keep_alive);
+    u16_prop(s, 0x22, p.topic_alias_maximum);
+    str_prop(
+        s,
+        0x12,
+        &p.assigned_client_identifier,
+        "assigned client identifier",
+    )?;
+    str_prop(s, 0x15, &p.authentication_method, "authentication method")?;
+    bin_prop(s, 0x16, &p.authentication_data, "authentication data")?;
+    bool_prop(s, 0x25, p.retain_available, "Retain Available")?;
+    if p.maximum_packet_size == Some(0) {
+        return Err(EncodeError::PropertyOutOfRange("Maximum Packet Size"));
+    }
+    u32_prop(s, 0x27, p.maximum_packet_size);
+    if p.receive_maximum == Some(0) {
+        return Err(EncodeError::PropertyOutOfRange("Receive Maximum"));
+    }
+    u16_prop(s, 0x21, p.receive_maximum);
+    bool_prop(s, 0x24, p.maximum_qos, "Maximum QoS")?;
+    u32_prop(s, 0x11, p.session_expiry_interval);
+    str_prop(s, 0x1A, &p.response_information, "response information")?;
+    str_prop(s, 0x1C, &p.server_reference, "server reference")?;
+    str_prop(s, 0x1F, &p.reason_string, "reason string")?;
+    bool_prop(
+        s,
+        0x28,
+        p.wildcard_subscription_available,
+        "Wildcard Subscription Available",
+    )?;
+    bool_prop(
+        s,
+        0x29,
+        p.subscription_identifier_available,
+        "Subscription Identifier Available",
+    )?;
+    bool_prop(
+        s,
+        0x2A,
+        p.shared_subscription_available,
+        "Shared Subscription Available",
+    )?;
+    for (name, value) in &p.user_properties {
+        s.put_u8(0x26);
+        put_str(s, "user property name", name)?;
+        put_str(s, "user property value", value)?;
     }
     Ok(())
 }
