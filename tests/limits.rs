@@ -398,6 +398,59 @@ async fn max_connections_global() {
     broker.shutdown().await;
 }
 
+/// max_connections counts connections, not the tasks still winding down: a client that
+/// closes all its connections and opens as many new ones at once is accepted every time
+/// (mosquitto's 01-connect-max-connections does this).
+#[tokio::test]
+async fn max_connections_freed_by_closes_are_reused_at_once() {
+    let (broker, addr) = start_with(config(|s| s.max_connections = 10)).await;
+    // Blocking sockets on another thread, as a separate client process would use: the broker
+    // sees the closes and the new connections arrive together.
+    let connects: Vec<Vec<u8>> = (0..10)
+        .map(|i| {
+            encode(
+                V5,
+                Packet::Connect(Box::new(connect_packet(V5, &format!("mc-{i}")))),
+            )
+        })
+        .collect();
+    let rounds = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        for round in 0..5 {
+            let mut socks = Vec::new();
+            for (i, connect) in connects.iter().enumerate() {
+                let mut s = std::net::TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                s.write_all(connect).expect("send CONNECT");
+                let mut connack = [0u8; 4];
+                if let Err(e) = s.read_exact(&mut connack) {
+                    return Err(format!("round {round}, connection {i}: no CONNACK: {e}"));
+                }
+                // CONNACK, its length, no session present, success.
+                assert_eq!(
+                    (connack[0], connack[2], connack[3]),
+                    (0x20, 0, 0),
+                    "round {round}, connection {i}"
+                );
+                socks.push(s);
+            }
+            // An eleventh is closed unanswered.
+            let mut over = std::net::TcpStream::connect(addr).expect("connect");
+            over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = over.write_all(&connects[0]);
+            let mut rest = Vec::new();
+            let _ = over.read_to_end(&mut rest);
+            assert!(rest.is_empty(), "round {round}: no CONNACK over the limit");
+            drop(socks);
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    rounds.unwrap();
+    broker.shutdown().await;
+}
+
 fn encode(version: ProtocolVersion, p: Packet) -> Vec<u8> {
     let mut out = bytes::BytesMut::new();
     mercurio::codec::encode(&p, version, &mut out).unwrap();

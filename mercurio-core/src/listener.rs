@@ -88,15 +88,24 @@ pub(crate) async fn run(
         // the last slot. Over the limit, the socket is closed as it is: nothing is read and
         // nothing allocated, so no CONNACK 0x97 either (reading a CONNECT to answer it would
         // spend, per refused connection, what the limit is there to save).
+        let full = || {
+            let open = broker.open_connections.load(Ordering::Relaxed);
+            if global_max > 0 && open >= global_max {
+                Some(global_max)
+            } else if listener_max > 0 && on_listener.load(Ordering::Relaxed) >= listener_max {
+                Some(listener_max)
+            } else {
+                None
+            }
+        };
+        if full().is_some() && !slot_frees(&broker, || full().is_none()).await {
+            tracing::warn!(%peer, max_connections = full().unwrap_or(0), "connection refused: max_connections reached");
+            continue;
+        }
         let open = broker.open_connections.fetch_add(1, Ordering::Relaxed);
         if global_max > 0 && open >= global_max {
             broker.open_connections.fetch_sub(1, Ordering::Relaxed);
             tracing::warn!(%peer, max_connections = global_max, "connection refused: max_connections reached");
-            continue;
-        }
-        if listener_max > 0 && on_listener.load(Ordering::Relaxed) >= listener_max {
-            broker.open_connections.fetch_sub(1, Ordering::Relaxed);
-            tracing::warn!(%peer, max_connections = listener_max, "connection refused: listener max_connections reached");
             continue;
         }
         let _ = stream.set_nodelay(true);
@@ -130,5 +139,26 @@ pub(crate) async fn run(
             broker.open_connections.fetch_sub(1, Ordering::Relaxed);
             broker.connection_closed.notify_waiters();
         });
+    }
+}
+
+/// How long a connection over `max_connections` waits for a slot before it is refused.
+const SLOT_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Waits up to [`SLOT_GRACE`] for `free()` to hold. A client that closes its connections and
+/// opens new ones at once (as test suites and reconnecting fleets do) can be accepted before
+/// the tasks of the closed ones have seen their end: those slots are freed within moments.
+async fn slot_frees(broker: &BrokerInner, free: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + SLOT_GRACE;
+    loop {
+        let closed = broker.connection_closed.notified();
+        tokio::pin!(closed);
+        closed.as_mut().enable();
+        if free() {
+            return true;
+        }
+        if tokio::time::timeout_at(deadline, closed).await.is_err() {
+            return free();
+        }
     }
 }
