@@ -313,6 +313,52 @@ async fn reload_removes_subscriptions_no_longer_allowed() {
     broker.shutdown().await;
 }
 
+/// Messages queued for an offline session when the client's read permission is revoked
+/// are not delivered when it comes back: a reload drops them (counted `not_authorized`), as
+/// the check at routing would have (mosquitto's 09-acl-change).
+#[tokio::test]
+async fn reload_drops_queued_messages_no_longer_readable() {
+    let (broker, addr, _dir, path) =
+        broker_with_acl("user u\ntopic read a/#\ntopic read b/#\n").await;
+    let persistent = || {
+        let mut c = connect_as(ProtocolVersion::V5, "away", Some("u"), None);
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(300);
+        c
+    };
+    let (mut c, _) = Client::connect_with(addr, persistent()).await;
+    assert_eq!(
+        c.subscribe("a/#", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    assert_eq!(
+        c.subscribe("b/#", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    c.disconnect().await;
+    broker
+        .publish("b/1", "revoked", QoS::AtLeastOnce, false)
+        .unwrap();
+    broker
+        .publish("a/1", "allowed", QoS::AtLeastOnce, false)
+        .unwrap();
+    let before = broker.stats().dropped_count(DropCause::NotAuthorized);
+
+    std::fs::write(&path, "user u\ntopic read a/#\n").unwrap();
+    broker.reload().expect("reload");
+    assert_eq!(
+        broker.stats().dropped_count(DropCause::NotAuthorized),
+        before + 1
+    );
+    let (mut c, ack) = Client::connect_with(addr, persistent()).await;
+    assert!(ack.session_present);
+    let p = c.expect_publish().await;
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("a/1", &b"allowed"[..]));
+    c.ack(&p).await;
+    c.expect_nothing(Duration::from_millis(300)).await;
+    broker.shutdown().await;
+}
+
 #[tokio::test]
 async fn will_topic_must_be_writable() {
     let (broker, addr, _dir, _) = broker_with_acl("pattern write wills/%c\n").await;

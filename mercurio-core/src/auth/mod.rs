@@ -263,7 +263,9 @@ impl BrokerInner {
     }
 
     /// Reloads the password and ACL files, then removes the subscriptions their clients may
-    /// no longer hold. Returns the files that could not be read (their old contents stay).
+    /// no longer hold, and the queued messages they may no longer read (counted
+    /// `not_authorized`, as a delivery refused at routing would be). Returns the files that
+    /// could not be read (their old contents stay).
     pub(crate) fn reload_auth(&self) -> Vec<FileError> {
         let errors = self.auth.reload();
         if !self.auth.checks_access() {
@@ -278,8 +280,32 @@ impl BrokerInner {
                     self.unsubscribe(&session, &filter);
                 }
             }
+            self.drop_unreadable_queued(&session);
         }
         errors
+    }
+
+    /// Removes from `session`'s queue the messages its client may no longer read.
+    fn drop_unreadable_queued(&self, session: &Session) {
+        let mut st = session.state.lock();
+        if st.queue.is_empty() {
+            return;
+        }
+        let queue = std::mem::take(&mut st.queue);
+        let mut removed = 0u64;
+        for q in queue {
+            if self.check_now(session, &q.msg.topic, Action::Read) {
+                st.queue.push_back(q);
+            } else {
+                st.queued_bytes = st.queued_bytes.saturating_sub(q.msg.payload.len() as u64);
+                st.persist_dequeued(&session.client_id, &q);
+                self.stats.dropped(crate::stats::DropCause::NotAuthorized);
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(client_id = %session.client_id, removed, "queued messages removed: no longer authorized");
+        }
     }
 }
 
