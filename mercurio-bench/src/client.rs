@@ -1,10 +1,13 @@
-//! A minimal MQTT client over raw TCP, on mercurio-core's codec: connect, subscribe and the
+//! A minimal MQTT client over TCP or TLS, on mercurio-core's codec: connect, subscribe and the
 //! handful of packets a load generator needs. Reads go into one large buffer and writes are
 //! batched by the callers (one `write_all` per batch), so that the generator is not the
 //! bottleneck. Nothing here is specific to any broker.
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -12,8 +15,10 @@ use mercurio_core::codec::{
     self, ConnAck, Connect, Packet, Properties, ProtocolVersion, QoS, Subscribe, SubscribeFilter,
     SubscriptionOptions,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+
+use crate::tls::Tls;
 
 /// Largest packet the generator accepts from a broker.
 pub const MAX_PACKET: u32 = 16 << 20;
@@ -21,9 +26,90 @@ pub const MAX_PACKET: u32 = 16 << 20;
 /// How long a handshake step (CONNACK, SUBACK) may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where to connect: the broker's address, and TLS settings when `--tls`.
+#[derive(Clone)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub tls: Option<Arc<Tls>>,
+}
+
+/// A connection to the broker: plain TCP or TLS over TCP.
+pub enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// The reading half of a split [`Stream`].
+pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of a split [`Stream`].
+pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+impl Stream {
+    /// Splits into halves usable from two tasks (TCP: the socket's own halves, no lock).
+    pub fn split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Stream::Tls(s) => {
+                let (r, w) = tokio::io::split(s);
+                (Box::new(r), Box::new(w))
+            }
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Writes `buf` and flushes: TLS may keep records buffered after `write_all` when the socket
+/// is full (the flush is free on TCP).
+pub async fn write_flush<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, buf: &[u8]) -> io::Result<()> {
+    w.write_all(buf).await?;
+    w.flush().await
+}
+
 /// A connected client: the stream, the bytes read but not yet decoded, and the version.
 pub struct Client {
-    pub stream: TcpStream,
+    pub stream: Stream,
     pub rbuf: BytesMut,
     pub version: ProtocolVersion,
 }
@@ -42,14 +128,26 @@ fn err(msg: impl Into<String>) -> io::Error {
 }
 
 impl Client {
-    /// Opens a TCP connection (TCP_NODELAY), sends CONNECT and waits for a successful CONNACK.
+    /// Opens a TCP connection (TCP_NODELAY), does the TLS handshake when `target.tls`, sends
+    /// CONNECT and waits for a successful CONNACK.
     pub async fn connect(
-        addr: SocketAddr,
+        target: &Target,
         version: ProtocolVersion,
         opts: &ConnectOptions<'_>,
     ) -> io::Result<(Client, ConnAck)> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+        let tcp = TcpStream::connect(target.addr).await?;
+        tcp.set_nodelay(true)?;
+        let stream = match &target.tls {
+            None => Stream::Tcp(tcp),
+            Some(tls) => {
+                let handshake = tls.connector.connect(tls.server_name.clone(), tcp);
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                    Err(_) => return Err(err("no TLS handshake in time")),
+                    Ok(Err(e)) => return Err(err(format!("TLS handshake: {e}"))),
+                    Ok(Ok(s)) => Stream::Tls(Box::new(s)),
+                }
+            }
+        };
         let mut client = Client {
             stream,
             rbuf: BytesMut::with_capacity(4096),
@@ -92,7 +190,7 @@ impl Client {
     pub async fn send(&mut self, packet: &Packet) -> io::Result<()> {
         let mut out = BytesMut::with_capacity(64);
         codec::encode(packet, self.version, &mut out).map_err(|e| err(e.to_string()))?;
-        self.stream.write_all(&out).await
+        write_flush(&mut self.stream, &out).await
     }
 
     /// Reads the next packet; `None` at end of stream.

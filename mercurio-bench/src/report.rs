@@ -73,6 +73,8 @@ pub struct Report {
     pub scenario: String,
     pub label: String,
     pub mqtt: String,
+    /// Connected over TLS.
+    pub tls: bool,
     pub qos: u8,
     pub payload: usize,
     pub publishers: usize,
@@ -107,14 +109,14 @@ pub fn print_summary(r: &Report) {
     let l = &r.latency_us;
     if let Some(i) = &r.idle {
         eprintln!(
-            "{} MQTT {}: {}/{} connections in {:.2} s ({:.0}/s), connect p50 {} us p99 {} us, held {:.0} s, {} failed",
-            r.scenario, r.mqtt, i.connected, i.connections, i.connect_s, i.connect_per_s,
+            "{} MQTT {}{}: {}/{} connections in {:.2} s ({:.0}/s), connect p50 {} us p99 {} us, held {:.0} s, {} failed",
+            r.scenario, r.mqtt, if r.tls { " over TLS" } else { "" }, i.connected, i.connections, i.connect_s, i.connect_per_s,
             i.connect_p50_us, i.connect_p99_us, i.hold_s, i.failed
         );
     } else {
         eprintln!(
-            "{} MQTT {} QoS {} {} B, {} pub / {} sub, rate {}: sent {} ({:.0}/s), delivered {} ({:.0}/s), lost {}, duplicates {}, reordered {}",
-            r.scenario, r.mqtt, r.qos, r.payload, r.publishers, r.subscribers,
+            "{} MQTT {}{} QoS {} {} B, {} pub / {} sub, rate {}: sent {} ({:.0}/s), delivered {} ({:.0}/s), lost {}, duplicates {}, reordered {}",
+            r.scenario, r.mqtt, if r.tls { " over TLS" } else { "" }, r.qos, r.payload, r.publishers, r.subscribers,
             if r.rate > 0.0 { format!("{:.0}/s", r.rate) } else { "open loop".into() },
             r.sent, r.sent_per_s, r.delivered, r.delivered_per_s, r.lost, r.duplicates, r.reordered
         );

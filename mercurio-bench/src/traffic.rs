@@ -3,7 +3,6 @@
 //! measure end-to-end latency, loss, duplicates and reordering.
 
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,7 +25,7 @@ const BATCH: u64 = 64;
 /// Settings shared by every connection of a run.
 #[derive(Clone)]
 pub struct RunConfig {
-    pub addr: SocketAddr,
+    pub target: client::Target,
     pub version: ProtocolVersion,
     pub qos: QoS,
     pub payload: usize,
@@ -161,7 +160,7 @@ pub async fn subscribe_loop(
                 shared.last_delivery_ns.fetch_max(now, Ordering::Relaxed);
             }
             if !out.is_empty() {
-                if let Err(e) = c.stream.write_all(&out).await {
+                if let Err(e) = client::write_flush(&mut c.stream, &out).await {
                     break Some(format!("subscriber write: {e}"));
                 }
                 out.clear();
@@ -205,7 +204,7 @@ pub async fn connect_subscriber(
     clean_start: bool,
 ) -> io::Result<(Client, bool)> {
     let (mut c, ack) = Client::connect(
-        cfg.addr,
+        &cfg.target,
         cfg.version,
         &ConnectOptions {
             client_id,
@@ -243,7 +242,7 @@ pub async fn publish(
 ) -> PubResult {
     let version = c.version;
     let qos = cfg.qos;
-    let (mut rd, mut wr) = c.stream.into_split();
+    let (mut rd, mut wr) = c.stream.split();
     let mut rbuf = c.rbuf;
     let state = Arc::new((
         Mutex::new(AckState {
@@ -374,7 +373,7 @@ pub async fn publish(
                 break;
             }
         }
-        if let Err(e) = wr.write_all(&out).await {
+        if let Err(e) = client::write_flush(&mut wr, &out).await {
             result.error = Some(format!("publisher write: {e}"));
             break;
         }
@@ -403,7 +402,7 @@ pub async fn publish(
                 let _ = codec::encode(&Packet::PubRel(rel), version, &mut out);
             }
             if !out.is_empty() {
-                if wr.write_all(&out).await.is_err() {
+                if client::write_flush(&mut wr, &out).await.is_err() {
                     break;
                 }
                 out.clear();
@@ -423,7 +422,7 @@ pub async fn publish(
     };
     out.clear();
     let _ = codec::encode(&Packet::Disconnect(Default::default()), version, &mut out);
-    let _ = wr.write_all(&out).await;
+    let _ = client::write_flush(&mut wr, &out).await;
     let _ = wr.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     result
@@ -432,7 +431,7 @@ pub async fn publish(
 /// Connects a publisher.
 pub async fn connect_publisher(cfg: &RunConfig, client_id: &str) -> io::Result<Client> {
     let (c, _) = Client::connect(
-        cfg.addr,
+        &cfg.target,
         cfg.version,
         &ConnectOptions {
             client_id,
