@@ -14,7 +14,8 @@
 //! - `tracing`, `tracing-subscriber` (env-filter, fmt, reload): logs to stdout, a file or
 //!   syslog, per-module levels, a filter replaced at runtime.
 //! - `serde`, `serde_json`: the admin socket's JSON requests and answers.
-//! - `libc`: `geteuid` for the admin socket's default path and owner checks; `mallopt`.
+//! - `libc`: `geteuid` for the admin socket's default path and owner checks; `mallopt`;
+//!   `getrlimit`/`setrlimit` to raise the open files limit.
 //! - `sd-notify`: systemd readiness, watchdog and stopping notifications (`Type=notify`).
 //! - `tikv-jemallocator` (optional, feature `jemalloc`): jemalloc as the global allocator.
 //! - `mercurio-storage`: the `sqlite` and `postgres` features (default) build the SQLite and
@@ -97,6 +98,7 @@ fn main() -> ExitCode {
     for warning in config_file::warnings(&config) {
         warn!("{warning}");
     }
+    raise_open_files_limit();
 
     // One event loop by default: sockets are served in the order their data arrived (a
     // multi-threaded scheduler runs the task woken last first, which can reorder a SUBSCRIBE
@@ -356,3 +358,29 @@ fn limit_malloc_arenas() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))))]
 fn limit_malloc_arenas() {}
+
+/// Raises the soft limit on open files to the hard one: each client holds a descriptor, and
+/// the usual soft limit of 1,024 would refuse connections long before a fleet's 15,000
+/// (accept fails with "too many open files"). The systemd unit sets `LimitNOFILE` too.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return;
+        }
+        let soft = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            tracing::debug!(
+                from = soft,
+                to = limit.rlim_max,
+                "raised the open files limit"
+            );
+        }
+    }
+}
