@@ -126,7 +126,11 @@ async fn v5_empty_client_id_is_assigned_one() {
         .properties
         .assigned_client_identifier
         .expect("Assigned Client Identifier");
-    assert!(!id_a.is_empty());
+    // mosquitto's shape: "auto-" and 36 characters laid out as a UUID.
+    assert_eq!(id_a.len(), 41, "{id_a}");
+    assert!(id_a.starts_with("auto-"), "{id_a}");
+    let dashes: Vec<usize> = id_a.match_indices('-').map(|(i, _)| i).collect();
+    assert_eq!(dashes, [4, 13, 18, 23, 28], "{id_a}");
     let (mut b, ack_b) = Client::connect_with(addr, connect_packet(ProtocolVersion::V5, "")).await;
     let id_b = ack_b
         .properties

@@ -49,6 +49,9 @@ pub(crate) struct BrokerInner {
     pub stop_listeners: Notify,
     pub local_addrs: Mutex<Vec<SocketAddr>>,
     pub next_client_number: AtomicU64,
+    /// Random per broker start: the first part of assigned client identifiers, so that
+    /// those of one run do not meet the stored sessions of another.
+    pub client_id_salt: u64,
     /// The storage writer, when the broker has a storage backend (`persist.rs`).
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
@@ -77,6 +80,18 @@ impl BrokerInner {
             stop_listeners: Notify::new(),
             local_addrs: Mutex::new(Vec::new()),
             next_client_number: AtomicU64::new(1),
+            client_id_salt: {
+                use std::hash::{BuildHasher, Hasher};
+                // The standard library's randomly keyed hasher: random enough for a salt.
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos())
+                        .unwrap_or_default(),
+                );
+                h.finish()
+            },
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),
         }

@@ -480,10 +480,17 @@ async fn accept(
                 ))
             }
             _ => {
+                // mosquitto's shape, "auto-" and a UUID's 36 characters (some clients and
+                // tests expect the length): the salt, then a counter, so unique in a run.
                 let n = broker.next_client_number.fetch_add(1, Ordering::Relaxed);
+                let salt = broker.client_id_salt;
                 let id = format!(
-                    "auto-{:x}-{n}",
-                    broker.started.elapsed().as_nanos() as u64 ^ 0x5eed_cafe
+                    "auto-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+                    salt >> 32,
+                    (salt >> 16) & 0xffff,
+                    salt & 0xffff,
+                    (n >> 48) & 0xffff,
+                    n & 0xffff_ffff_ffff
                 );
                 if version.is_v5() {
                     assigned = Some(id.clone());
