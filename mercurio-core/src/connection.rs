@@ -844,7 +844,11 @@ impl Reader<'_> {
                 Ok(())
             }
             Packet::PubRel(a) => {
-                // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11].
+                // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11]. An unknown
+                // identifier is answered with Success too, as mosquitto does: it is a PUBREL
+                // resent after a reconnect whose PUBCOMP was lost [MQTT-4.4.0-1], for a
+                // message already complete, and some clients (rumqttc) drop the connection
+                // on a PUBCOMP error code such as 0x92.
                 let known = {
                     let mut st = self.session.state.lock();
                     let known = st.inbound_qos2.remove(&a.packet_id);
@@ -853,14 +857,12 @@ impl Reader<'_> {
                     }
                     known
                 };
-                let reason_code = if known {
-                    ReasonCode::SUCCESS
-                } else {
-                    ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
-                };
+                if !known {
+                    tracing::debug!(client_id = %self.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
+                }
                 self.send(Packet::PubComp(PubAck {
                     packet_id: a.packet_id,
-                    reason_code,
+                    reason_code: ReasonCode::SUCCESS,
                     properties: Properties::default(),
                 }));
                 Ok(())
