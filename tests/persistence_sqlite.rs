@@ -213,6 +213,30 @@ async fn restored_sessions_keep_their_user_name_for_access_checks() {
     }
 }
 
+/// A PUBACK the client sent just before the broker began shutting down is applied and stored:
+/// after the restart the message is not delivered again (mosquitto's
+/// 11-persistent-subscription-no-local).
+#[tokio::test]
+async fn puback_sent_as_shutdown_begins_is_applied() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "acker").await;
+    sub.subscribe("ack/#", QoS::AtLeastOnce).await;
+    broker
+        .publish("ack/1", "once", QoS::AtLeastOnce, false)
+        .unwrap();
+    let p = sub.expect_publish().await;
+    // The acknowledgement and the shutdown together: the broker reads it before closing.
+    sub.ack(&p).await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    let (mut sub, present) = connect_persistent(addr, ProtocolVersion::V5, "acker").await;
+    assert!(present);
+    sub.expect_nothing(Duration::from_millis(300)).await;
+    broker.shutdown().await;
+}
+
 #[tokio::test]
 async fn in_flight_messages_are_resent_at_each_step() {
     let db = db();

@@ -272,13 +272,25 @@ pub(crate) async fn serve_with<S>(
         scratch: None,
     };
     link.wake();
-    let close = tokio::select! {
-        c = reader.run(&mut rd, &mut buf, keep_alive) => c,
-        c = writer.run(&mut wr) => c,
-        _ = link.kill.notified() => {
-            let (reason, rc) = link.kill_reason.lock().take().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
-            Close { reason, send: Some(rc), publish_will: true }
+    let close = {
+        let read = reader.run(&mut rd, &mut buf, keep_alive);
+        tokio::pin!(read);
+        let mut killed = false;
+        let close = tokio::select! {
+            c = &mut read => c,
+            c = writer.run(&mut wr) => c,
+            _ = link.kill.notified() => {
+                killed = true;
+                let (reason, rc) = link.kill_reason.lock().take().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
+                Close { reason, send: Some(rc), publish_will: true }
+            }
+        };
+        // At shutdown, what the client sent just before is still handled: a PUBACK on its
+        // way is applied (and stored), not answered by a redelivery after the restart.
+        if killed && matches!(close.reason, DisconnectReason::Shutdown) {
+            let _ = tokio::time::timeout(SHUTDOWN_LAST_READ, &mut read).await;
         }
+        close
     };
 
     // 4. Final bytes: what the reader answered last, and a DISCONNECT for 5.0 clients.
@@ -308,13 +320,16 @@ pub(crate) async fn serve_with<S>(
     }
 }
 
+/// How long a connection goes on reading once the broker starts shutting down.
+const SHUTDOWN_LAST_READ: Duration = Duration::from_millis(50);
+
 /// After a server-initiated close, reads and discards what the client still sends: closing a
 /// socket with unread input makes the kernel send RST, and a client still writing (the
 /// PUBRELs for a thousand PUBRECs, say) would then lose the DISCONNECT that tells it why.
-/// Ends when the client closes, falls silent for a second, has sent 1 MiB, or after 5 s.
+/// Ends when the client closes, falls silent for half a second, has sent 1 MiB, or after 5 s.
 async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
     const LINGER: Duration = Duration::from_secs(5);
-    const LINGER_IDLE: Duration = Duration::from_secs(1);
+    const LINGER_IDLE: Duration = Duration::from_millis(500);
     const LINGER_BYTES: usize = 1 << 20;
     // On the heap: an array here would make every connection's task 4 KiB larger.
     let mut sink = vec![0u8; 4096];
