@@ -1204,8 +1204,18 @@ impl Writer<'_> {
         let mut st = self.session.state.lock();
         let st = &mut *st;
         let mut sent = 0u64;
+        // Resent PUBLISH packets count against this connection's window like new ones: a
+        // client that reconnects with a smaller Receive Maximum gets no more unacknowledged
+        // QoS 1 and 2 PUBLISH packets than it allows [MQTT-3.3.4-9] [MQTT-4.9.0-2]; the rest
+        // are resent as acknowledgements free the window. (PUBREL uses no send quota, but is
+        // counted too: the window never overflows, whatever the mix.)
+        let mut window = st.inflight.iter().filter(|f| f.sent).count();
         for f in st.inflight.iter_mut().filter(|f| !f.sent) {
+            if f.state != OutboundState::AwaitingPubComp && window >= self.limits.inflight {
+                continue;
+            }
             f.sent = true;
+            window += 1;
             match f.state {
                 OutboundState::AwaitingPubComp => {
                     let rel = Packet::PubRel(PubAck {
