@@ -596,10 +596,10 @@ async fn accept(
                 continue;
             }
             if connect.clean_start || old.state.lock().ended {
-                {
-                    let mut st = old.state.lock();
-                    st.will = None;
-                }
+                // Clean Start ends the old session, so a will still waiting for its Will
+                // Delay Interval is published now ("until the Will Delay Interval has passed
+                // or the Session ends, whichever happens first", 5.0 section 3.1.3.2.2; the
+                // non-normative comment of section 3.1.4 on a takeover with Clean Start 1).
                 broker.end_session(&old);
                 continue;
             }
