@@ -442,6 +442,14 @@ async fn accept(
     }
     let props = &connect.properties;
 
+    // "It is a Protocol Error to include Authentication Data if there is no Authentication
+    // Method" (5.0 section 3.1.2.11.10).
+    if props.authentication_data.is_some() && props.authentication_method.is_none() {
+        return Err(refuse(
+            ReasonCode::PROTOCOL_ERROR,
+            "Authentication Data without an Authentication Method",
+        ));
+    }
     // Enhanced authentication: no method is supported.
     if props.authentication_method.is_some() {
         return Err(refuse(
