@@ -463,6 +463,28 @@ async fn malformed_connect_flags() {
     broker.shutdown().await;
 }
 
+/// "It is a Protocol Error to include Authentication Data if there is no Authentication
+/// Method" (5.0 section 3.1.2.11.10): such a CONNECT is closed, at most after CONNACK 0x82
+/// [MQTT-4.13.1-1]; the same CONNECT without the data is accepted.
+#[tokio::test]
+async fn authentication_data_without_method_is_a_protocol_error() {
+    let (broker, addr) = start().await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "authdata");
+    connect.properties.authentication_data = Some(bytes::Bytes::from_static(b"secret"));
+    let mut c = Client::open(addr, ProtocolVersion::V5).await;
+    c.send(Packet::Connect(Box::new(connect))).await;
+    let seen = c.expect_closed().await;
+    assert!(
+        seen.iter().all(
+            |p| matches!(p, Packet::ConnAck(a) if a.reason_code == ReasonCode::PROTOCOL_ERROR)
+        ),
+        "{seen:?}"
+    );
+    let c = Client::connect(addr, ProtocolVersion::V5, "authdata").await;
+    c.disconnect().await;
+    broker.shutdown().await;
+}
+
 /// A 5.0 client asking for no keep alive (or more than max_keepalive) is told the Server
 /// Keep Alive, which the broker then enforces [MQTT-3.2.2-21] [MQTT-3.1.2-24]: silent for one
 /// and a half times it, the client is disconnected (DISCONNECT 0x8D).

@@ -427,3 +427,56 @@ async fn clean_start_with_expiry_keeps_the_new_session() {
     assert_eq!(&c.expect_publish().await.payload[..], b"kept");
     broker.shutdown().await;
 }
+
+/// Messages resent when a session resumes count against the new connection's window: a
+/// client that reconnects with a smaller Receive Maximum gets at most that many
+/// unacknowledged QoS 1 PUBLISH packets, "The Server MUST NOT send more than Receive Maximum
+/// QoS 1 and QoS 2 PUBLISH packets for which it has not received PUBACK, PUBCOMP, or PUBREC
+/// with a Reason Code of 128 or greater from the Client" [MQTT-3.3.4-9] [MQTT-4.9.0-2]; each
+/// acknowledgement lets the next one be resent, in order, with DUP 1 [MQTT-4.4.0-1].
+#[tokio::test]
+async fn resent_messages_respect_the_new_receive_maximum() {
+    let (broker, addr) = start().await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "rm-resume");
+    connect.clean_start = false;
+    connect.properties.session_expiry_interval = Some(60);
+    connect.properties.receive_maximum = Some(10);
+    let (mut c, _) = Client::connect_with(addr, connect.clone()).await;
+    c.subscribe("rm/t", QoS::AtLeastOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "rm-pub").await;
+    for i in 0..4u8 {
+        publisher
+            .publish("rm/t", &[i], QoS::AtLeastOnce, false)
+            .await;
+    }
+    let mut first = vec![];
+    for _ in 0..4 {
+        first.push(c.expect_publish().await);
+    }
+    c.drop_connection().await;
+    wait_disconnected(&broker, "rm-resume").await;
+
+    connect.properties.receive_maximum = Some(2);
+    let (mut c, ack) = Client::connect_with(addr, connect).await;
+    assert!(ack.session_present);
+    let mut held = vec![c.expect_publish().await, c.expect_publish().await];
+    c.expect_nothing(SHORT).await;
+    for (i, next) in (2..4u8).enumerate() {
+        let done = held.remove(0);
+        assert_eq!(
+            (done.packet_id, done.dup, &done.payload[..]),
+            (first[i].packet_id, true, &[i as u8][..])
+        );
+        c.ack(&done).await;
+        let m = c.expect_publish().await;
+        assert_eq!((m.dup, &m.payload[..]), (true, &[next][..]));
+        c.expect_nothing(Duration::from_millis(100)).await;
+        held.push(m);
+    }
+    for m in held {
+        c.ack(&m).await;
+    }
+    c.ping().await;
+    publisher.disconnect().await;
+    broker.shutdown().await;
+}

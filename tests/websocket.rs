@@ -31,9 +31,14 @@ struct WsClient {
 impl WsClient {
     /// Opens the WebSocket (subprotocol `mqtt`) without sending any MQTT packet.
     async fn open(addr: SocketAddr, version: ProtocolVersion) -> WsClient {
+        WsClient::open_with(addr, version, "mqtt").await
+    }
+
+    /// Opens the WebSocket offering only `subprotocol`, and checks the broker chose it.
+    async fn open_with(addr: SocketAddr, version: ProtocolVersion, subprotocol: &str) -> WsClient {
         let mut req = format!("ws://{addr}/mqtt").into_client_request().unwrap();
         req.headers_mut()
-            .insert("Sec-WebSocket-Protocol", "mqtt".parse().unwrap());
+            .insert("Sec-WebSocket-Protocol", subprotocol.parse().unwrap());
         let tcp = TcpStream::connect(addr).await.expect("tcp connect");
         let (ws, resp) = tokio::time::timeout(DEADLINE, tokio_tungstenite::client_async(req, tcp))
             .await
@@ -43,7 +48,7 @@ impl WsClient {
             resp.headers()
                 .get("sec-websocket-protocol")
                 .map(|v| v.to_str().unwrap()),
-            Some("mqtt")
+            Some(subprotocol)
         );
         WsClient {
             ws,
@@ -332,6 +337,31 @@ async fn upgrade_needs_the_mqtt_subprotocol() {
     bystander
         .publish("still", b"fine", QoS::AtLeastOnce, false)
         .await;
+    handle.shutdown().await;
+}
+
+/// The informal `mqttv3.1` subprotocol, which MQTT 3.1 clients (Paho JavaScript, old MQTT.js)
+/// offer alone, is accepted and echoed, as mosquitto, RabbitMQ and aedes do (RabbitMQ issue
+/// 15001); `mqtt` stays the one chosen whenever it is offered [MQTT-6.0.0-4] (checked in
+/// `upgrade_needs_the_mqtt_subprotocol`).
+#[tokio::test]
+async fn upgrade_accepts_the_mqttv31_subprotocol() {
+    let (handle, _tcp, ws) = start_ws(10).await;
+    let mut sub = WsClient::open_with(ws, ProtocolVersion::V31, "mqttv3.1").await;
+    sub.send(Packet::Connect(Box::new(connect_packet(
+        ProtocolVersion::V31,
+        "v31-ws",
+    ))))
+    .await;
+    match sub.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    sub.subscribe("v31/t", QoS::AtMostOnce).await;
+    let mut other = WsClient::connect(ws, ProtocolVersion::V311, "v311-ws").await;
+    let p = other.publish_packet("v31/t", b"hello", QoS::AtMostOnce);
+    other.send(p).await;
+    assert_eq!(&sub.expect_publish().await.payload[..], b"hello");
     handle.shutdown().await;
 }
 

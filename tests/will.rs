@@ -444,3 +444,80 @@ async fn takeover_continuing_the_session_drops_the_will() {
     }
     broker.shutdown().await;
 }
+
+/// A Clean Start connection ends the session it replaces, and with it any Will Delay
+/// Interval still running: the will is published then, not dropped ("The Server delays
+/// publishing the Client's Will Message until the Will Delay Interval has passed or the
+/// Session ends, whichever happens first", 5.0 section 3.1.3.2.2 [MQTT-3.1.2-8]; section
+/// 3.1.4: "If ... the new Network Connection has Clean Start set to 1 then if the existing
+/// Network Connection has a Will Message it will be sent because the original Session is
+/// ended on the takeover"). Both for a session whose client is away and for a takeover of a
+/// connected client; Clean Start 0 resumes the session and still cancels the will
+/// [MQTT-3.1.3-9].
+#[tokio::test]
+async fn clean_start_ends_the_session_and_publishes_a_delayed_will() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "will/clean/+").await;
+
+    // Away, its will waiting for an hour.
+    let c = with_will(
+        addr,
+        ProtocolVersion::V5,
+        "clean-away",
+        "will/clean/away",
+        false,
+        Some(3600),
+        Some(3600),
+    )
+    .await;
+    c.drop_connection().await;
+    w.expect_nothing(SHORT).await;
+    let again = Client::connect(addr, ProtocolVersion::V5, "clean-away").await;
+    let p = w.expect_publish().await;
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("will/clean/away", &b"will of clean-away"[..])
+    );
+    w.ack(&p).await;
+    again.disconnect().await;
+
+    // Connected, taken over by a Clean Start connection.
+    let mut old = with_will(
+        addr,
+        ProtocolVersion::V5,
+        "clean-taken",
+        "will/clean/taken",
+        false,
+        Some(3600),
+        Some(3600),
+    )
+    .await;
+    let mut new = Client::connect(addr, ProtocolVersion::V5, "clean-taken").await;
+    assert_eq!(
+        old.expect_disconnect().await,
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    let p = w.expect_publish().await;
+    assert_eq!(p.topic, "will/clean/taken");
+    w.ack(&p).await;
+    new.ping().await;
+
+    // Clean Start 0: the session goes on, the will is cancelled.
+    let old = with_will(
+        addr,
+        ProtocolVersion::V5,
+        "clean-resumed",
+        "will/clean/resumed",
+        false,
+        Some(3600),
+        Some(3600),
+    )
+    .await;
+    old.drop_connection().await;
+    let (mut resumed, present) =
+        Client::connect_persistent(addr, ProtocolVersion::V5, "clean-resumed").await;
+    assert!(present);
+    w.expect_nothing(SHORT).await;
+    resumed.ping().await;
+    broker.shutdown().await;
+}

@@ -471,6 +471,14 @@ async fn accept(
     }
     let props = &connect.properties;
 
+    // "It is a Protocol Error to include Authentication Data if there is no Authentication
+    // Method" (5.0 section 3.1.2.11.10).
+    if props.authentication_data.is_some() && props.authentication_method.is_none() {
+        return Err(refuse(
+            ReasonCode::PROTOCOL_ERROR,
+            "Authentication Data without an Authentication Method",
+        ));
+    }
     // Enhanced authentication: no method is supported.
     if props.authentication_method.is_some() {
         return Err(refuse(
@@ -643,10 +651,10 @@ async fn accept(
                 continue;
             }
             if connect.clean_start || old.state.lock().ended {
-                {
-                    let mut st = old.state.lock();
-                    st.will = None;
-                }
+                // Clean Start ends the old session, so a will still waiting for its Will
+                // Delay Interval is published now ("until the Will Delay Interval has passed
+                // or the Session ends, whichever happens first", 5.0 section 3.1.3.2.2; the
+                // non-normative comment of section 3.1.4 on a takeover with Clean Start 1).
                 broker.end_session(&old);
                 continue;
             }
@@ -1263,8 +1271,18 @@ impl Writer<'_> {
         let mut st = self.session.state.lock();
         let st = &mut *st;
         let mut sent = 0u64;
+        // Resent PUBLISH packets count against this connection's window like new ones: a
+        // client that reconnects with a smaller Receive Maximum gets no more unacknowledged
+        // QoS 1 and 2 PUBLISH packets than it allows [MQTT-3.3.4-9] [MQTT-4.9.0-2]; the rest
+        // are resent as acknowledgements free the window. (PUBREL uses no send quota, but is
+        // counted too: the window never overflows, whatever the mix.)
+        let mut window = st.inflight.iter().filter(|f| f.sent).count();
         for f in st.inflight.iter_mut().filter(|f| !f.sent) {
+            if f.state != OutboundState::AwaitingPubComp && window >= self.limits.inflight {
+                continue;
+            }
             f.sent = true;
+            window += 1;
             match f.state {
                 OutboundState::AwaitingPubComp => {
                     let rel = Packet::PubRel(PubAck {

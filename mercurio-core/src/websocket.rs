@@ -44,8 +44,14 @@ use tokio_tungstenite::WebSocketStream;
 use crate::connection;
 use crate::http::{self, Endpoint, HttpBody, ResponseGuard};
 
-/// The only WebSocket subprotocol accepted (MQTT 3.1.1 section 6, MQTT 5.0 section 6).
+/// The WebSocket subprotocol of MQTT 3.1.1 and 5.0 (section 6 of both), chosen whenever the
+/// client offers it [MQTT-6.0.0-4].
 pub const SUBPROTOCOL: &str = "mqtt";
+
+/// The informal subprotocol of MQTT 3.1 over WebSocket, still offered alone by older clients
+/// (Paho JavaScript with MQTT 3.1, old MQTT.js): accepted, and echoed, when `mqtt` is not
+/// offered, as mosquitto, RabbitMQ and aedes do.
+pub const SUBPROTOCOL_V31: &str = "mqttv3.1";
 
 /// tungstenite's read buffer per connection (its default is 128 KiB).
 const WS_READ_BUFFER: usize = 4 * 1024;
@@ -244,21 +250,26 @@ fn handshake(
         );
     }
     // Subprotocol names are case-sensitive tokens (RFC 6455 section 4.1).
-    let mqtt = req
-        .headers()
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == SUBPROTOCOL);
-    if !mqtt {
+    let offered = |name: &str| {
+        req.headers()
+            .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|p| p.trim() == name)
+    };
+    let selected = if offered(SUBPROTOCOL) {
+        SUBPROTOCOL
+    } else if offered(SUBPROTOCOL_V31) {
+        SUBPROTOCOL_V31
+    } else {
         tracing::debug!("WebSocket upgrade without the mqtt subprotocol: 400");
         return http::text(
             StatusCode::BAD_REQUEST,
             "the WebSocket subprotocol \"mqtt\" is required\n",
             guard,
         );
-    }
+    };
     *slot.lock() = Some(hyper::upgrade::on(req));
     let mut r = Response::new(HttpBody::empty(Some(guard)));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -272,7 +283,7 @@ fn handshake(
     );
     h.insert(
         header::SEC_WEBSOCKET_PROTOCOL,
-        HeaderValue::from_static(SUBPROTOCOL),
+        HeaderValue::from_static(selected),
     );
     r
 }
