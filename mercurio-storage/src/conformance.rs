@@ -57,6 +57,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_retained(&harness.fresh().await).await;
     check_message_fields(&harness.fresh().await).await;
     check_order_within_batch(&harness.fresh().await).await;
+    check_cancelled_within_batch(harness).await;
     check_many_clients(&harness.fresh().await).await;
     check_batch_is_atomic(&harness.fresh().await).await;
     check_invalid_values_refused(&harness.fresh().await).await;
@@ -714,6 +715,204 @@ pub async fn check_order_within_batch<S: Storage>(storage: &S) {
     assert_eq!(filters(&state.sessions[0]), ["kept"]);
     assert!(state.sessions[0].queued.is_empty());
     assert_eq!(state.retained, [retained("s", b"y", None)]);
+}
+
+/// Changes cancelled later in the same batch (set then removed, queued then dequeued,
+/// removed then set again) leave what applying them one by one leaves, before and after a
+/// reopen: nothing for what the batch added and removed, the removal of what was stored
+/// before, a new place at the end for an in-flight entry removed and set again, its place
+/// for one only updated. An addition for a session not stored is refused even when a later
+/// change of the batch cancels it.
+pub async fn check_cancelled_within_batch<H: Harness>(harness: &mut H) {
+    use InflightState::*;
+    let storage = harness.fresh().await;
+    let removed = |packet_id| Change::InflightRemoved {
+        client_id: "a".to_string(),
+        packet_id,
+    };
+    let inbound = |packet_id, added| {
+        let client_id = "a".to_string();
+        if added {
+            Change::InboundQos2Added {
+                client_id,
+                packet_id,
+            }
+        } else {
+            Change::InboundQos2Removed {
+                client_id,
+                packet_id,
+            }
+        }
+    };
+    let will = || Change::WillSet {
+        client_id: "a".to_string(),
+        will: WillRecord {
+            message: message("will", b"w", 1),
+            delay_interval: 0,
+        },
+    };
+    apply(
+        &storage,
+        vec![
+            saved("a"),
+            subscribed("a", "kept", 1),
+            queued("a", 1, b"one"),
+            queued("a", 2, b"two"),
+            inflight("a", 5, AwaitingPubRec),
+            inflight("a", 6, AwaitingPubAck),
+            inflight("a", 8, AwaitingPubAck),
+            inbound(3, true),
+            Change::RetainedSet(retained("r", b"r", None)),
+        ],
+    )
+    .await;
+    apply(
+        &storage,
+        vec![
+            // Queued then dequeued: never stored.
+            queued("a", 3, b"three"),
+            dequeued("a", 3),
+            // Stored before, replaced then dequeued: gone.
+            queued("a", 1, b"one again"),
+            dequeued("a", 1),
+            // Dequeued then queued again: stored with the new message.
+            dequeued("a", 2),
+            queued("a", 2, b"two again"),
+            // In flight then acknowledged: never stored; the same for a stored one.
+            inflight("a", 7, AwaitingPubAck),
+            removed(7),
+            inflight("a", 5, AwaitingPubComp),
+            removed(5),
+            // New entries, one removed and set again (after the other); an update.
+            inflight("a", 20, AwaitingPubAck),
+            inflight("a", 21, AwaitingPubAck),
+            removed(20),
+            inflight("a", 20, AwaitingPubRec),
+            inflight("a", 6, AwaitingPubComp),
+            // A stored entry removed and set again goes last.
+            removed(8),
+            inflight("a", 8, AwaitingPubRec),
+            subscribed("a", "gone", 1),
+            Change::SubscriptionRemoved {
+                client_id: "a".to_string(),
+                filter: "gone".to_string(),
+            },
+            will(),
+            Change::WillCleared {
+                client_id: "a".to_string(),
+            },
+            inbound(4, true),
+            inbound(4, false),
+            inbound(3, false),
+            inbound(3, true),
+            Change::RetainedSet(retained("s", b"s", None)),
+            Change::RetainedDeleted {
+                topic: "s".to_string(),
+            },
+            Change::RetainedDeleted {
+                topic: "r".to_string(),
+            },
+            Change::RetainedSet(retained("r", b"r again", None)),
+        ],
+    )
+    .await;
+    let check = |state: &LoadedState, when: &str| {
+        let a = &state.sessions[0];
+        assert_eq!(seqs(a), [2], "{when}: queued");
+        assert_eq!(
+            a.queued[0].message.payload,
+            Bytes::from_static(b"two again"),
+            "{when}: queued again"
+        );
+        assert_eq!(
+            packet_ids(a),
+            [
+                (6, AwaitingPubComp),
+                (21, AwaitingPubAck),
+                (20, AwaitingPubRec),
+                (8, AwaitingPubRec)
+            ],
+            "{when}: in flight"
+        );
+        assert_eq!(filters(a), ["kept"], "{when}: subscriptions");
+        assert_eq!(a.will, None, "{when}: will");
+        assert_eq!(a.inbound_qos2, [3], "{when}: inbound QoS 2");
+        assert_eq!(
+            state.retained,
+            [retained("r", b"r again", None)],
+            "{when}: retained"
+        );
+    };
+    must("flush", storage.flush()).await;
+    let before = load(&storage).await;
+    check(&before, "applied");
+    let storage = harness.reopen(storage).await;
+    let after = load(&storage).await;
+    check(&after, "reopened");
+    assert_eq!(after, before, "the state survives a reopen");
+
+    // Set and cleared within a batch that also deletes and creates the session again.
+    apply(
+        &storage,
+        vec![
+            queued("a", 10, b"ten"),
+            Change::SessionDeleted {
+                client_id: "a".to_string(),
+            },
+            saved("a"),
+            queued("a", 11, b"eleven"),
+            dequeued("a", 11),
+            inflight("a", 1, AwaitingPubAck),
+            removed(1),
+            inflight("a", 2, AwaitingPubAck),
+        ],
+    )
+    .await;
+    let a = session(&storage, "a").await;
+    assert!(a.queued.is_empty(), "queued after the session's deletion");
+    assert_eq!(packet_ids(&a), [(2, AwaitingPubAck)]);
+
+    for (what, batch) in [
+        (
+            "queued then dequeued",
+            vec![queued("nobody", 1, b"x"), dequeued("nobody", 1)],
+        ),
+        (
+            "set in flight then removed",
+            vec![
+                Change::InflightSet {
+                    client_id: "nobody".to_string(),
+                    inflight: InflightRecord {
+                        packet_id: 1,
+                        message: message("i/t", b"x", 1),
+                        state: AwaitingPubAck,
+                    },
+                },
+                Change::InflightRemoved {
+                    client_id: "nobody".to_string(),
+                    packet_id: 1,
+                },
+            ],
+        ),
+        (
+            "queued after the deletion then dequeued",
+            vec![
+                Change::SessionDeleted {
+                    client_id: "a".to_string(),
+                },
+                queued("a", 1, b"x"),
+                dequeued("a", 1),
+            ],
+        ),
+    ] {
+        let what = format!("{what}, for a session not stored");
+        expect_refused(storage.apply(&batch).await, &what);
+    }
+    assert_eq!(
+        load(&storage).await.sessions[0],
+        a,
+        "refused batches change nothing"
+    );
 }
 
 /// A batch interleaving many clients; sessions come back sorted by client id.

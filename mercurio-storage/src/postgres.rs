@@ -1,7 +1,10 @@
 //! [`PostgresStorage`]: a PostgreSQL database (12 or later), served by one broker at a time.
 //!
 //! - Writes go through one connection, in one transaction per batch, its statements pipelined
-//!   (sent together, one round trip). Each write transaction first takes the fence lock
+//!   (sent together, one round trip), a batch written as what it leaves: per client and
+//!   table, one multi-row DELETE and one multi-row INSERT for a run of changes (see
+//!   `plan`), so that a message queued then dequeued, or set in flight then acknowledged,
+//!   in the same batch writes no row. Each write transaction first takes the fence lock
 //!   shared (a transaction-level advisory lock that a takeover takes exclusively, see
 //!   [`leader`]), then reads the leader epoch; a transaction from an older epoch is rolled
 //!   back and refused with
@@ -171,15 +174,22 @@ struct Statements {
     delete_session: Statement,
     set_will: Statement,
     add_subscription: Statement,
-    remove_subscription: Statement,
     queue: Statement,
-    dequeue: Statement,
     set_inflight: Statement,
-    remove_inflight: Statement,
     add_inbound: Statement,
-    remove_inbound: Statement,
-    set_retained: Statement,
-    delete_retained: Statement,
+    /// The multi-row forms, one statement for what a run of changes of one client leaves
+    /// in one table (see `plan`).
+    exists: Statement,
+    queue_many: Statement,
+    dequeue_many: Statement,
+    set_inflight_many: Statement,
+    remove_inflight_many: Statement,
+    add_subscriptions: Statement,
+    remove_subscriptions: Statement,
+    add_inbound_many: Statement,
+    remove_inbound_many: Statement,
+    set_retained_many: Statement,
+    delete_retained_many: Statement,
 }
 
 struct Writer {
@@ -487,6 +497,13 @@ async fn open_writer(config: &PgConfig) -> Result<OpenedWriter, StorageError> {
 }
 
 const MESSAGE_COLUMNS: &str = "topic, payload, qos, retain, properties, expires_at, publisher";
+/// The array parameters of [`MessageColumns`], numbered from 1, 3 or 4.
+const MESSAGE_ARRAYS_FROM_1: &str =
+    "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], $5::bytea[], $6::bigint[], $7::text[]";
+const MESSAGE_ARRAYS_FROM_3: &str =
+    "$3::text[], $4::bytea[], $5::bigint[], $6::boolean[], $7::bytea[], $8::bigint[], $9::text[]";
+const MESSAGE_ARRAYS_FROM_4: &str = "$4::text[], $5::bytea[], $6::bigint[], $7::boolean[], \
+     $8::bytea[], $9::bigint[], $10::text[]";
 
 impl Statements {
     async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
@@ -532,10 +549,6 @@ impl Statements {
                     .into(),
             )
             .await?,
-            remove_subscription: p(
-                "DELETE FROM mercurio_subscriptions WHERE client_id = $1 AND filter = $2".into(),
-            )
-            .await?,
             queue: p(format!(
                 "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (client_id, seq) \
@@ -545,8 +558,6 @@ impl Statements {
                  publisher = excluded.publisher"
             ))
             .await?,
-            dequeue: p("DELETE FROM mercurio_queued WHERE client_id = $1 AND seq = $2".into())
-                .await?,
             set_inflight: p(format!(
                 "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
                  {MESSAGE_COLUMNS}) VALUES ($1, $2, \
@@ -558,27 +569,85 @@ impl Statements {
                  expires_at = excluded.expires_at, publisher = excluded.publisher"
             ))
             .await?,
-            remove_inflight: p(
-                "DELETE FROM mercurio_inflight WHERE client_id = $1 AND packet_id = $2".into(),
-            )
-            .await?,
             add_inbound: p("INSERT INTO mercurio_inbound_qos2 (client_id, packet_id) \
                  VALUES ($1, $2) ON CONFLICT DO NOTHING"
                 .into())
             .await?,
-            remove_inbound: p(
-                "DELETE FROM mercurio_inbound_qos2 WHERE client_id = $1 AND packet_id = $2".into(),
+            exists: p("SELECT 1 FROM mercurio_sessions WHERE client_id = $1".into()).await?,
+            queue_many: p(format!(
+                "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
+                 SELECT $1::text, u.* FROM unnest($2::bigint[], {MESSAGE_ARRAYS_FROM_3}) AS u \
+                 ON CONFLICT (client_id, seq) \
+                 DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
+                 qos = excluded.qos, retain = excluded.retain, \
+                 properties = excluded.properties, expires_at = excluded.expires_at, \
+                 publisher = excluded.publisher"
+            ))
+            .await?,
+            dequeue_many: p(
+                "DELETE FROM mercurio_queued WHERE client_id = $1 AND seq = ANY($2::bigint[])"
+                    .into(),
             )
             .await?,
-            set_retained: p(format!(
+            // New entries go after every stored one of the client, in the order of the
+            // arrays; an entry already stored keeps its place (`ord` is not updated).
+            set_inflight_many: p(format!(
+                "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
+                 {MESSAGE_COLUMNS}) \
+                 SELECT $1::text, u.packet_id, b.max_ord + u.n, u.state, u.topic, u.payload, \
+                 u.qos, u.retain, u.properties, u.expires_at, u.publisher \
+                 FROM unnest($2::bigint[], $3::text[], {MESSAGE_ARRAYS_FROM_4}) \
+                 WITH ORDINALITY AS u (packet_id, state, {MESSAGE_COLUMNS}, n), \
+                 (SELECT COALESCE(MAX(ord), 0) AS max_ord FROM mercurio_inflight \
+                 WHERE client_id = $1) AS b \
+                 ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
+                 topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
+                 retain = excluded.retain, properties = excluded.properties, \
+                 expires_at = excluded.expires_at, publisher = excluded.publisher"
+            ))
+            .await?,
+            remove_inflight_many: p("DELETE FROM mercurio_inflight WHERE client_id = $1 \
+                 AND packet_id = ANY($2::bigint[])"
+                .into())
+            .await?,
+            add_subscriptions: p(
+                "INSERT INTO mercurio_subscriptions (client_id, filter, qos, \
+                 no_local, retain_as_published, retain_handling, subscription_identifier) \
+                 SELECT $1::text, u.* FROM unnest($2::text[], $3::bigint[], $4::boolean[], \
+                 $5::boolean[], $6::bigint[], $7::bigint[]) AS u \
+                 ON CONFLICT (client_id, filter) DO UPDATE \
+                 SET qos = excluded.qos, no_local = excluded.no_local, \
+                 retain_as_published = excluded.retain_as_published, \
+                 retain_handling = excluded.retain_handling, \
+                 subscription_identifier = excluded.subscription_identifier"
+                    .into(),
+            )
+            .await?,
+            remove_subscriptions: p("DELETE FROM mercurio_subscriptions WHERE client_id = $1 \
+                 AND filter = ANY($2::text[])"
+                .into())
+            .await?,
+            add_inbound_many: p("INSERT INTO mercurio_inbound_qos2 (client_id, packet_id) \
+                 SELECT $1::text, u.* FROM unnest($2::bigint[]) AS u ON CONFLICT DO NOTHING"
+                .into())
+            .await?,
+            remove_inbound_many: p("DELETE FROM mercurio_inbound_qos2 WHERE client_id = $1 \
+                 AND packet_id = ANY($2::bigint[])"
+                .into())
+            .await?,
+            set_retained_many: p(format!(
                 "INSERT INTO mercurio_retained ({MESSAGE_COLUMNS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (topic) DO UPDATE SET \
+                 SELECT u.* FROM unnest({MESSAGE_ARRAYS_FROM_1}) AS u \
+                 ON CONFLICT (topic) DO UPDATE SET \
                  payload = excluded.payload, qos = excluded.qos, retain = excluded.retain, \
                  properties = excluded.properties, expires_at = excluded.expires_at, \
                  publisher = excluded.publisher"
             ))
             .await?,
-            delete_retained: p("DELETE FROM mercurio_retained WHERE topic = $1".into()).await?,
+            delete_retained_many: p(
+                "DELETE FROM mercurio_retained WHERE topic = ANY($1::text[])".into(),
+            )
+            .await?,
         })
     }
 }
@@ -667,7 +736,8 @@ fn inflight_params(id: &str, f: &InflightRecord) -> Vec<Param> {
     params
 }
 
-/// The statements of `change`, in order.
+/// The statements of a session change (`SessionSaved`, `SessionWritten`, `SessionDeleted`),
+/// in order.
 fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op<'a>>) {
     let mut push = |statement: &'a Statement, params: Vec<Param>, must_touch: bool| {
         out.push(Op {
@@ -717,63 +787,438 @@ fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op
             }
             push(&s.delete_session, vec![text(client_id)], false);
         }
-        Change::SubscriptionAdded {
-            client_id,
-            subscription,
-        } => push(
-            &s.add_subscription,
-            subscription_params(client_id, subscription),
-            false,
-        ),
-        Change::SubscriptionRemoved { client_id, filter } => push(
-            &s.remove_subscription,
-            vec![text(client_id), text(filter)],
-            false,
-        ),
-        Change::WillSet { client_id, will } => {
-            push(&s.set_will, will_params(client_id, Some(will)), true)
+        _ => unreachable!("planned with the other changes of its run, see `plan`"),
+    }
+}
+
+/// The statements of `batch`, fewer than one per change: what the batch leaves in the
+/// database, not every step to it.
+///
+/// The changes of different clients touch different rows (and those of the retained set
+/// rows of their own), so each client's changes are planned apart, in order. For one client,
+/// a session change (`SessionSaved`, `SessionWritten`, `SessionDeleted`) is written as it
+/// comes; between two of them (a "run"), each table gets what the run leaves for each key
+/// (the last change of a queued seq, of a packet identifier, of a filter; the will) as at
+/// most one multi-row DELETE and one multi-row INSERT. So a message queued then dequeued, or
+/// an in-flight entry set then removed, in the same batch costs only the DELETE (which finds
+/// nothing if the row was never stored), and a drained message costs no in-flight row when
+/// its acknowledgement is in the same batch.
+///
+/// What the database refuses is unchanged: a run with an addition (subscription, will,
+/// message, in-flight entry, inbound identifier) for a session that is not stored is refused
+/// even when a later change of the run cancels it (a `SELECT` that must find the session),
+/// and the batch is one transaction as before.
+fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
+    // Each client's changes (None: the retained set), in order of first appearance.
+    let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    let mut position: HashMap<Option<&str>, usize> = HashMap::new();
+    for (index, change) in batch.iter().enumerate() {
+        let key = change.client_id();
+        let at = *position.entry(key).or_insert_with(|| {
+            groups.push((key, Vec::new()));
+            groups.len() - 1
+        });
+        groups[at].1.push(index);
+    }
+    for (client_id, indices) in groups {
+        let Some(client_id) = client_id else {
+            plan_retained(s, batch, &indices, out);
+            continue;
+        };
+        // Whether the session is stored for sure: created earlier in this batch.
+        let mut created = false;
+        let mut run = Run::default();
+        for index in indices {
+            let change = &batch[index];
+            match change {
+                Change::SessionSaved(_)
+                | Change::SessionWritten(_)
+                | Change::SessionDeleted { .. } => {
+                    std::mem::take(&mut run).plan(s, client_id, created, out);
+                    ops_of(s, index, change, out);
+                    created = change.creates_session();
+                }
+                _ => run.add(index, change),
+            }
         }
-        Change::WillCleared { client_id } => push(&s.set_will, will_params(client_id, None), false),
-        Change::MessageQueued {
-            client_id,
-            seq,
-            message,
-        } => push(&s.queue, queued_params(client_id, *seq, message), false),
-        Change::MessageDequeued { client_id, seq } => push(
-            &s.dequeue,
-            vec![text(client_id), Box::new(big(*seq))],
-            false,
-        ),
-        Change::InflightSet {
-            client_id,
-            inflight,
-        } => push(&s.set_inflight, inflight_params(client_id, inflight), false),
-        Change::InflightRemoved {
-            client_id,
-            packet_id,
-        } => push(
-            &s.remove_inflight,
-            vec![text(client_id), int(*packet_id)],
-            false,
-        ),
-        Change::InboundQos2Added {
-            client_id,
-            packet_id,
-        } => push(
-            &s.add_inbound,
-            vec![text(client_id), int(*packet_id)],
-            false,
-        ),
-        Change::InboundQos2Removed {
-            client_id,
-            packet_id,
-        } => push(
-            &s.remove_inbound,
-            vec![text(client_id), int(*packet_id)],
-            false,
-        ),
-        Change::RetainedSet(r) => push(&s.set_retained, message_params(&r.message), false),
-        Change::RetainedDeleted { topic } => push(&s.delete_retained, vec![text(topic)], false),
+        run.plan(s, client_id, created, out);
+    }
+}
+
+/// What the last change of a key in a run leaves: `Some` stored, `None` removed; with the
+/// index of the first change of the run on that key (for error messages).
+type Last<'c, T> = (usize, Option<&'c T>);
+
+/// The changes of one client between two session changes, reduced to what they leave.
+#[derive(Default)]
+struct Run<'c> {
+    /// The first addition of the run, if any: the session must be stored.
+    first_addition: Option<usize>,
+    will: Option<Last<'c, WillRecord>>,
+    subscriptions: BTreeMap<&'c str, Last<'c, SubscriptionRecord>>,
+    queued: BTreeMap<u64, Last<'c, MessageRecord>>,
+    inflight: BTreeMap<u16, InflightLast<'c>>,
+    inbound: BTreeMap<u16, Last<'c, ()>>,
+}
+
+struct InflightLast<'c> {
+    /// The first change of the run on this packet identifier.
+    index: usize,
+    /// Removed at some point of the run: a stored entry is deleted, and a later set makes a
+    /// new entry (it goes last).
+    removed: bool,
+    /// Set after the last removal, if any.
+    last: Option<&'c InflightRecord>,
+    /// The position of the first set after the last removal: the order of new entries.
+    rank: usize,
+}
+
+fn keep<'c, K: Ord, T>(map: &mut BTreeMap<K, Last<'c, T>>, key: K, index: usize, v: Option<&'c T>) {
+    map.entry(key).or_insert((index, None)).1 = v;
+}
+
+impl<'c> Run<'c> {
+    fn add(&mut self, index: usize, change: &'c Change) {
+        let addition = matches!(
+            change,
+            Change::SubscriptionAdded { .. }
+                | Change::WillSet { .. }
+                | Change::MessageQueued { .. }
+                | Change::InflightSet { .. }
+                | Change::InboundQos2Added { .. }
+        );
+        if addition && self.first_addition.is_none() {
+            self.first_addition = Some(index);
+        }
+        match change {
+            Change::SubscriptionAdded { subscription, .. } => keep(
+                &mut self.subscriptions,
+                &subscription.filter,
+                index,
+                Some(subscription),
+            ),
+            Change::SubscriptionRemoved { filter, .. } => {
+                keep(&mut self.subscriptions, filter, index, None)
+            }
+            Change::WillSet { will, .. } => {
+                let first = self.will.map_or(index, |(first, _)| first);
+                self.will = Some((first, Some(will)));
+            }
+            Change::WillCleared { .. } => {
+                let first = self.will.map_or(index, |(first, _)| first);
+                self.will = Some((first, None));
+            }
+            Change::MessageQueued { seq, message, .. } => {
+                keep(&mut self.queued, *seq, index, Some(message))
+            }
+            Change::MessageDequeued { seq, .. } => keep(&mut self.queued, *seq, index, None),
+            Change::InflightSet { inflight, .. } => {
+                let entry = self
+                    .inflight
+                    .entry(inflight.packet_id)
+                    .or_insert(InflightLast {
+                        index,
+                        removed: false,
+                        last: None,
+                        rank: index,
+                    });
+                if entry.last.is_none() {
+                    entry.rank = index;
+                }
+                entry.last = Some(inflight);
+            }
+            Change::InflightRemoved { packet_id, .. } => {
+                let entry = self.inflight.entry(*packet_id).or_insert(InflightLast {
+                    index,
+                    removed: false,
+                    last: None,
+                    rank: index,
+                });
+                entry.removed = true;
+                entry.last = None;
+            }
+            Change::InboundQos2Added { packet_id, .. } => {
+                keep(&mut self.inbound, *packet_id, index, Some(&()))
+            }
+            Change::InboundQos2Removed { packet_id, .. } => {
+                keep(&mut self.inbound, *packet_id, index, None)
+            }
+            Change::SessionSaved(_)
+            | Change::SessionWritten(_)
+            | Change::SessionDeleted { .. }
+            | Change::RetainedSet(_)
+            | Change::RetainedDeleted { .. } => unreachable!("not part of a run"),
+        }
+    }
+
+    /// The statements of the run; `created`: the session was created earlier in the batch.
+    fn plan<'a>(self, s: &'a Statements, client_id: &str, created: bool, out: &mut Vec<Op<'a>>) {
+        let mut push = |index: usize, statement: &'a Statement, params: Vec<Param>, must_touch| {
+            out.push(Op {
+                index,
+                statement,
+                params,
+                must_touch,
+            })
+        };
+        if let Some(index) = self.first_addition.filter(|_| !created) {
+            push(index, &s.exists, vec![text(client_id)], true);
+        }
+        if let Some((index, will)) = self.will {
+            push(index, &s.set_will, will_params(client_id, will), false);
+        }
+        // Deletions first: they and the insertions of the same table have no key in common.
+        let Split {
+            removed,
+            set,
+            first_set,
+        } = split(&self.subscriptions);
+        if let Some(index) = removed.first().map(|(index, _)| *index) {
+            let filters: Vec<String> = removed.iter().map(|(_, f)| f.to_string()).collect();
+            push(
+                index,
+                &s.remove_subscriptions,
+                vec![text(client_id), Box::new(filters)],
+                false,
+            );
+        }
+        if !set.is_empty() {
+            let index = first_set;
+            let mut c = SubscriptionColumns::default();
+            for (_, sub) in &set {
+                c.push(sub);
+            }
+            let mut params = vec![text(client_id)];
+            params.extend(c.into_params());
+            push(index, &s.add_subscriptions, params, false);
+        }
+        let Split {
+            removed,
+            set,
+            first_set,
+        } = split(&self.queued);
+        if let Some(index) = removed.first().map(|(index, _)| *index) {
+            let seqs: Vec<i64> = removed.iter().map(|(_, seq)| big(**seq)).collect();
+            push(
+                index,
+                &s.dequeue_many,
+                vec![text(client_id), Box::new(seqs)],
+                false,
+            );
+        }
+        if !set.is_empty() {
+            let index = first_set;
+            let mut seqs = Vec::with_capacity(set.len());
+            let mut c = MessageColumns::default();
+            for (seq, message) in &set {
+                seqs.push(big(**seq));
+                c.push(message);
+            }
+            let mut params = vec![text(client_id), Box::new(seqs) as Param];
+            params.extend(c.into_params());
+            push(index, &s.queue_many, params, false);
+        }
+        let removed: Vec<(usize, i64)> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| f.removed)
+            .map(|(id, f)| (f.index, i64::from(*id)))
+            .collect();
+        if let Some(index) = removed.iter().map(|(index, _)| *index).min() {
+            let ids: Vec<i64> = removed.iter().map(|(_, id)| *id).collect();
+            push(
+                index,
+                &s.remove_inflight_many,
+                vec![text(client_id), Box::new(ids)],
+                false,
+            );
+        }
+        let mut set: Vec<(usize, usize, &InflightRecord)> = self
+            .inflight
+            .values()
+            .filter_map(|f| f.last.map(|r| (f.rank, f.index, r)))
+            .collect();
+        set.sort_by_key(|(rank, _, _)| *rank);
+        if let Some(index) = set.iter().map(|(_, index, _)| *index).min() {
+            let mut ids = Vec::with_capacity(set.len());
+            let mut states = Vec::with_capacity(set.len());
+            let mut c = MessageColumns::default();
+            for (_, _, f) in &set {
+                ids.push(i64::from(f.packet_id));
+                states.push(f.state.as_str().to_string());
+                c.push(&f.message);
+            }
+            let mut params = vec![text(client_id), Box::new(ids) as Param, Box::new(states)];
+            params.extend(c.into_params());
+            push(index, &s.set_inflight_many, params, false);
+        }
+        let Split {
+            removed,
+            set,
+            first_set,
+        } = split(&self.inbound);
+        if let Some(index) = removed.first().map(|(index, _)| *index) {
+            let ids: Vec<i64> = removed.iter().map(|(_, id)| i64::from(**id)).collect();
+            push(
+                index,
+                &s.remove_inbound_many,
+                vec![text(client_id), Box::new(ids)],
+                false,
+            );
+        }
+        if !set.is_empty() {
+            let index = first_set;
+            let ids: Vec<i64> = set.iter().map(|(id, _)| i64::from(**id)).collect();
+            push(
+                index,
+                &s.add_inbound_many,
+                vec![text(client_id), Box::new(ids)],
+                false,
+            );
+        }
+    }
+}
+
+/// What a run leaves for the keys of one table: the keys removed (with the index of their
+/// first change, smallest first) and the keys set, with the smallest index of those.
+struct Split<'m, 'c, K, T> {
+    removed: Vec<(usize, &'m K)>,
+    set: Vec<(&'m K, &'c T)>,
+    first_set: usize,
+}
+
+fn split<'m, 'c, K, T>(map: &'m BTreeMap<K, Last<'c, T>>) -> Split<'m, 'c, K, T> {
+    let mut removed = Vec::new();
+    let mut set = Vec::new();
+    let mut first_set = usize::MAX;
+    for (key, (index, value)) in map {
+        match value {
+            None => removed.push((*index, key)),
+            Some(v) => {
+                first_set = first_set.min(*index);
+                set.push((key, *v));
+            }
+        }
+    }
+    removed.sort_by_key(|(index, _)| *index);
+    Split {
+        removed,
+        set,
+        first_set,
+    }
+}
+
+/// The retained set's changes: the last one for each topic.
+fn plan_retained<'a>(
+    s: &'a Statements,
+    batch: &[Change],
+    indices: &[usize],
+    out: &mut Vec<Op<'a>>,
+) {
+    let mut last: BTreeMap<&str, Last<'_, RetainedRecord>> = BTreeMap::new();
+    for &index in indices {
+        match &batch[index] {
+            Change::RetainedSet(r) => keep(&mut last, r.message.topic.as_str(), index, Some(r)),
+            Change::RetainedDeleted { topic } => keep(&mut last, topic.as_str(), index, None),
+            _ => unreachable!("a change of the retained set"),
+        }
+    }
+    let Split {
+        removed,
+        set,
+        first_set,
+    } = split(&last);
+    if let Some(index) = removed.first().map(|(index, _)| *index) {
+        let topics: Vec<String> = removed.iter().map(|(_, t)| t.to_string()).collect();
+        out.push(Op {
+            index,
+            statement: &s.delete_retained_many,
+            params: vec![Box::new(topics)],
+            must_touch: false,
+        });
+    }
+    if !set.is_empty() {
+        let index = first_set;
+        let mut c = MessageColumns::default();
+        for (_, r) in &set {
+            c.push(&r.message);
+        }
+        out.push(Op {
+            index,
+            statement: &s.set_retained_many,
+            params: c.into_params(),
+            must_touch: false,
+        });
+    }
+}
+
+/// Messages as one array per column, for `unnest`.
+#[derive(Default)]
+struct MessageColumns {
+    topic: Vec<String>,
+    payload: Vec<Vec<u8>>,
+    qos: Vec<i64>,
+    retain: Vec<bool>,
+    properties: Vec<Vec<u8>>,
+    expires_at: Vec<Option<i64>>,
+    publisher: Vec<Option<String>>,
+}
+
+impl MessageColumns {
+    fn push(&mut self, m: &MessageRecord) {
+        self.topic.push(m.topic.clone());
+        self.payload.push(m.payload.to_vec());
+        self.qos.push(i64::from(m.qos));
+        self.retain.push(m.retain);
+        self.properties.push(m.properties.to_vec());
+        self.expires_at.push(m.expires_at.map(big));
+        self.publisher.push(m.publisher.clone());
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.topic),
+            Box::new(self.payload),
+            Box::new(self.qos),
+            Box::new(self.retain),
+            Box::new(self.properties),
+            Box::new(self.expires_at),
+            Box::new(self.publisher),
+        ]
+    }
+}
+
+/// Subscriptions as one array per column, for `unnest`.
+#[derive(Default)]
+struct SubscriptionColumns {
+    filter: Vec<String>,
+    qos: Vec<i64>,
+    no_local: Vec<bool>,
+    retain_as_published: Vec<bool>,
+    retain_handling: Vec<i64>,
+    identifier: Vec<Option<i64>>,
+}
+
+impl SubscriptionColumns {
+    fn push(&mut self, s: &SubscriptionRecord) {
+        self.filter.push(s.filter.clone());
+        self.qos.push(i64::from(s.qos));
+        self.no_local.push(s.no_local);
+        self.retain_as_published.push(s.retain_as_published);
+        self.retain_handling.push(i64::from(s.retain_handling));
+        self.identifier
+            .push(s.subscription_identifier.map(i64::from));
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.filter),
+            Box::new(self.qos),
+            Box::new(self.no_local),
+            Box::new(self.retain_as_published),
+            Box::new(self.retain_handling),
+            Box::new(self.identifier),
+        ]
     }
 }
 
@@ -805,9 +1250,7 @@ async fn write_batch(writer: &mut Writer, batch: &[Change], epoch: i64) -> Resul
         .await
         .map_err(|e| classify(e, "cannot begin a transaction"))?;
     let mut ops = Vec::new();
-    for (index, change) in batch.iter().enumerate() {
-        ops_of(statements, index, change, &mut ops);
-    }
+    plan(statements, batch, &mut ops);
     let refs: Vec<Vec<&(dyn ToSql + Sync)>> = ops
         .iter()
         .map(|op| {

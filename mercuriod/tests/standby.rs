@@ -227,6 +227,31 @@ fn sigkill_of_the_serving_broker_and_the_standby_serves() {
         3,
     );
     wait_count(&url, "SELECT count(*) FROM mercurio_retained", 1);
+    // A connected subscriber acknowledges two of four messages: the other two are in flight
+    // when the broker is killed, and resent by the standby.
+    let (mut held, _) = Client::connect(addr, persistent("held"));
+    held.subscribe("u/#", QoS::AtLeastOnce);
+    for i in 0..4u8 {
+        publisher.publish("u/x", &[b'0' + i], QoS::AtLeastOnce, false);
+    }
+    for i in 0..4u8 {
+        let p = held.expect_publish();
+        assert_eq!(&p.payload[..], &[b'0' + i]);
+        if i < 2 {
+            held.ack(&p);
+        }
+    }
+    held.settle();
+    wait_count(
+        &url,
+        "SELECT count(*) FROM mercurio_inflight WHERE client_id = 'held'",
+        2,
+    );
+    wait_count(
+        &url,
+        "SELECT count(*) FROM mercurio_queued WHERE client_id = 'held'",
+        0,
+    );
 
     serving.signal("-KILL");
     let killed = Instant::now();
@@ -248,6 +273,19 @@ fn sigkill_of_the_serving_broker_and_the_standby_serves() {
     let retained = sub.expect_publish();
     assert_eq!(&retained.payload[..], b"kept");
     sub.disconnect();
+    let (mut held, present) = Client::connect(addr, persistent("held"));
+    assert!(present, "the session survived the failover");
+    for i in 2..4u8 {
+        let p = held.expect_publish();
+        assert_eq!(
+            &p.payload[..],
+            &[b'0' + i],
+            "unacknowledged, resent in order"
+        );
+        assert!(p.dup, "resent");
+        held.ack(&p);
+    }
+    held.disconnect();
     standby.signal("-TERM");
     let (code, output) = standby.wait_exit(DEADLINE);
     assert_eq!(code, Some(0), "{output}");
