@@ -276,21 +276,36 @@ pub(crate) async fn serve_with<S>(
         let read = reader.run(&mut rd, &mut buf, keep_alive);
         tokio::pin!(read);
         let mut killed = false;
+        let mut write_failed = false;
         let close = tokio::select! {
             c = &mut read => c,
-            c = writer.run(&mut wr) => c,
+            c = writer.run(&mut wr) => {
+                write_failed = true;
+                c
+            }
             _ = link.kill.notified() => {
                 killed = true;
                 let (reason, rc) = link.kill_reason.lock().take().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
                 Close { reason, send: Some(rc), publish_will: true }
             }
         };
-        // At shutdown, what the client sent just before is still handled: a PUBACK on its
-        // way is applied (and stored), not answered by a redelivery after the restart.
-        if killed && matches!(close.reason, DisconnectReason::Shutdown) {
-            let _ = tokio::time::timeout(SHUTDOWN_LAST_READ, &mut read).await;
+        if write_failed {
+            // The client closed without reading what we sent last (mosquitto_sub -C does),
+            // but what it sent before closing is still to be read: its PUBACKs, applied, and
+            // its DISCONNECT, which discards the will [MQTT-3.14.4-3]. The reader's verdict
+            // wins when it reaches the end of the input in time.
+            match tokio::time::timeout(LAST_READ, &mut read).await {
+                Ok(c) => c,
+                Err(_) => close,
+            }
+        } else {
+            // At shutdown, what the client sent just before is still handled: a PUBACK on
+            // its way is applied (and stored), not answered by a redelivery after the restart.
+            if killed && matches!(close.reason, DisconnectReason::Shutdown) {
+                let _ = tokio::time::timeout(LAST_READ, &mut read).await;
+            }
+            close
         }
-        close
     };
 
     // 4. Final bytes: what the reader answered last, and a DISCONNECT for 5.0 clients.
@@ -320,8 +335,9 @@ pub(crate) async fn serve_with<S>(
     }
 }
 
-/// How long a connection goes on reading once the broker starts shutting down.
-const SHUTDOWN_LAST_READ: Duration = Duration::from_millis(50);
+/// How long a connection goes on reading what its client sent last, once the broker starts
+/// shutting down or a write to the client has failed.
+const LAST_READ: Duration = Duration::from_millis(50);
 
 /// After a server-initiated close, reads and discards what the client still sends: closing a
 /// socket with unread input makes the kernel send RST, and a client still writing (the

@@ -302,12 +302,23 @@ fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
     let sessions = handle.sessions();
     let disconnected = sessions.iter().filter(|s| !s.connected).count();
     let config = handle.config();
-    let (backend, state) = match config.storage.backend {
-        StorageBackend::Memory => ("memory", "in memory: lost when the broker stops"),
-        StorageBackend::Sqlite => ("sqlite", "unknown"),
-        StorageBackend::Postgres => ("postgres", "unknown"),
-    };
     let stats = handle.stats();
+    let backend = match config.storage.backend {
+        StorageBackend::Memory => "memory",
+        StorageBackend::Sqlite => "sqlite",
+        StorageBackend::Postgres => "postgres",
+    };
+    // The writer's counters ($SYS/broker/storage/...): clients waiting to be written whole
+    // again after a refused change, and sessions set aside at start because unreadable.
+    let dirty = stats.storage_clients_dirty.load(Ordering::Relaxed);
+    let set_aside = stats.storage_sessions_set_aside.load(Ordering::Relaxed);
+    let state = match config.storage.backend {
+        StorageBackend::Memory => "in memory: lost when the broker stops".to_string(),
+        _ if dirty == 0 && set_aside == 0 => "ok".to_string(),
+        _ => format!(
+            "degraded: {dirty} clients waiting to be written again, {set_aside} sessions set aside"
+        ),
+    };
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": handle.uptime().as_secs(),

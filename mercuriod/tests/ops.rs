@@ -393,3 +393,21 @@ fn under_systemd_stdout_lines_carry_their_severity() {
     // No timestamp: the journal adds its own.
     assert!(listening.starts_with("<6> INFO mercuriod:"), "{listening}");
 }
+
+/// `broker status` names the storage backend and its state, from the storage writer's
+/// counters ("ok" while nothing waits to be written again and no session was set aside).
+#[test]
+fn status_reports_the_storage_state() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("m.db");
+    let mut d = start(&format!(
+        "[storage]\nbackend = \"sqlite\"\npath = {:?}\n",
+        db.display().to_string()
+    ));
+    d.wait_listening();
+    let status = d.admin(r#"{"command":"broker.status"}"#);
+    assert_eq!(
+        ok(&status)["storage"],
+        serde_json::json!({"backend": "sqlite", "state": "ok"})
+    );
+}
