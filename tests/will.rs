@@ -445,17 +445,15 @@ async fn takeover_continuing_the_session_drops_the_will() {
     broker.shutdown().await;
 }
 
-/// A Clean Start connection ends the session it replaces, and with it any Will Delay
-/// Interval still running: the will is published then, not dropped ("The Server delays
-/// publishing the Client's Will Message until the Will Delay Interval has passed or the
-/// Session ends, whichever happens first", 5.0 section 3.1.3.2.2 [MQTT-3.1.2-8]; section
-/// 3.1.4: "If ... the new Network Connection has Clean Start set to 1 then if the existing
-/// Network Connection has a Will Message it will be sent because the original Session is
-/// ended on the takeover"). Both for a session whose client is away and for a takeover of a
-/// connected client; Clean Start 0 resumes the session and still cancels the will
-/// [MQTT-3.1.3-9].
+/// A will waiting for its Will Delay Interval when a new connection for its client
+/// identifier arrives: not published when the client was away, whatever the Clean Start,
+/// since the new connection opened before the delay elapsed [MQTT-3.1.2-8] (mosquitto's
+/// 07-will-delay-recover); published when a Clean Start 1 connection takes over a connected
+/// client, which ends the session (the non-normative comment of section 3.1.4: "it will be
+/// sent because the original Session is ended on the takeover"). Clean Start 0 resumes the
+/// session and cancels the will [MQTT-3.1.3-9].
 #[tokio::test]
-async fn clean_start_ends_the_session_and_publishes_a_delayed_will() {
+async fn delayed_will_and_a_new_connection() {
     let (broker, addr) = start().await;
     let mut w = watcher(addr, "will/clean/+").await;
 
@@ -473,12 +471,7 @@ async fn clean_start_ends_the_session_and_publishes_a_delayed_will() {
     c.drop_connection().await;
     w.expect_nothing(SHORT).await;
     let again = Client::connect(addr, ProtocolVersion::V5, "clean-away").await;
-    let p = w.expect_publish().await;
-    assert_eq!(
-        (p.topic.as_str(), &p.payload[..]),
-        ("will/clean/away", &b"will of clean-away"[..])
-    );
-    w.ack(&p).await;
+    w.expect_nothing(SHORT).await;
     again.disconnect().await;
 
     // Connected, taken over by a Clean Start connection.

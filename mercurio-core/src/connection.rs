@@ -646,6 +646,9 @@ async fn accept(
     // Take the session over [MQTT-3.1.4-3], or start a new one [MQTT-3.1.2-4].
     let link = Arc::new(Link::new());
     let session_present;
+    // Whether this connection took over a connected client (rather than a session whose
+    // client was away): it decides the fate of a will waiting for its delay below.
+    let mut took_over = false;
     let session = loop {
         let existing = broker.sessions.lock().get(&client_id).cloned();
         if let Some(old) = existing {
@@ -664,13 +667,19 @@ async fn accept(
                 }
                 old_link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
                 old_link.wait_closed().await;
+                took_over = true;
                 continue;
             }
             if connect.clean_start || old.state.lock().ended {
-                // Clean Start ends the old session, so a will still waiting for its Will
-                // Delay Interval is published now ("until the Will Delay Interval has passed
-                // or the Session ends, whichever happens first", 5.0 section 3.1.3.2.2; the
-                // non-normative comment of section 3.1.4 on a takeover with Clean Start 1).
+                // Clean Start ends the old session. Its will, if still waiting for its Will
+                // Delay Interval: published now when this connection took over a connected
+                // client (the non-normative comment of section 3.1.4: "it will be sent
+                // because the original Session is ended on the takeover"); dropped when the
+                // client was away, since a new connection for its client identifier opened
+                // before the delay elapsed [MQTT-3.1.2-8] (mosquitto 07-will-delay-recover).
+                if !took_over {
+                    old.state.lock().will = None;
+                }
                 broker.end_session(&old);
                 continue;
             }
