@@ -4,25 +4,26 @@
 //! The reader decodes packets and runs the inbound state machines (MQTT 5.0 section 4.3);
 //! what it answers (PUBACK, SUBACK, ...) is encoded into the link's control buffer. The writer
 //! sleeps until woken, then drains the control buffer and the session's queue into one buffer
-//! and one write (DESIGN.md section 3: coalescing writes is what makes a broker fast).
+//! and one write (one system call for many messages is what keeps a busy broker fast).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
-use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::Notify;
 
+use crate::auth::hooks::{AccessRequest, Action, ConnectInfo, DenyReason};
+use crate::broker::access::subscription_topic;
 use crate::broker::BrokerInner;
 use crate::codec::{
     self, ConnAck, Connect, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck,
     Publish, PublishRef, QoS, ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
 };
+use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
 use crate::session::{Granted, Inflight, OutboundState, Session, Will};
 use crate::stats::{DropCause, Stats};
@@ -36,42 +37,6 @@ const WRITE_CHUNK: usize = 64 * 1024;
 const IDLE_BUFFER_LIMIT: usize = 16 * 1024;
 /// How long the final packets (DISCONNECT, a refused CONNACK) may take to be written.
 const FINAL_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Why a connection ended, as logs and counters show it (DESIGN.md section 3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DisconnectReason {
-    /// The client sent DISCONNECT.
-    ClientDisconnect,
-    /// The client closed the socket without DISCONNECT.
-    ConnectionLost,
-    /// No packet within 1.5 times the keep alive.
-    KeepAliveTimeout,
-    /// A second connection took the session over.
-    TakenOver,
-    /// The broker is shutting down.
-    Shutdown,
-    /// Closed by an administrator or the embedding application.
-    Administrative,
-    /// The client broke the protocol (malformed packet, protocol error, a limit).
-    ProtocolViolation(ReasonCode),
-    /// Reading or writing the socket failed.
-    Io(String),
-}
-
-impl std::fmt::Display for DisconnectReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DisconnectReason::ClientDisconnect => write!(f, "client disconnected"),
-            DisconnectReason::ConnectionLost => write!(f, "connection closed by client"),
-            DisconnectReason::KeepAliveTimeout => write!(f, "keep alive timeout"),
-            DisconnectReason::TakenOver => write!(f, "session taken over"),
-            DisconnectReason::Shutdown => write!(f, "server shutting down"),
-            DisconnectReason::Administrative => write!(f, "administrative action"),
-            DisconnectReason::ProtocolViolation(rc) => write!(f, "protocol violation: {rc}"),
-            DisconnectReason::Io(e) => write!(f, "socket error: {e}"),
-        }
-    }
-}
 
 /// How the connection ends: why, what to send first, whether the will goes out.
 #[derive(Debug)]
@@ -99,86 +64,6 @@ impl Close {
             send: Some(rc),
             publish_will: true,
         }
-    }
-}
-
-/// The tie between a session and the connection serving it: how publishers wake the writer
-/// and how the broker asks the connection to close.
-#[derive(Debug)]
-pub(crate) struct Link {
-    wake: Notify,
-    kill: Notify,
-    kill_reason: Mutex<Option<(DisconnectReason, ReasonCode)>>,
-    closed: Notify,
-    is_closed: AtomicBool,
-    /// Packets encoded by the reader, written by the writer ahead of queued messages.
-    control: Mutex<BytesMut>,
-}
-
-impl Link {
-    pub(crate) fn new() -> Link {
-        Link {
-            wake: Notify::new(),
-            kill: Notify::new(),
-            kill_reason: Mutex::new(None),
-            closed: Notify::new(),
-            is_closed: AtomicBool::new(false),
-            control: Mutex::new(BytesMut::new()),
-        }
-    }
-
-    /// Wakes the writer: something was queued.
-    pub(crate) fn wake(&self) {
-        self.wake.notify_one();
-    }
-
-    /// Waits for the next [`Link::wake`].
-    pub(crate) async fn wait_woken(&self) {
-        self.wake.notified().await;
-    }
-
-    /// Asks the connection to close, sending DISCONNECT `rc` to a 5.0 client.
-    pub(crate) fn kill(&self, reason: DisconnectReason, rc: ReasonCode) {
-        let mut slot = self.kill_reason.lock();
-        if slot.is_none() {
-            *slot = Some((reason, rc));
-        }
-        drop(slot);
-        self.kill.notify_one();
-    }
-
-    /// Waits for [`Link::kill`] (for links without a connection task: in-process
-    /// subscriptions).
-    pub(crate) async fn wait_killed(&self) {
-        self.kill.notified().await;
-    }
-
-    /// Waits until the connection has closed and detached from its session.
-    pub(crate) async fn wait_closed(&self) {
-        loop {
-            let notified = self.closed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_closed.load(Ordering::Acquire) {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    fn mark_closed(&self) {
-        self.is_closed.store(true, Ordering::Release);
-        self.closed.notify_waiters();
-    }
-
-    /// Encodes a packet for the writer and wakes it.
-    fn send(&self, packet: &Packet, version: ProtocolVersion) {
-        let mut control = self.control.lock();
-        if let Err(e) = codec::encode(packet, version, &mut control) {
-            tracing::error!("cannot encode {}: {e}", packet.name());
-        }
-        drop(control);
-        self.wake.notify_one();
     }
 }
 
@@ -283,9 +168,9 @@ pub(crate) async fn serve_with<S>(
                 write_failed = true;
                 c
             }
-            _ = link.kill.notified() => {
+            _ = link.wait_killed() => {
                 killed = true;
-                let (reason, rc) = link.kill_reason.lock().take().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
+                let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
                 Close { reason, send: Some(rc), publish_will: true }
             }
         };
@@ -309,7 +194,7 @@ pub(crate) async fn serve_with<S>(
     };
 
     // 4. Final bytes: what the reader answered last, and a DISCONNECT for 5.0 clients.
-    let mut last = std::mem::take(&mut *link.control.lock());
+    let mut last = link.take_control();
     if let (Some(rc), true) = (close.send, version.is_v5()) {
         let d = Packet::Disconnect(Disconnect {
             reason_code: rc,
@@ -468,6 +353,66 @@ fn encode_connack(
     out.to_vec()
 }
 
+/// The CONNECT checks of the authentication chain: authentication (with the TLS identity), then the will's
+/// topic, which the client must be allowed to publish to. `Ok` carries the user name the
+/// client is known by; `Err` the CONNACK reason code and why.
+async fn connect_checks(
+    broker: &BrokerInner,
+    connect: &Connect,
+    client_id: &str,
+    peer: SocketAddr,
+    tls: Option<crate::tls::TlsIdentity>,
+) -> Result<Option<Arc<str>>, (ReasonCode, String)> {
+    let tls = tls.unwrap_or_default();
+    let mut username = connect.username.clone();
+    if tls.use_as_username {
+        match &tls.certificate_cn {
+            Some(cn) => username = Some(cn.clone()),
+            None => {
+                return Err((
+                    ReasonCode::NOT_AUTHORIZED,
+                    "no client certificate common name to use as the user name".into(),
+                ))
+            }
+        }
+    }
+    let info = ConnectInfo {
+        client_id: client_id.to_string(),
+        username,
+        password: connect.password.clone(),
+        peer,
+        protocol: connect.protocol,
+        certificate_cn: tls.certificate_cn,
+        username_from_certificate: tls.use_as_username,
+    };
+    let username = broker.auth.authenticate(&info).await.map_err(|r| match r {
+        DenyReason::BadCredentials => (
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "bad user name or password".to_string(),
+        ),
+        DenyReason::NotAuthorized => (ReasonCode::NOT_AUTHORIZED, "not authorized".to_string()),
+    })?;
+    if let Some(will) = &connect.will {
+        if broker.auth.checks_access()
+            && !broker
+                .auth
+                .authorize(&AccessRequest {
+                    client_id,
+                    username: username.as_deref(),
+                    topic: &will.topic,
+                    action: Action::Write,
+                })
+                .await
+        {
+            return Err((
+                ReasonCode::NOT_AUTHORIZED,
+                format!("may not publish the will to {:?}", will.topic),
+            ));
+        }
+    }
+    Ok(username.map(Arc::from))
+}
+
 /// Checks a CONNECT (MQTT 5.0 section 3.1.4), takes the session over or creates it, and
 /// builds the CONNACK. `Err` carries a refusing CONNACK to send before closing.
 async fn accept(
@@ -560,8 +505,7 @@ async fn accept(
         ));
     }
     // Authentication: the hooks, then allow_anonymous and the password file.
-    let username = match crate::auth::connect_checks(broker, &connect, &client_id, peer, tls).await
-    {
+    let username = match connect_checks(broker, &connect, &client_id, peer, tls).await {
         Ok(username) => username,
         Err((rc, why)) => return Err(refuse(rc, &why)),
     };
@@ -637,7 +581,11 @@ async fn accept(
         },
     };
 
-    if crate::persist::is_set_aside(broker, &client_id) {
+    if broker
+        .persist
+        .get()
+        .is_some_and(|p| p.is_set_aside(&client_id))
+    {
         return Err(refuse(
             ReasonCode::SERVER_UNAVAILABLE,
             "its stored session could not be read (set aside until deleted)",
@@ -720,7 +668,9 @@ async fn accept(
     // The identity first: the header stored next records the user name.
     session.state.lock().username = username.clone();
     *session.identity.write() = crate::auth::Identity::Client { username };
-    crate::persist::connected(broker, &session, session_present);
+    if let Some(p) = broker.persist.get() {
+        p.connected(&session, session_present);
+    }
 
     // CONNACK properties (MQTT 5.0 section 3.2.2.3).
     let mut p = Properties::default();
@@ -961,7 +911,7 @@ impl Reader<'_> {
         match self.broker.persist.get().filter(|p| p.durable_ack()) {
             Some(p) => {
                 let (link, version) = (Arc::clone(self.link), self.version);
-                p.then(Box::new(move || link.send(&packet, version)));
+                p.after_commit(Box::new(move || link.send(&packet, version)));
             }
             None => self.send(packet),
         }
@@ -1038,11 +988,7 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
             return Ok(());
         }
-        if broker.auth.checks_access()
-            && !broker
-                .may(self.session, &p.topic, crate::auth::hooks::Action::Write)
-                .await
-        {
+        if broker.auth.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
             // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
             tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
             let rc = if self.version.is_v5() {
@@ -1156,8 +1102,8 @@ impl Reader<'_> {
                 && !broker
                     .may(
                         self.session,
-                        crate::auth::subscription_topic(&f.filter),
-                        crate::auth::hooks::Action::Subscribe,
+                        subscription_topic(&f.filter),
+                        Action::Subscribe,
                     )
                     .await
             {
@@ -1259,7 +1205,7 @@ impl Writer<'_> {
     async fn run<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> Close {
         let mut buf = BytesMut::new();
         loop {
-            self.link.wake.notified().await;
+            self.link.wait_woken().await;
             loop {
                 let more = self.fill(&mut buf);
                 if buf.is_empty() {
@@ -1284,13 +1230,7 @@ impl Writer<'_> {
     /// this connection (resent with DUP [MQTT-4.4.0-1]), then queued messages while the window
     /// allows. Returns true when more is waiting (the chunk limit was reached).
     fn fill(&mut self, buf: &mut BytesMut) -> bool {
-        {
-            let mut control = self.link.control.lock();
-            if !control.is_empty() {
-                buf.extend_from_slice(&control);
-                control.clear();
-            }
-        }
+        self.link.drain_control_into(buf);
         let stats = &self.broker.stats;
         let now = Instant::now();
         let mut st = self.session.state.lock();

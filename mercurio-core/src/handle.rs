@@ -14,11 +14,12 @@ use crate::auth::{Auth, FileError, Identity};
 use crate::broker::{BrokerInner, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{Config, ListenerProtocol};
-use crate::connection::{DisconnectReason, Link};
 use crate::error::Error;
 use crate::http::{Endpoint, HttpLimits};
+use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::message::Message;
+use crate::persist::Persister;
 use crate::session::{Granted, Session};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
@@ -144,7 +145,7 @@ impl BrokerBuilder {
         }
         let storage = match self.storage {
             Some(storage) => Some(storage),
-            None => crate::persist::open_configured(&self.config.storage).await?,
+            None => open_configured(&self.config.storage).await?,
         };
         let loaded = match &storage {
             Some(storage) => Some(storage.load().await?),
@@ -166,10 +167,14 @@ impl BrokerBuilder {
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
-            let persister =
-                crate::persist::Persister::start(storage, durable_ack, Arc::downgrade(&inner));
+            let persister = Persister::start(
+                storage,
+                durable_ack,
+                Arc::clone(&inner.stats),
+                Arc::downgrade(&inner.sessions),
+            );
             let _ = inner.persist.set(persister);
-            crate::persist::restore(&inner, loaded);
+            crate::broker::restore::restore(&inner, loaded);
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
@@ -201,6 +206,48 @@ impl BrokerBuilder {
             tls: Arc::new(tls.into_iter().flatten().collect()),
             failure,
         })
+    }
+}
+
+/// The backend `[storage]` names, opened (`None` for memory: nothing is stored).
+async fn open_configured(
+    config: &crate::config::StorageConfig,
+) -> Result<Option<Arc<dyn mercurio_storage::Storage>>, crate::Error> {
+    use crate::config::StorageBackend;
+    match config.backend {
+        StorageBackend::Memory => Ok(None),
+        #[cfg(feature = "sqlite")]
+        StorageBackend::Sqlite => {
+            let path = config
+                .path
+                .clone()
+                .ok_or_else(|| crate::Error::Config("backend = \"sqlite\" needs path".into()))?;
+            let storage = tokio::task::spawn_blocking(move || {
+                mercurio_storage::sqlite::SqliteStorage::open(path)
+            })
+            .await
+            .map_err(|e| crate::Error::Config(format!("opening the database: {e}")))??;
+            Ok(Some(Arc::new(storage)))
+        }
+        #[cfg(not(feature = "sqlite"))]
+        StorageBackend::Sqlite => Err(crate::Error::Config(
+            "backend = \"sqlite\" needs the sqlite feature".into(),
+        )),
+        #[cfg(feature = "postgres")]
+        StorageBackend::Postgres => {
+            let url = config
+                .url
+                .clone()
+                .ok_or_else(|| crate::Error::Config("backend = \"postgres\" needs url".into()))?;
+            let mut options = mercurio_storage::postgres::PostgresOptions::new(url);
+            options.standby = config.standby;
+            let storage = mercurio_storage::postgres::PostgresStorage::open(options).await?;
+            Ok(Some(Arc::new(storage)))
+        }
+        #[cfg(not(feature = "postgres"))]
+        StorageBackend::Postgres => Err(crate::Error::Config(
+            "backend = \"postgres\" needs the postgres feature".into(),
+        )),
     }
 }
 

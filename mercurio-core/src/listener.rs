@@ -13,7 +13,7 @@ use crate::config::ListenerConfig;
 use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
-use crate::tls::TlsListener;
+use crate::tls::{self, TlsListener};
 use crate::websocket;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
@@ -114,6 +114,7 @@ pub(crate) async fn run(
         let on_listener = Arc::clone(&on_listener);
         let http = http.clone();
         let tls = tls.clone();
+        let connect_timeout = std::time::Duration::from_secs(broker.config.server.connect_timeout);
         // A task is as large as its future, which is as large as its largest branch: the
         // TLS and WebSocket ones (TLS state, HTTP) are boxed so that a plain MQTT connection,
         // idle most of its life, does not carry their size.
@@ -122,12 +123,25 @@ pub(crate) async fn run(
                 (None, None) => connection::serve(Arc::clone(&broker), stream, peer).await,
                 (None, Some(ep)) => Box::pin(websocket::serve(ep, stream, peer)).await,
                 (Some(tls), None) => {
-                    Box::pin(crate::tls::serve(Arc::clone(&broker), &tls, stream, peer)).await
+                    Box::pin(async {
+                        if let Some((stream, identity)) =
+                            tls::handshake(connect_timeout, &tls, stream, peer).await
+                        {
+                            connection::serve_with(
+                                Arc::clone(&broker),
+                                stream,
+                                peer,
+                                Some(identity),
+                            )
+                            .await
+                        }
+                    })
+                    .await
                 }
                 (Some(tls), Some(ep)) => {
                     Box::pin(async {
                         if let Some((stream, _identity)) =
-                            crate::tls::handshake(&broker, &tls, stream, peer).await
+                            tls::handshake(connect_timeout, &tls, stream, peer).await
                         {
                             websocket::serve(ep, stream, peer).await
                         }

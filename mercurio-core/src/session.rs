@@ -12,7 +12,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
-use crate::connection::Link;
+use crate::link::Link;
 use crate::message::Message;
 use crate::stats::DropCause;
 
@@ -68,7 +68,8 @@ pub(crate) struct Will {
     pub expiry: Option<u32>,
 }
 
-/// Limits applied when enqueueing (manual, "Queues and slow clients").
+/// Limits applied when enqueueing (`max_queued_messages`, `max_queued_qos0_messages`,
+/// `max_queued_bytes`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueLimits {
     pub max_messages: usize,
@@ -107,11 +108,40 @@ pub(crate) struct SessionState {
     /// The user name of the last connection, stored with the session so that access checks
     /// made while it is offline after a restart use it (`identity` is restored from it).
     pub username: Option<Arc<str>>,
-    /// Storage's writer, for a broker with a storage backend (see `persist.rs`).
-    pub persist: Option<Arc<crate::persist::Persister>>,
+    /// Where changes are reported for storage, for a broker with a storage backend.
+    pub changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
     pub next_seq: u64,
 }
+
+/// What a stored session reports, one call per change, made under the session's lock so that
+/// storage sees each client's changes in the order they happened. The broker's storage
+/// writer implements it (`persist`); a broker without storage sets none, and each report
+/// costs one `Option` check.
+pub(crate) trait SessionChanges: Send + Sync + std::fmt::Debug {
+    /// A QoS 1 or 2 message was pushed on the queue.
+    fn queued(&self, client_id: &str, q: &Queued);
+    /// A QoS 1 or 2 message left the queue without being sent (expired, too large, no longer
+    /// readable), or was sent and is now `inflight`.
+    fn dequeued(&self, client_id: &str, seq: u64);
+    /// An in-flight message was added or changed state.
+    fn inflight_set(&self, client_id: &str, f: &Inflight);
+    /// An in-flight message was acknowledged (or refused) and removed.
+    fn inflight_removed(&self, client_id: &str, packet_id: u16);
+    /// An inbound QoS 2 packet identifier was added (`true`) or released.
+    fn inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool);
+    /// A subscription was added or replaced (`Some`), or removed.
+    fn subscription(&self, client_id: &str, filter: &str, granted: Option<&Granted>);
+    /// The will was published or dropped.
+    fn will_cleared(&self, client_id: &str);
+    /// The connection ended: the session's header (with its disconnection time) changed.
+    fn detached(&self, client_id: &str, st: &SessionState);
+    /// The session ended (expired, cleaned, taken over by a clean start).
+    fn ended(&self, client_id: &str);
+}
+
+/// Every session the broker holds, by client identifier.
+pub(crate) type SessionTable = Mutex<HashMap<Arc<str>, Arc<Session>>>;
 
 /// A session, shared between its connection, publishers and timers.
 #[derive(Debug)]
@@ -156,7 +186,7 @@ impl Session {
                 dropped_since_warning: 0,
                 disconnected_at: None,
                 username: None,
-                persist: None,
+                changes: None,
                 next_seq: 1,
             }),
             identity: Default::default(),
@@ -169,7 +199,7 @@ impl Session {
     }
 
     /// Offers a delivery to the queue under `limits`, waking the connection if there is one.
-    /// Never waits: a full queue drops (QoS 0 first), as the manual says. Logs one warning
+    /// Never waits: a full queue drops (QoS 0 first). Logs one warning
     /// when the queue starts dropping, naming the limit, and one with the count when a
     /// message finds it back at half its limits.
     pub(crate) fn enqueue(&self, mut delivery: Queued, limits: &QueueLimits) -> Enqueued {
@@ -264,5 +294,98 @@ impl SessionState {
     /// Position of the in-flight message with this packet identifier.
     pub(crate) fn inflight_position(&self, packet_id: u16) -> Option<usize> {
         self.inflight.iter().position(|f| f.packet_id == packet_id)
+    }
+}
+
+/// The mutation points: each reports the change that mirrors it, when the session is stored
+/// (a storage writer, a session expiry interval above 0). Called with the session locked.
+impl SessionState {
+    fn stored(&self) -> Option<&Arc<dyn SessionChanges>> {
+        self.changes.as_ref().filter(|_| self.expiry_interval > 0)
+    }
+
+    /// A message was pushed on the queue.
+    pub(crate) fn persist_queued(&self, client_id: &str, q: &Queued) {
+        if q.qos == QoS::AtMostOnce {
+            return;
+        }
+        if let Some(c) = self.stored() {
+            c.queued(client_id, q);
+        }
+    }
+
+    /// A message left the queue without being sent (expired, too large).
+    pub(crate) fn persist_dequeued(&self, client_id: &str, q: &Queued) {
+        if q.qos == QoS::AtMostOnce {
+            return;
+        }
+        if let Some(c) = self.stored() {
+            c.dequeued(client_id, q.seq);
+        }
+    }
+
+    /// The last in-flight message was just sent, taken from the queue.
+    pub(crate) fn persist_sent(&self, client_id: &str) {
+        let Some(c) = self.stored() else { return };
+        let Some(f) = self.inflight.back() else {
+            return;
+        };
+        c.dequeued(client_id, f.delivery.seq);
+        c.inflight_set(client_id, f);
+    }
+
+    /// The in-flight message at `index` changed state (PUBREC received).
+    pub(crate) fn persist_inflight(&self, client_id: &str, index: usize) {
+        let Some(c) = self.stored() else { return };
+        if let Some(f) = self.inflight.get(index) {
+            c.inflight_set(client_id, f);
+        }
+    }
+
+    /// An in-flight message was acknowledged (or refused) and removed.
+    pub(crate) fn persist_acked(&self, client_id: &str, packet_id: u16) {
+        if let Some(c) = self.stored() {
+            c.inflight_removed(client_id, packet_id);
+        }
+    }
+
+    /// An inbound QoS 2 packet identifier was added (`true`) or released.
+    pub(crate) fn persist_inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool) {
+        if let Some(c) = self.stored() {
+            c.inbound_qos2(client_id, packet_id, added);
+        }
+    }
+
+    /// A subscription was added or replaced (`Some`), or removed.
+    pub(crate) fn persist_subscription(
+        &self,
+        client_id: &str,
+        filter: &str,
+        granted: Option<&Granted>,
+    ) {
+        if let Some(c) = self.stored() {
+            c.subscription(client_id, filter, granted);
+        }
+    }
+
+    /// The will was published or dropped.
+    pub(crate) fn persist_will_cleared(&self, client_id: &str) {
+        if let Some(c) = self.stored() {
+            c.will_cleared(client_id);
+        }
+    }
+
+    /// The connection ended: the header with its disconnection time, and the will if gone.
+    pub(crate) fn persist_detached(&self, client_id: &str) {
+        if let Some(c) = self.stored() {
+            c.detached(client_id, self);
+        }
+    }
+
+    /// The session ended (expired, cleaned, taken over by a clean start).
+    pub(crate) fn persist_ended(&self, client_id: &str) {
+        if let Some(c) = &self.changes {
+            c.ended(client_id);
+        }
     }
 }

@@ -2,6 +2,9 @@
 //! routing a message to the sessions whose subscriptions match, retained messages, taking a
 //! session over at CONNECT, ending it at DISCONNECT or expiry, and wills.
 
+pub(crate) mod access;
+pub(crate) mod restore;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -13,10 +16,10 @@ use tokio::sync::Notify;
 
 use crate::codec::QoS;
 use crate::config::Config;
-use crate::connection::Link;
+use crate::link::Link;
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
-use crate::session::{Enqueued, Granted, QueueLimits, Queued, Session, Will};
+use crate::session::{Enqueued, Granted, QueueLimits, Queued, Session, SessionTable, Will};
 use crate::stats::{DropCause, Stats};
 
 /// Client identifier prefix of in-process subscriptions' sessions.
@@ -33,12 +36,14 @@ pub(crate) struct SubEntry {
 pub(crate) struct BrokerInner {
     pub config: Config,
     pub limits: QueueLimits,
-    pub sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
+    /// Shared with the storage writer, which writes a session whole after a failure.
+    pub sessions: Arc<SessionTable>,
     pub index: RwLock<SubscriptionIndex<SubEntry>>,
     pub retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Retained `$SYS` messages: in memory only, never counted as retained messages.
     pub sys_retained: Mutex<RetainedStore<Arc<Message>>>,
-    pub stats: Stats,
+    /// Shared with the storage writer, which counts its batches.
+    pub stats: Arc<Stats>,
     pub started: Instant,
     pub shutting_down: AtomicBool,
     /// Open network connections (accepted sockets not yet closed).
@@ -52,7 +57,7 @@ pub(crate) struct BrokerInner {
     /// Random per broker start: the first part of assigned client identifiers, so that
     /// those of one run do not meet the stored sessions of another.
     pub client_id_salt: u64,
-    /// The storage writer, when the broker has a storage backend (`persist.rs`).
+    /// The storage writer, when the broker has a storage backend (`persist`).
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
     pub auth: crate::auth::Auth,
@@ -68,11 +73,11 @@ impl BrokerInner {
         BrokerInner {
             config,
             limits,
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Arc::new(Mutex::new(HashMap::new())),
             index: RwLock::new(SubscriptionIndex::new()),
             retained: Mutex::new(RetainedStore::new()),
             sys_retained: Mutex::new(RetainedStore::new()),
-            stats: Stats::default(),
+            stats: Arc::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             open_connections: AtomicUsize::new(0),
@@ -403,27 +408,42 @@ impl BrokerInner {
         }
         if let Some(delay) = will_delay {
             if delay < expiry {
-                let broker = Arc::clone(self);
-                let session = Arc::clone(session);
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
-                    let will = {
-                        let mut st = session.state.lock();
-                        if st.generation != generation || st.link.is_some() || st.ended {
-                            return;
-                        }
-                        st.persist_will_cleared(&session.client_id);
-                        st.will.take()
-                    };
-                    if let Some(will) = will {
-                        broker.publish_will(&session.client_id, will);
-                    }
-                });
+                self.arm_will(session, generation, Duration::from_secs(u64::from(delay)));
             }
         }
         if expiry != u32::MAX {
             self.arm_expiry(session, generation, Duration::from_secs(u64::from(expiry)));
         }
+    }
+
+    /// Publishes the will of `session` after `after` (its Will Delay Interval, MQTT 5.0
+    /// section 3.1.3.2.2) unless a connection took the session up again since `generation`
+    /// or the session ended (which publishes the will itself).
+    pub(crate) fn arm_will(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        after: Duration,
+    ) {
+        let broker = Arc::clone(self);
+        let session = Arc::clone(session);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let will = {
+                let mut st = session.state.lock();
+                if st.generation != generation || st.link.is_some() || st.ended {
+                    return;
+                }
+                let will = st.will.take();
+                if will.is_some() {
+                    st.persist_will_cleared(&session.client_id);
+                }
+                will
+            };
+            if let Some(will) = will {
+                broker.publish_will(&session.client_id, will);
+            }
+        });
     }
 
     /// Ends `session` after `after` unless a connection took it up again since `generation`
