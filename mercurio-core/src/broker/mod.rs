@@ -4,6 +4,7 @@
 
 pub(crate) mod access;
 pub(crate) mod restore;
+mod takeover;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
