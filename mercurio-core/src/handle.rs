@@ -269,7 +269,7 @@ fn spawn_failure_watch(
                 .sessions
                 .lock()
                 .values()
-                .filter_map(|s| s.state.lock().link.clone())
+                .filter_map(|s| s.link())
                 .collect();
             for link in links {
                 link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
@@ -391,7 +391,7 @@ impl BrokerHandle {
         let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
         *session.identity.write() = Identity::Trusted;
         let link = Arc::new(Link::new());
-        session.state.lock().link = Some(Arc::clone(&link));
+        session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
         self.inner
             .sessions
             .lock()
@@ -427,7 +427,7 @@ impl BrokerHandle {
             .sessions
             .lock()
             .get(client_id)
-            .and_then(|s| s.state.lock().link.clone());
+            .and_then(|s| s.link());
         match link {
             Some(link) => {
                 link.kill(
@@ -511,7 +511,7 @@ impl BrokerHandle {
             .sessions
             .lock()
             .values()
-            .filter_map(|s| s.state.lock().link.clone())
+            .filter_map(|s| s.link())
             .collect();
         for link in links {
             link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
@@ -549,7 +549,7 @@ impl BrokerHandle {
             self.inner.end_session(&session);
             // A connection that took the session over between the check and its end holds
             // an ended session: close it, so that the client reconnects to a new one.
-            let late = session.state.lock().link.clone();
+            let late = session.link();
             if let Some(link) = late {
                 link.kill(
                     DisconnectReason::Administrative,
@@ -623,7 +623,7 @@ impl BrokerHandle {
             },
             subscriptions,
             expiry_interval: st.expiry_interval,
-            queued_bytes: st.queued_bytes,
+            queued_bytes: st.queue.bytes(),
             will: st.will.is_some(),
             disconnected_for: st.disconnected_at.map(|at| at.elapsed()),
         })

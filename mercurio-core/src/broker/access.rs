@@ -76,7 +76,7 @@ impl BrokerInner {
         }
         let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
         for session in sessions {
-            let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
+            let filters = session.filters();
             for filter in filters {
                 if !self.check_now(&session, subscription_topic(&filter), Action::Subscribe) {
                     tracing::info!(client_id = %session.client_id, %filter, "subscription removed: no longer authorized");
@@ -94,17 +94,11 @@ impl BrokerInner {
         if st.queue.is_empty() {
             return;
         }
-        let queue = std::mem::take(&mut st.queue);
-        let mut removed = 0u64;
-        for q in queue {
-            if self.check_now(session, &q.msg.topic, Action::Read) {
-                st.queue.push_back(q);
-            } else {
-                st.queued_bytes = st.queued_bytes.saturating_sub(q.msg.payload.len() as u64);
-                st.persist_dequeued(&session.client_id, &q);
-                self.stats.dropped(DropCause::NotAuthorized);
-                removed += 1;
-            }
+        let removed = st.remove_queued(&session.client_id, |q| {
+            self.check_now(session, &q.msg.topic, Action::Read)
+        });
+        for _ in 0..removed {
+            self.stats.dropped(DropCause::NotAuthorized);
         }
         if removed > 0 {
             tracing::info!(client_id = %session.client_id, removed, "queued messages removed: no longer authorized");

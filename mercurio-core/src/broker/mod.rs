@@ -20,7 +20,9 @@ use crate::config::Config;
 use crate::link::Link;
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
-use crate::session::{Enqueued, Granted, QueueLimits, Queued, Session, SessionTable, Will};
+use crate::session::{
+    Detached, Enqueued, Granted, QueueLimits, Queued, Session, SessionTable, Will,
+};
 use crate::stats::{DropCause, Stats};
 
 /// Client identifier prefix of in-process subscriptions' sessions.
@@ -259,15 +261,7 @@ impl BrokerInner {
     /// Records a subscription in the session and the index. Returns true when it replaced an
     /// existing subscription on the same filter [MQTT-3.8.4-3].
     pub(crate) fn subscribe(&self, session: &Arc<Session>, filter: &str, granted: Granted) -> bool {
-        let existed = {
-            let mut st = session.state.lock();
-            let existed = st
-                .subscriptions
-                .insert(filter.to_string(), granted)
-                .is_some();
-            st.persist_subscription(&session.client_id, filter, Some(&granted));
-            existed
-        };
+        let existed = session.add_subscription(filter, granted);
         let entry = SubEntry {
             session: Arc::clone(session),
             granted,
@@ -280,14 +274,7 @@ impl BrokerInner {
 
     /// Removes a subscription. True when it existed.
     pub(crate) fn unsubscribe(&self, session: &Session, filter: &str) -> bool {
-        let existed = {
-            let mut st = session.state.lock();
-            let existed = st.subscriptions.remove(filter).is_some();
-            if existed {
-                st.persist_subscription(&session.client_id, filter, None);
-            }
-            existed
-        };
+        let existed = session.remove_subscription(filter);
         if existed {
             self.index.write().remove(filter, &session.client_id);
         }
@@ -322,18 +309,8 @@ impl BrokerInner {
     /// Ends a session: removes its subscriptions from the index and the session from the map
     /// (if it is still the one there), and publishes a will still pending [MQTT-3.1.2-8].
     pub(crate) fn end_session(&self, session: &Arc<Session>) {
-        let (filters, will) = {
-            let mut st = session.state.lock();
-            if st.ended {
-                return;
-            }
-            st.ended = true;
-            st.persist_ended(&session.client_id);
-            st.queue.clear();
-            st.queued_bytes = 0;
-            st.inflight.clear();
-            let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
-            (filters, st.will.take())
+        let Some((filters, will)) = session.end() else {
+            return;
         };
         {
             let mut index = self.index.write();
@@ -370,35 +347,14 @@ impl BrokerInner {
         link: &Arc<Link>,
         publish_will: bool,
     ) {
-        let (generation, expiry, will_now, will_delay) = {
-            let mut st = session.state.lock();
-            if !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
-                return;
-            }
-            st.link = None;
-            st.disconnected_at = Some(Instant::now());
-            for f in st.inflight.iter_mut() {
-                f.sent = false;
-            }
-            // QoS 0 messages are not kept for a client that is away.
-            let before = st.queue.len();
-            st.queue.retain(|q| q.qos != QoS::AtMostOnce);
-            if st.queue.len() != before {
-                st.queued_bytes = st.queue.iter().map(|q| q.msg.payload.len() as u64).sum();
-            }
-            let mut will_now = None;
-            let mut will_delay = None;
-            if !publish_will {
-                st.will = None;
-            } else if let Some(w) = &st.will {
-                if w.delay == 0 || st.expiry_interval == 0 {
-                    will_now = st.will.take();
-                } else {
-                    will_delay = Some(w.delay);
-                }
-            }
-            st.persist_detached(&session.client_id);
-            (st.generation, st.expiry_interval, will_now, will_delay)
+        let Some(Detached {
+            generation,
+            expiry,
+            will_now,
+            will_delay,
+        }) = session.detach(link, publish_will)
+        else {
+            return;
         };
         if let Some(will) = will_now {
             self.publish_will(&session.client_id, will);
@@ -430,18 +386,7 @@ impl BrokerInner {
         let session = Arc::clone(session);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            let will = {
-                let mut st = session.state.lock();
-                if st.generation != generation || st.link.is_some() || st.ended {
-                    return;
-                }
-                let will = st.will.take();
-                if will.is_some() {
-                    st.persist_will_cleared(&session.client_id);
-                }
-                will
-            };
-            if let Some(will) = will {
+            if let Some(will) = session.take_will_if_idle(generation) {
                 broker.publish_will(&session.client_id, will);
             }
         });
@@ -459,11 +404,8 @@ impl BrokerInner {
         let session = Arc::clone(session);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            {
-                let st = session.state.lock();
-                if st.generation != generation || st.link.is_some() || st.ended {
-                    return;
-                }
+            if !session.idle_since(generation) {
+                return;
             }
             tracing::debug!(client_id = %session.client_id, "session expired");
             broker
@@ -499,6 +441,6 @@ impl Session {
 
     /// True while a connection serves this session.
     pub(crate) fn is_connected(&self) -> bool {
-        self.state.lock().link.is_some()
+        self.link().is_some()
     }
 }

@@ -204,7 +204,6 @@ fn restore_queue(
             });
             continue;
         }
-        st.queued_bytes += msg.payload.len() as u64;
         st.queue.push_back(Queued {
             retain: msg.retain,
             msg: Arc::new(msg),

@@ -29,7 +29,7 @@ impl BrokerInner {
         loop {
             let existing = self.sessions.lock().get(client_id).cloned();
             if let Some(old) = existing {
-                let old_link = old.state.lock().link.clone();
+                let old_link = old.link();
                 if let Some(old_link) = old_link {
                     // The session goes on under the new connection (clean start 0, a session that
                     // outlives its connection): the old connection's will is dropped, not published,
@@ -60,17 +60,9 @@ impl BrokerInner {
                     self.end_session(&old);
                     continue;
                 }
-                let mut st = old.state.lock();
-                if st.ended || st.link.is_some() {
+                if !old.attach(&link, version, expiry_interval, &mut will) {
                     continue;
                 }
-                st.link = Some(Arc::clone(&link));
-                st.generation += 1;
-                st.disconnected_at = None;
-                st.protocol = version;
-                st.expiry_interval = expiry_interval;
-                st.will = will.take();
-                drop(st);
                 return (old, link, true);
             }
             let fresh = Arc::new(Session::new(
@@ -78,16 +70,11 @@ impl BrokerInner {
                 version,
                 expiry_interval,
             ));
-            {
-                let mut st = fresh.state.lock();
-                st.link = Some(Arc::clone(&link));
-                st.generation = 1;
-                st.will = will.take();
-            }
             let mut sessions = self.sessions.lock();
             if sessions.contains_key(client_id) {
                 continue;
             }
+            fresh.attach(&link, version, expiry_interval, &mut will);
             sessions.insert(Arc::clone(client_id), Arc::clone(&fresh));
             return (fresh, link, false);
         }
