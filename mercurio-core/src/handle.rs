@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::auth::hooks::{Authenticator, Authorizer};
 use crate::auth::{Auth, FileError, Identity};
-use crate::broker::{BrokerInner, INTERNAL_PREFIX};
+use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{Config, ListenerProtocol};
 use crate::error::Error;
@@ -162,7 +162,7 @@ impl BrokerBuilder {
         };
         let (failure_tx, failure) = tokio::sync::watch::channel(None);
         let durable_ack = self.config.storage.durable_ack;
-        let mut inner = BrokerInner::new(self.config);
+        let mut inner = BrokerState::new(self.config);
         inner.auth = auth;
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
@@ -256,7 +256,7 @@ async fn open_configured(
 /// [`BrokerHandle::failed`] reports why.
 fn spawn_failure_watch(
     storage: Arc<dyn mercurio_storage::Storage>,
-    inner: std::sync::Weak<BrokerInner>,
+    inner: std::sync::Weak<BrokerState>,
     failure: tokio::sync::watch::Sender<Option<Arc<mercurio_storage::StorageError>>>,
 ) {
     tokio::spawn(async move {
@@ -282,7 +282,7 @@ fn spawn_failure_watch(
 /// A handle on a running broker. Cheap to clone; every clone drives the same broker.
 #[derive(Clone)]
 pub struct BrokerHandle {
-    inner: Arc<BrokerInner>,
+    inner: Arc<BrokerState>,
     /// The TLS listeners, for [`BrokerHandle::reload`].
     tls: Arc<Vec<Arc<TlsListener>>>,
     /// Set when storage failed and the broker stopped at once.
@@ -658,7 +658,7 @@ async fn pump(
 /// An in-process subscription: a bounded stream of messages. Dropping it unsubscribes.
 pub struct Subscription {
     rx: mpsc::Receiver<Arc<Message>>,
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     session: Arc<Session>,
     pump: tokio::task::JoinHandle<()>,
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::config::ListenerConfig;
 use crate::connection;
 use crate::error::Error;
@@ -58,7 +58,7 @@ pub(crate) async fn bind_all(
 /// listener (`None` for MQTT over TCP); with `tls`, each connection first completes a TLS
 /// handshake within `connect_timeout`.
 pub(crate) async fn run(
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     listener: TcpListener,
     cfg: ListenerConfig,
     http: Option<Arc<Endpoint>>,
@@ -162,7 +162,7 @@ const SLOT_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
 /// Waits up to [`SLOT_GRACE`] for `free()` to hold. A client that closes its connections and
 /// opens new ones at once (as test suites and reconnecting fleets do) can be accepted before
 /// the tasks of the closed ones have seen their end: those slots are freed within moments.
-async fn slot_frees(broker: &BrokerInner, free: impl Fn() -> bool) -> bool {
+async fn slot_frees(broker: &BrokerState, free: impl Fn() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + SLOT_GRACE;
     loop {
         let closed = broker.connection_closed.notified();

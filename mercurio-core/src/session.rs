@@ -16,9 +16,11 @@ use crate::link::Link;
 use crate::message::Message;
 use crate::stats::DropCause;
 
-/// A message waiting in a session's queue, with what this delivery adds to it.
+/// One delivery of a message to one session: the shared message, plus what this delivery adds
+/// to it (QoS, RETAIN, subscription identifiers, its place in the queue). Waits in the
+/// session's queue, then in flight until acknowledged.
 #[derive(Debug, Clone)]
-pub(crate) struct Queued {
+pub(crate) struct Delivery {
     pub msg: Arc<Message>,
     /// QoS of this delivery: the lower of the message's and the subscription's.
     pub qos: QoS,
@@ -46,7 +48,7 @@ pub(crate) enum OutboundState {
 pub(crate) struct Inflight {
     pub packet_id: u16,
     pub state: OutboundState,
-    pub delivery: Queued,
+    pub delivery: Delivery,
     /// False until written once on the current connection; resent with DUP on reconnect.
     pub sent: bool,
 }
@@ -82,7 +84,7 @@ pub(crate) struct QueueLimits {
 /// (what `max_queued_bytes` bounds), kept together by every change.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
-    items: VecDeque<Queued>,
+    items: VecDeque<Delivery>,
     bytes: u64,
 }
 
@@ -102,35 +104,35 @@ impl Queue {
     }
 
     /// The next delivery, left in place.
-    pub(crate) fn front(&self) -> Option<&Queued> {
+    pub(crate) fn front(&self) -> Option<&Delivery> {
         self.items.front()
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Queued> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Delivery> {
         self.items.iter()
     }
 
     /// Adds a delivery at the end.
-    pub(crate) fn push_back(&mut self, q: Queued) {
+    pub(crate) fn push_back(&mut self, q: Delivery) {
         self.bytes += q.msg.payload.len() as u64;
         self.items.push_back(q);
     }
 
     /// Puts back at the head a delivery just taken by [`Queue::pop_front`].
-    pub(crate) fn push_front(&mut self, q: Queued) {
+    pub(crate) fn push_front(&mut self, q: Delivery) {
         self.bytes += q.msg.payload.len() as u64;
         self.items.push_front(q);
     }
 
     /// Takes the next delivery.
-    pub(crate) fn pop_front(&mut self) -> Option<Queued> {
+    pub(crate) fn pop_front(&mut self) -> Option<Delivery> {
         let q = self.items.pop_front()?;
         self.bytes = self.bytes.saturating_sub(q.msg.payload.len() as u64);
         Some(q)
     }
 
     /// Keeps the deliveries for which `keep` is true, in order; returns those removed.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Queued) -> bool) -> Vec<Queued> {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Delivery) -> bool) -> Vec<Delivery> {
         let mut removed = Vec::new();
         for q in std::mem::take(&mut self.items) {
             if keep(&q) {
@@ -192,7 +194,7 @@ pub(crate) struct SessionState {
 /// costs one `Option` check.
 pub(crate) trait SessionChanges: Send + Sync + std::fmt::Debug {
     /// A QoS 1 or 2 message was pushed on the queue.
-    fn queued(&self, client_id: &str, q: &Queued);
+    fn queued(&self, client_id: &str, q: &Delivery);
     /// A QoS 1 or 2 message left the queue without being sent (expired, too large, no longer
     /// readable), or was sent and is now `inflight`.
     fn dequeued(&self, client_id: &str, seq: u64);
@@ -273,7 +275,7 @@ impl Session {
     /// Never waits: a full queue drops (QoS 0 first). Logs one warning
     /// when the queue starts dropping, naming the limit, and one with the count when a
     /// message finds it back at half its limits.
-    pub(crate) fn enqueue(&self, mut delivery: Queued, limits: &QueueLimits) -> Enqueued {
+    pub(crate) fn enqueue(&self, mut delivery: Delivery, limits: &QueueLimits) -> Enqueued {
         let mut st = self.state.lock();
         if st.ended {
             return Enqueued::Skipped;
@@ -495,7 +497,7 @@ impl SessionState {
     }
 
     /// Takes the head of the queue.
-    pub(crate) fn pop_queued(&mut self) -> Option<Queued> {
+    pub(crate) fn pop_queued(&mut self) -> Option<Delivery> {
         self.queue.pop_front()
     }
 
@@ -508,7 +510,7 @@ impl SessionState {
     pub(crate) fn remove_queued(
         &mut self,
         client_id: &str,
-        keep: impl FnMut(&Queued) -> bool,
+        keep: impl FnMut(&Delivery) -> bool,
     ) -> usize {
         let removed = self.queue.retain(keep);
         for q in &removed {
@@ -531,7 +533,7 @@ impl SessionState {
     }
 
     /// A message was pushed on the queue.
-    pub(crate) fn persist_queued(&self, client_id: &str, q: &Queued) {
+    pub(crate) fn persist_queued(&self, client_id: &str, q: &Delivery) {
         if q.qos == QoS::AtMostOnce {
             return;
         }
@@ -541,7 +543,7 @@ impl SessionState {
     }
 
     /// A message left the queue without being sent (expired, too large).
-    pub(crate) fn persist_dequeued(&self, client_id: &str, q: &Queued) {
+    pub(crate) fn persist_dequeued(&self, client_id: &str, q: &Delivery) {
         if q.qos == QoS::AtMostOnce {
             return;
         }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::BrokerInner;
+use super::BrokerState;
 use crate::auth::hooks::{AccessRequest, Action};
 use crate::auth::{FileError, Identity};
 use crate::session::Session;
@@ -19,7 +19,7 @@ pub(crate) fn subscription_topic(filter: &str) -> &str {
     }
 }
 
-impl BrokerInner {
+impl BrokerState {
     /// Whether `session` may receive a message published to `topic` (checked at delivery;
     /// never waits). Costs one field read when no authorizer is configured.
     #[inline]

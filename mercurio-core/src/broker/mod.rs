@@ -21,7 +21,7 @@ use crate::link::Link;
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{
-    Detached, Enqueued, Granted, QueueLimits, Queued, Session, SessionTable, Will,
+    Delivery, Detached, Enqueued, Granted, QueueLimits, Session, SessionTable, Will,
 };
 use crate::stats::{DropCause, Stats};
 
@@ -36,7 +36,7 @@ pub(crate) struct SubEntry {
 }
 
 /// Everything the connections, listeners, timers and handles share.
-pub(crate) struct BrokerInner {
+pub(crate) struct BrokerState {
     pub config: Config,
     pub limits: QueueLimits,
     /// Shared with the storage writer, which writes a session whole after a failure.
@@ -66,14 +66,14 @@ pub(crate) struct BrokerInner {
     pub auth: crate::auth::Auth,
 }
 
-impl BrokerInner {
-    pub(crate) fn new(config: Config) -> BrokerInner {
+impl BrokerState {
+    pub(crate) fn new(config: Config) -> BrokerState {
         let limits = QueueLimits {
             max_messages: config.server.max_queued_messages,
             max_qos0_messages: config.server.max_queued_qos0_messages,
             max_bytes: config.server.max_queued_bytes,
         };
-        BrokerInner {
+        BrokerState {
             config,
             limits,
             sessions: Arc::new(Mutex::new(HashMap::new())),
@@ -106,7 +106,7 @@ impl BrokerInner {
     }
 
     /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
-    /// Returns whether any subscription matched its topic (see [`BrokerInner::route`]).
+    /// Returns whether any subscription matched its topic (see [`BrokerState::route`]).
     pub(crate) fn publish(&self, msg: Message) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
@@ -199,7 +199,7 @@ impl BrokerInner {
                 }
             }
             let Some(qos) = qos else { continue };
-            let q = Queued {
+            let q = Delivery {
                 msg: Arc::clone(msg),
                 qos,
                 retain,
@@ -243,7 +243,7 @@ impl BrokerInner {
     }
 
     /// Offers one delivery to a session, counting a drop. True when queued.
-    pub(crate) fn deliver(&self, session: &Session, q: Queued) -> bool {
+    pub(crate) fn deliver(&self, session: &Session, q: Delivery) -> bool {
         if !self.may_read(session, &q.msg.topic) {
             self.stats.dropped(DropCause::NotAuthorized);
             return false;
@@ -295,7 +295,7 @@ impl BrokerInner {
             if msg.is_expired(now) {
                 continue;
             }
-            let q = Queued {
+            let q = Delivery {
                 qos: msg.qos.min(granted.options.qos),
                 msg,
                 retain: true,
@@ -422,9 +422,9 @@ impl BrokerInner {
     }
 }
 
-fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Queued {
+fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Delivery {
     let o = &e.granted.options;
-    Queued {
+    Delivery {
         msg: Arc::clone(msg),
         qos: msg.qos.min(o.qos),
         retain: o.retain_as_published && msg.retain,

@@ -10,17 +10,17 @@ use std::time::{Duration, Instant};
 
 use mercurio_storage::{Change, LoadedState, RetainedRecord, SessionRecord, NEVER_EXPIRES};
 
-use super::BrokerInner;
+use super::BrokerState;
 use crate::auth::Identity;
 use crate::persist::records::{
     granted_from, header, inflight_from, message_from, protocol_from_level, unix_ms,
     unix_to_instant, will_from,
 };
 use crate::persist::Persister;
-use crate::session::{Queued, Session, SessionChanges, Will};
+use crate::session::{Delivery, Session, SessionChanges, Will};
 
 /// Rebuilds the broker's state from `loaded` (nothing without a storage writer).
-pub(crate) fn restore(broker: &Arc<BrokerInner>, loaded: LoadedState) {
+pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     let Some(p) = broker.persist.get() else {
         return;
     };
@@ -86,7 +86,7 @@ pub(crate) fn restore(broker: &Arc<BrokerInner>, loaded: LoadedState) {
 
 /// The retained messages still valid; those that expired are deleted from storage.
 fn restore_retained(
-    broker: &BrokerInner,
+    broker: &BrokerState,
     p: &Persister,
     records: &[RetainedRecord],
     now: Instant,
@@ -109,7 +109,7 @@ fn restore_retained(
 
 /// Restores one session; returns its will when it is due now.
 fn restore_session(
-    broker: &Arc<BrokerInner>,
+    broker: &Arc<BrokerState>,
     p: &Arc<Persister>,
     record: SessionRecord,
     now: Instant,
@@ -204,7 +204,7 @@ fn restore_queue(
             });
             continue;
         }
-        st.queue.push_back(Queued {
+        st.queue.push_back(Delivery {
             retain: msg.retain,
             msg: Arc::new(msg),
             qos,

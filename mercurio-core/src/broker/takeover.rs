@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use super::BrokerInner;
+use super::BrokerState;
 use crate::codec::{ProtocolVersion, ReasonCode};
 use crate::link::{DisconnectReason, Link};
 use crate::session::{Session, Will};
 
-impl BrokerInner {
+impl BrokerState {
     /// Gives the connection of `client_id` its session: with `clean_start`, or when none is
     /// kept, a new one; otherwise the one kept, taken over from a connection still serving
     /// it [MQTT-3.1.4-3]. Returns the session, the link of the new connection, and whether

@@ -1,6 +1,6 @@
 //! The CONNECT handshake: reading the first packet, the checks of MQTT 5.0 section 3.1.4
 //! (client identifier, authentication, will, keep alive), taking the session (a broker
-//! operation, [`BrokerInner::take_session`]) and the CONNACK.
+//! operation, [`BrokerState::take_session`]) and the CONNACK.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::writer::ClientLimits;
 use super::TOPIC_ALIAS_MAXIMUM;
 use crate::auth::hooks::{AccessRequest, Action, ConnectInfo, DenyReason};
-use crate::broker::{BrokerInner, INTERNAL_PREFIX};
+use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{
     self, ConnAck, Connect, DecodeError, Packet, Properties, ProtocolVersion, QoS, ReasonCode,
 };
@@ -123,7 +123,7 @@ fn encode_connack(
 /// topic, which the client must be allowed to publish to. `Ok` carries the user name the
 /// client is known by; `Err` the CONNACK reason code and why.
 async fn connect_checks(
-    broker: &BrokerInner,
+    broker: &BrokerState,
     connect: &Connect,
     client_id: &str,
     peer: SocketAddr,
@@ -182,7 +182,7 @@ async fn connect_checks(
 /// Checks a CONNECT (MQTT 5.0 section 3.1.4), takes the session over or creates it, and
 /// builds the CONNACK. `Err` carries a refusing CONNACK to send before closing.
 pub(super) async fn accept(
-    broker: &Arc<BrokerInner>,
+    broker: &Arc<BrokerState>,
     connect: Connect,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::codec::{self, Disconnect, Packet, Properties, ReasonCode};
 use crate::link::DisconnectReason;
 use crate::stats::Stats;
@@ -65,7 +65,7 @@ impl Close {
 
 /// Serves one accepted connection until it closes. Generic over the stream so TCP, TLS and
 /// WebSocket listeners share it.
-pub(crate) async fn serve<S>(broker: Arc<BrokerInner>, stream: S, peer: SocketAddr)
+pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAddr)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -74,7 +74,7 @@ where
 
 /// [`serve`], with what a TLS handshake told about the client.
 pub(crate) async fn serve_with<S>(
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     stream: S,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,

@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::{Close, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::Action;
 use crate::broker::access::subscription_topic;
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::codec::{
     self, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
     ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
@@ -29,7 +29,7 @@ const READER_BATCH: u32 = 64;
 
 /// The inbound half: decodes packets and runs their state machines.
 pub(super) struct Reader<'a> {
-    pub(super) broker: &'a Arc<BrokerInner>,
+    pub(super) broker: &'a Arc<BrokerState>,
     pub(super) session: &'a Arc<Session>,
     pub(super) link: &'a Arc<Link>,
     pub(super) version: ProtocolVersion,

@@ -10,10 +10,10 @@ use bytes::BytesMut;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::{Close, IDLE_BUFFER_LIMIT};
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
 use crate::link::{DisconnectReason, Link};
-use crate::session::{Inflight, OutboundState, Queued, Session};
+use crate::session::{Delivery, Inflight, OutboundState, Session};
 use crate::stats::{DropCause, Stats};
 
 /// A writer writes at most about this many bytes per system call before draining again.
@@ -32,7 +32,7 @@ pub(super) struct ClientLimits {
 
 /// The outbound half: drains the control buffer and the session's queue.
 pub(super) struct Writer<'a> {
-    pub(super) broker: &'a Arc<BrokerInner>,
+    pub(super) broker: &'a Arc<BrokerState>,
     pub(super) session: &'a Arc<Session>,
     pub(super) link: &'a Arc<Link>,
     pub(super) version: ProtocolVersion,
@@ -205,7 +205,7 @@ impl Writer<'_> {
 /// The properties a delivery carries: the message's, plus what this delivery adds (the
 /// remaining expiry [MQTT-3.3.2-6], subscription identifiers, a topic alias).
 fn delivery_properties<'p>(
-    q: &'p Queued,
+    q: &'p Delivery,
     alias: Option<(u16, bool)>,
     now: Instant,
     scratch: &'p mut Option<Box<Properties>>,
@@ -226,7 +226,7 @@ fn delivery_properties<'p>(
 #[allow(clippy::too_many_arguments)]
 fn encode_delivery(
     version: ProtocolVersion,
-    q: &Queued,
+    q: &Delivery,
     packet_id: u16,
     dup: bool,
     alias: Option<(u16, bool)>,
@@ -255,7 +255,7 @@ fn encode_delivery(
 #[allow(clippy::too_many_arguments)]
 fn encode_delivery_within(
     version: ProtocolVersion,
-    q: &Queued,
+    q: &Delivery,
     packet_id: u16,
     dup: bool,
     alias: Option<(u16, bool)>,

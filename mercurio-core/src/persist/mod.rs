@@ -41,7 +41,7 @@ use writer::{BatchWriter, Callback, Op};
 
 use crate::message::Message;
 use crate::session::{
-    Granted, Inflight, Queued, Session, SessionChanges, SessionState, SessionTable,
+    Delivery, Granted, Inflight, Session, SessionChanges, SessionState, SessionTable,
 };
 use crate::stats::Stats;
 
@@ -271,7 +271,7 @@ impl Persister {
 
 /// The session changes, as storage changes.
 impl SessionChanges for Persister {
-    fn queued(&self, client_id: &str, q: &Queued) {
+    fn queued(&self, client_id: &str, q: &Delivery) {
         self.emit(Change::MessageQueued {
             client_id: client_id.to_string(),
             seq: q.seq,

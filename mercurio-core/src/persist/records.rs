@@ -12,7 +12,7 @@ use mercurio_storage::{
 
 use crate::codec::{self, Properties, ProtocolVersion, QoS, SubscriptionOptions};
 use crate::message::Message;
-use crate::session::{Granted, Inflight, OutboundState, Queued, SessionState, Will};
+use crate::session::{Delivery, Granted, Inflight, OutboundState, SessionState, Will};
 
 /// Now in unix milliseconds.
 pub(crate) fn unix_ms() -> u64 {
@@ -93,7 +93,7 @@ pub(crate) fn message_from(
     ))
 }
 
-pub(crate) fn queued_record(q: &Queued) -> MessageRecord {
+pub(crate) fn queued_record(q: &Delivery) -> MessageRecord {
     message_record(&q.msg, q.qos, q.retain, &q.subscription_ids)
 }
 
@@ -204,7 +204,7 @@ pub(crate) fn inflight_from(
             InflightState::AwaitingPubRec => OutboundState::AwaitingPubRec,
             InflightState::AwaitingPubComp => OutboundState::AwaitingPubComp,
         },
-        delivery: Queued {
+        delivery: Delivery {
             retain: msg.retain,
             qos: msg.qos,
             msg: Arc::new(msg),
