@@ -1,4 +1,4 @@
-//! mercurio-bench: a load generator for MQTT brokers. It only speaks MQTT (3.1.1, or 5.0 with
+//! `recado bench`: a load generator for MQTT brokers. It only speaks MQTT (3.1.1, or 5.0 with
 //! `--mqtt 5`), over loopback, so it measures Mercurio, mosquitto or rumqttd alike.
 //!
 //! Scenarios: `fan-in` (P publishers, one wildcard subscriber), `fan-out` (one publisher, K
@@ -11,7 +11,6 @@
 mod client;
 mod hist;
 mod report;
-mod tls;
 mod tracker;
 mod traffic;
 
@@ -21,17 +20,19 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum};
+use clap::ValueEnum;
 use mercurio_core::codec::{ProtocolVersion, QoS};
 use tokio::sync::{watch, Semaphore};
 
-use crate::client::{Client, ConnectOptions, Target};
-use crate::hist::Histogram;
-use crate::report::{IdleReport, Latency, PersistentReport, Report, SweepReport, SweepStep};
-use crate::traffic::{RunConfig, Shared, SubResult};
+use self::client::{Client, ConnectOptions, Target};
+use self::hist::Histogram;
+use self::report::{IdleReport, Latency, PersistentReport, Report, SweepReport, SweepStep};
+use self::traffic::{RunConfig, Shared, SubResult};
+use crate::exit::{Exit, Failure};
+use crate::tls::{Tls, TlsOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Scenario {
+pub enum Scenario {
     /// P publishers on their own topics, 1 subscriber to a `+` wildcard over all of them.
     FanIn,
     /// 1 publisher, K subscribers to its topic.
@@ -44,15 +45,14 @@ enum Scenario {
     Persistent,
 }
 
-/// A neutral MQTT load generator (loopback only). See docs/BENCHMARKS.md.
-#[derive(Debug, Parser)]
-#[command(name = "mercurio-bench", version, about)]
-struct Args {
+/// The options of `recado bench` (see docs/BENCHMARKS.md).
+#[derive(Debug, clap::Args)]
+pub struct Args {
     /// Scenario to run.
     #[arg(long, short, value_enum, default_value = "fan-in")]
     scenario: Scenario,
     /// Broker host (must resolve to a loopback address).
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, short = 'h', default_value = "127.0.0.1")]
     host: String,
     /// Broker port.
     #[arg(long, short, default_value_t = 1883)]
@@ -150,15 +150,13 @@ struct Args {
     tls_resume: bool,
 }
 
-fn main() {
-    let args = Args::parse();
-    let target = match check(&args).and_then(|()| target(&args)) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("mercurio-bench: {e}");
-            std::process::exit(2);
-        }
-    };
+/// Runs `recado bench`: the report on standard output (ending with one JSON line), progress
+/// on standard error. Errors: bad options ([`Exit::Usage`]), a run where nothing could be
+/// delivered ([`Exit::Error`]).
+pub fn main(args: Args) -> Result<(), Failure> {
+    let target = check(&args)
+        .and_then(|()| target(&args))
+        .map_err(|e| Failure::new(Exit::Usage, e))?;
     let rt = if args.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -169,20 +167,27 @@ fn main() {
             .enable_all()
             .build()
     }
-    .expect("tokio runtime");
+    .map_err(|e| Failure::new(Exit::Error, format!("cannot start the runtime: {e}")))?;
     let report = rt.block_on(run(args, target));
     let failed = !report.errors.is_empty() && report.delivered == 0 && report.idle.is_none();
-    println!("{}", serde_json::to_string(&report).expect("json"));
-    if failed {
-        std::process::exit(1);
+    match serde_json::to_string(&report) {
+        Ok(line) => println!("{line}"),
+        Err(e) => return Err(Failure::new(Exit::Error, format!("report: {e}"))),
     }
+    if failed {
+        return Err(Failure::new(
+            Exit::Error,
+            format!("nothing was delivered: {}", report.errors.join("; ")),
+        ));
+    }
+    Ok(())
 }
 
 fn check(a: &Args) -> Result<(), String> {
     let addr = resolve(a)?;
     if !addr.ip().is_loopback() {
         return Err(format!(
-            "{addr} is not a loopback address: mercurio-bench runs on loopback only"
+            "{addr} is not a loopback address: recado bench runs on loopback only"
         ));
     }
     if a.qos > 2 {
@@ -222,11 +227,12 @@ fn resolve(a: &Args) -> Result<SocketAddr, String> {
 /// The broker's address and, with `--tls`, the TLS client configuration.
 fn target(a: &Args) -> Result<Target, String> {
     let tls = match (&a.tls, &a.cafile) {
-        (true, Some(cafile)) => Some(Arc::new(tls::Tls::new(&tls::TlsOptions {
-            cafile,
+        (true, Some(cafile)) => Some(Arc::new(Tls::new(&TlsOptions {
+            cafile: Some(cafile),
             server_name: &a.tls_server_name,
             cert: a.cert.as_deref(),
             key: a.key.as_deref(),
+            insecure: false,
             resume: a.tls_resume,
         })?)),
         (true, None) => return Err("--tls needs --cafile".into()),
