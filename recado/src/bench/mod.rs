@@ -14,6 +14,7 @@ mod report;
 mod tracker;
 mod traffic;
 
+use std::io::IsTerminal;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -444,9 +445,19 @@ async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
             ))
         })
         .collect();
+    let progress = tokio::spawn(progress(
+        Arc::clone(&shared),
+        cfg.duration,
+        report.scenario.clone(),
+    ));
     let mut pub_results = Vec::new();
     for task in pub_tasks {
         pub_results.push(task.await.unwrap_or_default());
+    }
+    progress.abort();
+    let _ = progress.await;
+    if std::io::stderr().is_terminal() && cfg.duration >= PROGRESS_FROM {
+        eprint!("\r\x1b[K");
     }
     let publish_end = Instant::now();
     let sent_by: Vec<u64> = pub_results.iter().map(|p| p.sent).collect();
@@ -498,6 +509,35 @@ async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
         0.0
     };
     report.latency_us = Latency::from(&latency);
+}
+
+/// Runs from this long on get a progress line on standard error.
+const PROGRESS_FROM: Duration = Duration::from_secs(5);
+
+/// The progress line of a long run, on standard error: elapsed time and deliveries so far,
+/// rewritten in place every second on a terminal, else a line every 5 seconds.
+async fn progress(shared: Arc<Shared>, duration: Duration, scenario: String) {
+    if duration < PROGRESS_FROM {
+        return;
+    }
+    let terminal = std::io::stderr().is_terminal();
+    let every = Duration::from_secs(if terminal { 1 } else { 5 });
+    let start = Instant::now();
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tick.tick().await;
+        let line = format!(
+            "bench {scenario}: {:.0}/{:.0} s, {} delivered",
+            start.elapsed().as_secs_f64(),
+            duration.as_secs_f64(),
+            shared.delivered.load(Ordering::Relaxed)
+        );
+        if terminal {
+            eprint!("\r\x1b[K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// The persistent scenario: subscribe with a persistent session, go offline, have one
