@@ -1,0 +1,887 @@
+//! recado against real brokers: Mercurio (in process) and mosquitto (spawned). Every test
+//! runs the recado binary and checks what a user sees: standard output, standard error and
+//! the exit code.
+
+mod support;
+
+use support::{exit, recado, recado_with_input, Background, TestBroker};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sub_pub_round_trip_in_every_protocol_version() {
+    for b in TestBroker::both("round_trip").await {
+        let port = b.port();
+        for v in ["mqttv31", "mqttv311", "mqttv5", "31", "311", "5"] {
+            let sub = Background::subscribed(&[
+                "sub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-V",
+                v,
+                "-t",
+                "rt/#",
+                "-v",
+                "-C",
+                "3",
+                "-q",
+                "2",
+                "-i",
+                &format!("s{v}"),
+            ])
+            .await;
+            for q in ["0", "1", "2"] {
+                recado(&[
+                    "pub",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-V",
+                    v,
+                    "-t",
+                    &format!("rt/q{q}"),
+                    "-m",
+                    &format!("hello {v} {q}"),
+                    "-q",
+                    q,
+                ])
+                .await
+                .ok();
+            }
+            let run = sub.finish().await;
+            assert_eq!(
+                run.lines(),
+                vec![
+                    format!("rt/q0 hello {v} 0"),
+                    format!("rt/q1 hello {v} 1"),
+                    format!("rt/q2 hello {v} 2")
+                ],
+                "{} {v}: {run:?}",
+                b.name
+            );
+            assert_eq!(run.code, exit::OK);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn count_timeout_and_exit_after_subscribe() {
+    for b in TestBroker::both("count_timeout").await {
+        let port = b.port();
+        // -W expires: exit code 5 and one sentence.
+        let run = recado(&[
+            "sub",
+            "-p",
+            &port,
+            "-h",
+            "127.0.0.1",
+            "-t",
+            "quiet/#",
+            "-W",
+            "0.3",
+        ])
+        .await;
+        assert_eq!(run.code, exit::TIMEOUT, "{}: {run:?}", b.name);
+        assert!(run.stderr.contains("timed out"), "{run:?}");
+        // -E: done once subscribed.
+        let run = recado(&["sub", "-p", &port, "-h", "127.0.0.1", "-t", "quiet/#", "-E"]).await;
+        assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
+        // -C: exactly that many messages (-l publishes one per line).
+        let sub = Background::subscribed(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "count",
+            "-C",
+            "2",
+            "-W",
+            "10",
+        ])
+        .await;
+        recado_with_input(
+            &[
+                "pub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-t",
+                "count",
+                "-l",
+                "-q",
+                "1",
+            ],
+            b"one\ntwo\nthree\n",
+        )
+        .await
+        .ok();
+        let run = sub.finish().await;
+        assert_eq!(run.lines(), vec!["one", "two"], "{}: {run:?}", b.name);
+        assert_eq!(run.code, exit::OK);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retained_flags() {
+    for b in TestBroker::both("retained_flags").await {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        for (t, m) in [("ret/a", "A"), ("ret/b", "B")] {
+            recado(&[&["pub"][..], &p[..], &["-t", t, "-m", m, "-r", "-q", "1"]].concat())
+                .await
+                .ok();
+        }
+        // --retained-only: the retained messages, then exit at the first live one; -W as a
+        // safety net only.
+        let sub = Background::subscribed(
+            &[
+                &["sub"][..],
+                &p[..],
+                &["-t", "ret/#", "--retained-only", "-v", "-W", "10"],
+            ]
+            .concat(),
+        )
+        .await;
+        recado(&[&["pub"][..], &p[..], &["-t", "ret/live", "-m", "L"]].concat())
+            .await
+            .ok();
+        let run = sub.finish().await;
+        // Retained messages come in no particular order.
+        let mut lines = run.lines();
+        lines.sort();
+        assert_eq!(lines, vec!["ret/a A", "ret/b B"], "{}: {run:?}", b.name);
+        assert_eq!(run.code, exit::OK);
+        // -R: retained messages are not printed.
+        let sub = Background::subscribed(
+            &[
+                &["sub"][..],
+                &p[..],
+                &["-t", "ret/#", "-R", "-v", "-C", "1"],
+            ]
+            .concat(),
+        )
+        .await;
+        recado(&[&["pub"][..], &p[..], &["-t", "ret/live", "-m", "L"]].concat())
+            .await
+            .ok();
+        let run = sub.finish().await;
+        assert_eq!(run.lines(), vec!["ret/live L"], "{}: {run:?}", b.name);
+        // --remove-retained clears them: a later subscriber gets none.
+        let run = recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &[
+                    "-t",
+                    "ret/#",
+                    "--remove-retained",
+                    "--retained-only",
+                    "-W",
+                    "1",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        let mut lines = run.lines();
+        lines.sort();
+        assert_eq!(lines, vec!["A", "B"], "{}: {run:?}", b.name);
+        let run = recado(&[&["sub"][..], &p[..], &["-t", "ret/#", "-W", "0.5"]].concat()).await;
+        assert_eq!(run.code, exit::TIMEOUT);
+        assert_eq!(
+            run.stdout, "",
+            "{}: retained messages left: {run:?}",
+            b.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn format_strings_as_mosquitto_sub() {
+    for b in TestBroker::both("format").await {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "5",
+                    "-t",
+                    "fmt/x",
+                    "-m",
+                    "hi",
+                    "-r",
+                    "-q",
+                    "1",
+                    "-D",
+                    "publish",
+                    "content-type",
+                    "text/plain",
+                    "-D",
+                    "publish",
+                    "user-property",
+                    "k",
+                    "v",
+                    "-D",
+                    "publish",
+                    "response-topic",
+                    "back",
+                    "-D",
+                    "publish",
+                    "correlation-data",
+                    "c1",
+                    "-D",
+                    "publish",
+                    "message-expiry-interval",
+                    "300",
+                    "-D",
+                    "publish",
+                    "payload-format-indicator",
+                    "1",
+                ],
+            ]
+            .concat(),
+        )
+        .await
+        .ok();
+        let run = recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "mqttv5",
+                    "-t",
+                    "fmt/#",
+                    "-C",
+                    "1",
+                    "-F",
+                    "%t|%p|%x|%X|%l|%q|%r|%C|%P|%R|%D|%F|[%-6t]|[%6t]|[%.2t]|%%|@@|\\t|@Y",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        let out = run.ok();
+        let fields: Vec<&str> = out.trim_end_matches('\n').split('|').collect();
+        assert_eq!(
+            &fields[..17],
+            &[
+                "fmt/x",
+                "hi",
+                "6869",
+                "6869",
+                "2",
+                "0",
+                "1",
+                "text/plain",
+                "k:v",
+                "back",
+                "c1",
+                "1",
+                "[fmt/x ]",
+                "[ fmt/x]",
+                "[fm]",
+                "%",
+                "@"
+            ],
+            "{}: {out:?}",
+            b.name
+        );
+        assert_eq!(fields[17], "\t");
+        assert_eq!(fields[18].len(), 4, "@Y is the year: {out:?}");
+        // %E counts down at the broker: at most what was sent.
+        let run = recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &["-V", "5", "-t", "fmt/#", "-C", "1", "-F", "%E %I %U %j"],
+            ]
+            .concat(),
+        )
+        .await;
+        let out = run.ok();
+        let mut parts = out.splitn(4, ' ');
+        let expiry: u32 = parts.next().unwrap().parse().unwrap();
+        assert!((1..=300).contains(&expiry), "{out}");
+        assert!(parts.next().unwrap().contains('T'), "%I: {out}");
+        assert!(parts.next().unwrap().contains('.'), "%U: {out}");
+        let j: serde_json::Value = serde_json::from_str(parts.next().unwrap().trim()).unwrap();
+        assert_eq!(j["topic"], "fmt/x");
+        assert_eq!(j["payload"], "hi");
+        assert_eq!(j["retain"], 1);
+        // -N: no newline; a bad format is a usage error.
+        let run = recado(&[&["sub"][..], &p[..], &["-t", "fmt/#", "-C", "1", "-N"]].concat()).await;
+        assert_eq!(run.ok(), "hi");
+        let run = recado(&[&["sub"][..], &p[..], &["-t", "fmt/#", "-F", "%z"]].concat()).await;
+        assert_eq!(run.code, exit::USAGE, "{run:?}");
+        recado(&[&["pub"][..], &p[..], &["-t", "fmt/x", "-n", "-r"]].concat())
+            .await
+            .ok();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_output_with_mqtt5_properties() {
+    for b in TestBroker::both("json").await {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        let sub = Background::subscribed(
+            &[
+                &["sub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "5",
+                    "-t",
+                    "js/#",
+                    "--json",
+                    "-C",
+                    "2",
+                    "-q",
+                    "1",
+                    "-D",
+                    "subscribe",
+                    "subscription-identifier",
+                    "9",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "5",
+                    "-t",
+                    "js/text",
+                    "-m",
+                    "héllo",
+                    "-q",
+                    "1",
+                    "-D",
+                    "publish",
+                    "user-property",
+                    "a",
+                    "1",
+                    "-D",
+                    "publish",
+                    "user-property",
+                    "a",
+                    "2",
+                    "-D",
+                    "publish",
+                    "content-type",
+                    "text/plain",
+                    "-D",
+                    "publish",
+                    "response-topic",
+                    "js/back",
+                    "-D",
+                    "publish",
+                    "correlation-data",
+                    "xyz",
+                    "-D",
+                    "publish",
+                    "message-expiry-interval",
+                    "60",
+                    "-D",
+                    "publish",
+                    "payload-format-indicator",
+                    "1",
+                ],
+            ]
+            .concat(),
+        )
+        .await
+        .ok();
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::write(&bin, [0u8, 0xff, 0x10]).unwrap();
+        recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &["-V", "5", "-t", "js/bin", "-f", bin.to_str().unwrap()],
+            ]
+            .concat(),
+        )
+        .await
+        .ok();
+        let run = sub.finish().await;
+        let lines = run.lines();
+        assert_eq!(lines.len(), 2, "{}: {run:?}", b.name);
+        let t: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(t["topic"], "js/text");
+        assert_eq!(t["payload"], "héllo");
+        assert_eq!(t["payload_encoding"], "utf-8");
+        assert_eq!(t["qos"], 1);
+        assert_eq!(t["retain"], false);
+        assert_eq!(t["content_type"], "text/plain");
+        assert_eq!(t["response_topic"], "js/back");
+        assert_eq!(t["correlation_data"], "xyz");
+        assert_eq!(t["payload_format_indicator"], 1);
+        assert_eq!(t["subscription_identifiers"], serde_json::json!([9]));
+        assert_eq!(
+            t["user_properties"],
+            serde_json::json!([["a", "1"], ["a", "2"]])
+        );
+        let expiry = t["message_expiry_interval"].as_u64().unwrap();
+        assert!((1..=60).contains(&expiry), "{t}");
+        let at = t["received_at"].as_str().unwrap();
+        assert!(
+            at.len() == 27 && at.ends_with('Z') && at.as_bytes()[10] == b'T',
+            "{at}"
+        );
+        let bin: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+        assert_eq!(bin["payload"], "AP8Q");
+        assert_eq!(bin["payload_encoding"], "base64");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn table_printed_once_sorted_when_not_a_terminal() {
+    for b in TestBroker::both("table").await {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        for (t, m) in [("tb/z", "last"), ("tb/a", "1"), ("tb/m", "x")] {
+            recado(&[&["pub"][..], &p[..], &["-t", t, "-m", m, "-r"]].concat())
+                .await
+                .ok();
+        }
+        recado(&[&["pub"][..], &p[..], &["-t", "tb/a", "-m", "2", "-r"]].concat())
+            .await
+            .ok();
+        // -W ends a table run successfully: the table is the output.
+        let run = recado(&[&["sub"][..], &p[..], &["-t", "tb/#", "-T", "-W", "1"]].concat()).await;
+        let lines = run.lines();
+        assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
+        assert_eq!(lines.len(), 4, "{run:?}");
+        assert!(lines[0].starts_with("TOPIC") && lines[0].contains("VALUE"));
+        let rows: Vec<Vec<&str>> = lines[1..]
+            .iter()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows.iter().map(|r| (r[0], r[1])).collect::<Vec<_>>(),
+            vec![("tb/a", "2"), ("tb/m", "x"), ("tb/z", "last")]
+        );
+        // -C ends it too.
+        let run =
+            recado(&[&["sub"][..], &p[..], &["-t", "tb/#", "--table", "-C", "3"]].concat()).await;
+        assert_eq!(run.lines().len(), 4, "{run:?}");
+        for t in ["tb/z", "tb/a", "tb/m"] {
+            recado(&[&["pub"][..], &p[..], &["-t", t, "-n", "-r"]].concat())
+                .await
+                .ok();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sys_topics_as_a_table() {
+    // The operator's view of a broker: `recado sub -t '$SYS/broker/#' -T`.
+    for b in TestBroker::both("sys_table").await {
+        let port = b.port();
+        let run = recado(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "$SYS/broker/#",
+            "-T",
+            "-W",
+            "1.5",
+        ])
+        .await;
+        assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
+        let lines = run.lines();
+        assert!(lines.len() > 2, "{}: no $SYS topic: {run:?}", b.name);
+        assert!(
+            lines[1..].iter().all(|l| l.starts_with("$SYS/broker/")),
+            "{run:?}"
+        );
+        let mut sorted = lines[1..].to_vec();
+        sorted.sort();
+        assert_eq!(sorted, lines[1..].to_vec(), "sorted by topic");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_response() {
+    for b in TestBroker::both("rr").await {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        // A responder: prints the request's response topic and correlation data.
+        let responder = Background::subscribed(
+            &[
+                &["sub"][..],
+                &p[..],
+                &["-V", "5", "-t", "svc/req", "-C", "1", "-F", "%R %D %p"],
+            ]
+            .concat(),
+        )
+        .await;
+        let mut requester = Background::subscribed(
+            &[
+                &["rr"][..],
+                &p[..],
+                &["-t", "svc/req", "-e", "svc/resp", "-m", "ping", "-W", "10"],
+            ]
+            .concat(),
+        )
+        .await;
+        requester.wait_stderr("sending PUBLISH").await;
+        let req = responder.finish().await;
+        let req = req.ok().trim_end().to_string();
+        let mut parts = req.splitn(3, ' ');
+        let (resp_topic, corr, payload) = (
+            parts.next().unwrap().to_string(),
+            parts.next().unwrap().to_string(),
+            parts.next().unwrap().to_string(),
+        );
+        assert_eq!(
+            (resp_topic.as_str(), payload.as_str()),
+            ("svc/resp", "ping"),
+            "{}",
+            b.name
+        );
+        assert!(!corr.is_empty());
+        // A response with other correlation data is not the answer; the right one is.
+        recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "5",
+                    "-t",
+                    &resp_topic,
+                    "-m",
+                    "other",
+                    "-D",
+                    "publish",
+                    "correlation-data",
+                    "nope",
+                ],
+            ]
+            .concat(),
+        )
+        .await
+        .ok();
+        recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "5",
+                    "-t",
+                    &resp_topic,
+                    "-m",
+                    "pong",
+                    "-D",
+                    "publish",
+                    "correlation-data",
+                    &corr,
+                ],
+            ]
+            .concat(),
+        )
+        .await
+        .ok();
+        let run = requester.finish().await;
+        assert_eq!(run.stdout, "pong\n", "{}: {run:?}", b.name);
+        assert_eq!(run.code, exit::OK);
+        // No responder: -W gives exit code 5.
+        let run = recado(
+            &[
+                &["rr"][..],
+                &p[..],
+                &[
+                    "-t",
+                    "svc/none",
+                    "-e",
+                    "svc/none/resp",
+                    "-m",
+                    "x",
+                    "-W",
+                    "0.5",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(run.code, exit::TIMEOUT, "{run:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exit_codes_and_one_line_errors() {
+    // Nothing listens on this port.
+    let port = support::free_port().to_string();
+    let run = recado(&["sub", "-h", "127.0.0.1", "-p", &port, "-t", "a"]).await;
+    assert_eq!(run.code, exit::UNREACHABLE, "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+    assert!(run.stderr.contains("cannot connect"), "{run:?}");
+    let run = recado(&[
+        "pub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "a",
+        "-m",
+        "x",
+        "--quiet",
+    ])
+    .await;
+    assert_eq!((run.code, run.stderr.as_str()), (exit::UNREACHABLE, ""));
+    // Bad usage.
+    for args in [
+        &["sub"][..],
+        &["pub", "-t", "a"],
+        &["pub", "-t", "a", "-m", "x", "-n"],
+        &["sub", "-t", "a", "-V", "4"],
+        &["sub", "-t", "a/#/b"],
+        &[
+            "sub",
+            "-t",
+            "a",
+            "-D",
+            "connect",
+            "session-expiry-interval",
+            "5",
+        ],
+        &["sub", "-t", "a", "-c"],
+        &["sub", "-t", "a", "--bogus"],
+    ] {
+        let run = recado(args).await;
+        assert_eq!(run.code, exit::USAGE, "{args:?}: {run:?}");
+    }
+    // CONNACK refused: the reason code and its name, in 5.0 and 3.1.1.
+    let mut config = support::common::test_config();
+    config.auth.allow_anonymous = Some(false);
+    let b = TestBroker::mercurio_with(config).await;
+    let port = b.port();
+    let run = recado(&["sub", "-h", "127.0.0.1", "-p", &port, "-t", "a", "-V", "5"]).await;
+    assert_eq!(run.code, exit::CONNACK_REFUSED, "{run:?}");
+    assert!(
+        run.stderr.contains("0x87 Not authorized")
+            || run.stderr.contains("0x86 Bad User Name or Password"),
+        "{run:?}"
+    );
+    let run = recado(&[
+        "pub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "a",
+        "-m",
+        "x",
+        "-u",
+        "who",
+        "-P",
+        "bad",
+    ])
+    .await;
+    assert_eq!(run.code, exit::CONNACK_REFUSED, "{run:?}");
+    assert!(run.stderr.contains("return code"), "{run:?}");
+    // Refused subscriptions and messages (an ACL lets anonymous clients use open/# only).
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, "topic readwrite open/#\n").unwrap();
+    let mut config = support::common::test_config();
+    config.auth.acl_file = Some(acl.clone());
+    let mercurio = TestBroker::mercurio_with(config).await;
+    let acl_line = format!("acl_file {}", acl.display());
+    let mosquitto = TestBroker::mosquitto("exit_codes", &acl_line)
+        .await
+        .map(|(m, _)| m);
+    for b in std::iter::once(mercurio).chain(mosquitto) {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        let run = recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &["-V", "5", "-t", "closed/x", "-W", "5"],
+            ]
+            .concat(),
+        )
+        .await;
+        // mosquitto grants a subscription its ACL denies (and delivers nothing).
+        if b.name == "mercurio" {
+            assert_eq!(run.code, exit::REJECTED, "{}: {run:?}", b.name);
+            assert!(run.stderr.contains("closed/x (0x"), "{run:?}");
+        }
+        let run = recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &["-V", "5", "-t", "closed/x", "-m", "x", "-q", "1"],
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(run.code, exit::REJECTED, "{}: {run:?}", b.name);
+        assert!(run.stderr.contains("Not authorized"), "{run:?}");
+        let run = recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &["-V", "5", "-t", "open/x", "-m", "x", "-q", "1"],
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
+    }
+    // Against mosquitto too.
+    if let Some((m, _)) = TestBroker::mosquitto("exit_codes", "").await {
+        let run = recado(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &m.port(),
+            "-t",
+            "a",
+            "-V",
+            "31",
+            "-i",
+            "this-identifier-is-too-long-for-3.1",
+        ])
+        .await;
+        assert_eq!(run.code, exit::USAGE, "{run:?}");
+        let run = recado(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &m.port(),
+            "-t",
+            "a",
+            "-W",
+            "0.2",
+        ])
+        .await;
+        assert_eq!(run.code, exit::TIMEOUT, "{run:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn url_will_and_sessions() {
+    for b in TestBroker::both("url_will").await {
+        let port = b.port();
+        // -L carries host, port and topic.
+        let url = format!("mqtt://127.0.0.1:{port}/u/topic");
+        let sub = Background::subscribed(&["sub", "-L", &url, "-C", "1", "-v"]).await;
+        recado(&["pub", "-L", &url, "-m", "via url"]).await.ok();
+        assert_eq!(sub.finish().await.ok(), "u/topic via url\n", "{}", b.name);
+        // A will is published when the connection ends without DISCONNECT: a takeover by
+        // the same client identifier in 3.1.1 ends the first connection that way.
+        let sub = Background::subscribed(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "will/#",
+            "-C",
+            "1",
+            "-v",
+        ])
+        .await;
+        let first = Background::subscribed(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "other",
+            "-i",
+            "willer",
+            "--will-topic",
+            "will/t",
+            "--will-payload",
+            "gone",
+            "--will-qos",
+            "1",
+        ])
+        .await;
+        let second = Background::subscribed(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "other",
+            "-i",
+            "willer",
+            "-E",
+        ])
+        .await;
+        second.finish().await;
+        let run = sub.finish().await;
+        assert_eq!(run.ok(), "will/t gone\n", "{}", b.name);
+        let run = first.finish().await;
+        assert_ne!(run.code, exit::OK, "a taken over client fails: {run:?}");
+        // -c with -x: a persistent session keeps messages while offline; -U unsubscribes.
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &[
+                    "-V", "5", "-t", "ps", "-q", "1", "-c", "-i", "keeper", "-x", "60", "-E",
+                ],
+            ]
+            .concat(),
+        )
+        .await
+        .ok();
+        recado(&[&["pub"][..], &p[..], &["-t", "ps", "-m", "kept", "-q", "1"]].concat())
+            .await
+            .ok();
+        let run = recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &[
+                    "-V", "5", "-t", "ps", "-q", "1", "-c", "-i", "keeper", "-x", "60", "-C", "1",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(run.ok(), "kept\n", "{}", b.name);
+        let run = recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &["-V", "5", "-U", "ps", "-c", "-i", "keeper", "-x", "0"],
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(run.code, exit::OK, "{run:?}");
+    }
+}
