@@ -417,8 +417,8 @@ pub struct RrArgs {
     #[arg(short = 'q', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2), help_heading = "Message")]
     pub qos: u8,
     /// Correlation Data of the request [default: a unique value; -D publish
-    /// correlation-data also sets it]. Only a response with the same Correlation Data is
-    /// printed.
+    /// correlation-data also sets it]. A message on the response topic with other
+    /// Correlation Data is not the response (one without any is).
     #[arg(long, value_name = "DATA", help_heading = "Message")]
     pub correlation_data: Option<String>,
     /// Seconds to wait for the response (exit code 5 when it expires) [default: forever].

@@ -211,10 +211,10 @@ impl Printer {
                     out.extend_from_slice(&value);
                 } else if *left {
                     out.extend_from_slice(&value);
-                    out.extend(std::iter::repeat(b' ').take(pad));
+                    out.resize(out.len() + pad, b' ');
                 } else {
                     let fill = if *zero && is_number { b'0' } else { b' ' };
-                    out.extend(std::iter::repeat(fill).take(pad));
+                    out.resize(out.len() + pad, fill);
                     out.extend_from_slice(&value);
                 }
             }
@@ -418,9 +418,11 @@ mod tests {
     use mercurio_core::codec::QoS;
 
     fn message(payload: &[u8]) -> Received {
-        let mut properties = Properties::default();
-        properties.content_type = Some("text/plain".into());
-        properties.user_properties = vec![("a".into(), "1".into()), ("b".into(), "2".into())];
+        let properties = Properties {
+            content_type: Some("text/plain".into()),
+            user_properties: vec![("a".into(), "1".into()), ("b".into(), "2".into())],
+            ..Properties::default()
+        };
         Received {
             publish: Publish {
                 dup: false,

@@ -134,10 +134,11 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
             }
         };
         match event {
-            Event::UnsubAck(ack) if Some(ack.packet_id) == unsubscribe_id => {
-                if subscribe_id.is_none() {
-                    break End::Done;
-                }
+            // Only -U: done once unsubscribed.
+            Event::UnsubAck(ack)
+                if Some(ack.packet_id) == unsubscribe_id && subscribe_id.is_none() =>
+            {
+                break End::Done;
             }
             Event::SubAck(ack) if Some(ack.packet_id) == subscribe_id => {
                 check_suback(&filters, &ack.reason_codes, s.quiet)?;

@@ -173,7 +173,7 @@ fn terminal_size() -> Option<(usize, usize)> {
     // terminal.
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) };
-    (r == 0 && ws.ws_col > 0 && ws.ws_row > 0).then(|| (ws.ws_col as usize, ws.ws_row as usize))
+    (r == 0 && ws.ws_col > 0 && ws.ws_row > 0).then_some((ws.ws_col as usize, ws.ws_row as usize))
 }
 
 #[cfg(test)]

@@ -885,3 +885,266 @@ async fn url_will_and_sessions() {
         assert_eq!(run.code, exit::OK, "{run:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn help_documents_every_flag() {
+    let sub = recado(&["sub", "--help"]).await;
+    let publ = recado(&["pub", "--help"]).await;
+    let rr = recado(&["rr", "--help"]).await;
+    let common = [
+        "-h, --host",
+        "-p, --port",
+        "-L, --url",
+        "-V, --protocol-version",
+        "-i, --id",
+        "-I, --id-prefix",
+        "-u, --username",
+        "-P, --pw",
+        "-k, --keepalive",
+        "-c, --disable-clean-session",
+        "-x, --session-expiry-interval",
+        "-D, --property",
+        "--will-topic",
+        "--will-payload",
+        "--will-qos",
+        "--will-retain",
+        "--tls",
+        "--cafile",
+        "--cert",
+        "--key",
+        "--insecure",
+        "--tls-server-name",
+        "-d, --debug",
+        "--quiet",
+        "Exit codes:",
+        "-h is the host",
+    ];
+    let sub_only = [
+        "-t, --topic",
+        "-q, --qos",
+        "-C, --count",
+        "-W, --timeout",
+        "-E",
+        "-R",
+        "--retained-only",
+        "--remove-retained",
+        "-v, --verbose",
+        "-N",
+        "-F, --format",
+        "--json",
+        "--pretty",
+        "-T, --table",
+        "--filter-out",
+        "-U, --unsubscribe",
+        "mosquitto_sub's -T",
+    ];
+    let pub_only = [
+        "-t, --topic",
+        "-m, --message",
+        "-f, --file",
+        "-l, --stdin-line",
+        "-s, --stdin-file",
+        "-n, --null-message",
+        "-q, --qos",
+        "-r, --retain",
+        "--repeat",
+    ];
+    let rr_only = [
+        "-t, --topic",
+        "-e, --response-topic",
+        "--correlation-data",
+        "-W, --timeout",
+    ];
+    for (run, own) in [
+        (&sub, &sub_only[..]),
+        (&publ, &pub_only[..]),
+        (&rr, &rr_only[..]),
+    ] {
+        let text = run.ok();
+        for flag in common.iter().chain(own) {
+            assert!(
+                text.contains(flag),
+                "--help does not document {flag}:\n{text}"
+            );
+        }
+    }
+    // The exit codes are listed with their numbers.
+    let top = recado(&["--help"]).await;
+    for code in [
+        "0  success",
+        "3  broker unreachable",
+        "4  CONNACK refused",
+        "5  timeout",
+    ] {
+        assert!(top.ok().contains(code), "{top:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_alive_pings_and_user_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let passwd = dir.path().join("passwd");
+    let passwd_s = passwd.to_str().unwrap().to_string();
+    let have_mosquitto_passwd = std::process::Command::new("mosquitto_passwd")
+        .args(["-c", "-b", &passwd_s, "alice", "s3cret"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_mosquitto_passwd {
+        mercurio::auth::password_file::set_password(&passwd, "alice", b"s3cret").unwrap();
+    }
+    let mut config = support::common::test_config();
+    config.auth.password_file = Some(passwd.clone());
+    config.auth.allow_anonymous = Some(false);
+    let mut brokers = vec![TestBroker::mercurio_with(config).await];
+    if have_mosquitto_passwd {
+        let conf = format!("allow_anonymous false\npassword_file {passwd_s}");
+        if let Some((m, _)) = TestBroker::mosquitto("user_names", &conf).await {
+            brokers.push(m);
+        }
+    }
+    for b in brokers {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        // -k 1: a PINGREQ each second without traffic, each answered.
+        let run = recado(
+            &[
+                &["sub"][..],
+                &p[..],
+                &[
+                    "-u", "alice", "-P", "s3cret", "-t", "k", "-k", "1", "-W", "2.6", "-d",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        assert_eq!(run.code, exit::TIMEOUT, "{}: {run:?}", b.name);
+        assert!(
+            run.stderr.matches("sending PINGREQ").count() >= 2,
+            "{}: {run:?}",
+            b.name
+        );
+        assert!(
+            run.stderr.matches("received PINGRESP").count() >= 2,
+            "{}: {run:?}",
+            b.name
+        );
+        // The URL's credentials; a wrong password is a CONNACK refusal.
+        let url = format!("mqtt://alice:s3cret@127.0.0.1:{port}/k");
+        assert_eq!(
+            recado(&["pub", "-L", &url, "-m", "x"]).await.code,
+            exit::OK,
+            "{}",
+            b.name
+        );
+        let url = format!("mqtt://alice:wrong@127.0.0.1:{port}/k");
+        let run = recado(&["pub", "-L", &url, "-m", "x", "-V", "5"]).await;
+        assert_eq!(run.code, exit::CONNACK_REFUSED, "{}: {run:?}", b.name);
+        assert!(
+            run.stderr.contains("0x86 Bad User Name or Password")
+                || run.stderr.contains("0x87 Not authorized"),
+            "{run:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn topic_alias_and_repeat() {
+    for b in TestBroker::both("topic_alias").await {
+        let port = b.port();
+        let p = ["-h", "127.0.0.1", "-p", port.as_str()];
+        let sub = Background::subscribed(
+            &[
+                &["sub"][..],
+                &p[..],
+                &["-t", "al/#", "-v", "-C", "4", "-q", "1"],
+            ]
+            .concat(),
+        )
+        .await;
+        // Lines published with a Topic Alias: the topic goes once, then the alias.
+        let run = recado_with_input(
+            &[
+                &["pub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "5",
+                    "-t",
+                    "al/x",
+                    "-l",
+                    "-q",
+                    "1",
+                    "-D",
+                    "publish",
+                    "topic-alias",
+                    "1",
+                    "-d",
+                ],
+            ]
+            .concat(),
+            b"a\nb\n",
+        )
+        .await;
+        assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
+        assert!(
+            run.stderr.contains("'al/x'") && run.stderr.contains("''"),
+            "{run:?}"
+        );
+        recado(
+            &[
+                &["pub"][..],
+                &p[..],
+                &[
+                    "-t",
+                    "al/y",
+                    "-m",
+                    "r",
+                    "--repeat",
+                    "2",
+                    "--repeat-delay",
+                    "0.05",
+                ],
+            ]
+            .concat(),
+        )
+        .await
+        .ok();
+        let run = sub.finish().await;
+        assert_eq!(
+            run.lines(),
+            vec!["al/x a", "al/x b", "al/y r", "al/y r"],
+            "{}: {run:?}",
+            b.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_runs_as_a_subcommand() {
+    let b = TestBroker::mercurio().await;
+    let run = recado(&[
+        "bench",
+        "-s",
+        "fan-in",
+        "-P",
+        "2",
+        "-d",
+        "0.5",
+        "-r",
+        "200",
+        "-p",
+        &b.port(),
+        "--label",
+        "t",
+    ])
+    .await;
+    let last = run.ok().lines().last().unwrap_or_default().to_string();
+    let report: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(report["scenario"], "fan-in");
+    assert_eq!(report["label"], "t");
+    assert!(report["delivered"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["lost"], 0, "{report}");
+    // Not loopback: refused as usage.
+    let run = recado(&["bench", "-h", "192.0.2.1"]).await;
+    assert_eq!(run.code, exit::USAGE, "{run:?}");
+}

@@ -49,7 +49,7 @@ pub struct ConnectOptions<'a> {
 }
 
 fn err(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, msg.into())
+    io::Error::other(msg.into())
 }
 
 impl Client {

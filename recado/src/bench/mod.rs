@@ -555,7 +555,8 @@ async fn persistent(cfg: &RunConfig, report: &mut Report) {
     let setup = async {
         let (c, _) = traffic::connect_subscriber(cfg, &id, &[], true).await?;
         c.disconnect().await?;
-        let (c, _) = traffic::connect_subscriber(cfg, &id, &[topic.clone()], false).await?;
+        let (c, _) =
+            traffic::connect_subscriber(cfg, &id, std::slice::from_ref(&topic), false).await?;
         c.disconnect().await?;
         // Give the broker a moment to register the disconnect (a takeover would be wrong).
         tokio::time::sleep(Duration::from_millis(200)).await;
