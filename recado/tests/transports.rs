@@ -66,6 +66,14 @@ async fn tls_against_a_mercurio_tls_listener() {
         require_certificate: true,
         ..ListenerConfig::default()
     }];
+    // WebSocket over TLS, no client certificate.
+    config.listeners.push(ListenerConfig {
+        port: 0,
+        protocol: mercurio::config::ListenerProtocol::Websocket,
+        cert_file: Some(d.join("server.pem")),
+        key_file: Some(d.join("server.key")),
+        ..ListenerConfig::default()
+    });
     let b = TestBroker::mercurio_with(config).await;
     let port = b.port();
     let (ca, cert, key) = (
@@ -154,6 +162,18 @@ async fn tls_against_a_mercurio_tls_listener() {
     // Without a client certificate the listener refuses.
     let run = recado(&["pub", "-L", &url, "-m", "x", "--cafile", &ca]).await;
     assert_ne!(run.code, exit::OK, "{run:?}");
+    // wss://: WebSocket over TLS.
+    let wss = format!("wss://localhost:{}/mqtt", b.listener_port(1));
+    let sub = Background::subscribed(&[
+        "sub", "-L", &wss, "-t", "w/t", "-C", "1", "-v", "--cafile", &ca,
+    ])
+    .await;
+    recado(&[
+        "pub", "-L", &wss, "-t", "w/t", "-m", "over wss", "--cafile", &ca, "-V", "5",
+    ])
+    .await
+    .ok();
+    assert_eq!(sub.finish().await.ok(), "w/t over wss\n");
 }
 
 #[tokio::test(flavor = "multi_thread")]

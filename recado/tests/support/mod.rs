@@ -183,6 +183,12 @@ impl TestBroker {
         self.addr.port().to_string()
     }
 
+    /// The port of Mercurio's listener number `i` (in the configuration's order).
+    pub fn listener_port(&self, i: usize) -> String {
+        let h = self.mercurio.as_ref().expect("a Mercurio broker");
+        h.local_addrs()[i].port().to_string()
+    }
+
     /// Mercurio in process with `config`.
     pub async fn mercurio_with(config: Config) -> TestBroker {
         let (handle, addr) = common::start_with(config).await;
