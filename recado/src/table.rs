@@ -70,8 +70,13 @@ impl Table {
         }
         self.dirty = false;
         let (cols, lines) = terminal_size().unwrap_or((100, 30));
-        let mut text = String::from("\x1b[H\x1b[2J");
-        let limit = lines.saturating_sub(2).max(1);
+        let messages: u64 = self.rows.values().map(|r| r.messages).sum();
+        let mut text = format!(
+            "\x1b[H\x1b[2J{} topics, {messages} messages (Ctrl+C to stop)\n",
+            self.rows.len()
+        );
+        // The status line, the header and "... more topics" take three lines.
+        let limit = lines.saturating_sub(3).max(1);
         text.push_str(&self.render(Some(cols), Some(limit)));
         output::write(text.as_bytes()).map(|_| ())
     }
