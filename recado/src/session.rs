@@ -92,13 +92,14 @@ impl Session {
             debug,
         };
         s.send(&Packet::Connect(Box::new(connect))).await?;
-        let ack = match tokio::time::timeout(CONNECT_TIMEOUT, s.read_packet()).await {
+        let ack = match tokio::time::timeout(CONNECT_TIMEOUT, s.read_connack()).await {
             Err(_) => {
                 return Err(Failure::new(
                     Exit::Unreachable,
                     format!("{} sent no CONNACK within 10 seconds", target.display()),
                 ))
             }
+            Ok(Err(f)) if f.exit == Exit::ConnackRefused => return Err(f),
             Ok(Err(f)) => {
                 return Err(Failure::new(
                     Exit::Unreachable,
@@ -187,6 +188,29 @@ impl Session {
         .await?;
         self.transport.close().await;
         Ok(())
+    }
+
+    /// Reads the CONNACK. A broker without MQTT 5 answers a 5.0 CONNECT with a 3.1.1
+    /// CONNACK (return code 1, unacceptable protocol version), which is not a valid 5.0
+    /// CONNACK: it is reported as the refusal it is.
+    async fn read_connack(&mut self) -> Result<Packet, Failure> {
+        if self.version.is_v5() {
+            while self.rbuf.len() < 4 {
+                match self.transport.read(&mut self.rbuf).await {
+                    Ok(0) => return Err(Failure::error("the broker closed the connection")),
+                    Ok(_) => {}
+                    Err(e) => return Err(Failure::error(format!("connection lost: {e}"))),
+                }
+            }
+            if self.rbuf[..4] == [0x20, 0x02, 0x00, 0x01] {
+                return Err(Failure::new(
+                    Exit::ConnackRefused,
+                    "the broker refused the connection: return code 1 (unacceptable protocol \
+                     version): it does not speak MQTT 5, try -V mqttv311",
+                ));
+            }
+        }
+        self.read_packet().await
     }
 
     /// Reads the next whole packet (no keep alive handling; used for CONNACK).

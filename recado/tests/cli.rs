@@ -1148,3 +1148,22 @@ async fn bench_runs_as_a_subcommand() {
     let run = recado(&["bench", "-h", "192.0.2.1"]).await;
     assert_eq!(run.code, exit::USAGE, "{run:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mqtt5_to_a_broker_without_it_is_a_connack_refusal() {
+    // A 3.1.1-only broker answers a 5.0 CONNECT with return code 1 (MQTT 3.1.1 section
+    // 3.1.2.2, [MQTT-3.1.2-2]), a CONNACK 5.0 would call malformed.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 256];
+        let _ = s.read(&mut buf).await;
+        s.write_all(&[0x20, 0x02, 0x00, 0x01]).await.unwrap();
+    });
+    let run = recado(&["sub", "-h", "127.0.0.1", "-p", &port, "-t", "a", "-V", "5"]).await;
+    assert_eq!(run.code, exit::CONNACK_REFUSED, "{run:?}");
+    assert!(run.stderr.contains("-V mqttv311"), "{run:?}");
+    server.await.unwrap();
+}
