@@ -51,7 +51,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Subscribe and print the messages received (mosquitto_sub).
+    /// Subscribe and print the messages received (mosquitto_sub). A lost connection is
+    /// opened again, as mosquitto_sub does.
     #[command(disable_help_flag = true, after_help = EXIT_CODES_HELP)]
     Sub(SubArgs),
     /// Publish one message, a file, standard input or one message per line (mosquitto_pub).

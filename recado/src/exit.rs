@@ -31,6 +31,9 @@ pub enum Exit {
 pub struct Failure {
     pub exit: Exit,
     pub message: String,
+    /// The connection was lost (closed, reset, no PINGRESP, a DISCONNECT from the broker
+    /// other than a takeover or a redirection): `recado sub` connects again.
+    pub lost: bool,
 }
 
 impl Failure {
@@ -38,6 +41,15 @@ impl Failure {
         Failure {
             exit,
             message: message.into(),
+            lost: false,
+        }
+    }
+
+    /// [`Exit::Error`] for a lost connection (see [`Failure::lost`]).
+    pub fn lost(message: impl Into<String>) -> Failure {
+        Failure {
+            lost: true,
+            ..Failure::error(message)
         }
     }
 

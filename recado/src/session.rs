@@ -174,7 +174,7 @@ impl Session {
         self.transport
             .write(&out)
             .await
-            .map_err(|e| Failure::error(format!("connection lost while sending: {e}")))?;
+            .map_err(|e| Failure::lost(format!("connection lost while sending: {e}")))?;
         self.last_sent = Instant::now();
         Ok(())
     }
@@ -273,12 +273,12 @@ impl Session {
                 () = sleep => None,
             };
             match read {
-                Some(Ok(0)) => return Err(Failure::error("the broker closed the connection")),
+                Some(Ok(0)) => return Err(Failure::lost("the broker closed the connection")),
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(Failure::error(format!("connection lost: {e}"))),
+                Some(Err(e)) => return Err(Failure::lost(format!("connection lost: {e}"))),
                 None => {
                     if self.ping_sent.is_some() {
-                        return Err(Failure::error(
+                        return Err(Failure::lost(
                             "connection lost: the broker did not answer PINGREQ within the keep alive",
                         ));
                     }
@@ -382,11 +382,24 @@ impl Session {
                     .as_deref()
                     .map(|r| format!(": {r}"))
                     .unwrap_or_default();
-                Err(Failure::error(format!(
+                let message = format!(
                     "the broker disconnected this client: reason code 0x{:02X} {}{reason}",
                     d.reason_code.0,
                     d.reason_code.name()
-                )))
+                );
+                // Taken over by another connection, or sent elsewhere: connecting again
+                // here would not help.
+                let again = !matches!(
+                    d.reason_code,
+                    ReasonCode::SESSION_TAKEN_OVER
+                        | ReasonCode::USE_ANOTHER_SERVER
+                        | ReasonCode::SERVER_MOVED
+                );
+                Err(if again {
+                    Failure::lost(message)
+                } else {
+                    Failure::error(message)
+                })
             }
             Packet::Auth(_) => Err(Failure::error(
                 "the broker started an AUTH exchange, which recado does not support",

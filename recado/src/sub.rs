@@ -40,6 +40,12 @@ pub async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
+/// The first wait before connecting again after a lost connection; it doubles up to
+/// [`RETRY_MAX`] while the broker stays unreachable.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two connection attempts.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// How a subscription run ends.
 enum End {
     /// Done (-C reached, -E, --retained-only, Ctrl+C, output closed).
@@ -77,127 +83,190 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut table = a.table.then(Table::new);
 
-    let mut session = tokio::select! {
-        r = Session::open(&s.target, s.connect.clone(), s.debug) => r?,
-        () = sleep_until(deadline) => return finish_timeout(a.timeout, table.as_mut()),
+    let qos = QoS::from_u8(a.qos).unwrap_or_default();
+    let subscribe = Subscribe {
+        packet_id: 0,
+        filters: filters
+            .iter()
+            .map(|f| SubscribeFilter {
+                filter: f.clone(),
+                options: SubscriptionOptions {
+                    qos,
+                    no_local: a.no_local,
+                    retain_as_published: a.retain_as_published,
+                    retain_handling: 0,
+                },
+            })
+            .collect(),
+        properties: s.properties.subscribe.clone(),
     };
-    let mut unsubscribe_id = None;
-    if !a.unsubscribe.is_empty() {
-        let id = session.next_packet_id();
-        unsubscribe_id = Some(id);
-        session
-            .send(&Packet::Unsubscribe(Unsubscribe {
-                packet_id: id,
-                filters: a.unsubscribe.clone(),
-                properties: s.properties.unsubscribe.clone(),
-            }))
-            .await?;
-    }
-    let mut subscribe_id = None;
-    if !filters.is_empty() {
-        let id = session.next_packet_id();
-        subscribe_id = Some(id);
-        let qos = QoS::from_u8(a.qos).unwrap_or_default();
-        session
-            .send(&Packet::Subscribe(Subscribe {
-                packet_id: id,
-                filters: filters
-                    .iter()
-                    .map(|f| SubscribeFilter {
-                        filter: f.clone(),
-                        options: SubscriptionOptions {
-                            qos,
-                            no_local: a.no_local,
-                            retain_as_published: a.retain_as_published,
-                            retain_handling: 0,
-                        },
-                    })
-                    .collect(),
-                properties: s.properties.subscribe.clone(),
-            }))
-            .await?;
-    }
-
     let mut count = 0u64;
     let mut redraw = tokio::time::interval(Duration::from_millis(200));
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut first = true;
+    let mut retry_delay = RETRY_FIRST;
+    // As mosquitto_sub: a lost connection is opened again (and the filters subscribed
+    // again) until -W, -C or Ctrl+C ends the command.
     let end = loop {
-        let event = tokio::select! {
-            e = session.next() => e?,
+        if !first {
+            tokio::select! {
+                () = tokio::time::sleep(retry_delay) => {}
+                () = sleep_until(deadline) => break End::TimedOut,
+                _ = &mut ctrl_c => break End::Done,
+            }
+            retry_delay = (retry_delay * 2).min(RETRY_MAX);
+        }
+        let opened = tokio::select! {
+            r = Session::open(&s.target, s.connect.clone(), s.debug) => r,
             () = sleep_until(deadline) => break End::TimedOut,
             _ = &mut ctrl_c => break End::Done,
-            _ = redraw.tick(), if table.as_ref().is_some_and(|t| t.live()) => {
-                if let Some(t) = table.as_mut() {
-                    t.draw_live()?;
+        };
+        let mut session = match opened {
+            Ok(session) => session,
+            Err(f) if !first && f.exit == Exit::Unreachable => {
+                if !s.quiet {
+                    eprintln!("recado: {}; trying again", f.message);
                 }
                 continue;
             }
+            Err(f) => return Err(f),
         };
-        match event {
-            // Only -U: done once unsubscribed.
-            Event::UnsubAck(ack)
-                if Some(ack.packet_id) == unsubscribe_id && subscribe_id.is_none() =>
-            {
-                break End::Done;
-            }
-            Event::SubAck(ack) if Some(ack.packet_id) == subscribe_id => {
-                check_suback(&filters, &ack.reason_codes, s.quiet)?;
-                if a.exit_after_subscribe {
-                    break End::Done;
+        if !first && !s.quiet {
+            eprintln!("recado: connected again to {}", s.target.display());
+        }
+        let was_first = std::mem::replace(&mut first, false);
+        retry_delay = RETRY_FIRST;
+        let result: Result<End, Failure> = 'session: {
+            // -U once only: a resumed session does not need it again.
+            let mut unsubscribe_id = None;
+            if was_first && !a.unsubscribe.is_empty() {
+                let id = session.next_packet_id();
+                unsubscribe_id = Some(id);
+                let sent = session
+                    .send(&Packet::Unsubscribe(Unsubscribe {
+                        packet_id: id,
+                        filters: a.unsubscribe.clone(),
+                        properties: s.properties.unsubscribe.clone(),
+                    }))
+                    .await;
+                if let Err(f) = sent {
+                    break 'session Err(f);
                 }
             }
-            Event::Publish(p) => {
-                let at = Moment::now();
-                if a.filter_out.iter().any(|f| topic::matches(f, &p.topic)) {
-                    continue;
+            let mut subscribe_id = None;
+            if !filters.is_empty() {
+                let id = session.next_packet_id();
+                subscribe_id = Some(id);
+                let sent = session
+                    .send(&Packet::Subscribe(Subscribe {
+                        packet_id: id,
+                        ..subscribe.clone()
+                    }))
+                    .await;
+                if let Err(f) = sent {
+                    break 'session Err(f);
                 }
-                if a.remove_retained && p.retain && !p.payload.is_empty() {
-                    // An empty retained message clears the topic's [MQTT-3.3.1-6].
-                    session
-                        .send(&Packet::Publish(Publish {
-                            dup: false,
-                            qos: QoS::AtMostOnce,
-                            retain: true,
-                            topic: p.topic.clone(),
-                            packet_id: 0,
-                            properties: Properties::default(),
-                            payload: Bytes::new(),
-                        }))
-                        .await?;
-                }
-                if a.retained_only && !p.retain {
-                    break End::Done;
-                }
-                if a.no_retained && p.retain {
-                    continue;
-                }
-                let m = Received { publish: p, at };
-                if let Some(t) = table.as_mut() {
-                    t.update(&m);
-                } else {
-                    match printer.render(&m) {
-                        Ok(bytes) => {
-                            if let Written::Closed = output::write(&bytes)? {
-                                break End::Done;
+            }
+            loop {
+                let event = tokio::select! {
+                    e = session.next() => match e {
+                        Ok(e) => e,
+                        Err(f) => break 'session Err(f),
+                    },
+                    () = sleep_until(deadline) => break 'session Ok(End::TimedOut),
+                    _ = &mut ctrl_c => break 'session Ok(End::Done),
+                    _ = redraw.tick(), if table.as_ref().is_some_and(|t| t.live()) => {
+                        if let Some(t) = table.as_mut() {
+                            if let Err(f) = t.draw_live() {
+                                break 'session Err(f);
                             }
                         }
-                        Err(warning) => {
-                            if !s.quiet {
-                                eprintln!("{warning}");
-                            }
-                            continue;
+                        continue;
+                    }
+                };
+                match event {
+                    // Only -U: done once unsubscribed.
+                    Event::UnsubAck(ack)
+                        if Some(ack.packet_id) == unsubscribe_id && subscribe_id.is_none() =>
+                    {
+                        break 'session Ok(End::Done);
+                    }
+                    Event::SubAck(ack) if Some(ack.packet_id) == subscribe_id => {
+                        if let Err(f) = check_suback(&filters, &ack.reason_codes, s.quiet) {
+                            break 'session Err(f);
+                        }
+                        if a.exit_after_subscribe {
+                            break 'session Ok(End::Done);
                         }
                     }
-                }
-                count += 1;
-                if a.count.is_some_and(|c| count >= c) {
-                    break End::Done;
+                    Event::Publish(p) => {
+                        let at = Moment::now();
+                        if a.filter_out.iter().any(|f| topic::matches(f, &p.topic)) {
+                            continue;
+                        }
+                        if a.remove_retained && p.retain && !p.payload.is_empty() {
+                            // An empty retained message clears the topic's [MQTT-3.3.1-6].
+                            let sent = session
+                                .send(&Packet::Publish(Publish {
+                                    dup: false,
+                                    qos: QoS::AtMostOnce,
+                                    retain: true,
+                                    topic: p.topic.clone(),
+                                    packet_id: 0,
+                                    properties: Properties::default(),
+                                    payload: Bytes::new(),
+                                }))
+                                .await;
+                            if let Err(f) = sent {
+                                break 'session Err(f);
+                            }
+                        }
+                        if a.retained_only && !p.retain {
+                            break 'session Ok(End::Done);
+                        }
+                        if a.no_retained && p.retain {
+                            continue;
+                        }
+                        let m = Received { publish: p, at };
+                        if let Some(t) = table.as_mut() {
+                            t.update(&m);
+                        } else {
+                            match printer.render(&m) {
+                                Ok(bytes) => match output::write(&bytes) {
+                                    Ok(Written::Ok) => {}
+                                    Ok(Written::Closed) => break 'session Ok(End::Done),
+                                    Err(f) => break 'session Err(f),
+                                },
+                                Err(warning) => {
+                                    if !s.quiet {
+                                        eprintln!("{warning}");
+                                    }
+                                    continue;
+                                }
+                            }
+                        }
+                        count += 1;
+                        if a.count.is_some_and(|c| count >= c) {
+                            break 'session Ok(End::Done);
+                        }
+                    }
+                    _ => {}
                 }
             }
-            _ => {}
+        };
+        match result {
+            Ok(end) => {
+                let _ = session.disconnect(s.properties.disconnect.clone()).await;
+                break end;
+            }
+            Err(f) if f.lost => {
+                if !s.quiet {
+                    eprintln!("recado: {}; connecting again", f.message);
+                }
+            }
+            Err(f) => return Err(f),
         }
     };
-    let _ = session.disconnect(s.properties.disconnect.clone()).await;
     match end {
         End::Done => {
             if let Some(t) = table.as_mut() {

@@ -842,8 +842,10 @@ async fn url_will_and_sessions() {
         second.finish().await;
         let run = sub.finish().await;
         assert_eq!(run.ok(), "will/t gone\n", "{}", b.name);
-        let run = first.finish().await;
-        assert_ne!(run.code, exit::OK, "a taken over client fails: {run:?}");
+        // The taken over client connects again, as mosquitto_sub does (dropping it ends it).
+        let mut first = first;
+        first.wait_stderr("connecting again").await;
+        drop(first);
         // -c with -x: a persistent session keeps messages while offline; -U unsubscribes.
         let p = ["-h", "127.0.0.1", "-p", port.as_str()];
         recado(
@@ -1166,4 +1168,71 @@ async fn mqtt5_to_a_broker_without_it_is_a_connack_refusal() {
     assert_eq!(run.code, exit::CONNACK_REFUSED, "{run:?}");
     assert!(run.stderr.contains("-V mqttv311"), "{run:?}");
     server.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sub_connects_again_when_the_broker_restarts() {
+    // As mosquitto_sub: a lost connection is opened again and the filters subscribed again.
+    let port = support::free_port();
+    let port_s = port.to_string();
+    let mut config = support::common::test_config();
+    config.listeners[0].port = port;
+    for v in ["mqttv311", "mqttv5"] {
+        let broker = start_on_same_port(&config).await;
+        let mut sub = Background::subscribed(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port_s,
+            "-V",
+            v,
+            "-t",
+            "again",
+            "-C",
+            "1",
+            "-v",
+        ])
+        .await;
+        broker.shutdown().await;
+        drop(broker);
+        sub.wait_stderr("connecting again").await;
+        let restarted = start_on_same_port(&config).await;
+        sub.wait_stderr("connected again").await;
+        sub.wait_stderr("received SUBACK").await;
+        recado(&[
+            "pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port_s,
+            "-t",
+            "again",
+            "-m",
+            "back",
+        ])
+        .await
+        .ok();
+        let run = sub.finish().await;
+        assert_eq!(run.ok(), "again back\n", "{v}");
+        restarted.shutdown().await;
+    }
+}
+
+/// Starts a broker on the fixed port of `config`, again: the port of a broker just stopped
+/// may take a moment to be free.
+async fn start_on_same_port(config: &mercurio::config::Config) -> mercurio::BrokerHandle {
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        match mercurio::Broker::builder(config.clone()).start().await {
+            Ok(h) => return h,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "broker restart: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
