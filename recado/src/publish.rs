@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use mercurio_core::codec::{Packet, Properties, Publish, QoS};
+use mercurio_core::codec::{self, Packet, Properties, Publish, PublishRef, QoS};
 use mercurio_core::topic;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines, Stdin};
 
@@ -186,17 +186,26 @@ pub async fn publish_all(
                 // With a Topic Alias, the topic goes once; then the alias stands for it.
                 let topic = if alias_set { String::new() } else { topic.to_string() };
                 alias_set = properties.topic_alias.is_some();
-                session
-                    .send(&Packet::Publish(Publish {
-                        dup: false,
-                        qos,
-                        retain,
-                        topic,
-                        packet_id,
-                        properties: properties.clone(),
-                        payload,
-                    }))
-                    .await?;
+                let publish = Publish {
+                    dup: false,
+                    qos,
+                    retain,
+                    topic,
+                    packet_id,
+                    properties: properties.clone(),
+                    payload,
+                };
+                // The broker would close the connection on a larger packet [MQTT-3.1.2-24].
+                if let Some(max) = session.connack.properties.maximum_packet_size {
+                    let size = codec::publish_encoded_len(&publish_ref(&publish), session.version);
+                    if size > max as usize {
+                        return Err(Failure::new(
+                            Exit::Rejected,
+                            format!("the message is {size} bytes, more than the broker's Maximum Packet Size of {max}"),
+                        ));
+                    }
+                }
+                session.send(&Packet::Publish(publish)).await?;
             }
             event = session.next() => {
                 match event? {
@@ -224,6 +233,18 @@ pub async fn publish_all(
         ));
     }
     Ok(())
+}
+
+fn publish_ref(p: &Publish) -> PublishRef<'_> {
+    PublishRef {
+        dup: p.dup,
+        qos: p.qos,
+        retain: p.retain,
+        topic: &p.topic,
+        packet_id: p.packet_id,
+        properties: &p.properties,
+        payload: &p.payload,
+    }
 }
 
 pub async fn run(a: PubArgs) -> Result<(), Failure> {

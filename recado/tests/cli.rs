@@ -1236,3 +1236,48 @@ async fn start_on_same_port(config: &mercurio::config::Config) -> mercurio::Brok
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_over_the_brokers_maximum_packet_size_is_refused_before_sending() {
+    let mut config = support::common::test_config();
+    config.server.max_packet_size = 200;
+    let mut brokers = vec![TestBroker::mercurio_with(config).await];
+    if let Some((m, _)) = TestBroker::mosquitto("max_packet", "max_packet_size 200").await {
+        brokers.push(m);
+    }
+    for b in brokers {
+        let port = b.port();
+        let big = "x".repeat(300);
+        let run = recado(&[
+            "pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-V",
+            "5",
+            "-t",
+            "big",
+            "-m",
+            &big,
+        ])
+        .await;
+        assert_eq!(run.code, exit::REJECTED, "{}: {run:?}", b.name);
+        assert!(run.stderr.contains("Maximum Packet Size of 200"), "{run:?}");
+        let run = recado(&[
+            "pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-V",
+            "5",
+            "-t",
+            "small",
+            "-m",
+            "x",
+        ])
+        .await;
+        assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
+    }
+}
