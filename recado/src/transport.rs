@@ -124,7 +124,8 @@ impl Transport {
                 let _ = s.shutdown().await;
             }
             Transport::WebSocket(ws) => {
-                let _ = ws.close(None).await;
+                // The Sink's close sends a Close frame and flushes it.
+                let _ = SinkExt::close(ws.as_mut()).await;
             }
         }
     }
