@@ -192,8 +192,9 @@ pub struct ConnArgs {
     /// Will retained.
     #[arg(long, requires = "will_topic", help_heading = "Will")]
     pub will_retain: bool,
-    /// Use TLS (implied by mqtts://, wss://, --cafile, --cert and --insecure). Without
-    /// --cafile the system's trusted CA certificates verify the broker.
+    /// Use TLS (implied by mqtts://, wss://, --cafile, --capath, --cert, --insecure and the
+    /// other TLS flags). Without --cafile or --capath the system's trusted CA certificates
+    /// verify the broker.
     #[arg(long, help_heading = "TLS")]
     pub tls: bool,
     /// PEM file of the CA certificate(s) that verify the broker's certificate.
@@ -212,6 +213,32 @@ pub struct ConnArgs {
     /// The name the broker's certificate must be valid for (and SNI) [default: the host].
     #[arg(long, value_name = "NAME", help_heading = "TLS")]
     pub tls_server_name: Option<String>,
+    /// A directory of PEM CA certificates (every *.pem and *.crt file in it), as --cafile.
+    #[arg(long, value_name = "DIR", help_heading = "TLS")]
+    pub capath: Option<PathBuf>,
+    /// Trust the system's CA certificates too (they are used anyway without --cafile and
+    /// --capath).
+    #[arg(long, help_heading = "TLS")]
+    pub tls_use_os_certs: bool,
+    /// The TLS version: tlsv1.3 or tlsv1.2 [default: either]; tlsv1.1 and older are not
+    /// supported.
+    #[arg(long, value_name = "VERSION", help_heading = "TLS")]
+    pub tls_version: Option<String>,
+    /// Connect from this local address.
+    #[arg(
+        short = 'A',
+        long = "bind-address",
+        value_name = "ADDRESS",
+        help_heading = "Connection"
+    )]
+    pub bind_address: Option<std::net::IpAddr>,
+    /// Disable Nagle's algorithm: recado always does, the flag is accepted for mosquitto's
+    /// scripts.
+    #[arg(long, help_heading = "Connection")]
+    pub nodelay: bool,
+    /// MQTT over WebSocket to -h and -p (path /mqtt), as a ws:// URL would.
+    #[arg(long, help_heading = "Connection")]
+    pub ws: bool,
     /// Print every packet sent and received on standard error.
     #[arg(short = 'd', long, help_heading = "Output")]
     pub debug: bool,

@@ -18,6 +18,8 @@ pub struct Target {
     pub tls: Option<Arc<Tls>>,
     /// The WebSocket path (ws:// or wss://), `None` for MQTT over TCP.
     pub websocket: Option<String>,
+    /// The local address to connect from (-A).
+    pub bind: Option<std::net::IpAddr>,
 }
 
 impl Target {
@@ -190,7 +192,7 @@ pub fn settings(
         username = u.username.or(username);
         password = u.password.or(password);
         url_tls = u.tls;
-        if u.websocket {
+        if u.websocket || a.ws {
             websocket = Some(format!(
                 "/{}",
                 if u.path.is_empty() { "mqtt" } else { &u.path }
@@ -199,12 +201,18 @@ pub fn settings(
             url_topic = Some(u.path);
         }
     }
+    if a.ws && websocket.is_none() {
+        websocket = Some("/mqtt".to_string());
+    }
     let use_tls = url_tls
         || a.tls
         || a.cafile.is_some()
         || a.cert.is_some()
         || a.insecure
-        || a.tls_server_name.is_some();
+        || a.tls_server_name.is_some()
+        || a.capath.is_some()
+        || a.tls_use_os_certs
+        || a.tls_version.is_some();
     let host = host.unwrap_or_else(|| "localhost".to_string());
     let port = port.unwrap_or(match (&websocket, use_tls) {
         (None, false) => 1883,
@@ -217,6 +225,9 @@ pub fn settings(
         Some(Arc::new(
             Tls::new(&TlsOptions {
                 cafile: a.cafile.as_deref(),
+                capath: a.capath.as_deref(),
+                os_roots: a.tls_use_os_certs,
+                version: a.tls_version.as_deref(),
                 server_name: &server_name,
                 cert: a.cert.as_deref(),
                 key: a.key.as_deref(),
@@ -302,6 +313,7 @@ pub fn settings(
             port,
             tls,
             websocket,
+            bind: a.bind_address,
         },
         connect,
         properties,

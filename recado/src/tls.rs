@@ -23,8 +23,14 @@ pub struct Tls {
 
 /// The TLS options as given on the command line.
 pub struct TlsOptions<'a> {
-    /// PEM CA certificates; `None`: the system's trusted roots.
+    /// PEM CA certificates; with neither this nor `capath`: the system's trusted roots.
     pub cafile: Option<&'a Path>,
+    /// A directory of PEM CA certificates (`*.pem`, `*.crt`).
+    pub capath: Option<&'a Path>,
+    /// Add the system's trusted roots to `cafile` / `capath`.
+    pub os_roots: bool,
+    /// Only this TLS version (`tlsv1.3` or `tlsv1.2`); `None`: either.
+    pub version: Option<&'a str>,
     pub server_name: &'a str,
     pub cert: Option<&'a Path>,
     pub key: Option<&'a Path>,
@@ -47,29 +53,55 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 impl Tls {
     pub fn new(o: &TlsOptions<'_>) -> Result<Tls, String> {
         let mut roots = RootCertStore::empty();
-        match o.cafile {
-            Some(cafile) => {
-                for c in certs(cafile)? {
-                    roots
-                        .add(c)
-                        .map_err(|e| format!("{}: bad CA certificate: {e}", cafile.display()))?;
-                }
+        let mut add = |path: &Path| -> Result<(), String> {
+            for c in certs(path)? {
+                roots
+                    .add(c)
+                    .map_err(|e| format!("{}: bad CA certificate: {e}", path.display()))?;
             }
-            None => {
-                for c in rustls_native_certs::load_native_certs()
-                    .map_err(|e| format!("cannot read the system's CA certificates: {e}"))?
-                {
-                    // A system bundle may hold certificates rustls cannot parse: skip them.
-                    let _ = roots.add(c);
-                }
-                if roots.is_empty() {
-                    return Err("no system CA certificate found: give one with --cafile".into());
-                }
+            Ok(())
+        };
+        if let Some(cafile) = o.cafile {
+            add(cafile)?;
+        }
+        if let Some(dir) = o.capath {
+            let entries =
+                std::fs::read_dir(dir).map_err(|e| format!("--capath {}: {e}", dir.display()))?;
+            let mut files: Vec<_> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "pem" || x == "crt"))
+                .collect();
+            files.sort();
+            for f in files {
+                add(&f)?;
             }
         }
+        if o.os_roots || (o.cafile.is_none() && o.capath.is_none()) {
+            for c in rustls_native_certs::load_native_certs()
+                .map_err(|e| format!("cannot read the system's CA certificates: {e}"))?
+            {
+                // A system bundle may hold certificates rustls cannot parse: skip them.
+                let _ = roots.add(c);
+            }
+        }
+        if roots.is_empty() {
+            return Err(
+                "no CA certificate to verify the broker with: give one with --cafile".into(),
+            );
+        }
+        let versions: &[&'static rustls::SupportedProtocolVersion] = match o.version {
+            None => &[&rustls::version::TLS13, &rustls::version::TLS12],
+            Some("tlsv1.3") => &[&rustls::version::TLS13],
+            Some("tlsv1.2") => &[&rustls::version::TLS12],
+            Some(v) => {
+                return Err(format!(
+                    "--tls-version {v}: tlsv1.3 or tlsv1.2 (older versions are not supported)"
+                ))
+            }
+        };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .with_protocol_versions(versions)
             .map_err(|e| format!("TLS: {e}"))?;
         let builder = if o.insecure {
             let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)

@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
@@ -33,6 +33,34 @@ fn unreachable(target: &Target, why: impl std::fmt::Display) -> Failure {
     )
 }
 
+/// Connects from the local address `local` (-A) to the first address of the target's host in
+/// the same family that accepts.
+async fn connect_from(target: &Target, local: std::net::IpAddr) -> Result<TcpStream, Failure> {
+    let addrs = tokio::net::lookup_host((target.host.as_str(), target.port))
+        .await
+        .map_err(|e| unreachable(target, e))?;
+    let mut last = None;
+    for addr in addrs.filter(|a| a.is_ipv4() == local.is_ipv4()) {
+        let socket = if local.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .map_err(|e| unreachable(target, e))?;
+        socket
+            .bind((local, 0).into())
+            .map_err(|e| unreachable(target, format!("cannot bind to {local}: {e}")))?;
+        match socket.connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e.to_string()),
+        }
+    }
+    Err(unreachable(
+        target,
+        last.unwrap_or_else(|| format!("no address of the host in the family of {local}")),
+    ))
+}
+
 impl Transport {
     /// Connects to `target`: TCP, then TLS and the WebSocket handshake (subprotocol `mqtt`)
     /// as it says. Errors are [`Exit::Unreachable`].
@@ -44,9 +72,12 @@ impl Transport {
     }
 
     async fn open_inner(target: &Target) -> Result<Transport, Failure> {
-        let tcp = TcpStream::connect((target.host.as_str(), target.port))
-            .await
-            .map_err(|e| unreachable(target, e))?;
+        let tcp = match target.bind {
+            None => TcpStream::connect((target.host.as_str(), target.port))
+                .await
+                .map_err(|e| unreachable(target, e))?,
+            Some(local) => connect_from(target, local).await?,
+        };
         let _ = tcp.set_nodelay(true);
         let stream = match &target.tls {
             None => Stream::Tcp(tcp),

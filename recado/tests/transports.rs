@@ -162,6 +162,46 @@ async fn tls_against_a_mercurio_tls_listener() {
     // Without a client certificate the listener refuses.
     let run = recado(&["pub", "-L", &url, "-m", "x", "--cafile", &ca]).await;
     assert_ne!(run.code, exit::OK, "{run:?}");
+    // --capath: a directory of CA certificates; --tls-version.
+    let capath = tempfile::tempdir().unwrap();
+    std::fs::copy(d.join("ca.pem"), capath.path().join("ca.pem")).unwrap();
+    let capath_s = capath.path().to_string_lossy().into_owned();
+    for version in ["tlsv1.2", "tlsv1.3"] {
+        let run = recado(&[
+            "pub",
+            "-L",
+            &url,
+            "-m",
+            "x",
+            "--capath",
+            &capath_s,
+            "--cert",
+            &cert,
+            "--key",
+            &key,
+            "--tls-version",
+            version,
+        ])
+        .await;
+        assert_eq!(run.code, exit::OK, "{version}: {run:?}");
+    }
+    let run = recado(
+        &[
+            &[
+                "pub",
+                "-L",
+                url.as_str(),
+                "-m",
+                "x",
+                "--tls-version",
+                "tlsv1.1",
+            ][..],
+            &tls[..],
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(run.code, exit::USAGE, "{run:?}");
     // wss://: WebSocket over TLS.
     let wss = format!("wss://localhost:{}/mqtt", b.listener_port(1));
     let sub = Background::subscribed(&[
@@ -201,6 +241,42 @@ async fn websocket_urls() {
             .await
             .ok();
             assert_eq!(sub.finish().await.ok(), "ws/t over ws\n", "{name} {v}");
+            // --ws with -h and -p, and -A: the same from a given local address.
+            let sub = Background::subscribed(&[
+                "sub",
+                "--ws",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-t",
+                "ws/t",
+                "-C",
+                "1",
+                "-v",
+                "-V",
+                v,
+                "-A",
+                "127.0.0.1",
+            ])
+            .await;
+            recado(&[
+                "pub",
+                "--ws",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-t",
+                "ws/t",
+                "-m",
+                "again",
+                "-V",
+                v,
+            ])
+            .await
+            .ok();
+            assert_eq!(sub.finish().await.ok(), "ws/t again\n", "{name} {v}");
         }
     }
     drop(mosquitto);

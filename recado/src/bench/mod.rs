@@ -230,6 +230,9 @@ fn target(a: &Args) -> Result<Target, String> {
     let tls = match (&a.tls, &a.cafile) {
         (true, Some(cafile)) => Some(Arc::new(Tls::new(&TlsOptions {
             cafile: Some(cafile),
+            capath: None,
+            os_roots: false,
+            version: None,
             server_name: &a.tls_server_name,
             cert: a.cert.as_deref(),
             key: a.key.as_deref(),
