@@ -318,6 +318,10 @@ pub struct SubArgs {
     /// Published).
     #[arg(long, help_heading = "Subscription")]
     pub retain_as_published: bool,
+    /// MQTT 5 Retain Handling: always (send retained messages at subscribe), new (only for a
+    /// subscription that did not exist) or never [default: always].
+    #[arg(long, value_name = "WHEN", value_parser = ["always", "new", "never"], help_heading = "Subscription")]
+    pub retain_handling: Option<String>,
     /// Exit after this many messages (those printed).
     #[arg(short = 'C', long, value_name = "COUNT", help_heading = "Ending")]
     pub count: Option<u64>,

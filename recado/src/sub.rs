@@ -70,11 +70,16 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
         topic::validate_subscription_filter(f)
             .map_err(|e| Failure::usage(format!("{f}: not a valid topic filter: {e}")))?;
     }
-    if (a.no_local || a.retain_as_published) && !version.is_v5() {
+    if (a.no_local || a.retain_as_published || a.retain_handling.is_some()) && !version.is_v5() {
         return Err(Failure::usage(
-            "--no-local and --retain-as-published are MQTT 5 options: add -V mqttv5",
+            "--no-local, --retain-as-published and --retain-handling are MQTT 5 options: add -V mqttv5",
         ));
     }
+    let retain_handling = match a.retain_handling.as_deref() {
+        Some("new") => 1,
+        Some("never") => 2,
+        _ => 0,
+    };
     if a.count == Some(0) {
         return Err(Failure::usage("-C: the count is 1 or more"));
     }
@@ -94,7 +99,7 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                     qos,
                     no_local: a.no_local,
                     retain_as_published: a.retain_as_published,
-                    retain_handling: 0,
+                    retain_handling,
                 },
             })
             .collect(),

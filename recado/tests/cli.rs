@@ -197,6 +197,36 @@ async fn retained_flags() {
             "{}: retained messages left: {run:?}",
             b.name
         );
+        // --retain-handling never: no retained message at subscribe [MQTT-3.3.1-11].
+        recado(&[&["pub"][..], &p[..], &["-t", "ret/h", "-m", "H", "-r"]].concat())
+            .await
+            .ok();
+        let sub = Background::subscribed(
+            &[
+                &["sub"][..],
+                &p[..],
+                &[
+                    "-V",
+                    "5",
+                    "-t",
+                    "ret/#",
+                    "--retain-handling",
+                    "never",
+                    "-v",
+                    "-C",
+                    "1",
+                ],
+            ]
+            .concat(),
+        )
+        .await;
+        recado(&[&["pub"][..], &p[..], &["-t", "ret/live", "-m", "L"]].concat())
+            .await
+            .ok();
+        assert_eq!(sub.finish().await.ok(), "ret/live L\n", "{}", b.name);
+        recado(&[&["pub"][..], &p[..], &["-t", "ret/h", "-n", "-r"]].concat())
+            .await
+            .ok();
     }
 }
 
@@ -945,6 +975,9 @@ async fn help_documents_every_flag() {
         "--filter-out",
         "-U, --unsubscribe",
         "mosquitto_sub's -T",
+        "--retain-handling",
+        "--no-local",
+        "--retain-as-published",
     ];
     let pub_only = [
         "-t, --topic",
