@@ -12,6 +12,7 @@ pub struct Moment {
 }
 
 impl Moment {
+    /// The current wall clock time (the epoch if the clock is before it).
     pub fn now() -> Moment {
         match SystemTime::now().duration_since(UNIX_EPOCH) {
             Ok(d) => Moment {

@@ -37,6 +37,7 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// A failure with exit code `exit` and the one-sentence `message`.
     pub fn new(exit: Exit, message: impl Into<String>) -> Failure {
         Failure {
             exit,

@@ -247,6 +247,7 @@ fn publish_ref(p: &Publish) -> PublishRef<'_> {
     }
 }
 
+/// Runs `recado pub`: connects, publishes, waits for the acknowledgements, disconnects.
 pub async fn run(a: PubArgs) -> Result<(), Failure> {
     let mut s = settings(&a.conn, "pub", PUB_COMMANDS)?;
     let topic = match (a.topic.clone(), s.url_topic.take()) {

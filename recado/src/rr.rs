@@ -23,6 +23,7 @@ use crate::session::{Event, Session};
 use crate::sub::{parse_timeout, sleep_until};
 use crate::target::settings;
 
+/// Runs `recado rr` (MQTT 5 only; the version defaults to it).
 pub async fn run(mut a: RrArgs) -> Result<(), Failure> {
     if a.conn.protocol_version.is_none() {
         a.conn.protocol_version = Some("mqttv5".into());

@@ -54,6 +54,7 @@ enum End {
     TimedOut,
 }
 
+/// Runs `recado sub` until -C, -W, -E, --retained-only, Ctrl+C or a closed output ends it.
 pub async fn run(a: SubArgs) -> Result<(), Failure> {
     let mut s = settings(&a.conn, "sub", SUB_COMMANDS)?;
     let version = s.connect.protocol;
