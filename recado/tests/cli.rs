@@ -1320,3 +1320,30 @@ async fn a_message_over_the_brokers_maximum_packet_size_is_refused_before_sendin
         assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_identifier_prefix() {
+    for b in TestBroker::both("id_prefix").await {
+        let run = recado(&[
+            "sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &b.port(),
+            "-t",
+            "a",
+            "-E",
+            "-d",
+            "-I",
+            "pfx-",
+        ])
+        .await;
+        assert_eq!(run.code, exit::OK, "{}: {run:?}", b.name);
+        let line = run.stderr.lines().next().unwrap_or_default().to_string();
+        let id = line.split_whitespace().nth(1).unwrap_or_default();
+        assert!(
+            id.starts_with("pfx-") && id[4..].parse::<u32>().is_ok(),
+            "{line}"
+        );
+    }
+}
