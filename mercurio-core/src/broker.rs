@@ -56,6 +56,8 @@ pub(crate) struct BrokerInner {
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
     pub auth: crate::auth::Auth,
+    /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
+    pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
 }
 
 impl BrokerInner {
@@ -94,6 +96,7 @@ impl BrokerInner {
             },
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),
+            bridges: Mutex::new(Vec::new()),
         }
     }
 

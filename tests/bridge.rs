@@ -1,0 +1,278 @@
+//! Bridges: Mercurio as a client of another broker, forwarding `out` topics to it and `in`
+//! topics from it, with its state in `$SYS`. The remote is a real mosquitto (skipped when it
+//! is not installed, a failure under `CI=true`) or another Mercurio.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use mercurio_core::codec::{Packet, ProtocolVersion, Publish, QoS};
+use mercurio_core::config::{BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic, Config};
+use tokio::net::TcpStream;
+
+/// A mosquitto broker on a free port of 127.0.0.1, killed when dropped.
+struct Mosquitto {
+    child: tokio::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+fn mosquitto_bin() -> Option<PathBuf> {
+    [
+        "mosquitto",
+        "/usr/sbin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| {
+        std::process::Command::new(p)
+            .arg("-h")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    })
+}
+
+/// Starts mosquitto with `extra` configuration lines on `port` (0: a free one). `None`
+/// (after saying why) when mosquitto is not installed; a failure under `CI=true`.
+async fn mosquitto(port: u16, extra: &str) -> Option<Mosquitto> {
+    let Some(bin) = mosquitto_bin() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "mosquitto is not installed (CI=true: a missing prerequisite is a failure)"
+        );
+        eprintln!("skipping: mosquitto is not installed");
+        return None;
+    };
+    let port = if port == 0 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("its address").port()
+    } else {
+        port
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = dir.path().join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!("listener {port} 127.0.0.1\nallow_anonymous true\n{extra}\n"),
+    )
+    .expect("write mosquitto.conf");
+    let child = tokio::process::Command::new(bin)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn mosquitto");
+    let m = Mosquitto {
+        child,
+        port,
+        _dir: dir,
+    };
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while TcpStream::connect(m.addr()).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "mosquitto did not listen on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Some(m)
+}
+
+fn topic(
+    pattern: &str,
+    direction: BridgeDirection,
+    qos: u8,
+    local: &str,
+    remote: &str,
+) -> BridgeTopic {
+    BridgeTopic {
+        pattern: pattern.into(),
+        direction,
+        qos,
+        local_prefix: local.into(),
+        remote_prefix: remote.into(),
+    }
+}
+
+fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig {
+    BridgeConfig {
+        name: name.into(),
+        addresses: vec![to.to_string()],
+        round_robin: false,
+        client_id: None,
+        protocol_version: BridgeProtocol::Mqttv311,
+        clean_start: false,
+        keepalive: 60,
+        username: None,
+        password: None,
+        cafile: None,
+        certfile: None,
+        keyfile: None,
+        tls_server_name: None,
+        try_private: true,
+        notifications: true,
+        notification_topic: None,
+        topics,
+    }
+}
+
+fn with_bridges(bridges: Vec<BridgeConfig>) -> Config {
+    let mut c = test_config();
+    c.bridges = bridges;
+    c
+}
+
+/// The next PUBLISH, acknowledged when QoS 1.
+async fn next(c: &mut Client) -> Publish {
+    let p = c.expect_publish().await;
+    if p.qos == QoS::AtLeastOnce {
+        c.ack(&p).await;
+    }
+    p
+}
+
+/// Waits for the retained or live value `want` on a `$SYS` state topic.
+async fn expect_state(c: &mut Client, want: &str) {
+    loop {
+        let p = next(c).await;
+        if p.payload.as_ref() == want.as_bytes() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn bridge_to_mosquitto_forwards_out_and_in_with_prefixes_and_reports_its_state() {
+    let Some(remote) = mosquitto(0, "").await else {
+        return;
+    };
+    let mut b = bridge(
+        "cloud",
+        remote.addr(),
+        vec![
+            topic("sensors/#", BridgeDirection::Out, 1, "", "site1/"),
+            topic("cmd/#", BridgeDirection::In, 1, "from-cloud/", "site1/"),
+        ],
+    );
+    b.client_id = Some("site1".into());
+    let (handle, addr) = start_with(with_bridges(vec![b])).await;
+
+    let mut state = Client::connect(addr, ProtocolVersion::V5, "state").await;
+    state
+        .subscribe("$SYS/broker/connection/site1/state", QoS::AtMostOnce)
+        .await;
+    expect_state(&mut state, "1").await;
+
+    // The remote sees the state too (retained, the bridge's notification).
+    let mut far = Client::connect(remote.addr(), ProtocolVersion::V311, "far").await;
+    far.subscribe("$SYS/broker/connection/site1/state", QoS::AtLeastOnce)
+        .await;
+    expect_state(&mut far, "1").await;
+    far.subscribe("site1/sensors/#", QoS::AtLeastOnce).await;
+
+    // Out: local sensors/t1 is site1/sensors/t1 on the remote, at QoS 1.
+    let mut local = Client::connect(addr, ProtocolVersion::V5, "local").await;
+    local.subscribe("from-cloud/#", QoS::AtLeastOnce).await;
+    local
+        .publish("sensors/t1", b"21.5", QoS::AtLeastOnce, false)
+        .await;
+    let p = next(&mut far).await;
+    assert_eq!(p.topic, "site1/sensors/t1");
+    assert_eq!(p.payload.as_ref(), b"21.5");
+    assert_eq!(p.qos, QoS::AtLeastOnce);
+    assert!(!p.retain);
+
+    // In: site1/cmd/reboot on the remote is from-cloud/cmd/reboot here.
+    let mut far_pub = Client::connect(remote.addr(), ProtocolVersion::V311, "far-pub").await;
+    far_pub
+        .publish("site1/cmd/reboot", b"now", QoS::AtLeastOnce, false)
+        .await;
+    let p = next(&mut local).await;
+    assert_eq!(p.topic, "from-cloud/cmd/reboot");
+    assert_eq!(p.payload.as_ref(), b"now");
+    // Not out again: the remote's subscriber got nothing more than the forwarded message.
+    far.expect_nothing(Duration::from_millis(300)).await;
+
+    let info = handle.bridges();
+    assert_eq!(info.len(), 1);
+    assert!(info[0].connected);
+    assert_eq!(info[0].forwarded_out, 1);
+    assert_eq!(info[0].forwarded_in, 1);
+
+    // The remote goes away: state 0 here.
+    drop(far);
+    drop(far_pub);
+    drop(remote);
+    expect_state(&mut state, "0").await;
+    assert!(!handle.bridges()[0].connected);
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn messages_queued_while_the_remote_is_down_reach_it_when_it_comes_back() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("its address").port()
+    };
+    let remote_addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let b = bridge(
+        "cloud",
+        remote_addr,
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    let (handle, addr) = start_with(with_bridges(vec![b])).await;
+    let mut local = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..50u32 {
+        local
+            .publish(&format!("q/{i}"), b"x", QoS::AtLeastOnce, false)
+            .await;
+    }
+    wait_until("50 queued", || handle.bridges()[0].queued == 50).await;
+    let Some(remote) = mosquitto(port, "").await else {
+        return;
+    };
+    let mut far = Client::connect(remote.addr(), ProtocolVersion::V311, "far").await;
+    far.subscribe("q/#", QoS::AtLeastOnce).await;
+    // The bridge connects within its backoff (well under the deadline at first).
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.len() < 50 {
+        match far
+            .recv_within(deadline - tokio::time::Instant::now())
+            .await
+        {
+            Ok(Some(Packet::Publish(p))) => {
+                far.ack(&p).await;
+                seen.insert(p.topic.clone());
+            }
+            other => panic!(
+                "expected the queued messages, got {other:?} after {}",
+                seen.len()
+            ),
+        }
+    }
+    wait_until("queue drained", || handle.bridges()[0].queued == 0).await;
+    assert_eq!(handle.bridges()[0].forwarded_out, 50);
+    handle.shutdown().await;
+}
