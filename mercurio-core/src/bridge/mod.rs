@@ -644,15 +644,18 @@ impl Task {
             return;
         }
         let mut properties = p.properties;
+        if queue::is_bridged(&properties) {
+            // It crossed a bridge into the remote already: in a mesh, it reaches this broker
+            // over the link from where it was published.
+            return;
+        }
         properties.topic_alias = None;
         properties.subscription_identifiers.clear();
         let expiry = properties.message_expiry_interval.take();
-        if !queue::is_bridged(&properties) {
-            properties.user_properties.push((
-                HOP_PROPERTY.to_string(),
-                self.cfg.remote_client_id().to_string(),
-            ));
-        }
+        properties.user_properties.push((
+            HOP_PROPERTY.to_string(),
+            self.cfg.remote_client_id().to_string(),
+        ));
         self.broker.publish(Message {
             topic,
             payload: p.payload,

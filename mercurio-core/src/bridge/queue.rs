@@ -19,9 +19,11 @@ use crate::stats::DropCause;
 
 use super::topics::TopicMap;
 
-/// The user property a bridge adds to each message it carries (out to the remote, and in
-/// from it): a message that has it is never sent out over a bridge again, so brokers bridged
-/// both ways (MQTT 5) deliver each message once.
+/// The user property (the hop marker) a bridge adds to each message it carries, out to the
+/// remote and in from it; its value is the bridge's client identifier. A message that has it
+/// crosses no other bridge: it is not sent out, and one received from a remote is not
+/// published here. So a mesh of brokers, each pair linked by one bridge (MQTT 5 at both
+/// ends), delivers each message once on each broker, and never loops.
 pub const HOP_PROPERTY: &str = "mercurio-bridged";
 
 /// The local client identifier of a bridge's session: in the in-process namespace, which
