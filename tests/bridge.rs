@@ -366,3 +366,96 @@ async fn a_mesh_of_three_mercurios_delivers_each_message_once_on_each() {
         h.shutdown().await;
     }
 }
+
+/// A CA, a server certificate for localhost and a client certificate, as PEM files in `dir`:
+/// ca.pem, server.pem, server.key, client.pem, client.key.
+fn write_pki(dir: &std::path::Path) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name
+        .push(DnType::CommonName, "bridge test CA");
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = p.self_signed(&ca_key).expect("CA");
+    std::fs::write(dir.join("ca.pem"), ca.pem()).expect("write");
+    for (name, server) in [("server", true), ("client", false)] {
+        let key = KeyPair::generate().expect("key");
+        let names = if server {
+            vec!["localhost".to_string()]
+        } else {
+            Vec::new()
+        };
+        let mut p = CertificateParams::new(names).expect("params");
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.extended_key_usages = vec![if server {
+            ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            ExtendedKeyUsagePurpose::ClientAuth
+        }];
+        let cert = p.signed_by(&key, &ca, &ca_key).expect("sign");
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).expect("write");
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).expect("write");
+    }
+}
+
+#[tokio::test]
+async fn bridge_over_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    write_pki(dir.path());
+    let mut remote_config = test_config();
+    remote_config
+        .listeners
+        .push(mercurio_core::config::ListenerConfig {
+            port: 0,
+            cert_file: Some(dir.path().join("server.pem")),
+            key_file: Some(dir.path().join("server.key")),
+            ca_file: Some(dir.path().join("ca.pem")),
+            require_certificate: true,
+            ..Default::default()
+        });
+    let (remote, remote_plain) = start_with(remote_config).await;
+    let tls_port = remote.local_addrs()[1].port();
+
+    let mut b = mesh_bridge("tls", SocketAddr::from(([127, 0, 0, 1], tls_port)));
+    b.addresses = vec![format!("localhost:{tls_port}")];
+    b.cafile = Some(dir.path().join("ca.pem"));
+    b.certfile = Some(dir.path().join("client.pem"));
+    b.keyfile = Some(dir.path().join("client.key"));
+    // Without the client certificate the remote refuses the handshake.
+    let mut refused = b.clone();
+    refused.name = "no-cert".into();
+    refused.certfile = None;
+    refused.keyfile = None;
+    let (local, addr) = start_with(with_bridges(vec![b, refused])).await;
+    wait_until("the TLS bridge connected", || {
+        local
+            .bridges()
+            .iter()
+            .any(|x| x.name == "tls" && x.connected)
+    })
+    .await;
+    wait_until("the bridge without certificate failed", || {
+        local
+            .bridges()
+            .iter()
+            .any(|x| x.name == "no-cert" && x.last_error.is_some())
+    })
+    .await;
+    assert!(!local
+        .bridges()
+        .iter()
+        .any(|x| x.name == "no-cert" && x.connected));
+
+    let mut far = Client::connect(remote_plain, ProtocolVersion::V5, "far").await;
+    far.subscribe("mesh/#", QoS::AtLeastOnce).await;
+    let mut p = Client::connect(addr, ProtocolVersion::V5, "p").await;
+    p.publish("mesh/secure", b"s", QoS::AtLeastOnce, false)
+        .await;
+    assert_eq!(next(&mut far).await.payload.as_ref(), b"s");
+    local.shutdown().await;
+    remote.shutdown().await;
+}
