@@ -459,3 +459,46 @@ async fn bridge_over_tls_with_a_client_certificate() {
     local.shutdown().await;
     remote.shutdown().await;
 }
+
+#[tokio::test]
+async fn retained_messages_and_deletes_made_while_down_are_in_step_after_the_reconnect() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("its address").port()
+    };
+    let remote_addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let b = bridge(
+        "cloud",
+        remote_addr,
+        vec![topic("r/#", BridgeDirection::Out, 1, "", "site/")],
+    );
+    let (handle, addr) = start_with(with_bridges(vec![b])).await;
+    let mut p = Client::connect(addr, ProtocolVersion::V5, "p").await;
+    // While the remote is away: two retained messages, one deleted again, one at QoS 0.
+    p.publish("r/1", b"one", QoS::AtLeastOnce, true).await;
+    p.publish("r/2", b"two", QoS::AtLeastOnce, true).await;
+    p.publish("r/1", b"", QoS::AtLeastOnce, true).await;
+    p.publish("r/3", b"three", QoS::AtMostOnce, true).await;
+    let Some(remote) = mosquitto(port, "").await else {
+        return;
+    };
+    wait_until("the bridge connected and drained", || {
+        let b = &handle.bridges()[0];
+        b.connected && b.queued == 0
+    })
+    .await;
+    let mut far = Client::connect(remote.addr(), ProtocolVersion::V5, "far").await;
+    far.subscribe("site/r/#", QoS::AtLeastOnce).await;
+    let mut retained = std::collections::BTreeMap::new();
+    while retained.len() < 2 {
+        let m = next(&mut far).await;
+        assert!(m.retain, "{m:?}");
+        retained.insert(m.topic.clone(), m.payload.clone());
+    }
+    far.expect_nothing(Duration::from_millis(300)).await;
+    assert_eq!(
+        retained.keys().cloned().collect::<Vec<_>>(),
+        vec!["site/r/2".to_string(), "site/r/3".to_string()]
+    );
+    handle.shutdown().await;
+}

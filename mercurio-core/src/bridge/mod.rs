@@ -329,6 +329,7 @@ impl Task {
         let mut private =
             self.cfg.try_private && self.cfg.protocol_version == BridgeProtocol::Mqttv311;
         let mut connections = 0u64;
+        let mut dropped_at_connect = 0u64;
         let timeout = Duration::from_secs(u64::from(self.cfg.keepalive).clamp(5, 30));
         let mut last_logged: Option<String> = None;
         let stop = loop {
@@ -372,6 +373,14 @@ impl Task {
             if connections > 1 {
                 self.status.reconnects.fetch_add(1, Ordering::Relaxed);
             }
+            // Retained messages: in step again after a start (QoS 0 ones were not stored) or
+            // after the queue dropped messages while the link was down.
+            let dropped = out.dropped();
+            if connections == 1 || dropped > dropped_at_connect {
+                let n = out.enqueue_retained(&self.broker, &self.map);
+                tracing::debug!(bridge = %self.cfg.name, retained = n, "retained messages queued for the remote");
+            }
+            dropped_at_connect = dropped;
             last_logged = None;
             backoff.reset();
             tracing::info!(bridge = %self.cfg.name, %address, session_present = remote.connack.session_present, "bridge connected");

@@ -122,6 +122,39 @@ impl Outgoing {
         broker.end_session(&self.session);
     }
 
+    /// Queues this broker's retained messages that go out over the bridge, RETAIN set, so
+    /// that the remote's retained set is in step with ours after messages were lost on the
+    /// way (dropped by the queue's limits, QoS 0 across a restart). Those that came over a
+    /// bridge themselves are left out.
+    pub(crate) fn enqueue_retained(&self, broker: &BrokerInner, map: &TopicMap) -> usize {
+        let now = Instant::now();
+        let mut queued = 0;
+        for rule in map.rules.iter().filter(|r| r.out) {
+            let found = broker.retained.lock().matching(&rule.local_filter);
+            for msg in found {
+                if msg.is_expired(now) || is_bridged(&msg.properties) {
+                    continue;
+                }
+                let q = Queued {
+                    qos: msg.qos.min(rule.qos),
+                    msg,
+                    retain: true,
+                    subscription_ids: Vec::new(),
+                    seq: 0,
+                };
+                if broker.deliver(&self.session, q) {
+                    queued += 1;
+                }
+            }
+        }
+        queued
+    }
+
+    /// Messages this session's queue dropped so far.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.session.state.lock().dropped
+    }
+
     /// The remote connection ended: everything in flight is sent again on the next one.
     pub(crate) fn unsent(&self) {
         for f in self.session.state.lock().inflight.iter_mut() {
