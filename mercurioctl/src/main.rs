@@ -520,6 +520,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bridge_table() {
+        let r = json!({"bridges": [{"name": "cloud", "connected": true, "queued": 3,
+            "dropped": 0, "forwarded_out": 10, "forwarded_in": 2, "reconnects": 1,
+            "address": "broker.example.com:8883"}]});
+        let out = bridge_list(&r);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("NAME "), "{out}");
+        assert!(lines[1].starts_with("cloud  connected"), "{out}");
+        assert!(lines[1].ends_with("broker.example.com:8883"), "{out}");
+        assert_eq!(bridge_list(&json!({"bridges": []})), "no bridges\n");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(duration(5), "5s");
         assert_eq!(duration(65), "1m 5s");

@@ -52,9 +52,9 @@ impl Reloader {
             error!("SIGHUP: bridge: {e} (the bridge keeps running as it was)");
         }
         for (what, names) in [
-            ("added", &report.added),
             ("removed", &report.removed),
             ("restarted", &report.restarted),
+            ("added", &report.added),
         ] {
             for name in names {
                 info!("SIGHUP: bridge {name} {what}");
