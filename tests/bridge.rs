@@ -502,3 +502,40 @@ async fn retained_messages_and_deletes_made_while_down_are_in_step_after_the_rec
     );
     handle.shutdown().await;
 }
+
+#[tokio::test]
+async fn counters_in_sys_and_metrics() {
+    let (b, b_addr) = start().await;
+    let mut config = tcp_and_websocket_config();
+    config.listeners[1].metrics = true;
+    config.server.sys_interval = 1;
+    config.bridges = vec![mesh_bridge("a-b", b_addr)];
+    let (a, a_addr) = start_with(config).await;
+    let http = a.local_addrs()[1];
+    wait_connected(&a).await;
+    let mut p = Client::connect(a_addr, ProtocolVersion::V5, "p").await;
+    for _ in 0..3 {
+        p.publish("mesh/x", b"m", QoS::AtLeastOnce, false).await;
+    }
+    wait_until("3 forwarded", || a.bridges()[0].forwarded_out == 3).await;
+
+    let mut sys = Client::connect(a_addr, ProtocolVersion::V5, "sys").await;
+    sys.subscribe(
+        "$SYS/broker/connection/a-b/messages/forwarded/out",
+        QoS::AtMostOnce,
+    )
+    .await;
+    expect_state(&mut sys, "3").await;
+
+    let text = http_get(http, "/metrics").await.text();
+    for line in [
+        "mercurio_bridge_connected{bridge=\"a-b\"} 1",
+        "mercurio_bridge_messages_forwarded_out_total{bridge=\"a-b\"} 3",
+        "mercurio_bridge_queued_messages{bridge=\"a-b\"} 0",
+        "mercurio_bridge_reconnects_total{bridge=\"a-b\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} not in {text}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
