@@ -301,6 +301,25 @@ impl Bridges {
     }
 }
 
+/// Resolves when the bridge is to stop: told so, its handle gone (the broker's handles were
+/// dropped), or its session's link killed (shutdown, storage failure).
+async fn stopped(stop: &mut watch::Receiver<Stop>, link: &crate::connection::Link) -> Stop {
+    loop {
+        let now = *stop.borrow_and_update();
+        if now != Stop::Run {
+            return now;
+        }
+        tokio::select! {
+            changed = stop.changed() => {
+                if changed.is_err() {
+                    return Stop::Keep;
+                }
+            }
+            _ = link.wait_killed() => return Stop::Keep,
+        }
+    }
+}
+
 /// How one connection to the remote ended.
 enum Ended {
     Stop(Stop),
@@ -340,7 +359,7 @@ impl Task {
             let address = self.cfg.addresses[index % self.cfg.addresses.len()].clone();
             let attempt = tokio::select! {
                 r = Remote::connect(&self.cfg, self.tls.as_ref(), &address, private, timeout) => r,
-                _ = self.stop.changed() => continue,
+                stop = stopped(&mut self.stop, &out.link) => break stop,
             };
             let mut remote = match attempt {
                 Ok(remote) => remote,
@@ -364,7 +383,7 @@ impl Task {
                     };
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = self.stop.changed() => {}
+                        stop = stopped(&mut self.stop, &out.link) => break stop,
                     }
                     continue;
                 }
@@ -409,7 +428,7 @@ impl Task {
                     let delay = backoff.next_delay();
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = self.stop.changed() => {}
+                        stop = stopped(&mut self.stop, &out.link) => break stop,
                     }
                 }
             }
@@ -546,13 +565,12 @@ impl Task {
             }
             let packet = tokio::select! {
                 biased;
-                _ = self.stop.changed() => return Ended::Stop(*self.stop.borrow()),
+                stop = stopped(&mut self.stop, &out.link) => return Ended::Stop(stop),
                 p = remote.read() => match p {
                     Ok(p) => Some(p),
                     Err(e) => return Ended::Lost(e.to_string()),
                 },
                 _ = out.link.wait_woken() => None,
-                _ = out.link.wait_killed() => return Ended::Stop(Stop::Keep),
                 _ = tick.tick() => {
                     if last_in.elapsed() >= keepalive + keepalive / 2 {
                         return Ended::Lost("no answer within 1.5 keep alive periods".into());
