@@ -12,14 +12,15 @@ use tokio::sync::mpsc;
 use crate::auth::hooks::{Authenticator, Authorizer};
 use crate::auth::{Auth, FileError, Identity};
 use crate::bridge::{BridgeInfo, BridgeReload, Bridges};
-use crate::broker::{BrokerInner, INTERNAL_PREFIX};
+use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{Config, ListenerProtocol};
-use crate::connection::{DisconnectReason, Link};
 use crate::error::Error;
 use crate::http::{Endpoint, HttpLimits};
+use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::message::Message;
+use crate::persist::Persister;
 use crate::session::{Granted, Session};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
@@ -146,7 +147,7 @@ impl BrokerBuilder {
         }
         let storage = match self.storage {
             Some(storage) => Some(storage),
-            None => crate::persist::open_configured(&self.config.storage).await?,
+            None => open_configured(&self.config.storage).await?,
         };
         let loaded = match &storage {
             Some(storage) => Some(storage.load().await?),
@@ -163,15 +164,19 @@ impl BrokerBuilder {
         };
         let (failure_tx, failure) = tokio::sync::watch::channel(None);
         let durable_ack = self.config.storage.durable_ack;
-        let mut inner = BrokerInner::new(self.config);
+        let mut inner = BrokerState::new(self.config);
         inner.auth = auth;
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
-            let persister =
-                crate::persist::Persister::start(storage, durable_ack, Arc::downgrade(&inner));
+            let persister = Persister::start(
+                storage,
+                durable_ack,
+                Arc::clone(&inner.stats),
+                Arc::downgrade(&inner.sessions),
+            );
             let _ = inner.persist.set(persister);
-            crate::persist::restore(&inner, loaded);
+            crate::broker::restore::restore(&inner, loaded);
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
@@ -209,12 +214,54 @@ impl BrokerBuilder {
     }
 }
 
+/// The backend `[storage]` names, opened (`None` for memory: nothing is stored).
+async fn open_configured(
+    config: &crate::config::StorageConfig,
+) -> Result<Option<Arc<dyn mercurio_storage::Storage>>, crate::Error> {
+    use crate::config::StorageBackend;
+    match config.backend {
+        StorageBackend::Memory => Ok(None),
+        #[cfg(feature = "sqlite")]
+        StorageBackend::Sqlite => {
+            let path = config
+                .path
+                .clone()
+                .ok_or_else(|| crate::Error::Config("backend = \"sqlite\" needs path".into()))?;
+            let storage = tokio::task::spawn_blocking(move || {
+                mercurio_storage::sqlite::SqliteStorage::open(path)
+            })
+            .await
+            .map_err(|e| crate::Error::Config(format!("opening the database: {e}")))??;
+            Ok(Some(Arc::new(storage)))
+        }
+        #[cfg(not(feature = "sqlite"))]
+        StorageBackend::Sqlite => Err(crate::Error::Config(
+            "backend = \"sqlite\" needs the sqlite feature".into(),
+        )),
+        #[cfg(feature = "postgres")]
+        StorageBackend::Postgres => {
+            let url = config
+                .url
+                .clone()
+                .ok_or_else(|| crate::Error::Config("backend = \"postgres\" needs url".into()))?;
+            let mut options = mercurio_storage::postgres::PostgresOptions::new(url);
+            options.standby = config.standby;
+            let storage = mercurio_storage::postgres::PostgresStorage::open(options).await?;
+            Ok(Some(Arc::new(storage)))
+        }
+        #[cfg(not(feature = "postgres"))]
+        StorageBackend::Postgres => Err(crate::Error::Config(
+            "backend = \"postgres\" needs the postgres feature".into(),
+        )),
+    }
+}
+
 /// Waits for [`Storage::failed`](mercurio_storage::Storage::failed): then the broker stops at
 /// once (listeners closed, clients cut off, nothing more written) and
 /// [`BrokerHandle::failed`] reports why.
 fn spawn_failure_watch(
     storage: Arc<dyn mercurio_storage::Storage>,
-    inner: std::sync::Weak<BrokerInner>,
+    inner: std::sync::Weak<BrokerState>,
     failure: tokio::sync::watch::Sender<Option<Arc<mercurio_storage::StorageError>>>,
 ) {
     tokio::spawn(async move {
@@ -227,7 +274,7 @@ fn spawn_failure_watch(
                 .sessions
                 .lock()
                 .values()
-                .filter_map(|s| s.state.lock().link.clone())
+                .filter_map(|s| s.link())
                 .collect();
             for link in links {
                 link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
@@ -240,7 +287,7 @@ fn spawn_failure_watch(
 /// A handle on a running broker. Cheap to clone; every clone drives the same broker.
 #[derive(Clone)]
 pub struct BrokerHandle {
-    inner: Arc<BrokerInner>,
+    inner: Arc<BrokerState>,
     /// The running bridges.
     bridges: Arc<Bridges>,
     /// The TLS listeners, for [`BrokerHandle::reload`].
@@ -351,7 +398,7 @@ impl BrokerHandle {
         let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
         *session.identity.write() = Identity::Trusted;
         let link = Arc::new(Link::new());
-        session.state.lock().link = Some(Arc::clone(&link));
+        session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
         self.inner
             .sessions
             .lock()
@@ -387,7 +434,7 @@ impl BrokerHandle {
             .sessions
             .lock()
             .get(client_id)
-            .and_then(|s| s.state.lock().link.clone());
+            .and_then(|s| s.link());
         match link {
             Some(link) => {
                 link.kill(
@@ -492,7 +539,7 @@ impl BrokerHandle {
             .sessions
             .lock()
             .values()
-            .filter_map(|s| s.state.lock().link.clone())
+            .filter_map(|s| s.link())
             .collect();
         for link in links {
             link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
@@ -530,7 +577,7 @@ impl BrokerHandle {
             self.inner.end_session(&session);
             // A connection that took the session over between the check and its end holds
             // an ended session: close it, so that the client reconnects to a new one.
-            let late = session.state.lock().link.clone();
+            let late = session.link();
             if let Some(link) = late {
                 link.kill(
                     DisconnectReason::Administrative,
@@ -604,7 +651,7 @@ impl BrokerHandle {
             },
             subscriptions,
             expiry_interval: st.expiry_interval,
-            queued_bytes: st.queued_bytes,
+            queued_bytes: st.queue.bytes(),
             will: st.will.is_some(),
             disconnected_for: st.disconnected_at.map(|at| at.elapsed()),
         })
@@ -639,7 +686,7 @@ async fn pump(
 /// An in-process subscription: a bounded stream of messages. Dropping it unsubscribes.
 pub struct Subscription {
     rx: mpsc::Receiver<Arc<Message>>,
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     session: Arc<Session>,
     pump: tokio::task::JoinHandle<()>,
 }

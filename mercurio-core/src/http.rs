@@ -21,7 +21,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::config::ListenerConfig;
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -54,7 +54,7 @@ impl Default for HttpLimits {
 
 /// One WebSocket listener's HTTP state.
 pub(crate) struct Endpoint {
-    pub broker: Arc<BrokerInner>,
+    pub broker: Arc<BrokerState>,
     pub limits: HttpLimits,
     health: bool,
     metrics: Option<Metrics>,
@@ -67,7 +67,7 @@ impl Endpoint {
     /// The endpoint for a WebSocket listener; fails when `http_dir` is not a readable
     /// directory.
     pub(crate) fn new(
-        broker: Arc<BrokerInner>,
+        broker: Arc<BrokerState>,
         cfg: &ListenerConfig,
         limits: HttpLimits,
     ) -> Result<Endpoint, Error> {

@@ -26,6 +26,7 @@ mod connection;
 mod error;
 mod handle;
 mod http;
+mod link;
 mod listener;
 pub mod message;
 mod metrics;
@@ -44,13 +45,13 @@ pub use auth::hooks::{
 };
 pub use auth::FileError;
 pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};
-pub use connection::DisconnectReason;
 pub use error::Error;
 pub use handle::{
     check_files, Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription,
     SHUTDOWN_GRACE,
 };
 pub use http::HttpLimits;
+pub use link::DisconnectReason;
 /// The storage crate: the `Storage` trait, its records and backends.
 pub use mercurio_storage as storage;
 pub use message::Message;

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::config::ListenerConfig;
 use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
-use crate::tls::TlsListener;
+use crate::tls::{self, TlsListener};
 use crate::websocket;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
@@ -58,7 +58,7 @@ pub(crate) async fn bind_all(
 /// listener (`None` for MQTT over TCP); with `tls`, each connection first completes a TLS
 /// handshake within `connect_timeout`.
 pub(crate) async fn run(
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     listener: TcpListener,
     cfg: ListenerConfig,
     http: Option<Arc<Endpoint>>,
@@ -114,6 +114,7 @@ pub(crate) async fn run(
         let on_listener = Arc::clone(&on_listener);
         let http = http.clone();
         let tls = tls.clone();
+        let connect_timeout = std::time::Duration::from_secs(broker.config.server.connect_timeout);
         // A task is as large as its future, which is as large as its largest branch: the
         // TLS and WebSocket ones (TLS state, HTTP) are boxed so that a plain MQTT connection,
         // idle most of its life, does not carry their size.
@@ -122,12 +123,25 @@ pub(crate) async fn run(
                 (None, None) => connection::serve(Arc::clone(&broker), stream, peer).await,
                 (None, Some(ep)) => Box::pin(websocket::serve(ep, stream, peer)).await,
                 (Some(tls), None) => {
-                    Box::pin(crate::tls::serve(Arc::clone(&broker), &tls, stream, peer)).await
+                    Box::pin(async {
+                        if let Some((stream, identity)) =
+                            tls::handshake(connect_timeout, &tls, stream, peer).await
+                        {
+                            connection::serve_with(
+                                Arc::clone(&broker),
+                                stream,
+                                peer,
+                                Some(identity),
+                            )
+                            .await
+                        }
+                    })
+                    .await
                 }
                 (Some(tls), Some(ep)) => {
                     Box::pin(async {
                         if let Some((stream, _identity)) =
-                            crate::tls::handshake(&broker, &tls, stream, peer).await
+                            tls::handshake(connect_timeout, &tls, stream, peer).await
                         {
                             websocket::serve(ep, stream, peer).await
                         }
@@ -148,7 +162,7 @@ const SLOT_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
 /// Waits up to [`SLOT_GRACE`] for `free()` to hold. A client that closes its connections and
 /// opens new ones at once (as test suites and reconnecting fleets do) can be accepted before
 /// the tasks of the closed ones have seen their end: those slots are freed within moments.
-async fn slot_frees(broker: &BrokerInner, free: impl Fn() -> bool) -> bool {
+async fn slot_frees(broker: &BrokerState, free: impl Fn() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + SLOT_GRACE;
     loop {
         let closed = broker.connection_closed.notified();

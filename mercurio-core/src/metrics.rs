@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::stats::DropCause;
 
 /// The content type of [`Metrics::render`]'s output (OpenMetrics text, which Prometheus
@@ -49,7 +49,7 @@ pub(crate) struct Snapshot {
 
 impl Snapshot {
     /// Reads every value as `$SYS` does (`sys.rs`), without publishing anything.
-    pub(crate) fn take(broker: &BrokerInner) -> Snapshot {
+    pub(crate) fn take(broker: &BrokerState) -> Snapshot {
         let s = &broker.stats;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let (sessions, connected) = broker.session_counts();
@@ -83,7 +83,7 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     /// A registry whose one collector reads `broker` at each scrape.
-    pub(crate) fn new(broker: Arc<BrokerInner>) -> Metrics {
+    pub(crate) fn new(broker: Arc<BrokerState>) -> Metrics {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(BrokerCollector { broker }));
         Metrics { registry }
@@ -100,7 +100,7 @@ impl Metrics {
 
 /// Reads the broker's statistics at each scrape.
 struct BrokerCollector {
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
 }
 
 impl std::fmt::Debug for BrokerCollector {
@@ -245,7 +245,7 @@ impl Collector for BrokerCollector {
 }
 
 /// Per-bridge series, labelled `bridge="<name>"` (none without bridges).
-fn bridges(e: &mut DescriptorEncoder, broker: &BrokerInner) -> Result<(), std::fmt::Error> {
+fn bridges(e: &mut DescriptorEncoder, broker: &BrokerState) -> Result<(), std::fmt::Error> {
     let list: Vec<_> = broker.bridges.lock().iter().map(|b| b.info()).collect();
     if list.is_empty() {
         return Ok(());

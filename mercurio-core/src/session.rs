@@ -12,13 +12,15 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
-use crate::connection::Link;
+use crate::link::Link;
 use crate::message::Message;
 use crate::stats::DropCause;
 
-/// A message waiting in a session's queue, with what this delivery adds to it.
+/// One delivery of a message to one session: the shared message, plus what this delivery adds
+/// to it (QoS, RETAIN, subscription identifiers, its place in the queue). Waits in the
+/// session's queue, then in flight until acknowledged.
 #[derive(Debug, Clone)]
-pub(crate) struct Queued {
+pub(crate) struct Delivery {
     pub msg: Arc<Message>,
     /// QoS of this delivery: the lower of the message's and the subscription's.
     pub qos: QoS,
@@ -46,7 +48,7 @@ pub(crate) enum OutboundState {
 pub(crate) struct Inflight {
     pub packet_id: u16,
     pub state: OutboundState,
-    pub delivery: Queued,
+    pub delivery: Delivery,
     /// False until written once on the current connection; resent with DUP on reconnect.
     pub sent: bool,
 }
@@ -68,7 +70,8 @@ pub(crate) struct Will {
     pub expiry: Option<u32>,
 }
 
-/// Limits applied when enqueueing (manual, "Queues and slow clients").
+/// Limits applied when enqueueing (`max_queued_messages`, `max_queued_qos0_messages`,
+/// `max_queued_bytes`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueLimits {
     pub max_messages: usize,
@@ -77,14 +80,86 @@ pub(crate) struct QueueLimits {
     pub max_bytes: u64,
 }
 
+/// A session's queue: deliveries waiting for the client, and the bytes of their payloads
+/// (what `max_queued_bytes` bounds), kept together by every change.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    items: VecDeque<Delivery>,
+    bytes: u64,
+}
+
+impl Queue {
+    /// Deliveries queued.
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Bytes of the queued payloads.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The next delivery, left in place.
+    pub(crate) fn front(&self) -> Option<&Delivery> {
+        self.items.front()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Delivery> {
+        self.items.iter()
+    }
+
+    /// Adds a delivery at the end.
+    pub(crate) fn push_back(&mut self, q: Delivery) {
+        self.bytes += q.msg.payload.len() as u64;
+        self.items.push_back(q);
+    }
+
+    /// Puts back at the head a delivery just taken by [`Queue::pop_front`].
+    pub(crate) fn push_front(&mut self, q: Delivery) {
+        self.bytes += q.msg.payload.len() as u64;
+        self.items.push_front(q);
+    }
+
+    /// Takes the next delivery.
+    pub(crate) fn pop_front(&mut self) -> Option<Delivery> {
+        let q = self.items.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(q.msg.payload.len() as u64);
+        Some(q)
+    }
+
+    /// Keeps the deliveries for which `keep` is true, in order; returns those removed.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Delivery) -> bool) -> Vec<Delivery> {
+        let mut removed = Vec::new();
+        for q in std::mem::take(&mut self.items) {
+            if keep(&q) {
+                self.items.push_back(q);
+            } else {
+                self.bytes = self.bytes.saturating_sub(q.msg.payload.len() as u64);
+                removed.push(q);
+            }
+        }
+        removed
+    }
+
+    /// Empties the queue.
+    pub(crate) fn clear(&mut self) {
+        self.items.clear();
+        self.bytes = 0;
+    }
+}
+
 /// The mutable part of a session.
 #[derive(Debug)]
 pub(crate) struct SessionState {
     pub protocol: ProtocolVersion,
     /// Full filter (with `$share/...`) to what was granted.
     pub subscriptions: HashMap<String, Granted>,
-    pub queue: VecDeque<Queued>,
-    pub queued_bytes: u64,
+    /// Deliveries waiting for the client, with the bytes of their payloads.
+    pub queue: Queue,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
     pub inflight: VecDeque<Inflight>,
     /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL.
@@ -109,11 +184,40 @@ pub(crate) struct SessionState {
     /// The user name of the last connection, stored with the session so that access checks
     /// made while it is offline after a restart use it (`identity` is restored from it).
     pub username: Option<Arc<str>>,
-    /// Storage's writer, for a broker with a storage backend (see `persist.rs`).
-    pub persist: Option<Arc<crate::persist::Persister>>,
+    /// Where changes are reported for storage, for a broker with a storage backend.
+    pub changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
     pub next_seq: u64,
 }
+
+/// What a stored session reports, one call per change, made under the session's lock so that
+/// storage sees each client's changes in the order they happened. The broker's storage
+/// writer implements it (`persist`); a broker without storage sets none, and each report
+/// costs one `Option` check.
+pub(crate) trait SessionChanges: Send + Sync + std::fmt::Debug {
+    /// A QoS 1 or 2 message was pushed on the queue.
+    fn queued(&self, client_id: &str, q: &Delivery);
+    /// A QoS 1 or 2 message left the queue without being sent (expired, too large, no longer
+    /// readable), or was sent and is now `inflight`.
+    fn dequeued(&self, client_id: &str, seq: u64);
+    /// An in-flight message was added or changed state.
+    fn inflight_set(&self, client_id: &str, f: &Inflight);
+    /// An in-flight message was acknowledged (or refused) and removed.
+    fn inflight_removed(&self, client_id: &str, packet_id: u16);
+    /// An inbound QoS 2 packet identifier was added (`true`) or released.
+    fn inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool);
+    /// A subscription was added or replaced (`Some`), or removed.
+    fn subscription(&self, client_id: &str, filter: &str, granted: Option<&Granted>);
+    /// The will was published or dropped.
+    fn will_cleared(&self, client_id: &str);
+    /// The connection ended: the session's header (with its disconnection time) changed.
+    fn detached(&self, client_id: &str, st: &SessionState);
+    /// The session ended (expired, cleaned, taken over by a clean start).
+    fn ended(&self, client_id: &str);
+}
+
+/// Every session the broker holds, by client identifier.
+pub(crate) type SessionTable = Mutex<HashMap<Arc<str>, Arc<Session>>>;
 
 /// A session, shared between its connection, publishers and timers.
 #[derive(Debug)]
@@ -144,8 +248,7 @@ impl Session {
             state: Mutex::new(SessionState {
                 protocol,
                 subscriptions: HashMap::new(),
-                queue: VecDeque::new(),
-                queued_bytes: 0,
+                queue: Queue::default(),
                 inflight: VecDeque::new(),
                 inbound_qos2: HashSet::new(),
                 next_packet_id: 1,
@@ -159,7 +262,7 @@ impl Session {
                 dropped: 0,
                 disconnected_at: None,
                 username: None,
-                persist: None,
+                changes: None,
                 next_seq: 1,
             }),
             identity: Default::default(),
@@ -172,10 +275,10 @@ impl Session {
     }
 
     /// Offers a delivery to the queue under `limits`, waking the connection if there is one.
-    /// Never waits: a full queue drops (QoS 0 first), as the manual says. Logs one warning
+    /// Never waits: a full queue drops (QoS 0 first). Logs one warning
     /// when the queue starts dropping, naming the limit, and one with the count when a
     /// message finds it back at half its limits.
-    pub(crate) fn enqueue(&self, mut delivery: Queued, limits: &QueueLimits) -> Enqueued {
+    pub(crate) fn enqueue(&self, mut delivery: Delivery, limits: &QueueLimits) -> Enqueued {
         let mut st = self.state.lock();
         if st.ended {
             return Enqueued::Skipped;
@@ -190,7 +293,7 @@ impl Session {
             Some("max_queued_qos0_messages")
         } else if len >= limits.max_messages {
             Some("max_queued_messages")
-        } else if limits.max_bytes > 0 && st.queued_bytes + bytes > limits.max_bytes {
+        } else if limits.max_bytes > 0 && st.queue.bytes() + bytes > limits.max_bytes {
             Some("max_queued_bytes")
         } else {
             None
@@ -205,7 +308,7 @@ impl Session {
         if let Some(cause) = cause {
             if !st.dropping {
                 st.dropping = true;
-                tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queued_bytes, limit = limit.unwrap_or_default(), "session queue full: dropping messages");
+                tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queue.bytes(), limit = limit.unwrap_or_default(), "session queue full: dropping messages");
             }
             st.dropped_since_warning += 1;
             st.dropped += 1;
@@ -214,7 +317,7 @@ impl Session {
         // Room again once back to half its limits (not at the first message that fits, or a
         // queue hovering at a limit would log at every message).
         let low_water = len <= limits.max_qos0_messages.min(limits.max_messages) / 2
-            && (limits.max_bytes == 0 || st.queued_bytes <= limits.max_bytes / 2);
+            && (limits.max_bytes == 0 || st.queue.bytes() <= limits.max_bytes / 2);
         if st.dropping && low_water {
             st.dropping = false;
             tracing::warn!(
@@ -224,7 +327,6 @@ impl Session {
             );
             st.dropped_since_warning = 0;
         }
-        st.queued_bytes += bytes;
         delivery.seq = st.next_seq;
         st.next_seq += 1;
         st.persist_queued(&self.client_id, &delivery);
@@ -244,6 +346,146 @@ impl Session {
     }
 }
 
+/// What [`Session::detach`] leaves for the broker to do.
+#[derive(Debug)]
+pub(crate) struct Detached {
+    /// The session's generation, for the timers armed now.
+    pub generation: u64,
+    /// Session Expiry Interval, seconds (0: the session ends now; `u32::MAX`: never).
+    pub expiry: u32,
+    /// A will to publish now.
+    pub will_now: Option<Will>,
+    /// A will waiting for its Will Delay Interval, in seconds.
+    pub will_delay: Option<u32>,
+}
+
+/// The session's life: taken by a connection, left, ended; its subscriptions.
+impl Session {
+    /// The connection serving this session now, if any.
+    pub(crate) fn link(&self) -> Option<Arc<Link>> {
+        self.state.lock().link.clone()
+    }
+
+    /// Gives the session to the connection of `link`, with what its CONNECT asked for; each
+    /// connection starts a new generation. False when the session ended or another
+    /// connection holds it (then `will` is left in place).
+    pub(crate) fn attach(
+        &self,
+        link: &Arc<Link>,
+        protocol: ProtocolVersion,
+        expiry_interval: u32,
+        will: &mut Option<Will>,
+    ) -> bool {
+        let mut st = self.state.lock();
+        if st.ended || st.link.is_some() {
+            return false;
+        }
+        st.link = Some(Arc::clone(link));
+        st.generation += 1;
+        st.disconnected_at = None;
+        st.protocol = protocol;
+        st.expiry_interval = expiry_interval;
+        st.will = will.take();
+        true
+    }
+
+    /// The connection of `link` ended: in-flight messages are to be resent, QoS 0 messages
+    /// are dropped (they are not kept for a client that is away), and the will is dropped
+    /// (`publish_will` false: a normal DISCONNECT [MQTT-3.1.2-10]), due now, or left waiting
+    /// for its delay. `None` when `link` no longer serves the session.
+    pub(crate) fn detach(&self, link: &Arc<Link>, publish_will: bool) -> Option<Detached> {
+        let mut st = self.state.lock();
+        if !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
+            return None;
+        }
+        st.link = None;
+        st.disconnected_at = Some(Instant::now());
+        for f in st.inflight.iter_mut() {
+            f.sent = false;
+        }
+        st.drop_qos0();
+        let mut will_now = None;
+        let mut will_delay = None;
+        if !publish_will {
+            st.will = None;
+        } else if let Some(w) = &st.will {
+            if w.delay == 0 || st.expiry_interval == 0 {
+                will_now = st.will.take();
+            } else {
+                will_delay = Some(w.delay);
+            }
+        }
+        st.persist_detached(&self.client_id);
+        Some(Detached {
+            generation: st.generation,
+            expiry: st.expiry_interval,
+            will_now,
+            will_delay,
+        })
+    }
+
+    /// Ends the session: its queue, in-flight messages and subscriptions are dropped. Returns
+    /// the filters it was subscribed to and its pending will, or `None` when it had ended.
+    pub(crate) fn end(&self) -> Option<(Vec<String>, Option<Will>)> {
+        let mut st = self.state.lock();
+        if st.ended {
+            return None;
+        }
+        st.ended = true;
+        st.persist_ended(&self.client_id);
+        st.queue.clear();
+        st.inflight.clear();
+        let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
+        Some((filters, st.will.take()))
+    }
+
+    /// True when no connection took the session up since `generation` and it has not ended:
+    /// a timer armed then may act.
+    pub(crate) fn idle_since(&self, generation: u64) -> bool {
+        let st = self.state.lock();
+        st.generation == generation && st.link.is_none() && !st.ended
+    }
+
+    /// The will, taken for publication, if the session is idle since `generation`.
+    pub(crate) fn take_will_if_idle(&self, generation: u64) -> Option<Will> {
+        let mut st = self.state.lock();
+        if st.generation != generation || st.link.is_some() || st.ended {
+            return None;
+        }
+        let will = st.will.take();
+        if will.is_some() {
+            st.persist_will_cleared(&self.client_id);
+        }
+        will
+    }
+
+    /// Records a subscription. True when it replaced one on the same filter.
+    pub(crate) fn add_subscription(&self, filter: &str, granted: Granted) -> bool {
+        let mut st = self.state.lock();
+        let existed = st
+            .subscriptions
+            .insert(filter.to_string(), granted)
+            .is_some();
+        st.persist_subscription(&self.client_id, filter, Some(&granted));
+        existed
+    }
+
+    /// Removes a subscription. True when it existed.
+    pub(crate) fn remove_subscription(&self, filter: &str) -> bool {
+        let mut st = self.state.lock();
+        let existed = st.subscriptions.remove(filter).is_some();
+        if existed {
+            st.persist_subscription(&self.client_id, filter, None);
+        }
+        existed
+    }
+
+    /// The filters of the session's subscriptions.
+    pub(crate) fn filters(&self) -> Vec<String> {
+        self.state.lock().subscriptions.keys().cloned().collect()
+    }
+}
+
 impl SessionState {
     /// The next free packet identifier for an outbound message, skipping those in flight
     /// [MQTT-2.2.1-4]. `None` when all 65,535 are taken.
@@ -258,15 +500,124 @@ impl SessionState {
         None
     }
 
-    /// Takes the head of the queue, keeping `queued_bytes` right.
-    pub(crate) fn pop_queued(&mut self) -> Option<Queued> {
-        let q = self.queue.pop_front()?;
-        self.queued_bytes = self.queued_bytes.saturating_sub(q.msg.payload.len() as u64);
-        Some(q)
+    /// Takes the head of the queue.
+    pub(crate) fn pop_queued(&mut self) -> Option<Delivery> {
+        self.queue.pop_front()
+    }
+
+    /// Removes the QoS 0 deliveries: they are not kept for a client that is away.
+    pub(crate) fn drop_qos0(&mut self) {
+        self.queue.retain(|q| q.qos != QoS::AtMostOnce);
+    }
+
+    /// Removes the deliveries `keep` refuses, reporting them to storage. Returns how many.
+    pub(crate) fn remove_queued(
+        &mut self,
+        client_id: &str,
+        keep: impl FnMut(&Delivery) -> bool,
+    ) -> usize {
+        let removed = self.queue.retain(keep);
+        for q in &removed {
+            self.persist_dequeued(client_id, q);
+        }
+        removed.len()
     }
 
     /// Position of the in-flight message with this packet identifier.
     pub(crate) fn inflight_position(&self, packet_id: u16) -> Option<usize> {
         self.inflight.iter().position(|f| f.packet_id == packet_id)
+    }
+}
+
+/// The mutation points: each reports the change that mirrors it, when the session is stored
+/// (a storage writer, a session expiry interval above 0). Called with the session locked.
+impl SessionState {
+    fn stored(&self) -> Option<&Arc<dyn SessionChanges>> {
+        self.changes.as_ref().filter(|_| self.expiry_interval > 0)
+    }
+
+    /// A message was pushed on the queue.
+    pub(crate) fn persist_queued(&self, client_id: &str, q: &Delivery) {
+        if q.qos == QoS::AtMostOnce {
+            return;
+        }
+        if let Some(c) = self.stored() {
+            c.queued(client_id, q);
+        }
+    }
+
+    /// A message left the queue without being sent (expired, too large).
+    pub(crate) fn persist_dequeued(&self, client_id: &str, q: &Delivery) {
+        if q.qos == QoS::AtMostOnce {
+            return;
+        }
+        if let Some(c) = self.stored() {
+            c.dequeued(client_id, q.seq);
+        }
+    }
+
+    /// The last in-flight message was just sent, taken from the queue.
+    pub(crate) fn persist_sent(&self, client_id: &str) {
+        let Some(c) = self.stored() else { return };
+        let Some(f) = self.inflight.back() else {
+            return;
+        };
+        c.dequeued(client_id, f.delivery.seq);
+        c.inflight_set(client_id, f);
+    }
+
+    /// The in-flight message at `index` changed state (PUBREC received).
+    pub(crate) fn persist_inflight(&self, client_id: &str, index: usize) {
+        let Some(c) = self.stored() else { return };
+        if let Some(f) = self.inflight.get(index) {
+            c.inflight_set(client_id, f);
+        }
+    }
+
+    /// An in-flight message was acknowledged (or refused) and removed.
+    pub(crate) fn persist_acked(&self, client_id: &str, packet_id: u16) {
+        if let Some(c) = self.stored() {
+            c.inflight_removed(client_id, packet_id);
+        }
+    }
+
+    /// An inbound QoS 2 packet identifier was added (`true`) or released.
+    pub(crate) fn persist_inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool) {
+        if let Some(c) = self.stored() {
+            c.inbound_qos2(client_id, packet_id, added);
+        }
+    }
+
+    /// A subscription was added or replaced (`Some`), or removed.
+    pub(crate) fn persist_subscription(
+        &self,
+        client_id: &str,
+        filter: &str,
+        granted: Option<&Granted>,
+    ) {
+        if let Some(c) = self.stored() {
+            c.subscription(client_id, filter, granted);
+        }
+    }
+
+    /// The will was published or dropped.
+    pub(crate) fn persist_will_cleared(&self, client_id: &str) {
+        if let Some(c) = self.stored() {
+            c.will_cleared(client_id);
+        }
+    }
+
+    /// The connection ended: the header with its disconnection time, and the will if gone.
+    pub(crate) fn persist_detached(&self, client_id: &str) {
+        if let Some(c) = self.stored() {
+            c.detached(client_id, self);
+        }
+    }
+
+    /// The session ended (expired, cleaned, taken over by a clean start).
+    pub(crate) fn persist_ended(&self, client_id: &str) {
+        if let Some(c) = &self.changes {
+            c.ended(client_id);
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::codec::{Properties, QoS};
 use crate::message::Message;
 use crate::stats::DropCause;
@@ -40,14 +40,14 @@ impl Load {
 /// The `$SYS` publisher's state: load averages and the last value sent per topic (a value is
 /// republished only when it changed, as mosquitto does).
 pub(crate) struct SysPublisher {
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     loads: [Load; 5],
     last_sent: HashMap<String, String>,
     last_tick: Instant,
 }
 
 impl SysPublisher {
-    pub(crate) fn new(broker: Arc<BrokerInner>) -> SysPublisher {
+    pub(crate) fn new(broker: Arc<BrokerState>) -> SysPublisher {
         SysPublisher {
             broker,
             loads: [Load::default(); 5],

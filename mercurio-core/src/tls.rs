@@ -182,22 +182,10 @@ pub(crate) fn subject_common_name(cert: &[u8]) -> Option<String> {
     None
 }
 
-/// Completes the TLS handshake within `connect_timeout`, then serves the connection.
-pub(crate) async fn serve(
-    broker: Arc<crate::broker::BrokerInner>,
-    tls: &TlsListener,
-    stream: tokio::net::TcpStream,
-    peer: std::net::SocketAddr,
-) {
-    if let Some((stream, identity)) = handshake(&broker, tls, stream, peer).await {
-        crate::connection::serve_with(broker, stream, peer, Some(identity)).await
-    }
-}
-
-/// Runs the TLS handshake within `connect_timeout`; `None` (logged at debug) when it fails
-/// or stalls.
+/// Runs the TLS handshake within `timeout` (the listener's `connect_timeout`); `None` (logged
+/// at debug) when it fails or stalls.
 pub(crate) async fn handshake(
-    broker: &crate::broker::BrokerInner,
+    timeout: std::time::Duration,
     tls: &TlsListener,
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
@@ -205,7 +193,6 @@ pub(crate) async fn handshake(
     tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
     TlsIdentity,
 )> {
-    let timeout = std::time::Duration::from_secs(broker.config.server.connect_timeout);
     match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
         Ok(Ok(stream)) => {
             let identity = tls.identity(stream.get_ref().1);

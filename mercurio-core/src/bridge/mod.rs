@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::FileError;
-use crate::broker::BrokerInner;
+use crate::broker::BrokerState;
 use crate::codec::{
     self, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
     Subscribe, SubscribeFilter, SubscriptionOptions,
@@ -88,7 +88,7 @@ impl BridgeStatus {
                 (
                     st.queue.len(),
                     st.inflight.len(),
-                    st.queued_bytes,
+                    st.queue.bytes(),
                     st.dropped,
                 )
             }
@@ -168,12 +168,12 @@ struct Running {
 
 /// The running bridges of one broker.
 pub(crate) struct Bridges {
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     running: tokio::sync::Mutex<HashMap<String, Running>>,
 }
 
 impl Bridges {
-    pub(crate) fn new(broker: Arc<BrokerInner>) -> Bridges {
+    pub(crate) fn new(broker: Arc<BrokerState>) -> Bridges {
         Bridges {
             broker,
             running: tokio::sync::Mutex::new(HashMap::new()),
@@ -303,7 +303,7 @@ impl Bridges {
 
 /// Resolves when the bridge is to stop: told so, its handle gone (the broker's handles were
 /// dropped), or its session's link killed (shutdown, storage failure).
-async fn stopped(stop: &mut watch::Receiver<Stop>, link: &crate::connection::Link) -> Stop {
+async fn stopped(stop: &mut watch::Receiver<Stop>, link: &crate::link::Link) -> Stop {
     loop {
         let now = *stop.borrow_and_update();
         if now != Stop::Run {
@@ -328,7 +328,7 @@ enum Ended {
 
 /// One bridge's task.
 struct Task {
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
     cfg: BridgeConfig,
     map: TopicMap,
     tls: Option<tokio_rustls::TlsConnector>,

@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use crate::broker::{BrokerInner, INTERNAL_PREFIX};
+use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{
     self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS, SubscriptionOptions,
 };
-use crate::connection::Link;
-use crate::session::{Granted, Inflight, OutboundState, Queued, Session};
+use crate::link::Link;
+use crate::session::{Delivery, Granted, Inflight, OutboundState, Session};
 use crate::stats::DropCause;
 
 use super::topics::TopicMap;
@@ -46,7 +46,7 @@ pub(crate) struct Outgoing {
 impl Outgoing {
     /// Takes up the bridge's session (restored from storage, or new), marks it connected so
     /// that QoS 0 messages queue too, and makes its subscriptions those of `map`.
-    pub(crate) fn attach(broker: &Arc<BrokerInner>, name: &str, map: &TopicMap) -> Outgoing {
+    pub(crate) fn attach(broker: &Arc<BrokerState>, name: &str, map: &TopicMap) -> Outgoing {
         let id: Arc<str> = Arc::from(session_id(name));
         let existing = broker.sessions.lock().get(&id).cloned();
         let resumed = existing.is_some();
@@ -63,14 +63,16 @@ impl Outgoing {
         };
         *session.identity.write() = crate::auth::Identity::Trusted;
         let link = Arc::new(Link::new());
-        {
-            let mut st = session.state.lock();
-            st.link = Some(Arc::clone(&link));
-            st.generation += 1;
-            st.disconnected_at = None;
-            st.expiry_interval = u32::MAX;
+        if !session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None) {
+            // Held by an older task of this bridge (a reload in progress): take it over.
+            if let Some(old) = session.link() {
+                session.detach(&old, false);
+            }
+            session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
         }
-        crate::persist::connected(broker, &session, resumed);
+        if let Some(p) = broker.persist.get() {
+            p.connected(&session, resumed);
+        }
         let wanted = map.local_subscriptions();
         let stale: Vec<String> = session
             .state
@@ -105,20 +107,11 @@ impl Outgoing {
     /// The bridge stops but stays configured: the session keeps its queue (stored) and its
     /// subscriptions, so messages go on queuing for the remote.
     pub(crate) fn detach(&self) {
-        let mut st = self.session.state.lock();
-        if !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, &self.link)) {
-            return;
-        }
-        st.link = None;
-        st.disconnected_at = Some(Instant::now());
-        for f in st.inflight.iter_mut() {
-            f.sent = false;
-        }
-        st.persist_detached(&self.session.client_id);
+        self.session.detach(&self.link, false);
     }
 
     /// The bridge was removed from the configuration: its session ends, queue included.
-    pub(crate) fn end(&self, broker: &BrokerInner) {
+    pub(crate) fn end(&self, broker: &BrokerState) {
         broker.end_session(&self.session);
     }
 
@@ -126,7 +119,7 @@ impl Outgoing {
     /// that the remote's retained set is in step with ours after messages were lost on the
     /// way (dropped by the queue's limits, QoS 0 across a restart). Those that came over a
     /// bridge themselves are left out.
-    pub(crate) fn enqueue_retained(&self, broker: &BrokerInner, map: &TopicMap) -> usize {
+    pub(crate) fn enqueue_retained(&self, broker: &BrokerState, map: &TopicMap) -> usize {
         let now = Instant::now();
         let mut queued = 0;
         for rule in map.rules.iter().filter(|r| r.out) {
@@ -135,7 +128,7 @@ impl Outgoing {
                 if msg.is_expired(now) || is_bridged(&msg.properties) {
                     continue;
                 }
-                let q = Queued {
+                let q = Delivery {
                     qos: msg.qos.min(rule.qos),
                     msg,
                     retain: true,
@@ -277,7 +270,7 @@ impl Outgoing {
 
 /// What encoding toward the remote needs.
 pub(crate) struct Sender<'a> {
-    pub broker: &'a BrokerInner,
+    pub broker: &'a BrokerState,
     pub map: &'a TopicMap,
     pub version: ProtocolVersion,
     /// Most QoS 1/2 messages in flight.
@@ -292,7 +285,7 @@ impl Sender<'_> {
     /// it is too large for the remote): dropped then.
     fn encode(
         &self,
-        q: &Queued,
+        q: &Delivery,
         qos: QoS,
         packet_id: u16,
         dup: bool,

@@ -2,6 +2,10 @@
 //! routing a message to the sessions whose subscriptions match, retained messages, taking a
 //! session over at CONNECT, ending it at DISCONNECT or expiry, and wills.
 
+pub(crate) mod access;
+pub(crate) mod restore;
+mod takeover;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -13,10 +17,12 @@ use tokio::sync::Notify;
 
 use crate::codec::QoS;
 use crate::config::Config;
-use crate::connection::Link;
+use crate::link::Link;
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
-use crate::session::{Enqueued, Granted, QueueLimits, Queued, Session, Will};
+use crate::session::{
+    Delivery, Detached, Enqueued, Granted, QueueLimits, Session, SessionTable, Will,
+};
 use crate::stats::{DropCause, Stats};
 
 /// Client identifier prefix of in-process subscriptions' sessions.
@@ -30,15 +36,17 @@ pub(crate) struct SubEntry {
 }
 
 /// Everything the connections, listeners, timers and handles share.
-pub(crate) struct BrokerInner {
+pub(crate) struct BrokerState {
     pub config: Config,
     pub limits: QueueLimits,
-    pub sessions: Mutex<HashMap<Arc<str>, Arc<Session>>>,
+    /// Shared with the storage writer, which writes a session whole after a failure.
+    pub sessions: Arc<SessionTable>,
     pub index: RwLock<SubscriptionIndex<SubEntry>>,
     pub retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Retained `$SYS` messages: in memory only, never counted as retained messages.
     pub sys_retained: Mutex<RetainedStore<Arc<Message>>>,
-    pub stats: Stats,
+    /// Shared with the storage writer, which counts its batches.
+    pub stats: Arc<Stats>,
     pub started: Instant,
     pub shutting_down: AtomicBool,
     /// Open network connections (accepted sockets not yet closed).
@@ -52,7 +60,7 @@ pub(crate) struct BrokerInner {
     /// Random per broker start: the first part of assigned client identifiers, so that
     /// those of one run do not meet the stored sessions of another.
     pub client_id_salt: u64,
-    /// The storage writer, when the broker has a storage backend (`persist.rs`).
+    /// The storage writer, when the broker has a storage backend (`persist`).
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
     pub auth: crate::auth::Auth,
@@ -60,21 +68,21 @@ pub(crate) struct BrokerInner {
     pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
 }
 
-impl BrokerInner {
-    pub(crate) fn new(config: Config) -> BrokerInner {
+impl BrokerState {
+    pub(crate) fn new(config: Config) -> BrokerState {
         let limits = QueueLimits {
             max_messages: config.server.max_queued_messages,
             max_qos0_messages: config.server.max_queued_qos0_messages,
             max_bytes: config.server.max_queued_bytes,
         };
-        BrokerInner {
+        BrokerState {
             config,
             limits,
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Arc::new(Mutex::new(HashMap::new())),
             index: RwLock::new(SubscriptionIndex::new()),
             retained: Mutex::new(RetainedStore::new()),
             sys_retained: Mutex::new(RetainedStore::new()),
-            stats: Stats::default(),
+            stats: Arc::default(),
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             open_connections: AtomicUsize::new(0),
@@ -101,7 +109,7 @@ impl BrokerInner {
     }
 
     /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
-    /// Returns whether any subscription matched its topic (see [`BrokerInner::route`]).
+    /// Returns whether any subscription matched its topic (see [`BrokerState::route`]).
     pub(crate) fn publish(&self, msg: Message) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
@@ -194,7 +202,7 @@ impl BrokerInner {
                 }
             }
             let Some(qos) = qos else { continue };
-            let q = Queued {
+            let q = Delivery {
                 msg: Arc::clone(msg),
                 qos,
                 retain,
@@ -238,7 +246,7 @@ impl BrokerInner {
     }
 
     /// Offers one delivery to a session, counting a drop. True when queued.
-    pub(crate) fn deliver(&self, session: &Session, q: Queued) -> bool {
+    pub(crate) fn deliver(&self, session: &Session, q: Delivery) -> bool {
         if !self.may_read(session, &q.msg.topic) {
             self.stats.dropped(DropCause::NotAuthorized);
             return false;
@@ -256,15 +264,7 @@ impl BrokerInner {
     /// Records a subscription in the session and the index. Returns true when it replaced an
     /// existing subscription on the same filter [MQTT-3.8.4-3].
     pub(crate) fn subscribe(&self, session: &Arc<Session>, filter: &str, granted: Granted) -> bool {
-        let existed = {
-            let mut st = session.state.lock();
-            let existed = st
-                .subscriptions
-                .insert(filter.to_string(), granted)
-                .is_some();
-            st.persist_subscription(&session.client_id, filter, Some(&granted));
-            existed
-        };
+        let existed = session.add_subscription(filter, granted);
         let entry = SubEntry {
             session: Arc::clone(session),
             granted,
@@ -277,14 +277,7 @@ impl BrokerInner {
 
     /// Removes a subscription. True when it existed.
     pub(crate) fn unsubscribe(&self, session: &Session, filter: &str) -> bool {
-        let existed = {
-            let mut st = session.state.lock();
-            let existed = st.subscriptions.remove(filter).is_some();
-            if existed {
-                st.persist_subscription(&session.client_id, filter, None);
-            }
-            existed
-        };
+        let existed = session.remove_subscription(filter);
         if existed {
             self.index.write().remove(filter, &session.client_id);
         }
@@ -305,7 +298,7 @@ impl BrokerInner {
             if msg.is_expired(now) {
                 continue;
             }
-            let q = Queued {
+            let q = Delivery {
                 qos: msg.qos.min(granted.options.qos),
                 msg,
                 retain: true,
@@ -319,18 +312,8 @@ impl BrokerInner {
     /// Ends a session: removes its subscriptions from the index and the session from the map
     /// (if it is still the one there), and publishes a will still pending [MQTT-3.1.2-8].
     pub(crate) fn end_session(&self, session: &Arc<Session>) {
-        let (filters, will) = {
-            let mut st = session.state.lock();
-            if st.ended {
-                return;
-            }
-            st.ended = true;
-            st.persist_ended(&session.client_id);
-            st.queue.clear();
-            st.queued_bytes = 0;
-            st.inflight.clear();
-            let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
-            (filters, st.will.take())
+        let Some((filters, will)) = session.end() else {
+            return;
         };
         {
             let mut index = self.index.write();
@@ -367,35 +350,14 @@ impl BrokerInner {
         link: &Arc<Link>,
         publish_will: bool,
     ) {
-        let (generation, expiry, will_now, will_delay) = {
-            let mut st = session.state.lock();
-            if !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
-                return;
-            }
-            st.link = None;
-            st.disconnected_at = Some(Instant::now());
-            for f in st.inflight.iter_mut() {
-                f.sent = false;
-            }
-            // QoS 0 messages are not kept for a client that is away.
-            let before = st.queue.len();
-            st.queue.retain(|q| q.qos != QoS::AtMostOnce);
-            if st.queue.len() != before {
-                st.queued_bytes = st.queue.iter().map(|q| q.msg.payload.len() as u64).sum();
-            }
-            let mut will_now = None;
-            let mut will_delay = None;
-            if !publish_will {
-                st.will = None;
-            } else if let Some(w) = &st.will {
-                if w.delay == 0 || st.expiry_interval == 0 {
-                    will_now = st.will.take();
-                } else {
-                    will_delay = Some(w.delay);
-                }
-            }
-            st.persist_detached(&session.client_id);
-            (st.generation, st.expiry_interval, will_now, will_delay)
+        let Some(Detached {
+            generation,
+            expiry,
+            will_now,
+            will_delay,
+        }) = session.detach(link, publish_will)
+        else {
+            return;
         };
         if let Some(will) = will_now {
             self.publish_will(&session.client_id, will);
@@ -406,27 +368,31 @@ impl BrokerInner {
         }
         if let Some(delay) = will_delay {
             if delay < expiry {
-                let broker = Arc::clone(self);
-                let session = Arc::clone(session);
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
-                    let will = {
-                        let mut st = session.state.lock();
-                        if st.generation != generation || st.link.is_some() || st.ended {
-                            return;
-                        }
-                        st.persist_will_cleared(&session.client_id);
-                        st.will.take()
-                    };
-                    if let Some(will) = will {
-                        broker.publish_will(&session.client_id, will);
-                    }
-                });
+                self.arm_will(session, generation, Duration::from_secs(u64::from(delay)));
             }
         }
         if expiry != u32::MAX {
             self.arm_expiry(session, generation, Duration::from_secs(u64::from(expiry)));
         }
+    }
+
+    /// Publishes the will of `session` after `after` (its Will Delay Interval, MQTT 5.0
+    /// section 3.1.3.2.2) unless a connection took the session up again since `generation`
+    /// or the session ended (which publishes the will itself).
+    pub(crate) fn arm_will(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        after: Duration,
+    ) {
+        let broker = Arc::clone(self);
+        let session = Arc::clone(session);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Some(will) = session.take_will_if_idle(generation) {
+                broker.publish_will(&session.client_id, will);
+            }
+        });
     }
 
     /// Ends `session` after `after` unless a connection took it up again since `generation`
@@ -441,11 +407,8 @@ impl BrokerInner {
         let session = Arc::clone(session);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            {
-                let st = session.state.lock();
-                if st.generation != generation || st.link.is_some() || st.ended {
-                    return;
-                }
+            if !session.idle_since(generation) {
+                return;
             }
             tracing::debug!(client_id = %session.client_id, "session expired");
             broker
@@ -462,9 +425,9 @@ impl BrokerInner {
     }
 }
 
-fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Queued {
+fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Delivery {
     let o = &e.granted.options;
-    Queued {
+    Delivery {
         msg: Arc::clone(msg),
         qos: msg.qos.min(o.qos),
         retain: o.retain_as_published && msg.retain,
@@ -481,6 +444,6 @@ impl Session {
 
     /// True while a connection serves this session.
     pub(crate) fn is_connected(&self) -> bool {
-        self.state.lock().link.is_some()
+        self.link().is_some()
     }
 }

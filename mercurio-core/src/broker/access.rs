@@ -1,0 +1,107 @@
+//! Access checks of the broker's operations: whether a session may publish to a topic,
+//! subscribe to a filter or receive a message, asked of the authorization chain
+//! ([`crate::auth::Auth`]) with the session's [`Identity`]; and what a reload of the password
+//! and ACL files takes away from the sessions.
+
+use std::sync::Arc;
+
+use super::BrokerState;
+use crate::auth::hooks::{AccessRequest, Action};
+use crate::auth::{FileError, Identity};
+use crate::session::Session;
+use crate::stats::DropCause;
+
+/// The filter a SUBSCRIBE check is about: without `$share/group/`.
+pub(crate) fn subscription_topic(filter: &str) -> &str {
+    match crate::topic::parse_shared(filter) {
+        Ok(Some(shared)) => shared.filter,
+        _ => filter,
+    }
+}
+
+impl BrokerState {
+    /// Whether `session` may receive a message published to `topic` (checked at delivery;
+    /// never waits). Costs one field read when no authorizer is configured.
+    #[inline]
+    pub(crate) fn may_read(&self, session: &Session, topic: &str) -> bool {
+        if !self.auth.checks_access() {
+            return true;
+        }
+        self.check_now(session, topic, Action::Read)
+    }
+
+    /// The check without waiting, for `session`'s identity.
+    pub(crate) fn check_now(&self, session: &Session, topic: &str, action: Action) -> bool {
+        let identity = session.identity.read();
+        let username = match &*identity {
+            Identity::Trusted => return true,
+            Identity::Client { username } => username.as_deref(),
+        };
+        self.auth.authorize_now(&AccessRequest {
+            client_id: &session.client_id,
+            username,
+            topic,
+            action,
+        })
+    }
+
+    /// Whether a client may publish to `topic` or subscribe to `filter`: asks every
+    /// authorizer, waiting for those that need to. Always true without authorizers.
+    pub(crate) async fn may(&self, session: &Session, topic: &str, action: Action) -> bool {
+        if !self.auth.checks_access() {
+            return true;
+        }
+        let username = match &*session.identity.read() {
+            Identity::Trusted => return true,
+            Identity::Client { username } => username.clone(),
+        };
+        self.auth
+            .authorize(&AccessRequest {
+                client_id: &session.client_id,
+                username: username.as_deref(),
+                topic,
+                action,
+            })
+            .await
+    }
+
+    /// Reloads the password and ACL files, then removes the subscriptions their clients may
+    /// no longer hold, and the queued messages they may no longer read (counted
+    /// `not_authorized`, as a delivery refused at routing would be). Returns the files that
+    /// could not be read (their old contents stay).
+    pub(crate) fn reload_auth(&self) -> Vec<FileError> {
+        let errors = self.auth.reload();
+        if !self.auth.checks_access() {
+            return errors;
+        }
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        for session in sessions {
+            let filters = session.filters();
+            for filter in filters {
+                if !self.check_now(&session, subscription_topic(&filter), Action::Subscribe) {
+                    tracing::info!(client_id = %session.client_id, %filter, "subscription removed: no longer authorized");
+                    self.unsubscribe(&session, &filter);
+                }
+            }
+            self.drop_unreadable_queued(&session);
+        }
+        errors
+    }
+
+    /// Removes from `session`'s queue the messages its client may no longer read.
+    fn drop_unreadable_queued(&self, session: &Session) {
+        let mut st = session.state.lock();
+        if st.queue.is_empty() {
+            return;
+        }
+        let removed = st.remove_queued(&session.client_id, |q| {
+            self.check_now(session, &q.msg.topic, Action::Read)
+        });
+        for _ in 0..removed {
+            self.stats.dropped(DropCause::NotAuthorized);
+        }
+        if removed > 0 {
+            tracing::info!(client_id = %session.client_id, removed, "queued messages removed: no longer authorized");
+        }
+    }
+}

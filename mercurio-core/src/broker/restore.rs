@@ -1,0 +1,216 @@
+//! The restore at start: rebuilds the broker's state from what storage loaded, before the
+//! listeners serve. One step per kind of record: retained messages, sessions set aside, then
+//! each session (its queue, in-flight messages, inbound QoS 2 identifiers, will and
+//! subscriptions), with the timers of expiry and delayed wills. Sessions that expired while the
+//! broker was down are deleted and their wills published.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mercurio_storage::{Change, LoadedState, RetainedRecord, SessionRecord, NEVER_EXPIRES};
+
+use super::BrokerState;
+use crate::auth::Identity;
+use crate::persist::records::{
+    granted_from, header, inflight_from, message_from, protocol_from_level, unix_ms,
+    unix_to_instant, will_from,
+};
+use crate::persist::Persister;
+use crate::session::{Delivery, Session, SessionChanges, Will};
+
+/// Rebuilds the broker's state from `loaded` (nothing without a storage writer).
+pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
+    let Some(p) = broker.persist.get() else {
+        return;
+    };
+    let (now, now_ms) = (Instant::now(), unix_ms());
+    restore_retained(broker, p, &loaded.retained, now, now_ms);
+    for s in &loaded.set_aside {
+        tracing::error!(
+            client_id = %s.client_id,
+            "stored session cannot be read, set aside (its client is refused until \
+             `mercurioctl client delete-session`): {}",
+            s.cause
+        );
+        p.set_aside_client(s.client_id.clone());
+    }
+    broker
+        .stats
+        .storage_sessions_set_aside
+        .store(p.set_aside_count() as u64, Ordering::Relaxed);
+    let mut wills_now: Vec<(String, Will)> = Vec::new();
+    let mut restored = 0usize;
+    for record in loaded.sessions {
+        let client_id = record.client_id.clone();
+        if record.is_expired(now_ms) || record.session_expiry_interval == 0 {
+            tracing::info!(client_id = %client_id, "stored session expired while the broker was down: discarded");
+            broker
+                .stats
+                .sessions_expired
+                .fetch_add(1, Ordering::Relaxed);
+            p.emit(Change::SessionDeleted {
+                client_id: client_id.clone(),
+            });
+            if let Some(Ok(will)) = record.will.as_ref().map(|w| will_from(w, now, now_ms)) {
+                wills_now.push((client_id, will));
+            }
+            continue;
+        }
+        match restore_session(broker, p, record, now, now_ms) {
+            Ok(Some(will)) => wills_now.push((client_id, will)),
+            Ok(None) => {}
+            Err(cause) => {
+                tracing::error!(client_id = %client_id, "stored session cannot be restored, set aside: {cause}");
+                let count = p.set_aside_client(client_id);
+                broker
+                    .stats
+                    .storage_sessions_set_aside
+                    .store(count as u64, Ordering::Relaxed);
+                continue;
+            }
+        }
+        restored += 1;
+    }
+    tracing::info!(
+        sessions = restored,
+        retained = loaded.retained.len(),
+        set_aside = p.set_aside_count(),
+        "restored from {} storage",
+        p.storage_name()
+    );
+    for (client_id, will) in wills_now {
+        broker.publish_will(&client_id, will);
+    }
+}
+
+/// The retained messages still valid; those that expired are deleted from storage.
+fn restore_retained(
+    broker: &BrokerState,
+    p: &Persister,
+    records: &[RetainedRecord],
+    now: Instant,
+    now_ms: u64,
+) {
+    let mut retained = broker.retained.lock();
+    for r in records {
+        match message_from(&r.message, now, now_ms) {
+            Ok((msg, _)) if !msg.is_expired(now) => {
+                let msg = Arc::new(msg);
+                retained.insert(&msg.topic, Arc::clone(&msg));
+            }
+            Ok(_) => p.emit(Change::RetainedDeleted {
+                topic: r.topic().to_string(),
+            }),
+            Err(e) => tracing::error!(topic = r.topic(), "retained message not restored: {e}"),
+        }
+    }
+}
+
+/// Restores one session; returns its will when it is due now.
+fn restore_session(
+    broker: &Arc<BrokerState>,
+    p: &Arc<Persister>,
+    record: SessionRecord,
+    now: Instant,
+    now_ms: u64,
+) -> Result<Option<Will>, String> {
+    let client_id: Arc<str> = Arc::from(record.client_id.as_str());
+    let session = Arc::new(Session::new(
+        Arc::clone(&client_id),
+        protocol_from_level(record.protocol_level),
+        record.session_expiry_interval,
+    ));
+    // The client was connected when the previous broker stopped: its connection ended now.
+    let crashed = record.disconnected_at.is_none();
+    // Access checks while the client is away use the user name it last connected with.
+    let username: Option<Arc<str>> = record.username.as_deref().map(Arc::from);
+    *session.identity.write() = Identity::Client {
+        username: username.clone(),
+    };
+    let disconnected_ms = record.disconnected_at.unwrap_or(now_ms);
+    {
+        let mut st = session.state.lock();
+        st.disconnected_at = Some(unix_to_instant(disconnected_ms, now, now_ms));
+        st.username = username;
+        restore_queue(p, &record, &mut st, now, now_ms)?;
+        for f in &record.inflight {
+            st.inflight.push_back(inflight_from(f, now, now_ms)?);
+        }
+        st.inbound_qos2 = record.inbound_qos2.iter().copied().collect();
+        if let Some(w) = &record.will {
+            st.will = Some(will_from(w, now, now_ms)?);
+        }
+    }
+    // Before the storage writer is attached: what is restored is not written again.
+    for s in &record.subscriptions {
+        broker.subscribe(&session, &s.filter, granted_from(s)?);
+    }
+    let expiry = record.session_expiry_interval;
+    let expires_at =
+        (expiry != NEVER_EXPIRES).then(|| disconnected_ms.saturating_add(u64::from(expiry) * 1000));
+    let mut will_due = None;
+    {
+        let mut st = session.state.lock();
+        st.changes = Some(Arc::clone(p) as Arc<dyn SessionChanges>);
+        if crashed {
+            p.emit(Change::SessionSaved(header(&client_id, &st)));
+        }
+        // A will pending when the broker stopped: due after its delay, unless the session
+        // ends first (then it goes out with the session's end).
+        if let Some(w) = &st.will {
+            let due = disconnected_ms.saturating_add(u64::from(w.delay) * 1000);
+            if expires_at.is_none_or(|e| due < e) {
+                if due <= now_ms {
+                    will_due = st.will.take();
+                    st.persist_will_cleared(&client_id);
+                } else {
+                    broker.arm_will(&session, 0, Duration::from_millis(due - now_ms));
+                }
+            }
+        }
+    }
+    broker
+        .sessions
+        .lock()
+        .insert(Arc::clone(&client_id), Arc::clone(&session));
+    if let Some(at) = expires_at {
+        broker.arm_expiry(
+            &session,
+            0,
+            Duration::from_millis(at.saturating_sub(now_ms)),
+        );
+    }
+    Ok(will_due)
+}
+
+/// The queued messages of `record` still valid, in order; those that expired are dequeued
+/// from storage.
+fn restore_queue(
+    p: &Persister,
+    record: &SessionRecord,
+    st: &mut crate::session::SessionState,
+    now: Instant,
+    now_ms: u64,
+) -> Result<(), String> {
+    for (seq, q) in record.queued.iter().map(|q| (q.seq, &q.message)) {
+        let (msg, ids) = message_from(q, now, now_ms)?;
+        let qos = msg.qos;
+        st.next_seq = st.next_seq.max(seq + 1);
+        if msg.is_expired(now) {
+            p.emit(Change::MessageDequeued {
+                client_id: record.client_id.clone(),
+                seq,
+            });
+            continue;
+        }
+        st.queue.push_back(Delivery {
+            retain: msg.retain,
+            msg: Arc::new(msg),
+            qos,
+            subscription_ids: ids,
+            seq,
+        });
+    }
+    Ok(())
+}

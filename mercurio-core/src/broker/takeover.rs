@@ -1,0 +1,82 @@
+//! Taking a session at CONNECT: a new connection for a client identifier takes its session
+//! over from the connection serving it (which is closed first), resumes the session its client
+//! left, or starts a new one (MQTT 5.0 sections 3.1.2.4 and 3.1.4).
+
+use std::sync::Arc;
+
+use super::BrokerState;
+use crate::codec::{ProtocolVersion, ReasonCode};
+use crate::link::{DisconnectReason, Link};
+use crate::session::{Session, Will};
+
+impl BrokerState {
+    /// Gives the connection of `client_id` its session: with `clean_start`, or when none is
+    /// kept, a new one; otherwise the one kept, taken over from a connection still serving
+    /// it [MQTT-3.1.4-3]. Returns the session, the link of the new connection, and whether
+    /// the session was present (resumed).
+    pub(crate) async fn take_session(
+        &self,
+        client_id: &Arc<str>,
+        clean_start: bool,
+        version: ProtocolVersion,
+        expiry_interval: u32,
+        mut will: Option<Will>,
+    ) -> (Arc<Session>, Arc<Link>, bool) {
+        let link = Arc::new(Link::new());
+        // Whether this connection took over a connected client (rather than a session whose
+        // client was away): it decides the fate of a will waiting for its delay below.
+        let mut took_over = false;
+        loop {
+            let existing = self.sessions.lock().get(client_id).cloned();
+            if let Some(old) = existing {
+                let old_link = old.link();
+                if let Some(old_link) = old_link {
+                    // The session goes on under the new connection (clean start 0, a session that
+                    // outlives its connection): the old connection's will is dropped, not published,
+                    // since a new connection for its client identifier opened before any will delay
+                    // could elapse [MQTT-3.1.2-8] [MQTT-3.1.3-9], as mosquitto does for 3.x and 5.0
+                    // alike. A session that ends here publishes it (detach, then end_session).
+                    if !clean_start {
+                        let mut st = old.state.lock();
+                        if st.expiry_interval > 0 && st.will.take().is_some() {
+                            st.persist_will_cleared(&old.client_id);
+                        }
+                    }
+                    old_link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
+                    old_link.wait_closed().await;
+                    took_over = true;
+                    continue;
+                }
+                if clean_start || old.state.lock().ended {
+                    // Clean Start ends the old session. Its will, if still waiting for its Will
+                    // Delay Interval: published now when this connection took over a connected
+                    // client (the non-normative comment of section 3.1.4: "it will be sent
+                    // because the original Session is ended on the takeover"); dropped when the
+                    // client was away, since a new connection for its client identifier opened
+                    // before the delay elapsed [MQTT-3.1.2-8] (mosquitto 07-will-delay-recover).
+                    if !took_over {
+                        old.state.lock().will = None;
+                    }
+                    self.end_session(&old);
+                    continue;
+                }
+                if !old.attach(&link, version, expiry_interval, &mut will) {
+                    continue;
+                }
+                return (old, link, true);
+            }
+            let fresh = Arc::new(Session::new(
+                Arc::clone(client_id),
+                version,
+                expiry_interval,
+            ));
+            let mut sessions = self.sessions.lock();
+            if sessions.contains_key(client_id) {
+                continue;
+            }
+            fresh.attach(&link, version, expiry_interval, &mut will);
+            sessions.insert(Arc::clone(client_id), Arc::clone(&fresh));
+            return (fresh, link, false);
+        }
+    }
+}

@@ -1,0 +1,414 @@
+//! The CONNECT handshake: reading the first packet, the checks of MQTT 5.0 section 3.1.4
+//! (client identifier, authentication, will, keep alive), taking the session (a broker
+//! operation, [`BrokerState::take_session`]) and the CONNACK.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::writer::ClientLimits;
+use super::TOPIC_ALIAS_MAXIMUM;
+use crate::auth::hooks::{AccessRequest, Action, ConnectInfo, DenyReason};
+use crate::broker::{BrokerState, INTERNAL_PREFIX};
+use crate::codec::{
+    self, ConnAck, Connect, DecodeError, Packet, Properties, ProtocolVersion, QoS, ReasonCode,
+};
+use crate::link::Link;
+use crate::message::Message;
+use crate::session::{Session, Will};
+use crate::stats::Stats;
+use crate::tls::TlsIdentity;
+use crate::topic;
+
+pub(super) enum ConnectError {
+    Closed,
+    /// Bytes to send (possibly none) before closing, and why.
+    Refuse(Vec<u8>, String),
+}
+
+/// Reads the first packet, which must be CONNECT [MQTT-3.1.0-1].
+pub(super) async fn read_connect<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    max_packet_size: u32,
+    stats: &Stats,
+) -> Result<Box<Connect>, ConnectError> {
+    loop {
+        // Judged on its first byte: a client that opens with anything else is closed before
+        // the rest of its packet is read, so it cannot make the broker buffer up to
+        // max_packet_size bytes without ever connecting.
+        if let Some(&first) = buf.first() {
+            if first >> 4 != 1 {
+                return Err(ConnectError::Refuse(
+                    Vec::new(),
+                    format!(
+                        "first packet was of type {}, not CONNECT [MQTT-3.1.0-1]",
+                        first >> 4
+                    ),
+                ));
+            }
+        }
+        match codec::decode(buf, ProtocolVersion::V311, max_packet_size) {
+            Ok(Some(Packet::Connect(c))) => return Ok(c),
+            Ok(Some(other)) => {
+                return Err(ConnectError::Refuse(
+                    Vec::new(),
+                    format!("first packet was {}, not CONNECT", other.name()),
+                ))
+            }
+            Ok(None) => {}
+            Err(DecodeError::UnsupportedProtocolVersion { level }) => {
+                // 3.1.1 section 3.2.2.3: return code 1, then close [MQTT-3.1.2-2].
+                return Err(ConnectError::Refuse(
+                    vec![
+                        0x20,
+                        0x02,
+                        0x00,
+                        ReasonCode::V3_UNACCEPTABLE_PROTOCOL_VERSION,
+                    ],
+                    format!("unsupported protocol level {level}"),
+                ));
+            }
+            Err(e) => {
+                return Err(ConnectError::Refuse(
+                    Vec::new(),
+                    format!("bad CONNECT: {e}"),
+                ))
+            }
+        }
+        match rd.read_buf(buf).await {
+            Ok(0) | Err(_) => return Err(ConnectError::Closed),
+            Ok(n) => Stats::add(&stats.bytes_received, n as u64),
+        }
+    }
+}
+
+pub(super) struct Accepted {
+    pub(super) session: Arc<Session>,
+    pub(super) link: Arc<Link>,
+    pub(super) version: ProtocolVersion,
+    /// Seconds; 0 = no keep alive.
+    pub(super) keep_alive: u16,
+    pub(super) client_limits: ClientLimits,
+    pub(super) connack: Vec<u8>,
+}
+
+fn encode_connack(
+    version: ProtocolVersion,
+    session_present: bool,
+    rc: ReasonCode,
+    properties: Properties,
+) -> Vec<u8> {
+    let reason_code = if version.is_v5() {
+        rc
+    } else {
+        ReasonCode(rc.to_v3_connack())
+    };
+    let ack = Packet::ConnAck(ConnAck {
+        session_present,
+        reason_code,
+        properties,
+    });
+    let mut out = BytesMut::new();
+    if let Err(e) = codec::encode(&ack, version, &mut out) {
+        tracing::error!("cannot encode CONNACK: {e}");
+    }
+    out.to_vec()
+}
+
+/// The CONNECT checks of the authentication chain: authentication (with the TLS identity), then the will's
+/// topic, which the client must be allowed to publish to. `Ok` carries the user name the
+/// client is known by; `Err` the CONNACK reason code and why.
+async fn connect_checks(
+    broker: &BrokerState,
+    connect: &Connect,
+    client_id: &str,
+    peer: SocketAddr,
+    tls: Option<TlsIdentity>,
+) -> Result<Option<Arc<str>>, (ReasonCode, String)> {
+    let tls = tls.unwrap_or_default();
+    let mut username = connect.username.clone();
+    if tls.use_as_username {
+        match &tls.certificate_cn {
+            Some(cn) => username = Some(cn.clone()),
+            None => {
+                return Err((
+                    ReasonCode::NOT_AUTHORIZED,
+                    "no client certificate common name to use as the user name".into(),
+                ))
+            }
+        }
+    }
+    let info = ConnectInfo {
+        client_id: client_id.to_string(),
+        username,
+        password: connect.password.clone(),
+        peer,
+        protocol: connect.protocol,
+        certificate_cn: tls.certificate_cn,
+        username_from_certificate: tls.use_as_username,
+    };
+    let username = broker.auth.authenticate(&info).await.map_err(|r| match r {
+        DenyReason::BadCredentials => (
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "bad user name or password".to_string(),
+        ),
+        DenyReason::NotAuthorized => (ReasonCode::NOT_AUTHORIZED, "not authorized".to_string()),
+    })?;
+    if let Some(will) = &connect.will {
+        if broker.auth.checks_access()
+            && !broker
+                .auth
+                .authorize(&AccessRequest {
+                    client_id,
+                    username: username.as_deref(),
+                    topic: &will.topic,
+                    action: Action::Write,
+                })
+                .await
+        {
+            return Err((
+                ReasonCode::NOT_AUTHORIZED,
+                format!("may not publish the will to {:?}", will.topic),
+            ));
+        }
+    }
+    Ok(username.map(Arc::from))
+}
+
+/// Checks a CONNECT (MQTT 5.0 section 3.1.4), takes the session over or creates it, and
+/// builds the CONNACK. `Err` carries a refusing CONNACK to send before closing.
+pub(super) async fn accept(
+    broker: &Arc<BrokerState>,
+    connect: Connect,
+    peer: SocketAddr,
+    tls: Option<TlsIdentity>,
+) -> Result<Accepted, Vec<u8>> {
+    let version = connect.protocol;
+    let server = &broker.config.server;
+    let refuse = |rc: ReasonCode, why: &str| {
+        tracing::info!(%peer, client_id = %connect.client_id, username = connect.username.as_deref().unwrap_or(""), reason = %rc, "refusing CONNECT: {why}");
+        encode_connack(version, false, rc, Properties::default())
+    };
+    if broker.is_shutting_down() {
+        return Err(refuse(ReasonCode::SERVER_UNAVAILABLE, "shutting down"));
+    }
+    let props = &connect.properties;
+
+    // "It is a Protocol Error to include Authentication Data if there is no Authentication
+    // Method" (5.0 section 3.1.2.11.10).
+    if props.authentication_data.is_some() && props.authentication_method.is_none() {
+        return Err(refuse(
+            ReasonCode::PROTOCOL_ERROR,
+            "Authentication Data without an Authentication Method",
+        ));
+    }
+    // Enhanced authentication: no method is supported.
+    if props.authentication_method.is_some() {
+        return Err(refuse(
+            ReasonCode::BAD_AUTHENTICATION_METHOD,
+            "authentication method not supported",
+        ));
+    }
+    // Client identifier [MQTT-3.1.3-6..9].
+    let mut assigned = None;
+    let client_id: Arc<str> = if connect.client_id.is_empty() {
+        match version {
+            ProtocolVersion::V31 => {
+                return Err(refuse(
+                    ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+                    "empty client identifier in 3.1",
+                ))
+            }
+            ProtocolVersion::V311 if !connect.clean_start => {
+                return Err(refuse(
+                    ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+                    "empty client identifier without clean session [MQTT-3.1.3-8]",
+                ))
+            }
+            _ => {
+                // mosquitto's shape, "auto-" and a UUID's 36 characters (some clients and
+                // tests expect the length): the salt, then a counter, so unique in a run.
+                let n = broker.next_client_number.fetch_add(1, Ordering::Relaxed);
+                let salt = broker.client_id_salt;
+                let id = format!(
+                    "auto-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+                    salt >> 32,
+                    (salt >> 16) & 0xffff,
+                    salt & 0xffff,
+                    (n >> 48) & 0xffff,
+                    n & 0xffff_ffff_ffff
+                );
+                if version.is_v5() {
+                    assigned = Some(id.clone());
+                }
+                Arc::from(id)
+            }
+        }
+    } else {
+        Arc::from(connect.client_id.as_str())
+    };
+    if !server.clientid_prefixes.is_empty()
+        && !server
+            .clientid_prefixes
+            .iter()
+            .any(|p| client_id.starts_with(p.as_str()))
+    {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "client identifier outside clientid_prefixes",
+        ));
+    }
+    // In-process subscriptions own these identifiers (handle.rs); taking one over would wait
+    // forever for a connection that does not exist.
+    if client_id.starts_with(INTERNAL_PREFIX) {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "client identifier reserved for in-process subscriptions",
+        ));
+    }
+    // Authentication: the hooks, then allow_anonymous and the password file.
+    let username = match connect_checks(broker, &connect, &client_id, peer, tls).await {
+        Ok(username) => username,
+        Err((rc, why)) => return Err(refuse(rc, &why)),
+    };
+    // Keep alive and max_keepalive: a 5.0 client asking for more (or for none) is told the
+    // Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more is refused with
+    // "identifier rejected", as mosquitto documents (3.x has no way to be told).
+    let mut keep_alive = connect.keep_alive;
+    let mut server_keep_alive = None;
+    let limited = server.max_keepalive < u16::MAX;
+    if version.is_v5() {
+        if limited && (keep_alive == 0 || keep_alive > server.max_keepalive) {
+            keep_alive = server.max_keepalive;
+            server_keep_alive = Some(keep_alive);
+        }
+    } else if keep_alive > server.max_keepalive {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "keep alive above max_keepalive",
+        ));
+    }
+    // The will [MQTT-3.1.2-9..] and what the broker supports.
+    let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
+    let mut will = None;
+    if let Some(w) = &connect.will {
+        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with("$SYS") {
+            return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
+        }
+        if w.qos > max_qos {
+            return Err(refuse(
+                ReasonCode::QOS_NOT_SUPPORTED,
+                "will QoS above max_qos [MQTT-3.2.2-12]",
+            ));
+        }
+        if w.retain && !server.retain_available {
+            return Err(refuse(
+                ReasonCode::RETAIN_NOT_SUPPORTED,
+                "will retain but retain_available = false [MQTT-3.2.2-13]",
+            ));
+        }
+        if w.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&w.payload).is_err()
+        {
+            return Err(refuse(
+                ReasonCode::PAYLOAD_FORMAT_INVALID,
+                "will payload is not UTF-8",
+            ));
+        }
+        let mut properties = w.properties.clone();
+        let delay = properties.will_delay_interval.take().unwrap_or(0);
+        let expiry = properties.message_expiry_interval.take();
+        will = Some(Will {
+            delay,
+            expiry,
+            msg: Arc::new(Message {
+                topic: w.topic.clone(),
+                payload: w.payload.clone(),
+                qos: w.qos,
+                retain: w.retain,
+                properties,
+                expires_at: None,
+                publisher: Some(Arc::clone(&client_id)),
+            }),
+        });
+    }
+    // Session Expiry Interval: 5.0 from the property; 3.x clean session 0 lives for
+    // persistent_client_expiration (0 = forever).
+    let expiry_interval = match version {
+        ProtocolVersion::V5 => props.session_expiry_interval.unwrap_or(0),
+        _ if connect.clean_start => 0,
+        _ => match server.persistent_client_expiration {
+            0 => u32::MAX,
+            s => u32::try_from(s).unwrap_or(u32::MAX - 1),
+        },
+    };
+
+    if broker
+        .persist
+        .get()
+        .is_some_and(|p| p.is_set_aside(&client_id))
+    {
+        return Err(refuse(
+            ReasonCode::SERVER_UNAVAILABLE,
+            "its stored session could not be read (set aside until deleted)",
+        ));
+    }
+    // Take the session over [MQTT-3.1.4-3], or start a new one [MQTT-3.1.2-4].
+    let (session, link, session_present) = broker
+        .take_session(
+            &client_id,
+            connect.clean_start,
+            version,
+            expiry_interval,
+            will,
+        )
+        .await;
+
+    // The identity first: the header stored next records the user name.
+    session.state.lock().username = username.clone();
+    *session.identity.write() = crate::auth::Identity::Client { username };
+    if let Some(p) = broker.persist.get() {
+        p.connected(&session, session_present);
+    }
+
+    // CONNACK properties (MQTT 5.0 section 3.2.2.3).
+    let mut p = Properties::default();
+    if version.is_v5() {
+        p.receive_maximum = Some(server.receive_maximum);
+        if max_qos < QoS::ExactlyOnce {
+            p.maximum_qos = Some(max_qos as u8);
+        }
+        if !server.retain_available {
+            p.retain_available = Some(0);
+        }
+        if server.max_packet_size < 268_435_455 {
+            p.maximum_packet_size = Some(server.max_packet_size);
+        }
+        p.topic_alias_maximum = Some(TOPIC_ALIAS_MAXIMUM);
+        p.assigned_client_identifier = assigned;
+        p.server_keep_alive = server_keep_alive;
+    }
+    let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
+    let client_limits = ClientLimits {
+        inflight: usize::from(
+            server
+                .max_inflight
+                .min(props.receive_maximum.unwrap_or(u16::MAX)),
+        )
+        .max(1),
+        max_packet_size: props.maximum_packet_size.unwrap_or(268_435_455 + 5),
+        topic_alias_maximum: props.topic_alias_maximum.unwrap_or(0),
+    };
+    Ok(Accepted {
+        session,
+        link,
+        version,
+        keep_alive,
+        client_limits,
+        connack,
+    })
+}

@@ -1,0 +1,243 @@
+//! One network connection: the CONNECT handshake, then a reader and a writer running side by
+//! side in the connection's task.
+//!
+//! The reader decodes packets and runs the inbound state machines (MQTT 5.0 section 4.3);
+//! what it answers (PUBACK, SUBACK, ...) is encoded into the link's control buffer. The writer
+//! sleeps until woken, then drains the control buffer and the session's queue into one buffer
+//! and one write (one system call for many messages is what keeps a busy broker fast).
+
+mod connect;
+mod reader;
+mod writer;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::broker::BrokerState;
+use crate::codec::{self, Disconnect, Packet, Properties, ReasonCode};
+use crate::link::DisconnectReason;
+use crate::stats::Stats;
+use crate::tls::TlsIdentity;
+use connect::{accept, read_connect, Accepted, ConnectError};
+use reader::Reader;
+use writer::Writer;
+
+/// Topic aliases a client may use towards the broker (CONNACK Topic Alias Maximum).
+pub const TOPIC_ALIAS_MAXIMUM: u16 = 10;
+/// A read buffer larger than this is released once empty, so idle connections stay small.
+pub(super) const IDLE_BUFFER_LIMIT: usize = 16 * 1024;
+/// How long the final packets (DISCONNECT, a refused CONNACK) may take to be written.
+const FINAL_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How the connection ends: why, what to send first, whether the will goes out.
+#[derive(Debug)]
+pub(super) struct Close {
+    pub(super) reason: DisconnectReason,
+    /// A 5.0 DISCONNECT to send before closing.
+    pub(super) send: Option<ReasonCode>,
+    pub(super) publish_will: bool,
+}
+
+impl Close {
+    pub(super) fn lost(reason: DisconnectReason) -> Close {
+        Close {
+            reason,
+            send: None,
+            publish_will: true,
+        }
+    }
+
+    /// A protocol violation: 5.0 clients get DISCONNECT with `rc` [MQTT-4.13.1-1].
+    pub(super) fn violation(rc: ReasonCode, why: &str, client_id: &str) -> Close {
+        tracing::info!(client_id, reason = %rc, "closing connection: {why}");
+        Close {
+            reason: DisconnectReason::ProtocolViolation(rc),
+            send: Some(rc),
+            publish_will: true,
+        }
+    }
+}
+
+/// Serves one accepted connection until it closes. Generic over the stream so TCP, TLS and
+/// WebSocket listeners share it.
+pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAddr)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    serve_with(broker, stream, peer, None).await
+}
+
+/// [`serve`], with what a TLS handshake told about the client.
+pub(crate) async fn serve_with<S>(
+    broker: Arc<BrokerState>,
+    stream: S,
+    peer: SocketAddr,
+    tls: Option<TlsIdentity>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut buf = BytesMut::with_capacity(256);
+    let server = &broker.config.server;
+    let connect_timeout = Duration::from_secs(server.connect_timeout);
+
+    // 1. CONNECT, within connect_timeout.
+    let connect = match tokio::time::timeout(
+        connect_timeout,
+        read_connect(&mut rd, &mut buf, server.max_packet_size, &broker.stats),
+    )
+    .await
+    {
+        Err(_) => {
+            tracing::info!(%peer, "no CONNECT within connect_timeout: closing");
+            return;
+        }
+        Ok(Err(ConnectError::Closed)) => return,
+        Ok(Err(ConnectError::Refuse(bytes, why))) => {
+            tracing::info!(%peer, "refusing connection: {why}");
+            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&bytes)).await;
+            return;
+        }
+        Ok(Ok(connect)) => connect,
+    };
+
+    // 2. Checks, session, CONNACK.
+    // Boxed here and below: a future is as large as the largest state it can be in, and
+    // the connection's task holds it for the whole connection (idle ones too).
+    let accepted = match Box::pin(accept(&broker, *connect, peer, tls)).await {
+        Ok(a) => a,
+        Err(connack) => {
+            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
+            return;
+        }
+    };
+    let Accepted {
+        session,
+        link,
+        version,
+        keep_alive,
+        client_limits,
+        connack,
+    } = accepted;
+    let client_id = Arc::clone(&session.client_id);
+    broker.stats.client_connected();
+    if let Err(e) = wr.write_all(&connack).await {
+        tracing::debug!(%client_id, "cannot send CONNACK: {e}");
+    }
+    Stats::add(&broker.stats.bytes_sent, connack.len() as u64);
+    if broker.config.logging.connection_messages {
+        tracing::info!(target: "mercurio::connections", %client_id, %peer, protocol = version.level(), keep_alive, "client connected");
+    }
+
+    // 3. Reader and writer, until one ends or the broker asks the connection to close.
+    let mut reader = Reader {
+        broker: &broker,
+        session: &session,
+        link: &link,
+        version,
+        aliases: HashMap::new(),
+        receive_maximum: broker.config.server.receive_maximum,
+    };
+    let mut writer = Writer {
+        broker: &broker,
+        session: &session,
+        link: &link,
+        version,
+        limits: client_limits,
+        aliases: HashMap::new(),
+        scratch: None,
+    };
+    link.wake();
+    let close = {
+        let read = reader.run(&mut rd, &mut buf, keep_alive);
+        tokio::pin!(read);
+        let mut killed = false;
+        let mut write_failed = false;
+        let close = tokio::select! {
+            c = &mut read => c,
+            c = writer.run(&mut wr) => {
+                write_failed = true;
+                c
+            }
+            _ = link.wait_killed() => {
+                killed = true;
+                let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
+                Close { reason, send: Some(rc), publish_will: true }
+            }
+        };
+        if write_failed {
+            // The client closed without reading what we sent last (mosquitto_sub -C does),
+            // but what it sent before closing is still to be read: its PUBACKs, applied, and
+            // its DISCONNECT, which discards the will [MQTT-3.14.4-3]. The reader's verdict
+            // wins when it reaches the end of the input in time.
+            match tokio::time::timeout(LAST_READ, &mut read).await {
+                Ok(c) => c,
+                Err(_) => close,
+            }
+        } else {
+            // At shutdown, what the client sent just before is still handled: a PUBACK on
+            // its way is applied (and stored), not answered by a redelivery after the restart.
+            if killed && matches!(close.reason, DisconnectReason::Shutdown) {
+                let _ = tokio::time::timeout(LAST_READ, &mut read).await;
+            }
+            close
+        }
+    };
+
+    // 4. Final bytes: what the reader answered last, and a DISCONNECT for 5.0 clients.
+    let mut last = link.take_control();
+    if let (Some(rc), true) = (close.send, version.is_v5()) {
+        let d = Packet::Disconnect(Disconnect {
+            reason_code: rc,
+            properties: Properties::default(),
+        });
+        let _ = codec::encode(&d, version, &mut last);
+    }
+    if !last.is_empty() {
+        let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, async {
+            wr.write_all(&last).await?;
+            wr.shutdown().await
+        })
+        .await;
+    }
+    broker.stats.client_disconnected();
+    broker.detach(&session, &link, close.publish_will);
+    link.mark_closed();
+    if broker.config.logging.connection_messages {
+        tracing::info!(target: "mercurio::connections", %client_id, %peer, reason = %close.reason, "client disconnected");
+    }
+    if close.send.is_some() {
+        linger(&mut rd).await;
+    }
+}
+
+/// How long a connection goes on reading what its client sent last, once the broker starts
+/// shutting down or a write to the client has failed.
+const LAST_READ: Duration = Duration::from_millis(50);
+
+/// After a server-initiated close, reads and discards what the client still sends: closing a
+/// socket with unread input makes the kernel send RST, and a client still writing (the
+/// PUBRELs for a thousand PUBRECs, say) would then lose the DISCONNECT that tells it why.
+/// Ends when the client closes, falls silent for half a second, has sent 1 MiB, or after 5 s.
+async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
+    const LINGER: Duration = Duration::from_secs(5);
+    const LINGER_IDLE: Duration = Duration::from_millis(500);
+    const LINGER_BYTES: usize = 1 << 20;
+    // On the heap: an array here would make every connection's task 4 KiB larger.
+    let mut sink = vec![0u8; 4096];
+    let mut drained = 0;
+    let _ = tokio::time::timeout(LINGER, async {
+        while drained < LINGER_BYTES {
+            match tokio::time::timeout(LINGER_IDLE, rd.read(&mut sink)).await {
+                Ok(Ok(n)) if n > 0 => drained += n,
+                _ => break,
+            }
+        }
+    })
+    .await;
+}

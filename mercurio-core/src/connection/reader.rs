@@ -1,0 +1,503 @@
+//! The reader: decodes the client's packets and runs the inbound state machines (MQTT 5.0
+//! section 4.3): PUBLISH and its acknowledgements, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and
+//! DISCONNECT. What it answers is encoded into the link's control buffer for the writer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use futures_util::FutureExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::{Close, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
+use crate::auth::hooks::Action;
+use crate::broker::access::subscription_topic;
+use crate::broker::BrokerState;
+use crate::codec::{
+    self, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
+    ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
+};
+use crate::link::{DisconnectReason, Link};
+use crate::message::Message;
+use crate::session::{Granted, OutboundState, Session};
+use crate::stats::Stats;
+use crate::topic;
+
+/// Packets a reader handles before it yields to the scheduler.
+const READER_BATCH: u32 = 64;
+
+/// The inbound half: decodes packets and runs their state machines.
+pub(super) struct Reader<'a> {
+    pub(super) broker: &'a Arc<BrokerState>,
+    pub(super) session: &'a Arc<Session>,
+    pub(super) link: &'a Arc<Link>,
+    pub(super) version: ProtocolVersion,
+    /// Topic aliases the client set, alias -> topic (MQTT 5.0 section 3.3.2.3.4).
+    pub(super) aliases: HashMap<u16, String>,
+    pub(super) receive_maximum: u16,
+}
+
+impl Reader<'_> {
+    pub(super) async fn run<R: AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut R,
+        buf: &mut BytesMut,
+        keep_alive: u16,
+    ) -> Close {
+        // Close after one and a half times the keep alive with no packet [MQTT-3.1.2-24].
+        let grace = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+        let max = self.broker.config.server.max_packet_size;
+        let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
+        let mut handled = 0u32;
+        loop {
+            // The keep alive deadline moves once per read that brought packets, not per packet:
+            // one clock reading for a whole buffer of them.
+            let before = handled;
+            loop {
+                match codec::decode(buf, self.version, max) {
+                    Ok(Some(packet)) => {
+                        // A future holds room for the largest state it can be in, and this
+                        // one lives as long as the connection (idle ones too): the waiting
+                        // handlers (SUBSCRIBE; PUBLISH under access checks) are boxed, and a
+                        // PUBLISH without access checks (fixed for the broker's lifetime)
+                        // never waits, so it runs to completion here, its state on the stack.
+                        let handled_now = match packet {
+                            Packet::Publish(p) if !self.broker.auth.checks_access() => self
+                                .on_publish(p)
+                                .now_or_never()
+                                .expect("on_publish waits only for access checks"),
+                            Packet::Publish(_) | Packet::Subscribe(_) => {
+                                Box::pin(self.handle(packet)).await
+                            }
+                            other => self.handle_other(other),
+                        };
+                        if let Err(close) = handled_now {
+                            return close;
+                        }
+                        // A fast publisher's buffer can hold thousands of packets: let the
+                        // subscribers' writers this routing woke run (tokio keeps the last
+                        // woken task in this worker's unstealable LIFO slot), or their
+                        // queues fill up and drop while the consumers are idle.
+                        handled += 1;
+                        if handled % READER_BATCH == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let mut why = e.to_string();
+                        if let DecodeError::PacketTooLarge { .. } = e {
+                            why.push_str(" (max_packet_size)");
+                        }
+                        return Close::violation(e.reason_code(), &why, &self.session.client_id);
+                    }
+                }
+            }
+            if let (Some(g), true) = (grace, handled != before) {
+                deadline = Some(tokio::time::Instant::now() + g);
+            }
+            if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
+                *buf = BytesMut::with_capacity(256);
+            }
+            if let Some(p) = self.broker.persist.get() {
+                p.wait_room(&self.session.client_id).await;
+            }
+            let read = async {
+                match deadline {
+                    Some(d) => tokio::time::timeout_at(d, rd.read_buf(buf)).await.ok(),
+                    None => Some(rd.read_buf(buf).await),
+                }
+            };
+            match read.await {
+                None => {
+                    return Close {
+                        reason: DisconnectReason::KeepAliveTimeout,
+                        send: Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
+                        publish_will: true,
+                    }
+                }
+                Some(Ok(0)) => return Close::lost(DisconnectReason::ConnectionLost),
+                Some(Ok(n)) => Stats::add(&self.broker.stats.bytes_received, n as u64),
+                Some(Err(e)) => return Close::lost(DisconnectReason::Io(e.to_string())),
+            }
+        }
+    }
+
+    fn send(&self, packet: Packet) {
+        self.link.send(&packet, self.version);
+    }
+
+    fn violation(&self, rc: ReasonCode, why: &str) -> Close {
+        Close::violation(rc, why, &self.session.client_id)
+    }
+
+    async fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::Publish(p) => self.on_publish(p).await,
+            Packet::Subscribe(s) => self.on_subscribe(s).await,
+            other => self.handle_other(other),
+        }
+    }
+
+    /// Every packet but PUBLISH and SUBSCRIBE.
+    fn handle_other(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::PubAck(a) => {
+                self.on_ack(a.packet_id, OutboundState::AwaitingPubAck);
+                Ok(())
+            }
+            Packet::PubRec(a) => {
+                self.on_pubrec(a);
+                Ok(())
+            }
+            Packet::PubComp(a) => {
+                self.on_ack(a.packet_id, OutboundState::AwaitingPubComp);
+                Ok(())
+            }
+            Packet::PubRel(a) => {
+                // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11]. An unknown
+                // identifier is answered with Success too, as mosquitto does: it is a PUBREL
+                // resent after a reconnect whose PUBCOMP was lost [MQTT-4.4.0-1], for a
+                // message already complete, and some clients (rumqttc) drop the connection
+                // on a PUBCOMP error code such as 0x92.
+                let known = {
+                    let mut st = self.session.state.lock();
+                    let known = st.inbound_qos2.remove(&a.packet_id);
+                    if known {
+                        st.persist_inbound_qos2(&self.session.client_id, a.packet_id, false);
+                    }
+                    known
+                };
+                if !known {
+                    tracing::debug!(client_id = %self.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
+                }
+                self.send(Packet::PubComp(PubAck {
+                    packet_id: a.packet_id,
+                    reason_code: ReasonCode::SUCCESS,
+                    properties: Properties::default(),
+                }));
+                Ok(())
+            }
+            Packet::Unsubscribe(u) => {
+                self.on_unsubscribe(u);
+                Ok(())
+            }
+            Packet::PingReq => {
+                self.send(Packet::PingResp);
+                Ok(())
+            }
+            Packet::Disconnect(d) => Err(self.on_disconnect(d)),
+            Packet::Connect(_) => {
+                Err(self.violation(ReasonCode::PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]"))
+            }
+            Packet::Auth(_) => Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH without an authentication method",
+            )),
+            other => Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                &format!("{} is sent by servers only", other.name()),
+            )),
+        }
+    }
+
+    fn ack_publish(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) {
+        let ack = PubAck {
+            packet_id,
+            reason_code,
+            properties: Properties::default(),
+        };
+        let packet = match qos {
+            QoS::AtMostOnce => return,
+            QoS::AtLeastOnce => Packet::PubAck(ack),
+            QoS::ExactlyOnce => {
+                if !reason_code.is_failure() {
+                    let mut st = self.session.state.lock();
+                    if st.inbound_qos2.insert(packet_id) {
+                        st.persist_inbound_qos2(&self.session.client_id, packet_id, true);
+                    }
+                }
+                Packet::PubRec(ack)
+            }
+        };
+        // durable_ack: acknowledged once storage has committed what the message changed.
+        match self.broker.persist.get().filter(|p| p.durable_ack()) {
+            Some(p) => {
+                let (link, version) = (Arc::clone(self.link), self.version);
+                p.after_commit(Box::new(move || link.send(&packet, version)));
+            }
+            None => self.send(packet),
+        }
+    }
+
+    async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        let broker = self.broker;
+        Stats::add(&broker.stats.messages_received, 1);
+        let server = &broker.config.server;
+        if p.qos as u8 > server.max_qos {
+            return Err(self.violation(
+                ReasonCode::QOS_NOT_SUPPORTED,
+                "PUBLISH above max_qos [MQTT-3.2.2-11]",
+            ));
+        }
+        if p.retain && !server.retain_available {
+            return Err(self.violation(
+                ReasonCode::RETAIN_NOT_SUPPORTED,
+                "retained PUBLISH but retain_available = false",
+            ));
+        }
+        // Topic alias (MQTT 5.0 section 3.3.2.3.4).
+        if let Some(alias) = p.properties.topic_alias.take() {
+            if alias == 0 || alias > TOPIC_ALIAS_MAXIMUM {
+                return Err(self.violation(
+                    ReasonCode::TOPIC_ALIAS_INVALID,
+                    "topic alias out of range [MQTT-3.3.2-8]",
+                ));
+            }
+            if p.topic.is_empty() {
+                match self.aliases.get(&alias) {
+                    Some(t) => p.topic = t.clone(),
+                    None => {
+                        return Err(
+                            self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias")
+                        )
+                    }
+                }
+            } else {
+                self.aliases.insert(alias, p.topic.clone());
+            }
+        }
+        if p.topic.is_empty() {
+            return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "empty topic name"));
+        }
+        if !self.version.is_v5() && !p.properties.is_empty() {
+            p.properties = Properties::default();
+        }
+        // Flow control: QoS 2 messages awaiting PUBREL [MQTT-3.3.4-7].
+        if p.qos == QoS::ExactlyOnce {
+            let st = self.session.state.lock();
+            if st.inbound_qos2.contains(&p.packet_id) {
+                // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
+                drop(st);
+                self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
+                return Ok(());
+            }
+            if st.inbound_qos2.len() >= usize::from(self.receive_maximum) {
+                drop(st);
+                return Err(self.violation(
+                    ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                    "more QoS 2 messages awaiting PUBREL than receive_maximum",
+                ));
+            }
+        }
+        if p.topic.starts_with("$SYS") {
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
+            self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
+            return Ok(());
+        }
+        if p.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&p.payload).is_err()
+        {
+            self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
+            return Ok(());
+        }
+        if broker.auth.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
+            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
+            let rc = if self.version.is_v5() {
+                ReasonCode::NOT_AUTHORIZED
+            } else {
+                ReasonCode::SUCCESS
+            };
+            self.ack_publish(p.qos, p.packet_id, rc);
+            return Ok(());
+        }
+        // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
+        let Publish {
+            topic,
+            payload,
+            qos,
+            retain,
+            packet_id,
+            mut properties,
+            ..
+        } = p;
+        let expiry = properties.message_expiry_interval.take();
+        properties.subscription_identifiers.clear();
+        let msg = Message {
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+            expires_at: Message::expiry_deadline(expiry, Instant::now()),
+            publisher: Some(Arc::clone(&self.session.client_id)),
+        };
+        let matched = broker.publish(msg);
+        // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
+        // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
+        // PUBREC stays 0x00, as in mosquitto.
+        let rc = if !matched && qos == QoS::AtLeastOnce && self.version.is_v5() {
+            ReasonCode::NO_MATCHING_SUBSCRIBERS
+        } else {
+            ReasonCode::SUCCESS
+        };
+        self.ack_publish(qos, packet_id, rc);
+        Ok(())
+    }
+
+    /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.
+    fn on_ack(&self, packet_id: u16, expected: OutboundState) {
+        let mut st = self.session.state.lock();
+        match st.inflight_position(packet_id) {
+            Some(i) if st.inflight[i].state == expected => {
+                st.inflight.remove(i);
+                st.persist_acked(&self.session.client_id, packet_id);
+                drop(st);
+                self.link.wake();
+            }
+            _ => {
+                tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier")
+            }
+        }
+    }
+
+    fn on_pubrec(&self, a: PubAck) {
+        let mut st = self.session.state.lock();
+        let reason_code = match st.inflight_position(a.packet_id) {
+            Some(i) if a.reason_code.is_failure() => {
+                st.inflight.remove(i);
+                st.persist_acked(&self.session.client_id, a.packet_id);
+                drop(st);
+                self.link.wake();
+                return;
+            }
+            Some(i) => {
+                st.inflight[i].state = OutboundState::AwaitingPubComp;
+                st.persist_inflight(&self.session.client_id, i);
+                ReasonCode::SUCCESS
+            }
+            None => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+        };
+        drop(st);
+        self.send(Packet::PubRel(PubAck {
+            packet_id: a.packet_id,
+            reason_code,
+            properties: Properties::default(),
+        }));
+    }
+
+    async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+        let broker = self.broker;
+        let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
+        let identifier = s.properties.subscription_identifiers.first().copied();
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut retained = Vec::new();
+        for f in &s.filters {
+            let shared = match topic::parse_shared(&f.filter) {
+                Ok(shared) => shared.is_some(),
+                Err(_) => {
+                    codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
+                    continue;
+                }
+            };
+            if !shared && topic::validate_topic_filter(&f.filter).is_err() {
+                codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
+                continue;
+            }
+            if shared && f.options.no_local {
+                return Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "No Local on a shared subscription [MQTT-3.8.3-4]",
+                ));
+            }
+            if broker.auth.checks_access()
+                && !broker
+                    .may(
+                        self.session,
+                        subscription_topic(&f.filter),
+                        Action::Subscribe,
+                    )
+                    .await
+            {
+                tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE not authorized");
+                codes.push(self.filter_failure(ReasonCode::NOT_AUTHORIZED));
+                continue;
+            }
+            let mut options = f.options;
+            options.qos = options.qos.min(max_qos);
+            let granted = Granted {
+                options,
+                identifier,
+            };
+            let existed = broker.subscribe(self.session, &f.filter, granted);
+            codes.push(ReasonCode(options.qos as u8));
+            let send = match options.retain_handling {
+                0 => true,
+                1 => !existed,
+                _ => false,
+            };
+            if send && !shared {
+                retained.push((f.filter.clone(), granted));
+            }
+        }
+        self.send(Packet::SubAck(SubAck {
+            packet_id: s.packet_id,
+            reason_codes: codes,
+            properties: Properties::default(),
+        }));
+        for (filter, granted) in retained {
+            broker.send_retained(self.session, &filter, &granted);
+        }
+        Ok(())
+    }
+
+    fn filter_failure(&self, rc: ReasonCode) -> ReasonCode {
+        if self.version.is_v5() {
+            rc
+        } else {
+            ReasonCode::UNSPECIFIED_ERROR
+        }
+    }
+
+    fn on_unsubscribe(&mut self, u: Unsubscribe) {
+        let codes = u
+            .filters
+            .iter()
+            .map(|f| {
+                if self.broker.unsubscribe(self.session, f) {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::NO_SUBSCRIPTION_EXISTED
+                }
+            })
+            .collect();
+        self.send(Packet::UnsubAck(UnsubAck {
+            packet_id: u.packet_id,
+            reason_codes: codes,
+            properties: Properties::default(),
+        }));
+    }
+
+    fn on_disconnect(&mut self, d: Disconnect) -> Close {
+        if let Some(expiry) = d.properties.session_expiry_interval {
+            let mut st = self.session.state.lock();
+            if st.expiry_interval == 0 && expiry != 0 {
+                drop(st);
+                return self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "session expiry set at DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]",
+                );
+            }
+            st.expiry_interval = expiry;
+        }
+        // Only DISCONNECT with 0x04 keeps the will [MQTT-3.14.4-3].
+        let publish_will = d.reason_code == ReasonCode::DISCONNECT_WITH_WILL_MESSAGE;
+        Close {
+            reason: DisconnectReason::ClientDisconnect,
+            send: None,
+            publish_will,
+        }
+    }
+}

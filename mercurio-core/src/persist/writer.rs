@@ -1,0 +1,285 @@
+//! The writer task: applies the changes the broker emits as batches, retries what fails, and
+//! runs what waits for a commit (acknowledgements with `durable_ack`, flushes, deletions).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use mercurio_storage::{Change, StorageError, REFUSED_ATTEMPTS};
+use tokio::sync::{mpsc, oneshot};
+
+use super::records::session_record;
+use super::Persister;
+use crate::session::SessionTable;
+use crate::stats::Stats;
+
+/// Most changes applied in one transaction.
+const MAX_BATCH: usize = 4_096;
+/// Longest pause between two attempts of a failing batch.
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What runs once a commit is done.
+pub(super) type Callback = Box<dyn FnOnce() + Send>;
+
+/// What the broker sends the writer.
+pub(super) enum Op {
+    Change(Change),
+    /// Run after everything before it is committed (and synced, with durable_ack).
+    AfterCommit(Callback),
+    /// Commit everything before it, flush, answer.
+    Flush(oneshot::Sender<()>),
+    /// Delete a session from storage, in order with the changes before it.
+    Delete(String, oneshot::Sender<Result<bool, StorageError>>),
+    /// Commit everything before it, close storage, stop.
+    Close(oneshot::Sender<()>),
+}
+
+/// The writer task.
+pub(super) struct BatchWriter {
+    pub(super) persister: Arc<Persister>,
+    /// The broker's counters (`storage/...`).
+    pub(super) stats: Arc<Stats>,
+    /// The broker's sessions, to write a dirty client's live session whole.
+    pub(super) sessions: Weak<SessionTable>,
+    /// Clients whose changes were given up: their changes are skipped until their session
+    /// is written whole.
+    pub(super) dirty: HashSet<String>,
+    pub(super) rx: mpsc::UnboundedReceiver<Op>,
+    /// A write was refused because another broker took over: nothing more is written.
+    pub(super) fenced: bool,
+}
+
+/// What to do after the changes of a batch are committed.
+enum After {
+    AfterCommit(Callback),
+    Flush(oneshot::Sender<()>),
+    Delete(String, oneshot::Sender<Result<bool, StorageError>>),
+    Close(oneshot::Sender<()>),
+}
+
+impl BatchWriter {
+    pub(super) async fn run(mut self) {
+        let mut ops = Vec::new();
+        loop {
+            let first = if self.dirty.is_empty() {
+                self.rx.recv().await
+            } else {
+                match tokio::time::timeout(MAX_BACKOFF, self.rx.recv()).await {
+                    Ok(op) => op,
+                    Err(_) => {
+                        self.rewrite_dirty().await;
+                        continue;
+                    }
+                }
+            };
+            let Some(first) = first else { return };
+            ops.push(first);
+            while ops.len() < MAX_BATCH {
+                match self.rx.try_recv() {
+                    Ok(op) => ops.push(op),
+                    Err(_) => break,
+                }
+            }
+            if !self.dirty.is_empty() {
+                self.rewrite_dirty().await;
+            }
+            if self.process(&mut ops).await {
+                return;
+            }
+        }
+    }
+
+    /// Applies `ops` in order. Returns true once closed.
+    async fn process(&mut self, ops: &mut Vec<Op>) -> bool {
+        let mut changes: Vec<Change> = Vec::new();
+        let mut after: Vec<After> = Vec::new();
+        let mut closed = false;
+        for op in ops.drain(..) {
+            match op {
+                Op::Change(change) => {
+                    let skip = change.client_id().is_some_and(|c| self.dirty.contains(c));
+                    if skip {
+                        self.persister.done(change.client_id(), 1);
+                    } else {
+                        changes.push(change);
+                    }
+                }
+                Op::AfterCommit(f) => after.push(After::AfterCommit(f)),
+                Op::Flush(tx) => {
+                    after.push(After::Flush(tx));
+                    closed |= self.finish(&mut changes, &mut after).await;
+                }
+                Op::Delete(c, tx) => {
+                    after.push(After::Delete(c, tx));
+                    closed |= self.finish(&mut changes, &mut after).await;
+                }
+                Op::Close(tx) => {
+                    after.push(After::Close(tx));
+                    closed |= self.finish(&mut changes, &mut after).await;
+                }
+            }
+        }
+        closed |= self.finish(&mut changes, &mut after).await;
+        closed
+    }
+
+    /// Commits `changes`, then runs `after`. Returns true once closed.
+    async fn finish(&mut self, changes: &mut Vec<Change>, after: &mut Vec<After>) -> bool {
+        if changes.is_empty() && after.is_empty() {
+            return false;
+        }
+        let durable =
+            self.persister.durable_ack && after.iter().any(|a| matches!(a, After::AfterCommit(_)));
+        let batch = std::mem::take(changes);
+        if !batch.is_empty() || durable {
+            self.commit(&batch, durable).await;
+        }
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for c in &batch {
+            match c.client_id() {
+                Some(id) => *counts.entry(id).or_default() += 1,
+                None => self.persister.done(None, 1),
+            }
+        }
+        for (id, n) in counts {
+            self.persister.done(Some(id), n);
+        }
+        self.stats
+            .storage_clients_dirty
+            .store(self.dirty.len() as u64, Ordering::Relaxed);
+        self.persister.progress.notify_waiters();
+        let mut closed = false;
+        for a in after.drain(..) {
+            match a {
+                After::AfterCommit(f) => f(),
+                After::Flush(tx) => {
+                    if let Err(e) = self.persister.storage.flush().await {
+                        tracing::error!("storage flush failed: {e}");
+                    }
+                    let _ = tx.send(());
+                }
+                After::Delete(client_id, tx) => {
+                    self.dirty.remove(&client_id);
+                    let _ = tx.send(self.persister.storage.delete_session(&client_id).await);
+                }
+                After::Close(tx) => {
+                    if !self.dirty.is_empty() {
+                        self.rewrite_dirty().await;
+                    }
+                    if let Err(e) = self.persister.storage.close().await {
+                        tracing::error!("closing storage failed: {e}");
+                    }
+                    self.rx.close();
+                    let _ = tx.send(());
+                    closed = true;
+                }
+            }
+        }
+        closed
+    }
+
+    /// Applies `batch`, retrying transient errors until storage recovers; a batch refused
+    /// [`REFUSED_ATTEMPTS`] times is split per client, and what is still refused is given up.
+    async fn commit(&mut self, batch: &[Change], durable: bool) {
+        if self.fenced {
+            return;
+        }
+        let mut refused = 0;
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let result = if durable {
+                self.persister.storage.apply_durable(batch).await
+            } else {
+                self.persister.storage.apply(batch).await
+            };
+            let e = match result {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if e.is_transient() {
+                if backoff == Duration::from_millis(5) {
+                    tracing::warn!("storage unavailable, retrying until it recovers: {e}");
+                }
+            } else if e.is_fenced() {
+                // Another broker serves the database: write nothing more. Storage reports
+                // it through `Storage::failed`, which stops the broker.
+                tracing::error!("storage refused a write, another broker took over: {e}");
+                self.fenced = true;
+                return;
+            } else {
+                refused += 1;
+                if refused >= REFUSED_ATTEMPTS || e.must_stop() {
+                    self.give_up(batch, durable, &e).await;
+                    return;
+                }
+            }
+            self.count(|s| &s.storage_batches_retried);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// A batch refused for good: split it per client and retry each part, giving up only the
+    /// parts still refused.
+    async fn give_up(&mut self, batch: &[Change], durable: bool, e: &StorageError) {
+        let mut groups: Vec<(Option<&str>, Vec<Change>)> = Vec::new();
+        for c in batch {
+            let key = c.client_id();
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, list)) => list.push(c.clone()),
+                None => groups.push((key, vec![c.clone()])),
+            }
+        }
+        if groups.len() > 1 {
+            for (_, part) in groups {
+                Box::pin(self.commit(&part, durable)).await;
+            }
+            return;
+        }
+        let client = batch
+            .first()
+            .and_then(|c| c.client_id())
+            .map(str::to_string);
+        tracing::error!(
+            client_id = client.as_deref().unwrap_or("(retained messages)"),
+            changes = batch.len(),
+            "storage refused changes {REFUSED_ATTEMPTS} times, giving them up: {e}"
+        );
+        self.count(|s| &s.storage_batches_dropped);
+        if let Some(client) = client {
+            self.dirty.insert(client);
+        }
+    }
+
+    fn count(&self, counter: impl Fn(&Stats) -> &std::sync::atomic::AtomicU64) {
+        counter(&self.stats).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes each dirty client's live session whole (or deletes it when it is gone).
+    async fn rewrite_dirty(&mut self) {
+        let Some(sessions) = self.sessions.upgrade() else {
+            return;
+        };
+        let dirty: Vec<String> = self.dirty.drain().collect();
+        let mut batch = Vec::new();
+        for client_id in dirty {
+            let session = sessions.lock().get(client_id.as_str()).cloned();
+            let change = session
+                .and_then(|s| {
+                    let st = s.state.lock();
+                    (!st.ended && st.expiry_interval > 0)
+                        .then(|| Change::SessionWritten(session_record(&client_id, &st)))
+                })
+                .unwrap_or(Change::SessionDeleted { client_id });
+            batch.push(change);
+        }
+        // Marked clean before the write: changes emitted from now on follow it.
+        for change in &batch {
+            self.commit(std::slice::from_ref(change), false).await;
+        }
+        self.stats
+            .storage_clients_dirty
+            .store(self.dirty.len() as u64, Ordering::Relaxed);
+    }
+}
