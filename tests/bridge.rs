@@ -367,6 +367,53 @@ async fn a_mesh_of_three_mercurios_delivers_each_message_once_on_each() {
     }
 }
 
+#[tokio::test]
+async fn mosquitto_bridges_into_mercurio_both_ways_without_echo() {
+    let (handle, addr) = start().await;
+    // mosquitto's defaults: try_private, notifications on $SYS/broker/connection/<id>/state.
+    let Some(site) = mosquitto(
+        0,
+        &format!(
+            "connection to-mercurio\naddress {addr}\nremote_clientid site-m\n\
+             topic a/# both 1\nrestart_timeout 1\n"
+        ),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut state = Client::connect(addr, ProtocolVersion::V5, "state").await;
+    state
+        .subscribe("$SYS/broker/connection/site-m/state", QoS::AtMostOnce)
+        .await;
+    expect_state(&mut state, "1").await;
+
+    let mut here = Client::connect(addr, ProtocolVersion::V5, "here").await;
+    here.subscribe("a/#", QoS::AtLeastOnce).await;
+    let mut there = Client::connect(site.addr(), ProtocolVersion::V311, "there").await;
+    there.subscribe("a/#", QoS::AtLeastOnce).await;
+
+    // The bridge's subscription is in place once a message from here reaches there.
+    let mut p = Client::connect(addr, ProtocolVersion::V5, "p-here").await;
+    p.publish("a/from-mercurio", b"1", QoS::AtLeastOnce, false)
+        .await;
+    assert_eq!(next(&mut there).await.topic, "a/from-mercurio");
+    assert_eq!(next(&mut here).await.topic, "a/from-mercurio");
+
+    let mut q = Client::connect(site.addr(), ProtocolVersion::V311, "p-there").await;
+    q.publish("a/from-mosquitto", b"2", QoS::AtLeastOnce, false)
+        .await;
+    assert_eq!(next(&mut here).await.topic, "a/from-mosquitto");
+    assert_eq!(next(&mut there).await.topic, "a/from-mosquitto");
+    // Each side saw each message once: Mercurio sends a bridge (try_private) none of its own
+    // messages back.
+    here.expect_nothing(Duration::from_millis(500)).await;
+    there.expect_nothing(Duration::from_millis(100)).await;
+    drop(site);
+    expect_state(&mut state, "0").await;
+    handle.shutdown().await;
+}
+
 /// A CA, a server certificate for localhost and a client certificate, as PEM files in `dir`:
 /// ca.pem, server.pem, server.key, client.pem, client.key.
 fn write_pki(dir: &std::path::Path) {

@@ -113,7 +113,18 @@ impl BrokerState {
     pub(crate) fn publish(&self, msg: Message) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
-            self.retain(&msg);
+            if msg.topic.starts_with("$SYS") {
+                // A bridge's state (the only `$SYS` topic a client may publish): in memory,
+                // with the broker's own `$SYS` values.
+                let mut sys = self.sys_retained.lock();
+                if msg.payload.is_empty() {
+                    sys.remove(&msg.topic);
+                } else {
+                    sys.insert(&msg.topic, Arc::clone(&msg));
+                }
+            } else {
+                self.retain(&msg);
+            }
         }
         self.route(&msg)
     }
