@@ -285,7 +285,6 @@ fn mesh_bridge(name: &str, to: SocketAddr) -> BridgeConfig {
         vec![topic("mesh/#", BridgeDirection::Both, 1, "", "")],
     );
     b.protocol_version = BridgeProtocol::Mqttv5;
-    b.notification_topic = Some(format!("bridges/{name}/state"));
     b
 }
 
@@ -340,6 +339,12 @@ async fn two_mercurios_bridged_both_ways_deliver_each_message_once() {
     let (b, b_addr) = start().await;
     let (a, a_addr) = start_with(with_bridges(vec![mesh_bridge("a-b", b_addr)])).await;
     wait_connected(&a).await;
+    // The remote Mercurio keeps the bridge's state (its notification) with its $SYS values.
+    let mut state = Client::connect(b_addr, ProtocolVersion::V5, "state").await;
+    state
+        .subscribe("$SYS/broker/connection/a-b/state", QoS::AtMostOnce)
+        .await;
+    expect_state(&mut state, "1").await;
     exactly_once_everywhere(&[a_addr, b_addr], 20).await;
     a.shutdown().await;
     b.shutdown().await;

@@ -351,8 +351,8 @@ pub struct BridgeConfig {
     #[serde(default = "default_true")]
     pub notifications: bool,
     /// Where the remote gets the state; default `$SYS/broker/connection/<client_id>/state`
-    /// (what mosquitto uses; a remote that refuses `$SYS` publishes, such as Mercurio, needs
-    /// another topic here). Locally the state is always on that `$SYS` topic.
+    /// (what mosquitto and Mercurio accept from a bridge; a remote that refuses `$SYS`
+    /// publishes needs another topic here). Locally the state is always on that `$SYS` topic.
     #[serde(default)]
     pub notification_topic: Option<String>,
     /// What crosses the bridge, at least one entry.
