@@ -124,6 +124,7 @@ fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig 
         protocol_version: BridgeProtocol::Mqttv311,
         clean_start: false,
         keepalive: 60,
+        max_inflight: 100,
         username: None,
         password: None,
         cafile: None,

@@ -322,6 +322,10 @@ pub struct BridgeConfig {
     /// Keep alive on the remote connection, seconds, 5 to 65,535; default 60.
     #[serde(default = "default_bridge_keepalive")]
     pub keepalive: u16,
+    /// QoS 1/2 messages sent to the remote and not yet acknowledged, at most, 1 to 65,535
+    /// (the remote's Receive Maximum lowers it); default 100.
+    #[serde(default = "default_bridge_inflight")]
+    pub max_inflight: u16,
     /// User name on the remote broker.
     #[serde(default)]
     pub username: Option<String>,
@@ -361,6 +365,10 @@ pub struct BridgeConfig {
 
 fn default_bridge_keepalive() -> u16 {
     60
+}
+
+fn default_bridge_inflight() -> u16 {
+    100
 }
 
 fn default_true() -> bool {
@@ -451,6 +459,9 @@ impl BridgeConfig {
                 key("keepalive"),
                 format!("must be between 5 and 65535, not {}", self.keepalive),
             ));
+        }
+        if self.max_inflight < 1 {
+            return Err(ConfigError::new(key("max_inflight"), "must be at least 1"));
         }
         if self.password.is_some() && self.username.is_none() {
             return Err(ConfigError::new(key("password"), "needs username as well"));
@@ -960,6 +971,7 @@ mod tests {
                 "bridges[0].addresses[0]",
             ),
             (|b| b.keepalive = 1, "bridges[0].keepalive"),
+            (|b| b.max_inflight = 0, "bridges[0].max_inflight"),
             (|b| b.password = Some("p".into()), "bridges[0].password"),
             (|b| b.certfile = Some("c.pem".into()), "bridges[0].certfile"),
             (|b| b.topics.clear(), "bridges[0].topics"),

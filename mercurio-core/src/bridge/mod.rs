@@ -529,7 +529,7 @@ impl Task {
             }
         }
         let window = usize::from(remote.receive_maximum())
-            .min(usize::from(self.broker.config.server.max_inflight))
+            .min(usize::from(self.cfg.max_inflight))
             .max(1);
         let max_packet_size = remote.maximum_packet_size();
         let keepalive = Duration::from_secs(u64::from(self.cfg.keepalive));
@@ -710,6 +710,7 @@ pub(crate) mod tests {
             protocol_version: BridgeProtocol::Mqttv311,
             clean_start: false,
             keepalive: 60,
+            max_inflight: 100,
             username: None,
             password: None,
             cafile: None,
