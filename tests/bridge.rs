@@ -592,3 +592,26 @@ async fn counters_in_sys_and_metrics() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_unreachable_first_address_fails_over_to_the_next() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("its address")
+    };
+    let (b, b_addr) = start().await;
+    let mut config = mesh_bridge("a-b", dead);
+    config.addresses = vec![dead.to_string(), b_addr.to_string()];
+    let (a, _) = start_with(with_bridges(vec![config])).await;
+    wait_connected(&a).await;
+    let info = &a.bridges()[0];
+    assert_eq!(info.address.as_deref(), Some(b_addr.to_string().as_str()));
+    assert!(
+        info.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(&dead.to_string())),
+        "{info:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
