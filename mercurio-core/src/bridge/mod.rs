@@ -340,6 +340,10 @@ struct Task {
 
 impl Task {
     async fn run(mut self) {
+        if self.cfg.addresses.is_empty() {
+            tracing::error!(bridge = %self.cfg.name, "bridge without addresses: not started");
+            return;
+        }
         let out = Outgoing::attach(&self.broker, &self.cfg.name, &self.map);
         *self.status.session.lock() = Some(Arc::clone(&out.session));
         self.set_state(false);
