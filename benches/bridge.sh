@@ -11,6 +11,7 @@
 # two). Loopback only; temporary configs and ports; not part of `cargo test`.
 #
 #   benches/bridge.sh [--duration S] [--messages N] [--rounds R] [--no-build]
+# Environment: MERCURIOD (the mercuriod binary to use), MOSQUITTO (default /usr/sbin/mosquitto).
 set -euo pipefail
 
 DURATION=5
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --messages) N=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n "2,16p" "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +46,7 @@ if [ "$BUILD" = 1 ]; then
   cargo build --release -q -p mercuriod -p mercurio-bench
 fi
 # Copied at once: a target directory shared with other checkouts may overwrite them.
-cp "$TARGET/release/mercuriod" "$WORK/mercuriod"
+cp "${MERCURIOD:-$TARGET/release/mercuriod}" "$WORK/mercuriod"
 cp "$TARGET/release/mercurio-bench" "$WORK/mercurio-bench"
 PIN_LOCAL="taskset -c 0"
 PIN_OTHER="taskset -c 1"
