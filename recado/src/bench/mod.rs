@@ -58,6 +58,10 @@ pub struct Args {
     /// Broker port.
     #[arg(long, short, default_value_t = 1883)]
     port: u16,
+    /// Subscribers connect to this port instead (same host, no TLS): measures a path between
+    /// two brokers, e.g. over a bridge (fan-in, fan-out, pairs).
+    #[arg(long)]
+    sub_port: Option<u16>,
     /// MQTT version: 3 (3.1.1) or 5.
     #[arg(long, default_value_t = 3)]
     mqtt: u8,
@@ -406,8 +410,13 @@ async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
     let shared = Shared::new();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut sub_tasks = Vec::new();
+    let mut sub_cfg = cfg.clone();
+    if let Some(port) = a.sub_port {
+        sub_cfg.target.addr.set_port(port);
+        sub_cfg.target.tls = None;
+    }
     for (i, (filters, _)) in subs.iter().enumerate() {
-        match traffic::connect_subscriber(cfg, &format!("{t}-sub-{i}"), filters, true).await {
+        match traffic::connect_subscriber(&sub_cfg, &format!("{t}-sub-{i}"), filters, true).await {
             Ok((c, _)) => sub_tasks.push(tokio::spawn(traffic::subscribe_loop(
                 c,
                 Arc::clone(&shared),
