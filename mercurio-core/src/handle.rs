@@ -212,7 +212,7 @@ impl BrokerBuilder {
 /// The backend `[storage]` names, opened (`None` for memory: nothing is stored).
 async fn open_configured(
     config: &crate::config::StorageConfig,
-) -> Result<Option<Arc<dyn mercurio_storage::Storage>>, crate::Error> {
+) -> Result<Option<Arc<dyn mercurio_storage::Storage>>, Error> {
     use crate::config::StorageBackend;
     match config.backend {
         StorageBackend::Memory => Ok(None),
@@ -221,16 +221,16 @@ async fn open_configured(
             let path = config
                 .path
                 .clone()
-                .ok_or_else(|| crate::Error::Config("backend = \"sqlite\" needs path".into()))?;
+                .ok_or_else(|| Error::Config("backend = \"sqlite\" needs path".into()))?;
             let storage = tokio::task::spawn_blocking(move || {
                 mercurio_storage::sqlite::SqliteStorage::open(path)
             })
             .await
-            .map_err(|e| crate::Error::Config(format!("opening the database: {e}")))??;
+            .map_err(|e| Error::Config(format!("opening the database: {e}")))??;
             Ok(Some(Arc::new(storage)))
         }
         #[cfg(not(feature = "sqlite"))]
-        StorageBackend::Sqlite => Err(crate::Error::Config(
+        StorageBackend::Sqlite => Err(Error::Config(
             "backend = \"sqlite\" needs the sqlite feature".into(),
         )),
         #[cfg(feature = "postgres")]
@@ -238,14 +238,14 @@ async fn open_configured(
             let url = config
                 .url
                 .clone()
-                .ok_or_else(|| crate::Error::Config("backend = \"postgres\" needs url".into()))?;
+                .ok_or_else(|| Error::Config("backend = \"postgres\" needs url".into()))?;
             let mut options = mercurio_storage::postgres::PostgresOptions::new(url);
             options.standby = config.standby;
             let storage = mercurio_storage::postgres::PostgresStorage::open(options).await?;
             Ok(Some(Arc::new(storage)))
         }
         #[cfg(not(feature = "postgres"))]
-        StorageBackend::Postgres => Err(crate::Error::Config(
+        StorageBackend::Postgres => Err(Error::Config(
             "backend = \"postgres\" needs the postgres feature".into(),
         )),
     }
