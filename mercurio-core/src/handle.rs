@@ -20,7 +20,7 @@ use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::message::Message;
 use crate::persist::Persister;
-use crate::session::{Granted, Session};
+use crate::session::{Granted, Session, SessionState};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
 use crate::tls::TlsListener;
@@ -265,15 +265,7 @@ fn spawn_failure_watch(
         if let Some(inner) = inner.upgrade() {
             inner.shutting_down.store(true, Ordering::Release);
             inner.stop_listeners.notify_waiters();
-            let links: Vec<Arc<Link>> = inner
-                .sessions
-                .lock()
-                .values()
-                .filter_map(|s| s.link())
-                .collect();
-            for link in links {
-                link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
-            }
+            inner.close_all(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
         }
         let _ = failure.send(Some(Arc::new(e)));
     });
@@ -301,6 +293,19 @@ pub struct SessionInfo {
     pub queued: usize,
     /// Outbound QoS 1/2 messages awaiting acknowledgement.
     pub inflight: usize,
+}
+
+impl SessionInfo {
+    fn of(session: &Session, st: &SessionState) -> SessionInfo {
+        SessionInfo {
+            client_id: session.client_id.to_string(),
+            connected: st.link.is_some(),
+            protocol_level: st.protocol.level(),
+            subscriptions: st.subscriptions.len(),
+            queued: st.queue.len(),
+            inflight: st.inflight.len(),
+        }
+    }
 }
 
 impl BrokerHandle {
@@ -418,7 +423,7 @@ impl BrokerHandle {
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
     /// Returns false when no such client is connected.
     pub fn disconnect(&self, client_id: &str) -> bool {
-        if client_id.starts_with("$internal/") {
+        if client_id.starts_with(INTERNAL_PREFIX) {
             // An in-process subscription, not a client (see `sessions`).
             return false;
         }
@@ -446,17 +451,7 @@ impl BrokerHandle {
         sessions
             .iter()
             .filter(|s| !s.is_internal())
-            .map(|s| {
-                let st = s.state.lock();
-                SessionInfo {
-                    client_id: s.client_id.to_string(),
-                    connected: st.link.is_some(),
-                    protocol_level: st.protocol.level(),
-                    subscriptions: st.subscriptions.len(),
-                    queued: st.queue.len(),
-                    inflight: st.inflight.len(),
-                }
-            })
+            .map(|s| SessionInfo::of(s, &s.state.lock()))
             .collect()
     }
 
@@ -507,15 +502,7 @@ impl BrokerHandle {
             return self.wait_closed(SHUTDOWN_GRACE).await;
         }
         inner.stop_listeners.notify_waiters();
-        let links: Vec<Arc<Link>> = inner
-            .sessions
-            .lock()
-            .values()
-            .filter_map(|s| s.link())
-            .collect();
-        for link in links {
-            link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
-        }
+        inner.close_all(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
         self.wait_closed(SHUTDOWN_GRACE).await;
         if let Some(p) = inner.persist.get() {
             // Everything the sessions changed, written and synced; the database released.
@@ -598,7 +585,7 @@ impl BrokerHandle {
     /// One session in detail (for `mercurioctl client show`); `None` when the broker holds
     /// no session for `client_id`.
     pub fn session_detail(&self, client_id: &str) -> Option<SessionDetail> {
-        if client_id.starts_with("$internal/") {
+        if client_id.starts_with(INTERNAL_PREFIX) {
             return None;
         }
         let session = self.inner.sessions.lock().get(client_id).cloned()?;
@@ -613,14 +600,7 @@ impl BrokerHandle {
             .collect();
         subscriptions.sort();
         Some(SessionDetail {
-            info: SessionInfo {
-                client_id: session.client_id.to_string(),
-                connected: st.link.is_some(),
-                protocol_level: st.protocol.level(),
-                subscriptions: st.subscriptions.len(),
-                queued: st.queue.len(),
-                inflight: st.inflight.len(),
-            },
+            info: SessionInfo::of(&session, &st),
             subscriptions,
             expiry_interval: st.expiry_interval,
             queued_bytes: st.queue.bytes(),
