@@ -50,6 +50,8 @@ pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod records;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod rows;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
