@@ -1,4 +1,4 @@
-//! The embedding API (DESIGN.md section 5): build a broker from a [`Config`], start it, and
+//! The embedding API (README, "Embedding"): build a broker from a [`Config`], start it, and
 //! drive it through a cloneable [`BrokerHandle`].
 
 use std::net::SocketAddr;
@@ -26,7 +26,7 @@ use crate::sys::SysPublisher;
 use crate::tls::TlsListener;
 use crate::topic;
 
-/// How long [`BrokerHandle::shutdown`] waits for connections to close (manual, "Shutdown").
+/// How long [`BrokerHandle::shutdown`] waits for connections to close (docs/operations.md, "Shutdown").
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Entry point of the embedding API.
@@ -97,7 +97,7 @@ pub struct BrokerBuilder {
 }
 
 impl BrokerBuilder {
-    /// The HTTP limits of every WebSocket listener (default: the manual's 8 KiB request head,
+    /// The HTTP limits of every WebSocket listener (default: docs/http.md's 8 KiB request head,
     /// 32 responses at once, a minute per response).
     pub fn http_limits(mut self, limits: HttpLimits) -> Self {
         self.http_limits = limits;

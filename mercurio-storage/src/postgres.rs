@@ -11,7 +11,7 @@
 //!   [`ErrorKind::Fenced`](crate::ErrorKind::Fenced), and [`Storage::failed`] resolves: the
 //!   broker stops at once. Commits are durable (`synchronous_commit` as the server has it).
 //! - Leadership ([`leader`]): a session-level advisory lock on a dedicated connection, a
-//!   heartbeat row, standbys, takeovers and the lost-database stop (DESIGN.md section 7).
+//!   heartbeat row, standbys, takeovers and the lost-database stop (docs/operations.md, "Standby brokers").
 //! - The schema version is in `mercurio_meta`; a newer one is refused
 //!   ([`ErrorKind::Incompatible`](crate::ErrorKind::Incompatible)). A standby migrates only
 //!   once it serves.

@@ -702,7 +702,7 @@ impl Client {
 }
 
 /// Whether an external program (mosquitto_pub, mosquitto_passwd...) is installed. Missing, it
-/// prints why the test skips, or fails the test when `CI=true` (DESIGN.md section 9).
+/// prints why the test skips, or fails the test when `CI=true` (ARCHITECTURE.md, "Where a test goes").
 pub fn have_program(name: &str) -> bool {
     let found = std::process::Command::new(name)
         .arg("--help")
