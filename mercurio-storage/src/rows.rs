@@ -38,6 +38,34 @@ pub(crate) trait Columns {
     fn boolean(&self, i: usize) -> Result<bool, String>;
 }
 
+/// Implements [`Columns`] for a driver's row type with its `col(row, index)` function, generic
+/// over the driver's "from SQL" trait.
+macro_rules! columns_through {
+    ($row:ty, $col:path) => {
+        impl $crate::rows::Columns for $row {
+            fn int(&self, i: usize) -> Result<i64, String> {
+                $col(self, i)
+            }
+            fn opt_int(&self, i: usize) -> Result<Option<i64>, String> {
+                $col(self, i)
+            }
+            fn text(&self, i: usize) -> Result<String, String> {
+                $col(self, i)
+            }
+            fn opt_text(&self, i: usize) -> Result<Option<String>, String> {
+                $col(self, i)
+            }
+            fn bytes(&self, i: usize) -> Result<Vec<u8>, String> {
+                $col(self, i)
+            }
+            fn boolean(&self, i: usize) -> Result<bool, String> {
+                $col(self, i)
+            }
+        }
+    };
+}
+pub(crate) use columns_through;
+
 fn qos(v: i64, what: &str) -> Result<u8, String> {
     match v {
         0..=2 => Ok(v as u8),

@@ -351,26 +351,7 @@ fn col<T: rusqlite::types::FromSql>(row: &Row<'_>, i: usize) -> Result<T, String
     })
 }
 
-impl rows::Columns for Row<'_> {
-    fn int(&self, i: usize) -> Result<i64, String> {
-        col(self, i)
-    }
-    fn opt_int(&self, i: usize) -> Result<Option<i64>, String> {
-        col(self, i)
-    }
-    fn text(&self, i: usize) -> Result<String, String> {
-        col(self, i)
-    }
-    fn opt_text(&self, i: usize) -> Result<Option<String>, String> {
-        col(self, i)
-    }
-    fn bytes(&self, i: usize) -> Result<Vec<u8>, String> {
-        col(self, i)
-    }
-    fn boolean(&self, i: usize) -> Result<bool, String> {
-        col(self, i)
-    }
-}
+rows::columns_through!(Row<'_>, col);
 
 /// Reads every row of `sql` (whose first column is the client id) into per-client lists.
 fn per_client<T>(

@@ -15,26 +15,7 @@ fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Res
     })
 }
 
-impl Columns for Row {
-    fn int(&self, i: usize) -> Result<i64, String> {
-        col(self, i)
-    }
-    fn opt_int(&self, i: usize) -> Result<Option<i64>, String> {
-        col(self, i)
-    }
-    fn text(&self, i: usize) -> Result<String, String> {
-        col(self, i)
-    }
-    fn opt_text(&self, i: usize) -> Result<Option<String>, String> {
-        col(self, i)
-    }
-    fn bytes(&self, i: usize) -> Result<Vec<u8>, String> {
-        col(self, i)
-    }
-    fn boolean(&self, i: usize) -> Result<bool, String> {
-        col(self, i)
-    }
-}
+rows::columns_through!(Row, col);
 
 fn per_client<T>(found: &[Row], read: impl Fn(&Row) -> Result<T, String>) -> rows::PerClient<T> {
     let mut out = rows::PerClient::new();
