@@ -95,15 +95,16 @@ def main():
             break
     elapsed = time.monotonic() - start
     if not closed:
-        # A broker that stopped reading may still close it: look once more, briefly.
-        try:
-            flooder.settimeout(3.0)
-            while True:
+        # A broker that stopped reading may still close it: look a little longer.
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            try:
                 flooder.send(chunk)
-        except socket.timeout:
-            pass
-        except OSError:
-            closed = True
+            except socket.timeout:
+                continue
+            except OSError:
+                closed = True
+                break
     stop.set()
     t.join(timeout=3)
     print(json.dumps({

@@ -68,11 +68,7 @@ pub(crate) struct BrokerState {
 
 impl BrokerState {
     pub(crate) fn new(config: Config) -> BrokerState {
-        let limits = QueueLimits {
-            max_messages: config.server.max_queued_messages,
-            max_qos0_messages: config.server.max_queued_qos0_messages,
-            max_bytes: config.server.max_queued_bytes,
-        };
+        let limits = QueueLimits::new(&config.server);
         BrokerState {
             config,
             limits,
@@ -108,11 +104,18 @@ impl BrokerState {
     /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
     /// Returns whether any subscription matched its topic (see [`BrokerState::route`]).
     pub(crate) fn publish(&self, msg: Message) -> bool {
+        self.publish_from(msg, &mut Vec::new())
+    }
+
+    /// [`BrokerState::publish`] for a client's reader: `congested` gets the receiving sessions
+    /// now at their high-water mark (or full while connected), for the reader to wait on
+    /// ([`Session::wait_room`]) before it reads more.
+    pub(crate) fn publish_from(&self, msg: Message, congested: &mut Vec<Arc<Session>>) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
             self.retain(&msg);
         }
-        self.route(&msg)
+        self.route_from(&msg, congested)
     }
 
     /// Publishes one of the broker's own `$SYS` messages: kept in the `$SYS` retained store,
@@ -175,6 +178,11 @@ impl BrokerState {
     /// permission still count, as in mosquitto): MQTT 5 publishers are told when none did
     /// (PUBACK 0x10).
     pub(crate) fn route(&self, msg: &Arc<Message>) -> bool {
+        self.route_from(msg, &mut Vec::new())
+    }
+
+    /// [`BrokerState::route`], collecting the sessions at their high-water mark.
+    fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
         let matches = self.index.read().matches(&msg.topic);
         let matched =
             !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
@@ -206,7 +214,9 @@ impl BrokerState {
                 subscription_ids: ids,
                 seq: 0,
             };
-            self.deliver(&first.session, q);
+            if self.offer(&first.session, q) {
+                congested.push(Arc::clone(&first.session));
+            }
         }
         for sm in &matches.shared {
             let n = sm.members.len();
@@ -219,16 +229,20 @@ impl BrokerState {
                 .filter(|e| self.may_read(&e.session, &msg.topic));
             let mut taken = false;
             for e in order.clone().filter(|e| e.session.is_connected()) {
-                if let Enqueued::Queued = e.session.enqueue(shared_delivery(msg, e), &self.limits) {
-                    taken = true;
-                    break;
+                match e.session.enqueue(shared_delivery(msg, e), &self.limits) {
+                    Enqueued::Queued => {}
+                    Enqueued::QueuedOverHighWater => congested.push(Arc::clone(&e.session)),
+                    _ => continue,
                 }
+                taken = true;
+                break;
             }
             if !taken && msg.qos > QoS::AtMostOnce {
                 // Nobody connected: keep it for one member's persistent session.
                 for e in order {
-                    if let Enqueued::Queued =
-                        e.session.enqueue(shared_delivery(msg, e), &self.limits)
+                    if e.session
+                        .enqueue(shared_delivery(msg, e), &self.limits)
+                        .is_queued()
                     {
                         taken = true;
                         break;
@@ -249,11 +263,28 @@ impl BrokerState {
             return false;
         }
         match session.enqueue(q, &self.limits) {
-            Enqueued::Queued => true,
+            Enqueued::Queued | Enqueued::QueuedOverHighWater => true,
             Enqueued::Skipped => false,
             Enqueued::Dropped(cause) => {
                 self.stats.dropped(cause);
                 false
+            }
+        }
+    }
+
+    /// [`BrokerState::deliver`] for routing a client's message: true when the publisher
+    /// should wait for this session (at its high-water mark, or full while connected).
+    fn offer(&self, session: &Session, q: Delivery) -> bool {
+        if !self.may_read(session, &q.msg.topic) {
+            self.stats.dropped(DropCause::NotAuthorized);
+            return false;
+        }
+        match session.enqueue(q, &self.limits) {
+            Enqueued::Queued | Enqueued::Skipped => false,
+            Enqueued::QueuedOverHighWater => true,
+            Enqueued::Dropped(cause) => {
+                self.stats.dropped(cause);
+                session.is_connected()
             }
         }
     }
