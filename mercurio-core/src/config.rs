@@ -72,7 +72,7 @@ pub struct ServerConfig {
     /// Back pressure: a session with this many queued messages is over its high-water mark,
     /// and publishers routing into it wait (stop reading) until it is back under half of it,
     /// unless it is stalled. Capped at half of `max_queued_messages` and of
-    /// `max_queued_qos0_messages`. At least 1; default 1,000.
+    /// `max_queued_qos0_messages`. At least 1; default 100.
     pub queue_high_water: usize,
     /// Back pressure by size: the high-water mark in queued bytes (counted as for
     /// `max_queued_bytes`, and capped at half of it). At least 1; default 1 MiB.
@@ -106,7 +106,7 @@ impl Default for ServerConfig {
             max_queued_messages: 10_000,
             max_queued_qos0_messages: 1_000,
             max_queued_bytes: 16 * 1024 * 1024,
-            queue_high_water: 1_000,
+            queue_high_water: 100,
             queue_high_water_bytes: 1024 * 1024,
             stall_time: 2,
             persistent_client_expiration: 0,
