@@ -701,7 +701,8 @@ pub struct SessionDetail {
     pub subscriptions: Vec<(String, QoS)>,
     /// Session Expiry Interval in seconds (`u32::MAX`: never).
     pub expiry_interval: u32,
-    /// Bytes of queued payloads.
+    /// Bytes of queued messages (topic, properties and payload of each, as `max_queued_bytes`
+    /// counts them).
     pub queued_bytes: u64,
     /// Whether a will is pending.
     pub will: bool,
