@@ -2,7 +2,7 @@
 # Bridge benchmark: one bridge carrying QoS 1 messages from a local broker to a remote one,
 # Mercurio's bridge (memory and SQLite storage) side by side with mosquitto's bridge in the
 # same run, toward the same remote (mosquitto). Two numbers per local broker:
-#   - forwarding: mercurio-bench fan-in (4 publishers on the local broker, QoS 1, one
+#   - forwarding: recado bench fan-in (4 publishers on the local broker, QoS 1, one
 #     subscriber on the remote, --sub-port), delivered messages/s and latency through the bridge;
 #   - drain: the remote is frozen (SIGSTOP), N QoS 1 messages are published into the local
 #     broker (they queue for the bridge), the remote is thawed (SIGCONT): messages/s until the
@@ -43,11 +43,11 @@ trap 'exit 130' INT TERM
 
 cd "$ROOT"
 if [ "$BUILD" = 1 ]; then
-  cargo build --release -q -p mercuriod -p mercurio-bench
+  cargo build --release -q -p mercuriod -p recado
 fi
 # Copied at once: a target directory shared with other checkouts may overwrite them.
 cp "${MERCURIOD:-$TARGET/release/mercuriod}" "$WORK/mercuriod"
-cp "$TARGET/release/mercurio-bench" "$WORK/mercurio-bench"
+cp "$TARGET/release/recado" "$WORK/recado"
 PIN_LOCAL="taskset -c 0"
 PIN_OTHER="taskset -c 1"
 [ "$(nproc)" -ge 2 ] || PIN_OTHER="taskset -c 0"
@@ -118,7 +118,7 @@ run() { # name, local function
   wait_port "$pl"
   wait_bridge "$pl" "$pr"
   local json
-  json=$($PIN_OTHER "$WORK/mercurio-bench" -s fan-in -P 4 -q 1 --port "$pl" --sub-port "$pr" \
+  json=$($PIN_OTHER "$WORK/recado" bench -s fan-in -P 4 -q 1 --port "$pl" --sub-port "$pr" \
     -d "$DURATION" --label "$name" 2>/dev/null | tail -1)
   # Drain: freeze the remote, queue N messages in the local broker, thaw, time the delivery.
   mosquitto_sub -p "$pr" -t 'bench/drain' -q 1 -C "$N" > /dev/null &

@@ -17,7 +17,9 @@
 #                  where other jobs compete for the CPUs; needs root for a negative level)
 # Environment: CARGO_TARGET_DIR (where the release binaries are), MERCURIOD and RECADO
 # (binaries to use instead of those of CARGO_TARGET_DIR), MOSQUITTO (default
-# /usr/sbin/mosquitto), RUMQTTD (default: rumqttd on PATH), BROKER_CPU (0), BENCH_CPU (1).
+# /usr/sbin/mosquitto), RUMQTTD (default: rumqttd on PATH), BROKER_CPU (0), BENCH_CPU (1),
+# MERCURIO_SERVER_EXTRA (TOML lines added to mercuriod's [server] table, e.g. to run an
+# older build with the settings it had).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,7 +67,7 @@ for path in sorted(glob.glob(os.path.join(work, "*.json"))):
         order.append(scn)
 
 def kind(scn):
-    return ("idle" if scn.startswith("idle") else "persist" if scn.startswith("persistent")
+    return ("flood" if scn.startswith("pingflood") else "idle" if scn.startswith("idle") else "persist" if scn.startswith("persistent")
             else "sweep" if scn.startswith("sweep") else "rate" if scn.startswith("lat") else "sat")
 
 def metrics(scn, rep, meta):
@@ -76,10 +78,18 @@ def metrics(scn, rep, meta):
         return m
     if k == "sat":
         m["delivered msg/s"] = rep.get("delivered_per_s", 0)
+        m["acknowledged but lost"] = rep.get("lost", 0)
         m["loss %"] = 100 * rep.get("lost", 0) / max(rep.get("expected", 0), 1)
         m["duplicates"] = rep.get("duplicates", 0)
         m["latency p50 us"] = lat.get("p50", 0)
         m["latency p99 us"] = lat.get("p99", 0)
+    elif k == "flood":
+        f = rep.get("flood", {})
+        m["MiB of PINGREQ written"] = f.get("mib_written", 0)
+        m["flooder closed (1 = yes)"] = 1 if f.get("closed") else 0
+        m["bystander pings lost"] = f.get("pings_lost", 0)
+        m["bystander worst ping ms"] = f.get("ping_worst_ms", 0)
+        m["broker RSS growth MiB"] = (meta.get("rss_peak_kb", 0) - meta.get("rss_base_kb", 0)) / 1024
     elif k == "rate":
         m["latency p50 us"] = lat.get("p50", 0)
         m["latency p99 us"] = lat.get("p99", 0)
@@ -185,7 +195,7 @@ PORT_BASE=$((20000 + RANDOM % 20000))
 declare -A PORT=([mosquitto]=$PORT_BASE [mercurio]=$((PORT_BASE + 1)) [rumqttd]=$((PORT_BASE + 2)))
 
 # Equivalent settings: loopback listener, anonymous, no persistence to disk, 20
-# outbound messages in flight per client, 100,000 queued messages per session (any QoS), quiet
+# outbound messages in flight per client, 1,000,000 queued messages per session (any QoS), quiet
 # logs, TCP_NODELAY (Mercurio always sets it; mosquitto's default, Nagle on, adds 20-40 ms
 # to its p99 latency even at 150 msg/s).
 cat > "$WORK/mosquitto.conf" <<CONF
@@ -193,15 +203,16 @@ listener ${PORT[mosquitto]} 127.0.0.1
 allow_anonymous true
 persistence false
 max_inflight_messages 20
-max_queued_messages 100000
+max_queued_messages 1000000
 set_tcp_nodelay true
 log_dest none
 CONF
 cat > "$WORK/mercuriod.toml" <<CONF
 [server]
 max_inflight = 20
-max_queued_messages = 100000
-max_queued_qos0_messages = 100000
+max_queued_messages = 1000000
+max_queued_qos0_messages = 1000000
+${MERCURIO_SERVER_EXTRA:-}
 
 [[listeners]]
 host = "127.0.0.1"
@@ -273,6 +284,7 @@ SCENARIOS=(
     "fanin-q0-4k|sat|-s fan-in -P 4 -q 0 --payload 4096"
     "fanout-q0|sat|-s fan-out -K 10 -q 0"
     "pairs-q1|sat|-s pairs -P 8 -q 1"
+    "pingflood|flood|--mib 256 --seconds 20"
     "lat-20k-q0|rate|-s fan-in -P 4 -q 0 -r 20000"
     "idle-5000|idle|-s idle -C 5000"
     "persistent-q1|persist|-s persistent -q 1 --max-messages 50000"
@@ -299,9 +311,15 @@ for round in $(seq 1 "$ROUNDS"); do
                   echo "$peak" >"$base.peak.tmp"; mv "$base.peak.tmp" "$base.peak"; sleep 0.1; done ) &
             SAMPLER=$!
             d=$DURATION
-            # shellcheck disable=SC2086
-            nice -n "$NICE" taskset -c "$BENCH_CPU" "$RECADO" bench $args -d "$d" --drain 15 -p "${PORT[$broker]}" --label "$broker" \
-                >"$base.out" 2>"$base.err" || true
+            if [ "$kind" = flood ]; then
+                # shellcheck disable=SC2086
+                nice -n "$NICE" taskset -c "$BENCH_CPU" python3 "$ROOT/benches/ping_flood.py" "${PORT[$broker]}" $args \
+                    >"$base.out" 2>"$base.err" || true
+            else
+                # shellcheck disable=SC2086
+                nice -n "$NICE" taskset -c "$BENCH_CPU" "$RECADO" bench $args -d "$d" --drain 15 -p "${PORT[$broker]}" --label "$broker" \
+                    >"$base.out" 2>"$base.err" || true
+            fi
             t1=$(date +%s.%N); c1=$(cpu_ticks "$BPID")
             kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true
             stop_broker

@@ -211,7 +211,8 @@ async fn qos0_flood_to_a_subscriber_that_never_reads() {
     broker.shutdown().await;
 }
 
-/// max_queued_bytes: "any message once the queued payloads take this many bytes".
+/// max_queued_bytes: any message once the queued messages take this many bytes, each
+/// counting its topic, properties and payload (here 1 + 999 bytes).
 #[tokio::test]
 async fn max_queued_bytes_bounds_a_queue_by_payload_size() {
     let (broker, addr) = start_with(config(|s| {
@@ -221,10 +222,10 @@ async fn max_queued_bytes_bounds_a_queue_by_payload_size() {
     let mut stalled = Client::connect(addr, V5, "bytes-stalled").await;
     stalled.subscribe("b", QoS::AtLeastOnce).await;
     let mut publisher = Client::connect(addr, V5, "bytes-pub").await;
-    // 20 in flight (not queued), then 1000-byte payloads: 10 fit in 10,000 bytes.
+    // 20 in flight (not queued), then 1000-byte messages: 10 fit in 10,000 bytes.
     for _ in 0..20 + 15 {
         publisher
-            .publish("b", &[7u8; 1000], QoS::AtLeastOnce, false)
+            .publish("b", &[7u8; 999], QoS::AtLeastOnce, false)
             .await;
     }
     // A small one still fits? No: 10,000 + 1 > 10,000.
@@ -239,7 +240,7 @@ async fn max_queued_bytes_bounds_a_queue_by_payload_size() {
     // Once it acknowledges, everything it kept arrives: 30 messages.
     for _ in 0..30 {
         let p = stalled.expect_publish().await;
-        assert_eq!(p.payload.len(), 1000);
+        assert_eq!(p.payload.len(), 999);
         stalled.ack(&p).await;
     }
     stalled.expect_nothing(Duration::from_millis(100)).await;

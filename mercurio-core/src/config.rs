@@ -69,8 +69,22 @@ pub struct ServerConfig {
     pub max_queued_messages: usize,
     /// QoS 0 messages are dropped once a queue holds this many messages; default 1,000.
     pub max_queued_qos0_messages: usize,
-    /// Payload bytes queued per session before any is dropped; 0 = unlimited (default).
+    /// Bytes queued per session (topic, properties and payload of each message) before any
+    /// is dropped; 0 = unlimited. Default 16 MiB.
     pub max_queued_bytes: u64,
+    /// Back pressure: a session with this many queued messages is over its high-water mark,
+    /// and publishers routing into it wait (stop reading) until it is back under half of it,
+    /// unless it is stalled. Capped at half of `max_queued_messages` and of
+    /// `max_queued_qos0_messages`. At least 1; default 100.
+    pub queue_high_water: usize,
+    /// Back pressure by size: the high-water mark in queued bytes (counted as for
+    /// `max_queued_bytes`, and capped at half of it). At least 1; default 1 MiB.
+    pub queue_high_water_bytes: u64,
+    /// Seconds a client with queued messages may take none before it counts as stalled: a
+    /// stalled session no longer holds publishers back (its queue drops at its limits), and a
+    /// connection whose client stopped reading its socket while its answers pile up is
+    /// closed after this long. At least 1; default 2.
+    pub stall_time: u64,
     /// Seconds a 3.x persistent session (clean session 0) outlives its connection; 0 = forever
     /// (default).
     pub persistent_client_expiration: u64,
@@ -94,7 +108,10 @@ impl Default for ServerConfig {
             clientid_prefixes: Vec::new(),
             max_queued_messages: 10_000,
             max_queued_qos0_messages: 1_000,
-            max_queued_bytes: 0,
+            max_queued_bytes: 16 * 1024 * 1024,
+            queue_high_water: 100,
+            queue_high_water_bytes: 1024 * 1024,
+            stall_time: 2,
             persistent_client_expiration: 0,
             max_retained_messages: 0,
             sys_interval: 10,
@@ -630,6 +647,21 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if s.queue_high_water < 1 {
+            return Err(ConfigError::new(
+                "server.queue_high_water",
+                "must be at least 1",
+            ));
+        }
+        if s.queue_high_water_bytes < 1 {
+            return Err(ConfigError::new(
+                "server.queue_high_water_bytes",
+                "must be at least 1",
+            ));
+        }
+        if s.stall_time < 1 {
+            return Err(ConfigError::new("server.stall_time", "must be at least 1"));
+        }
         if s.max_qos > 2 {
             return Err(ConfigError::new(
                 "server.max_qos",
@@ -858,6 +890,12 @@ mod tests {
                 "server.receive_maximum",
             ),
             (|c| c.server.max_inflight = 0, "server.max_inflight"),
+            (|c| c.server.queue_high_water = 0, "server.queue_high_water"),
+            (
+                |c| c.server.queue_high_water_bytes = 0,
+                "server.queue_high_water_bytes",
+            ),
+            (|c| c.server.stall_time = 0, "server.stall_time"),
             (|c| c.server.max_qos = 3, "server.max_qos"),
             (|c| c.server.sys_interval = 0, "server.sys_interval"),
             (|c| c.server.connect_timeout = 0, "server.connect_timeout"),

@@ -417,7 +417,12 @@ impl BrokerHandle {
         };
         self.inner.subscribe(&session, filter, granted);
         let (tx, rx) = mpsc::channel(64);
-        let pump = tokio::spawn(pump(Arc::clone(&session), Arc::clone(&link), tx));
+        let pump = tokio::spawn(pump(
+            Arc::clone(&session),
+            Arc::clone(&link),
+            tx,
+            self.inner.limits,
+        ));
         self.inner.send_retained(&session, filter, &granted);
         Ok(Subscription {
             rx,
@@ -643,6 +648,7 @@ async fn pump(
     session: Arc<Session>,
     link: Arc<Link>,
     tx: mpsc::Sender<Arc<crate::message::Message>>,
+    limits: crate::session::QueueLimits,
 ) {
     loop {
         // Shutdown kills every link: hand over what is queued, then end the stream.
@@ -651,7 +657,17 @@ async fn pump(
             _ = link.wait_killed() => true,
         };
         loop {
-            let next = session.state.lock().pop_queued();
+            let (next, release) = {
+                let mut st = session.state.lock();
+                let next = st.pop_queued();
+                let took = usize::from(next.is_some());
+                let release =
+                    Session::progressed(&mut st, took, std::time::Instant::now(), &limits);
+                (next, release)
+            };
+            if release {
+                session.release_waiters();
+            }
             let Some(q) = next else { break };
             if tx.send(q.msg).await.is_err() {
                 return;
@@ -693,7 +709,8 @@ pub struct SessionDetail {
     pub subscriptions: Vec<(String, QoS)>,
     /// Session Expiry Interval in seconds (`u32::MAX`: never).
     pub expiry_interval: u32,
-    /// Bytes of queued payloads.
+    /// Bytes of queued messages (topic, properties and payload of each, as `max_queued_bytes`
+    /// counts them).
     pub queued_bytes: u64,
     /// Whether a will is pending.
     pub will: bool,

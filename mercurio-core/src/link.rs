@@ -6,13 +6,20 @@
 //! socket, so the session (which holds the link of its current connection) and the broker
 //! sit below the connection code.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::codec::{self, Packet, ProtocolVersion, ReasonCode};
+
+/// Bytes of answers (PUBACK, PINGRESP, ...) the reader may leave for the writer; above it
+/// the reader stops reading until the writer has written them out.
+const CONTROL_LIMIT: usize = 64 * 1024;
+/// A control buffer larger than this is released once written, so idle links stay small.
+const IDLE_CONTROL: usize = 16 * 1024;
 
 /// Why a connection ended, as logs and counters show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +67,20 @@ pub(crate) struct Link {
     closed: Notify,
     is_closed: AtomicBool,
     /// Packets encoded by the reader, written by the writer ahead of queued messages.
-    control: Mutex<BytesMut>,
+    control: Mutex<Control>,
+    /// QoS 1 PUBLISH packets received whose PUBACK is not written yet (inbound Receive
+    /// Maximum, with the QoS 2 ones awaiting PUBREL).
+    unanswered_qos1: AtomicUsize,
+    /// Signalled after a write when the reader waits for the control buffer to drain.
+    written: Notify,
+    reader_waits: AtomicBool,
+}
+
+/// The control buffer and how many PUBACKs it holds.
+#[derive(Debug, Default)]
+struct Control {
+    buf: BytesMut,
+    pubacks: usize,
 }
 
 impl Link {
@@ -71,7 +91,10 @@ impl Link {
             kill_reason: Mutex::new(None),
             closed: Notify::new(),
             is_closed: AtomicBool::new(false),
-            control: Mutex::new(BytesMut::new()),
+            control: Mutex::new(Control::default()),
+            unanswered_qos1: AtomicUsize::new(0),
+            written: Notify::new(),
+            reader_waits: AtomicBool::new(false),
         }
     }
 
@@ -128,24 +151,78 @@ impl Link {
     /// Encodes a packet for the writer and wakes it.
     pub(crate) fn send(&self, packet: &Packet, version: ProtocolVersion) {
         let mut control = self.control.lock();
-        if let Err(e) = codec::encode(packet, version, &mut control) {
+        if let Err(e) = codec::encode(packet, version, &mut control.buf) {
             tracing::error!("cannot encode {}: {e}", packet.name());
+        }
+        if let Packet::PubAck(_) = packet {
+            control.pubacks += 1;
         }
         drop(control);
         self.wake.notify_one();
     }
 
-    /// Appends the packets waiting for the writer to `buf`, leaving none.
-    pub(crate) fn drain_control_into(&self, buf: &mut BytesMut) {
+    /// Appends the packets waiting for the writer to `buf`, leaving none. Returns how many
+    /// PUBACKs they hold (for [`Link::wrote`] once written).
+    pub(crate) fn drain_control_into(&self, buf: &mut BytesMut) -> usize {
         let mut control = self.control.lock();
-        if !control.is_empty() {
-            buf.extend_from_slice(&control);
-            control.clear();
+        if !control.buf.is_empty() {
+            buf.extend_from_slice(&control.buf);
+            control.buf.clear();
+            if control.buf.capacity() > IDLE_CONTROL {
+                control.buf = BytesMut::new();
+            }
         }
+        std::mem::take(&mut control.pubacks)
     }
 
     /// The packets waiting for the writer, taken (the last bytes of a closing connection).
     pub(crate) fn take_control(&self) -> BytesMut {
-        std::mem::take(&mut *self.control.lock())
+        std::mem::take(&mut self.control.lock().buf)
+    }
+
+    /// QoS 1 PUBLISH packets received and not answered on the socket yet.
+    pub(crate) fn unanswered_qos1(&self) -> usize {
+        self.unanswered_qos1.load(Ordering::Acquire)
+    }
+
+    /// A QoS 1 PUBLISH was received: it counts until its PUBACK is written.
+    pub(crate) fn qos1_received(&self) {
+        self.unanswered_qos1.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// True when the reader must stop reading: the answers it left are over the limit.
+    pub(crate) fn control_full(&self) -> bool {
+        self.control.lock().buf.len() > CONTROL_LIMIT
+    }
+
+    /// Waits until the writer has taken the control buffer under its limit; false when no
+    /// write went out for `patience` (the client does not read its socket).
+    pub(crate) async fn wait_control_room(&self, patience: Duration) -> bool {
+        let mut give_up = tokio::time::Instant::now() + patience;
+        loop {
+            let notified = self.written.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            self.reader_waits.store(true, Ordering::Release);
+            if !self.control_full() {
+                self.reader_waits.store(false, Ordering::Release);
+                return true;
+            }
+            tokio::select! {
+                // A write went out: progress, so the patience starts again.
+                _ = &mut notified => give_up = tokio::time::Instant::now() + patience,
+                _ = tokio::time::sleep_until(give_up) => return !self.control_full(),
+            }
+        }
+    }
+
+    /// The writer wrote to the socket, `pubacks` PUBACKs among what it wrote.
+    pub(crate) fn wrote(&self, pubacks: usize) {
+        if pubacks > 0 {
+            self.unanswered_qos1.fetch_sub(pubacks, Ordering::AcqRel);
+        }
+        if self.reader_waits.swap(false, Ordering::AcqRel) {
+            self.written.notify_waiters();
+        }
     }
 }

@@ -40,6 +40,12 @@ impl Message {
             .map(|secs| now + std::time::Duration::from_secs(u64::from(secs)))
     }
 
+    /// Bytes this message holds: its topic, payload and properties. What it costs in each
+    /// session queue it waits in (`max_queued_bytes`, the high-water mark).
+    pub fn size(&self) -> usize {
+        self.topic.len() + self.payload.len() + self.properties.variable_len()
+    }
+
     /// True once the Message Expiry Interval has passed [MQTT-3.3.2-5].
     pub fn is_expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|at| at <= now)

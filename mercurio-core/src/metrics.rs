@@ -33,6 +33,7 @@ pub(crate) struct Snapshot {
     pub sessions: u64,
     pub sessions_disconnected: u64,
     pub sessions_expired: u64,
+    pub clients_stalled: u64,
     pub messages_received: u64,
     pub messages_sent: u64,
     pub bytes_received: u64,
@@ -60,6 +61,7 @@ impl Snapshot {
             sessions,
             sessions_disconnected: sessions - connected.min(sessions),
             sessions_expired: get(&s.sessions_expired),
+            clients_stalled: get(&s.clients_stalled),
             messages_received: get(&s.messages_received),
             messages_sent: get(&s.messages_sent),
             bytes_received: get(&s.bytes_received),
@@ -166,6 +168,12 @@ impl Collector for BrokerCollector {
             "mercurio_sessions_expired",
             "Sessions ended by their expiry",
             s.sessions_expired,
+        )?;
+        counter(
+            e,
+            "mercurio_clients_stalled",
+            "Times a client with queued messages took none for stall_time and stopped holding publishers back",
+            s.clients_stalled,
         )?;
         counter(
             e,

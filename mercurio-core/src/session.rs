@@ -7,9 +7,10 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::link::Link;
@@ -30,6 +31,15 @@ pub(crate) struct Delivery {
     pub subscription_ids: Vec<u32>,
     /// Position in the session's queue, set by [`Session::enqueue`] (storage's key).
     pub seq: u64,
+}
+
+impl Delivery {
+    /// Bytes this delivery holds in a queue: the message's topic, properties and payload,
+    /// and its subscription identifiers (what `max_queued_bytes` and the high-water mark
+    /// count).
+    pub(crate) fn cost(&self) -> u64 {
+        (self.msg.size() + 4 * self.subscription_ids.len()) as u64
+    }
 }
 
 /// Where an outbound QoS 1/2 message stands (MQTT 5.0 section 4.3).
@@ -71,17 +81,46 @@ pub(crate) struct Will {
 }
 
 /// Limits applied when enqueueing (`max_queued_messages`, `max_queued_qos0_messages`,
-/// `max_queued_bytes`).
+/// `max_queued_bytes`), and the marks of back pressure (ARCHITECTURE.md, "Flow control").
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueLimits {
     pub max_messages: usize,
     pub max_qos0_messages: usize,
     /// 0 = unlimited.
     pub max_bytes: u64,
+    /// From this many queued messages on, publishers routing into the session wait.
+    pub high_water_messages: usize,
+    /// From this many queued bytes on, publishers routing into the session wait.
+    pub high_water_bytes: u64,
+    /// A client with queued messages that takes none for this long is stalled.
+    pub stall_time: Duration,
 }
 
-/// A session's queue: deliveries waiting for the client, and the bytes of their payloads
-/// (what `max_queued_bytes` bounds), kept together by every change.
+impl QueueLimits {
+    /// The limits of `server`: the high-water marks are capped at half of the matching queue
+    /// limits, so that publishers slow down before anything is dropped.
+    pub(crate) fn new(server: &crate::config::ServerConfig) -> QueueLimits {
+        let half_bytes = match server.max_queued_bytes {
+            0 => u64::MAX,
+            b => b / 2,
+        };
+        QueueLimits {
+            max_messages: server.max_queued_messages,
+            max_qos0_messages: server.max_queued_qos0_messages,
+            max_bytes: server.max_queued_bytes,
+            high_water_messages: server
+                .queue_high_water
+                .min(server.max_queued_messages / 2)
+                .min(server.max_queued_qos0_messages / 2)
+                .max(1),
+            high_water_bytes: server.queue_high_water_bytes.min(half_bytes).max(1),
+            stall_time: Duration::from_secs(server.stall_time.max(1)),
+        }
+    }
+}
+
+/// A session's queue: deliveries waiting for the client, and the bytes they hold (topic,
+/// properties and payload: what `max_queued_bytes` bounds), kept together by every change.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
     items: VecDeque<Delivery>,
@@ -98,7 +137,7 @@ impl Queue {
         self.items.is_empty()
     }
 
-    /// Bytes of the queued payloads.
+    /// Bytes of the queued deliveries ([`Delivery::cost`]).
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -114,20 +153,20 @@ impl Queue {
 
     /// Adds a delivery at the end.
     pub(crate) fn push_back(&mut self, q: Delivery) {
-        self.bytes += q.msg.payload.len() as u64;
+        self.bytes += q.cost();
         self.items.push_back(q);
     }
 
     /// Puts back at the head a delivery just taken by [`Queue::pop_front`].
     pub(crate) fn push_front(&mut self, q: Delivery) {
-        self.bytes += q.msg.payload.len() as u64;
+        self.bytes += q.cost();
         self.items.push_front(q);
     }
 
     /// Takes the next delivery.
     pub(crate) fn pop_front(&mut self) -> Option<Delivery> {
         let q = self.items.pop_front()?;
-        self.bytes = self.bytes.saturating_sub(q.msg.payload.len() as u64);
+        self.bytes = self.bytes.saturating_sub(q.cost());
         Some(q)
     }
 
@@ -138,7 +177,7 @@ impl Queue {
             if keep(&q) {
                 self.items.push_back(q);
             } else {
-                self.bytes = self.bytes.saturating_sub(q.msg.payload.len() as u64);
+                self.bytes = self.bytes.saturating_sub(q.cost());
                 removed.push(q);
             }
         }
@@ -158,7 +197,7 @@ pub(crate) struct SessionState {
     pub protocol: ProtocolVersion,
     /// Full filter (with `$share/...`) to what was granted.
     pub subscriptions: HashMap<String, Granted>,
-    /// Deliveries waiting for the client, with the bytes of their payloads.
+    /// Deliveries waiting for the client, with the bytes they hold.
     pub queue: Queue,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
     pub inflight: VecDeque<Inflight>,
@@ -188,6 +227,16 @@ pub(crate) struct SessionState {
     pub changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
     pub next_seq: u64,
+    /// When the client last took a message from the queue, or was found with nothing to
+    /// take (flow control: a client that takes none for `stall_time` is stalled).
+    last_progress: Instant,
+    /// The queue turned non-empty and its writer has not run since: the stall clock starts
+    /// when a publisher first finds it so, not at the last progress before an idle spell.
+    woken_unfilled: bool,
+    /// A publisher waits for this queue to go under its low-water mark.
+    room_waited: bool,
+    /// This stall was logged and counted already.
+    stall_reported: bool,
 }
 
 /// What a stored session reports, one call per change, made under the session's lock so that
@@ -224,6 +273,8 @@ pub(crate) type SessionTable = Mutex<HashMap<Arc<str>, Arc<Session>>>;
 pub struct Session {
     pub(crate) client_id: Arc<str>,
     pub(crate) state: Mutex<SessionState>,
+    /// Publishers waiting for this queue to drain (back pressure) wait on it.
+    room: Notify,
     /// Who the session belongs to, for access checks (set at each CONNECT).
     pub(crate) identity: parking_lot::RwLock<crate::auth::Identity>,
 }
@@ -232,9 +283,19 @@ pub struct Session {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Enqueued {
     Queued,
+    /// Queued, and the queue is now at its high-water mark while a client is connected:
+    /// the publisher should wait ([`Session::wait_room`]).
+    QueuedOverHighWater,
     /// Not kept: QoS 0 for a session with no connection (as mosquitto does by default).
     Skipped,
     Dropped(DropCause),
+}
+
+impl Enqueued {
+    /// True when the message went into the queue.
+    pub(crate) fn is_queued(self) -> bool {
+        matches!(self, Enqueued::Queued | Enqueued::QueuedOverHighWater)
+    }
 }
 
 impl Session {
@@ -264,7 +325,12 @@ impl Session {
                 username: None,
                 changes: None,
                 next_seq: 1,
+                last_progress: Instant::now(),
+                woken_unfilled: false,
+                room_waited: false,
+                stall_reported: false,
             }),
+            room: Notify::new(),
             identity: Default::default(),
         }
     }
@@ -287,7 +353,7 @@ impl Session {
             return Enqueued::Skipped;
         }
         let len = st.queue.len();
-        let bytes = delivery.msg.payload.len() as u64;
+        let bytes = delivery.cost();
         // The limit that refuses it, if any (named in the warning).
         let limit = if delivery.qos == QoS::AtMostOnce && len >= limits.max_qos0_messages {
             Some("max_queued_qos0_messages")
@@ -337,12 +403,91 @@ impl Session {
         // as a permit. So no `Arc<Link>` clone and drop, and no `notify_one`, per message.
         let was_empty = len == 0;
         st.queue.push_back(delivery);
+        if was_empty {
+            st.woken_unfilled = true;
+        }
+        let over = st.link.is_some()
+            && (len + 1 >= limits.high_water_messages
+                || st.queue.bytes() >= limits.high_water_bytes);
         let link = if was_empty { st.link.clone() } else { None };
         drop(st);
         if let Some(link) = link {
             link.wake();
         }
-        Enqueued::Queued
+        if over {
+            Enqueued::QueuedOverHighWater
+        } else {
+            Enqueued::Queued
+        }
+    }
+}
+
+/// Back pressure (ARCHITECTURE.md, "Flow control").
+impl Session {
+    /// Waits until this session's queue is back under its low-water mark, or its client is
+    /// stalled (took nothing for `stall_time`), gone or ended. Wakes on the writer's
+    /// notification; the only timer is the stall deadline. The first waiter to find the
+    /// client stalled logs it and counts it.
+    pub(crate) async fn wait_room(&self, limits: &QueueLimits, stats: &crate::stats::Stats) {
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = Instant::now();
+            let stall_at = {
+                let mut st = self.state.lock();
+                if st.ended || st.link.is_none() || st.under_low_water(limits) {
+                    return;
+                }
+                if st.woken_unfilled {
+                    // Its writer has not run since the queue filled: the clock starts now.
+                    st.woken_unfilled = false;
+                    st.last_progress = now;
+                }
+                let stall_at = st.last_progress + limits.stall_time;
+                if stall_at <= now {
+                    if !st.stall_reported {
+                        st.stall_reported = true;
+                        let queued = st.queue.len();
+                        drop(st);
+                        crate::stats::Stats::add(&stats.clients_stalled, 1);
+                        tracing::warn!(client_id = %self.client_id, queued, stall_time = limits.stall_time.as_secs(), "client stalled: it took no message for stall_time; publishers no longer wait for it");
+                    }
+                    return;
+                }
+                st.room_waited = true;
+                stall_at
+            };
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(stall_at.into()) => {}
+            }
+        }
+    }
+
+    /// Wakes every publisher waiting in [`Session::wait_room`].
+    pub(crate) fn release_waiters(&self) {
+        self.room.notify_waiters();
+    }
+
+    /// Records that the writer ran and took `took` messages from the queue; returns true
+    /// when publishers waiting for room must be woken ([`Session::release_waiters`]).
+    pub(crate) fn progressed(
+        st: &mut SessionState,
+        took: usize,
+        now: Instant,
+        limits: &QueueLimits,
+    ) -> bool {
+        st.woken_unfilled = false;
+        if took > 0 || st.queue.is_empty() {
+            st.last_progress = now;
+            st.stall_reported = false;
+        }
+        if st.room_waited && st.under_low_water(limits) {
+            st.room_waited = false;
+            return true;
+        }
+        false
     }
 }
 
@@ -416,12 +561,16 @@ impl Session {
             }
         }
         st.persist_detached(&self.client_id);
-        Some(Detached {
+        let detached = Detached {
             generation: st.generation,
             expiry: st.expiry_interval,
             will_now,
             will_delay,
-        })
+        };
+        drop(st);
+        // Publishers waiting for this client stop waiting: nobody drains its queue now.
+        self.release_waiters();
+        Some(detached)
     }
 
     /// Ends the session: its queue, in-flight messages and subscriptions are dropped. Returns
@@ -436,7 +585,10 @@ impl Session {
         st.queue.clear();
         st.inflight.clear();
         let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
-        Some((filters, st.will.take()))
+        let will = st.will.take();
+        drop(st);
+        self.release_waiters();
+        Some((filters, will))
     }
 
     /// True when no connection took the session up since `generation` and it has not ended:
@@ -503,6 +655,12 @@ impl SessionState {
     /// Takes the head of the queue.
     pub(crate) fn pop_queued(&mut self) -> Option<Delivery> {
         self.queue.pop_front()
+    }
+
+    /// Back under the low-water mark: half the high-water mark, in messages and in bytes.
+    fn under_low_water(&self, limits: &QueueLimits) -> bool {
+        self.queue.len() <= limits.high_water_messages / 2
+            && self.queue.bytes() <= limits.high_water_bytes / 2
     }
 
     /// Removes the QoS 0 deliveries: they are not kept for a client that is away.

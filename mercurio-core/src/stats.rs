@@ -58,6 +58,9 @@ pub struct Stats {
     pub clients_connected: AtomicU64,
     pub clients_maximum: AtomicU64,
     pub sessions_expired: AtomicU64,
+    /// Times a client with queued messages was found stalled (took none for `stall_time`)
+    /// while publishers routed into its queue: from then on it held nobody back.
+    pub clients_stalled: AtomicU64,
     /// Batches of session changes written again after a storage error.
     pub storage_batches_retried: AtomicU64,
     /// Batches of session changes storage refused for good.

@@ -129,6 +129,10 @@ impl SysPublisher {
                 get(&s.sessions_expired).to_string(),
             ),
             (
+                "clients/stalled".into(),
+                get(&s.clients_stalled).to_string(),
+            ),
+            (
                 "retained messages/count".into(),
                 b.retained.lock().len().to_string(),
             ),

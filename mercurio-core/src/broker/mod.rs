@@ -70,11 +70,7 @@ pub(crate) struct BrokerState {
 
 impl BrokerState {
     pub(crate) fn new(config: Config) -> BrokerState {
-        let limits = QueueLimits {
-            max_messages: config.server.max_queued_messages,
-            max_qos0_messages: config.server.max_queued_qos0_messages,
-            max_bytes: config.server.max_queued_bytes,
-        };
+        let limits = QueueLimits::new(&config.server);
         BrokerState {
             config,
             limits,
@@ -111,6 +107,13 @@ impl BrokerState {
     /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
     /// Returns whether any subscription matched its topic (see [`BrokerState::route`]).
     pub(crate) fn publish(&self, msg: Message) -> bool {
+        self.publish_from(msg, &mut Vec::new())
+    }
+
+    /// [`BrokerState::publish`] for a client's reader: `congested` gets the receiving sessions
+    /// now at their high-water mark (or full while connected), for the reader to wait on
+    /// ([`Session::wait_room`]) before it reads more.
+    pub(crate) fn publish_from(&self, msg: Message, congested: &mut Vec<Arc<Session>>) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
             if msg.topic.starts_with("$SYS") {
@@ -126,7 +129,7 @@ impl BrokerState {
                 self.retain(&msg);
             }
         }
-        self.route(&msg)
+        self.route_from(&msg, congested)
     }
 
     /// Publishes one of the broker's own `$SYS` messages: kept in the `$SYS` retained store,
@@ -189,6 +192,11 @@ impl BrokerState {
     /// permission still count, as in mosquitto): MQTT 5 publishers are told when none did
     /// (PUBACK 0x10).
     pub(crate) fn route(&self, msg: &Arc<Message>) -> bool {
+        self.route_from(msg, &mut Vec::new())
+    }
+
+    /// [`BrokerState::route`], collecting the sessions at their high-water mark.
+    fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
         let matches = self.index.read().matches(&msg.topic);
         let matched =
             !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
@@ -220,26 +228,41 @@ impl BrokerState {
                 subscription_ids: ids,
                 seq: 0,
             };
-            self.deliver(&first.session, q);
+            if self.offer(&first.session, q) {
+                congested.push(Arc::clone(&first.session));
+            }
         }
         for sm in &matches.shared {
             if sm.members.is_empty() {
                 continue;
             }
             let readable = |e: &SubEntry| self.may_read(&e.session, &msg.topic);
-            let offer = |e: &SubEntry| {
-                matches!(
-                    e.session.enqueue(shared_delivery(msg, e), &self.limits),
-                    Enqueued::Queued
-                )
-            };
             // One member, in turn (MQTT 5.0 section 4.8.2): a connected one that takes it; when
             // nobody connected does, one member's persistent session keeps it.
             let mut taken = sm
-                .pick(|_, e| readable(e) && e.session.is_connected() && offer(e))
+                .pick(|_, e| {
+                    if !readable(e) || !e.session.is_connected() {
+                        return false;
+                    }
+                    match e.session.enqueue(shared_delivery(msg, e), &self.limits) {
+                        Enqueued::Queued => true,
+                        Enqueued::QueuedOverHighWater => {
+                            congested.push(Arc::clone(&e.session));
+                            true
+                        }
+                        Enqueued::Skipped | Enqueued::Dropped(_) => false,
+                    }
+                })
                 .is_some();
             if !taken && msg.qos > QoS::AtMostOnce {
-                taken = sm.pick(|_, e| readable(e) && offer(e)).is_some();
+                taken = sm
+                    .pick(|_, e| {
+                        readable(e)
+                            && e.session
+                                .enqueue(shared_delivery(msg, e), &self.limits)
+                                .is_queued()
+                    })
+                    .is_some();
             }
             if !taken {
                 self.stats.dropped(DropCause::NoShareMember);
@@ -255,11 +278,28 @@ impl BrokerState {
             return false;
         }
         match session.enqueue(q, &self.limits) {
-            Enqueued::Queued => true,
+            Enqueued::Queued | Enqueued::QueuedOverHighWater => true,
             Enqueued::Skipped => false,
             Enqueued::Dropped(cause) => {
                 self.stats.dropped(cause);
                 false
+            }
+        }
+    }
+
+    /// [`BrokerState::deliver`] for routing a client's message: true when the publisher
+    /// should wait for this session (at its high-water mark, or full while connected).
+    fn offer(&self, session: &Session, q: Delivery) -> bool {
+        if !self.may_read(session, &q.msg.topic) {
+            self.stats.dropped(DropCause::NotAuthorized);
+            return false;
+        }
+        match session.enqueue(q, &self.limits) {
+            Enqueued::Queued | Enqueued::Skipped => false,
+            Enqueued::QueuedOverHighWater => true,
+            Enqueued::Dropped(cause) => {
+                self.stats.dropped(cause);
+                session.is_connected()
             }
         }
     }

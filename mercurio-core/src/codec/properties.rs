@@ -68,6 +68,29 @@ pub struct Properties {
 }
 
 impl Properties {
+    /// Bytes held by the variable-length properties (strings, binary data, user properties,
+    /// subscription identifiers at 4 bytes each); the fixed-size ones count nothing. What a
+    /// queued message's properties cost in a session's queued bytes.
+    pub fn variable_len(&self) -> usize {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        let bin = |b: &Option<Bytes>| b.as_ref().map_or(0, Bytes::len);
+        text(&self.content_type)
+            + text(&self.response_topic)
+            + bin(&self.correlation_data)
+            + 4 * self.subscription_identifiers.len()
+            + text(&self.assigned_client_identifier)
+            + text(&self.authentication_method)
+            + bin(&self.authentication_data)
+            + text(&self.response_information)
+            + text(&self.server_reference)
+            + text(&self.reason_string)
+            + self
+                .user_properties
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+
     /// True when no property is set (the common case for 3.x traffic and plain 5.0 PUBLISH).
     pub fn is_empty(&self) -> bool {
         // Field by field: comparing with `Properties::default()` built and dropped a whole

@@ -143,6 +143,7 @@ pub(crate) async fn serve_with<S>(
         aliases: HashMap::new(),
         receive_maximum: broker.config.server.receive_maximum,
         bridge,
+        congested: Vec::new(),
     };
     let mut writer = Writer {
         broker: &broker,
@@ -152,6 +153,7 @@ pub(crate) async fn serve_with<S>(
         limits: client_limits,
         aliases: HashMap::new(),
         scratch: None,
+        out: BytesMut::new(),
     };
     link.wake();
     let close = {
@@ -190,8 +192,10 @@ pub(crate) async fn serve_with<S>(
         }
     };
 
-    // 4. Final bytes: what the reader answered last, and a DISCONNECT for 5.0 clients.
-    let mut last = link.take_control();
+    // 4. Final bytes: what an interrupted write left (never half a packet before the
+    // DISCONNECT), what the reader answered last, and a DISCONNECT for 5.0 clients.
+    let mut last = std::mem::take(&mut writer.out);
+    last.extend_from_slice(&link.take_control());
     if let (Some(rc), true) = (close.send, version.is_v5()) {
         let d = Packet::Disconnect(Disconnect {
             reason_code: rc,

@@ -39,6 +39,9 @@ pub(super) struct Reader<'a> {
     /// The client announced itself as a bridge (mosquitto's `try_private`): its
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
     pub(super) bridge: bool,
+    /// Sessions the last PUBLISH left at their high-water mark: waited on before the next
+    /// packet (back pressure).
+    pub(super) congested: Vec<Arc<Session>>,
 }
 
 impl Reader<'_> {
@@ -77,6 +80,28 @@ impl Reader<'_> {
                         };
                         if let Err(close) = handled_now {
                             return close;
+                        }
+                        // Back pressure: nothing more is read while a session this
+                        // connection published into is at its high-water mark and its client
+                        // takes messages; nor while the answers owed to this client are over
+                        // their limit (it does not read its socket).
+                        if !self.congested.is_empty() {
+                            Box::pin(self.wait_congested()).await;
+                            if let Some(g) = grace {
+                                deadline = Some(tokio::time::Instant::now() + g);
+                            }
+                        }
+                        if self.link.control_full() {
+                            let patience = self.broker.limits.stall_time;
+                            if !Box::pin(self.link.wait_control_room(patience)).await {
+                                tracing::info!(client_id = %self.session.client_id, "closing connection: the client does not read its socket (answers pending for stall_time)");
+                                return Close::lost(DisconnectReason::Io(
+                                    "the client does not read its socket".into(),
+                                ));
+                            }
+                            if let Some(g) = grace {
+                                deadline = Some(tokio::time::Instant::now() + g);
+                            }
                         }
                         // A fast publisher's buffer can hold thousands of packets: let the
                         // subscribers' writers this routing woke run (tokio keeps the last
@@ -129,6 +154,17 @@ impl Reader<'_> {
 
     fn send(&self, packet: Packet) {
         self.link.send(&packet, self.version);
+    }
+
+    /// Waits for each congested session but this connection's own (only its own reader,
+    /// which would be the one waiting, reads the acknowledgements that drain it).
+    async fn wait_congested(&mut self) {
+        let limits = self.broker.limits;
+        for s in std::mem::take(&mut self.congested) {
+            if !Arc::ptr_eq(&s, self.session) {
+                s.wait_room(&limits, &self.broker.stats).await;
+            }
+        }
     }
 
     fn violation(&self, rc: ReasonCode, why: &str) -> Close {
@@ -277,21 +313,27 @@ impl Reader<'_> {
         if !self.version.is_v5() && !p.properties.is_empty() {
             p.properties = Properties::default();
         }
-        // Flow control: QoS 2 messages awaiting PUBREL [MQTT-3.3.4-7].
-        if p.qos == QoS::ExactlyOnce {
+        // Flow control (5.0 sections 3.3.4 and 4.9): QoS 1 messages whose PUBACK is not
+        // written yet and QoS 2 messages awaiting PUBREL count against receive_maximum.
+        if p.qos > QoS::AtMostOnce {
             let st = self.session.state.lock();
-            if st.inbound_qos2.contains(&p.packet_id) {
+            if p.qos == QoS::ExactlyOnce && st.inbound_qos2.contains(&p.packet_id) {
                 // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
                 drop(st);
                 self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
                 return Ok(());
             }
-            if st.inbound_qos2.len() >= usize::from(self.receive_maximum) {
-                drop(st);
+            let unanswered = st.inbound_qos2.len() + self.link.unanswered_qos1();
+            drop(st);
+            if unanswered >= usize::from(self.receive_maximum) {
                 return Err(self.violation(
                     ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
-                    "more QoS 2 messages awaiting PUBREL than receive_maximum",
+                    "more QoS 1 and 2 messages unacknowledged than receive_maximum",
                 ));
+            }
+            if p.qos == QoS::AtLeastOnce {
+                // Counted until its PUBACK is written (every path below answers it).
+                self.link.qos1_received();
             }
         }
         if p.topic.starts_with("$SYS")
@@ -339,7 +381,7 @@ impl Reader<'_> {
             expires_at: Message::expiry_deadline(expiry, Instant::now()),
             publisher: Some(Arc::clone(&self.session.client_id)),
         };
-        let matched = broker.publish(msg);
+        let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
         // PUBREC stays 0x00, as in mosquitto.

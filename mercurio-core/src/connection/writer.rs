@@ -18,6 +18,10 @@ use crate::stats::{DropCause, Stats};
 
 /// A writer writes at most about this many bytes per system call before draining again.
 const WRITE_CHUNK: usize = 64 * 1024;
+/// Most topic aliases the broker sets towards a client, whatever its Topic Alias Maximum.
+const OUTBOUND_ALIASES: u16 = 100;
+/// Longest topic the broker gives an alias to (the alias table holds the topics).
+const OUTBOUND_ALIAS_TOPIC: usize = 256;
 
 /// What the client asked for that bounds what the broker sends it.
 #[derive(Debug, Clone, Copy)]
@@ -41,38 +45,46 @@ pub(super) struct Writer<'a> {
     pub(super) aliases: HashMap<String, u16>,
     /// Delivery properties built per message (5.0 only), allocated on first use.
     pub(super) scratch: Option<Box<Properties>>,
+    /// What is being written. What an interrupted write left stays here, so that the final
+    /// packets of the connection go out after whole packets, never after half of one.
+    pub(super) out: BytesMut,
 }
 
 impl Writer<'_> {
     pub(super) async fn run<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> Close {
-        let mut buf = BytesMut::new();
         loop {
             self.link.wait_woken().await;
             loop {
-                let more = self.fill(&mut buf);
-                if buf.is_empty() {
+                let mut out = std::mem::take(&mut self.out);
+                let (more, pubacks) = self.fill(&mut out);
+                self.out = out;
+                if self.out.is_empty() {
                     break;
                 }
-                if let Err(e) = wr.write_all(&buf).await {
+                let len = self.out.len() as u64;
+                if let Err(e) = wr.write_all_buf(&mut self.out).await {
                     return Close::lost(DisconnectReason::Io(e.to_string()));
                 }
-                Stats::add(&self.broker.stats.bytes_sent, buf.len() as u64);
-                buf.clear();
+                Stats::add(&self.broker.stats.bytes_sent, len);
+                self.out.clear();
+                self.link.wrote(pubacks);
                 if !more {
                     break;
                 }
             }
-            if buf.capacity() > IDLE_BUFFER_LIMIT {
-                buf = BytesMut::new();
+            if self.out.capacity() > IDLE_BUFFER_LIMIT {
+                self.out = BytesMut::new();
             }
         }
     }
 
     /// Encodes into `buf` the pending control packets, then in-flight messages not yet sent on
     /// this connection (resent with DUP [MQTT-4.4.0-1]), then queued messages while the window
-    /// allows. Returns true when more is waiting (the chunk limit was reached).
-    fn fill(&mut self, buf: &mut BytesMut) -> bool {
-        self.link.drain_control_into(buf);
+    /// allows. Returns whether more is waiting (the chunk limit was reached) and how many
+    /// PUBACKs it took from the control buffer. Records the client's progress (back pressure)
+    /// and wakes the publishers waiting for room.
+    fn fill(&mut self, buf: &mut BytesMut) -> (bool, usize) {
+        let pubacks = self.link.drain_control_into(buf);
         let stats = &self.broker.stats;
         let now = Instant::now();
         let mut st = self.session.state.lock();
@@ -114,6 +126,7 @@ impl Writer<'_> {
             }
         }
         let mut more = false;
+        let mut took = 0;
         loop {
             if buf.len() >= WRITE_CHUNK {
                 more = !st.queue.is_empty();
@@ -124,6 +137,7 @@ impl Writer<'_> {
                 break;
             }
             let Some(q) = st.pop_queued() else { break };
+            took += 1;
             if q.msg.is_expired(now) {
                 stats.dropped(DropCause::Expired);
                 st.persist_dequeued(&self.session.client_id, &q);
@@ -135,6 +149,7 @@ impl Writer<'_> {
                     Some(id) => id,
                     None => {
                         st.queue.push_front(q);
+                        took -= 1;
                         break;
                     }
                 }
@@ -186,7 +201,10 @@ impl Writer<'_> {
         if sent > 0 {
             Stats::add(&stats.messages_sent, sent);
         }
-        more
+        if Session::progressed(st, took, now, &self.broker.limits) {
+            self.session.release_waiters();
+        }
+        (more, pubacks)
     }
 
     /// The topic alias to use for `topic`: (alias, already known to the client).
@@ -197,8 +215,10 @@ impl Writer<'_> {
         if let Some(&a) = self.aliases.get(topic) {
             return Some((a, true));
         }
+        // Bounded: the table holds the topics themselves.
         let next = self.aliases.len() as u16 + 1;
-        (next <= self.limits.topic_alias_maximum).then_some((next, false))
+        let max = self.limits.topic_alias_maximum.min(OUTBOUND_ALIASES);
+        (next <= max && topic.len() <= OUTBOUND_ALIAS_TOPIC).then_some((next, false))
     }
 }
 
