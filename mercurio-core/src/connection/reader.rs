@@ -55,7 +55,7 @@ impl Reader<'_> {
             // one clock reading for a whole buffer of them.
             let before = handled;
             loop {
-                match codec::decode(buf, self.version, max) {
+                match codec::decode_from_client(buf, self.version, max) {
                     Ok(Some(packet)) => {
                         // A future holds room for the largest state it can be in, and this
                         // one lives as long as the connection (idle ones too): the waiting
