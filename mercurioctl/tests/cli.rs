@@ -133,6 +133,19 @@ fn usage_errors() {
     for words in ["broker", "client", "--socket", "--json", "Exit status"] {
         assert!(help.contains(words), "{words}: {help}");
     }
+    // broker log-level --help lists the targets a directive may name.
+    let help = ctl(&["broker", "log-level", "--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&help.stdout);
+    for target in [
+        "mercurio::connections",
+        "mercurio_core::session",
+        "mercurio_core::connection",
+        "mercurio_storage::sqlite",
+        "mercuriod::admin",
+    ] {
+        assert!(help.lines().any(|l| l.trim() == target), "{target}: {help}");
+    }
 }
 
 #[test]
@@ -176,6 +189,31 @@ fn every_command_against_a_live_broker() {
     fails(&d, &["broker", "log-level", "verbose"], 1, "not a level");
     fails(&d, &["broker", "log-level", ""], 1, "empty");
     assert_eq!(json(&d, &["broker", "status"])["log_level"], "debug");
+    // A module that does not exist (the old crate name): applied, with a warning naming it
+    // and the real targets, here and in the broker's log.
+    let (code, out, _) = run(
+        &d,
+        &[
+            "broker",
+            "log-level",
+            "debug,mercurio_server::session=trace",
+        ],
+    );
+    assert_eq!(code, Some(0));
+    assert!(
+        out.starts_with("log level: debug,mercurio_server::session=trace\nwarning: "),
+        "{out}"
+    );
+    assert!(
+        out.contains("no module of Mercurio: mercurio_server::session"),
+        "{out}"
+    );
+    assert!(out.contains("mercurio_core::session"), "{out}");
+    d.wait_line("unknown target warning", |l| {
+        l.contains("WARN") && l.contains("mercurio_server::session")
+    });
+    let (code, out, _) = run(&d, &["broker", "log-level", "debug"]);
+    assert_eq!((code, out.as_str()), (Some(0), "log level: debug\n"));
 
     // client list, empty
     let (code, out, _) = run(&d, &["client", "list"]);

@@ -7,7 +7,7 @@
 //! | request | result |
 //! |---|---|
 //! | `{"command":"broker.status"}` | version, uptime, clients, sessions, storage, log level |
-//! | `{"command":"broker.log-level","level":"debug"}` | `{"level": directives in force}` |
+//! | `{"command":"broker.log-level","level":"debug"}` | `{"level": directives in force}`, plus `"warning"` when a directive names no module of Mercurio |
 //! | `{"command":"client.list"}` | `{"clients":[{client_id, connected, protocol_level, ...}]}` |
 //! | `{"command":"client.show","client_id":"x"}` | the session in detail |
 //! | `{"command":"client.disconnect","client_id":"x"}` | `{}` |
@@ -210,9 +210,15 @@ async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
     match request {
         Request::Status => ok(status(handle, log)),
         Request::LogLevel { level } => match log.set_level(&level) {
-            Ok(directives) => {
+            Ok((directives, warning)) => {
+                if let Some(w) = &warning {
+                    tracing::warn!("{w}");
+                }
                 tracing::info!("log level set to {directives:?} by mercurioctl");
-                ok(json!({"level": directives}))
+                match warning {
+                    Some(w) => ok(json!({"level": directives, "warning": w})),
+                    None => ok(json!({"level": directives})),
+                }
             }
             Err(e) => error(e),
         },
