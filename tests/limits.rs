@@ -600,8 +600,9 @@ async fn message_above_subscriber_maximum_packet_size_is_dropped_for_it() {
 /// max_keepalive. 5.0: "If the Server returns a Server Keep Alive on the CONNACK packet, the
 /// Client MUST use that value instead of the value it sent as the Keep Alive [MQTT-3.2.2-21]",
 /// and the server closes after one and a half times it [MQTT-3.1.2-22] with 0x8D.
-/// 3.x cannot be told: as mosquitto documents, a keep alive above max_keepalive gets CONNACK
-/// 0x02 (identifier rejected); keep alive 0 is accepted.
+/// 3.x cannot be told: as mosquitto 2.0.12+ does, a keep alive above max_keepalive or of 0
+/// (none) gets CONNACK 0x02 (identifier rejected). With max_keepalive = 0 (no limit) any
+/// keep alive is accepted.
 #[tokio::test]
 async fn max_keepalive() {
     let (broker, addr) = start_with(config(|s| s.max_keepalive = 1)).await;
@@ -626,8 +627,8 @@ async fn max_keepalive() {
     c.keep_alive = 1;
     let (_c, ack) = Client::connect_with(addr, c).await;
     assert_eq!(ack.properties.server_keep_alive, None);
-    // 3.x above: refused with identifier rejected; at or below, or 0: accepted.
-    for (ka, rc) in [(2, 2), (60, 2), (1, 0), (0, 0)] {
+    // 3.x above or none: refused with identifier rejected; at or below: accepted.
+    for (ka, rc) in [(2, 2), (60, 2), (1, 0), (0, 2)] {
         let mut c = connect_packet(V311, &format!("v3-ka{ka}"));
         c.keep_alive = ka;
         let (mut cl, ack) = Client::connect_with(addr, c).await;
@@ -864,5 +865,60 @@ async fn clientid_prefixes() {
         logs.lines()
     );
     ok.ping().await;
+    broker.shutdown().await;
+}
+
+/// Every limit's 0 means unlimited, as a mosquitto user expects: with
+/// `max_queued_messages = 0` and `max_queued_qos0_messages = 0` an offline session keeps
+/// every QoS 1 message and an online one gets every QoS 0 message (it used to drop them all,
+/// $SYS included, while publishers got PUBACK); `max_packet_size`, `receive_maximum` and
+/// `max_inflight` 0 are the protocol's largest values.
+#[tokio::test]
+async fn zero_limits_mean_unlimited() {
+    let (broker, addr) = start_with(config(|s| {
+        s.max_queued_messages = 0;
+        s.max_queued_qos0_messages = 0;
+        s.max_packet_size = 0;
+        s.receive_maximum = 0;
+        s.max_inflight = 0;
+        s.sys_interval = 1;
+    }))
+    .await;
+    let (mut sub, _) = Client::connect_persistent(addr, V311, "zero-sub").await;
+    sub.subscribe("zero/q1", QoS::AtLeastOnce).await;
+    sub.disconnect().await;
+    let mut publ = Client::connect(addr, V311, "zero-pub").await;
+    for i in 0..50u32 {
+        publ.publish("zero/q1", i.to_string().as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+    }
+    let (mut sub, present) = Client::connect_persistent(addr, V311, "zero-sub").await;
+    assert!(present);
+    for i in 0..50u32 {
+        let p = sub.expect_publish().await;
+        assert_eq!(&p.payload[..], i.to_string().as_bytes());
+        sub.ack(&p).await;
+    }
+    // QoS 0 to an online subscriber, and $SYS.
+    sub.subscribe("zero/q0", QoS::AtMostOnce).await;
+    for i in 0..20u32 {
+        publ.publish("zero/q0", i.to_string().as_bytes(), QoS::AtMostOnce, false)
+            .await;
+    }
+    for i in 0..20u32 {
+        assert_eq!(
+            &sub.expect_publish().await.payload[..],
+            i.to_string().as_bytes()
+        );
+    }
+    sub.subscribe("$SYS/broker/uptime", QoS::AtMostOnce).await;
+    assert_eq!(sub.expect_publish().await.topic, "$SYS/broker/uptime");
+    // 5.0 CONNACK: no Maximum Packet Size (the protocol's), Receive Maximum 65,535.
+    let (_c, ack) = Client::connect_with(addr, connect_packet(V5, "zero-v5")).await;
+    assert_eq!(ack.properties.maximum_packet_size, None);
+    assert!(matches!(
+        ack.properties.receive_maximum,
+        None | Some(65_535)
+    ));
     broker.shutdown().await;
 }

@@ -198,9 +198,12 @@ impl BrokerBuilder {
             tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, http, tls));
         }
         *inner.local_addrs.lock() = addrs;
-        let mut sys = SysPublisher::new(Arc::clone(&inner));
-        sys.publish_all();
-        tokio::spawn(sys.run());
+        // sys_interval = 0 turns $SYS off, as in mosquitto.
+        if inner.config.server.sys_interval > 0 {
+            let mut sys = SysPublisher::new(Arc::clone(&inner));
+            sys.publish_all();
+            tokio::spawn(sys.run());
+        }
         Ok(BrokerHandle {
             inner,
             tls: Arc::new(tls.into_iter().flatten().collect()),

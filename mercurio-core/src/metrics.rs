@@ -109,7 +109,7 @@ impl Snapshot {
 /// A broker's metrics registry.
 pub(crate) struct Metrics {
     registry: Registry,
-    broker: Arc<BrokerInner>,
+    broker: Arc<BrokerState>,
 }
 
 impl Metrics {

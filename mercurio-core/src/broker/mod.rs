@@ -67,7 +67,9 @@ pub(crate) struct BrokerState {
 }
 
 impl BrokerState {
-    pub(crate) fn new(config: Config) -> BrokerState {
+    pub(crate) fn new(mut config: Config) -> BrokerState {
+        // Every limit's 0 means unlimited: from here on each is its largest value.
+        config.server = config.server.resolved();
         let limits = QueueLimits {
             max_messages: config.server.max_queued_messages,
             max_qos0_messages: config.server.max_queued_qos0_messages,

@@ -275,21 +275,20 @@ pub(super) async fn accept(
         Ok(username) => username,
         Err((rc, why)) => return Err(refuse(rc, &why)),
     };
-    // Keep alive and max_keepalive: a 5.0 client asking for more (or for none) is told the
-    // Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more is refused with
-    // "identifier rejected", as mosquitto documents (3.x has no way to be told).
+    // Keep alive and max_keepalive (0: no limit): a 5.0 client asking for more (or for none)
+    // is told the Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more or for none
+    // is refused with "identifier rejected", as mosquitto 2.0.12+ does (3.x cannot be told).
     let mut keep_alive = connect.keep_alive;
     let mut server_keep_alive = None;
-    let limited = server.max_keepalive < u16::MAX;
-    if version.is_v5() {
-        if limited && (keep_alive == 0 || keep_alive > server.max_keepalive) {
-            keep_alive = server.max_keepalive;
-            server_keep_alive = Some(keep_alive);
-        }
-    } else if keep_alive > server.max_keepalive {
+    let over = server.max_keepalive != 0
+        && (keep_alive == 0 || keep_alive > server.max_keepalive);
+    if over && version.is_v5() {
+        keep_alive = server.max_keepalive;
+        server_keep_alive = Some(keep_alive);
+    } else if over {
         return Err(refuse(
             ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
-            "keep alive above max_keepalive",
+            "keep alive 0 or above max_keepalive",
         ));
     }
     // The will [MQTT-3.1.2-9..] and what the broker supports.
