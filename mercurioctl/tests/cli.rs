@@ -361,3 +361,31 @@ fn passwd_adds_and_changes_users() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("empty password"));
 }
+
+/// The temporary file passwd writes through is created with O_EXCL and O_NOFOLLOW: a symbolic
+/// link planted at its name (by someone who can write the directory) is never followed, so
+/// the file it points to is left alone and the password file stays a regular file.
+#[cfg(unix)]
+#[test]
+fn passwd_never_writes_through_a_planted_symlink() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("passwd");
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.path().join("passwd.mercurio-tmp")).unwrap();
+    let mut child = Command::new(MERCURIOCTL)
+        .args(["passwd", "--stdin"])
+        .arg(&file)
+        .arg("alice")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mercurioctl");
+    writeln!(child.stdin.take().unwrap(), "secret").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let meta = std::fs::symlink_metadata(&file).unwrap();
+    assert!(meta.file_type().is_file(), "{meta:?}");
+    let users = mercurio_core::auth::password_file::PasswordFile::load(&file).unwrap();
+    assert!(users.get("alice").unwrap().verify(b"secret"));
+}

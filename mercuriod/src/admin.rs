@@ -17,7 +17,7 @@
 //! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
 //! [`MAX_CONNECTIONS`] are served at once.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,6 +67,19 @@ pub struct AdminSocket {
     path: PathBuf,
 }
 
+/// Binds a Unix socket that is mode 0600 from the moment it exists: created under umask 0177
+/// (restored right after), so no other user can connect in between, as a chmod after the bind
+/// would allow. The umask is the process's: this runs at start, before anything else creates
+/// files.
+fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    // SAFETY: umask only swaps the process's file mode creation mask; it cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the mask in force before.
+    unsafe { libc::umask(old) };
+    bound
+}
+
 impl AdminSocket {
     /// Binds `path` with mode 0600, creating its directory (mode 0700) when missing.
     ///
@@ -113,10 +126,7 @@ impl AdminSocket {
                 format!("admin socket {shown}: cannot remove the stale socket: {e}")
             })?;
         }
-        let listener =
-            UnixListener::bind(path).map_err(|e| format!("admin socket {shown}: {e}"))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("admin socket {shown}: {e}"))?;
+        let listener = bind_private(path).map_err(|e| format!("admin socket {shown}: {e}"))?;
         Ok(AdminSocket {
             listener,
             path: path.to_path_buf(),
@@ -336,4 +346,33 @@ fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
         "log_level": log.level(),
         "listeners": handle.local_addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::AdminSocket;
+
+    /// The socket is mode 0600 from the moment it exists: a watcher that stats it as soon as it
+    /// appears never sees another mode (with a chmod after the bind it could, under the
+    /// usual umask 022, and connect in between).
+    #[tokio::test]
+    async fn the_socket_is_private_from_the_moment_it_exists() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for i in 0..200 {
+            let path = dir.path().join(format!("s{i}.sock"));
+            let watched = path.clone();
+            let watcher = std::thread::spawn(move || loop {
+                if let Ok(m) = std::fs::symlink_metadata(&watched) {
+                    return m.permissions().mode() & 0o777;
+                }
+                std::hint::spin_loop();
+            });
+            let socket = AdminSocket::bind(&path).expect("bind");
+            let first = watcher.join().expect("watcher");
+            assert_eq!(first, 0o600, "socket {i} first seen with mode {first:o}");
+            drop(socket);
+        }
+    }
 }

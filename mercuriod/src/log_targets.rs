@@ -69,7 +69,8 @@ pub fn unknown(directives: &str) -> Vec<String> {
         .collect()
 }
 
-/// One line per target, for `--help`.
+/// One line per target, for mercurioctl's `--help`.
+#[allow(dead_code)] // compiled into mercuriod too, which has no use for it
 pub fn help() -> String {
     let mut out =
         String::from("Targets a directive may name (each covers the modules under it):\n");

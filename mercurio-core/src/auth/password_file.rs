@@ -210,29 +210,53 @@ pub fn set_password(path: &Path, user: &str, password: &[u8]) -> Result<(), File
         out.push_str(&entry);
         out.push('\n');
     }
-    let tmp = path.with_extension("mercurio-tmp");
-    let write = || -> std::io::Result<()> {
+    write_replacing(path, out.as_bytes()).map_err(|e| FileError::io(path, &e))
+}
+
+/// Writes `contents` to a new file next to `path`, then renames it over `path` (a reader sees
+/// the old file or the new one, whole). The temporary file is created with O_EXCL and
+/// O_NOFOLLOW, mode 0600 (then the mode of the file it replaces, set through the open file):
+/// a file or symbolic link planted at its name is never written through, the next name is
+/// tried instead.
+fn write_replacing(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let mut last = None;
+    for attempt in 0..16u32 {
+        let tmp = if attempt == 0 {
+            path.with_extension("mercurio-tmp")
+        } else {
+            path.with_extension(format!("mercurio-tmp.{}.{attempt}", std::process::id()))
+        };
         let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
+        opts.write(true).create_new(true);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
+            opts.mode(0o600).custom_flags(libc::O_NOFOLLOW);
         }
-        let mut f = opts.open(&tmp)?;
-        f.write_all(out.as_bytes())?;
-        f.sync_all()?;
-        #[cfg(unix)]
-        if let Ok(meta) = std::fs::metadata(path) {
-            // Keep the mode of an existing file.
-            let _ = std::fs::set_permissions(&tmp, meta.permissions());
+        let mut f = match opts.open(&tmp) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let written = (|| {
+            f.write_all(contents)?;
+            #[cfg(unix)]
+            if let Ok(meta) = std::fs::metadata(path) {
+                // Keep the mode of an existing file.
+                f.set_permissions(meta.permissions())?;
+            }
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
         }
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        FileError::io(path, &e)
-    })
+        return written;
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary file name left")))
 }
 
 /// Checks passwords at most this many at once; others wait their turn.
