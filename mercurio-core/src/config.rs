@@ -134,6 +134,11 @@ pub struct ListenerConfig {
     pub key_file: Option<PathBuf>,
     /// PEM CA certificates that client certificates are checked against.
     pub ca_file: Option<PathBuf>,
+    /// PEM certificate revocation lists (of the CAs of `ca_file`): a client certificate they
+    /// revoke is refused in the handshake. Only the client's own certificate is checked (as
+    /// mosquitto's `crlfile`), and a CRL must be given for the CA that issued it. Needs
+    /// `ca_file`; reread at reload.
+    pub crl_file: Option<PathBuf>,
     /// Refuse clients without a valid certificate; default false.
     pub require_certificate: bool,
     /// The client certificate's common name becomes the user name (and the password file is
@@ -157,6 +162,7 @@ impl Default for ListenerConfig {
             cert_file: None,
             key_file: None,
             ca_file: None,
+            crl_file: None,
             require_certificate: false,
             use_identity_as_username: false,
             health: false,
@@ -385,6 +391,12 @@ impl Config {
                         "needs cert_file and key_file (TLS)",
                     ));
                 }
+                if l.crl_file.is_some() {
+                    return Err(ConfigError::new(
+                        key("crl_file"),
+                        "needs cert_file and key_file (TLS)",
+                    ));
+                }
                 if l.require_certificate {
                     return Err(ConfigError::new(
                         key("require_certificate"),
@@ -397,6 +409,11 @@ impl Config {
                         "needs cert_file and key_file (TLS)",
                     ));
                 }
+            } else if l.crl_file.is_some() && l.ca_file.is_none() {
+                return Err(ConfigError::new(
+                    key("crl_file"),
+                    "needs ca_file (the CAs whose revocations it lists)",
+                ));
             } else if l.require_certificate && l.ca_file.is_none() {
                 return Err(ConfigError::new(
                     key("require_certificate"),
