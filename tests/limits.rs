@@ -922,3 +922,66 @@ async fn zero_limits_mean_unlimited() {
     ));
     broker.shutdown().await;
 }
+
+/// `max_topic_levels` (default 200, mosquitto's built-in limit): a SUBSCRIBE filter with more
+/// levels gets 0x8F Topic Filter invalid (3.x: 0x80) and costs nothing, the others in the same
+/// SUBSCRIBE are granted; a PUBLISH or will topic with more is an invalid topic name (5.0:
+/// DISCONNECT 0x90, will: CONNACK 0x90; 3.x: closed), as mosquitto treats it. 200 levels pass.
+#[tokio::test]
+async fn max_topic_levels() {
+    let (broker, addr) = start_with(test_config()).await;
+    let deep = "/".repeat(200); // 201 levels
+    let ok = format!("a{}", "/".repeat(199)); // 200 levels
+    let deep_shared = format!("$share/g/{}", "/".repeat(198)); // 201 levels
+    for (version, refused) in [(V5, ReasonCode(0x8F)), (V311, ReasonCode(0x80))] {
+        let mut c = Client::connect(addr, version, "levels-sub").await;
+        let o = mercurio::codec::SubscriptionOptions::default();
+        let codes = c
+            .subscribe_with(
+                &[(&deep, o), (&ok, o), (&deep_shared, o)],
+                Properties::default(),
+            )
+            .await;
+        assert_eq!(codes, vec![refused, ReasonCode(0), refused], "{version:?}");
+        assert!(broker
+            .sessions()
+            .iter()
+            .any(|s| s.client_id == "levels-sub" && s.subscriptions == 1));
+        c.publish(&ok, b"fits", QoS::AtLeastOnce, false).await;
+        assert_eq!(&c.expect_publish().await.payload[..], b"fits");
+        let mut p = Client::connect(addr, version, "levels-pub").await;
+        p.send(qos0(&format!("a{deep}"), Bytes::from_static(b"x")))
+            .await;
+        p.expect_violation(ReasonCode::TOPIC_NAME_INVALID).await;
+        c.disconnect().await;
+    }
+    let mut connect = connect_packet(V5, "levels-will");
+    connect.will = Some(mercurio::codec::LastWill {
+        topic: deep.clone(),
+        payload: Bytes::from_static(b"w"),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: Properties::default(),
+    });
+    let (_c, ack) = Client::connect_with(addr, connect).await;
+    assert_eq!(ack.reason_code, ReasonCode::TOPIC_NAME_INVALID);
+    broker.shutdown().await;
+}
+
+/// `max_subscriptions_per_client`: a new subscription over it gets 0x97 Quota exceeded (3.x:
+/// 0x80); replacing an existing one still works, and so does a new one once another is gone.
+#[tokio::test]
+async fn max_subscriptions_per_client() {
+    let (broker, addr) = start_with(config(|s| s.max_subscriptions_per_client = 2)).await;
+    for (version, refused) in [(V5, ReasonCode(0x97)), (V311, ReasonCode(0x80))] {
+        let mut c = Client::connect(addr, version, "quota").await;
+        assert_eq!(c.subscribe("q/1", QoS::AtMostOnce).await, ReasonCode(0));
+        assert_eq!(c.subscribe("q/2", QoS::AtMostOnce).await, ReasonCode(0));
+        assert_eq!(c.subscribe("q/3", QoS::AtMostOnce).await, refused);
+        assert_eq!(c.subscribe("q/2", QoS::AtLeastOnce).await, ReasonCode(1));
+        c.unsubscribe(&["q/1"]).await;
+        assert_eq!(c.subscribe("q/3", QoS::AtMostOnce).await, ReasonCode(0));
+        c.disconnect().await;
+    }
+    broker.shutdown().await;
+}

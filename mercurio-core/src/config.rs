@@ -82,6 +82,15 @@ pub struct ServerConfig {
     pub max_retained_messages: usize,
     /// Seconds between `$SYS` updates; 0 turns `$SYS` off (as in mosquitto); default 10.
     pub sys_interval: u64,
+    /// Most levels in a topic name or filter (`a/b/c` has 3); 0 = unlimited; default 200, the
+    /// limit mosquitto builds in, so a client that works with mosquitto never meets it. A
+    /// PUBLISH or will over it is refused as an invalid topic name (0x90), a SUBSCRIBE filter
+    /// gets 0x8F (3.x: 0x80).
+    pub max_topic_levels: usize,
+    /// Most subscriptions one session holds; 0 = unlimited; default 10,000. A SUBSCRIBE
+    /// filter over it gets 0x97 Quota exceeded (3.x: 0x80); replacing a subscription always
+    /// works.
+    pub max_subscriptions_per_client: usize,
 }
 
 impl Default for ServerConfig {
@@ -102,6 +111,8 @@ impl Default for ServerConfig {
             persistent_client_expiration: 0,
             max_retained_messages: 0,
             sys_interval: 10,
+            max_topic_levels: 200,
+            max_subscriptions_per_client: 10_000,
         }
     }
 }
@@ -278,7 +289,8 @@ pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
 impl ServerConfig {
     /// The limits with 0 ("unlimited") replaced by the largest value each can take:
     /// `max_packet_size` 268,435,455, `receive_maximum` and `max_inflight` 65,535,
-    /// `max_queued_messages` and `max_queued_qos0_messages` `usize::MAX`. The limits whose 0
+    /// `max_queued_messages`, `max_queued_qos0_messages`, `max_topic_levels` and
+    /// `max_subscriptions_per_client` `usize::MAX`. The limits whose 0
     /// the broker reads as such (`max_connections`, `max_keepalive`, `max_queued_bytes`,
     /// `max_retained_messages`, `persistent_client_expiration`) and `sys_interval` (0: off)
     /// are left as they are.
@@ -297,6 +309,12 @@ impl ServerConfig {
         }
         if self.max_queued_qos0_messages == 0 {
             self.max_queued_qos0_messages = usize::MAX;
+        }
+        if self.max_topic_levels == 0 {
+            self.max_topic_levels = usize::MAX;
+        }
+        if self.max_subscriptions_per_client == 0 {
+            self.max_subscriptions_per_client = usize::MAX;
         }
         self
     }
@@ -574,6 +592,8 @@ mod tests {
         s.max_queued_qos0_messages = 0;
         s.max_keepalive = 0;
         s.sys_interval = 0;
+        s.max_topic_levels = 0;
+        s.max_subscriptions_per_client = 0;
         assert_eq!(c.validate(), Ok(()));
         let r = c.server.clone().resolved();
         assert_eq!(r.max_packet_size, MAX_PACKET_SIZE_LIMIT);
@@ -581,6 +601,8 @@ mod tests {
         assert_eq!(r.max_queued_messages, usize::MAX);
         assert_eq!(r.max_queued_qos0_messages, usize::MAX);
         assert_eq!((r.max_keepalive, r.sys_interval), (0, 0));
+        assert_eq!(r.max_topic_levels, usize::MAX);
+        assert_eq!(r.max_subscriptions_per_client, usize::MAX);
         // Values that are not 0 are kept.
         let d = ServerConfig::default();
         assert_eq!(d.clone().resolved(), d);

@@ -455,15 +455,25 @@ impl Session {
         will
     }
 
-    /// Records a subscription. True when it replaced one on the same filter.
-    pub(crate) fn add_subscription(&self, filter: &str, granted: Granted) -> bool {
+    /// Records a subscription: `Some(true)` when it replaced one on the same filter, `None`
+    /// (nothing recorded) when the session holds `max` subscriptions already and `filter` is
+    /// not one of them.
+    pub(crate) fn add_subscription_within(
+        &self,
+        filter: &str,
+        granted: Granted,
+        max: usize,
+    ) -> Option<bool> {
         let mut st = self.state.lock();
+        if st.subscriptions.len() >= max && !st.subscriptions.contains_key(filter) {
+            return None;
+        }
         let existed = st
             .subscriptions
             .insert(filter.to_string(), granted)
             .is_some();
         st.persist_subscription(&self.client_id, filter, Some(&granted));
-        existed
+        Some(existed)
     }
 
     /// Removes a subscription. True when it existed.

@@ -263,7 +263,20 @@ impl BrokerState {
     /// Records a subscription in the session and the index. Returns true when it replaced an
     /// existing subscription on the same filter [MQTT-3.8.4-3].
     pub(crate) fn subscribe(&self, session: &Arc<Session>, filter: &str, granted: Granted) -> bool {
-        let existed = session.add_subscription(filter, granted);
+        self.subscribe_within(session, filter, granted, usize::MAX)
+            .unwrap_or(true)
+    }
+
+    /// [`subscribe`](Self::subscribe), unless the session already holds `max` subscriptions
+    /// and this one is new: `None` then (`max_subscriptions_per_client`).
+    pub(crate) fn subscribe_within(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        granted: Granted,
+        max: usize,
+    ) -> Option<bool> {
+        let existed = session.add_subscription_within(filter, granted, max)?;
         let entry = SubEntry {
             session: Arc::clone(session),
             granted,
@@ -271,7 +284,7 @@ impl BrokerState {
         self.index
             .write()
             .insert(filter, Arc::clone(&session.client_id), entry);
-        existed
+        Some(existed)
     }
 
     /// Removes a subscription. True when it existed.

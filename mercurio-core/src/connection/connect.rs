@@ -280,8 +280,7 @@ pub(super) async fn accept(
     // is refused with "identifier rejected", as mosquitto 2.0.12+ does (3.x cannot be told).
     let mut keep_alive = connect.keep_alive;
     let mut server_keep_alive = None;
-    let over = server.max_keepalive != 0
-        && (keep_alive == 0 || keep_alive > server.max_keepalive);
+    let over = server.max_keepalive != 0 && (keep_alive == 0 || keep_alive > server.max_keepalive);
     if over && version.is_v5() {
         keep_alive = server.max_keepalive;
         server_keep_alive = Some(keep_alive);
@@ -295,7 +294,10 @@ pub(super) async fn accept(
     let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
     let mut will = None;
     if let Some(w) = &connect.will {
-        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with("$SYS") {
+        if topic::validate_topic_name(&w.topic).is_err()
+            || w.topic.starts_with("$SYS")
+            || topic::level_count(&w.topic) > server.max_topic_levels
+        {
             return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
         }
         if w.qos > max_qos {

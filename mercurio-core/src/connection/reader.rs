@@ -268,6 +268,13 @@ impl Reader<'_> {
                 self.aliases.insert(alias, p.topic.clone());
             }
         }
+        if topic::level_count(&p.topic) > self.broker.config.server.max_topic_levels {
+            // As an invalid topic name, as mosquitto treats a topic over its level limit.
+            return Err(self.violation(
+                ReasonCode::TOPIC_NAME_INVALID,
+                "topic name over max_topic_levels",
+            ));
+        }
         if p.topic.is_empty() {
             return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "empty topic name"));
         }
@@ -406,6 +413,11 @@ impl Reader<'_> {
                 codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
                 continue;
             }
+            if topic::level_count(&f.filter) > broker.config.server.max_topic_levels {
+                tracing::debug!(client_id = %self.session.client_id, "SUBSCRIBE filter over max_topic_levels");
+                codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
+                continue;
+            }
             if shared && f.options.no_local {
                 return Err(self.violation(
                     ReasonCode::PROTOCOL_ERROR,
@@ -431,7 +443,13 @@ impl Reader<'_> {
                 options,
                 identifier,
             };
-            let existed = broker.subscribe(self.session, &f.filter, granted);
+            let max = broker.config.server.max_subscriptions_per_client;
+            let Some(existed) = broker.subscribe_within(self.session, &f.filter, granted, max)
+            else {
+                tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE over max_subscriptions_per_client");
+                codes.push(self.filter_failure(ReasonCode::QUOTA_EXCEEDED));
+                continue;
+            };
             codes.push(ReasonCode(options.qos as u8));
             let send = match options.retain_handling {
                 0 => true,
