@@ -197,8 +197,9 @@ impl Writer<'_> {
         if let Some(&a) = self.aliases.get(topic) {
             return Some((a, true));
         }
-        let next = self.aliases.len() as u16 + 1;
-        (next <= self.limits.topic_alias_maximum).then_some((next, false))
+        // Counted in usize: the 65,536th topic must get no alias, not a wrapped 0.
+        let next = self.aliases.len() + 1;
+        (next <= usize::from(self.limits.topic_alias_maximum)).then_some((next as u16, false))
     }
 }
 
