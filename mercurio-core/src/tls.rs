@@ -1,7 +1,7 @@
 //! TLS on MQTT listeners (rustls 0.23 with ring): TLS 1.2 and 1.3, a certificate chain and a
 //! key from PEM files, client certificates verified against `ca_file` (required with
-//! `require_certificate`) and the revocation lists of `crl_file`, the client certificate's common name as the user name with
-//! `use_identity_as_username`.
+//! `require_certificate`) and the revocation lists of `crl_file`, the client certificate's
+//! common name as the user name with `use_identity_as_username`.
 //!
 //! Each TLS listener holds its current `rustls` configuration behind a lock: a reload (SIGHUP)
 //! swaps it for new handshakes, and connections already up keep theirs.

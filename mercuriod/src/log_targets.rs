@@ -15,6 +15,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::error",
     "mercurio_core::handle",
     "mercurio_core::http",
+    "mercurio_core::link",
     "mercurio_core::listener",
     "mercurio_core::message",
     "mercurio_core::metrics",
