@@ -362,6 +362,7 @@ pub(super) async fn accept(
     let (session, link, session_present) = broker
         .take_session(
             &client_id,
+            username.as_deref(),
             connect.clean_start,
             version,
             expiry_interval,
