@@ -638,6 +638,54 @@ async fn durable_ack_acknowledges_after_the_commit() {
     broker.shutdown().await;
 }
 
+/// durable_ack: PUBCOMP waits for the commit of the PUBREL's removal, as PUBACK and PUBREC
+/// wait for theirs. Sent before it, a crash left the identifier "awaiting release" and the
+/// client's next QoS 2 message reusing it was answered and never routed.
+#[tokio::test]
+async fn durable_ack_sends_pubcomp_after_the_release_is_committed() {
+    let storage = MemoryStorage::new();
+    let mut config = test_config();
+    config.storage.durable_ack = true;
+    let broker = Broker::builder(config)
+        .storage(Arc::new(storage.clone()))
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let (mut c, _) = connect_persistent(addr, ProtocolVersion::V5, "q2").await;
+    c.send(Packet::Publish(Publish {
+        dup: false,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "t".into(),
+        packet_id: 7,
+        properties: Properties::default(),
+        payload: bytes::Bytes::from_static(b"x"),
+    }))
+    .await;
+    assert!(matches!(c.expect_packet().await, Packet::PubRec(_)));
+    let stored_ids = || {
+        storage
+            .snapshot()
+            .sessions
+            .iter()
+            .find(|s| s.client_id == "q2")
+            .map(|s| s.inbound_qos2.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(stored_ids(), vec![7]);
+    // Storage unavailable for a while: the release cannot be committed yet.
+    storage.fail_next(ErrorKind::Transient, 4);
+    c.send(Packet::PubRel(PubAck {
+        packet_id: 7,
+        ..PubAck::default()
+    }))
+    .await;
+    assert!(matches!(c.expect_packet().await, Packet::PubComp(_)));
+    assert_eq!(stored_ids(), Vec::<u16>::new(), "PUBCOMP before the commit");
+    broker.shutdown().await;
+}
+
 #[tokio::test]
 async fn refused_changes_are_given_up_and_the_client_written_whole() {
     let storage = MemoryStorage::new();

@@ -172,7 +172,10 @@ impl Reader<'_> {
                 if !known {
                     tracing::debug!(client_id = %self.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
                 }
-                self.send(Packet::PubComp(PubAck {
+                // With durable_ack, after the removal is committed: a PUBCOMP for a release
+                // storage still lacks would, after a crash, leave the identifier "awaiting
+                // release" and swallow the client's next QoS 2 message that reuses it.
+                self.send_acknowledgement(Packet::PubComp(PubAck {
                     packet_id: a.packet_id,
                     reason_code: ReasonCode::SUCCESS,
                     properties: Properties::default(),
@@ -221,7 +224,12 @@ impl Reader<'_> {
                 Packet::PubRec(ack)
             }
         };
-        // durable_ack: acknowledged once storage has committed what the message changed.
+        self.send_acknowledgement(packet);
+    }
+
+    /// Sends PUBACK, PUBREC or PUBCOMP: with durable_ack, once storage has committed what
+    /// the packet acknowledges (and everything before it).
+    fn send_acknowledgement(&self, packet: Packet) {
         match self.broker.persist.get().filter(|p| p.durable_ack()) {
             Some(p) => {
                 let (link, version) = (Arc::clone(self.link), self.version);
