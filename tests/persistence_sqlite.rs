@@ -4,6 +4,7 @@
 //! give-up and rewrite of dirty clients (on the memory backend's failure injection).
 mod common;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -683,6 +684,83 @@ async fn durable_ack_sends_pubcomp_after_the_release_is_committed() {
     .await;
     assert!(matches!(c.expect_packet().await, Packet::PubComp(_)));
     assert_eq!(stored_ids(), Vec::<u16>::new(), "PUBCOMP before the commit");
+    broker.shutdown().await;
+}
+
+/// A memory-storage broker with `durable_ack` and two offline persistent subscribers to
+/// `fan/t`: a publish there makes one batch covering both clients.
+async fn two_offline_subscribers(durable_ack: bool) -> (BrokerHandle, MemoryStorage, SocketAddr) {
+    let storage = MemoryStorage::new();
+    let mut config = test_config();
+    config.storage.durable_ack = durable_ack;
+    let broker = Broker::builder(config)
+        .storage(Arc::new(storage.clone()))
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    for id in ["fan-a", "fan-b"] {
+        let (mut c, _) = connect_persistent(addr, ProtocolVersion::V5, id).await;
+        c.subscribe("fan/t", QoS::AtLeastOnce).await;
+        c.disconnect().await;
+    }
+    broker.flush_storage().await;
+    (broker, storage, addr)
+}
+
+/// A refused batch covering several clients: each change gets five attempts in all, as the
+/// manual says (the batch was tried five times, then each client's part five more).
+#[tokio::test]
+async fn a_refused_batch_of_several_clients_gets_five_attempts() {
+    let (broker, storage, addr) = two_offline_subscribers(false).await;
+    let dropped = || {
+        broker
+            .stats()
+            .storage_batches_dropped
+            .load(Ordering::Relaxed)
+    };
+    // Five refusals: the batch once, then the first client's part four more times: given up.
+    storage.fail_next(ErrorKind::Refused, 5);
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "fan-pub").await;
+    publisher
+        .publish("fan/t", b"m", QoS::AtLeastOnce, false)
+        .await;
+    broker.flush_storage().await;
+    assert_eq!(
+        dropped(),
+        1,
+        "one client's changes given up after five attempts"
+    );
+    broker.shutdown().await;
+}
+
+/// durable_ack: an acknowledgement whose changes storage gave up is never sent; the
+/// connection is closed instead (5.0: DISCONNECT 0x80), so the client sends the message again.
+#[tokio::test]
+async fn durable_ack_never_acknowledges_what_was_given_up() {
+    let (broker, storage, addr) = two_offline_subscribers(true).await;
+    storage.fail_next(ErrorKind::Refused, 10);
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "fan-pub").await;
+    publisher
+        .send(Packet::Publish(Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: "fan/t".into(),
+            packet_id: 1,
+            properties: Properties::default(),
+            payload: bytes::Bytes::from_static(b"m"),
+        }))
+        .await;
+    assert_eq!(
+        publisher.expect_disconnect().await,
+        Some(ReasonCode::UNSPECIFIED_ERROR),
+        "closed, not acknowledged"
+    );
+    // Storage back: the same publish is acknowledged.
+    let mut again = Client::connect(addr, ProtocolVersion::V5, "fan-pub").await;
+    let rc = again.publish("fan/t", b"m", QoS::AtLeastOnce, false).await;
+    assert_eq!(rc, ReasonCode::SUCCESS);
     broker.shutdown().await;
 }
 

@@ -33,6 +33,9 @@ pub enum DisconnectReason {
     ProtocolViolation(ReasonCode),
     /// Reading or writing the socket failed.
     Io(String),
+    /// Storage did not commit what an acknowledgement owed to the client covers (durable_ack):
+    /// the connection is closed instead, so the client sends it again.
+    NotStored,
 }
 
 impl std::fmt::Display for DisconnectReason {
@@ -46,6 +49,9 @@ impl std::fmt::Display for DisconnectReason {
             DisconnectReason::Administrative => write!(f, "administrative action"),
             DisconnectReason::ProtocolViolation(rc) => write!(f, "protocol violation: {rc}"),
             DisconnectReason::Io(e) => write!(f, "socket error: {e}"),
+            DisconnectReason::NotStored => {
+                write!(f, "storage did not commit what an acknowledgement covers")
+            }
         }
     }
 }

@@ -233,7 +233,14 @@ impl Reader<'_> {
         match self.broker.persist.get().filter(|p| p.durable_ack()) {
             Some(p) => {
                 let (link, version) = (Arc::clone(self.link), self.version);
-                p.after_commit(Box::new(move || link.send(&packet, version)));
+                p.after_commit(Box::new(move |held| {
+                    if held {
+                        link.send(&packet, version);
+                    } else {
+                        // Closed instead, so that the client sends it again.
+                        link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
+                    }
+                }));
             }
             None => self.send(packet),
         }
