@@ -688,7 +688,7 @@ async fn durable_ack_sends_pubcomp_after_the_release_is_committed() {
 }
 
 /// A memory-storage broker with `durable_ack` and two offline persistent subscribers to
-/// `fan/t`: a publish there makes one batch covering both clients.
+/// `fan/t`.
 async fn two_offline_subscribers(durable_ack: bool) -> (BrokerHandle, MemoryStorage, SocketAddr) {
     let storage = MemoryStorage::new();
     let mut config = test_config();
@@ -706,32 +706,6 @@ async fn two_offline_subscribers(durable_ack: bool) -> (BrokerHandle, MemoryStor
     }
     broker.flush_storage().await;
     (broker, storage, addr)
-}
-
-/// A refused batch covering several clients: each change gets five attempts in all, as the
-/// manual says (the batch was tried five times, then each client's part five more).
-#[tokio::test]
-async fn a_refused_batch_of_several_clients_gets_five_attempts() {
-    let (broker, storage, addr) = two_offline_subscribers(false).await;
-    let dropped = || {
-        broker
-            .stats()
-            .storage_batches_dropped
-            .load(Ordering::Relaxed)
-    };
-    // Five refusals: the batch once, then the first client's part four more times: given up.
-    storage.fail_next(ErrorKind::Refused, 5);
-    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "fan-pub").await;
-    publisher
-        .publish("fan/t", b"m", QoS::AtLeastOnce, false)
-        .await;
-    broker.flush_storage().await;
-    assert_eq!(
-        dropped(),
-        1,
-        "one client's changes given up after five attempts"
-    );
-    broker.shutdown().await;
 }
 
 /// durable_ack: an acknowledgement whose changes storage gave up is never sent; the

@@ -315,3 +315,57 @@ fn spans_clients(batch: &[Change]) -> bool {
     let first = keys.next();
     keys.any(|k| Some(k) != first)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Weak};
+
+    use mercurio_storage::{Change, ErrorKind, MemoryStorage};
+
+    use super::super::Persister;
+    use crate::stats::Stats;
+
+    fn deleted(client_id: &str) -> Change {
+        Change::SessionDeleted {
+            client_id: client_id.into(),
+        }
+    }
+
+    /// One batch holding two clients' changes, refused nine times: each change has been
+    /// tried five times (the batch once, then its client's part four times) and both are
+    /// given up; before, the batch had five attempts and each part five more, ten in all.
+    #[tokio::test]
+    async fn a_refused_batch_of_several_clients_gets_five_attempts_in_all() {
+        let storage = MemoryStorage::new();
+        storage.fail_next(ErrorKind::Refused, 9);
+        let stats = Arc::new(Stats::default());
+        let p = Persister::start(
+            Arc::new(storage.clone()),
+            false,
+            Arc::clone(&stats),
+            Weak::new(),
+        );
+        // Both sent before the writer task runs: one batch.
+        p.emit(deleted("a"));
+        p.emit(deleted("b"));
+        p.flush().await;
+        assert_eq!(stats.storage_batches_dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.storage_batches_retried.load(Ordering::Relaxed), 6);
+        // Five refusals exactly: the batch, then four for the first part, which is given up;
+        // the second part then goes through at its first attempt.
+        let storage = MemoryStorage::new();
+        storage.fail_next(ErrorKind::Refused, 5);
+        let stats = Arc::new(Stats::default());
+        let p = Persister::start(
+            Arc::new(storage.clone()),
+            false,
+            Arc::clone(&stats),
+            Weak::new(),
+        );
+        p.emit(deleted("a"));
+        p.emit(deleted("b"));
+        p.flush().await;
+        assert_eq!(stats.storage_batches_dropped.load(Ordering::Relaxed), 1);
+    }
+}
