@@ -646,7 +646,7 @@ async fn pump(
             _ = link.wait_killed() => true,
         };
         loop {
-            let next = session.state.lock().pop_queued();
+            let next = session.state.lock().pop_queued(&session.client_id);
             let Some(q) = next else { break };
             if tx.send(q.msg).await.is_err() {
                 return;

@@ -123,7 +123,9 @@ impl Writer<'_> {
             if head.qos > QoS::AtMostOnce && st.inflight.len() >= self.limits.inflight {
                 break;
             }
-            let Some(q) = st.pop_queued() else { break };
+            let Some(q) = st.pop_queued(&self.session.client_id) else {
+                break;
+            };
             if q.msg.is_expired(now) {
                 stats.dropped(DropCause::Expired);
                 st.persist_dequeued(&self.session.client_id, &q);
