@@ -171,6 +171,11 @@ impl PasswordFile {
         self.users.get(user)
     }
 
+    /// A hash of the file to check unknown users against (the same work as a real check).
+    fn decoy(&self) -> Option<&Arc<PasswordHash>> {
+        self.users.values().next()
+    }
+
     pub fn len(&self) -> usize {
         self.users.len()
     }
@@ -280,7 +285,13 @@ pub struct FileAuthenticator {
     path: Option<PathBuf>,
     file: RwLock<Arc<PasswordFile>>,
     checks: Arc<Semaphore>,
+    /// Checks waiting for a permit; over [`MAX_WAITING_CHECKS`] a client is refused at once
+    /// (CONNACK "server busy") rather than queued without bound.
+    waiting: std::sync::atomic::AtomicUsize,
 }
+
+/// Most password checks waiting for their turn.
+const MAX_WAITING_CHECKS: usize = 1024;
 
 impl FileAuthenticator {
     /// Reads the password file, if any.
@@ -294,6 +305,7 @@ impl FileAuthenticator {
             path,
             file: RwLock::new(Arc::new(file)),
             checks: Arc::new(Semaphore::new(max_concurrent_checks())),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -328,17 +340,42 @@ impl Authenticator for FileAuthenticator {
                 Authentication::Deny(DenyReason::BadCredentials)
             };
         }
-        let hash = self.file.read().get(user).cloned();
-        let (Some(hash), Some(password)) = (hash, info.password.clone()) else {
+        // An unknown user (or no password) costs a check like a wrong password: against
+        // another user's hash (the file's own kind and cost), whose answer is ignored, so the
+        // time to refuse does not tell which user names exist.
+        let (hash, known) = {
+            let file = self.file.read();
+            match file.get(user) {
+                Some(h) => (Some(Arc::clone(h)), info.password.is_some()),
+                None => (file.decoy().cloned(), false),
+            }
+        };
+        let Some(hash) = hash else {
             return Authentication::Deny(DenyReason::BadCredentials);
         };
-        let Ok(_permit) = Arc::clone(&self.checks).acquire_owned().await else {
+        let password = info.password.clone().unwrap_or_default();
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        /// Counts a check as waiting until dropped (also when the CONNECT gives up waiting).
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let waiting = Waiting(&self.waiting);
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= MAX_WAITING_CHECKS {
+            tracing::warn!(user = %user, "{MAX_WAITING_CHECKS} password checks waiting: refusing");
+            return Authentication::Deny(DenyReason::Busy);
+        }
+        let permit = Arc::clone(&self.checks).acquire_owned().await;
+        drop(waiting);
+        let Ok(_permit) = permit else {
             return Authentication::Deny(DenyReason::NotAuthorized);
         };
-        let ok = tokio::task::spawn_blocking(move || hash.verify(&password))
+        let verified = tokio::task::spawn_blocking(move || hash.verify(&password))
             .await
             .unwrap_or(false);
-        if ok {
+        if verified && known {
             Authentication::Allow { username: None }
         } else {
             Authentication::Deny(DenyReason::BadCredentials)

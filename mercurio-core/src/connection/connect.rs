@@ -157,6 +157,10 @@ async fn connect_checks(
             "bad user name or password".to_string(),
         ),
         DenyReason::NotAuthorized => (ReasonCode::NOT_AUTHORIZED, "not authorized".to_string()),
+        DenyReason::Busy => (
+            ReasonCode::SERVER_BUSY,
+            "too many authentication checks waiting".to_string(),
+        ),
     })?;
     if let Some(will) = &connect.will {
         if broker.auth.checks_access()
@@ -186,6 +190,7 @@ pub(super) async fn accept(
     connect: Connect,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
+    deadline: tokio::time::Instant,
 ) -> Result<Accepted, Vec<u8>> {
     let version = connect.protocol;
     let server = &broker.config.server;
@@ -271,9 +276,20 @@ pub(super) async fn accept(
         ));
     }
     // Authentication: the hooks, then allow_anonymous and the password file.
-    let username = match connect_checks(broker, &connect, &client_id, peer, tls).await {
-        Ok(username) => username,
-        Err((rc, why)) => return Err(refuse(rc, &why)),
+    // Within the connect_timeout the TLS handshake and CONNECT share: a check that waits
+    // longer (a queue of slow password hashes) closes the connection without CONNACK.
+    let checked = tokio::time::timeout_at(
+        deadline,
+        connect_checks(broker, &connect, &client_id, peer, tls),
+    )
+    .await;
+    let username = match checked {
+        Ok(Ok(username)) => username,
+        Ok(Err((rc, why))) => return Err(refuse(rc, &why)),
+        Err(_) => {
+            tracing::info!(%peer, %client_id, "authentication not done within connect_timeout: closing");
+            return Err(Vec::new());
+        }
     };
     // Keep alive and max_keepalive (0: no limit): a 5.0 client asking for more (or for none)
     // is told the Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more or for none

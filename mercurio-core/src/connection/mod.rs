@@ -113,7 +113,7 @@ pub(crate) async fn serve_with<S>(
     // 2. Checks, session, CONNACK.
     // Boxed here and below: a future is as large as the largest state it can be in, and
     // the connection's task holds it for the whole connection (idle ones too).
-    let accepted = match Box::pin(accept(&broker, *connect, peer, tls)).await {
+    let accepted = match Box::pin(accept(&broker, *connect, peer, tls, connect_deadline)).await {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
