@@ -986,3 +986,79 @@ async fn max_subscriptions_per_client() {
     }
     broker.shutdown().await;
 }
+
+/// The client's Maximum Packet Size binds CONNACK too [MQTT-3.1.2-24]: a client allowing 2
+/// bytes is closed without one (the smallest CONNACK is 5 bytes), one allowing 8 gets a
+/// CONNACK of at most 8 bytes (the optional properties left out).
+#[tokio::test]
+async fn connack_respects_the_client_maximum_packet_size() {
+    let (broker, addr) = start_with(test_config()).await;
+    let mut connect = connect_packet(V5, "mps-2");
+    connect.properties.maximum_packet_size = Some(2);
+    let mut c = Client::open(addr, V5).await;
+    c.send(Packet::Connect(Box::new(connect))).await;
+    assert!(
+        c.expect_closed().await.is_empty(),
+        "no CONNACK larger than 2 bytes"
+    );
+    for max in [8u32, 11, 64] {
+        let mut connect = connect_packet(V5, &format!("mps-{max}"));
+        connect.properties.maximum_packet_size = Some(max);
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut out = bytes::BytesMut::new();
+        mercurio::codec::encode(&Packet::Connect(Box::new(connect)), V5, &mut out).unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream.write_all(&out).await.unwrap();
+        let mut head = [0u8; 2];
+        tokio::time::timeout(DEADLINE, stream.read_exact(&mut head))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(head[0], 0x20, "CONNACK");
+        let size = 2 + head[1] as u32;
+        assert!(
+            size <= max,
+            "CONNACK of {size} bytes for Maximum Packet Size {max}"
+        );
+    }
+    broker.shutdown().await;
+}
+
+/// In-flight messages resent to a client back with a smaller Maximum Packet Size are
+/// discarded, as if sent, when they no longer fit [MQTT-3.1.2-25] (counted too_large); the
+/// others are resent.
+#[tokio::test]
+async fn resent_in_flight_messages_respect_the_maximum_packet_size() {
+    let (broker, addr) = start_with(test_config()).await;
+    let (mut sub, _) = Client::connect_persistent(addr, V5, "mps-resend").await;
+    sub.subscribe("mps/t", QoS::AtLeastOnce).await;
+    let mut publ = Client::connect(addr, V5, "mps-pub").await;
+    publ.publish("mps/t", &[b'x'; 500], QoS::AtLeastOnce, false)
+        .await;
+    publ.publish("mps/t", b"small", QoS::AtLeastOnce, false)
+        .await;
+    // Received, not acknowledged: both in flight.
+    assert_eq!(sub.expect_publish().await.payload.len(), 500);
+    assert_eq!(&sub.expect_publish().await.payload[..], b"small");
+    sub.drop_connection().await;
+    let mut connect = connect_packet(V5, "mps-resend");
+    connect.clean_start = false;
+    connect.properties.session_expiry_interval = Some(3600);
+    connect.properties.maximum_packet_size = Some(100);
+    let (mut sub, ack) = Client::connect_with(addr, connect).await;
+    assert!(ack.session_present);
+    let p = sub.expect_publish().await;
+    assert_eq!(
+        &p.payload[..],
+        b"small",
+        "the 500-byte message is not resent"
+    );
+    assert!(p.dup);
+    sub.ack(&p).await;
+    sub.expect_nothing(std::time::Duration::from_millis(300))
+        .await;
+    let stats = broker.stats();
+    assert_eq!(stats.dropped_count(DropCause::TooLarge), 1);
+    assert_eq!(session(&broker, "mps-resend").unwrap().inflight, 0);
+    broker.shutdown().await;
+}

@@ -202,6 +202,13 @@ pub(super) async fn accept(
         return Err(refuse(ReasonCode::SERVER_UNAVAILABLE, "shutting down"));
     }
     let props = &connect.properties;
+    // The client's Maximum Packet Size binds every packet, CONNACK included [MQTT-3.1.2-24]:
+    // one too small for the smallest CONNACK (5 bytes) cannot be answered at all.
+    let client_max = props.maximum_packet_size.map_or(usize::MAX, |m| m as usize);
+    if client_max < 5 {
+        tracing::info!(%peer, client_id = %connect.client_id, maximum_packet_size = client_max, "refusing CONNECT: its Maximum Packet Size leaves no room for a CONNACK [MQTT-3.1.2-24]");
+        return Err(Vec::new());
+    }
 
     // "It is a Protocol Error to include Authentication Data if there is no Authentication
     // Method" (5.0 section 3.1.2.11.10).
@@ -410,7 +417,25 @@ pub(super) async fn accept(
         p.assigned_client_identifier = assigned;
         p.server_keep_alive = server_keep_alive;
     }
-    let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
+    let mut connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p.clone());
+    if connack.len() > client_max {
+        // Over the client's Maximum Packet Size [MQTT-3.1.2-24]: only what the client must
+        // know (its assigned identifier, the Server Keep Alive), then nothing.
+        let needed = Properties {
+            assigned_client_identifier: p.assigned_client_identifier.clone(),
+            server_keep_alive: p.server_keep_alive,
+            ..Properties::default()
+        };
+        connack = encode_connack(version, session_present, ReasonCode::SUCCESS, needed);
+        if connack.len() > client_max {
+            connack = encode_connack(
+                version,
+                session_present,
+                ReasonCode::SUCCESS,
+                Properties::default(),
+            );
+        }
+    }
     let client_limits = ClientLimits {
         inflight: usize::from(
             server
