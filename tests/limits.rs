@@ -1062,3 +1062,35 @@ async fn resent_in_flight_messages_respect_the_maximum_packet_size() {
     assert_eq!(session(&broker, "mps-resend").unwrap().inflight, 0);
     broker.shutdown().await;
 }
+
+/// Every packet respects the client's Maximum Packet Size [MQTT-3.1.2-24]: a SUBACK that
+/// cannot fit (one reason code per filter) is not sent; the connection is closed with
+/// DISCONNECT 0x95 instead.
+#[tokio::test]
+async fn a_suback_over_the_client_maximum_packet_size_is_not_sent() {
+    let (broker, addr) = start_with(test_config()).await;
+    let mut connect = connect_packet(V5, "mps-suback");
+    connect.properties.maximum_packet_size = Some(20);
+    let (mut c, ack) = Client::connect_with(addr, connect).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let filters: Vec<String> = (0..30).map(|i| format!("f/{i}")).collect();
+    let o = mercurio::codec::SubscriptionOptions::default();
+    c.send(Packet::Subscribe(mercurio::codec::Subscribe {
+        packet_id: 1,
+        filters: filters
+            .iter()
+            .map(|f| mercurio::codec::SubscribeFilter {
+                filter: f.clone(),
+                options: o,
+            })
+            .collect(),
+        properties: Properties::default(),
+    }))
+    .await;
+    assert_eq!(
+        c.expect_disconnect().await,
+        Some(ReasonCode::PACKET_TOO_LARGE),
+        "no 35-byte SUBACK"
+    );
+    broker.shutdown().await;
+}

@@ -67,6 +67,8 @@ pub(crate) struct Link {
     is_closed: AtomicBool,
     /// Packets encoded by the reader, written by the writer ahead of queued messages.
     control: Mutex<BytesMut>,
+    /// The client's Maximum Packet Size, in bytes (unlimited until CONNECT says).
+    max_packet_size: std::sync::atomic::AtomicUsize,
 }
 
 impl Link {
@@ -78,7 +80,13 @@ impl Link {
             closed: Notify::new(),
             is_closed: AtomicBool::new(false),
             control: Mutex::new(BytesMut::new()),
+            max_packet_size: std::sync::atomic::AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// Sets the client's Maximum Packet Size, in bytes, which [`Link::send`] respects.
+    pub(crate) fn set_max_packet_size(&self, max: usize) {
+        self.max_packet_size.store(max, Ordering::Relaxed);
     }
 
     /// Wakes the writer: something was queued.
@@ -131,11 +139,29 @@ impl Link {
         self.closed.notify_waiters();
     }
 
-    /// Encodes a packet for the writer and wakes it.
+    /// Encodes a packet for the writer and wakes it. A packet larger than the client's
+    /// Maximum Packet Size is never sent [MQTT-3.1.2-24] (a SUBACK for very many filters, say):
+    /// the connection is closed instead (MQTT 5: DISCONNECT 0x95 Packet too large).
     pub(crate) fn send(&self, packet: &Packet, version: ProtocolVersion) {
         let mut control = self.control.lock();
+        let before = control.len();
         if let Err(e) = codec::encode(packet, version, &mut control) {
             tracing::error!("cannot encode {}: {e}", packet.name());
+        }
+        let size = control.len() - before;
+        if size > self.max_packet_size.load(Ordering::Relaxed) {
+            control.truncate(before);
+            drop(control);
+            tracing::info!(
+                size,
+                "{} larger than the client's Maximum Packet Size: closing",
+                packet.name()
+            );
+            self.kill(
+                DisconnectReason::ProtocolViolation(ReasonCode::PACKET_TOO_LARGE),
+                ReasonCode::PACKET_TOO_LARGE,
+            );
+            return;
         }
         drop(control);
         self.wake.notify_one();

@@ -436,6 +436,7 @@ pub(super) async fn accept(
             );
         }
     }
+    link.set_max_packet_size(client_max);
     let client_limits = ClientLimits {
         inflight: usize::from(
             server
