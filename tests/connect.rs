@@ -348,8 +348,9 @@ async fn no_connect_within_connect_timeout_is_closed() {
     broker.shutdown().await;
 }
 
-/// A 3.1.1 client asking for a keep alive above max_keepalive is refused (mosquitto's
-/// behaviour, 3.1.1 cannot be told a Server Keep Alive); keep alive 0 is accepted.
+/// A 3.1.1 client asking for a keep alive above max_keepalive, or for none (0), is refused
+/// (mosquitto 2.0.12+'s behaviour, 3.1.1 cannot be told a Server Keep Alive); without
+/// max_keepalive (0, the default) keep alive 0 is accepted.
 #[tokio::test]
 async fn v311_keep_alive_above_maximum_is_refused() {
     let mut config = test_config();
@@ -361,6 +362,17 @@ async fn v311_keep_alive_above_maximum_is_refused() {
     assert!(c.expect_closed().await.is_empty());
     let mut zero = connect_packet(ProtocolVersion::V311, "ka0");
     zero.keep_alive = 0;
+    let (mut c, ack) = Client::connect_with(addr, zero.clone()).await;
+    assert_eq!(ack.reason_code, ReasonCode(2));
+    assert!(c.expect_closed().await.is_empty());
+    let mut ka30 = connect_packet(ProtocolVersion::V311, "ka30");
+    ka30.keep_alive = 30;
+    let (mut c, ack) = Client::connect_with(addr, ka30).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    c.ping().await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_with(test_config()).await;
     let (mut c, ack) = Client::connect_with(addr, zero).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
     c.ping().await;

@@ -77,21 +77,25 @@ async fn healthz_ok_then_503_while_stopping_then_refused() {
     );
 }
 
-/// Parses an exposition with prometheus_client's OpenMetrics parser (strict; the Prometheus
-/// text parser reads it too) and prints `TYPE family type` and `sample{labels} value` lines.
+/// Parses an exposition with prometheus_client's parser for the format named by argv[1]
+/// (`text`: the Prometheus text format 0.0.4; `openmetrics`: the strict OpenMetrics parser)
+/// and prints `TYPE family type` and `sample{labels} value` lines.
 const PARSE_SCRIPT: &str = r#"
 import sys
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
 from prometheus_client.parser import text_string_to_metric_families as prometheus_text
 
 text = sys.stdin.read()
-assert len(list(prometheus_text(text))) > 0
-for family in text_string_to_metric_families(text):
+parse = openmetrics if sys.argv[1] == "openmetrics" else prometheus_text
+for family in parse(text):
     print("TYPE", family.name, family.type)
     for s in family.samples:
         labels = ",".join('%s="%s"' % kv for kv in sorted(s.labels.items()))
         print("SAMPLE", s.name + ("{" + labels + "}" if labels else ""), repr(s.value))
 "#;
+
+/// What Prometheus sends: OpenMetrics preferred, the text format accepted.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
 /// Samples (`name` or `name{cause="..."}`) and family types of a parsed exposition.
 struct Parsed {
@@ -99,16 +103,25 @@ struct Parsed {
     types: HashMap<String, String>,
 }
 
-async fn scrape(python: &str, http: SocketAddr) -> (Parsed, String) {
-    let r = http_get(http, "/metrics").await;
+/// `GET /metrics`, with `Accept: accept` when given; the exposition parsed in the format its
+/// content type announces.
+async fn scrape_with(python: &str, http: SocketAddr, accept: Option<&str>) -> (Parsed, String) {
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    let req =
+        format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\n{accept}Connection: close\r\n\r\n");
+    let r = http_raw(http, req.as_bytes()).await.expect("a response");
     assert_eq!(r.status, 200);
-    let ct = r.header("content-type").unwrap_or_default();
-    assert!(
-        ct.starts_with("application/openmetrics-text") || ct.starts_with("text/plain"),
-        "{ct}"
-    );
+    let ct = r.header("content-type").unwrap_or_default().to_string();
+    let format = if ct == "application/openmetrics-text; version=1.0.0; charset=utf-8" {
+        "openmetrics"
+    } else {
+        assert_eq!(ct, "text/plain; version=0.0.4; charset=utf-8");
+        "text"
+    };
     let text = r.text();
-    let out = run_python(python, PARSE_SCRIPT, &[], text.as_bytes()).await;
+    let out = run_python(python, PARSE_SCRIPT, &[format.to_string()], text.as_bytes()).await;
     let mut parsed = Parsed {
         samples: HashMap::new(),
         types: HashMap::new(),
@@ -130,6 +143,10 @@ async fn scrape(python: &str, http: SocketAddr) -> (Parsed, String) {
         }
     }
     (parsed, text)
+}
+
+async fn scrape(python: &str, http: SocketAddr) -> (Parsed, String) {
+    scrape_with(python, http, None).await
 }
 
 const CAUSES: [&str; 6] = [
@@ -349,6 +366,61 @@ async fn metrics_equal_sys_after_known_traffic() {
     for secret in ["metrics-sub", "metrics-pub", "metrics-offline", "m/0"] {
         assert!(!text.contains(secret), "{secret} in /metrics");
     }
+    handle.shutdown().await;
+}
+
+/// `/metrics` answers the Prometheus text format 0.0.4 by default (a counter's `# HELP` and
+/// `# TYPE` name it with `_total`, as the manual's sample shows; no `# EOF`), and OpenMetrics
+/// when the request's Accept prefers it, as Prometheus's does. Both parse with
+/// prometheus_client and carry the same families.
+#[tokio::test]
+async fn metrics_format_follows_the_accept_header() {
+    let Some(python) = python_with(&["prometheus_client"]) else {
+        return;
+    };
+    let (handle, _tcp, http) = start_http(config(false, true, None)).await;
+
+    for accept in [None, Some("text/plain;version=0.0.4"), Some("*/*")] {
+        let r = {
+            let a = accept
+                .map(|a| format!("Accept: {a}\r\n"))
+                .unwrap_or_default();
+            let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{a}Connection: close\r\n\r\n");
+            http_raw(http, req.as_bytes()).await.expect("a response")
+        };
+        assert_eq!(
+            r.header("content-type"),
+            Some("text/plain; version=0.0.4; charset=utf-8"),
+            "{accept:?}"
+        );
+        let text = r.text();
+        let lines: Vec<&str> = text.lines().collect();
+        for line in [
+            "# HELP mercurio_messages_received_total PUBLISH packets received",
+            "# TYPE mercurio_messages_received_total counter",
+            "# TYPE mercurio_messages_dropped_total counter",
+            "# TYPE mercurio_clients_connected gauge",
+        ] {
+            assert!(lines.contains(&line), "{line} missing from\n{text}");
+        }
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+    let (text_parsed, _) = scrape(&python, http).await;
+    let (om_parsed, om) = scrape_with(&python, http, Some(PROMETHEUS_ACCEPT)).await;
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    assert!(
+        om.contains("# TYPE mercurio_messages_received counter\n"),
+        "{om}"
+    );
+    let (om_only, _) = scrape_with(&python, http, Some("application/openmetrics-text")).await;
+    assert_eq!(text_parsed.types, om_parsed.types);
+    assert_eq!(om_only.types, om_parsed.types);
+    let mut names: Vec<_> = text_parsed.samples.keys().collect();
+    let mut om_names: Vec<_> = om_parsed.samples.keys().collect();
+    names.sort();
+    om_names.sort();
+    assert_eq!(names, om_names);
+    assert!(names.len() >= 22, "{names:?}");
     handle.shutdown().await;
 }
 

@@ -644,6 +644,58 @@ async fn outbound_topic_aliases_respect_the_client_maximum() {
     broker.shutdown().await;
 }
 
+/// Outbound topic alias numbers never wrap: with a Topic Alias Maximum of 65,535 the
+/// 65,536th topic goes without an alias (it wrapped to 0, an alias the client must treat as a
+/// Protocol Error, section 3.3.2.3.4), and every alias stays within 1..=65,535.
+#[tokio::test]
+async fn outbound_topic_aliases_never_wrap() {
+    let mut config = test_config();
+    config.server.max_queued_qos0_messages = 0;
+    config.server.max_queued_messages = 0;
+    let (broker, addr) = start_with(config).await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "wrap-sub");
+    connect.properties.topic_alias_maximum = Some(u16::MAX);
+    let (mut sub, _) = Client::connect_with(addr, connect).await;
+    sub.subscribe("w/#", QoS::AtMostOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "wrap-pub").await;
+    const N: u32 = 65_537;
+    let reader = tokio::spawn(async move {
+        let mut without = Vec::new();
+        for i in 0..N {
+            let p = sub.expect_publish().await;
+            assert_eq!(p.topic, format!("w/{i}"));
+            match p.properties.topic_alias {
+                Some(a) => assert_ne!(a, 0, "topic {i} got alias 0"),
+                None => without.push(i),
+            }
+        }
+        without
+    });
+    for i in 0..N {
+        publisher
+            .send(Packet::Publish(mercurio::codec::Publish {
+                dup: false,
+                qos: QoS::AtMostOnce,
+                retain: false,
+                topic: format!("w/{i}"),
+                packet_id: 0,
+                properties: Properties::default(),
+                payload: bytes::Bytes::from_static(b"x"),
+            }))
+            .await;
+    }
+    let without = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("every message within two minutes")
+        .expect("reader");
+    assert_eq!(
+        without,
+        vec![65_535, 65_536],
+        "the topics past the 65,535 aliases"
+    );
+    broker.shutdown().await;
+}
+
 /// UNSUBSCRIBE: UNSUBACK with the same packet identifier [MQTT-3.10.4-4] [MQTT-3.10.4-5] and, in
 /// 5.0, one reason code per filter: 0x00 or 0x11 (No subscription existed) [MQTT-3.11.3-1];
 /// the broker stops delivering on the removed filter [MQTT-3.10.4-1] [MQTT-3.10.4-2].

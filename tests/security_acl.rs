@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use mercurio::codec::{ProtocolVersion, QoS, ReasonCode};
+use mercurio::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
 use mercurio::stats::DropCause;
 use mercurio::{Broker, BrokerHandle};
 
@@ -403,4 +403,81 @@ async fn bad_acl_file_fails_start() {
             .starts_with(&format!("{}: cannot read: ", missing.display())),
         "{e}"
     );
+}
+
+/// A session belongs to the identity that created it: another user connecting with its client
+/// identifier and clean session 0 gets a new session (session present 0), none of the owner's
+/// queued messages (which its ACL would refuse anyway) and none of its subscriptions; the
+/// owner's session is ended as a Clean Start ends one (a connected owner is taken over, 5.0:
+/// DISCONNECT 0x8E). The owner itself resumes its session as before.
+#[tokio::test]
+async fn a_session_belongs_to_the_identity_that_created_it() {
+    let (broker, addr, _dir, _) = broker_with_acl(
+        "user alice\ntopic readwrite secret/#\n\nuser mallory\ntopic readwrite public/#\n",
+    )
+    .await;
+    for v in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        let id = format!("victim-{}", v.level());
+        let persistent = |user: &str| {
+            let mut c = connect_as(v, &id, Some(user), None);
+            c.clean_start = false;
+            if v.is_v5() {
+                c.properties.session_expiry_interval = Some(3600);
+            }
+            c
+        };
+        // alice's session: a subscription and three queued messages.
+        let (mut alice, ack) = Client::connect_with(addr, persistent("alice")).await;
+        assert!(!ack.session_present);
+        alice.subscribe("secret/#", QoS::AtLeastOnce).await;
+        alice.disconnect().await;
+        let mut publisher = client(addr, v, "alice-pub", Some("alice")).await;
+        for i in 0..3 {
+            publisher
+                .publish(
+                    "secret/plans",
+                    format!("s{i}").as_bytes(),
+                    QoS::AtLeastOnce,
+                    false,
+                )
+                .await;
+        }
+        // alice resumes her own session: present, the first message delivered.
+        let (mut alice, ack) = Client::connect_with(addr, persistent("alice")).await;
+        assert!(ack.session_present, "the owner resumes its session");
+        let p = alice.expect_publish().await;
+        assert_eq!(&p.payload[..], b"s0");
+        // mallory takes the client identifier while alice is connected: a new session.
+        let (mut mallory, ack) = Client::connect_with(addr, persistent("mallory")).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        assert!(
+            !ack.session_present,
+            "another user's session is never resumed"
+        );
+        // (alice may have got the rest of her queue before being taken over.)
+        let seen = alice.expect_closed().await;
+        if v.is_v5() {
+            assert!(
+                matches!(seen.last(), Some(Packet::Disconnect(d)) if d.reason_code == ReasonCode::SESSION_TAKEN_OVER),
+                "{seen:?}"
+            );
+        }
+        publisher
+            .publish("secret/plans", b"later", QoS::AtLeastOnce, false)
+            .await;
+        mallory.expect_nothing(Duration::from_millis(500)).await;
+        let info = broker
+            .sessions()
+            .into_iter()
+            .find(|s| s.client_id == id)
+            .expect("mallory's session");
+        assert_eq!((info.subscriptions, info.queued, info.inflight), (0, 0, 0));
+        mallory.disconnect().await;
+        // Nor does alice get mallory's session: a new one again.
+        let (alice, ack) = Client::connect_with(addr, persistent("alice")).await;
+        assert!(!ack.session_present);
+        alice.disconnect().await;
+        publisher.disconnect().await;
+    }
+    broker.shutdown().await;
 }

@@ -304,3 +304,83 @@ async fn hooks_decide_first() {
     c.disconnect().await;
     broker.shutdown().await;
 }
+
+/// An authenticator that takes five seconds.
+struct SlowAuth;
+
+#[async_trait::async_trait]
+impl Authenticator for SlowAuth {
+    async fn authenticate(&self, _info: &ConnectInfo) -> Authentication {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        Authentication::NoOpinion
+    }
+}
+
+/// Authentication happens within connect_timeout: a check that takes longer closes the
+/// connection without CONNACK when the timeout (counted from the accept) runs out.
+#[tokio::test]
+async fn authentication_is_bounded_by_connect_timeout() {
+    let mut config = test_config();
+    config.server.connect_timeout = 1;
+    let broker = Broker::builder(config)
+        .authenticator(SlowAuth)
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let started = std::time::Instant::now();
+    let mut c = Client::open(addr, ProtocolVersion::V5).await;
+    c.send(mercurio::codec::Packet::Connect(Box::new(connect_packet(
+        ProtocolVersion::V5,
+        "slow",
+    ))))
+    .await;
+    assert!(c.expect_closed().await.is_empty(), "no CONNACK");
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(2500),
+        "closed after {took:?}"
+    );
+    broker.shutdown().await;
+}
+
+/// A user name the password file does not know is refused in about the time a wrong
+/// password takes (the password is checked against another user's hash), so the time of
+/// the answer does not tell which user names exist.
+#[tokio::test]
+async fn an_unknown_user_costs_what_a_wrong_password_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    // mosquitto_passwd's sha512-crypt hash of "hunter2" (cheaper than argon2id in a debug
+    // build, still thousands of rounds).
+    std::fs::write(
+        &file,
+        "alice:$6$EY5EWi0kwhbYnp1q$WAG5ypL7rmY8C2Y6Z1xSmHwDu8ySXMmgi9LQ1qvZlHuvOPPX5/OuFvn9vtIxpsH67cTjRLv4/kQnNcpmYe1c2w==\n",
+    )
+    .unwrap();
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    config.auth.password_file = Some(file);
+    let (broker, addr) = start_with(config).await;
+    let v5 = ProtocolVersion::V5;
+    let time = |user: &'static str| async move {
+        let started = std::time::Instant::now();
+        let rc = code(addr, v5, Some(user), Some("wrong")).await;
+        assert_eq!(rc, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        started.elapsed()
+    };
+    let mut known = Vec::new();
+    let mut unknown = Vec::new();
+    for _ in 0..5 {
+        known.push(time("alice").await);
+        unknown.push(time("mallory").await);
+    }
+    known.sort();
+    unknown.sort();
+    let (k, u) = (known[2], unknown[2]);
+    assert!(
+        u * 2 >= k,
+        "unknown user refused in {u:?}, wrong password in {k:?}"
+    );
+    broker.shutdown().await;
+}

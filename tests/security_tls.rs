@@ -1,6 +1,7 @@
 //! TLS listeners: handshakes (1.2 and 1.3) with certificates made in the test, client
 //! certificates required and refused, the certificate's name as the user name, the handshake
-//! bounded by connect_timeout, reload, mosquitto_pub / mosquitto_sub over TLS.
+//! bounded by connect_timeout (shared with CONNECT), revocation lists, reload, mosquitto_pub /
+//! mosquitto_sub over TLS.
 mod common;
 
 use std::net::SocketAddr;
@@ -579,5 +580,113 @@ async fn mosquitto_clients_over_tls() {
             "hello over tls"
         );
     }
+    broker.shutdown().await;
+}
+
+/// `crl_file`: a client certificate its CA revoked is refused in the handshake (TLS 1.2 and
+/// 1.3); one the list does not name still connects; a certificate of a CA without a CRL in the
+/// file is refused too (its revocation status is unknown).
+#[tokio::test]
+async fn revoked_client_certificate_is_refused() {
+    let pki = Pki::new();
+    let issue = |ca: &Ca, cn: &str, serial: u64| {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        p.serial_number = Some(rcgen::SerialNumber::from(serial));
+        (p.signed_by(&key, &ca.cert, &ca.key).unwrap(), key)
+    };
+    let good = issue(&pki.ca, "good", 1001);
+    let revoked = issue(&pki.ca, "revoked", 1002);
+    let crl = rcgen::CertificateRevocationListParams {
+        this_update: rcgen::date_time_ymd(2024, 1, 1),
+        next_update: rcgen::date_time_ymd(2099, 1, 1),
+        crl_number: rcgen::SerialNumber::from(1u64),
+        issuing_distribution_point: None,
+        revoked_certs: vec![rcgen::RevokedCertParams {
+            serial_number: rcgen::SerialNumber::from(1002u64),
+            revocation_time: rcgen::date_time_ymd(2024, 6, 1),
+            reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+            invalidity_date: None,
+        }],
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(&pki.ca.cert, &pki.ca.key)
+    .unwrap();
+    std::fs::write(pki.path("crl.pem"), crl.pem().unwrap()).unwrap();
+    let mut listener = pki.listener(true);
+    listener.crl_file = Some(pki.path("crl.pem"));
+    let (broker, addr) = start_tls(config_with(listener)).await;
+    for versions in [
+        &[&rustls::version::TLS13][..],
+        &[&rustls::version::TLS12][..],
+    ] {
+        let (_c, rc) = TlsClient::connect(
+            addr,
+            client_config(&pki.ca.cert, Some(&good), versions),
+            connect_packet(ProtocolVersion::V311, "good"),
+        )
+        .await
+        .expect("a certificate the CRL does not name is accepted");
+        assert_eq!(rc, ReasonCode::SUCCESS);
+        let refused = TlsClient::connect(
+            addr,
+            client_config(&pki.ca.cert, Some(&revoked), versions),
+            connect_packet(ProtocolVersion::V311, "revoked"),
+        )
+        .await;
+        assert!(refused.is_none(), "a revoked certificate must be refused");
+    }
+    broker.shutdown().await;
+}
+
+/// A crl_file without ca_file is a configuration error naming the key; a file that holds no
+/// CRL fails the start naming the file.
+#[tokio::test]
+async fn unusable_crl_file_fails_start() {
+    let pki = Pki::new();
+    let mut listener = pki.listener(false);
+    listener.crl_file = Some(pki.path("ca.pem"));
+    let e = config_with(listener).validate().expect_err("refused");
+    assert_eq!(e.key, "listeners[0].crl_file", "{e}");
+    let mut listener = pki.listener(true);
+    listener.crl_file = Some(pki.path("ca.pem"));
+    let e = Broker::builder(config_with(listener))
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("ca.pem"), "{e}");
+}
+
+/// The TLS handshake and CONNECT share one connect_timeout, counted from the accept: a
+/// client that takes most of it before its handshake is closed when it runs out, not given a
+/// fresh connect_timeout for CONNECT.
+#[tokio::test]
+async fn handshake_and_connect_share_connect_timeout() {
+    let pki = Pki::new();
+    let mut config = config_with(pki.listener(false));
+    config.server.connect_timeout = 2;
+    let (broker, addr) = start_tls(config).await;
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let connector = tokio_rustls::TlsConnector::from(client_config(&pki.ca.cert, None, ALL));
+    let mut stream = connector
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .expect("handshake within connect_timeout");
+    // No CONNECT: closed when the 2 s since the accept are over (not 2 s after the handshake).
+    let mut b = [0u8; 16];
+    let n = tokio::time::timeout(DEADLINE, stream.read(&mut b))
+        .await
+        .expect("closed in time");
+    assert!(matches!(n, Ok(0) | Err(_)));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(3000),
+        "closed after {took:?}"
+    );
     broker.shutdown().await;
 }

@@ -149,3 +149,24 @@ async fn sys_topics_hidden_from_leading_wildcards_and_not_publishable() {
     }
     broker.shutdown().await;
 }
+
+/// `sys_interval = 0` turns `$SYS` off, as in mosquitto: a subscriber to `$SYS/#` gets nothing,
+/// neither at subscription (no retained values) nor later, while ordinary messages flow.
+#[tokio::test]
+async fn sys_interval_0_turns_sys_off() {
+    let mut config = test_config();
+    config.server.sys_interval = 0;
+    let (broker, addr) = start_with(config).await;
+    let mut sys = Client::connect(addr, ProtocolVersion::V311, "sys-off").await;
+    assert_eq!(
+        sys.subscribe("$SYS/#", QoS::AtMostOnce).await,
+        ReasonCode(0)
+    );
+    sys.subscribe("plain/t", QoS::AtMostOnce).await;
+    let mut publ = Client::connect(addr, ProtocolVersion::V311, "sys-off-pub").await;
+    publ.publish("plain/t", b"x", QoS::AtLeastOnce, false).await;
+    let p = sys.expect_publish().await;
+    assert_eq!(p.topic, "plain/t", "no $SYS before the ordinary message");
+    sys.expect_nothing(Duration::from_millis(1500)).await;
+    broker.shutdown().await;
+}

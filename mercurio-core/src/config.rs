@@ -43,6 +43,9 @@ impl Default for Config {
 }
 
 /// `[server]`: limits and protocol options that apply to every listener.
+///
+/// Every limit's 0 means unlimited, as in mosquitto: the largest value the limit can take
+/// ([`ServerConfig::resolved`] says which), never "nothing allowed".
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -50,14 +53,17 @@ pub struct ServerConfig {
     pub max_connections: u32,
     /// Seconds a new connection has to send CONNECT (and finish TLS); default 10.
     pub connect_timeout: u64,
-    /// Largest packet accepted, in bytes, 1 to 268,435,455; default 1,048,576.
+    /// Largest packet accepted, in bytes, 14 (the smallest CONNECT) to 268,435,455, or 0 for
+    /// the protocol's limit (268,435,455); default 1,048,576.
     pub max_packet_size: u32,
-    /// Longest keep alive granted, in seconds (5.0: Server Keep Alive); default 65,535.
+    /// Longest keep alive granted, in seconds; 0 = unlimited (default). When set, a keep alive
+    /// above it or of 0 (none) is over the limit: 5.0 clients are told this one (Server Keep
+    /// Alive), 3.x clients are refused with "identifier rejected", as mosquitto 2.0.12+ does.
     pub max_keepalive: u16,
     /// QoS 1/2 PUBLISH a client may have unacknowledged towards the broker (5.0 Receive
-    /// Maximum), 1 to 65,535; default 1024.
+    /// Maximum), 1 to 65,535, or 0 for 65,535; default 1024.
     pub receive_maximum: u16,
-    /// Outbound QoS 1/2 messages in flight per client, 1 to 65,535; default 20.
+    /// Outbound QoS 1/2 messages in flight per client, 1 to 65,535, or 0 for 65,535; default 20.
     pub max_inflight: u16,
     /// Highest QoS accepted and granted, 0 to 2; default 2.
     pub max_qos: u8,
@@ -65,9 +71,10 @@ pub struct ServerConfig {
     pub retain_available: bool,
     /// Allowed client identifier prefixes; empty (default) allows any.
     pub clientid_prefixes: Vec<String>,
-    /// Messages queued per session before any is dropped; default 10,000.
+    /// Messages queued per session before any is dropped; 0 = unlimited; default 10,000.
     pub max_queued_messages: usize,
-    /// QoS 0 messages are dropped once a queue holds this many messages; default 1,000.
+    /// QoS 0 messages are dropped once a queue holds this many messages; 0 = unlimited;
+    /// default 1,000.
     pub max_queued_qos0_messages: usize,
     /// Bytes queued per session (topic, properties and payload of each message) before any
     /// is dropped; 0 = unlimited. Default 16 MiB.
@@ -90,8 +97,17 @@ pub struct ServerConfig {
     pub persistent_client_expiration: u64,
     /// Most retained messages kept; 0 = unlimited (default).
     pub max_retained_messages: usize,
-    /// Seconds between `$SYS` updates; default 10.
+    /// Seconds between `$SYS` updates; 0 turns `$SYS` off (as in mosquitto); default 10.
     pub sys_interval: u64,
+    /// Most levels in a topic name or filter (`a/b/c` has 3); 0 = unlimited; default 200, the
+    /// limit mosquitto builds in, so a client that works with mosquitto never meets it. A
+    /// PUBLISH or will over it is refused as an invalid topic name (0x90), a SUBSCRIBE filter
+    /// gets 0x8F (3.x: 0x80).
+    pub max_topic_levels: usize,
+    /// Most subscriptions one session holds; 0 = unlimited; default 10,000. A SUBSCRIBE
+    /// filter over it gets 0x97 Quota exceeded (3.x: 0x80); replacing a subscription always
+    /// works.
+    pub max_subscriptions_per_client: usize,
 }
 
 impl Default for ServerConfig {
@@ -100,7 +116,7 @@ impl Default for ServerConfig {
             max_connections: 0,
             connect_timeout: 10,
             max_packet_size: 1_048_576,
-            max_keepalive: 65_535,
+            max_keepalive: 0,
             receive_maximum: 1024,
             max_inflight: 20,
             max_qos: 2,
@@ -115,6 +131,8 @@ impl Default for ServerConfig {
             persistent_client_expiration: 0,
             max_retained_messages: 0,
             sys_interval: 10,
+            max_topic_levels: 200,
+            max_subscriptions_per_client: 10_000,
         }
     }
 }
@@ -147,6 +165,11 @@ pub struct ListenerConfig {
     pub key_file: Option<PathBuf>,
     /// PEM CA certificates that client certificates are checked against.
     pub ca_file: Option<PathBuf>,
+    /// PEM certificate revocation lists (of the CAs of `ca_file`): a client certificate they
+    /// revoke is refused in the handshake. Only the client's own certificate is checked (as
+    /// mosquitto's `crlfile`), and a CRL must be given for the CA that issued it. Needs
+    /// `ca_file`; reread at reload.
+    pub crl_file: Option<PathBuf>,
     /// Refuse clients without a valid certificate; default false.
     pub require_certificate: bool,
     /// The client certificate's common name becomes the user name (and the password file is
@@ -170,6 +193,7 @@ impl Default for ListenerConfig {
             cert_file: None,
             key_file: None,
             ca_file: None,
+            crl_file: None,
             require_certificate: false,
             use_identity_as_username: false,
             health: false,
@@ -615,6 +639,44 @@ impl ConfigError {
 /// Largest packet the MQTT specifications allow (the Remaining Length's limit).
 pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_455;
 
+/// Smallest `max_packet_size` that lets a client connect: a 3.1.1 CONNECT with an empty client
+/// identifier takes 14 bytes.
+pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
+
+impl ServerConfig {
+    /// The limits with 0 ("unlimited") replaced by the largest value each can take:
+    /// `max_packet_size` 268,435,455, `receive_maximum` and `max_inflight` 65,535,
+    /// `max_queued_messages`, `max_queued_qos0_messages`, `max_topic_levels` and
+    /// `max_subscriptions_per_client` `usize::MAX`. The limits whose 0
+    /// the broker reads as such (`max_connections`, `max_keepalive`, `max_queued_bytes`,
+    /// `max_retained_messages`, `persistent_client_expiration`) and `sys_interval` (0: off)
+    /// are left as they are.
+    pub fn resolved(mut self) -> ServerConfig {
+        if self.max_packet_size == 0 {
+            self.max_packet_size = MAX_PACKET_SIZE_LIMIT;
+        }
+        if self.receive_maximum == 0 {
+            self.receive_maximum = u16::MAX;
+        }
+        if self.max_inflight == 0 {
+            self.max_inflight = u16::MAX;
+        }
+        if self.max_queued_messages == 0 {
+            self.max_queued_messages = usize::MAX;
+        }
+        if self.max_queued_qos0_messages == 0 {
+            self.max_queued_qos0_messages = usize::MAX;
+        }
+        if self.max_topic_levels == 0 {
+            self.max_topic_levels = usize::MAX;
+        }
+        if self.max_subscriptions_per_client == 0 {
+            self.max_subscriptions_per_client = usize::MAX;
+        }
+        self
+    }
+}
+
 impl Config {
     /// Checks ranges and combinations of keys, then refuses keys whose feature this version of
     /// the broker does not have yet (rather than ignoring them). Returns the first problem found,
@@ -626,25 +688,17 @@ impl Config {
 
     fn validate_values(&self) -> Result<(), ConfigError> {
         let s = &self.server;
-        if s.max_packet_size < 1 || s.max_packet_size > MAX_PACKET_SIZE_LIMIT {
+        if s.max_packet_size != 0
+            && (s.max_packet_size < MIN_PACKET_SIZE_LIMIT
+                || s.max_packet_size > MAX_PACKET_SIZE_LIMIT)
+        {
             return Err(ConfigError::new(
                 "server.max_packet_size",
                 format!(
-                    "must be between 1 and {MAX_PACKET_SIZE_LIMIT}, not {}",
+                    "must be between {MIN_PACKET_SIZE_LIMIT} (the smallest CONNECT) and \
+                     {MAX_PACKET_SIZE_LIMIT}, or 0 for no limit, not {}",
                     s.max_packet_size
                 ),
-            ));
-        }
-        if s.receive_maximum < 1 {
-            return Err(ConfigError::new(
-                "server.receive_maximum",
-                "must be at least 1",
-            ));
-        }
-        if s.max_inflight < 1 {
-            return Err(ConfigError::new(
-                "server.max_inflight",
-                "must be at least 1",
             ));
         }
         if s.queue_high_water < 1 {
@@ -666,12 +720,6 @@ impl Config {
             return Err(ConfigError::new(
                 "server.max_qos",
                 format!("must be 0, 1 or 2, not {}", s.max_qos),
-            ));
-        }
-        if s.sys_interval < 1 {
-            return Err(ConfigError::new(
-                "server.sys_interval",
-                "must be at least 1",
             ));
         }
         if s.connect_timeout < 1 {
@@ -733,6 +781,12 @@ impl Config {
                         "needs cert_file and key_file (TLS)",
                     ));
                 }
+                if l.crl_file.is_some() {
+                    return Err(ConfigError::new(
+                        key("crl_file"),
+                        "needs cert_file and key_file (TLS)",
+                    ));
+                }
                 if l.require_certificate {
                     return Err(ConfigError::new(
                         key("require_certificate"),
@@ -745,6 +799,11 @@ impl Config {
                         "needs cert_file and key_file (TLS)",
                     ));
                 }
+            } else if l.crl_file.is_some() && l.ca_file.is_none() {
+                return Err(ConfigError::new(
+                    key("crl_file"),
+                    "needs ca_file (the CAs whose revocations it lists)",
+                ));
             } else if l.require_certificate && l.ca_file.is_none() {
                 return Err(ConfigError::new(
                     key("require_certificate"),
@@ -877,7 +936,7 @@ mod tests {
     #[test]
     fn ranges() {
         let mut c = Config::default();
-        c.server.max_packet_size = 0;
+        c.server.max_packet_size = MIN_PACKET_SIZE_LIMIT - 1;
         assert_eq!(err(&c).key, "server.max_packet_size");
         c.server.max_packet_size = MAX_PACKET_SIZE_LIMIT + 1;
         assert_eq!(err(&c).key, "server.max_packet_size");
@@ -886,24 +945,49 @@ mod tests {
 
         for (f, key) in [
             (
-                (|c: &mut Config| c.server.receive_maximum = 0) as fn(&mut Config),
-                "server.receive_maximum",
+                (|c: &mut Config| c.server.max_qos = 3) as fn(&mut Config),
+                "server.max_qos",
             ),
-            (|c| c.server.max_inflight = 0, "server.max_inflight"),
             (|c| c.server.queue_high_water = 0, "server.queue_high_water"),
             (
                 |c| c.server.queue_high_water_bytes = 0,
                 "server.queue_high_water_bytes",
             ),
             (|c| c.server.stall_time = 0, "server.stall_time"),
-            (|c| c.server.max_qos = 3, "server.max_qos"),
-            (|c| c.server.sys_interval = 0, "server.sys_interval"),
             (|c| c.server.connect_timeout = 0, "server.connect_timeout"),
         ] {
             let mut c = Config::default();
             f(&mut c);
             assert_eq!(err(&c).key, key);
         }
+    }
+
+    /// Every limit's 0 is accepted and means unlimited; `sys_interval = 0` means `$SYS` off.
+    #[test]
+    fn zero_means_unlimited() {
+        let mut c = Config::default();
+        let s = &mut c.server;
+        s.max_packet_size = 0;
+        s.receive_maximum = 0;
+        s.max_inflight = 0;
+        s.max_queued_messages = 0;
+        s.max_queued_qos0_messages = 0;
+        s.max_keepalive = 0;
+        s.sys_interval = 0;
+        s.max_topic_levels = 0;
+        s.max_subscriptions_per_client = 0;
+        assert_eq!(c.validate(), Ok(()));
+        let r = c.server.clone().resolved();
+        assert_eq!(r.max_packet_size, MAX_PACKET_SIZE_LIMIT);
+        assert_eq!((r.receive_maximum, r.max_inflight), (u16::MAX, u16::MAX));
+        assert_eq!(r.max_queued_messages, usize::MAX);
+        assert_eq!(r.max_queued_qos0_messages, usize::MAX);
+        assert_eq!((r.max_keepalive, r.sys_interval), (0, 0));
+        assert_eq!(r.max_topic_levels, usize::MAX);
+        assert_eq!(r.max_subscriptions_per_client, usize::MAX);
+        // Values that are not 0 are kept.
+        let d = ServerConfig::default();
+        assert_eq!(d.clone().resolved(), d);
     }
 
     #[test]

@@ -200,9 +200,12 @@ impl BrokerBuilder {
             tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, http, tls));
         }
         *inner.local_addrs.lock() = addrs;
-        let mut sys = SysPublisher::new(Arc::clone(&inner));
-        sys.publish_all();
-        tokio::spawn(sys.run());
+        // sys_interval = 0 turns $SYS off, as in mosquitto.
+        if inner.config.server.sys_interval > 0 {
+            let mut sys = SysPublisher::new(Arc::clone(&inner));
+            sys.publish_all();
+            tokio::spawn(sys.run());
+        }
         let bridges = Arc::new(Bridges::new(Arc::clone(&inner)));
         bridges.start(&inner.config.bridges).await?;
         Ok(BrokerHandle {
@@ -659,7 +662,7 @@ async fn pump(
         loop {
             let (next, release) = {
                 let mut st = session.state.lock();
-                let next = st.pop_queued();
+                let next = st.pop_queued(&session.client_id);
                 let took = usize::from(next.is_some());
                 let release =
                     Session::progressed(&mut st, took, std::time::Instant::now(), &limits);

@@ -136,11 +136,14 @@ impl Endpoint {
                 text(StatusCode::OK, "ok\n", guard)
             }
         } else if let (Some(m), "/metrics") = (&self.metrics, path) {
-            let mut r = Response::new(HttpBody::bytes(m.render(), guard));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
-            );
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let (body, content_type) = m.render(crate::metrics::wants_openmetrics(accept));
+            let mut r = Response::new(HttpBody::bytes(body, guard));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         } else if let Some(dir) = &self.http_dir {
             static_file(dir, path, guard).await

@@ -15,7 +15,8 @@
 //! rustls 0.23 with ring + tokio-rustls (TLS listeners, pure Rust), rustls-pki-types (PEM
 //! certificates and keys), sha2 + pbkdf2 + argon2 + password-hash (mosquitto_passwd's $6$, $7$
 //! and argon2id hashes; password-hash's getrandom for new salts), subtle (constant-time hash
-//! comparison), base64 (the salts and hashes of password files).
+//! comparison), base64 (the salts and hashes of password files), libc (O_NOFOLLOW for the
+//! temporary file a password file is rewritten through).
 
 pub mod auth;
 mod bridge;

@@ -40,6 +40,9 @@ pub enum DisconnectReason {
     ProtocolViolation(ReasonCode),
     /// Reading or writing the socket failed.
     Io(String),
+    /// Storage did not commit what an acknowledgement owed to the client covers (durable_ack):
+    /// the connection is closed instead, so the client sends it again.
+    NotStored,
 }
 
 impl std::fmt::Display for DisconnectReason {
@@ -53,6 +56,9 @@ impl std::fmt::Display for DisconnectReason {
             DisconnectReason::Administrative => write!(f, "administrative action"),
             DisconnectReason::ProtocolViolation(rc) => write!(f, "protocol violation: {rc}"),
             DisconnectReason::Io(e) => write!(f, "socket error: {e}"),
+            DisconnectReason::NotStored => {
+                write!(f, "storage did not commit what an acknowledgement covers")
+            }
         }
     }
 }
@@ -74,6 +80,8 @@ pub(crate) struct Link {
     /// Signalled after a write when the reader waits for the control buffer to drain.
     written: Notify,
     reader_waits: AtomicBool,
+    /// The client's Maximum Packet Size, in bytes (unlimited until CONNECT says).
+    max_packet_size: AtomicUsize,
 }
 
 /// The control buffer and how many PUBACKs it holds.
@@ -95,7 +103,13 @@ impl Link {
             unanswered_qos1: AtomicUsize::new(0),
             written: Notify::new(),
             reader_waits: AtomicBool::new(false),
+            max_packet_size: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// Sets the client's Maximum Packet Size, in bytes, which [`Link::send`] respects.
+    pub(crate) fn set_max_packet_size(&self, max: usize) {
+        self.max_packet_size.store(max, Ordering::Relaxed);
     }
 
     /// Wakes the writer: something was queued.
@@ -148,11 +162,29 @@ impl Link {
         self.closed.notify_waiters();
     }
 
-    /// Encodes a packet for the writer and wakes it.
+    /// Encodes a packet for the writer and wakes it. A packet larger than the client's
+    /// Maximum Packet Size is never sent [MQTT-3.1.2-24] (a SUBACK for very many filters, say):
+    /// the connection is closed instead (MQTT 5: DISCONNECT 0x95 Packet too large).
     pub(crate) fn send(&self, packet: &Packet, version: ProtocolVersion) {
         let mut control = self.control.lock();
+        let before = control.buf.len();
         if let Err(e) = codec::encode(packet, version, &mut control.buf) {
             tracing::error!("cannot encode {}: {e}", packet.name());
+        }
+        let size = control.buf.len() - before;
+        if size > self.max_packet_size.load(Ordering::Relaxed) {
+            control.buf.truncate(before);
+            drop(control);
+            tracing::info!(
+                size,
+                "{} larger than the client's Maximum Packet Size: closing",
+                packet.name()
+            );
+            self.kill(
+                DisconnectReason::ProtocolViolation(ReasonCode::PACKET_TOO_LARGE),
+                ReasonCode::PACKET_TOO_LARGE,
+            );
+            return;
         }
         if let Packet::PubAck(_) = packet {
             control.pubacks += 1;

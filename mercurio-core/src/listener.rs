@@ -114,7 +114,9 @@ pub(crate) async fn run(
         let on_listener = Arc::clone(&on_listener);
         let http = http.clone();
         let tls = tls.clone();
-        let connect_timeout = std::time::Duration::from_secs(broker.config.server.connect_timeout);
+        // The TLS handshake and CONNECT share one connect_timeout, counted from here.
+        let connect_deadline = tokio::time::Instant::now()
+            + std::time::Duration::from_secs(broker.config.server.connect_timeout);
         // A task is as large as its future, which is as large as its largest branch: the
         // TLS and WebSocket ones (TLS state, HTTP) are boxed so that a plain MQTT connection,
         // idle most of its life, does not carry their size.
@@ -125,13 +127,14 @@ pub(crate) async fn run(
                 (Some(tls), None) => {
                     Box::pin(async {
                         if let Some((stream, identity)) =
-                            tls::handshake(connect_timeout, &tls, stream, peer).await
+                            tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
                             connection::serve_with(
                                 Arc::clone(&broker),
                                 stream,
                                 peer,
                                 Some(identity),
+                                connect_deadline,
                             )
                             .await
                         }
@@ -141,7 +144,7 @@ pub(crate) async fn run(
                 (Some(tls), Some(ep)) => {
                     Box::pin(async {
                         if let Some((stream, _identity)) =
-                            tls::handshake(connect_timeout, &tls, stream, peer).await
+                            tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
                             websocket::serve(ep, stream, peer).await
                         }

@@ -1,6 +1,8 @@
-//! `GET /metrics` (docs/operations.md, "Health and metrics"): the counters of `$SYS` in the
-//! Prometheus text format, with the metric names and types of docs/http.md, read from the broker's state at the
-//! time of the request whatever `sys_interval` is.
+//! `GET /metrics` (docs/operations.md, "Health and metrics"): the counters of `$SYS` with
+//! the metric names and types of docs/http.md, read from the broker's state at the time of the request whatever
+//! `sys_interval` is. Served in the Prometheus text format 0.0.4 (counters named with
+//! `_total` in their `# HELP` and `# TYPE` lines), or in OpenMetrics 1.0 when the request's
+//! `Accept` header prefers it ([`wants_openmetrics`]), as Prometheus itself asks.
 //!
 //! The values come from the same sources as `$SYS/broker/...` ([`Snapshot::take`]): the
 //! [`Stats`](crate::stats::Stats) counters and the session, subscription and retained stores.
@@ -21,9 +23,37 @@ use prometheus_client::registry::Registry;
 use crate::broker::BrokerState;
 use crate::stats::DropCause;
 
-/// The content type of [`Metrics::render`]'s output (OpenMetrics text, which Prometheus
-/// scrapes natively and every Prometheus text parser reads).
-pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of the OpenMetrics exposition.
+pub(crate) const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The content type of the Prometheus text exposition (format 0.0.4), the default.
+pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a request's `Accept` header asks for OpenMetrics rather than the Prometheus text
+/// format: `application/openmetrics-text` is listed with a quality above 0 and at least that
+/// of `text/plain` (Prometheus sends both, OpenMetrics first). Without the header, or with
+/// only `*/*` or `text/plain`, the answer is the text format.
+pub(crate) fn wants_openmetrics(accept: Option<&str>) -> bool {
+    let Some(accept) = accept else {
+        return false;
+    };
+    let (mut openmetrics, mut text) = (0.0f32, 0.0f32);
+    for range in accept.split(',') {
+        let mut parts = range.split(';');
+        let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.trim().strip_prefix("q="))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        match media.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" | "text/*" | "*/*" => text = text.max(q),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= text
+}
 
 /// The `$SYS` statistics at one instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,26 +111,278 @@ impl Snapshot {
 /// A broker's metrics registry.
 pub(crate) struct Metrics {
     registry: Registry,
+    broker: Arc<BrokerState>,
 }
 
 impl Metrics {
     /// A registry whose one collector reads `broker` at each scrape.
     pub(crate) fn new(broker: Arc<BrokerState>) -> Metrics {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(BrokerCollector { broker }));
-        Metrics { registry }
+        registry.register_collector(Box::new(BrokerCollector {
+            broker: Arc::clone(&broker),
+        }));
+        Metrics { registry, broker }
     }
 
-    /// The exposition, as served by `GET /metrics`.
-    pub(crate) fn render(&self) -> String {
+    /// The exposition served by `GET /metrics` and its content type: OpenMetrics when
+    /// `openmetrics`, the Prometheus text format 0.0.4 otherwise.
+    pub(crate) fn render(&self, openmetrics: bool) -> (String, &'static str) {
         let mut out = String::with_capacity(4096);
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
+        if openmetrics {
+            // Writing to a String cannot fail; an error would leave a partial exposition.
+            let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+            (out, OPENMETRICS_CONTENT_TYPE)
+        } else {
+            for f in families(&Snapshot::take(&self.broker), &bridge_infos(&self.broker)) {
+                f.write_text(&mut out);
+            }
+            (out, TEXT_CONTENT_TYPE)
+        }
     }
 }
 
-/// Reads the broker's statistics at each scrape.
+/// One metric family: its name (without `_total`), help text, type and samples (a label
+/// `(name, value)` or none, and the value).
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    samples: Vec<(Option<(&'static str, String)>, u64)>,
+}
+
+impl Family {
+    fn gauge(name: &'static str, help: &'static str, value: u64) -> Family {
+        Family {
+            name,
+            help,
+            counter: false,
+            samples: vec![(None, value)],
+        }
+    }
+
+    fn counter(name: &'static str, help: &'static str, value: u64) -> Family {
+        Family {
+            name,
+            help,
+            counter: true,
+            samples: vec![(None, value)],
+        }
+    }
+
+    /// The family in the Prometheus text format 0.0.4: a counter's `# HELP`, `# TYPE` and
+    /// samples all carry the `_total` suffix.
+    fn write_text(&self, out: &mut String) {
+        use std::fmt::Write;
+        let (suffix, kind) = if self.counter {
+            ("_total", "counter")
+        } else {
+            ("", "gauge")
+        };
+        let help = self.help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(out, "# HELP {}{suffix} {help}", self.name);
+        let _ = writeln!(out, "# TYPE {}{suffix} {kind}", self.name);
+        for (label, value) in &self.samples {
+            match label {
+                Some((k, v)) => {
+                    let v = v
+                        .replace('\\', "\\\\")
+                        .replace('"', "\\\"")
+                        .replace('\n', "\\n");
+                    let _ = writeln!(out, "{}{suffix}{{{k}=\"{v}\"}} {value}", self.name);
+                }
+                None => {
+                    let _ = writeln!(out, "{}{suffix} {value}", self.name);
+                }
+            }
+        }
+    }
+
+    /// The family through prometheus-client's OpenMetrics encoder (which appends `_total` to
+    /// a counter's samples).
+    fn encode(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let kind = if self.counter {
+            MetricType::Counter
+        } else {
+            MetricType::Gauge
+        };
+        let mut m = encoder.encode_descriptor(self.name, self.help, None, kind)?;
+        let metric = |value: u64| -> Box<dyn EncodeMetric> {
+            if self.counter {
+                Box::new(ConstCounter::new(value))
+            } else {
+                Box::new(ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)))
+            }
+        };
+        if let [(None, value)] = self.samples[..] {
+            return metric(value).encode(m);
+        }
+        for (label, value) in &self.samples {
+            let labels: Vec<(&str, &str)> = label.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            metric(*value).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The bridges' counters, for their `/metrics` series.
+fn bridge_infos(broker: &BrokerState) -> Vec<crate::bridge::BridgeInfo> {
+    broker.bridges.lock().iter().map(|b| b.info()).collect()
+}
+
+/// Per-bridge series, labelled `bridge="<name>"` (none without bridges).
+fn bridge_families(bridges: &[crate::bridge::BridgeInfo]) -> Vec<Family> {
+    if bridges.is_empty() {
+        return Vec::new();
+    }
+    type Pick = fn(&crate::bridge::BridgeInfo) -> u64;
+    let families: [(&'static str, &'static str, bool, Pick); 6] = [
+        (
+            "mercurio_bridge_connected",
+            "1 while the bridge is connected to its remote, else 0",
+            false,
+            |b| u64::from(b.connected),
+        ),
+        (
+            "mercurio_bridge_queued_messages",
+            "Messages waiting for the remote, in flight included",
+            false,
+            |b| b.queued as u64,
+        ),
+        (
+            "mercurio_bridge_messages_dropped",
+            "Messages for the remote dropped by the queue's limits",
+            true,
+            |b| b.dropped,
+        ),
+        (
+            "mercurio_bridge_reconnects",
+            "Connections to the remote made after the first",
+            true,
+            |b| b.reconnects,
+        ),
+        (
+            "mercurio_bridge_messages_forwarded_in",
+            "Messages from the remote published here",
+            true,
+            |b| b.forwarded_in,
+        ),
+        (
+            "mercurio_bridge_messages_forwarded_out",
+            "Messages the remote acknowledged (QoS 1/2) or was sent (QoS 0)",
+            true,
+            |b| b.forwarded_out,
+        ),
+    ];
+    families
+        .into_iter()
+        .map(|(name, help, counter, pick)| Family {
+            name,
+            help,
+            counter,
+            samples: bridges
+                .iter()
+                .map(|b| (Some(("bridge", b.name.clone())), pick(b)))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Every family of `/metrics`, in the order served, from one snapshot.
+fn families(s: &Snapshot, bridges: &[crate::bridge::BridgeInfo]) -> Vec<Family> {
+    let mut all = vec![
+        Family::gauge(
+            "mercurio_clients_connected",
+            "Clients connected now",
+            s.clients_connected,
+        ),
+        Family::gauge(
+            "mercurio_clients_connected_max",
+            "Most clients connected at once",
+            s.clients_maximum,
+        ),
+        Family::gauge(
+            "mercurio_sessions",
+            "Sessions, connected or not",
+            s.sessions,
+        ),
+        Family::gauge(
+            "mercurio_sessions_disconnected",
+            "Sessions kept for clients that are not connected",
+            s.sessions_disconnected,
+        ),
+        Family::counter(
+            "mercurio_sessions_expired",
+            "Sessions ended by their expiry",
+            s.sessions_expired,
+        ),
+        Family::counter(
+            "mercurio_clients_stalled",
+            "Times a client with queued messages took none for stall_time and stopped holding publishers back",
+            s.clients_stalled,
+        ),
+        Family::counter(
+            "mercurio_messages_received",
+            "PUBLISH packets received",
+            s.messages_received,
+        ),
+        Family::counter(
+            "mercurio_messages_sent",
+            "PUBLISH packets sent",
+            s.messages_sent,
+        ),
+        Family::counter(
+            "mercurio_bytes_received",
+            "Bytes received",
+            s.bytes_received,
+        ),
+        Family::counter("mercurio_bytes_sent", "Bytes sent", s.bytes_sent),
+        Family::gauge(
+            "mercurio_retained_messages",
+            "Retained messages stored, $SYS ones not counted",
+            s.retained_messages,
+        ),
+        Family::gauge("mercurio_subscriptions", "Subscriptions", s.subscriptions),
+        Family {
+            name: "mercurio_messages_dropped",
+            help: "Messages lost before reaching a subscriber, by cause",
+            counter: true,
+            samples: s
+                .dropped
+                .iter()
+                .map(|(cause, n)| (Some(("cause", cause.name().to_string())), *n))
+                .collect(),
+        },
+        Family::counter(
+            "mercurio_storage_batches_retried",
+            "Batches of session changes written again after a storage error",
+            s.storage_batches_retried,
+        ),
+        Family::counter(
+            "mercurio_storage_batches_dropped",
+            "Batches of session changes storage refused for good",
+            s.storage_batches_dropped,
+        ),
+        Family::gauge(
+            "mercurio_storage_dirty_clients",
+            "Clients whose stored state differs from the broker's until written whole again",
+            s.storage_dirty_clients,
+        ),
+        Family::counter(
+            "mercurio_connections",
+            "Connections accepted",
+            s.connections_total,
+        ),
+        Family::gauge(
+            "mercurio_uptime_seconds",
+            "Seconds since the broker started",
+            s.uptime_seconds,
+        ),
+    ];
+    all.extend(bridge_families(bridges));
+    all
+}
+
+/// Reads the broker's statistics at each scrape (for the OpenMetrics encoder).
 struct BrokerCollector {
     broker: Arc<BrokerState>,
 }
@@ -111,207 +393,32 @@ impl std::fmt::Debug for BrokerCollector {
     }
 }
 
-/// Counters are named without `_total` here: the encoder appends it to the sample name, so the
-/// scraped series are docs/http.md's `mercurio_..._total`.
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> Result<(), std::fmt::Error> {
-    let c = ConstCounter::new(value);
-    let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
-    c.encode(m)
-}
-
-fn gauge(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> Result<(), std::fmt::Error> {
-    let g = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-    let m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
-    g.encode(m)
-}
-
 impl Collector for BrokerCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = Snapshot::take(&self.broker);
-        let e = &mut e;
-        gauge(
-            e,
-            "mercurio_clients_connected",
-            "Clients connected now",
-            s.clients_connected,
-        )?;
-        gauge(
-            e,
-            "mercurio_clients_connected_max",
-            "Most clients connected at once",
-            s.clients_maximum,
-        )?;
-        gauge(
-            e,
-            "mercurio_sessions",
-            "Sessions, connected or not",
-            s.sessions,
-        )?;
-        gauge(
-            e,
-            "mercurio_sessions_disconnected",
-            "Sessions kept for clients that are not connected",
-            s.sessions_disconnected,
-        )?;
-        counter(
-            e,
-            "mercurio_sessions_expired",
-            "Sessions ended by their expiry",
-            s.sessions_expired,
-        )?;
-        counter(
-            e,
-            "mercurio_clients_stalled",
-            "Times a client with queued messages took none for stall_time and stopped holding publishers back",
-            s.clients_stalled,
-        )?;
-        counter(
-            e,
-            "mercurio_messages_received",
-            "PUBLISH packets received",
-            s.messages_received,
-        )?;
-        counter(
-            e,
-            "mercurio_messages_sent",
-            "PUBLISH packets sent",
-            s.messages_sent,
-        )?;
-        counter(
-            e,
-            "mercurio_bytes_received",
-            "Bytes received",
-            s.bytes_received,
-        )?;
-        counter(e, "mercurio_bytes_sent", "Bytes sent", s.bytes_sent)?;
-        gauge(
-            e,
-            "mercurio_retained_messages",
-            "Retained messages stored, $SYS ones not counted",
-            s.retained_messages,
-        )?;
-        gauge(
-            e,
-            "mercurio_subscriptions",
-            "Subscriptions",
-            s.subscriptions,
-        )?;
-        {
-            let mut m = e.encode_descriptor(
-                "mercurio_messages_dropped",
-                "Messages lost before reaching a subscriber, by cause",
-                None,
-                MetricType::Counter,
-            )?;
-            for (cause, n) in s.dropped {
-                let labels = [("cause", cause.name())];
-                ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
-            }
+        for f in families(&Snapshot::take(&self.broker), &bridge_infos(&self.broker)) {
+            f.encode(&mut e)?;
         }
-        counter(
-            e,
-            "mercurio_storage_batches_retried",
-            "Batches of session changes written again after a storage error",
-            s.storage_batches_retried,
-        )?;
-        counter(
-            e,
-            "mercurio_storage_batches_dropped",
-            "Batches of session changes storage refused for good",
-            s.storage_batches_dropped,
-        )?;
-        gauge(
-            e,
-            "mercurio_storage_dirty_clients",
-            "Clients whose stored state differs from the broker's until written whole again",
-            s.storage_dirty_clients,
-        )?;
-        counter(
-            e,
-            "mercurio_connections",
-            "Connections accepted",
-            s.connections_total,
-        )?;
-        gauge(
-            e,
-            "mercurio_uptime_seconds",
-            "Seconds since the broker started",
-            s.uptime_seconds,
-        )?;
-        bridges(e, &self.broker)
+        Ok(())
     }
 }
 
-/// Per-bridge series, labelled `bridge="<name>"` (none without bridges).
-fn bridges(e: &mut DescriptorEncoder, broker: &BrokerState) -> Result<(), std::fmt::Error> {
-    let list: Vec<_> = broker.bridges.lock().iter().map(|b| b.info()).collect();
-    if list.is_empty() {
-        return Ok(());
+#[cfg(test)]
+mod tests {
+    use super::wants_openmetrics;
+
+    #[test]
+    fn accept_negotiation() {
+        assert!(!wants_openmetrics(None));
+        assert!(!wants_openmetrics(Some("*/*")));
+        assert!(!wants_openmetrics(Some("text/plain;version=0.0.4")));
+        assert!(wants_openmetrics(Some("application/openmetrics-text")));
+        // What Prometheus 2.x/3.x sends.
+        assert!(wants_openmetrics(Some(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        )));
+        assert!(!wants_openmetrics(Some(
+            "text/plain;version=0.0.4,application/openmetrics-text;q=0.5"
+        )));
+        assert!(!wants_openmetrics(Some("application/openmetrics-text;q=0")));
     }
-    type Pick = fn(&crate::bridge::BridgeInfo) -> u64;
-    let families: [(&str, &str, MetricType, Pick); 5] = [
-        (
-            "mercurio_bridge_connected",
-            "1 while the bridge is connected to its remote, else 0",
-            MetricType::Gauge,
-            |b| u64::from(b.connected),
-        ),
-        (
-            "mercurio_bridge_queued_messages",
-            "Messages waiting for the remote, in flight included",
-            MetricType::Gauge,
-            |b| b.queued as u64,
-        ),
-        (
-            "mercurio_bridge_messages_dropped",
-            "Messages for the remote dropped by the queue's limits",
-            MetricType::Counter,
-            |b| b.dropped,
-        ),
-        (
-            "mercurio_bridge_reconnects",
-            "Connections to the remote made after the first",
-            MetricType::Counter,
-            |b| b.reconnects,
-        ),
-        (
-            "mercurio_bridge_messages_forwarded_in",
-            "Messages from the remote published here",
-            MetricType::Counter,
-            |b| b.forwarded_in,
-        ),
-    ];
-    for (name, help, kind, pick) in families {
-        let mut m = e.encode_descriptor(name, help, None, kind.clone())?;
-        for b in &list {
-            let labels = [("bridge", b.name.as_str())];
-            let v = pick(b);
-            match kind {
-                MetricType::Counter => ConstCounter::new(v).encode(m.encode_family(&labels)?)?,
-                _ => ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
-                    .encode(m.encode_family(&labels)?)?,
-            }
-        }
-    }
-    let mut m = e.encode_descriptor(
-        "mercurio_bridge_messages_forwarded_out",
-        "Messages the remote acknowledged (QoS 1/2) or was sent (QoS 0)",
-        None,
-        MetricType::Counter,
-    )?;
-    for b in &list {
-        let labels = [("bridge", b.name.as_str())];
-        ConstCounter::new(b.forwarded_out).encode(m.encode_family(&labels)?)?;
-    }
-    Ok(())
 }

@@ -215,6 +215,9 @@ pub(crate) struct SessionState {
     pub ended: bool,
     /// True while the queue is dropping, to log once when it starts and once when it stops.
     pub dropping: bool,
+    /// While dropping: the messages and payload bytes the queue must be back to (half its
+    /// limits) for the "room again" line, checked as messages leave the queue.
+    pub room_at: Option<(usize, u64)>,
     pub dropped_since_warning: u64,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
     pub dropped: u64,
@@ -319,6 +322,7 @@ impl Session {
                 generation: 0,
                 ended: false,
                 dropping: false,
+                room_at: None,
                 dropped_since_warning: 0,
                 dropped: 0,
                 disconnected_at: None,
@@ -342,8 +346,8 @@ impl Session {
 
     /// Offers a delivery to the queue under `limits`, waking the connection if there is one.
     /// Never waits: a full queue drops (QoS 0 first). Logs one warning
-    /// when the queue starts dropping, naming the limit, and one with the count when a
-    /// message finds it back at half its limits.
+    /// when the queue starts dropping, naming the limit; the one with the count comes when
+    /// messages leaving bring it back to half its limits (`pop_queued`).
     pub(crate) fn enqueue(&self, mut delivery: Delivery, limits: &QueueLimits) -> Enqueued {
         let mut st = self.state.lock();
         if st.ended {
@@ -374,24 +378,21 @@ impl Session {
         if let Some(cause) = cause {
             if !st.dropping {
                 st.dropping = true;
+                // Half its limits, not the first message that fits, or a queue hovering at a
+                // limit would log at every message.
+                st.room_at = Some((
+                    limits.max_qos0_messages.min(limits.max_messages) / 2,
+                    if limits.max_bytes == 0 {
+                        u64::MAX
+                    } else {
+                        limits.max_bytes / 2
+                    },
+                ));
                 tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queue.bytes(), limit = limit.unwrap_or_default(), "session queue full: dropping messages");
             }
             st.dropped_since_warning += 1;
             st.dropped += 1;
             return Enqueued::Dropped(cause);
-        }
-        // Room again once back to half its limits (not at the first message that fits, or a
-        // queue hovering at a limit would log at every message).
-        let low_water = len <= limits.max_qos0_messages.min(limits.max_messages) / 2
-            && (limits.max_bytes == 0 || st.queue.bytes() <= limits.max_bytes / 2);
-        if st.dropping && low_water {
-            st.dropping = false;
-            tracing::warn!(
-                client_id = %self.client_id,
-                dropped = st.dropped_since_warning,
-                "session queue has room again"
-            );
-            st.dropped_since_warning = 0;
         }
         delivery.seq = st.next_seq;
         st.next_seq += 1;
@@ -611,15 +612,25 @@ impl Session {
         will
     }
 
-    /// Records a subscription. True when it replaced one on the same filter.
-    pub(crate) fn add_subscription(&self, filter: &str, granted: Granted) -> bool {
+    /// Records a subscription: `Some(true)` when it replaced one on the same filter, `None`
+    /// (nothing recorded) when the session holds `max` subscriptions already and `filter` is
+    /// not one of them.
+    pub(crate) fn add_subscription_within(
+        &self,
+        filter: &str,
+        granted: Granted,
+        max: usize,
+    ) -> Option<bool> {
         let mut st = self.state.lock();
+        if st.subscriptions.len() >= max && !st.subscriptions.contains_key(filter) {
+            return None;
+        }
         let existed = st
             .subscriptions
             .insert(filter.to_string(), granted)
             .is_some();
         st.persist_subscription(&self.client_id, filter, Some(&granted));
-        existed
+        Some(existed)
     }
 
     /// Removes a subscription. True when it existed.
@@ -652,9 +663,30 @@ impl SessionState {
         None
     }
 
-    /// Takes the head of the queue.
-    pub(crate) fn pop_queued(&mut self) -> Option<Delivery> {
-        self.queue.pop_front()
+    /// Takes the head of the queue (of `client_id`'s session), logging "room again" as soon
+    /// as a dropping queue is back to half its limits.
+    pub(crate) fn pop_queued(&mut self, client_id: &str) -> Option<Delivery> {
+        let head = self.queue.pop_front();
+        self.note_room(client_id);
+        head
+    }
+
+    /// Ends a dropping period once the queue is back to half its limits: one line with the
+    /// count of messages dropped.
+    fn note_room(&mut self, client_id: &str) {
+        let Some((messages, bytes)) = self.room_at else {
+            return;
+        };
+        if self.queue.len() <= messages && self.queue.bytes() <= bytes {
+            self.dropping = false;
+            self.room_at = None;
+            tracing::warn!(
+                client_id,
+                dropped = self.dropped_since_warning,
+                "session queue has room again"
+            );
+            self.dropped_since_warning = 0;
+        }
     }
 
     /// Back under the low-water mark: half the high-water mark, in messages and in bytes.
@@ -678,6 +710,7 @@ impl SessionState {
         for q in &removed {
             self.persist_dequeued(client_id, q);
         }
+        self.note_room(client_id);
         removed.len()
     }
 

@@ -1,7 +1,7 @@
 //! TLS on MQTT listeners (rustls 0.23 with ring): TLS 1.2 and 1.3, a certificate chain and a
 //! key from PEM files, client certificates verified against `ca_file` (required with
-//! `require_certificate`), the client certificate's common name as the user name with
-//! `use_identity_as_username`.
+//! `require_certificate`) and the revocation lists of `crl_file`, the client certificate's
+//! common name as the user name with `use_identity_as_username`.
 //!
 //! Each TLS listener holds its current `rustls` configuration behind a lock: a reload (SIGHUP)
 //! swaps it for new handshakes, and connections already up keep theirs.
@@ -13,7 +13,7 @@ use parking_lot::RwLock;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
 use crate::auth::FileError;
@@ -81,6 +81,21 @@ pub(crate) fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, Fi
     Ok(certs)
 }
 
+fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, FileError> {
+    std::fs::metadata(path).map_err(|e| FileError::io(path, &e))?;
+    let crls = CertificateRevocationListDer::pem_file_iter(path)
+        .map_err(|e| FileError::new(path, format!("cannot read revocation lists: {e}")))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| FileError::new(path, format!("bad PEM revocation list: {e}")))?;
+    if crls.is_empty() {
+        return Err(FileError::new(
+            path,
+            "no PEM revocation list (X509 CRL) in the file",
+        ));
+    }
+    Ok(crls)
+}
+
 fn server_config(cfg: &ListenerConfig) -> Result<ServerConfig, FileError> {
     let (Some(cert_file), Some(key_file)) = (&cfg.cert_file, &cfg.key_file) else {
         return Err(FileError::new(
@@ -104,8 +119,15 @@ fn server_config(cfg: &ListenerConfig) -> Result<ServerConfig, FileError> {
                     .add(c)
                     .map_err(|e| FileError::new(ca_file, format!("bad CA certificate: {e}")))?;
             }
-            let verifier =
+            let mut verifier =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider));
+            if let Some(crl_file) = &cfg.crl_file {
+                // The client's own certificate is checked, as mosquitto's crlfile does; one
+                // whose CA has no CRL here is refused (its status unknown).
+                verifier = verifier
+                    .with_crls(load_crls(crl_file)?)
+                    .only_check_end_entity_revocation();
+            }
             let verifier = if cfg.require_certificate {
                 verifier
             } else {
@@ -182,18 +204,18 @@ pub(crate) fn subject_common_name(cert: &[u8]) -> Option<String> {
     None
 }
 
-/// Runs the TLS handshake within `timeout` (the listener's `connect_timeout`); `None` (logged
-/// at debug) when it fails or stalls.
+/// Runs the TLS handshake until `deadline` (`connect_timeout` after the accept, which CONNECT
+/// shares); `None` (logged at debug) when it fails or stalls.
 pub(crate) async fn handshake(
-    timeout: std::time::Duration,
     tls: &TlsListener,
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
+    deadline: tokio::time::Instant,
 ) -> Option<(
     tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
     TlsIdentity,
 )> {
-    match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
+    match tokio::time::timeout_at(deadline, tls.acceptor().accept(stream)).await {
         Ok(Ok(stream)) => {
             let identity = tls.identity(stream.get_ref().1);
             Some((stream, identity))

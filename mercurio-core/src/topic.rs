@@ -227,6 +227,12 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     }
 }
 
+/// How many levels a topic name or filter has: `a/b/c` 3, `/` 2, `a` 1 (MQTT 5.0 section
+/// 4.7.1.1: levels are separated by `/`). A shared filter's `$share/{ShareName}/` counts.
+pub fn level_count(s: &str) -> usize {
+    s.bytes().filter(|&b| b == b'/').count() + 1
+}
+
 /// Splits off the first level of a topic: `("a", Some("b/c"))` for `"a/b/c"`, `("a", None)`
 /// for `"a"`, `("", Some(""))` for `"/"`. Used by the tries of the router.
 #[inline]

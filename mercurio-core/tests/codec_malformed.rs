@@ -437,6 +437,59 @@ fn unsubscribe_without_filter_is_a_protocol_error_mqtt_3_10_3_2() {
     protocol_error(decode_packet(&frame(0xA2, &[0, 1, 0]), V5));
 }
 
+/// An UNSUBSCRIBE's filters follow the rules of a SUBSCRIBE's: non-empty [MQTT-4.7.3-1], `#`
+/// alone in the last level [MQTT-4.7.1-2], `+` a whole level [MQTT-4.7.1-3], a well-formed
+/// `$share/` filter (section 4.8.2). Anything else is malformed.
+#[test]
+fn unsubscribe_with_an_invalid_filter_is_malformed_mqtt_4_7_3_1() {
+    for v in [V31, V311, V5] {
+        for bad in [
+            "",
+            "#/a",
+            "a#",
+            "a/b+",
+            "$share/g",
+            "$share//a",
+            "$share/g+/a",
+        ] {
+            let mut b = vec![0, 1];
+            if v.is_v5() {
+                b.push(0);
+            }
+            b.extend_from_slice(&s("ok/+"));
+            b.extend_from_slice(&s(bad));
+            malformed(decode_packet(&frame(0xA2, &b), v));
+        }
+        for good in ["a", "+", "#", "a/+/#", "/", "$share/g/a/#"] {
+            let mut b = vec![0, 1];
+            if v.is_v5() {
+                b.push(0);
+            }
+            b.extend_from_slice(&s(good));
+            assert!(decode_packet(&frame(0xA2, &b), v).is_ok(), "{good}");
+        }
+    }
+}
+
+/// A PUBLISH from a client must not carry a Subscription Identifier [MQTT-3.3.4-6]; the same
+/// PUBLISH from the server (what a client decodes) is valid.
+#[test]
+fn client_publish_with_a_subscription_identifier_is_a_protocol_error_mqtt_3_3_4_6() {
+    // Topic "t", QoS 0, properties: Subscription Identifier 5.
+    let body = [0, 1, b't', 2, 0x0B, 5, b'x'];
+    let wire = frame(0x30, &body);
+    assert!(decode_packet(&wire, V5).is_ok());
+    let mut buf = BytesMut::from(&wire[..]);
+    protocol_error(decode_from_client(&mut buf, V5, MAX).map(|p| p.expect("whole")));
+    assert!(buf.is_empty());
+    // Without the property the client's PUBLISH is fine.
+    let mut buf = BytesMut::from(&frame(0x30, &[0, 1, b't', 0, b'x'])[..]);
+    assert!(matches!(
+        decode_from_client(&mut buf, V5, MAX),
+        Ok(Some(Packet::Publish(_)))
+    ));
+}
+
 fn subscribe(v: ProtocolVersion, filter: &str, options: u8) -> Result<Packet, DecodeError> {
     let mut b = vec![0, 1];
     if v.is_v5() {

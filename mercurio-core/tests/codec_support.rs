@@ -24,9 +24,23 @@ pub fn topic_name() -> impl Strategy<Value = String> {
     ]
 }
 
-/// Topic filters (the codec does not check their wildcard placement).
+/// Valid topic filters: levels of letters, digits or `+`, maybe a final `#` (an UNSUBSCRIBE's
+/// filters are checked by the decoder; a SUBSCRIBE's by the broker, filter by filter).
 pub fn topic_filter() -> impl Strategy<Value = String> {
-    "[a-z0-9/+#]{1,20}"
+    (
+        vec(
+            prop_oneof![3 => "[a-z0-9]{0,4}", 1 => Just("+".to_string())],
+            1..5,
+        ),
+        any::<bool>(),
+    )
+        .prop_map(|(mut levels, hash)| {
+            if hash {
+                levels.push("#".to_string());
+            }
+            levels.join("/")
+        })
+        .prop_filter("empty filter", |f| !f.is_empty())
 }
 
 pub fn bytes_(max: usize) -> impl Strategy<Value = Bytes> {

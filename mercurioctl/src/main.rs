@@ -16,6 +16,9 @@
 
 mod passwd;
 
+#[path = "../../mercuriod/src/log_targets.rs"]
+#[allow(dead_code)]
+mod log_targets;
 #[path = "../../mercuriod/src/socket_path.rs"]
 #[allow(dead_code)]
 mod socket_path;
@@ -111,7 +114,9 @@ enum BrokerCommand {
     /// Version, uptime, clients connected, sessions, storage, log level.
     Status,
     /// Change the running broker's log level until it restarts (or SIGHUP rereads the file),
-    /// e.g. debug, or info,mercurio::connections=off.
+    /// e.g. debug, or info,mercurio::connections=off. A directive naming a target none of
+    /// those below is applied with a warning.
+    #[command(after_help = log_targets::help())]
     LogLevel {
         /// A level or per-module directives, as [logging] level.
         level: String,
@@ -309,9 +314,10 @@ fn ask(path: &Path, request: &Value) -> Result<Value, Failure> {
 fn human(command: &Command, result: &Value) -> String {
     match command {
         Command::Broker(BrokerCommand::Status) => status(result),
-        Command::Broker(BrokerCommand::LogLevel { .. }) => {
-            format!("log level: {}\n", text(&result["level"]))
-        }
+        Command::Broker(BrokerCommand::LogLevel { .. }) => match result["warning"].as_str() {
+            Some(w) => format!("log level: {}\nwarning: {w}\n", text(&result["level"])),
+            None => format!("log level: {}\n", text(&result["level"])),
+        },
         Command::Client(ClientCommand::List) => list(result),
         Command::Bridge(BridgeCommand::List) => bridge_list(result),
         Command::Bridge(BridgeCommand::Show { .. }) => bridge_show(result),

@@ -133,6 +133,19 @@ fn usage_errors() {
     for words in ["broker", "client", "--socket", "--json", "Exit status"] {
         assert!(help.contains(words), "{words}: {help}");
     }
+    // broker log-level --help lists the targets a directive may name.
+    let help = ctl(&["broker", "log-level", "--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&help.stdout);
+    for target in [
+        "mercurio::connections",
+        "mercurio_core::session",
+        "mercurio_core::connection",
+        "mercurio_storage::sqlite",
+        "mercuriod::admin",
+    ] {
+        assert!(help.lines().any(|l| l.trim() == target), "{target}: {help}");
+    }
 }
 
 #[test]
@@ -176,6 +189,31 @@ fn every_command_against_a_live_broker() {
     fails(&d, &["broker", "log-level", "verbose"], 1, "not a level");
     fails(&d, &["broker", "log-level", ""], 1, "empty");
     assert_eq!(json(&d, &["broker", "status"])["log_level"], "debug");
+    // A module that does not exist (the old crate name): applied, with a warning naming it
+    // and the real targets, here and in the broker's log.
+    let (code, out, _) = run(
+        &d,
+        &[
+            "broker",
+            "log-level",
+            "debug,mercurio_server::session=trace",
+        ],
+    );
+    assert_eq!(code, Some(0));
+    assert!(
+        out.starts_with("log level: debug,mercurio_server::session=trace\nwarning: "),
+        "{out}"
+    );
+    assert!(
+        out.contains("no module of Mercurio: mercurio_server::session"),
+        "{out}"
+    );
+    assert!(out.contains("mercurio_core::session"), "{out}");
+    d.wait_line("unknown target warning", |l| {
+        l.contains("WARN") && l.contains("mercurio_server::session")
+    });
+    let (code, out, _) = run(&d, &["broker", "log-level", "debug"]);
+    assert_eq!((code, out.as_str()), (Some(0), "log level: debug\n"));
 
     // client list, empty
     let (code, out, _) = run(&d, &["client", "list"]);
@@ -322,4 +360,32 @@ fn passwd_adds_and_changes_users() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("empty password"));
+}
+
+/// The temporary file passwd writes through is created with O_EXCL and O_NOFOLLOW: a symbolic
+/// link planted at its name (by someone who can write the directory) is never followed, so
+/// the file it points to is left alone and the password file stays a regular file.
+#[cfg(unix)]
+#[test]
+fn passwd_never_writes_through_a_planted_symlink() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("passwd");
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.path().join("passwd.mercurio-tmp")).unwrap();
+    let mut child = Command::new(MERCURIOCTL)
+        .args(["passwd", "--stdin"])
+        .arg(&file)
+        .arg("alice")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mercurioctl");
+    writeln!(child.stdin.take().unwrap(), "secret").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let meta = std::fs::symlink_metadata(&file).unwrap();
+    assert!(meta.file_type().is_file(), "{meta:?}");
+    let users = mercurio_core::auth::password_file::PasswordFile::load(&file).unwrap();
+    assert!(users.get("alice").unwrap().verify(b"secret"));
 }

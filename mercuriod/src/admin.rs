@@ -7,7 +7,7 @@
 //! | request | result |
 //! |---|---|
 //! | `{"command":"broker.status"}` | version, uptime, clients, sessions, storage, log level |
-//! | `{"command":"broker.log-level","level":"debug"}` | `{"level": directives in force}` |
+//! | `{"command":"broker.log-level","level":"debug"}` | `{"level": directives in force}`, plus `"warning"` when a directive names no module of Mercurio |
 //! | `{"command":"client.list"}` | `{"clients":[{client_id, connected, protocol_level, ...}]}` |
 //! | `{"command":"client.show","client_id":"x"}` | the session in detail |
 //! | `{"command":"client.disconnect","client_id":"x"}` | `{}` |
@@ -19,7 +19,7 @@
 //! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
 //! [`MAX_CONNECTIONS`] are served at once.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -73,6 +73,19 @@ pub struct AdminSocket {
     path: PathBuf,
 }
 
+/// Binds a Unix socket that is mode 0600 from the moment it exists: created under umask 0177
+/// (restored right after), so no other user can connect in between, as a chmod after the bind
+/// would allow. The umask is the process's: this runs at start, before anything else creates
+/// files.
+fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    // SAFETY: umask only swaps the process's file mode creation mask; it cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the mask in force before.
+    unsafe { libc::umask(old) };
+    bound
+}
+
 impl AdminSocket {
     /// Binds `path` with mode 0600, creating its directory (mode 0700) when missing.
     ///
@@ -119,10 +132,7 @@ impl AdminSocket {
                 format!("admin socket {shown}: cannot remove the stale socket: {e}")
             })?;
         }
-        let listener =
-            UnixListener::bind(path).map_err(|e| format!("admin socket {shown}: {e}"))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("admin socket {shown}: {e}"))?;
+        let listener = bind_private(path).map_err(|e| format!("admin socket {shown}: {e}"))?;
         Ok(AdminSocket {
             listener,
             path: path.to_path_buf(),
@@ -216,9 +226,15 @@ async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
     match request {
         Request::Status => ok(status(handle, log)),
         Request::LogLevel { level } => match log.set_level(&level) {
-            Ok(directives) => {
+            Ok((directives, warning)) => {
+                if let Some(w) = &warning {
+                    tracing::warn!("{w}");
+                }
                 tracing::info!("log level set to {directives:?} by mercurioctl");
-                ok(json!({"level": directives}))
+                match warning {
+                    Some(w) => ok(json!({"level": directives, "warning": w})),
+                    None => ok(json!({"level": directives})),
+                }
             }
             Err(e) => error(e),
         },
@@ -364,4 +380,33 @@ fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
         "log_level": log.level(),
         "listeners": handle.local_addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::AdminSocket;
+
+    /// The socket is mode 0600 from the moment it exists: a watcher that stats it as soon as it
+    /// appears never sees another mode (with a chmod after the bind it could, under the
+    /// usual umask 022, and connect in between).
+    #[tokio::test]
+    async fn the_socket_is_private_from_the_moment_it_exists() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for i in 0..200 {
+            let path = dir.path().join(format!("s{i}.sock"));
+            let watched = path.clone();
+            let watcher = std::thread::spawn(move || loop {
+                if let Ok(m) = std::fs::symlink_metadata(&watched) {
+                    return m.permissions().mode() & 0o777;
+                }
+                std::hint::spin_loop();
+            });
+            let socket = AdminSocket::bind(&path).expect("bind");
+            let first = watcher.join().expect("watcher");
+            assert_eq!(first, 0o600, "socket {i} first seen with mode {first:o}");
+            drop(socket);
+        }
+    }
 }

@@ -346,10 +346,10 @@ mod tests {
 
     #[test]
     fn inline_and_dotted_forms() {
-        let e = err("server.max_inflight = 0\n");
+        let e = err("server.max_qos = 3\n");
         assert_eq!(
             (e.key.as_deref(), e.line),
-            (Some("server.max_inflight"), Some(1))
+            (Some("server.max_qos"), Some(1))
         );
         let e = err("listeners = [\n  { port = 1 },\n  { port = 2, metrics = true },\n]\n");
         assert_eq!(e.key.as_deref(), Some("listeners[1].metrics"));

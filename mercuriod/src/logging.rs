@@ -20,6 +20,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
+use crate::log_targets;
 use crate::syslog::Syslog;
 
 /// Target of the lines logged for each connection and disconnection.
@@ -38,7 +39,7 @@ pub fn directives(config: &LoggingConfig, verbose: bool) -> (String, Option<Stri
         config.level.trim()
     };
     let (level, warning) = match check(level) {
-        Ok(()) => (level.to_string(), None),
+        Ok(()) => (level.to_string(), unknown_targets_warning(level)),
         Err(why) => (
             "info".to_string(),
             Some(format!(
@@ -51,6 +52,19 @@ pub fn directives(config: &LoggingConfig, verbose: bool) -> (String, Option<Stri
         with_connections(&level, config.connection_messages),
         warning,
     )
+}
+
+/// A warning naming the targets of `level` no part of Mercurio logs under (the directive
+/// still applies, and silences nothing), with the list of those that do.
+pub fn unknown_targets_warning(level: &str) -> Option<String> {
+    let unknown = log_targets::unknown(level);
+    (!unknown.is_empty()).then(|| {
+        format!(
+            "logging.level {level:?} names no module of Mercurio: {} (known targets: {})",
+            unknown.join(", "),
+            log_targets::TARGETS.join(", ")
+        )
+    })
 }
 
 /// `level`, with [`CONNECTIONS_TARGET`] turned off when `connection_messages` is false and
@@ -121,14 +135,15 @@ impl LogControl {
     /// Replaces the level until the broker restarts (or SIGHUP rereads the file); refuses an
     /// empty or invalid level rather than falling back to info. `connection_messages = false`
     /// still applies unless `level` names [`CONNECTIONS_TARGET`]. Returns the directives now in
-    /// force.
-    pub fn set_level(&self, level: &str) -> Result<String, String> {
+    /// force, and a warning when `level` names a target nothing logs under (it is applied
+    /// all the same).
+    pub fn set_level(&self, level: &str) -> Result<(String, Option<String>), String> {
         check(level).map_err(|why| format!("level {level:?} {why}"))?;
         let mut state = lock(&self.inner.state);
         let directives = with_connections(level.trim(), state.config.connection_messages);
         self.reload(&directives)?;
         state.directives = directives.clone();
-        Ok(directives)
+        Ok((directives, unknown_targets_warning(level.trim())))
     }
 
     /// Applies a reread `[logging]` section (SIGHUP): the level and `connection_messages`.
@@ -355,6 +370,86 @@ mod tests {
         assert!(filter(&level("verbose"), true).1.is_none());
         assert_eq!(directives(&level("verbose"), true).0, "debug");
         assert_eq!(directives(&level("bad level"), false).0, "info");
+    }
+
+    /// A directive naming a module that does not exist is applied with a warning listing the
+    /// real targets, as an invalid level is; real crates and modules (and what lies under
+    /// them) pass.
+    #[test]
+    fn unknown_targets_warn() {
+        let (d, w) = directives(&level("info,mercurio_server::session=debug"), false);
+        assert_eq!(d, "info,mercurio_server::session=debug");
+        let w = w.expect("a warning");
+        assert!(w.contains("mercurio_server::session"), "{w}");
+        assert!(w.contains("mercurio_core::session"), "{w}");
+        for ok in [
+            "info,mercurio_core::session=debug",
+            "mercurio=debug",
+            "mercurio_core=trace,mercurio_storage::sqlite=debug",
+            "mercurio_core::router::index=trace",
+            "warn,mercurio::connections=off",
+            "mercuriod[admin]=debug,[span]=info",
+        ] {
+            assert_eq!(directives(&level(ok), false).1, None, "{ok}");
+        }
+        for bad in [
+            "mercurio_cor=debug",
+            "info,hyper=debug",
+            "mercurio_core::sessions=debug",
+        ] {
+            assert!(directives(&level(bad), false).1.is_some(), "{bad}");
+        }
+    }
+
+    /// The targets list names every top-level module that logs, and nothing that does not
+    /// exist.
+    #[test]
+    fn targets_match_the_sources() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for (krate, dir) in [
+            ("mercurio_core", "mercurio-core/src"),
+            ("mercurio_storage", "mercurio-storage/src"),
+            ("mercuriod", "mercuriod/src"),
+        ] {
+            for e in std::fs::read_dir(root.join(dir)).unwrap() {
+                let path = e.unwrap().path();
+                let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+                if ["lib", "main"].contains(&name.as_str()) {
+                    continue;
+                }
+                let text = if path.is_dir() {
+                    std::fs::read_dir(&path)
+                        .unwrap()
+                        .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap_or_default())
+                        .collect()
+                } else {
+                    std::fs::read_to_string(&path).unwrap()
+                };
+                let target = format!("{krate}::{name}");
+                if text.contains("tracing::") {
+                    assert!(
+                        log_targets::TARGETS.contains(&target.as_str()),
+                        "{target} logs but is not in log_targets::TARGETS"
+                    );
+                }
+            }
+        }
+        for t in log_targets::TARGETS {
+            let Some((krate, module)) = t.split_once("::") else {
+                continue;
+            };
+            let dir = match krate {
+                "mercurio_core" => "mercurio-core/src",
+                "mercurio_storage" => "mercurio-storage/src",
+                "mercuriod" => "mercuriod/src",
+                _ => continue,
+            };
+            let base = root.join(dir);
+            assert!(
+                base.join(format!("{module}.rs")).exists() || base.join(module).is_dir(),
+                "{t} does not exist"
+            );
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@
 mod admin;
 mod cli;
 mod config_file;
+mod log_targets;
 mod logging;
 mod reload;
 mod socket_path;

@@ -38,6 +38,9 @@ pub enum DenyReason {
     BadCredentials,
     /// Not allowed to connect (anonymous, banned...): 5.0 CONNACK 0x87, 3.x return code 5.
     NotAuthorized,
+    /// Too many checks waiting already: 5.0 CONNACK 0x89 Server busy, 3.x return code 3
+    /// (server unavailable).
+    Busy,
 }
 
 /// An authenticator's answer.

@@ -171,6 +171,11 @@ impl PasswordFile {
         self.users.get(user)
     }
 
+    /// A hash of the file to check unknown users against (the same work as a real check).
+    fn decoy(&self) -> Option<&Arc<PasswordHash>> {
+        self.users.values().next()
+    }
+
     pub fn len(&self) -> usize {
         self.users.len()
     }
@@ -210,29 +215,53 @@ pub fn set_password(path: &Path, user: &str, password: &[u8]) -> Result<(), File
         out.push_str(&entry);
         out.push('\n');
     }
-    let tmp = path.with_extension("mercurio-tmp");
-    let write = || -> std::io::Result<()> {
+    write_replacing(path, out.as_bytes()).map_err(|e| FileError::io(path, &e))
+}
+
+/// Writes `contents` to a new file next to `path`, then renames it over `path` (a reader sees
+/// the old file or the new one, whole). The temporary file is created with O_EXCL and
+/// O_NOFOLLOW, mode 0600 (then the mode of the file it replaces, set through the open file):
+/// a file or symbolic link planted at its name is never written through, the next name is
+/// tried instead.
+fn write_replacing(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let mut last = None;
+    for attempt in 0..16u32 {
+        let tmp = if attempt == 0 {
+            path.with_extension("mercurio-tmp")
+        } else {
+            path.with_extension(format!("mercurio-tmp.{}.{attempt}", std::process::id()))
+        };
         let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
+        opts.write(true).create_new(true);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
+            opts.mode(0o600).custom_flags(libc::O_NOFOLLOW);
         }
-        let mut f = opts.open(&tmp)?;
-        f.write_all(out.as_bytes())?;
-        f.sync_all()?;
-        #[cfg(unix)]
-        if let Ok(meta) = std::fs::metadata(path) {
-            // Keep the mode of an existing file.
-            let _ = std::fs::set_permissions(&tmp, meta.permissions());
+        let mut f = match opts.open(&tmp) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let written = (|| {
+            f.write_all(contents)?;
+            #[cfg(unix)]
+            if let Ok(meta) = std::fs::metadata(path) {
+                // Keep the mode of an existing file.
+                f.set_permissions(meta.permissions())?;
+            }
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
         }
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        FileError::io(path, &e)
-    })
+        return written;
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary file name left")))
 }
 
 /// Checks passwords at most this many at once; others wait their turn.
@@ -256,7 +285,13 @@ pub struct FileAuthenticator {
     path: Option<PathBuf>,
     file: RwLock<Arc<PasswordFile>>,
     checks: Arc<Semaphore>,
+    /// Checks waiting for a permit; over [`MAX_WAITING_CHECKS`] a client is refused at once
+    /// (CONNACK "server busy") rather than queued without bound.
+    waiting: std::sync::atomic::AtomicUsize,
 }
+
+/// Most password checks waiting for their turn.
+const MAX_WAITING_CHECKS: usize = 1024;
 
 impl FileAuthenticator {
     /// Reads the password file, if any.
@@ -270,6 +305,7 @@ impl FileAuthenticator {
             path,
             file: RwLock::new(Arc::new(file)),
             checks: Arc::new(Semaphore::new(max_concurrent_checks())),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -304,17 +340,42 @@ impl Authenticator for FileAuthenticator {
                 Authentication::Deny(DenyReason::BadCredentials)
             };
         }
-        let hash = self.file.read().get(user).cloned();
-        let (Some(hash), Some(password)) = (hash, info.password.clone()) else {
+        // An unknown user (or no password) costs a check like a wrong password: against
+        // another user's hash (the file's own kind and cost), whose answer is ignored, so the
+        // time to refuse does not tell which user names exist.
+        let (hash, known) = {
+            let file = self.file.read();
+            match file.get(user) {
+                Some(h) => (Some(Arc::clone(h)), info.password.is_some()),
+                None => (file.decoy().cloned(), false),
+            }
+        };
+        let Some(hash) = hash else {
             return Authentication::Deny(DenyReason::BadCredentials);
         };
-        let Ok(_permit) = Arc::clone(&self.checks).acquire_owned().await else {
+        let password = info.password.clone().unwrap_or_default();
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        /// Counts a check as waiting until dropped (also when the CONNECT gives up waiting).
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let waiting = Waiting(&self.waiting);
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= MAX_WAITING_CHECKS {
+            tracing::warn!(user = %user, "{MAX_WAITING_CHECKS} password checks waiting: refusing");
+            return Authentication::Deny(DenyReason::Busy);
+        }
+        let permit = Arc::clone(&self.checks).acquire_owned().await;
+        drop(waiting);
+        let Ok(_permit) = permit else {
             return Authentication::Deny(DenyReason::NotAuthorized);
         };
-        let ok = tokio::task::spawn_blocking(move || hash.verify(&password))
+        let verified = tokio::task::spawn_blocking(move || hash.verify(&password))
             .await
             .unwrap_or(false);
-        if ok {
+        if verified && known {
             Authentication::Allow { username: None }
         } else {
             Authentication::Deny(DenyReason::BadCredentials)

@@ -193,7 +193,7 @@ impl Outgoing {
             if head.qos > QoS::AtMostOnce && st.inflight.len() >= out.window {
                 break;
             }
-            let Some(mut q) = st.pop_queued() else { break };
+            let Some(mut q) = st.pop_queued(client_id) else { break };
             if q.msg.is_expired(now) {
                 out.broker.stats.dropped(DropCause::Expired);
                 st.persist_dequeued(client_id, &q);

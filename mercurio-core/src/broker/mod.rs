@@ -69,7 +69,9 @@ pub(crate) struct BrokerState {
 }
 
 impl BrokerState {
-    pub(crate) fn new(config: Config) -> BrokerState {
+    pub(crate) fn new(mut config: Config) -> BrokerState {
+        // Every limit's 0 means unlimited: from here on each is its largest value.
+        config.server = config.server.resolved();
         let limits = QueueLimits::new(&config.server);
         BrokerState {
             config,
@@ -307,7 +309,20 @@ impl BrokerState {
     /// Records a subscription in the session and the index. Returns true when it replaced an
     /// existing subscription on the same filter [MQTT-3.8.4-3].
     pub(crate) fn subscribe(&self, session: &Arc<Session>, filter: &str, granted: Granted) -> bool {
-        let existed = session.add_subscription(filter, granted);
+        self.subscribe_within(session, filter, granted, usize::MAX)
+            .unwrap_or(true)
+    }
+
+    /// [`subscribe`](Self::subscribe), unless the session already holds `max` subscriptions
+    /// and this one is new: `None` then (`max_subscriptions_per_client`).
+    pub(crate) fn subscribe_within(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        granted: Granted,
+        max: usize,
+    ) -> Option<bool> {
+        let existed = session.add_subscription_within(filter, granted, max)?;
         let entry = SubEntry {
             session: Arc::clone(session),
             granted,
@@ -315,7 +330,7 @@ impl BrokerState {
         self.index
             .write()
             .insert(filter, Arc::clone(&session.client_id), entry);
-        existed
+        Some(existed)
     }
 
     /// Removes a subscription. True when it existed.

@@ -14,9 +14,15 @@ impl BrokerState {
     /// kept, a new one; otherwise the one kept, taken over from a connection still serving
     /// it [MQTT-3.1.4-3]. Returns the session, the link of the new connection, and whether
     /// the session was present (resumed).
+    ///
+    /// A session belongs to the identity that created it (`owner`: the authenticated user
+    /// name, the certificate's name with `use_identity_as_username`, `None` for anonymous):
+    /// another identity connecting with its client identifier gets a new session, as with
+    /// Clean Start, so it never sees the owner's subscriptions, queued or in-flight messages.
     pub(crate) async fn take_session(
         &self,
         client_id: &Arc<str>,
+        owner: Option<&str>,
         clean_start: bool,
         version: ProtocolVersion,
         expiry_interval: u32,
@@ -29,6 +35,11 @@ impl BrokerState {
         loop {
             let existing = self.sessions.lock().get(client_id).cloned();
             if let Some(old) = existing {
+                let foreign = old.state.lock().username.as_deref() != owner;
+                if foreign {
+                    tracing::info!(%client_id, "session of another user: a new session replaces it");
+                }
+                let clean_start = clean_start || foreign;
                 let old_link = old.link();
                 if let Some(old_link) = old_link {
                     // The session goes on under the new connection (clean start 0, a session that

@@ -79,6 +79,27 @@ pub fn decode(
     result.map(Some)
 }
 
+/// [`decode`] for a broker reading what a client sent: the same, plus the rules that only
+/// apply to packets sent by a client.
+///
+/// - A PUBLISH with a Subscription Identifier is a Protocol Error [MQTT-3.3.4-6]: the
+///   property only goes from the server to a client.
+pub fn decode_from_client(
+    buf: &mut BytesMut,
+    version: ProtocolVersion,
+    max_packet_size: u32,
+) -> Result<Option<Packet>, DecodeError> {
+    let packet = decode(buf, version, max_packet_size)?;
+    if let Some(Packet::Publish(p)) = &packet {
+        if !p.properties.subscription_identifiers.is_empty() {
+            return Err(DecodeError::ProtocolError(
+                "PUBLISH from a client with a Subscription Identifier [MQTT-3.3.4-6]",
+            ));
+        }
+    }
+    Ok(packet)
+}
+
 /// Decodes one complete frame: fixed header, then exactly the remaining length it
 /// announces (a frame shorter or longer than that is malformed). See [`decode`] for
 /// `version`. The strictness rules applied are those of MQTT 3.1.1 and 5.0 section 3 and
@@ -580,7 +601,16 @@ fn decode_unsubscribe(
     }
     let mut filters = Vec::new();
     while !r.is_empty() {
-        filters.push(r.string()?);
+        let filter = r.string()?;
+        // The same rules as a SUBSCRIBE's filters [MQTT-4.7.3-1] [MQTT-4.7.1-2]
+        // [MQTT-4.7.1-3] (section 4.8.2 for `$share/`); a filter no SUBSCRIBE could have made
+        // is malformed, as mosquitto treats it.
+        if crate::topic::validate_subscription_filter(&filter).is_err() {
+            return Err(DecodeError::MalformedPacket(
+                "UNSUBSCRIBE with an invalid topic filter [MQTT-4.7.3-1] [MQTT-4.7.1-2]",
+            ));
+        }
+        filters.push(filter);
     }
     Ok(Unsubscribe {
         packet_id,

@@ -191,6 +191,10 @@ async fn connect_checks(
             "bad user name or password".to_string(),
         ),
         DenyReason::NotAuthorized => (ReasonCode::NOT_AUTHORIZED, "not authorized".to_string()),
+        DenyReason::Busy => (
+            ReasonCode::SERVER_BUSY,
+            "too many authentication checks waiting".to_string(),
+        ),
     })?;
     if let Some(will) = &connect.will {
         if broker.auth.checks_access()
@@ -220,6 +224,7 @@ pub(super) async fn accept(
     connect: Connect,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
+    deadline: tokio::time::Instant,
 ) -> Result<Accepted, Vec<u8>> {
     let version = connect.protocol;
     let server = &broker.config.server;
@@ -231,6 +236,13 @@ pub(super) async fn accept(
         return Err(refuse(ReasonCode::SERVER_UNAVAILABLE, "shutting down"));
     }
     let props = &connect.properties;
+    // The client's Maximum Packet Size binds every packet, CONNACK included [MQTT-3.1.2-24]:
+    // one too small for the smallest CONNACK (5 bytes) cannot be answered at all.
+    let client_max = props.maximum_packet_size.map_or(usize::MAX, |m| m as usize);
+    if client_max < 5 {
+        tracing::info!(%peer, client_id = %connect.client_id, maximum_packet_size = client_max, "refusing CONNECT: its Maximum Packet Size leaves no room for a CONNACK [MQTT-3.1.2-24]");
+        return Err(Vec::new());
+    }
 
     // "It is a Protocol Error to include Authentication Data if there is no Authentication
     // Method" (5.0 section 3.1.2.11.10).
@@ -305,25 +317,34 @@ pub(super) async fn accept(
         ));
     }
     // Authentication: the hooks, then allow_anonymous and the password file.
-    let username = match connect_checks(broker, &connect, &client_id, peer, tls).await {
-        Ok(username) => username,
-        Err((rc, why)) => return Err(refuse(rc, &why)),
+    // Within the connect_timeout the TLS handshake and CONNECT share: a check that waits
+    // longer (a queue of slow password hashes) closes the connection without CONNACK.
+    let checked = tokio::time::timeout_at(
+        deadline,
+        connect_checks(broker, &connect, &client_id, peer, tls),
+    )
+    .await;
+    let username = match checked {
+        Ok(Ok(username)) => username,
+        Ok(Err((rc, why))) => return Err(refuse(rc, &why)),
+        Err(_) => {
+            tracing::info!(%peer, %client_id, "authentication not done within connect_timeout: closing");
+            return Err(Vec::new());
+        }
     };
-    // Keep alive and max_keepalive: a 5.0 client asking for more (or for none) is told the
-    // Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more is refused with
-    // "identifier rejected", as mosquitto documents (3.x has no way to be told).
+    // Keep alive and max_keepalive (0: no limit): a 5.0 client asking for more (or for none)
+    // is told the Server Keep Alive [MQTT-3.2.2-21]; a 3.x client asking for more or for none
+    // is refused with "identifier rejected", as mosquitto 2.0.12+ does (3.x cannot be told).
     let mut keep_alive = connect.keep_alive;
     let mut server_keep_alive = None;
-    let limited = server.max_keepalive < u16::MAX;
-    if version.is_v5() {
-        if limited && (keep_alive == 0 || keep_alive > server.max_keepalive) {
-            keep_alive = server.max_keepalive;
-            server_keep_alive = Some(keep_alive);
-        }
-    } else if keep_alive > server.max_keepalive {
+    let over = server.max_keepalive != 0 && (keep_alive == 0 || keep_alive > server.max_keepalive);
+    if over && version.is_v5() {
+        keep_alive = server.max_keepalive;
+        server_keep_alive = Some(keep_alive);
+    } else if over {
         return Err(refuse(
             ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
-            "keep alive above max_keepalive",
+            "keep alive 0 or above max_keepalive",
         ));
     }
     // The will [MQTT-3.1.2-9..] and what the broker supports.
@@ -332,6 +353,7 @@ pub(super) async fn accept(
     if let Some(w) = &connect.will {
         if topic::validate_topic_name(&w.topic).is_err()
             || (w.topic.starts_with("$SYS") && w.topic != bridge_state_topic(&client_id))
+            || topic::level_count(&w.topic) > server.max_topic_levels
         {
             return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
         }
@@ -397,6 +419,7 @@ pub(super) async fn accept(
     let (session, link, session_present) = broker
         .take_session(
             &client_id,
+            username.as_deref(),
             connect.clean_start,
             version,
             expiry_interval,
@@ -428,7 +451,26 @@ pub(super) async fn accept(
         p.assigned_client_identifier = assigned;
         p.server_keep_alive = server_keep_alive;
     }
-    let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
+    let mut connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p.clone());
+    if connack.len() > client_max {
+        // Over the client's Maximum Packet Size [MQTT-3.1.2-24]: only what the client must
+        // know (its assigned identifier, the Server Keep Alive), then nothing.
+        let needed = Properties {
+            assigned_client_identifier: p.assigned_client_identifier.clone(),
+            server_keep_alive: p.server_keep_alive,
+            ..Properties::default()
+        };
+        connack = encode_connack(version, session_present, ReasonCode::SUCCESS, needed);
+        if connack.len() > client_max {
+            connack = encode_connack(
+                version,
+                session_present,
+                ReasonCode::SUCCESS,
+                Properties::default(),
+            );
+        }
+    }
+    link.set_max_packet_size(client_max);
     let client_limits = ClientLimits {
         inflight: usize::from(
             server

@@ -69,26 +69,30 @@ pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAd
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    serve_with(broker, stream, peer, None).await
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_secs(broker.config.server.connect_timeout);
+    serve_with(broker, stream, peer, None, deadline).await
 }
 
-/// [`serve`], with what a TLS handshake told about the client.
+/// [`serve`], with what a TLS handshake told about the client and the instant by which
+/// CONNECT must have arrived (`connect_timeout` after the socket was accepted: the TLS
+/// handshake and CONNECT share it).
 pub(crate) async fn serve_with<S>(
     broker: Arc<BrokerState>,
     stream: S,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
+    connect_deadline: tokio::time::Instant,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(256);
     let server = &broker.config.server;
-    let connect_timeout = Duration::from_secs(server.connect_timeout);
 
     // 1. CONNECT, within connect_timeout.
-    let (connect, bridge) = match tokio::time::timeout(
-        connect_timeout,
+    let (connect, bridge) = match tokio::time::timeout_at(
+        connect_deadline,
         read_connect(&mut rd, &mut buf, server.max_packet_size, &broker.stats),
     )
     .await
@@ -109,7 +113,7 @@ pub(crate) async fn serve_with<S>(
     // 2. Checks, session, CONNACK.
     // Boxed here and below: a future is as large as the largest state it can be in, and
     // the connection's task holds it for the whole connection (idle ones too).
-    let accepted = match Box::pin(accept(&broker, *connect, peer, tls)).await {
+    let accepted = match Box::pin(accept(&broker, *connect, peer, tls, connect_deadline)).await {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;

@@ -61,7 +61,7 @@ impl Reader<'_> {
             // one clock reading for a whole buffer of them.
             let before = handled;
             loop {
-                match codec::decode(buf, self.version, max) {
+                match codec::decode_from_client(buf, self.version, max) {
                     Ok(Some(packet)) => {
                         // A future holds room for the largest state it can be in, and this
                         // one lives as long as the connection (idle ones too): the waiting
@@ -211,7 +211,10 @@ impl Reader<'_> {
                 if !known {
                     tracing::debug!(client_id = %self.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
                 }
-                self.send(Packet::PubComp(PubAck {
+                // With durable_ack, after the removal is committed: a PUBCOMP for a release
+                // storage still lacks would, after a crash, leave the identifier "awaiting
+                // release" and swallow the client's next QoS 2 message that reuses it.
+                self.send_acknowledgement(Packet::PubComp(PubAck {
                     packet_id: a.packet_id,
                     reason_code: ReasonCode::SUCCESS,
                     properties: Properties::default(),
@@ -260,11 +263,23 @@ impl Reader<'_> {
                 Packet::PubRec(ack)
             }
         };
-        // durable_ack: acknowledged once storage has committed what the message changed.
+        self.send_acknowledgement(packet);
+    }
+
+    /// Sends PUBACK, PUBREC or PUBCOMP: with durable_ack, once storage has committed what
+    /// the packet acknowledges (and everything before it).
+    fn send_acknowledgement(&self, packet: Packet) {
         match self.broker.persist.get().filter(|p| p.durable_ack()) {
             Some(p) => {
                 let (link, version) = (Arc::clone(self.link), self.version);
-                p.after_commit(Box::new(move || link.send(&packet, version)));
+                p.after_commit(Box::new(move |held| {
+                    if held {
+                        link.send(&packet, version);
+                    } else {
+                        // Closed instead, so that the client sends it again.
+                        link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
+                    }
+                }));
             }
             None => self.send(packet),
         }
@@ -306,6 +321,13 @@ impl Reader<'_> {
             } else {
                 self.aliases.insert(alias, p.topic.clone());
             }
+        }
+        if topic::level_count(&p.topic) > self.broker.config.server.max_topic_levels {
+            // As an invalid topic name, as mosquitto treats a topic over its level limit.
+            return Err(self.violation(
+                ReasonCode::TOPIC_NAME_INVALID,
+                "topic name over max_topic_levels",
+            ));
         }
         if p.topic.is_empty() {
             return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "empty topic name"));
@@ -453,6 +475,11 @@ impl Reader<'_> {
                 codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
                 continue;
             }
+            if topic::level_count(&f.filter) > broker.config.server.max_topic_levels {
+                tracing::debug!(client_id = %self.session.client_id, "SUBSCRIBE filter over max_topic_levels");
+                codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
+                continue;
+            }
             if shared && f.options.no_local {
                 return Err(self.violation(
                     ReasonCode::PROTOCOL_ERROR,
@@ -482,7 +509,13 @@ impl Reader<'_> {
                 options,
                 identifier,
             };
-            let existed = broker.subscribe(self.session, &f.filter, granted);
+            let max = broker.config.server.max_subscriptions_per_client;
+            let Some(existed) = broker.subscribe_within(self.session, &f.filter, granted, max)
+            else {
+                tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE over max_subscriptions_per_client");
+                codes.push(self.filter_failure(ReasonCode::QUOTA_EXCEEDED));
+                continue;
+            };
             codes.push(ReasonCode(options.qos as u8));
             let send = match options.retain_handling {
                 0 => true,

@@ -96,6 +96,9 @@ impl Writer<'_> {
         // are resent as acknowledgements free the window. (PUBREL uses no send quota, but is
         // counted too: the window never overflows, whatever the mix.)
         let mut window = st.inflight.iter().filter(|f| f.sent).count();
+        // In-flight messages now larger than this connection's Maximum Packet Size (a client
+        // back with a smaller one): discarded as if sent and acknowledged [MQTT-3.1.2-25].
+        let mut too_large = Vec::new();
         for f in st.inflight.iter_mut().filter(|f| !f.sent) {
             if f.state != OutboundState::AwaitingPubComp && window >= self.limits.inflight {
                 continue;
@@ -111,7 +114,7 @@ impl Writer<'_> {
                     let _ = codec::encode(&rel, self.version, buf);
                 }
                 _ => {
-                    encode_delivery(
+                    if encode_delivery_within(
                         self.version,
                         &f.delivery,
                         f.packet_id,
@@ -119,10 +122,24 @@ impl Writer<'_> {
                         None,
                         now,
                         &mut self.scratch,
+                        self.limits.max_packet_size as usize,
                         buf,
-                    );
+                    )
+                    .is_err()
+                    {
+                        too_large.push(f.packet_id);
+                        window -= 1;
+                        continue;
+                    }
                     sent += 1;
                 }
+            }
+        }
+        for packet_id in too_large {
+            if let Some(i) = st.inflight_position(packet_id) {
+                st.inflight.remove(i);
+                st.persist_acked(&self.session.client_id, packet_id);
+                stats.dropped(DropCause::TooLarge);
             }
         }
         let mut more = false;
@@ -136,7 +153,9 @@ impl Writer<'_> {
             if head.qos > QoS::AtMostOnce && st.inflight.len() >= self.limits.inflight {
                 break;
             }
-            let Some(q) = st.pop_queued() else { break };
+            let Some(q) = st.pop_queued(&self.session.client_id) else {
+                break;
+            };
             took += 1;
             if q.msg.is_expired(now) {
                 stats.dropped(DropCause::Expired);
@@ -215,10 +234,11 @@ impl Writer<'_> {
         if let Some(&a) = self.aliases.get(topic) {
             return Some((a, true));
         }
-        // Bounded: the table holds the topics themselves.
-        let next = self.aliases.len() as u16 + 1;
-        let max = self.limits.topic_alias_maximum.min(OUTBOUND_ALIASES);
-        (next <= max && topic.len() <= OUTBOUND_ALIAS_TOPIC).then_some((next, false))
+        // Bounded: the table holds the topics themselves. Counted in usize, so an alias
+        // number never wraps to 0.
+        let next = self.aliases.len() + 1;
+        let max = usize::from(self.limits.topic_alias_maximum.min(OUTBOUND_ALIASES));
+        (next <= max && topic.len() <= OUTBOUND_ALIAS_TOPIC).then_some((next as u16, false))
     }
 }
 
@@ -241,33 +261,6 @@ fn delivery_properties<'p>(
         .clone_from(&q.subscription_ids);
     scratch.topic_alias = alias.map(|(a, _)| a);
     scratch
-}
-
-#[allow(clippy::too_many_arguments)]
-fn encode_delivery(
-    version: ProtocolVersion,
-    q: &Delivery,
-    packet_id: u16,
-    dup: bool,
-    alias: Option<(u16, bool)>,
-    now: Instant,
-    scratch: &mut Option<Box<Properties>>,
-    buf: &mut BytesMut,
-) {
-    let r = encode_delivery_within(
-        version,
-        q,
-        packet_id,
-        dup,
-        alias,
-        now,
-        scratch,
-        usize::MAX,
-        buf,
-    );
-    if let Err(e) = r {
-        tracing::error!(topic = %q.msg.topic, "cannot encode PUBLISH: {e}");
-    }
 }
 
 /// Encodes a delivery unless it is larger than `max_packet_size` bytes (or cannot be

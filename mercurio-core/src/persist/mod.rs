@@ -99,6 +99,7 @@ impl Persister {
             dirty: HashSet::new(),
             rx,
             fenced: false,
+            lost: false,
         };
         tokio::spawn(writer.run());
         persister
@@ -127,10 +128,12 @@ impl Persister {
         }
     }
 
-    /// Runs `f` once every change sent so far is committed (synced, with durable_ack).
+    /// Runs `f` once every change sent so far is committed (synced, with durable_ack), with
+    /// `true` when all of them are, `false` when storage does not hold some (given up, fenced,
+    /// or the writer stopped): an acknowledgement must then not be sent.
     pub(crate) fn after_commit(&self, f: Callback) {
         if let Err(mpsc::error::SendError(Op::AfterCommit(f))) = self.tx.send(Op::AfterCommit(f)) {
-            f();
+            f(false);
         }
     }
 

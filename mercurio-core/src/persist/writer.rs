@@ -19,13 +19,16 @@ const MAX_BATCH: usize = 4_096;
 /// Longest pause between two attempts of a failing batch.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// What runs once a commit is done.
-pub(super) type Callback = Box<dyn FnOnce() + Send>;
+/// What runs once a commit is done: `true` when everything it waited for is committed,
+/// `false` when storage does not hold all of it (changes given up, fenced, or a dirty
+/// client's changes skipped until its session is written whole).
+pub(super) type Callback = Box<dyn FnOnce(bool) + Send>;
 
 /// What the broker sends the writer.
 pub(super) enum Op {
     Change(Change),
-    /// Run after everything before it is committed (and synced, with durable_ack).
+    /// Run after everything before it is committed (and synced, with durable_ack), told
+    /// whether all of it was.
     AfterCommit(Callback),
     /// Commit everything before it, flush, answer.
     Flush(oneshot::Sender<()>),
@@ -48,6 +51,9 @@ pub(super) struct BatchWriter {
     pub(super) rx: mpsc::UnboundedReceiver<Op>,
     /// A write was refused because another broker took over: nothing more is written.
     pub(super) fenced: bool,
+    /// Changes since the last acknowledgements ran were given up or skipped: those
+    /// acknowledgements are not sent (their connections are closed instead).
+    pub(super) lost: bool,
 }
 
 /// What to do after the changes of a batch are committed.
@@ -100,6 +106,7 @@ impl BatchWriter {
                 Op::Change(change) => {
                     let skip = change.client_id().is_some_and(|c| self.dirty.contains(c));
                     if skip {
+                        self.lost = true;
                         self.persister.done(change.client_id(), 1);
                     } else {
                         changes.push(change);
@@ -152,7 +159,8 @@ impl BatchWriter {
         let mut closed = false;
         for a in after.drain(..) {
             match a {
-                After::AfterCommit(f) => f(),
+                // Never an acknowledgement for what storage does not hold.
+                After::AfterCommit(f) => f(!self.fenced && !self.lost),
                 After::Flush(tx) => {
                     if let Err(e) = self.persister.storage.flush().await {
                         tracing::error!("storage flush failed: {e}");
@@ -176,12 +184,19 @@ impl BatchWriter {
                 }
             }
         }
+        self.lost = false;
         closed
     }
 
-    /// Applies `batch`, retrying transient errors until storage recovers; a batch refused
-    /// [`REFUSED_ATTEMPTS`] times is split per client, and what is still refused is given up.
+    /// Applies `batch`, retrying transient errors until storage recovers; a change refused
+    /// [`REFUSED_ATTEMPTS`] times in all is given up (its client marked dirty). A refused batch
+    /// that covers several clients is split per client at once, each part having the attempts
+    /// left, so no change is tried more than [`REFUSED_ATTEMPTS`] times.
     async fn commit(&mut self, batch: &[Change], durable: bool) {
+        self.commit_within(batch, durable, REFUSED_ATTEMPTS).await
+    }
+
+    async fn commit_within(&mut self, batch: &[Change], durable: bool, attempts: u32) {
         if self.fenced {
             return;
         }
@@ -209,8 +224,9 @@ impl BatchWriter {
                 return;
             } else {
                 refused += 1;
-                if refused >= REFUSED_ATTEMPTS || e.must_stop() {
-                    self.give_up(batch, durable, &e).await;
+                let left = attempts.saturating_sub(refused);
+                if left == 0 || e.must_stop() || spans_clients(batch) {
+                    self.give_up(batch, durable, &e, left).await;
                     return;
                 }
             }
@@ -220,9 +236,9 @@ impl BatchWriter {
         }
     }
 
-    /// A batch refused for good: split it per client and retry each part, giving up only the
-    /// parts still refused.
-    async fn give_up(&mut self, batch: &[Change], durable: bool, e: &StorageError) {
+    /// A refused batch: split per client, each part retried with the `left` attempts; a
+    /// single client's part with none left is given up.
+    async fn give_up(&mut self, batch: &[Change], durable: bool, e: &StorageError, left: u32) {
         let mut groups: Vec<(Option<&str>, Vec<Change>)> = Vec::new();
         for c in batch {
             let key = c.client_id();
@@ -233,14 +249,22 @@ impl BatchWriter {
         }
         if groups.len() > 1 {
             for (_, part) in groups {
-                Box::pin(self.commit(&part, durable)).await;
+                if left > 0 {
+                    Box::pin(self.commit_within(&part, durable, left)).await;
+                } else {
+                    Box::pin(self.give_up(&part, durable, e, 0)).await;
+                }
             }
             return;
+        }
+        if left > 0 && !e.must_stop() {
+            return Box::pin(self.commit_within(batch, durable, left)).await;
         }
         let client = batch
             .first()
             .and_then(|c| c.client_id())
             .map(str::to_string);
+        self.lost = true;
         tracing::error!(
             client_id = client.as_deref().unwrap_or("(retained messages)"),
             changes = batch.len(),
@@ -281,5 +305,67 @@ impl BatchWriter {
         self.stats
             .storage_clients_dirty
             .store(self.dirty.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Whether `batch` holds the changes of more than one client (or of a client and the retained
+/// messages).
+fn spans_clients(batch: &[Change]) -> bool {
+    let mut keys = batch.iter().map(|c| c.client_id());
+    let first = keys.next();
+    keys.any(|k| Some(k) != first)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Weak};
+
+    use mercurio_storage::{Change, ErrorKind, MemoryStorage};
+
+    use super::super::Persister;
+    use crate::stats::Stats;
+
+    fn deleted(client_id: &str) -> Change {
+        Change::SessionDeleted {
+            client_id: client_id.into(),
+        }
+    }
+
+    /// One batch holding two clients' changes, refused nine times: each change has been
+    /// tried five times (the batch once, then its client's part four times) and both are
+    /// given up; before, the batch had five attempts and each part five more, ten in all.
+    #[tokio::test]
+    async fn a_refused_batch_of_several_clients_gets_five_attempts_in_all() {
+        let storage = MemoryStorage::new();
+        storage.fail_next(ErrorKind::Refused, 9);
+        let stats = Arc::new(Stats::default());
+        let p = Persister::start(
+            Arc::new(storage.clone()),
+            false,
+            Arc::clone(&stats),
+            Weak::new(),
+        );
+        // Both sent before the writer task runs: one batch.
+        p.emit(deleted("a"));
+        p.emit(deleted("b"));
+        p.flush().await;
+        assert_eq!(stats.storage_batches_dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.storage_batches_retried.load(Ordering::Relaxed), 6);
+        // Five refusals exactly: the batch, then four for the first part, which is given up;
+        // the second part then goes through at its first attempt.
+        let storage = MemoryStorage::new();
+        storage.fail_next(ErrorKind::Refused, 5);
+        let stats = Arc::new(Stats::default());
+        let p = Persister::start(
+            Arc::new(storage.clone()),
+            false,
+            Arc::clone(&stats),
+            Weak::new(),
+        );
+        p.emit(deleted("a"));
+        p.emit(deleted("b"));
+        p.flush().await;
+        assert_eq!(stats.storage_batches_dropped.load(Ordering::Relaxed), 1);
     }
 }

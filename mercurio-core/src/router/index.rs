@@ -22,6 +22,7 @@ use std::sync::Arc;
 use ahash::RandomState;
 use parking_lot::RwLock;
 
+use super::children::Children;
 use crate::topic::{parse_shared, split_level, validate_subscription_filter, TopicError};
 
 /// A client, keyed by its client identifier. Cheap to clone; compared by content.
@@ -227,22 +228,24 @@ impl<T> Leaf<T> {
     }
 }
 
-/// One level of the trie.
+/// One level of the trie. Small (four pointers) and holding nothing it does not use: a level
+/// costs its node, its name's bytes and, once a second sibling exists, a map entry, so a
+/// filter of many empty levels (`//////...`) costs tens of bytes per level, not hundreds.
 #[derive(Debug)]
 struct Node<T> {
-    literal: Map<Box<str>, Node<T>>,
+    literal: Children<Node<T>>,
     plus: Option<Box<Node<T>>>,
     multi: Option<Box<Leaf<T>>>,
-    leaf: Leaf<T>,
+    leaf: Option<Box<Leaf<T>>>,
 }
 
 impl<T> Default for Node<T> {
     fn default() -> Self {
         Node {
-            literal: Map::default(),
+            literal: Children::default(),
             plus: None,
             multi: None,
-            leaf: Leaf::default(),
+            leaf: None,
         }
     }
 }
@@ -252,13 +255,17 @@ impl<T> Node<T> {
         self.literal.len() + usize::from(self.plus.is_some()) + usize::from(self.multi.is_some())
     }
 
+    fn leaf_is_empty(&self) -> bool {
+        self.leaf.as_ref().is_none_or(|l| l.is_empty())
+    }
+
     fn is_empty(&self) -> bool {
-        self.children() == 0 && self.leaf.is_empty()
+        self.children() == 0 && self.leaf_is_empty()
     }
 
     /// Moves the child nodes out, for the iterative drop.
     fn take_children(&mut self, into: &mut Vec<Node<T>>) {
-        into.extend(self.literal.drain().map(|(_, n)| n));
+        self.literal.take_into(into);
         if let Some(p) = self.plus.take() {
             into.push(*p);
         }
@@ -437,9 +444,7 @@ impl<T: Clone> SubscriptionIndex<T> {
         let mut leaf = None;
         for step in steps(filter) {
             match step {
-                Step::Literal(level) => {
-                    node = node.literal.entry(Box::from(level)).or_default();
-                }
+                Step::Literal(level) => node = node.literal.get_or_insert(level),
                 Step::Plus => node = node.plus.get_or_insert_with(Box::default),
                 Step::Multi => {
                     leaf = Some(node.multi.get_or_insert_with(Box::default));
@@ -449,7 +454,7 @@ impl<T: Clone> SubscriptionIndex<T> {
         }
         let leaf = match leaf {
             Some(leaf) => &mut **leaf,
-            None => &mut node.leaf,
+            None => node.leaf.get_or_insert_with(Box::default),
         };
         let new = leaf.insert(group, client, value);
         if new {
@@ -485,7 +490,7 @@ impl<T: Clone> SubscriptionIndex<T> {
                 Step::Multi => return node.multi.as_deref(),
             }
         }
-        Some(&node.leaf)
+        node.leaf.as_deref()
     }
 
     /// The value of `client`'s subscription to `filter` (which may be `$share/...`), if any.
@@ -527,7 +532,14 @@ impl<T: Clone> SubscriptionIndex<T> {
                 None => return false,
             }
         }
-        node.leaf.remove(group, client)
+        let Some(leaf) = node.leaf.as_deref_mut() else {
+            return false;
+        };
+        let removed = leaf.remove(group, client);
+        if leaf.is_empty() {
+            node.leaf = None;
+        }
+        removed
     }
 
     /// Frees the part of `filter`'s path that no longer leads to any subscription. Two passes
@@ -540,14 +552,7 @@ impl<T: Clone> SubscriptionIndex<T> {
         for (i, step) in steps(filter).enumerate() {
             if i == cut {
                 match step {
-                    Step::Literal(level) => {
-                        node.literal.remove(level);
-                        if node.literal.capacity() > 16
-                            && node.literal.len() < node.literal.capacity() / 4
-                        {
-                            node.literal.shrink_to_fit();
-                        }
-                    }
+                    Step::Literal(level) => node.literal.remove(level),
                     Step::Plus => node.plus = None,
                     Step::Multi => node.multi = None,
                 }
@@ -589,7 +594,7 @@ impl<T: Clone> SubscriptionIndex<T> {
             let prunable = if last {
                 child.is_empty()
             } else {
-                child.leaf.is_empty() && child.children() == 1
+                child.leaf_is_empty() && child.children() == 1
             };
             if prunable {
                 cut.get_or_insert(i);
@@ -682,7 +687,9 @@ impl<T: Clone> SubscriptionIndex<T> {
                     }
                 }
                 let Some(remaining) = rest else {
-                    out.add(&node.leaf);
+                    if let Some(leaf) = node.leaf.as_deref() {
+                        out.add(leaf);
+                    }
                     break;
                 };
                 let (level, next) = split_level(remaining);

@@ -5,6 +5,7 @@
 //! a `parking_lot::RwLock`, publishers match under the read lock, SUBSCRIBE / UNSUBSCRIBE and
 //! retained PUBLISHes take the write lock.
 
+mod children;
 pub mod index;
 pub mod retained;
 

@@ -5,22 +5,20 @@
 //! removes it [MQTT-3.3.1-6] [MQTT-3.3.1-7] (the broker decides which call to make). Nodes left
 //! empty by a removal are freed; nothing recurses per level.
 
-use std::collections::HashMap;
-
-use ahash::RandomState;
-
+use super::children::Children;
 use crate::topic::split_level;
 
-/// One level of the trie.
+/// One level of the trie: its children (without a map while there is one) and the retained
+/// message of the topic ending here.
 struct Node<T> {
-    children: HashMap<Box<str>, Node<T>, RandomState>,
+    children: Children<Node<T>>,
     value: Option<T>,
 }
 
 impl<T> Default for Node<T> {
     fn default() -> Self {
         Node {
-            children: HashMap::default(),
+            children: Children::default(),
             value: None,
         }
     }
@@ -38,9 +36,10 @@ impl<T> Drop for Node<T> {
         if self.children.is_empty() {
             return;
         }
-        let mut stack: Vec<Node<T>> = self.children.drain().map(|(_, n)| n).collect();
+        let mut stack: Vec<Node<T>> = Vec::new();
+        self.children.take_into(&mut stack);
         while let Some(mut node) = stack.pop() {
-            stack.extend(node.children.drain().map(|(_, n)| n));
+            node.children.take_into(&mut stack);
         }
     }
 }
@@ -103,7 +102,7 @@ impl<T: Clone> RetainedStore<T> {
         let mut rest = Some(topic);
         while let Some(s) = rest {
             let (level, next) = split_level(s);
-            node = node.children.entry(Box::from(level)).or_default();
+            node = node.children.get_or_insert(level);
             rest = next;
         }
         let old = node.value.replace(value);
@@ -182,11 +181,6 @@ impl<T: Clone> RetainedStore<T> {
             let (level, next) = split_level(s);
             if i == cut {
                 node.children.remove(level);
-                if node.children.capacity() > 16
-                    && node.children.len() < node.children.capacity() / 4
-                {
-                    node.children.shrink_to_fit();
-                }
                 return;
             }
             let Some(child) = node.children.get_mut(level) else {
