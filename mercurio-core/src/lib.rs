@@ -18,6 +18,7 @@
 //! comparison), base64 (the salts and hashes of password files).
 
 pub mod auth;
+mod bridge;
 mod broker;
 pub mod codec;
 pub mod config;
@@ -43,6 +44,7 @@ pub use auth::hooks::{
     DenyReason,
 };
 pub use auth::FileError;
+pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};
 pub use error::Error;
 pub use handle::{
     check_files, Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription,

@@ -64,6 +64,8 @@ pub(crate) struct BrokerState {
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
     pub auth: crate::auth::Auth,
+    /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
+    pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
 }
 
 impl BrokerState {
@@ -98,6 +100,7 @@ impl BrokerState {
             },
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),
+            bridges: Mutex::new(Vec::new()),
         }
     }
 
@@ -113,7 +116,18 @@ impl BrokerState {
     pub(crate) fn publish_from(&self, msg: Message, congested: &mut Vec<Arc<Session>>) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
-            self.retain(&msg);
+            if msg.topic.starts_with("$SYS") {
+                // A bridge's state (the only `$SYS` topic a client may publish): in memory,
+                // with the broker's own `$SYS` values.
+                let mut sys = self.sys_retained.lock();
+                if msg.payload.is_empty() {
+                    sys.remove(&msg.topic);
+                } else {
+                    sys.insert(&msg.topic, Arc::clone(&msg));
+                }
+            } else {
+                self.retain(&msg);
+            }
         }
         self.route_from(&msg, congested)
     }

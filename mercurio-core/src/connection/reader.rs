@@ -39,6 +39,9 @@ pub(super) struct Reader<'a> {
     /// Sessions the last PUBLISH left at their high-water mark: waited on before the next
     /// packet (back pressure).
     pub(super) congested: Vec<Arc<Session>>,
+    /// The client announced itself as a bridge (mosquitto's `try_private`): its
+    /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
+    pub(super) bridge: bool,
 }
 
 impl Reader<'_> {
@@ -333,7 +336,9 @@ impl Reader<'_> {
                 self.link.qos1_received();
             }
         }
-        if p.topic.starts_with("$SYS") {
+        if p.topic.starts_with("$SYS")
+            && p.topic != super::connect::bridge_state_topic(&self.session.client_id)
+        {
             tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
             return Ok(());
@@ -469,6 +474,10 @@ impl Reader<'_> {
             }
             let mut options = f.options;
             options.qos = options.qos.min(max_qos);
+            if self.bridge && !shared {
+                options.no_local = true;
+                options.retain_as_published = true;
+            }
             let granted = Granted {
                 options,
                 identifier,
