@@ -188,12 +188,14 @@ impl Outgoing {
             }
         }
         let mut sent0 = 0;
+        let mut took = 0;
         while buf.len() < 64 * 1024 {
             let Some(head) = st.queue.front() else { break };
             if head.qos > QoS::AtMostOnce && st.inflight.len() >= out.window {
                 break;
             }
             let Some(mut q) = st.pop_queued(client_id) else { break };
+            took += 1;
             if q.msg.is_expired(now) {
                 out.broker.stats.dropped(DropCause::Expired);
                 st.persist_dequeued(client_id, &q);
@@ -218,6 +220,7 @@ impl Outgoing {
             }
             let Some(packet_id) = st.allocate_packet_id() else {
                 st.queue.push_front(q);
+                took -= 1;
                 break;
             };
             q.qos = qos;
@@ -237,6 +240,10 @@ impl Outgoing {
                 sent: true,
             });
             st.persist_sent(client_id);
+        }
+        // Back pressure: publishers routing into the bridge wait while it takes messages.
+        if Session::progressed(st, took, now, &out.broker.limits) {
+            self.session.release_waiters();
         }
         sent0
     }
