@@ -615,3 +615,33 @@ async fn an_unreachable_first_address_fails_over_to_the_next() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn messages_in_from_the_remote_with_sqlite_and_durable_ack() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (b, b_addr) = start().await;
+    let mut config = with_bridges(vec![bridge(
+        "in",
+        b_addr,
+        vec![topic("d/#", BridgeDirection::In, 1, "", "")],
+    )]);
+    config.storage.backend = mercurio_core::config::StorageBackend::Sqlite;
+    config.storage.path = Some(dir.path().join("a.db"));
+    config.storage.durable_ack = true;
+    let (a, a_addr) = start_with(config).await;
+    wait_connected(&a).await;
+    let mut here = Client::connect(a_addr, ProtocolVersion::V5, "here").await;
+    here.subscribe("d/#", QoS::AtLeastOnce).await;
+    let mut there = Client::connect(b_addr, ProtocolVersion::V5, "there").await;
+    for i in 0..20u32 {
+        there
+            .publish(&format!("d/{i}"), b"x", QoS::AtLeastOnce, false)
+            .await;
+    }
+    for i in 0..20u32 {
+        assert_eq!(next(&mut here).await.topic, format!("d/{i}"));
+    }
+    wait_until("20 in", || a.bridges()[0].forwarded_in == 20).await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
