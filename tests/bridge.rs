@@ -34,14 +34,20 @@ impl Drop for Mosquitto {
 }
 
 fn mosquitto_bin() -> Option<PathBuf> {
-    [
-        "mosquitto",
-        "/usr/sbin/mosquitto",
-        "/usr/local/sbin/mosquitto",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| {
+    // MOSQUITTO names the binary (one that does not run is a missing mosquitto); else the
+    // usual places.
+    let candidates: Vec<PathBuf> = match std::env::var_os("MOSQUITTO") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => [
+            "mosquitto",
+            "/usr/sbin/mosquitto",
+            "/usr/local/sbin/mosquitto",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect(),
+    };
+    candidates.into_iter().find(|p| {
         std::process::Command::new(p)
             .arg("-h")
             .stdout(Stdio::null())
@@ -612,6 +618,36 @@ async fn an_unreachable_first_address_fails_over_to_the_next() {
             .is_some_and(|e| e.starts_with(&dead.to_string())),
         "{info:?}"
     );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn messages_in_from_the_remote_with_sqlite_and_durable_ack() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (b, b_addr) = start().await;
+    let mut config = with_bridges(vec![bridge(
+        "in",
+        b_addr,
+        vec![topic("d/#", BridgeDirection::In, 1, "", "")],
+    )]);
+    config.storage.backend = mercurio_core::config::StorageBackend::Sqlite;
+    config.storage.path = Some(dir.path().join("a.db"));
+    config.storage.durable_ack = true;
+    let (a, a_addr) = start_with(config).await;
+    wait_connected(&a).await;
+    let mut here = Client::connect(a_addr, ProtocolVersion::V5, "here").await;
+    here.subscribe("d/#", QoS::AtLeastOnce).await;
+    let mut there = Client::connect(b_addr, ProtocolVersion::V5, "there").await;
+    for i in 0..20u32 {
+        there
+            .publish(&format!("d/{i}"), b"x", QoS::AtLeastOnce, false)
+            .await;
+    }
+    for i in 0..20u32 {
+        assert_eq!(next(&mut here).await.topic, format!("d/{i}"));
+    }
+    wait_until("20 in", || a.bridges()[0].forwarded_in == 20).await;
     a.shutdown().await;
     b.shutdown().await;
 }

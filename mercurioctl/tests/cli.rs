@@ -389,3 +389,33 @@ fn passwd_never_writes_through_a_planted_symlink() {
     let users = mercurio_core::auth::password_file::PasswordFile::load(&file).unwrap();
     assert!(users.get("alice").unwrap().verify(b"secret"));
 }
+
+#[test]
+fn bridge_list_and_show() {
+    // A bridge to a port nobody listens on: configured, not connected, its error shown.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut d = Daemon::start(
+        mercuriod(),
+        &format!(
+            "[[bridges]]\nname = \"cloud\"\naddresses = [\"{dead}\"]\nclient_id = \"site1\"\n\
+             [[bridges.topics]]\npattern = \"sensors/#\"\nqos = 1\n"
+        ),
+        &[],
+    );
+    d.wait_listening();
+    wait_until("the first attempt failed", || {
+        json(&d, &["bridge", "show", "cloud"])["last_error"].is_string()
+    });
+    let (code, out, err) = run(&d, &["bridge", "list"]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("NAME"), "{out}");
+    assert!(lines[1].starts_with("cloud  disconnected"), "{out}");
+    let (code, out, err) = run(&d, &["bridge", "show", "cloud"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("client id       site1"), "{out}");
+    assert!(out.contains(&format!("last error      {dead}: ")), "{out}");
+    fails(&d, &["bridge", "show", "nope"], 1, "no such bridge: nope");
+}

@@ -15,14 +15,20 @@ use std::time::{Duration, Instant};
 use support::*;
 
 fn mosquitto_bin() -> Option<PathBuf> {
-    [
-        "mosquitto",
-        "/usr/sbin/mosquitto",
-        "/usr/local/sbin/mosquitto",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| {
+    // MOSQUITTO names the binary (one that does not run is a missing mosquitto); else the
+    // usual places.
+    let candidates: Vec<PathBuf> = match std::env::var_os("MOSQUITTO") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => [
+            "mosquitto",
+            "/usr/sbin/mosquitto",
+            "/usr/local/sbin/mosquitto",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect(),
+    };
+    candidates.into_iter().find(|p| {
         Command::new(p)
             .arg("-h")
             .stdout(std::process::Stdio::null())

@@ -586,7 +586,9 @@ impl Task {
             let Some(mut packet) = packet else { continue };
             last_in = Instant::now();
             // Everything already buffered, then one fill and one write.
+            let mut published = false;
             loop {
+                published |= matches!(packet, Packet::Publish(_));
                 if let Err(why) = self.on_packet(packet, out, version, &mut buf) {
                     return Ended::Lost(why);
                 }
@@ -594,6 +596,22 @@ impl Task {
                     Ok(Some(p)) => packet = p,
                     Ok(None) => break,
                     Err(e) => return Ended::Lost(e.to_string()),
+                }
+            }
+            // Messages from the remote: with durable_ack, acknowledged once stored, as a
+            // client's are; and the next ones wait while storage is too far behind.
+            if published {
+                if let Some(p) = self.broker.persist.get() {
+                    if p.durable_ack() {
+                        p.flush().await;
+                    }
+                    if !buf.is_empty() {
+                        if let Err(e) = remote.write(&buf).await {
+                            return Ended::Lost(format!("write: {e}"));
+                        }
+                        buf.clear();
+                    }
+                    p.wait_room(&out.session.client_id).await;
                 }
             }
         }
