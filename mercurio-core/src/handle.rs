@@ -15,7 +15,9 @@ use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{Config, ListenerProtocol};
 use crate::error::Error;
+use crate::events::{EventStream, Events, DEFAULT_EVENT_CAPACITY};
 use crate::http::{Endpoint, HttpLimits};
+use crate::intercept::PublishInterceptor;
 use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::message::Message;
@@ -49,6 +51,8 @@ impl Broker {
             storage: None,
             authenticators: Vec::new(),
             authorizers: Vec::new(),
+            interceptors: Vec::new(),
+            event_capacity: DEFAULT_EVENT_CAPACITY,
         }
     }
 }
@@ -94,9 +98,26 @@ pub struct BrokerBuilder {
     storage: Option<Arc<dyn mercurio_storage::Storage>>,
     authenticators: Vec<Arc<dyn Authenticator>>,
     authorizers: Vec<Arc<dyn Authorizer>>,
+    interceptors: Vec<Arc<dyn PublishInterceptor>>,
+    event_capacity: usize,
 }
 
 impl BrokerBuilder {
+    /// Adds a publish interceptor, asked after those added earlier: it sees every PUBLISH
+    /// from a client after authorization and before routing, and may change or refuse it
+    /// (see [`PublishInterceptor`]). Without any, a PUBLISH costs nothing more.
+    pub fn interceptor(mut self, interceptor: impl PublishInterceptor) -> Self {
+        self.interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// How many events each [`EventStream`] holds before it loses the oldest (default
+    /// [`DEFAULT_EVENT_CAPACITY`], 1,024; at least 1).
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = capacity;
+        self
+    }
+
     /// The HTTP limits of every WebSocket listener (default: the manual's 8 KiB request head,
     /// 32 responses at once, a minute per response).
     pub fn http_limits(mut self, limits: HttpLimits) -> Self {
@@ -164,6 +185,8 @@ impl BrokerBuilder {
         let durable_ack = self.config.storage.durable_ack;
         let mut inner = BrokerState::new(self.config);
         inner.auth = auth;
+        inner.events = Events::new(self.event_capacity);
+        inner.interceptors = self.interceptors;
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
@@ -307,6 +330,16 @@ impl BrokerHandle {
     /// The addresses the listeners are bound to, in configuration order (useful with port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.inner.local_addrs.lock().clone()
+    }
+
+    /// A new stream of the broker's lifecycle [`Event`](crate::Event)s, from now on: clients
+    /// connecting and disconnecting, subscribing and unsubscribing, sessions expiring, wills
+    /// published, messages dropped. Bounded ([`BrokerBuilder::event_capacity`]): a stream
+    /// that falls behind never slows the broker, it loses the oldest events and reads
+    /// [`Event::Lagged`](crate::Event::Lagged) with their number. Ends after
+    /// [`BrokerHandle::shutdown`]. While no stream is open, the broker builds no events.
+    pub fn events(&self) -> EventStream {
+        self.inner.events.subscribe()
     }
 
     /// The configuration the broker runs with.
@@ -521,6 +554,7 @@ impl BrokerHandle {
             // Everything the sessions changed, written and synced; the database released.
             p.close().await;
         }
+        inner.events.stop();
     }
 
     /// Deletes the session of a client that is not connected, as its expiry would (a pending
