@@ -378,27 +378,19 @@ impl BrokerHandle {
         payload: impl Into<Bytes>,
         qos: QoS,
         retain: bool,
-        mut properties: Properties,
+        properties: Properties,
         expiry_secs: Option<u32>,
     ) -> Result<(), Error> {
-        topic::validate_topic_name(topic)
-            .map_err(|e| Error::Refused(format!("topic {topic:?}: {e}")))?;
-        if topic.starts_with("$SYS") {
-            return Err(Error::Refused("$SYS topics are the broker's own".into()));
-        }
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
-        properties.message_expiry_interval = None;
-        self.inner.publish(Message {
-            topic: topic.to_string(),
-            payload: payload.into(),
+        publish_as(
+            &self.inner,
+            None,
+            topic,
+            payload.into(),
             qos,
             retain,
             properties,
-            expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
-            publisher: None,
-        });
-        Ok(())
+            expiry_secs,
+        )
     }
 
     /// Subscribes in-process. The returned [`Subscription`] yields matching messages, retained
@@ -407,12 +399,32 @@ impl BrokerHandle {
     ///
     /// Errors: [`Error::Refused`] for an invalid topic filter or a stopped broker.
     pub fn subscribe(&self, filter: &str, qos: QoS) -> Result<Subscription, Error> {
-        match topic::parse_shared(filter) {
-            Ok(Some(_)) => {}
-            Ok(None) => topic::validate_topic_filter(filter)
-                .map_err(|e| Error::Refused(format!("filter {filter:?}: {e}")))?,
-            Err(e) => return Err(Error::Refused(format!("filter {filter:?}: {e}"))),
-        }
+        let options = SubscriptionOptions {
+            qos,
+            ..Default::default()
+        };
+        self.subscribe_with(filter, options, None)
+    }
+
+    /// Subscribes in-process with the options of an MQTT 5.0 subscription (MQTT 5.0 section
+    /// 3.8.3.1): maximum QoS, No Local (messages published through this
+    /// [`Subscription`]'s own [`Subscription::publish_with`] are not delivered back to it),
+    /// Retain As Published (otherwise live messages arrive with RETAIN clear), Retain
+    /// Handling (0: retained messages sent at subscribe; 1: only when the subscription is
+    /// new; 2: never), and a Subscription Identifier (1 to 268,435,455) that
+    /// [`Subscription::recv_delivery`] reports with each message it matched. Add filters to
+    /// the same subscription with [`Subscription::subscribe`].
+    ///
+    /// Errors: [`Error::Refused`] for an invalid topic filter, Retain Handling above 2, an
+    /// identifier out of range, No Local on a shared subscription [MQTT-3.8.3-4], or a
+    /// stopped broker.
+    pub fn subscribe_with(
+        &self,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> Result<Subscription, Error> {
+        check_subscription(filter, &options, identifier)?;
         if self.inner.is_shutting_down() {
             return Err(Error::Refused("the broker is shutting down".into()));
         }
@@ -429,23 +441,16 @@ impl BrokerHandle {
             .sessions
             .lock()
             .insert(Arc::clone(&id), Arc::clone(&session));
-        let granted = Granted {
-            options: SubscriptionOptions {
-                qos,
-                ..Default::default()
-            },
-            identifier: None,
-        };
-        self.inner.subscribe(&session, filter, granted);
         let (tx, rx) = mpsc::channel(64);
         let pump = tokio::spawn(pump(Arc::clone(&session), Arc::clone(&link), tx));
-        self.inner.send_retained(&session, filter, &granted);
-        Ok(Subscription {
+        let sub = Subscription {
             rx,
             broker: Arc::clone(&self.inner),
             session,
             pump,
-        })
+        };
+        sub.add(filter, options, identifier);
+        Ok(sub)
     }
 
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
@@ -664,12 +669,76 @@ impl BrokerHandle {
     }
 }
 
+/// Publishes for the application: `publisher` is the in-process subscription's client
+/// identifier (for its No Local subscriptions), `None` for the handle's own publishes.
+#[allow(clippy::too_many_arguments)]
+fn publish_as(
+    broker: &BrokerState,
+    publisher: Option<Arc<str>>,
+    topic: &str,
+    payload: Bytes,
+    qos: QoS,
+    retain: bool,
+    mut properties: Properties,
+    expiry_secs: Option<u32>,
+) -> Result<(), Error> {
+    topic::validate_topic_name(topic)
+        .map_err(|e| Error::Refused(format!("topic {topic:?}: {e}")))?;
+    if topic.starts_with("$SYS") {
+        return Err(Error::Refused("$SYS topics are the broker's own".into()));
+    }
+    properties.topic_alias = None;
+    properties.subscription_identifiers.clear();
+    properties.message_expiry_interval = None;
+    broker.publish(Message {
+        topic: topic.to_string(),
+        payload,
+        qos,
+        retain,
+        properties,
+        expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
+        publisher,
+    });
+    Ok(())
+}
+
+/// Checks an in-process subscription's filter, options and identifier as the broker checks
+/// a SUBSCRIBE's.
+fn check_subscription(
+    filter: &str,
+    options: &SubscriptionOptions,
+    identifier: Option<u32>,
+) -> Result<(), Error> {
+    let shared = match topic::parse_shared(filter) {
+        Ok(Some(_)) => true,
+        Ok(None) => {
+            topic::validate_topic_filter(filter)
+                .map_err(|e| Error::Refused(format!("filter {filter:?}: {e}")))?;
+            false
+        }
+        Err(e) => return Err(Error::Refused(format!("filter {filter:?}: {e}"))),
+    };
+    if shared && options.no_local {
+        return Err(Error::Refused(format!(
+            "filter {filter:?}: No Local on a shared subscription"
+        )));
+    }
+    if options.retain_handling > 2 {
+        return Err(Error::Refused(format!(
+            "retain handling {} (0, 1 or 2)",
+            options.retain_handling
+        )));
+    }
+    if identifier.is_some_and(|id| id == 0 || id > 268_435_455) {
+        return Err(Error::Refused(
+            "subscription identifier out of 1 to 268,435,455".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Moves messages from an in-process subscription's session queue to its channel.
-async fn pump(
-    session: Arc<Session>,
-    link: Arc<Link>,
-    tx: mpsc::Sender<Arc<crate::message::Message>>,
-) {
+async fn pump(session: Arc<Session>, link: Arc<Link>, tx: mpsc::Sender<Delivered>) {
     loop {
         // Shutdown kills every link: hand over what is queued, then end the stream.
         let killed = tokio::select! {
@@ -679,7 +748,13 @@ async fn pump(
         loop {
             let next = session.state.lock().pop_queued();
             let Some(q) = next else { break };
-            if tx.send(q.msg).await.is_err() {
+            let delivered = Delivered {
+                message: q.msg,
+                qos: q.qos,
+                retain: q.retain,
+                subscription_ids: q.subscription_ids,
+            };
+            if tx.send(delivered).await.is_err() {
                 return;
             }
         }
@@ -689,9 +764,25 @@ async fn pump(
     }
 }
 
-/// An in-process subscription: a bounded stream of messages. Dropping it unsubscribes.
+/// One message as an in-process [`Subscription`] receives it: the message, and what this
+/// delivery adds to it, as a network subscriber would see it in its PUBLISH.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    pub message: Arc<Message>,
+    /// The lower of the message's QoS and the subscription's maximum [MQTT-3.8.4-6].
+    pub qos: QoS,
+    /// The RETAIN flag as delivered: set for retained messages sent at subscribe, and for
+    /// live ones only under Retain As Published [MQTT-3.3.1-12].
+    pub retain: bool,
+    /// The Subscription Identifiers of every subscription that matched [MQTT-3.3.4-3].
+    pub subscription_ids: Vec<u32>,
+}
+
+/// An in-process subscription: a bounded stream of messages, the in-process counterpart of
+/// a network client's session (one or more filters, its own client identifier
+/// `$internal/N`). Dropping it unsubscribes.
 pub struct Subscription {
-    rx: mpsc::Receiver<Arc<Message>>,
+    rx: mpsc::Receiver<Delivered>,
     broker: Arc<BrokerState>,
     session: Arc<Session>,
     pump: tokio::task::JoinHandle<()>,
@@ -700,7 +791,86 @@ pub struct Subscription {
 impl Subscription {
     /// The next message; `None` once the broker has stopped.
     pub async fn recv(&mut self) -> Option<Arc<Message>> {
+        self.rx.recv().await.map(|d| d.message)
+    }
+
+    /// The next message with its delivery's QoS, RETAIN flag and subscription identifiers;
+    /// `None` once the broker has stopped.
+    pub async fn recv_delivery(&mut self) -> Option<Delivered> {
         self.rx.recv().await
+    }
+
+    /// The client identifier of this subscription's session (`$internal/N`).
+    pub fn client_id(&self) -> &str {
+        &self.session.client_id
+    }
+
+    /// Adds a filter to this subscription, or replaces the options of one it has, as a
+    /// SUBSCRIBE would (see [`BrokerHandle::subscribe_with`] for the options). Retained
+    /// messages follow Retain Handling: with 1, only when the filter is new.
+    ///
+    /// Errors: as [`BrokerHandle::subscribe_with`].
+    pub fn subscribe(
+        &self,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> Result<(), Error> {
+        check_subscription(filter, &options, identifier)?;
+        if self.broker.is_shutting_down() {
+            return Err(Error::Refused("the broker is shutting down".into()));
+        }
+        self.add(filter, options, identifier);
+        Ok(())
+    }
+
+    /// Removes one filter of this subscription; false when it had none such.
+    pub fn unsubscribe(&self, filter: &str) -> bool {
+        self.broker.unsubscribe(&self.session, filter)
+    }
+
+    /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`], but
+    /// its own No Local subscriptions do not receive the message [MQTT-3.8.3-3].
+    ///
+    /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
+    pub fn publish_with(
+        &self,
+        topic: &str,
+        payload: impl Into<Bytes>,
+        qos: QoS,
+        retain: bool,
+        properties: Properties,
+        expiry_secs: Option<u32>,
+    ) -> Result<(), Error> {
+        publish_as(
+            &self.broker,
+            Some(Arc::clone(&self.session.client_id)),
+            topic,
+            payload.into(),
+            qos,
+            retain,
+            properties,
+            expiry_secs,
+        )
+    }
+
+    fn add(&self, filter: &str, mut options: SubscriptionOptions, identifier: Option<u32>) {
+        let max_qos = QoS::from_u8(self.broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
+        options.qos = options.qos.min(max_qos);
+        let granted = Granted {
+            options,
+            identifier,
+        };
+        let existed = self.broker.subscribe(&self.session, filter, granted);
+        let shared = matches!(topic::parse_shared(filter), Ok(Some(_)));
+        let send = match options.retain_handling {
+            0 => true,
+            1 => !existed,
+            _ => false,
+        };
+        if send && !shared {
+            self.broker.send_retained(&self.session, filter, &granted);
+        }
     }
 }
 

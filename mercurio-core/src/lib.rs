@@ -48,8 +48,8 @@ pub use auth::FileError;
 pub use error::Error;
 pub use events::{Event, EventStream, SubscribedFilter};
 pub use handle::{
-    check_files, Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription,
-    SHUTDOWN_GRACE,
+    check_files, Broker, BrokerBuilder, BrokerHandle, Delivered, SessionDetail, SessionInfo,
+    Subscription, SHUTDOWN_GRACE,
 };
 pub use http::HttpLimits;
 pub use intercept::{InterceptedPublish, PublishInterceptor, Verdict};
