@@ -805,11 +805,18 @@ impl Lines {
 }
 
 /// The example binary, built by `cargo test` with the examples; built here when a filtered
-/// run (`cargo test --test events`) did not.
+/// run (`cargo test --test events`) did not, or built it before this test binary.
 fn example_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().join("examples");
     let path = dir.join(name);
+    // Built after this test binary: from the same sources (or newer), nothing to do.
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(example), Some(test)) = (modified(&path), modified(&exe)) {
+        if example >= test {
+            return path;
+        }
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .args(["build", "--example", name])
