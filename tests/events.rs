@@ -818,7 +818,19 @@ fn example_binary(name: &str) -> std::path::PathBuf {
         }
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
+    // Without what cargo sets for a test (the variables of this package, its library
+    // path): build scripts that watch them would make the next `cargo test` rebuild.
+    let mut build = std::process::Command::new(cargo);
+    for (key, _) in std::env::vars_os() {
+        let key_s = key.to_string_lossy();
+        if (key_s.starts_with("CARGO_") && key_s != "CARGO_HOME")
+            || key_s == "LD_LIBRARY_PATH"
+            || key_s == "OUT_DIR"
+        {
+            build.env_remove(&key);
+        }
+    }
+    let status = build
         .args(["build", "--example", name])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
