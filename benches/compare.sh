@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Load benchmark: Mercurio (mercuriod, release) side by side with mosquitto (and rumqttd when
-# installed), driven by mercurio-bench. Each broker is pinned to CPU 0 and the load generator
+# installed), driven by `recado bench`. Each broker is pinned to CPU 0 and the load generator
 # to CPU 1 (taskset); every scenario runs against each broker in alternation, fresh broker
 # process per run, for several rounds; the table shows medians, [min-max] and ratios to
 # mosquitto. Loopback only; each broker runs with its own temporary config on its own port
@@ -15,7 +15,7 @@
 #   --table DIR    only print the table of the results kept in DIR (from --out)
 #   --nice N       run brokers and the load generator at this nice level (e.g. -10 on a machine
 #                  where other jobs compete for the CPUs; needs root for a negative level)
-# Environment: CARGO_TARGET_DIR (where the release binaries are), MERCURIOD and MERCURIO_BENCH
+# Environment: CARGO_TARGET_DIR (where the release binaries are), MERCURIOD and RECADO
 # (binaries to use instead of those of CARGO_TARGET_DIR), MOSQUITTO (default
 # /usr/sbin/mosquitto), RUMQTTD (default: rumqttd on PATH), BROKER_CPU (0), BENCH_CPU (1).
 set -euo pipefail
@@ -157,11 +157,11 @@ MOSQUITTO=${MOSQUITTO:-/usr/sbin/mosquitto}
 RUMQTTD=${RUMQTTD:-$(command -v rumqttd || true)}
 
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release -q -p mercuriod -p mercurio-bench)
+    (cd "$ROOT" && cargo build --release -q -p mercuriod -p recado)
 fi
-BENCH=${MERCURIO_BENCH:-$TARGET/release/mercurio-bench}
+RECADO=${RECADO:-$TARGET/release/recado}
 MERCURIOD=${MERCURIOD:-$TARGET/release/mercuriod}
-for b in "$BENCH" "$MERCURIOD"; do
+for b in "$RECADO" "$MERCURIOD"; do
     [ -x "$b" ] || { echo "missing $b (build with cargo build --release)" >&2; exit 1; }
 done
 
@@ -265,7 +265,7 @@ trap '[ -n "$BPID" ] && stop_broker' EXIT
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
-# name | kind | mercurio-bench arguments
+# name | kind | recado bench arguments
 SCENARIOS=(
     "fanin-q0|sat|-s fan-in -P 4 -q 0"
     "fanin-q1|sat|-s fan-in -P 4 -q 1"
@@ -300,7 +300,7 @@ for round in $(seq 1 "$ROUNDS"); do
             SAMPLER=$!
             d=$DURATION
             # shellcheck disable=SC2086
-            nice -n "$NICE" taskset -c "$BENCH_CPU" "$BENCH" $args -d "$d" --drain 15 -p "${PORT[$broker]}" --label "$broker" \
+            nice -n "$NICE" taskset -c "$BENCH_CPU" "$RECADO" bench $args -d "$d" --drain 15 -p "${PORT[$broker]}" --label "$broker" \
                 >"$base.out" 2>"$base.err" || true
             t1=$(date +%s.%N); c1=$(cpu_ticks "$BPID")
             kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TLS connections held: mercuriod (release) and mosquitto with the same certificates, each
-# pinned to CPU 0, mercurio-bench's idle scenario over TLS pinned to CPU 1. For each broker:
+# pinned to CPU 0, `recado bench`'s idle scenario over TLS pinned to CPU 1. For each broker:
 # open C TLS connections (MQTT 3.1.1, keep alive 60 s, every one a full handshake), then hold
 # them; reports the connect rate, the broker's RSS before and while holding them (RSS per
 # connection), the broker's CPU per connect and its idle CPU while holding (% of one core).
@@ -22,7 +22,7 @@
 #                    other jobs compete for the CPUs; a negative level needs root)
 #   --no-build       use the binaries already built
 #   --out DIR        keep the certificates, configurations, logs and results there
-# Environment: CARGO_TARGET_DIR, MERCURIOD, MERCURIO_BENCH, MOSQUITTO (default
+# Environment: CARGO_TARGET_DIR, MERCURIOD, RECADO, MOSQUITTO (default
 # /usr/sbin/mosquitto), BROKER_CPU (0), BENCH_CPU (1).
 set -euo pipefail
 
@@ -66,11 +66,11 @@ MOSQUITTO=${MOSQUITTO:-/usr/sbin/mosquitto}
 command -v openssl >/dev/null || { echo "openssl is needed" >&2; exit 1; }
 
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release -q -p mercuriod -p mercurio-bench)
+    (cd "$ROOT" && cargo build --release -q -p mercuriod -p recado)
 fi
-BENCH=${MERCURIO_BENCH:-$TARGET/release/mercurio-bench}
+RECADO=${RECADO:-$TARGET/release/recado}
 MERCURIOD=${MERCURIOD:-$TARGET/release/mercuriod}
-for b in "$BENCH" "$MERCURIOD"; do
+for b in "$RECADO" "$MERCURIOD"; do
     [ -x "$b" ] || { echo "missing $b (build with cargo build --release)" >&2; exit 1; }
 done
 
@@ -230,7 +230,7 @@ for round in $(seq 1 "$ROUNDS"); do
         write_configs "$PORT"
         start_broker "$broker" "$PORT" || exit 1
         rss0=$(rss_kb "$BPID"); c_start=$(cpu_ticks "$BPID")
-        nice -n "$NICE" taskset -c "$BENCH_CPU" "$BENCH" -s idle "${TLS_ARGS[@]}" \
+        nice -n "$NICE" taskset -c "$BENCH_CPU" "$RECADO" bench -s idle "${TLS_ARGS[@]}" \
             -C "$CONNS" --connect-concurrency "$CONCURRENCY" --keep-alive "$KEEPALIVE" \
             -d $((HOLD + 5)) -p "$PORT" --label "$broker" >"$base.out" 2>"$base.err" &
         GPID=$!

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::auth::hooks::{Authenticator, Authorizer};
 use crate::auth::{Auth, FileError, Identity};
+use crate::bridge::{BridgeInfo, BridgeReload, Bridges};
 use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{Config, ListenerProtocol};
@@ -65,6 +66,7 @@ impl Broker {
 /// would return them.
 pub fn check_files(config: &Config) -> Result<(), Error> {
     Auth::from_config(config, Vec::new(), Vec::new())?;
+    Bridges::check(&config.bridges)?;
     for l in &config.listeners {
         if l.cert_file.is_some() {
             TlsListener::load(l)?;
@@ -224,8 +226,11 @@ impl BrokerBuilder {
         let mut sys = SysPublisher::new(Arc::clone(&inner));
         sys.publish_all();
         tokio::spawn(sys.run());
+        let bridges = Arc::new(Bridges::new(Arc::clone(&inner)));
+        bridges.start(&inner.config.bridges).await?;
         Ok(BrokerHandle {
             inner,
+            bridges,
             tls: Arc::new(tls.into_iter().flatten().collect()),
             failure,
         })
@@ -306,6 +311,8 @@ fn spawn_failure_watch(
 #[derive(Clone)]
 pub struct BrokerHandle {
     inner: Arc<BrokerState>,
+    /// The running bridges.
+    bridges: Arc<Bridges>,
     /// The TLS listeners, for [`BrokerHandle::reload`].
     tls: Arc<Vec<Arc<TlsListener>>>,
     /// Set when storage failed and the broker stopped at once.
@@ -516,6 +523,25 @@ impl BrokerHandle {
         }
     }
 
+    /// Every configured bridge: its state and counters (`mercurioctl bridge list`).
+    pub fn bridges(&self) -> Vec<BridgeInfo> {
+        let list: Vec<_> = self.inner.bridges.lock().clone();
+        let mut infos: Vec<BridgeInfo> = list.iter().map(|b| b.info()).collect();
+        infos.sort_by(|a, b| a.name.cmp(&b.name));
+        infos
+    }
+
+    /// Applies a new `[[bridges]]` list (validated, as [`Config::validate`] does): added
+    /// bridges start, removed ones stop and their queues are deleted, changed ones restart
+    /// with their queues kept, the others go on untouched. A bridge whose TLS files cannot be
+    /// used keeps running as it was, and its error is returned with the others' report.
+    pub async fn reload_bridges(
+        &self,
+        bridges: &[crate::config::BridgeConfig],
+    ) -> (BridgeReload, Vec<FileError>) {
+        self.bridges.reload(bridges).await
+    }
+
     /// Number of retained messages held.
     pub fn retained_count(&self) -> usize {
         self.inner.retained.lock().len()
@@ -545,6 +571,8 @@ impl BrokerHandle {
             return self.wait_closed(SHUTDOWN_GRACE).await;
         }
         inner.stop_listeners.notify_waiters();
+        // Bridges first: their remotes get state 0 and DISCONNECT, their queues stay stored.
+        self.bridges.stop_all().await;
         let links: Vec<Arc<Link>> = inner
             .sessions
             .lock()

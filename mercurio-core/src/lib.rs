@@ -18,6 +18,7 @@
 //! comparison), base64 (the salts and hashes of password files).
 
 pub mod auth;
+mod bridge;
 mod broker;
 pub mod codec;
 pub mod config;
@@ -45,6 +46,7 @@ pub use auth::hooks::{
     DenyReason,
 };
 pub use auth::FileError;
+pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};
 pub use error::Error;
 pub use events::{Event, EventStream, SubscribedFilter};
 pub use handle::{

@@ -240,6 +240,70 @@ impl Collector for BrokerCollector {
             "Seconds since the broker started",
             s.uptime_seconds,
         )?;
-        Ok(())
+        bridges(e, &self.broker)
     }
+}
+
+/// Per-bridge series, labelled `bridge="<name>"` (none without bridges).
+fn bridges(e: &mut DescriptorEncoder, broker: &BrokerState) -> Result<(), std::fmt::Error> {
+    let list: Vec<_> = broker.bridges.lock().iter().map(|b| b.info()).collect();
+    if list.is_empty() {
+        return Ok(());
+    }
+    type Pick = fn(&crate::bridge::BridgeInfo) -> u64;
+    let families: [(&str, &str, MetricType, Pick); 5] = [
+        (
+            "mercurio_bridge_connected",
+            "1 while the bridge is connected to its remote, else 0",
+            MetricType::Gauge,
+            |b| u64::from(b.connected),
+        ),
+        (
+            "mercurio_bridge_queued_messages",
+            "Messages waiting for the remote, in flight included",
+            MetricType::Gauge,
+            |b| b.queued as u64,
+        ),
+        (
+            "mercurio_bridge_messages_dropped",
+            "Messages for the remote dropped by the queue's limits",
+            MetricType::Counter,
+            |b| b.dropped,
+        ),
+        (
+            "mercurio_bridge_reconnects",
+            "Connections to the remote made after the first",
+            MetricType::Counter,
+            |b| b.reconnects,
+        ),
+        (
+            "mercurio_bridge_messages_forwarded_in",
+            "Messages from the remote published here",
+            MetricType::Counter,
+            |b| b.forwarded_in,
+        ),
+    ];
+    for (name, help, kind, pick) in families {
+        let mut m = e.encode_descriptor(name, help, None, kind.clone())?;
+        for b in &list {
+            let labels = [("bridge", b.name.as_str())];
+            let v = pick(b);
+            match kind {
+                MetricType::Counter => ConstCounter::new(v).encode(m.encode_family(&labels)?)?,
+                _ => ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
+                    .encode(m.encode_family(&labels)?)?,
+            }
+        }
+    }
+    let mut m = e.encode_descriptor(
+        "mercurio_bridge_messages_forwarded_out",
+        "Messages the remote acknowledged (QoS 1/2) or was sent (QoS 0)",
+        None,
+        MetricType::Counter,
+    )?;
+    for b in &list {
+        let labels = [("bridge", b.name.as_str())];
+        ConstCounter::new(b.forwarded_out).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
 }

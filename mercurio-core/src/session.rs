@@ -177,6 +177,8 @@ pub(crate) struct SessionState {
     /// True while the queue is dropping, to log once when it starts and once when it stops.
     pub dropping: bool,
     pub dropped_since_warning: u64,
+    /// Messages this session's queue dropped since it was made (a bridge reports it).
+    pub dropped: u64,
     /// When the last connection ended; `None` while connected.
     pub disconnected_at: Option<Instant>,
     /// The user name of the last connection, stored with the session so that access checks
@@ -257,6 +259,7 @@ impl Session {
                 ended: false,
                 dropping: false,
                 dropped_since_warning: 0,
+                dropped: 0,
                 disconnected_at: None,
                 username: None,
                 changes: None,
@@ -308,6 +311,7 @@ impl Session {
                 tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queue.bytes(), limit = limit.unwrap_or_default(), "session queue full: dropping messages");
             }
             st.dropped_since_warning += 1;
+            st.dropped += 1;
             return Enqueued::Dropped(cause);
         }
         // Room again once back to half its limits (not at the first message that fits, or a

@@ -172,6 +172,30 @@ impl SysPublisher {
                 v.push((format!("load/{name}/{window}"), format!("{avg:.2}")));
             }
         }
+        let bridges: Vec<_> = b.bridges.lock().iter().map(|x| x.info()).collect();
+        for x in bridges {
+            let c = &x.client_id;
+            v.push((
+                format!("connection/{c}/messages/forwarded/out"),
+                x.forwarded_out.to_string(),
+            ));
+            v.push((
+                format!("connection/{c}/messages/forwarded/in"),
+                x.forwarded_in.to_string(),
+            ));
+            v.push((
+                format!("connection/{c}/messages/queued"),
+                x.queued.to_string(),
+            ));
+            v.push((
+                format!("connection/{c}/messages/dropped"),
+                x.dropped.to_string(),
+            ));
+            v.push((
+                format!("connection/{c}/reconnects"),
+                x.reconnects.to_string(),
+            ));
+        }
         for (topic, _) in v.iter_mut() {
             topic.insert_str(0, "$SYS/broker/");
         }

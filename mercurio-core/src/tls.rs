@@ -69,7 +69,7 @@ impl TlsListener {
     }
 }
 
-fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, FileError> {
+pub(crate) fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, FileError> {
     std::fs::metadata(path).map_err(|e| FileError::io(path, &e))?;
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| FileError::new(path, format!("cannot read certificates: {e}")))?

@@ -59,6 +59,8 @@ Examples:
   mercurioctl --json client list
   mercurioctl client disconnect sensor-12
   mercurioctl client delete-session sensor-12
+  mercurioctl bridge list
+  mercurioctl bridge show cloud
 
 mercurioctl passwd FILE USER adds a user to a password file or changes its password (argon2id;
 no running broker needed); then send mercuriod SIGHUP to reload it.";
@@ -97,6 +99,9 @@ enum Command {
     /// Clients and their sessions.
     #[command(subcommand)]
     Client(ClientCommand),
+    /// Bridges to other brokers: state, queue and counters.
+    #[command(subcommand)]
+    Bridge(BridgeCommand),
     /// Add a user to a password file or change its password (needs no running broker).
     Passwd(passwd::Passwd),
 }
@@ -137,6 +142,17 @@ enum ClientCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum BridgeCommand {
+    /// Every configured bridge: connected or not, queued messages, messages forwarded.
+    List,
+    /// One bridge in detail: addresses, last error, counters.
+    Show {
+        /// The bridge's name ([[bridges]] name).
+        name: String,
+    },
+}
+
 /// A failure: the exit status and its one-line reason.
 struct Failure(u8, String);
 
@@ -162,6 +178,10 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             json!({"command": "broker.log-level", "level": level})
         }
         Command::Client(ClientCommand::List) => json!({"command": "client.list"}),
+        Command::Bridge(BridgeCommand::List) => json!({"command": "bridge.list"}),
+        Command::Bridge(BridgeCommand::Show { name }) => {
+            json!({"command": "bridge.show", "name": name})
+        }
         Command::Client(ClientCommand::Show { client_id }) => {
             json!({"command": "client.show", "client_id": client_id})
         }
@@ -293,6 +313,8 @@ fn human(command: &Command, result: &Value) -> String {
             format!("log level: {}\n", text(&result["level"]))
         }
         Command::Client(ClientCommand::List) => list(result),
+        Command::Bridge(BridgeCommand::List) => bridge_list(result),
+        Command::Bridge(BridgeCommand::Show { .. }) => bridge_show(result),
         Command::Client(ClientCommand::Show { .. }) => show(result),
         Command::Client(ClientCommand::Disconnect { client_id }) => {
             format!("disconnected {client_id}\n")
@@ -389,6 +411,66 @@ fn list(r: &Value) -> String {
     out
 }
 
+fn bridge_list(r: &Value) -> String {
+    let bridges = r["bridges"].as_array().cloned().unwrap_or_default();
+    if bridges.is_empty() {
+        return "no bridges\n".to_string();
+    }
+    let width = bridges
+        .iter()
+        .map(|b| text(&b["name"]).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("NAME".len());
+    let mut out = format!(
+        "{:<width$}  {:<12}  {:>7}  {:>8}  {:>9}  {:>8}  {:>10}  ADDRESS\n",
+        "NAME", "STATE", "QUEUED", "DROPPED", "SENT", "RECEIVED", "RECONNECTS"
+    );
+    for b in &bridges {
+        out.push_str(&format!(
+            "{:<width$}  {:<12}  {:>7}  {:>8}  {:>9}  {:>8}  {:>10}  {}\n",
+            text(&b["name"]),
+            state(&b["connected"]),
+            text(&b["queued"]),
+            text(&b["dropped"]),
+            text(&b["forwarded_out"]),
+            text(&b["forwarded_in"]),
+            text(&b["reconnects"]),
+            text(&b["address"]),
+        ));
+    }
+    out
+}
+
+fn bridge_show(r: &Value) -> String {
+    let addresses: Vec<String> = r["addresses"]
+        .as_array()
+        .map(|a| a.iter().map(text).collect())
+        .unwrap_or_default();
+    let mut out = format!(
+        "bridge          {}\nclient id       {}\nstate           {}\naddresses       {}\naddress         {}\n",
+        text(&r["name"]),
+        text(&r["client_id"]),
+        state(&r["connected"]),
+        addresses.join(", "),
+        text(&r["address"]),
+    );
+    if let Some(secs) = r["connected_secs"].as_u64() {
+        out.push_str(&format!("connected for   {}\n", duration(secs)));
+    }
+    out.push_str(&format!(
+        "last error      {}\nqueued          {} messages, {} bytes\ndropped         {}\nforwarded out   {}\nforwarded in    {}\nreconnects      {}\n",
+        text(&r["last_error"]),
+        text(&r["queued"]),
+        text(&r["queued_bytes"]),
+        text(&r["dropped"]),
+        text(&r["forwarded_out"]),
+        text(&r["forwarded_in"]),
+        text(&r["reconnects"]),
+    ));
+    out
+}
+
 fn show(r: &Value) -> String {
     let expiry = match r["expiry_interval"].as_u64() {
         Some(0) => "0 (ends with the connection)".to_string(),
@@ -436,6 +518,19 @@ fn show(r: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bridge_table() {
+        let r = json!({"bridges": [{"name": "cloud", "connected": true, "queued": 3,
+            "dropped": 0, "forwarded_out": 10, "forwarded_in": 2, "reconnects": 1,
+            "address": "broker.example.com:8883"}]});
+        let out = bridge_list(&r);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("NAME "), "{out}");
+        assert!(lines[1].starts_with("cloud  connected"), "{out}");
+        assert!(lines[1].ends_with("broker.example.com:8883"), "{out}");
+        assert_eq!(bridge_list(&json!({"bridges": []})), "no bridges\n");
+    }
 
     #[test]
     fn durations() {

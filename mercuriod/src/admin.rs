@@ -12,6 +12,8 @@
 //! | `{"command":"client.show","client_id":"x"}` | the session in detail |
 //! | `{"command":"client.disconnect","client_id":"x"}` | `{}` |
 //! | `{"command":"client.delete-session","client_id":"x"}` | `{}`; refused while connected |
+//! | `{"command":"bridge.list"}` | `{"bridges":[{name, client_id, connected, queued, ...}]}` |
+//! | `{"command":"bridge.show","name":"x"}` | one bridge in detail |
 //!
 //! A malformed request gets an error answer; a line over [`MAX_REQUEST`] bytes gets one and
 //! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
@@ -59,6 +61,10 @@ enum Request {
     ClientDisconnect { client_id: String },
     #[serde(rename = "client.delete-session")]
     ClientDeleteSession { client_id: String },
+    #[serde(rename = "bridge.list")]
+    BridgeList,
+    #[serde(rename = "bridge.show")]
+    BridgeShow { name: String },
 }
 
 /// The bound admin socket; the file is removed when this is dropped.
@@ -272,7 +278,34 @@ async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
             )),
             Ok(None) => error(format!("no such client: {client_id}")),
         },
+        Request::BridgeList => {
+            let bridges: Vec<Value> = handle.bridges().iter().map(bridge).collect();
+            ok(json!({ "bridges": bridges }))
+        }
+        Request::BridgeShow { name } => match handle.bridges().iter().find(|b| b.name == name) {
+            Some(b) => ok(bridge(b)),
+            None => error(format!("no such bridge: {name}")),
+        },
     }
+}
+
+/// One bridge's state and counters.
+fn bridge(b: &mercurio_core::BridgeInfo) -> Value {
+    json!({
+        "name": b.name,
+        "client_id": b.client_id,
+        "addresses": b.addresses,
+        "connected": b.connected,
+        "address": b.address,
+        "connected_secs": b.connected_for.map(|t| t.as_secs()),
+        "last_error": b.last_error,
+        "forwarded_out": b.forwarded_out,
+        "forwarded_in": b.forwarded_in,
+        "queued": b.queued,
+        "queued_bytes": b.queued_bytes,
+        "dropped": b.dropped,
+        "reconnects": b.reconnects,
+    })
 }
 
 /// A request line: a JSON object with a known command and exactly its arguments (serde's
@@ -285,8 +318,9 @@ fn parse(line: &[u8]) -> Result<Request, String> {
     let keys: Vec<String> = object.keys().cloned().collect();
     let request: Request = serde_json::from_value(value).map_err(|e| e.to_string())?;
     let arguments: &[&str] = match request {
-        Request::Status | Request::ClientList => &[],
+        Request::Status | Request::ClientList | Request::BridgeList => &[],
         Request::LogLevel { .. } => &["level"],
+        Request::BridgeShow { .. } => &["name"],
         _ => &["client_id"],
     };
     match keys

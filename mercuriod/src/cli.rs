@@ -22,6 +22,11 @@ contents and the error is logged.
 Storage: [storage] backend = \"memory\" (default), \"sqlite\" (path) or \"postgres\" (url; one
 broker serves a database, standby = true waits and takes over when it stops).
 
+Bridges: each [[bridges]] table connects to another broker as a client (addresses tried in
+order, TLS with cafile/certfile/keyfile, protocol_version \"mqttv311\" or \"mqttv5\") and
+forwards its [[bridges.topics]] out, in or both ways; what waits for the remote is kept in
+[storage]. $SYS/broker/connection/<client_id>/state says 1 or 0; mercurioctl bridge list.
+
 Logging: to standard output (the journal under systemd), or to [logging] file (appended; rotate
 with logrotate's copytruncate) and/or syslog (/dev/log, facility daemon). [logging] level takes
 per-module directives, e.g. \"info,mercurio::connections=off\".
@@ -32,7 +37,8 @@ Admin socket: [admin] socket, else $RUNTIME_DIRECTORY/mercuriod.sock under syste
 
 Signals: SIGTERM or Ctrl+C disconnects every client (MQTT 5: DISCONNECT 0x8B, server shutting
 down), waits up to 5 s for connections to close and exits 0; a second one exits at once (1).
-SIGHUP rereads the configuration file and applies the log level and connection_messages.
+SIGHUP rereads the configuration file and applies the log level, connection_messages and the
+bridges (added, removed or changed ones start, stop or restart; the others keep running).
 Under systemd (Type=notify) readiness is reported once the listeners are bound.
 
 Exit status: 0 after a clean stop or a valid --check-config, 1 when the broker cannot start

@@ -224,7 +224,7 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
     let signal = loop {
         tokio::select! {
             signal = signals.recv() => match signal {
-                Signal::Reload => reloader.reload(),
+                Signal::Reload => reloader.reload().await,
                 Signal::Stop(name) => break name,
             },
             e = handle.failed() => {

@@ -16,7 +16,6 @@ use crate::logging::LogControl;
 pub struct Reloader {
     path: Option<PathBuf>,
     log: LogControl,
-    #[allow(dead_code)] // for reload actions that change the broker (passwords, ACLs, TLS)
     handle: BrokerHandle,
 }
 
@@ -26,7 +25,7 @@ impl Reloader {
     }
 
     /// Rereads the file and applies each reloadable part, logging what it reloaded.
-    pub fn reload(&self) {
+    pub async fn reload(&self) {
         let Some(path) = &self.path else {
             info!("SIGHUP: no configuration file, nothing to reload");
             return;
@@ -42,6 +41,25 @@ impl Reloader {
         // One call per reloadable part.
         self.logging(&config);
         self.security();
+        self.bridges(&config).await;
+    }
+
+    /// `[[bridges]]`: added, removed and changed bridges start, stop or restart alone; the
+    /// others keep their connections.
+    async fn bridges(&self, config: &Config) {
+        let (report, errors) = self.handle.reload_bridges(&config.bridges).await;
+        for e in errors {
+            error!("SIGHUP: bridge: {e} (the bridge keeps running as it was)");
+        }
+        for (what, names) in [
+            ("removed", &report.removed),
+            ("restarted", &report.restarted),
+            ("added", &report.added),
+        ] {
+            for name in names {
+                info!("SIGHUP: bridge {name} {what}");
+            }
+        }
     }
 
     /// The password file, the ACL file and the TLS certificates, from the paths the broker

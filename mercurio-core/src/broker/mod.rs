@@ -69,6 +69,8 @@ pub(crate) struct BrokerState {
     pub events: crate::events::Events,
     /// Publish interceptors (`intercept`), in the order they were added; set by the builder.
     pub interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
+    /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
+    pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
 }
 
 impl BrokerState {
@@ -109,6 +111,7 @@ impl BrokerState {
             auth: crate::auth::Auth::allow_all(),
             events: crate::events::Events::new(crate::events::DEFAULT_EVENT_CAPACITY),
             interceptors: Vec::new(),
+            bridges: Mutex::new(Vec::new()),
         }
     }
 
@@ -117,7 +120,18 @@ impl BrokerState {
     pub(crate) fn publish(&self, msg: Message) -> bool {
         let msg = Arc::new(msg);
         if msg.retain {
-            self.retain(&msg);
+            if msg.topic.starts_with("$SYS") {
+                // A bridge's state (the only `$SYS` topic a client may publish): in memory,
+                // with the broker's own `$SYS` values.
+                let mut sys = self.sys_retained.lock();
+                if msg.payload.is_empty() {
+                    sys.remove(&msg.topic);
+                } else {
+                    sys.insert(&msg.topic, Arc::clone(&msg));
+                }
+            } else {
+                self.retain(&msg);
+            }
         }
         self.route(&msg)
     }

@@ -30,13 +30,44 @@ pub(super) enum ConnectError {
     Refuse(Vec<u8>, String),
 }
 
-/// Reads the first packet, which must be CONNECT [MQTT-3.1.0-1].
+/// The state topic a bridge may publish and set as its will although `$SYS` is the broker's:
+/// `$SYS/broker/connection/<its own client id>/state` (mosquitto's bridge notifications).
+pub(crate) fn bridge_state_topic(client_id: &str) -> String {
+    format!("$SYS/broker/connection/{client_id}/state")
+}
+
+/// Clears the 0x80 bit of the protocol level of a whole CONNECT frame at the start of `buf`
+/// (mosquitto's mark for a bridge, `try_private`: 0x83 or 0x84). True when it was set.
+fn take_bridge_mark(buf: &mut BytesMut) -> bool {
+    if buf.first() != Some(&0x10) {
+        return false;
+    }
+    let Some(mut i) = (1..5).find(|&i| buf.get(i).is_some_and(|b| b & 0x80 == 0)) else {
+        return false;
+    };
+    i += 1;
+    let (Some(&hi), Some(&lo)) = (buf.get(i), buf.get(i + 1)) else {
+        return false;
+    };
+    let level = i + 2 + usize::from(u16::from_be_bytes([hi, lo]));
+    match buf.get(level) {
+        Some(&b) if b & 0x80 != 0 && matches!(b & 0x7F, 3 | 4) => {
+            buf[level] = b & 0x7F;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Reads the first packet, which must be CONNECT [MQTT-3.1.0-1]; true with it when the
+/// client announced itself as a bridge (protocol level with 0x80, 3.1 and 3.1.1).
 pub(super) async fn read_connect<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     max_packet_size: u32,
     stats: &Stats,
-) -> Result<Box<Connect>, ConnectError> {
+) -> Result<(Box<Connect>, bool), ConnectError> {
+    let mut bridge = false;
     loop {
         // Judged on its first byte: a client that opens with anything else is closed before
         // the rest of its packet is read, so it cannot make the broker buffer up to
@@ -52,8 +83,11 @@ pub(super) async fn read_connect<R: AsyncRead + Unpin>(
                 ));
             }
         }
+        if !bridge && matches!(codec::check_frame(buf, max_packet_size), Ok(Some(_))) {
+            bridge = take_bridge_mark(buf);
+        }
         match codec::decode(buf, ProtocolVersion::V311, max_packet_size) {
-            Ok(Some(Packet::Connect(c))) => return Ok(c),
+            Ok(Some(Packet::Connect(c))) => return Ok((c, bridge)),
             Ok(Some(other)) => {
                 return Err(ConnectError::Refuse(
                     Vec::new(),
@@ -297,7 +331,9 @@ pub(super) async fn accept(
     let max_qos = QoS::from_u8(server.max_qos).unwrap_or(QoS::ExactlyOnce);
     let mut will = None;
     if let Some(w) = &connect.will {
-        if topic::validate_topic_name(&w.topic).is_err() || w.topic.starts_with("$SYS") {
+        if topic::validate_topic_name(&w.topic).is_err()
+            || (w.topic.starts_with("$SYS") && w.topic != bridge_state_topic(&client_id))
+        {
             return Err(refuse(ReasonCode::TOPIC_NAME_INVALID, "invalid will topic"));
         }
         if w.qos > max_qos {
@@ -420,4 +456,31 @@ pub(super) async fn accept(
         client_limits,
         connack,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bridge_mark_is_taken_off_the_level() {
+        // CONNECT, remaining length 12: "MQTT", level 0x84, flags, keep alive, empty id.
+        let mut buf = BytesMut::from(
+            &[
+                0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 0x84, 0x02, 0, 60, 0, 0,
+            ][..],
+        );
+        assert!(take_bridge_mark(&mut buf));
+        assert_eq!(buf[8], 4);
+        assert!(!take_bridge_mark(&mut buf));
+        let mut v5 = BytesMut::from(
+            &[
+                0x10, 13, 0, 4, b'M', b'Q', b'T', b'T', 0x85, 0x02, 0, 60, 0, 0, 0,
+            ][..],
+        );
+        assert!(
+            !take_bridge_mark(&mut v5),
+            "only 3.1 and 3.1.1 carry the mark"
+        );
+    }
 }

@@ -88,7 +88,7 @@ pub(crate) async fn serve_with<S>(
     let connect_timeout = Duration::from_secs(server.connect_timeout);
 
     // 1. CONNECT, within connect_timeout.
-    let connect = match tokio::time::timeout(
+    let (connect, bridge) = match tokio::time::timeout(
         connect_timeout,
         read_connect(&mut rd, &mut buf, server.max_packet_size, &broker.stats),
     )
@@ -143,6 +143,7 @@ pub(crate) async fn serve_with<S>(
         version,
         aliases: HashMap::new(),
         receive_maximum: broker.config.server.receive_maximum,
+        bridge,
     };
     let mut writer = Writer {
         broker: &broker,

@@ -38,6 +38,9 @@ pub(super) struct Reader<'a> {
     /// Topic aliases the client set, alias -> topic (MQTT 5.0 section 3.3.2.3.4).
     pub(super) aliases: HashMap<u16, String>,
     pub(super) receive_maximum: u16,
+    /// The client announced itself as a bridge (mosquitto's `try_private`): its
+    /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
+    pub(super) bridge: bool,
 }
 
 impl Reader<'_> {
@@ -293,7 +296,9 @@ impl Reader<'_> {
                 ));
             }
         }
-        if p.topic.starts_with("$SYS") {
+        if p.topic.starts_with("$SYS")
+            && p.topic != super::connect::bridge_state_topic(&self.session.client_id)
+        {
             tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
             return Ok(());
@@ -479,6 +484,10 @@ impl Reader<'_> {
             }
             let mut options = f.options;
             options.qos = options.qos.min(max_qos);
+            if self.bridge && !shared {
+                options.no_local = true;
+                options.retain_as_published = true;
+            }
             let granted = Granted {
                 options,
                 identifier,

@@ -12,9 +12,9 @@ use mercurio_core::codec::{self, Packet, ProtocolVersion, PubAck, PublishRef, Qo
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{watch, Notify};
 
-use crate::client::{self, Client, ConnectOptions};
-use crate::hist::Histogram;
-use crate::tracker::Tracker;
+use super::client::{self, Client, ConnectOptions};
+use super::hist::Histogram;
+use super::tracker::Tracker;
 
 /// Bytes at the start of each payload: send time (ns, u64), publisher (u32), sequence (u64).
 pub const STAMP: usize = 20;
@@ -160,7 +160,7 @@ pub async fn subscribe_loop(
                 shared.last_delivery_ns.fetch_max(now, Ordering::Relaxed);
             }
             if !out.is_empty() {
-                if let Err(e) = client::write_flush(&mut c.stream, &out).await {
+                if let Err(e) = crate::stream::write_flush(&mut c.stream, &out).await {
                     break Some(format!("subscriber write: {e}"));
                 }
                 out.clear();
@@ -373,7 +373,7 @@ pub async fn publish(
                 break;
             }
         }
-        if let Err(e) = client::write_flush(&mut wr, &out).await {
+        if let Err(e) = crate::stream::write_flush(&mut wr, &out).await {
             result.error = Some(format!("publisher write: {e}"));
             break;
         }
@@ -402,7 +402,7 @@ pub async fn publish(
                 let _ = codec::encode(&Packet::PubRel(rel), version, &mut out);
             }
             if !out.is_empty() {
-                if client::write_flush(&mut wr, &out).await.is_err() {
+                if crate::stream::write_flush(&mut wr, &out).await.is_err() {
                     break;
                 }
                 out.clear();
@@ -422,7 +422,7 @@ pub async fn publish(
     };
     out.clear();
     let _ = codec::encode(&Packet::Disconnect(Default::default()), version, &mut out);
-    let _ = client::write_flush(&mut wr, &out).await;
+    let _ = crate::stream::write_flush(&mut wr, &out).await;
     let _ = wr.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     result

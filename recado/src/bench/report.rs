@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::hist::Histogram;
+use super::hist::Histogram;
 
 /// End-to-end latency in microseconds.
 #[derive(Debug, Default, Clone, Serialize)]

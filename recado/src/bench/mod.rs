@@ -1,4 +1,4 @@
-//! mercurio-bench: a load generator for MQTT brokers. It only speaks MQTT (3.1.1, or 5.0 with
+//! `recado bench`: a load generator for MQTT brokers. It only speaks MQTT (3.1.1, or 5.0 with
 //! `--mqtt 5`), over loopback, so it measures Mercurio, mosquitto or rumqttd alike.
 //!
 //! Scenarios: `fan-in` (P publishers, one wildcard subscriber), `fan-out` (one publisher, K
@@ -11,27 +11,29 @@
 mod client;
 mod hist;
 mod report;
-mod tls;
 mod tracker;
 mod traffic;
 
+use std::io::IsTerminal;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum};
+use clap::ValueEnum;
 use mercurio_core::codec::{ProtocolVersion, QoS};
 use tokio::sync::{watch, Semaphore};
 
-use crate::client::{Client, ConnectOptions, Target};
-use crate::hist::Histogram;
-use crate::report::{IdleReport, Latency, PersistentReport, Report, SweepReport, SweepStep};
-use crate::traffic::{RunConfig, Shared, SubResult};
+use self::client::{Client, ConnectOptions, Target};
+use self::hist::Histogram;
+use self::report::{IdleReport, Latency, PersistentReport, Report, SweepReport, SweepStep};
+use self::traffic::{RunConfig, Shared, SubResult};
+use crate::exit::{Exit, Failure};
+use crate::tls::{Tls, TlsOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Scenario {
+pub enum Scenario {
     /// P publishers on their own topics, 1 subscriber to a `+` wildcard over all of them.
     FanIn,
     /// 1 publisher, K subscribers to its topic.
@@ -44,19 +46,22 @@ enum Scenario {
     Persistent,
 }
 
-/// A neutral MQTT load generator (loopback only). See docs/BENCHMARKS.md.
-#[derive(Debug, Parser)]
-#[command(name = "mercurio-bench", version, about)]
-struct Args {
+/// The options of `recado bench` (see docs/BENCHMARKS.md).
+#[derive(Debug, clap::Args)]
+pub struct Args {
     /// Scenario to run.
     #[arg(long, short, value_enum, default_value = "fan-in")]
     scenario: Scenario,
     /// Broker host (must resolve to a loopback address).
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, short = 'h', default_value = "127.0.0.1")]
     host: String,
     /// Broker port.
     #[arg(long, short, default_value_t = 1883)]
     port: u16,
+    /// Subscribers connect to this port instead (same host, no TLS): measures a path between
+    /// two brokers, e.g. over a bridge (fan-in, fan-out, pairs).
+    #[arg(long)]
+    sub_port: Option<u16>,
     /// MQTT version: 3 (3.1.1) or 5.
     #[arg(long, default_value_t = 3)]
     mqtt: u8,
@@ -150,15 +155,13 @@ struct Args {
     tls_resume: bool,
 }
 
-fn main() {
-    let args = Args::parse();
-    let target = match check(&args).and_then(|()| target(&args)) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("mercurio-bench: {e}");
-            std::process::exit(2);
-        }
-    };
+/// Runs `recado bench`: the report on standard output (ending with one JSON line), progress
+/// on standard error. Errors: bad options ([`Exit::Usage`]), a run where nothing could be
+/// delivered ([`Exit::Error`]).
+pub fn main(args: Args) -> Result<(), Failure> {
+    let target = check(&args)
+        .and_then(|()| target(&args))
+        .map_err(|e| Failure::new(Exit::Usage, e))?;
     let rt = if args.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -169,20 +172,27 @@ fn main() {
             .enable_all()
             .build()
     }
-    .expect("tokio runtime");
+    .map_err(|e| Failure::new(Exit::Error, format!("cannot start the runtime: {e}")))?;
     let report = rt.block_on(run(args, target));
     let failed = !report.errors.is_empty() && report.delivered == 0 && report.idle.is_none();
-    println!("{}", serde_json::to_string(&report).expect("json"));
-    if failed {
-        std::process::exit(1);
+    match serde_json::to_string(&report) {
+        Ok(line) => println!("{line}"),
+        Err(e) => return Err(Failure::new(Exit::Error, format!("report: {e}"))),
     }
+    if failed {
+        return Err(Failure::new(
+            Exit::Error,
+            format!("nothing was delivered: {}", report.errors.join("; ")),
+        ));
+    }
+    Ok(())
 }
 
 fn check(a: &Args) -> Result<(), String> {
     let addr = resolve(a)?;
     if !addr.ip().is_loopback() {
         return Err(format!(
-            "{addr} is not a loopback address: mercurio-bench runs on loopback only"
+            "{addr} is not a loopback address: recado bench runs on loopback only"
         ));
     }
     if a.qos > 2 {
@@ -222,11 +232,15 @@ fn resolve(a: &Args) -> Result<SocketAddr, String> {
 /// The broker's address and, with `--tls`, the TLS client configuration.
 fn target(a: &Args) -> Result<Target, String> {
     let tls = match (&a.tls, &a.cafile) {
-        (true, Some(cafile)) => Some(Arc::new(tls::Tls::new(&tls::TlsOptions {
-            cafile,
+        (true, Some(cafile)) => Some(Arc::new(Tls::new(&TlsOptions {
+            cafile: Some(cafile),
+            capath: None,
+            os_roots: false,
+            version: None,
             server_name: &a.tls_server_name,
             cert: a.cert.as_deref(),
             key: a.key.as_deref(),
+            insecure: false,
             resume: a.tls_resume,
         })?)),
         (true, None) => return Err("--tls needs --cafile".into()),
@@ -396,8 +410,13 @@ async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
     let shared = Shared::new();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut sub_tasks = Vec::new();
+    let mut sub_cfg = cfg.clone();
+    if let Some(port) = a.sub_port {
+        sub_cfg.target.addr.set_port(port);
+        sub_cfg.target.tls = None;
+    }
     for (i, (filters, _)) in subs.iter().enumerate() {
-        match traffic::connect_subscriber(cfg, &format!("{t}-sub-{i}"), filters, true).await {
+        match traffic::connect_subscriber(&sub_cfg, &format!("{t}-sub-{i}"), filters, true).await {
             Ok((c, _)) => sub_tasks.push(tokio::spawn(traffic::subscribe_loop(
                 c,
                 Arc::clone(&shared),
@@ -438,9 +457,19 @@ async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
             ))
         })
         .collect();
+    let progress = tokio::spawn(progress(
+        Arc::clone(&shared),
+        cfg.duration,
+        report.scenario.clone(),
+    ));
     let mut pub_results = Vec::new();
     for task in pub_tasks {
         pub_results.push(task.await.unwrap_or_default());
+    }
+    progress.abort();
+    let _ = progress.await;
+    if std::io::stderr().is_terminal() && cfg.duration >= PROGRESS_FROM {
+        eprint!("\r\x1b[K");
     }
     let publish_end = Instant::now();
     let sent_by: Vec<u64> = pub_results.iter().map(|p| p.sent).collect();
@@ -494,6 +523,35 @@ async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
     report.latency_us = Latency::from(&latency);
 }
 
+/// Runs from this long on get a progress line on standard error.
+const PROGRESS_FROM: Duration = Duration::from_secs(5);
+
+/// The progress line of a long run, on standard error: elapsed time and deliveries so far,
+/// rewritten in place every second on a terminal, else a line every 5 seconds.
+async fn progress(shared: Arc<Shared>, duration: Duration, scenario: String) {
+    if duration < PROGRESS_FROM {
+        return;
+    }
+    let terminal = std::io::stderr().is_terminal();
+    let every = Duration::from_secs(if terminal { 1 } else { 5 });
+    let start = Instant::now();
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tick.tick().await;
+        let line = format!(
+            "bench {scenario}: {:.0}/{:.0} s, {} delivered",
+            start.elapsed().as_secs_f64(),
+            duration.as_secs_f64(),
+            shared.delivered.load(Ordering::Relaxed)
+        );
+        if terminal {
+            eprint!("\r\x1b[K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
 /// The persistent scenario: subscribe with a persistent session, go offline, have one
 /// publisher send `--max-messages` (capped at 100,000 unless given) at the QoS asked, then
 /// reconnect and drain.
@@ -509,7 +567,8 @@ async fn persistent(cfg: &RunConfig, report: &mut Report) {
     let setup = async {
         let (c, _) = traffic::connect_subscriber(cfg, &id, &[], true).await?;
         c.disconnect().await?;
-        let (c, _) = traffic::connect_subscriber(cfg, &id, &[topic.clone()], false).await?;
+        let (c, _) =
+            traffic::connect_subscriber(cfg, &id, std::slice::from_ref(&topic), false).await?;
         c.disconnect().await?;
         // Give the broker a moment to register the disconnect (a takeover would be wrong).
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -5,9 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -15,9 +13,10 @@ use mercurio_core::codec::{
     self, ConnAck, Connect, Packet, Properties, ProtocolVersion, QoS, Subscribe, SubscribeFilter,
     SubscriptionOptions,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::stream::{write_flush, Stream};
 use crate::tls::Tls;
 
 /// Largest packet the generator accepts from a broker.
@@ -31,80 +30,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Target {
     pub addr: SocketAddr,
     pub tls: Option<Arc<Tls>>,
-}
-
-/// A connection to the broker: plain TCP or TLS over TCP.
-pub enum Stream {
-    Tcp(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
-/// The reading half of a split [`Stream`].
-pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
-/// The writing half of a split [`Stream`].
-pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
-
-impl Stream {
-    /// Splits into halves usable from two tasks (TCP: the socket's own halves, no lock).
-    pub fn split(self) -> (ReadHalf, WriteHalf) {
-        match self {
-            Stream::Tcp(s) => {
-                let (r, w) = s.into_split();
-                (Box::new(r), Box::new(w))
-            }
-            Stream::Tls(s) => {
-                let (r, w) = tokio::io::split(s);
-                (Box::new(r), Box::new(w))
-            }
-        }
-    }
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
-/// Writes `buf` and flushes: TLS may keep records buffered after `write_all` when the socket
-/// is full (the flush is free on TCP).
-pub async fn write_flush<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, buf: &[u8]) -> io::Result<()> {
-    w.write_all(buf).await?;
-    w.flush().await
 }
 
 /// A connected client: the stream, the bytes read but not yet decoded, and the version.
@@ -124,7 +49,7 @@ pub struct ConnectOptions<'a> {
 }
 
 fn err(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, msg.into())
+    io::Error::other(msg.into())
 }
 
 impl Client {

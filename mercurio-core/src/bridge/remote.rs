@@ -1,0 +1,290 @@
+//! The bridge's connection to its remote broker, as an MQTT client built on the project's own
+//! codec: TCP or TLS (rustls, the CA of `cafile`, the client certificate of `certfile` and
+//! `keyfile`), CONNECT with the bridge's will, CONNACK, then packets read and written whole.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use rustls::pki_types::ServerName;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::PrivateKeyDer;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::auth::FileError;
+use crate::codec::{
+    self, ConnAck, Connect, LastWill, Packet, Properties, ProtocolVersion, QoS, ReasonCode,
+};
+use crate::config::{parse_address, BridgeConfig, BridgeProtocol};
+
+/// A byte stream to the remote: TCP, or TLS over TCP.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// Largest packet accepted from the remote (the MQTT limit: the remote decides).
+const MAX_INCOMING: u32 = crate::config::MAX_PACKET_SIZE_LIMIT;
+
+/// The TLS client side of a bridge, loaded from its files.
+pub(crate) fn tls_connector(cfg: &BridgeConfig) -> Result<Option<TlsConnector>, FileError> {
+    let Some(cafile) = &cfg.cafile else {
+        return Ok(None);
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in crate::tls::load_certs(cafile)? {
+        roots
+            .add(c)
+            .map_err(|e| FileError::new(cafile, format!("bad CA certificate: {e}")))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| FileError::new(cafile, format!("TLS: {e}")))?
+        .with_root_certificates(roots);
+    let config = match (&cfg.certfile, &cfg.keyfile) {
+        (Some(cert), Some(key)) => {
+            let certs = crate::tls::load_certs(cert)?;
+            std::fs::metadata(key).map_err(|e| FileError::io(key, &e))?;
+            let k = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| FileError::new(key, format!("no usable PEM private key: {e}")))?;
+            builder.with_client_auth_cert(certs, k).map_err(|e| {
+                FileError::new(
+                    key,
+                    format!("does not fit the certificate of {}: {e}", cert.display()),
+                )
+            })?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(Some(TlsConnector::from(Arc::new(config))))
+}
+
+/// Why a connection attempt failed.
+#[derive(Debug)]
+pub(crate) enum ConnectError {
+    /// No connection: address, network or TLS failure.
+    Io(String),
+    /// Connected, then closed or unanswered before CONNACK.
+    Closed(String),
+    /// CONNACK with a failure code.
+    Refused(ReasonCode),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Io(e) | ConnectError::Closed(e) => f.write_str(e),
+            ConnectError::Refused(rc) => write!(f, "refused by the remote: CONNACK {rc:?}"),
+        }
+    }
+}
+
+/// A connected remote broker.
+pub(crate) struct Remote {
+    reader: ReadHalf<Box<dyn Io>>,
+    writer: WriteHalf<Box<dyn Io>>,
+    inbuf: BytesMut,
+    pub version: ProtocolVersion,
+    pub connack: ConnAck,
+}
+
+impl Remote {
+    /// Opens the connection to `address` and goes through CONNECT / CONNACK within `timeout`.
+    /// `private` sets the protocol level's 0x80 bit (mosquitto's bridge convention).
+    pub(crate) async fn connect(
+        cfg: &BridgeConfig,
+        tls: Option<&TlsConnector>,
+        address: &str,
+        private: bool,
+        timeout: Duration,
+    ) -> Result<Remote, ConnectError> {
+        match tokio::time::timeout(timeout, Self::connect_inner(cfg, tls, address, private)).await {
+            Ok(r) => r,
+            Err(_) => Err(ConnectError::Closed(format!(
+                "no CONNACK within {} s",
+                timeout.as_secs()
+            ))),
+        }
+    }
+
+    async fn connect_inner(
+        cfg: &BridgeConfig,
+        tls: Option<&TlsConnector>,
+        address: &str,
+        private: bool,
+    ) -> Result<Remote, ConnectError> {
+        let default_port = if tls.is_some() { 8883 } else { 1883 };
+        let (host, port) = parse_address(address, default_port).map_err(ConnectError::Io)?;
+        let tcp = TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| ConnectError::Io(format!("connect: {e}")))?;
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match tls {
+            Some(connector) => {
+                let name = cfg.tls_server_name.clone().unwrap_or(host.clone());
+                let name = ServerName::try_from(name.clone())
+                    .map_err(|e| ConnectError::Io(format!("TLS server name {name:?}: {e}")))?;
+                let stream = connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| ConnectError::Io(format!("TLS: {e}")))?;
+                Box::new(stream)
+            }
+            None => Box::new(tcp),
+        };
+        let (reader, writer) = tokio::io::split(io);
+        let version = match cfg.protocol_version {
+            BridgeProtocol::Mqttv5 => ProtocolVersion::V5,
+            BridgeProtocol::Mqttv311 => ProtocolVersion::V311,
+        };
+        let mut remote = Remote {
+            reader,
+            writer,
+            inbuf: BytesMut::with_capacity(8192),
+            version,
+            connack: ConnAck::default(),
+        };
+        let mut out = BytesMut::new();
+        encode_connect(cfg, version, private, &mut out)?;
+        remote
+            .write(&out)
+            .await
+            .map_err(|e| ConnectError::Closed(format!("write CONNECT: {e}")))?;
+        let packet = remote
+            .read()
+            .await
+            .map_err(|e| ConnectError::Closed(format!("no CONNACK: {e}")))?;
+        let Packet::ConnAck(ack) = packet else {
+            return Err(ConnectError::Closed(format!(
+                "{} instead of CONNACK",
+                packet.name()
+            )));
+        };
+        if ack.reason_code != ReasonCode::SUCCESS {
+            return Err(ConnectError::Refused(ack.reason_code));
+        }
+        remote.connack = ack;
+        Ok(remote)
+    }
+
+    /// The next packet already buffered, if any.
+    pub(crate) fn buffered(&mut self) -> io::Result<Option<Packet>> {
+        codec::decode(&mut self.inbuf, self.version, MAX_INCOMING)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    }
+
+    /// The next whole packet. Cancel safe: bytes read stay in the buffer.
+    pub(crate) async fn read(&mut self) -> io::Result<Packet> {
+        loop {
+            match codec::decode(&mut self.inbuf, self.version, MAX_INCOMING) {
+                Ok(Some(p)) => return Ok(p),
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+            }
+            if self.reader.read_buf(&mut self.inbuf).await? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed by the remote",
+                ));
+            }
+        }
+    }
+
+    /// Writes `bytes` whole.
+    pub(crate) async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.writer.write_all(bytes).await?;
+        self.writer.flush().await
+    }
+
+    /// Receive Maximum of the remote (5.0 CONNACK; 65,535 when absent).
+    pub(crate) fn receive_maximum(&self) -> u16 {
+        self.connack.properties.receive_maximum.unwrap_or(u16::MAX)
+    }
+
+    /// Maximum Packet Size of the remote (5.0 CONNACK), in bytes.
+    pub(crate) fn maximum_packet_size(&self) -> usize {
+        self.connack
+            .properties
+            .maximum_packet_size
+            .map_or(usize::MAX, |m| m as usize)
+    }
+}
+
+/// CONNECT for this bridge: its client id, Clean Start, keep alive, credentials, and the will
+/// that sets its state to 0 on the remote when notifications are on.
+fn encode_connect(
+    cfg: &BridgeConfig,
+    version: ProtocolVersion,
+    private: bool,
+    out: &mut BytesMut,
+) -> Result<(), ConnectError> {
+    let mut properties = Properties::default();
+    if version.is_v5() && !cfg.clean_start {
+        // Keep the session on the remote while the link is down [MQTT-3.1.2-23].
+        properties.session_expiry_interval = Some(u32::MAX);
+    }
+    let will = cfg.notifications.then(|| LastWill {
+        topic: cfg.remote_state_topic(),
+        payload: Bytes::from_static(b"0"),
+        qos: QoS::AtLeastOnce,
+        retain: true,
+        properties: Properties::default(),
+    });
+    let connect = Connect {
+        protocol: version,
+        clean_start: cfg.clean_start,
+        keep_alive: cfg.keepalive,
+        client_id: cfg.remote_client_id().to_string(),
+        will,
+        username: cfg.username.clone(),
+        password: cfg.password.clone().map(Bytes::from),
+        properties,
+    };
+    let start = out.len();
+    codec::encode(&Packet::Connect(Box::new(connect)), version, out)
+        .map_err(|e| ConnectError::Io(format!("CONNECT: {e}")))?;
+    if private {
+        set_private_bit(&mut out[start..]);
+    }
+    Ok(())
+}
+
+/// Sets the 0x80 bit of the protocol level of an encoded CONNECT (after the fixed header and
+/// the protocol name "MQTT").
+fn set_private_bit(connect: &mut [u8]) {
+    let mut i = 1;
+    while i < connect.len() && connect[i] & 0x80 != 0 {
+        i += 1;
+    }
+    // Fixed header (type byte + remaining length), then 2 + 4 bytes of "MQTT".
+    let level = i + 1 + 6;
+    if let Some(b) = connect.get_mut(level) {
+        *b |= 0x80;
+    }
+}
+
+/// Whether a CONNECT refusal means the remote does not take the private bit (so the next
+/// attempt goes without it): the protocol version refused, or the connection closed.
+pub(crate) fn refuses_private(e: &ConnectError) -> bool {
+    match e {
+        ConnectError::Refused(rc) => *rc == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION || rc.0 == 1,
+        ConnectError::Closed(_) => true,
+        ConnectError::Io(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_bit_on_the_protocol_level() {
+        let cfg = crate::bridge::tests::example();
+        let mut out = BytesMut::new();
+        encode_connect(&cfg, ProtocolVersion::V311, true, &mut out).unwrap();
+        assert_eq!(&out[4..8], b"MQTT");
+        assert_eq!(out[8], 0x84);
+    }
+}
