@@ -1,6 +1,6 @@
 //! Malformed packets and protocol errors: they close only the offending connection (5.0:
 //! DISCONNECT with the reason code the specification names first) and every other client
-//! keeps working (DESIGN.md section 2; MQTT 5.0 sections 4.13 and 2, 3.1.1 section 4.8).
+//! keeps working (MQTT 5.0 sections 4.13 and 2, 3.1.1 section 4.8).
 mod common;
 
 use std::net::SocketAddr;
@@ -298,7 +298,7 @@ async fn v5_property_errors() {
 
 /// A packet larger than max_packet_size closes the connection, 5.0 with DISCONNECT 0x95
 /// (Packet too large) (5.0 section 3.2.2.3.6) [MQTT-3.2.2-15]; the size is judged from the
-/// fixed header, before the body arrives (DESIGN.md section 2).
+/// fixed header, before the body arrives (docs/operations.md, "Protecting the broker").
 #[tokio::test]
 async fn packet_over_max_packet_size() {
     let mut config = test_config();

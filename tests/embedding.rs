@@ -1,4 +1,4 @@
-//! The embedding API (DESIGN.md section 5): in-process publish and subscribe, disconnecting a
+//! The embedding API (README, "Embedding"): in-process publish and subscribe, disconnecting a
 //! client, shutdown, and session queries, seen from MQTT clients.
 mod common;
 
@@ -69,7 +69,7 @@ async fn handle_publish_reaches_mqtt_subscribers() {
     broker.shutdown().await;
 }
 
-/// `publish` refuses invalid topic names and `$SYS` (DESIGN.md section 2).
+/// `publish` refuses invalid topic names and `$SYS` (MQTT 5.0 section 4.7.2).
 #[tokio::test]
 async fn handle_publish_refuses_bad_topics() {
     let (broker, _addr) = start().await;

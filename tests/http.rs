@@ -1,4 +1,4 @@
-//! The HTTP side of WebSocket listeners (manual, "Health and metrics"): `/healthz`, `/metrics`
+//! The HTTP side of WebSocket listeners (docs/operations.md, "Health and metrics"): `/healthz`, `/metrics`
 //! parsed by a real Prometheus text parser and checked against `$SYS`, static files from
 //! `http_dir` (traversal attempts refused), and every HTTP limit.
 mod common;
@@ -299,7 +299,7 @@ async fn metrics_equal_sys_after_known_traffic() {
         }
     };
 
-    // Every metric of the manual's table, with its type.
+    // Every metric of docs/http.md's table, with its type.
     for (metric, ty, _) in metric_table() {
         assert_eq!(
             parsed.types.get(family_of(&metric)).map(String::as_str),

@@ -1,4 +1,4 @@
-//! Per-session queues and the broker's protection limits (manual, "Queues and slow clients"
+//! Per-session queues and the broker's protection limits (docs/operations.md, "Queues and slow clients"
 //! and "Protecting the broker"), each through real sockets: the limit is hit, the client gets
 //! the reason code the specification names, one log line names the client and the limit, and
 //! a bystander client is left untouched.
@@ -648,7 +648,7 @@ async fn max_keepalive() {
 /// receive_maximum: told in CONNACK; "If it receives more than Receive Maximum QoS 1 and
 /// QoS 2 PUBLISH packets where it has not sent a PUBACK or PUBCOMP in response, the Server
 /// uses a DISCONNECT packet with Reason Code 0x93 (Receive Maximum exceeded)" (MQTT 5.0
-/// section 3.3.4). QoS 2 messages awaiting PUBREL are what it bounds (manual).
+/// section 3.3.4). QoS 2 messages awaiting PUBREL are what it bounds (docs/operations.md).
 #[tokio::test]
 async fn receive_maximum_exceeded() {
     let (broker, addr) = start_with(config(|s| s.receive_maximum = 2)).await;

@@ -1,20 +1,17 @@
 //! Persistence with in-process brokers restarted on the same SQLite file: sessions, queues,
 //! in-flight messages at each QoS 2 step, inbound QoS 2 identifiers, retained messages, wills;
-//! the lock file, the schema version, set-aside sessions, a busy database; the writer's
-//! give-up and rewrite of dirty clients (on the memory backend's failure injection).
+//! the lock file, the schema version, set-aside sessions, a busy database.
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use mercurio::codec::{Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode};
 use mercurio::config::{Config, StorageBackend};
 use mercurio::storage::{
-    Change, ErrorKind, MemoryStorage, MessageRecord, SessionHeader, SessionRecord,
-    SubscriptionRecord, WillRecord,
+    Change, MessageRecord, SessionHeader, SessionRecord, SubscriptionRecord, WillRecord,
 };
 use mercurio::{Broker, BrokerHandle, Error};
 
@@ -38,30 +35,6 @@ fn db() -> Db {
 
 async fn start_on(db: &Db) -> (BrokerHandle, std::net::SocketAddr) {
     start_with(sqlite_config(&db.path)).await
-}
-
-/// A persistent CONNECT: clean session 0 for 3.x, session expiry `expiry` for 5.0.
-fn persistent(version: ProtocolVersion, client_id: &str, expiry: u32) -> mercurio::codec::Connect {
-    let mut c = connect_packet(version, client_id);
-    c.clean_start = false;
-    if version == ProtocolVersion::V5 {
-        c.properties.session_expiry_interval = Some(expiry);
-    }
-    c
-}
-
-async fn connect_persistent(
-    addr: std::net::SocketAddr,
-    version: ProtocolVersion,
-    client_id: &str,
-) -> (Client, bool) {
-    let (c, ack) = Client::connect_with(addr, persistent(version, client_id, 300)).await;
-    assert_eq!(
-        ack.reason_code,
-        ReasonCode::SUCCESS,
-        "CONNACK for {client_id}"
-    );
-    (c, ack.session_present)
 }
 
 /// A PINGREQ round trip: everything the client sent before is handled.
@@ -635,65 +608,5 @@ async fn durable_ack_acknowledges_after_the_commit() {
             .unwrap();
         assert_eq!(n, i + 1);
     }
-    broker.shutdown().await;
-}
-
-#[tokio::test]
-async fn refused_changes_are_given_up_and_the_client_written_whole() {
-    let storage = MemoryStorage::new();
-    let mut config = test_config();
-    config.storage.durable_ack = false;
-    let broker = Broker::builder(config)
-        .storage(Arc::new(storage.clone()))
-        .start()
-        .await
-        .unwrap();
-    let addr = broker.local_addrs()[0];
-    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
-    sub.subscribe("a", QoS::AtLeastOnce).await;
-    broker.flush_storage().await;
-    storage.fail_next(ErrorKind::Refused, 5);
-    sub.subscribe("b", QoS::AtLeastOnce).await;
-    // Given up after five attempts; the client is then written whole.
-    tokio::time::timeout(DEADLINE, async {
-        while broker
-            .stats()
-            .storage_batches_dropped
-            .load(Ordering::Relaxed)
-            == 0
-        {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the batch is given up");
-    sub.subscribe("c", QoS::AtLeastOnce).await;
-    tokio::time::timeout(
-        DEADLINE,
-        storage.wait_until(|s| {
-            s.sessions.iter().any(|r| {
-                r.client_id == "sub"
-                    && r.subscriptions
-                        .iter()
-                        .map(|s| s.filter.as_str())
-                        .collect::<Vec<_>>()
-                        == ["a", "b", "c"]
-            })
-        }),
-    )
-    .await
-    .expect("the dirty client is written whole");
-    assert_eq!(
-        broker.stats().storage_clients_dirty.load(Ordering::Relaxed),
-        0
-    );
-    assert!(
-        broker
-            .stats()
-            .storage_batches_retried
-            .load(Ordering::Relaxed)
-            >= 4
-    );
     broker.shutdown().await;
 }

@@ -1,4 +1,4 @@
-//! `$SYS/broker/...` statistics (manual, "$SYS statistics").
+//! `$SYS/broker/...` statistics (docs/operations.md, "$SYS").
 mod common;
 
 use std::collections::HashMap;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::*;
 use mercurio::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
 
-/// Every topic of the manual's table, as mosquitto names them.
+/// Every topic the broker publishes, as mosquitto names them.
 const TOPICS: &[&str] = &[
     "version",
     "uptime",

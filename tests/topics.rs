@@ -121,7 +121,7 @@ async fn dollar_topics_not_matched_by_leading_wildcards() {
     broker.shutdown().await;
 }
 
-/// Clients cannot publish to `$SYS/...` (DESIGN.md section 2; MQTT 5.0 section 4.7.2 reserves
+/// Clients cannot publish to `$SYS/...` (MQTT 5.0 section 4.7.2 reserves
 /// `$` topics for the server): a 5.0 PUBACK says 0x87 (Not authorized), 3.1.1 gets a plain
 /// PUBACK, and the message is delivered to nobody.
 #[tokio::test]

@@ -364,7 +364,7 @@ async fn delayed_will_is_published_once() {
 }
 
 /// A will may use any valid topic name, `$` topics included (only `$SYS` is the broker's,
-/// DESIGN.md section 2, as for PUBLISH): it is published to a subscriber naming the `$`
+/// as for PUBLISH): it is published to a subscriber naming the `$`
 /// level [MQTT-3.1.2-8] [MQTT-4.7.2-1]. A will on `$SYS/...` is refused at CONNECT.
 #[tokio::test]
 async fn will_on_a_dollar_topic() {

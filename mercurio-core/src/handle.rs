@@ -1,4 +1,4 @@
-//! The embedding API (DESIGN.md section 5): build a broker from a [`Config`], start it, and
+//! The embedding API (README, "Embedding"): build a broker from a [`Config`], start it, and
 //! drive it through a cloneable [`BrokerHandle`].
 
 use std::net::SocketAddr;
@@ -23,13 +23,13 @@ use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::message::Message;
 use crate::persist::Persister;
-use crate::session::{Granted, Session};
+use crate::session::{Granted, Session, SessionState};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
 use crate::tls::TlsListener;
 use crate::topic;
 
-/// How long [`BrokerHandle::shutdown`] waits for connections to close (manual, "Shutdown").
+/// How long [`BrokerHandle::shutdown`] waits for connections to close (docs/operations.md, "Shutdown").
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Entry point of the embedding API.
@@ -120,7 +120,7 @@ impl BrokerBuilder {
         self
     }
 
-    /// The HTTP limits of every WebSocket listener (default: the manual's 8 KiB request head,
+    /// The HTTP limits of every WebSocket listener (default: docs/http.md's 8 KiB request head,
     /// 32 responses at once, a minute per response).
     pub fn http_limits(mut self, limits: HttpLimits) -> Self {
         self.http_limits = limits;
@@ -240,7 +240,7 @@ impl BrokerBuilder {
 /// The backend `[storage]` names, opened (`None` for memory: nothing is stored).
 async fn open_configured(
     config: &crate::config::StorageConfig,
-) -> Result<Option<Arc<dyn mercurio_storage::Storage>>, crate::Error> {
+) -> Result<Option<Arc<dyn mercurio_storage::Storage>>, Error> {
     use crate::config::StorageBackend;
     match config.backend {
         StorageBackend::Memory => Ok(None),
@@ -249,16 +249,16 @@ async fn open_configured(
             let path = config
                 .path
                 .clone()
-                .ok_or_else(|| crate::Error::Config("backend = \"sqlite\" needs path".into()))?;
+                .ok_or_else(|| Error::Config("backend = \"sqlite\" needs path".into()))?;
             let storage = tokio::task::spawn_blocking(move || {
                 mercurio_storage::sqlite::SqliteStorage::open(path)
             })
             .await
-            .map_err(|e| crate::Error::Config(format!("opening the database: {e}")))??;
+            .map_err(|e| Error::Config(format!("opening the database: {e}")))??;
             Ok(Some(Arc::new(storage)))
         }
         #[cfg(not(feature = "sqlite"))]
-        StorageBackend::Sqlite => Err(crate::Error::Config(
+        StorageBackend::Sqlite => Err(Error::Config(
             "backend = \"sqlite\" needs the sqlite feature".into(),
         )),
         #[cfg(feature = "postgres")]
@@ -266,14 +266,14 @@ async fn open_configured(
             let url = config
                 .url
                 .clone()
-                .ok_or_else(|| crate::Error::Config("backend = \"postgres\" needs url".into()))?;
+                .ok_or_else(|| Error::Config("backend = \"postgres\" needs url".into()))?;
             let mut options = mercurio_storage::postgres::PostgresOptions::new(url);
             options.standby = config.standby;
             let storage = mercurio_storage::postgres::PostgresStorage::open(options).await?;
             Ok(Some(Arc::new(storage)))
         }
         #[cfg(not(feature = "postgres"))]
-        StorageBackend::Postgres => Err(crate::Error::Config(
+        StorageBackend::Postgres => Err(Error::Config(
             "backend = \"postgres\" needs the postgres feature".into(),
         )),
     }
@@ -293,15 +293,7 @@ fn spawn_failure_watch(
         if let Some(inner) = inner.upgrade() {
             inner.shutting_down.store(true, Ordering::Release);
             inner.stop_listeners.notify_waiters();
-            let links: Vec<Arc<Link>> = inner
-                .sessions
-                .lock()
-                .values()
-                .filter_map(|s| s.link())
-                .collect();
-            for link in links {
-                link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
-            }
+            inner.close_all(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
         }
         let _ = failure.send(Some(Arc::new(e)));
     });
@@ -331,6 +323,19 @@ pub struct SessionInfo {
     pub queued: usize,
     /// Outbound QoS 1/2 messages awaiting acknowledgement.
     pub inflight: usize,
+}
+
+impl SessionInfo {
+    fn of(session: &Session, st: &SessionState) -> SessionInfo {
+        SessionInfo {
+            client_id: session.client_id.to_string(),
+            connected: st.link.is_some(),
+            protocol_level: st.protocol.level(),
+            subscriptions: st.subscriptions.len(),
+            queued: st.queue.len(),
+            inflight: st.inflight.len(),
+        }
+    }
 }
 
 impl BrokerHandle {
@@ -463,7 +468,7 @@ impl BrokerHandle {
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
     /// Returns false when no such client is connected.
     pub fn disconnect(&self, client_id: &str) -> bool {
-        if client_id.starts_with("$internal/") {
+        if client_id.starts_with(INTERNAL_PREFIX) {
             // An in-process subscription, not a client (see `sessions`).
             return false;
         }
@@ -491,17 +496,7 @@ impl BrokerHandle {
         sessions
             .iter()
             .filter(|s| !s.is_internal())
-            .map(|s| {
-                let st = s.state.lock();
-                SessionInfo {
-                    client_id: s.client_id.to_string(),
-                    connected: st.link.is_some(),
-                    protocol_level: st.protocol.level(),
-                    subscriptions: st.subscriptions.len(),
-                    queued: st.queue.len(),
-                    inflight: st.inflight.len(),
-                }
-            })
+            .map(|s| SessionInfo::of(s, &s.state.lock()))
             .collect()
     }
 
@@ -573,15 +568,7 @@ impl BrokerHandle {
         inner.stop_listeners.notify_waiters();
         // Bridges first: their remotes get state 0 and DISCONNECT, their queues stay stored.
         self.bridges.stop_all().await;
-        let links: Vec<Arc<Link>> = inner
-            .sessions
-            .lock()
-            .values()
-            .filter_map(|s| s.link())
-            .collect();
-        for link in links {
-            link.kill(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
-        }
+        inner.close_all(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
         self.wait_closed(SHUTDOWN_GRACE).await;
         if let Some(p) = inner.persist.get() {
             // Everything the sessions changed, written and synced; the database released.
@@ -665,7 +652,7 @@ impl BrokerHandle {
     /// One session in detail (for `mercurioctl client show`); `None` when the broker holds
     /// no session for `client_id`.
     pub fn session_detail(&self, client_id: &str) -> Option<SessionDetail> {
-        if client_id.starts_with("$internal/") {
+        if client_id.starts_with(INTERNAL_PREFIX) {
             return None;
         }
         let session = self.inner.sessions.lock().get(client_id).cloned()?;
@@ -680,14 +667,7 @@ impl BrokerHandle {
             .collect();
         subscriptions.sort();
         Some(SessionDetail {
-            info: SessionInfo {
-                client_id: session.client_id.to_string(),
-                connected: st.link.is_some(),
-                protocol_level: st.protocol.level(),
-                subscriptions: st.subscriptions.len(),
-                queued: st.queue.len(),
-                inflight: st.inflight.len(),
-            },
+            info: SessionInfo::of(&session, &st),
             subscriptions,
             expiry_interval: st.expiry_interval,
             queued_bytes: st.queue.bytes(),

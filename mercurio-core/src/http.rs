@@ -1,5 +1,5 @@
-//! The plain HTTP side of a WebSocket listener (manual, "Health and metrics"; DESIGN.md
-//! section 8): `GET /healthz`, `GET /metrics` and static files from `http_dir`, under the
+//! The plain HTTP side of a WebSocket listener (docs/operations.md, "Health and
+//! metrics" and "Protecting the broker"): `GET /healthz`, `GET /metrics` and static files from `http_dir`, under the
 //! listener's HTTP limits. The WebSocket upgrade itself is in `websocket.rs`.
 //!
 //! Static files are served only from inside `http_dir`: the path is percent-decoded once, any
@@ -26,8 +26,8 @@ use crate::config::ListenerConfig;
 use crate::error::Error;
 use crate::metrics::Metrics;
 
-/// The HTTP limits of a WebSocket listener (DESIGN.md section 8). The defaults are the
-/// manual's; an embedding application (or a test) may change them with
+/// The HTTP limits of a WebSocket listener (docs/operations.md, "Protecting the broker"). The
+/// defaults are docs/http.md's; an embedding application (or a test) may change them with
 /// [`BrokerBuilder::http_limits`](crate::BrokerBuilder::http_limits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HttpLimits {

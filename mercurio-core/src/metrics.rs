@@ -1,5 +1,5 @@
-//! `GET /metrics` (manual, "Health and metrics"): the counters of `$SYS` in the Prometheus
-//! text format, with the manual's metric names and types, read from the broker's state at the
+//! `GET /metrics` (docs/operations.md, "Health and metrics"): the counters of `$SYS` in the
+//! Prometheus text format, with the metric names and types of docs/http.md, read from the broker's state at the
 //! time of the request whatever `sys_interval` is.
 //!
 //! The values come from the same sources as `$SYS/broker/...` ([`Snapshot::take`]): the
@@ -110,7 +110,7 @@ impl std::fmt::Debug for BrokerCollector {
 }
 
 /// Counters are named without `_total` here: the encoder appends it to the sample name, so the
-/// scraped series are the manual's `mercurio_..._total`.
+/// scraped series are docs/http.md's `mercurio_..._total`.
 fn counter(
     encoder: &mut DescriptorEncoder,
     name: &str,

@@ -1,10 +1,10 @@
-//! Broker-wide counters: what `$SYS/broker/...` and `/metrics` report (manual, "$SYS
-//! statistics"). Plain relaxed atomics, updated where the event happens.
+//! Broker-wide counters: what `$SYS/broker/...` and `/metrics` report (docs/operations.md,
+//! "$SYS"; the metric names in docs/http.md). Plain relaxed atomics, updated where the event happens.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a message accepted from a publisher did not reach one of its subscribers
-/// (manual: `publish/messages/dropped/<cause>`).
+/// (`$SYS/broker/publish/messages/dropped/<cause>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropCause {
     /// A QoS 0 message found the queue at `max_queued_qos0_messages`.
@@ -22,7 +22,7 @@ pub enum DropCause {
 }
 
 impl DropCause {
-    /// Every cause, in the manual's order.
+    /// Every cause, in the order `$SYS` and `/metrics` list them.
     pub const ALL: [DropCause; 6] = [
         DropCause::QueueFullQos0,
         DropCause::QueueFull,
@@ -32,7 +32,7 @@ impl DropCause {
         DropCause::NoShareMember,
     ];
 
-    /// The manual's name: `queue_full_qos0`, `queue_full`, `expired`, `too_large`,
+    /// The name in `$SYS` and `/metrics`: `queue_full_qos0`, `queue_full`, `expired`, `too_large`,
     /// `not_authorized`, `no_share_member`.
     pub fn name(self) -> &'static str {
         match self {

@@ -1,4 +1,4 @@
-//! `$SYS/broker/...` statistics (manual, "$SYS statistics"): published retained every
+//! `$SYS/broker/...` statistics (docs/operations.md, "$SYS"): published retained every
 //! `sys_interval` seconds with mosquitto's topic names, kept in memory only, in a retained
 //! store of their own so they never count as retained messages or against
 //! `max_retained_messages`.

@@ -9,10 +9,15 @@
 //! ([`ErrorKind::Refused`](crate::ErrorKind::Refused)): a session is first created by
 //! [`Change::SessionSaved`] or [`Change::SessionWritten`].
 
+use std::collections::BTreeSet;
+
 use crate::records::{
     InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SessionRecord,
     SubscriptionRecord, WillRecord,
 };
+
+/// Largest MQTT 5 Subscription Identifier (a variable byte integer).
+const MAX_SUBSCRIPTION_IDENTIFIER: u32 = 268_435_455;
 
 /// One ordered mutation, for one client's session or for the retained set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,4 +183,116 @@ mod tests {
         let deleted = Change::RetainedDeleted { topic: "t".into() };
         assert_eq!(deleted.client_id(), None);
     }
+}
+
+/// The checks a database's constraints would make on the values of one change.
+pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
+    match change {
+        Change::SessionSaved(header) => validate_header(header),
+        Change::SessionWritten(record) => validate_record(record),
+        Change::SubscriptionAdded { subscription, .. } => validate_subscription(subscription),
+        Change::WillSet { will, .. } => validate_message(&will.message),
+        Change::MessageQueued { message, .. } => validate_message(message),
+        Change::InflightSet { inflight, .. } => validate_message(&inflight.message),
+        Change::RetainedSet(record) => validate_message(&record.message),
+        Change::SessionDeleted { .. }
+        | Change::SubscriptionRemoved { .. }
+        | Change::WillCleared { .. }
+        | Change::MessageDequeued { .. }
+        | Change::InflightRemoved { .. }
+        | Change::InboundQos2Added { .. }
+        | Change::InboundQos2Removed { .. }
+        | Change::RetainedDeleted { .. } => Ok(()),
+    }
+}
+
+fn validate_header(header: &SessionHeader) -> Result<(), String> {
+    if !(3..=5).contains(&header.protocol_level) {
+        return Err(format!(
+            "protocol level {} is not 3, 4 or 5",
+            header.protocol_level
+        ));
+    }
+    Ok(())
+}
+
+fn validate_record(record: &SessionRecord) -> Result<(), String> {
+    validate_header(&record.header())?;
+    let mut filters = BTreeSet::new();
+    for subscription in &record.subscriptions {
+        validate_subscription(subscription)?;
+        if !filters.insert(subscription.filter.as_str()) {
+            return Err(format!("filter {:?} appears twice", subscription.filter));
+        }
+    }
+    if let Some(will) = &record.will {
+        validate_message(&will.message)?;
+    }
+    let mut seqs = BTreeSet::new();
+    for queued in &record.queued {
+        validate_message(&queued.message)?;
+        if !seqs.insert(queued.seq) {
+            return Err(format!("queued seq {} appears twice", queued.seq));
+        }
+    }
+    let mut packet_ids = BTreeSet::new();
+    for inflight in &record.inflight {
+        validate_message(&inflight.message)?;
+        if !packet_ids.insert(inflight.packet_id) {
+            return Err(format!(
+                "in-flight packet id {} appears twice",
+                inflight.packet_id
+            ));
+        }
+    }
+    let inbound: BTreeSet<u16> = record.inbound_qos2.iter().copied().collect();
+    if inbound.len() != record.inbound_qos2.len() {
+        return Err("an inbound QoS 2 packet id appears twice".to_string());
+    }
+    Ok(())
+}
+
+fn validate_subscription(subscription: &SubscriptionRecord) -> Result<(), String> {
+    if subscription.qos > 2 {
+        return Err(format!("subscription QoS {} is over 2", subscription.qos));
+    }
+    if subscription.retain_handling > 2 {
+        return Err(format!(
+            "retain handling {} is over 2",
+            subscription.retain_handling
+        ));
+    }
+    if let Some(identifier) = subscription.subscription_identifier {
+        if identifier == 0 || identifier > MAX_SUBSCRIPTION_IDENTIFIER {
+            return Err(format!(
+                "subscription identifier {identifier} is out of range"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_message(message: &MessageRecord) -> Result<(), String> {
+    if message.qos > 2 {
+        return Err(format!("message QoS {} is over 2", message.qos));
+    }
+    Ok(())
+}
+
+/// The value checks of every change of `batch`, before a backend applies any of it: the
+/// first change refused, as [`ErrorKind::Refused`](crate::ErrorKind::Refused).
+pub(crate) fn validate_batch(batch: &[Change]) -> Result<(), crate::StorageError> {
+    for (index, change) in batch.iter().enumerate() {
+        validate_values(change).map_err(|reason| refused(index, change, &reason))?;
+    }
+    Ok(())
+}
+
+/// Change `index` of a batch, refused for `reason`: names the change and its client.
+pub(crate) fn refused(index: usize, change: &Change, reason: &str) -> crate::StorageError {
+    let target = change.client_id().unwrap_or("the retained set");
+    crate::StorageError::refused(format!(
+        "change {index} ({}) for {target} refused: {reason}",
+        change.kind()
+    ))
 }

@@ -26,7 +26,7 @@
 //! - `tokio`: the runtime the backends run on (blocking SQLite calls go to its blocking pool,
 //!   PostgreSQL through tokio-postgres).
 //! - `rusqlite` (feature `sqlite`, `bundled`): SQLite compiled in, driven from one dedicated
-//!   thread; the one copy of libsqlite3-sys in the tree (sqlx-sqlite is not used, see DESIGN.md);
+//!   thread; the one copy of libsqlite3-sys in the tree (sqlx-sqlite is not used: it would bring a second copy);
 //! - `libc` (feature `sqlite`): `flock` on `mercurio.db.lock`, so that a second broker on the
 //!   same database exits (std's `File::try_lock` needs a newer Rust than the workspace's);
 //!   `gethostname` for the PostgreSQL heartbeat row (feature `postgres`); `geteuid` in the
@@ -50,6 +50,8 @@ pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod records;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod rows;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

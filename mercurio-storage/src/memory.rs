@@ -8,16 +8,13 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::change::Change;
+use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
     InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader, SessionRecord,
     SubscriptionRecord, WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
-
-/// Largest MQTT 5 Subscription Identifier (a variable byte integer).
-const MAX_SUBSCRIPTION_IDENTIFIER: u32 = 268_435_455;
 
 /// Storage in memory.
 ///
@@ -127,10 +124,10 @@ impl State {
 
     /// Check the whole batch before applying any of it, so that applying cannot fail.
     fn validate(&self, batch: &[Change]) -> Result<(), StorageError> {
+        validate_batch(batch)?;
         // Whether each client touched so far in the batch has a session after its changes.
         let mut exists: HashMap<&str, bool> = HashMap::new();
         for (index, change) in batch.iter().enumerate() {
-            validate_values(change).map_err(|reason| refused(index, change, &reason))?;
             let Some(client_id) = change.client_id() else {
                 continue;
             };
@@ -269,108 +266,6 @@ impl State {
             }
         }
     }
-}
-
-fn refused(index: usize, change: &Change, reason: &str) -> StorageError {
-    let target = change.client_id().unwrap_or("the retained set");
-    StorageError::refused(format!(
-        "change {index} ({}) for {target} refused: {reason}",
-        change.kind()
-    ))
-}
-
-/// The checks a database's constraints would make on the values of one change.
-pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
-    match change {
-        Change::SessionSaved(header) => validate_header(header),
-        Change::SessionWritten(record) => validate_record(record),
-        Change::SubscriptionAdded { subscription, .. } => validate_subscription(subscription),
-        Change::WillSet { will, .. } => validate_message(&will.message),
-        Change::MessageQueued { message, .. } => validate_message(message),
-        Change::InflightSet { inflight, .. } => validate_message(&inflight.message),
-        Change::RetainedSet(record) => validate_message(&record.message),
-        Change::SessionDeleted { .. }
-        | Change::SubscriptionRemoved { .. }
-        | Change::WillCleared { .. }
-        | Change::MessageDequeued { .. }
-        | Change::InflightRemoved { .. }
-        | Change::InboundQos2Added { .. }
-        | Change::InboundQos2Removed { .. }
-        | Change::RetainedDeleted { .. } => Ok(()),
-    }
-}
-
-fn validate_header(header: &SessionHeader) -> Result<(), String> {
-    if !(3..=5).contains(&header.protocol_level) {
-        return Err(format!(
-            "protocol level {} is not 3, 4 or 5",
-            header.protocol_level
-        ));
-    }
-    Ok(())
-}
-
-fn validate_record(record: &SessionRecord) -> Result<(), String> {
-    validate_header(&record.header())?;
-    let mut filters = BTreeSet::new();
-    for subscription in &record.subscriptions {
-        validate_subscription(subscription)?;
-        if !filters.insert(subscription.filter.as_str()) {
-            return Err(format!("filter {:?} appears twice", subscription.filter));
-        }
-    }
-    if let Some(will) = &record.will {
-        validate_message(&will.message)?;
-    }
-    let mut seqs = BTreeSet::new();
-    for queued in &record.queued {
-        validate_message(&queued.message)?;
-        if !seqs.insert(queued.seq) {
-            return Err(format!("queued seq {} appears twice", queued.seq));
-        }
-    }
-    let mut packet_ids = BTreeSet::new();
-    for inflight in &record.inflight {
-        validate_message(&inflight.message)?;
-        if !packet_ids.insert(inflight.packet_id) {
-            return Err(format!(
-                "in-flight packet id {} appears twice",
-                inflight.packet_id
-            ));
-        }
-    }
-    let inbound: BTreeSet<u16> = record.inbound_qos2.iter().copied().collect();
-    if inbound.len() != record.inbound_qos2.len() {
-        return Err("an inbound QoS 2 packet id appears twice".to_string());
-    }
-    Ok(())
-}
-
-fn validate_subscription(subscription: &SubscriptionRecord) -> Result<(), String> {
-    if subscription.qos > 2 {
-        return Err(format!("subscription QoS {} is over 2", subscription.qos));
-    }
-    if subscription.retain_handling > 2 {
-        return Err(format!(
-            "retain handling {} is over 2",
-            subscription.retain_handling
-        ));
-    }
-    if let Some(identifier) = subscription.subscription_identifier {
-        if identifier == 0 || identifier > MAX_SUBSCRIPTION_IDENTIFIER {
-            return Err(format!(
-                "subscription identifier {identifier} is out of range"
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn validate_message(message: &MessageRecord) -> Result<(), String> {
-    if message.qos > 2 {
-        return Err(format!("message QoS {} is over 2", message.qos));
-    }
-    Ok(())
 }
 
 impl MemoryStorage {

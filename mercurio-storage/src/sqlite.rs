@@ -14,7 +14,7 @@
 //! - A session whose rows cannot be read (a damaged value, one a newer version wrote) is set
 //!   aside: reported in [`LoadedState::set_aside`] and left as it is.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -23,18 +23,14 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, Row, Transaction};
 use tokio::sync::oneshot;
 
-use crate::change::Change;
+use crate::change::{refused, validate_batch, Change};
 use crate::error::StorageError;
-use crate::memory::validate_values;
-use crate::records::{
-    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionRecord,
-    SubscriptionRecord, WillRecord,
-};
+use crate::records::{InflightRecord, MessageRecord, SubscriptionRecord, WillRecord};
+use crate::rows::{self, MESSAGE_COLUMNS, SESSION_COLUMNS, SUBSCRIPTION_COLUMNS};
 use crate::{LoadedState, SetAside, Storage};
 
 /// The schema version this build writes and reads (`PRAGMA user_version`).
@@ -343,22 +339,7 @@ fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn to_u64(v: i64) -> Result<u64, String> {
-    u64::try_from(v).map_err(|_| format!("negative value {v}"))
-}
-
-fn small<T: TryFrom<i64>>(v: i64, what: &str) -> Result<T, String> {
-    T::try_from(v).map_err(|_| format!("{what} {v} is out of range"))
-}
-
-fn qos(v: i64, what: &str) -> Result<u8, String> {
-    match v {
-        0..=2 => Ok(v as u8),
-        _ => Err(format!("{what} QoS {v} is not 0, 1 or 2")),
-    }
-}
-
-/// Reads column `i` as `T`, describing a failure.
+/// Reads column `i`, describing a failure.
 fn col<T: rusqlite::types::FromSql>(row: &Row<'_>, i: usize) -> Result<T, String> {
     row.get::<_, T>(i).map_err(|e| {
         let name = row
@@ -370,106 +351,60 @@ fn col<T: rusqlite::types::FromSql>(row: &Row<'_>, i: usize) -> Result<T, String
     })
 }
 
-/// A message from the columns topic, payload, qos, retain, properties, expires_at, publisher
-/// starting at `at`.
-fn message_at(row: &Row<'_>, at: usize) -> Result<MessageRecord, String> {
-    let expires_at: Option<i64> = col(row, at + 5)?;
-    Ok(MessageRecord {
-        topic: col(row, at)?,
-        payload: Bytes::from(col::<Vec<u8>>(row, at + 1)?),
-        qos: qos(col(row, at + 2)?, "message")?,
-        retain: col(row, at + 3)?,
-        properties: Bytes::from(col::<Vec<u8>>(row, at + 4)?),
-        expires_at: expires_at.map(to_u64).transpose()?,
-        publisher: col(row, at + 6)?,
-    })
-}
+rows::columns_through!(Row<'_>, col);
 
-type PerClient<T> = HashMap<String, Result<Vec<T>, String>>;
-
-/// Reads every row of `sql` (whose first column is the client id) into per-client lists; a row
-/// that can't be read marks its client with the error.
+/// Reads every row of `sql` (whose first column is the client id) into per-client lists.
 fn per_client<T>(
     conn: &Connection,
     sql: &str,
     read: impl Fn(&Row<'_>) -> Result<T, String>,
-) -> rusqlite::Result<PerClient<T>> {
-    let mut out: PerClient<T> = HashMap::new();
+) -> rusqlite::Result<rows::PerClient<T>> {
+    let mut out = rows::PerClient::new();
     let mut stmt = conn.prepare(sql)?;
-    let mut rows = stmt.query([])?;
-    while let Some(row) = rows.next()? {
-        let client_id: String = match row.get(0) {
-            Ok(c) => c,
-            Err(_) => continue,
-        };
-        let item = read(row);
-        let entry = out.entry(client_id).or_insert_with(|| Ok(Vec::new()));
-        match (entry.as_mut(), item) {
-            (Ok(list), Ok(item)) => list.push(item),
-            (Ok(_), Err(e)) => *entry = Err(e),
-            (Err(_), _) => {}
-        }
+    let mut found = stmt.query([])?;
+    while let Some(row) = found.next()? {
+        rows::push_per_client(&mut out, row, &read);
     }
     Ok(out)
 }
 
 fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
-    let mut subscriptions = per_client(
-        conn,
-        "SELECT client_id, filter, qos, no_local, retain_as_published, retain_handling, \
-         subscription_identifier FROM subscriptions ORDER BY client_id, filter",
-        |row| {
-            Ok(SubscriptionRecord {
-                filter: col(row, 1)?,
-                qos: qos(col(row, 2)?, "subscription")?,
-                no_local: col(row, 3)?,
-                retain_as_published: col(row, 4)?,
-                retain_handling: small(col(row, 5)?, "retain handling")?,
-                subscription_identifier: col::<Option<i64>>(row, 6)?
-                    .map(|v| small(v, "subscription identifier"))
-                    .transpose()?,
-            })
-        },
-    )?;
-    let mut queued = per_client(
-        conn,
-        "SELECT client_id, seq, topic, payload, qos, retain, properties, expires_at, publisher \
-         FROM queued ORDER BY client_id, seq",
-        |row| {
-            Ok(QueuedRecord {
-                seq: to_u64(col(row, 1)?)?,
-                message: message_at(row, 2)?,
-            })
-        },
-    )?;
-    let mut inflight = per_client(
-        conn,
-        "SELECT client_id, packet_id, state, topic, payload, qos, retain, properties, \
-         expires_at, publisher FROM inflight ORDER BY client_id, ord",
-        |row| {
-            let state: String = col(row, 2)?;
-            Ok(InflightRecord {
-                packet_id: small(col(row, 1)?, "packet identifier")?,
-                state: InflightState::parse(&state)
-                    .ok_or_else(|| format!("unknown in-flight state {state:?}"))?,
-                message: message_at(row, 3)?,
-            })
-        },
-    )?;
-    let mut inbound = per_client(
-        conn,
-        "SELECT client_id, packet_id FROM inbound_qos2 ORDER BY client_id, packet_id",
-        |row| small::<u16>(col(row, 1)?, "packet identifier"),
-    )?;
-
+    let mut sessions = rows::Sessions {
+        subscriptions: per_client(
+            conn,
+            &format!(
+                "SELECT client_id, {SUBSCRIPTION_COLUMNS} FROM subscriptions \
+                 ORDER BY client_id, filter"
+            ),
+            |row| rows::subscription(row),
+        )?,
+        queued: per_client(
+            conn,
+            &format!(
+                "SELECT client_id, seq, {MESSAGE_COLUMNS} FROM queued ORDER BY client_id, seq"
+            ),
+            |row| rows::queued(row),
+        )?,
+        inflight: per_client(
+            conn,
+            &format!(
+                "SELECT client_id, packet_id, state, {MESSAGE_COLUMNS} FROM inflight \
+                 ORDER BY client_id, ord"
+            ),
+            |row| rows::inflight(row),
+        )?,
+        inbound: per_client(
+            conn,
+            "SELECT client_id, packet_id FROM inbound_qos2 ORDER BY client_id, packet_id",
+            |row| rows::inbound(row),
+        )?,
+    };
     let mut state = LoadedState::default();
-    let mut stmt = conn.prepare(
-        "SELECT client_id, protocol_level, session_expiry_interval, disconnected_at, \
-         will_topic, will_payload, will_qos, will_retain, will_properties, will_expires_at, \
-         will_publisher, will_delay_interval, username FROM sessions ORDER BY client_id",
-    )?;
-    let mut rows = stmt.query([])?;
-    while let Some(row) = rows.next()? {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY client_id"
+    ))?;
+    let mut found = stmt.query([])?;
+    while let Some(row) = found.next()? {
         let client_id: String = match row.get::<_, String>(0) {
             Ok(c) => c,
             Err(e) => {
@@ -481,60 +416,21 @@ fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
                 continue;
             }
         };
-        let mut read = || -> Result<SessionRecord, String> {
-            let level: u8 = small(col(row, 1)?, "protocol level")?;
-            if !(3..=5).contains(&level) {
-                return Err(format!("protocol level {level} is not 3, 4 or 5"));
-            }
-            let will_topic: Option<String> = col(row, 4)?;
-            let will = match will_topic {
-                None => None,
-                Some(_) => Some(WillRecord {
-                    message: message_at(row, 4)?,
-                    delay_interval: small(col(row, 11)?, "will delay interval")?,
-                }),
-            };
-            Ok(SessionRecord {
-                client_id: client_id.clone(),
-                protocol_level: level,
-                session_expiry_interval: small(col(row, 2)?, "session expiry interval")?,
-                disconnected_at: col::<Option<i64>>(row, 3)?.map(to_u64).transpose()?,
-                username: col(row, 12)?,
-                subscriptions: subscriptions.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
-                will,
-                queued: queued.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
-                inflight: inflight.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
-                inbound_qos2: inbound.remove(&client_id).unwrap_or(Ok(Vec::new()))?,
-            })
-        };
-        match read() {
+        match sessions.read(&client_id, row) {
             Ok(record) => state.sessions.push(record),
             Err(cause) => state.set_aside.push(SetAside { client_id, cause }),
         }
     }
-    let mut stmt = conn.prepare(
-        "SELECT topic, payload, qos, retain, properties, expires_at, publisher FROM retained \
-         ORDER BY topic",
-    )?;
-    let mut rows = stmt.query([])?;
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {MESSAGE_COLUMNS} FROM retained ORDER BY topic"
+    ))?;
+    let mut found = stmt.query([])?;
     let mut retained = BTreeMap::new();
-    while let Some(row) = rows.next()? {
-        // A retained message that can't be read is skipped (and logged by the broker as a
-        // count difference): it belongs to no session.
-        if let Ok(message) = message_at(row, 0) {
-            retained.insert(message.topic.clone(), RetainedRecord::new(message));
-        }
+    while let Some(row) = found.next()? {
+        rows::retained(row, &mut retained);
     }
     state.retained = retained.into_values().collect();
     Ok(state)
-}
-
-fn refused(index: usize, change: &Change, reason: &str) -> StorageError {
-    let target = change.client_id().unwrap_or("the retained set");
-    StorageError::refused(format!(
-        "change {index} ({}) for {target} refused: {reason}",
-        change.kind()
-    ))
 }
 
 fn insert_message(
@@ -801,17 +697,7 @@ fn add_inbound(tx: &Transaction<'_>, client_id: &str, packet_id: u16) -> rusqlit
 }
 
 fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result<(), StorageError> {
-    for (index, change) in batch.iter().enumerate() {
-        validate_values(change).map_err(|reason| refused(index, change, &reason))?;
-        if let Change::SessionWritten(r) = change {
-            let mut seqs = std::collections::BTreeSet::new();
-            for q in &r.queued {
-                if !seqs.insert(q.seq) {
-                    return Err(refused(index, change, "a queued seq appears twice"));
-                }
-            }
-        }
-    }
+    validate_batch(batch)?;
     if durable {
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(classify)?;

@@ -24,7 +24,7 @@
 //!   client's buffers.
 //! - `tempfile` (tests only): configuration files and sockets in temp dirs.
 //!
-//! Not used although DESIGN.md lists them: `syslog-tracing` (libc's syslog(3) always writes to
+//! Not used, although they would fit: `syslog-tracing` (libc's syslog(3) always writes to
 //! `/dev/log`; ours takes a test socket), `tracing-appender` (a blocking `O_APPEND` file is
 //! enough and keeps each line whole), `tracing-journald` (under systemd standard output is the
 //! journal; lines carry `<N>` severity prefixes).
@@ -268,11 +268,11 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 }
 
 /// The broker's start, behind one function: the daemon's only call into the broker's
-/// construction (the embedding API of DESIGN.md section 5).
+/// construction (the embedding API, README "Embedding").
 ///
 /// The broker always logs the connection lines: `connection_messages = false` turns their
 /// target off in the log filter instead, so that a level naming `mercurio::connections`, in the
-/// file or from `mercurioctl broker log-level`, turns them back on (the manual, "Logging").
+/// file or from `mercurioctl broker log-level`, turns them back on (docs/operations.md, "Logging").
 async fn start_broker(mut config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
     config.logging.connection_messages = true;
     Broker::builder(config).start().await
@@ -339,7 +339,7 @@ impl Signals {
 }
 
 /// On glibc, at most two malloc arenas: with one per thread (the default), memory freed under
-/// load stays with its thread and the process grows and stays high (the manual, "Memory").
+/// load stays with its thread and the process grows and stays high (docs/operations.md, "Memory").
 /// `MALLOC_ARENA_MAX` in the environment still wins. Not with the `jemalloc` feature.
 #[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
 fn limit_malloc_arenas() {

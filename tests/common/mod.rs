@@ -702,7 +702,7 @@ impl Client {
 }
 
 /// Whether an external program (mosquitto_pub, mosquitto_passwd...) is installed. Missing, it
-/// prints why the test skips, or fails the test when `CI=true` (DESIGN.md section 9).
+/// prints why the test skips, or fails the test when `CI=true` (ARCHITECTURE.md, "Where a test goes").
 pub fn have_program(name: &str) -> bool {
     let found = std::process::Command::new(name)
         .arg("--help")
@@ -730,4 +730,28 @@ pub fn connect_as(
     c.username = username.map(str::to_string);
     c.password = password.map(|p| Bytes::from(p.to_string()));
     c
+}
+
+/// A persistent CONNECT: clean session 0 for 3.x, session expiry `expiry` for 5.0.
+pub fn persistent(version: ProtocolVersion, client_id: &str, expiry: u32) -> Connect {
+    let mut c = connect_packet(version, client_id);
+    c.clean_start = false;
+    if version == ProtocolVersion::V5 {
+        c.properties.session_expiry_interval = Some(expiry);
+    }
+    c
+}
+
+pub async fn connect_persistent(
+    addr: SocketAddr,
+    version: ProtocolVersion,
+    client_id: &str,
+) -> (Client, bool) {
+    let (c, ack) = Client::connect_with(addr, persistent(version, client_id, 300)).await;
+    assert_eq!(
+        ack.reason_code,
+        ReasonCode::SUCCESS,
+        "CONNACK for {client_id}"
+    );
+    (c, ack.session_present)
 }

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
-use crate::codec::QoS;
+use crate::codec::{QoS, ReasonCode};
 use crate::config::Config;
 use crate::events::Event;
-use crate::link::Link;
+use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{
@@ -190,7 +190,7 @@ impl BrokerState {
 
     /// Queues `msg` for every session with a matching subscription: one delivery per client at
     /// the highest QoS its matching subscriptions grant, carrying all their subscription
-    /// identifiers [MQTT-3.3.4-3]; one member per shared subscription group [MQTT-4.8.2-?].
+    /// identifiers [MQTT-3.3.4-3]; one member per shared subscription group (MQTT 5.0 section 4.8.2).
     /// Returns whether any subscription matched the topic, whether or not a copy was queued (a
     /// No Local subscription of the publisher's own, a full queue or a reader without
     /// permission still count, as in mosquitto): MQTT 5 publishers are told when none did
@@ -230,31 +230,23 @@ impl BrokerState {
             self.deliver(&first.session, q);
         }
         for sm in &matches.shared {
-            let n = sm.members.len();
-            if n == 0 {
+            if sm.members.is_empty() {
                 continue;
             }
-            let start = sm.next.fetch_add(1, Ordering::Relaxed) % n;
-            let order = (0..n)
-                .map(|i| &sm.members[(start + i) % n].1)
-                .filter(|e| self.may_read(&e.session, &msg.topic));
-            let mut taken = false;
-            for e in order.clone().filter(|e| e.session.is_connected()) {
-                if let Enqueued::Queued = e.session.enqueue(shared_delivery(msg, e), &self.limits) {
-                    taken = true;
-                    break;
-                }
-            }
+            let readable = |e: &SubEntry| self.may_read(&e.session, &msg.topic);
+            let offer = |e: &SubEntry| {
+                matches!(
+                    e.session.enqueue(shared_delivery(msg, e), &self.limits),
+                    Enqueued::Queued
+                )
+            };
+            // One member, in turn (MQTT 5.0 section 4.8.2): a connected one that takes it; when
+            // nobody connected does, one member's persistent session keeps it.
+            let mut taken = sm
+                .pick(|_, e| readable(e) && e.session.is_connected() && offer(e))
+                .is_some();
             if !taken && msg.qos > QoS::AtMostOnce {
-                // Nobody connected: keep it for one member's persistent session.
-                for e in order {
-                    if let Enqueued::Queued =
-                        e.session.enqueue(shared_delivery(msg, e), &self.limits)
-                    {
-                        taken = true;
-                        break;
-                    }
-                }
+                taken = sm.pick(|_, e| readable(e) && offer(e)).is_some();
             }
             if !taken {
                 self.dropped(None, &msg.topic, DropCause::NoShareMember);
@@ -426,10 +418,7 @@ impl BrokerState {
         generation: u64,
         after: Duration,
     ) {
-        let broker = Arc::clone(self);
-        let session = Arc::clone(session);
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
+        self.when_idle_after(session, generation, after, move |broker, session| {
             if let Some(will) = session.take_will_if_idle(generation) {
                 broker.publish_will(&session.client_id, will);
             }
@@ -444,13 +433,7 @@ impl BrokerState {
         generation: u64,
         after: Duration,
     ) {
-        let broker = Arc::clone(self);
-        let session = Arc::clone(session);
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            if !session.idle_since(generation) {
-                return;
-            }
+        self.when_idle_after(session, generation, after, |broker, session| {
             tracing::debug!(client_id = %session.client_id, "session expired");
             broker
                 .stats
@@ -459,8 +442,41 @@ impl BrokerState {
             broker.events.fire(|| Event::SessionExpired {
                 client_id: session.client_id.to_string(),
             });
-            broker.end_session(&session);
+            broker.end_session(session);
         });
+    }
+
+    /// The timers of sessions: runs `act` after `after` unless a connection took `session`
+    /// up again since `generation` or the session ended meanwhile.
+    fn when_idle_after(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        after: Duration,
+        act: impl FnOnce(&Arc<Self>, &Arc<Session>) + Send + 'static,
+    ) {
+        let broker = Arc::clone(self);
+        let session = Arc::clone(session);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if session.idle_since(generation) {
+                act(&broker, &session);
+            }
+        });
+    }
+
+    /// Asks every connection (and in-process subscription) to close, sending DISCONNECT `rc`
+    /// to 5.0 clients.
+    pub(crate) fn close_all(&self, reason: DisconnectReason, rc: ReasonCode) {
+        let links: Vec<Arc<Link>> = self
+            .sessions
+            .lock()
+            .values()
+            .filter_map(|s| s.link())
+            .collect();
+        for link in links {
+            link.kill(reason.clone(), rc);
+        }
     }
 
     /// True once shutdown has begun.

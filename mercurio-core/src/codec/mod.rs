@@ -2,7 +2,7 @@
 //! buffer and encoded into one.
 //!
 //! Written here rather than taken from a crate: none covers 3.1 + 3.1.1 + complete 5.0
-//! strictly (see DESIGN.md section 2).
+//! strictly (malformed input is a protocol error, MQTT 5.0 section 4.13).
 //!
 //! - [`check_frame`]: is a whole packet buffered? (fixed header only; size limit enforced
 //!   before the body arrives);

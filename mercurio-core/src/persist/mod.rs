@@ -46,7 +46,7 @@ use crate::session::{
 use crate::stats::Stats;
 
 /// A client with more changes than this not yet stored waits for storage before its
-/// connection reads more (manual: "by 10,000 changes for one client").
+/// connection reads more (docs/operations.md, "Persistence").
 pub const MAX_PENDING_PER_CLIENT: usize = 10_000;
 /// Every connection waits while the broker has more changes than this not yet stored.
 pub const MAX_PENDING_TOTAL: usize = 100_000;

@@ -1,6 +1,6 @@
 //! The subscription index: a topic trie with a bounded cache of match results.
 //!
-//! The model is NATS's `sublist` (DESIGN.md section 3). Each node is one level of a topic
+//! The model is NATS's `sublist`. Each node is one level of a topic
 //! filter and holds a map of literal tokens to child nodes, one slot for `+` (a child node) and
 //! one for `#` (a leaf: `#` is always the last level). The subscriptions of a filter live on the
 //! node of its last level: the ordinary ones keyed by client, and the shared-subscription groups

@@ -1,5 +1,5 @@
 //! Routing: the subscription index that finds who receives a PUBLISH, and the store of
-//! retained messages (DESIGN.md section 3).
+//! retained messages (MQTT 5.0 sections 4.7 and 3.3.1.3).
 //!
 //! Both are topic tries, one node per level. Neither locks for writes: the broker wraps each in
 //! a `parking_lot::RwLock`, publishers match under the read lock, SUBSCRIBE / UNSUBSCRIBE and

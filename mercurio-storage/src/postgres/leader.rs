@@ -1,4 +1,4 @@
-//! [`Leadership`]: which broker serves a PostgreSQL database (DESIGN.md section 7).
+//! [`Leadership`]: which broker serves a PostgreSQL database (docs/operations.md, "Standby brokers").
 //!
 //! - The serving broker holds a session-level advisory lock on a dedicated connection and
 //!   updates the heartbeat row (`mercurio_leader`: epoch, host, pid, backend pids, heartbeat

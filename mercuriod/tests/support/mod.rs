@@ -1,7 +1,7 @@
 //! Shared support for the tests that run `mercuriod` as a process and talk to it with other
 //! programs (mosquitto's clients, Python's paho-mqtt): the daemon on a port-0 listener, child
 //! processes whose output is read line by line with deadlines, and the rule for missing
-//! prerequisites (skip with a reason, but fail under `CI=true`; DESIGN.md section 9).
+//! prerequisites (skip with a reason, but fail under `CI=true`; ARCHITECTURE.md, "Where a test goes").
 //!
 //! Every child is killed when its guard drops, so a failing test leaves no process behind.
 #![allow(dead_code)]
@@ -30,7 +30,7 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
-/// The prerequisite rule of DESIGN.md section 9, in one place: `Ok(())` runs the test;
+/// The prerequisite rule (ARCHITECTURE.md, "Where a test goes"), in one place: `Ok(())` runs the test;
 /// `Err(why)` prints why the test skips and returns false, or panics under `CI=true`.
 pub fn prerequisite(test: &str, check: Result<(), String>) -> bool {
     match check {

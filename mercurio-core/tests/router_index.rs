@@ -406,7 +406,7 @@ fn concurrent_matching_under_a_read_lock() {
 
 #[test]
 fn hundred_thousand_subscriptions_rough_measure() {
-    // No timed assertion (DESIGN.md section 9): prints the figures for a human.
+    // No timed assertion (ARCHITECTURE.md, "Where a test goes"): prints the figures for a human.
     let mut index = SubscriptionIndex::new();
     let start = Instant::now();
     for i in 0..100_000u32 {

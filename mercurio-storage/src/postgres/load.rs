@@ -1,0 +1,86 @@
+//! The restore's read: every table in one round of queries, each row read with the checks
+//! shared with SQLite ([`crate::rows`]).
+
+use std::collections::BTreeMap;
+
+use tokio_postgres::{Client, Row};
+
+use crate::rows::{self, Columns, MESSAGE_COLUMNS, SESSION_COLUMNS, SUBSCRIPTION_COLUMNS};
+use crate::{LoadedState, SetAside};
+
+fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, String> {
+    row.try_get::<_, T>(i).map_err(|e| {
+        let name = row.columns().get(i).map(|c| c.name()).unwrap_or("?");
+        format!("column {name}: {e}")
+    })
+}
+
+rows::columns_through!(Row, col);
+
+fn per_client<T>(found: &[Row], read: impl Fn(&Row) -> Result<T, String>) -> rows::PerClient<T> {
+    let mut out = rows::PerClient::new();
+    for row in found {
+        rows::push_per_client(&mut out, row, &read);
+    }
+    out
+}
+
+/// Everything stored: sessions with their collections (those that cannot be read set aside),
+/// and the retained messages.
+pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postgres::Error> {
+    let subscriptions_sql = format!(
+        "SELECT client_id, {SUBSCRIPTION_COLUMNS} FROM mercurio_subscriptions \
+         ORDER BY client_id, filter"
+    );
+    let queued_sql = format!(
+        "SELECT client_id, seq, {MESSAGE_COLUMNS} FROM mercurio_queued ORDER BY client_id, seq"
+    );
+    let inflight_sql = format!(
+        "SELECT client_id, packet_id, state, {MESSAGE_COLUMNS} FROM mercurio_inflight \
+         ORDER BY client_id, ord"
+    );
+    let sessions_sql =
+        format!("SELECT {SESSION_COLUMNS} FROM mercurio_sessions ORDER BY client_id");
+    let retained_sql = format!("SELECT {MESSAGE_COLUMNS} FROM mercurio_retained ORDER BY topic");
+    let (subs, queued, inflight, inbound, sessions, retained) = tokio::try_join!(
+        client.query(&subscriptions_sql, &[]),
+        client.query(&queued_sql, &[]),
+        client.query(&inflight_sql, &[]),
+        client.query(
+            "SELECT client_id, packet_id FROM mercurio_inbound_qos2 \
+             ORDER BY client_id, packet_id",
+            &[],
+        ),
+        client.query(&sessions_sql, &[]),
+        client.query(&retained_sql, &[]),
+    )?;
+    let mut children = rows::Sessions {
+        subscriptions: per_client(&subs, |row| rows::subscription(row)),
+        queued: per_client(&queued, |row| rows::queued(row)),
+        inflight: per_client(&inflight, |row| rows::inflight(row)),
+        inbound: per_client(&inbound, |row| rows::inbound(row)),
+    };
+    let mut state = LoadedState::default();
+    for row in &sessions {
+        let client_id = match row.text(0) {
+            Ok(c) => c,
+            Err(cause) => {
+                state.set_aside.push(SetAside {
+                    client_id: String::new(),
+                    cause,
+                });
+                continue;
+            }
+        };
+        match children.read(&client_id, row) {
+            Ok(record) => state.sessions.push(record),
+            Err(cause) => state.set_aside.push(SetAside { client_id, cause }),
+        }
+    }
+    let mut by_topic = BTreeMap::new();
+    for row in &retained {
+        rows::retained(row, &mut by_topic);
+    }
+    state.retained = by_topic.into_values().collect();
+    Ok(state)
+}

@@ -1,0 +1,674 @@
+//! The write plan: a batch of changes reduced to what it leaves in the database, per client and
+//! table, as few statements as that takes, then written as one pipelined transaction under the
+//! fence lock.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Statement;
+
+use super::statements::Statements;
+use super::{classify, WriteConnection};
+use crate::change::{refused, Change};
+use crate::error::StorageError;
+use crate::records::{
+    InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SubscriptionRecord, WillRecord,
+};
+
+type Param = Box<dyn ToSql + Sync + Send>;
+
+/// One statement of a batch: which change it serves, whether it must touch a row (an
+/// addition to a session that must be stored).
+struct Op<'a> {
+    index: usize,
+    statement: &'a Statement,
+    params: Vec<Param>,
+    must_touch: bool,
+}
+
+fn int(v: impl Into<i64>) -> Param {
+    Box::new(v.into())
+}
+
+fn big(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn text(v: &str) -> Param {
+    Box::new(v.to_string())
+}
+
+fn message_params(m: &MessageRecord) -> Vec<Param> {
+    vec![
+        text(&m.topic),
+        Box::new(m.payload.to_vec()),
+        int(m.qos),
+        Box::new(m.retain),
+        Box::new(m.properties.to_vec()),
+        Box::new(m.expires_at.map(big)),
+        Box::new(m.publisher.clone()),
+    ]
+}
+
+fn header_params(h: &SessionHeader) -> Vec<Param> {
+    vec![
+        text(&h.client_id),
+        int(h.protocol_level),
+        int(h.session_expiry_interval),
+        Box::new(h.disconnected_at.map(big)),
+        Box::new(h.username.clone()),
+    ]
+}
+
+fn will_params(id: &str, will: Option<&WillRecord>) -> Vec<Param> {
+    let m = will.map(|w| &w.message);
+    vec![
+        text(id),
+        Box::new(m.map(|m| m.topic.clone())),
+        Box::new(m.map(|m| m.payload.to_vec())),
+        Box::new(m.map(|m| i64::from(m.qos))),
+        Box::new(m.map(|m| m.retain)),
+        Box::new(m.map(|m| m.properties.to_vec())),
+        Box::new(m.and_then(|m| m.expires_at.map(big))),
+        Box::new(m.and_then(|m| m.publisher.clone())),
+        Box::new(will.map(|w| i64::from(w.delay_interval))),
+    ]
+}
+
+fn subscription_params(id: &str, s: &SubscriptionRecord) -> Vec<Param> {
+    vec![
+        text(id),
+        text(&s.filter),
+        int(s.qos),
+        Box::new(s.no_local),
+        Box::new(s.retain_as_published),
+        int(s.retain_handling),
+        Box::new(s.subscription_identifier.map(i64::from)),
+    ]
+}
+
+fn queued_params(id: &str, seq: u64, m: &MessageRecord) -> Vec<Param> {
+    let mut params = vec![text(id), Box::new(big(seq)) as Param];
+    params.extend(message_params(m));
+    params
+}
+
+fn inflight_params(id: &str, f: &InflightRecord) -> Vec<Param> {
+    let mut params = vec![text(id), int(f.packet_id), text(f.state.as_str())];
+    params.extend(message_params(&f.message));
+    params
+}
+
+/// The statements of a session change (`SessionSaved`, `SessionWritten`, `SessionDeleted`),
+/// in order.
+fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op<'a>>) {
+    let mut push = |statement: &'a Statement, params: Vec<Param>, must_touch: bool| {
+        out.push(Op {
+            index,
+            statement,
+            params,
+            must_touch,
+        })
+    };
+    match change {
+        Change::SessionSaved(h) => push(&s.save_header, header_params(h), false),
+        Change::SessionWritten(r) => {
+            for statement in &s.delete_children {
+                push(statement, vec![text(&r.client_id)], false);
+            }
+            push(&s.delete_session, vec![text(&r.client_id)], false);
+            push(&s.save_header, header_params(&r.header()), false);
+            push(
+                &s.set_will,
+                will_params(&r.client_id, r.will.as_ref()),
+                false,
+            );
+            for sub in &r.subscriptions {
+                push(
+                    &s.add_subscription,
+                    subscription_params(&r.client_id, sub),
+                    false,
+                );
+            }
+            for q in &r.queued {
+                push(
+                    &s.queue,
+                    queued_params(&r.client_id, q.seq, &q.message),
+                    false,
+                );
+            }
+            for f in &r.inflight {
+                push(&s.set_inflight, inflight_params(&r.client_id, f), false);
+            }
+            for id in &r.inbound_qos2 {
+                push(&s.add_inbound, vec![text(&r.client_id), int(*id)], false);
+            }
+        }
+        Change::SessionDeleted { client_id } => {
+            for statement in &s.delete_children {
+                push(statement, vec![text(client_id)], false);
+            }
+            push(&s.delete_session, vec![text(client_id)], false);
+        }
+        _ => unreachable!("planned with the other changes of its run, see `plan`"),
+    }
+}
+
+/// The statements of `batch`, fewer than one per change: what the batch leaves in the
+/// database, not every step to it.
+///
+/// The changes of different clients touch different rows (and those of the retained set
+/// rows of their own), so each client's changes are planned apart, in order. For one client,
+/// a session change (`SessionSaved`, `SessionWritten`, `SessionDeleted`) is written as it
+/// comes; between two of them (a "run"), each table gets what the run leaves for each key
+/// (the last change of a queued seq, of a packet identifier, of a filter; the will) as at
+/// most one multi-row DELETE and one multi-row INSERT. So a message queued then dequeued, or
+/// an in-flight entry set then removed, in the same batch costs only the DELETE (which finds
+/// nothing if the row was never stored), and a drained message costs no in-flight row when
+/// its acknowledgement is in the same batch.
+///
+/// What the database refuses is unchanged: a run with an addition (subscription, will,
+/// message, in-flight entry, inbound identifier) for a session that is not stored is refused
+/// even when a later change of the run cancels it (a `SELECT` that must find the session),
+/// and the batch is one transaction as before.
+fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
+    // Each client's changes (None: the retained set), in order of first appearance.
+    let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    let mut position: HashMap<Option<&str>, usize> = HashMap::new();
+    for (index, change) in batch.iter().enumerate() {
+        let key = change.client_id();
+        let at = *position.entry(key).or_insert_with(|| {
+            groups.push((key, Vec::new()));
+            groups.len() - 1
+        });
+        groups[at].1.push(index);
+    }
+    for (client_id, indices) in groups {
+        let Some(client_id) = client_id else {
+            plan_retained(s, batch, &indices, out);
+            continue;
+        };
+        // Whether the session is stored for sure: created earlier in this batch.
+        let mut created = false;
+        let mut run = Run::default();
+        for index in indices {
+            let change = &batch[index];
+            match change {
+                Change::SessionSaved(_)
+                | Change::SessionWritten(_)
+                | Change::SessionDeleted { .. } => {
+                    std::mem::take(&mut run).plan(s, client_id, created, out);
+                    ops_of(s, index, change, out);
+                    created = change.creates_session();
+                }
+                _ => run.add(index, change),
+            }
+        }
+        run.plan(s, client_id, created, out);
+    }
+}
+
+/// What the last change of a key in a run leaves: `Some` stored, `None` removed; with the
+/// index of the first change of the run on that key (for error messages).
+type Last<'c, T> = (usize, Option<&'c T>);
+
+/// The changes of one client between two session changes, reduced to what they leave.
+#[derive(Default)]
+struct Run<'c> {
+    /// The first addition of the run, if any: the session must be stored.
+    first_addition: Option<usize>,
+    will: Option<Last<'c, WillRecord>>,
+    subscriptions: BTreeMap<&'c str, Last<'c, SubscriptionRecord>>,
+    queued: BTreeMap<u64, Last<'c, MessageRecord>>,
+    inflight: BTreeMap<u16, InflightLast<'c>>,
+    inbound: BTreeMap<u16, Last<'c, ()>>,
+}
+
+struct InflightLast<'c> {
+    /// The first change of the run on this packet identifier.
+    index: usize,
+    /// Removed at some point of the run: a stored entry is deleted, and a later set makes a
+    /// new entry (it goes last).
+    removed: bool,
+    /// Set after the last removal, if any.
+    last: Option<&'c InflightRecord>,
+    /// The position of the first set after the last removal: the order of new entries.
+    rank: usize,
+}
+
+fn keep<'c, K: Ord, T>(map: &mut BTreeMap<K, Last<'c, T>>, key: K, index: usize, v: Option<&'c T>) {
+    map.entry(key).or_insert((index, None)).1 = v;
+}
+
+impl<'c> Run<'c> {
+    fn add(&mut self, index: usize, change: &'c Change) {
+        let addition = matches!(
+            change,
+            Change::SubscriptionAdded { .. }
+                | Change::WillSet { .. }
+                | Change::MessageQueued { .. }
+                | Change::InflightSet { .. }
+                | Change::InboundQos2Added { .. }
+        );
+        if addition && self.first_addition.is_none() {
+            self.first_addition = Some(index);
+        }
+        match change {
+            Change::SubscriptionAdded { subscription, .. } => keep(
+                &mut self.subscriptions,
+                &subscription.filter,
+                index,
+                Some(subscription),
+            ),
+            Change::SubscriptionRemoved { filter, .. } => {
+                keep(&mut self.subscriptions, filter, index, None)
+            }
+            Change::WillSet { will, .. } => {
+                let first = self.will.map_or(index, |(first, _)| first);
+                self.will = Some((first, Some(will)));
+            }
+            Change::WillCleared { .. } => {
+                let first = self.will.map_or(index, |(first, _)| first);
+                self.will = Some((first, None));
+            }
+            Change::MessageQueued { seq, message, .. } => {
+                keep(&mut self.queued, *seq, index, Some(message))
+            }
+            Change::MessageDequeued { seq, .. } => keep(&mut self.queued, *seq, index, None),
+            Change::InflightSet { inflight, .. } => {
+                let entry = self
+                    .inflight
+                    .entry(inflight.packet_id)
+                    .or_insert(InflightLast {
+                        index,
+                        removed: false,
+                        last: None,
+                        rank: index,
+                    });
+                if entry.last.is_none() {
+                    entry.rank = index;
+                }
+                entry.last = Some(inflight);
+            }
+            Change::InflightRemoved { packet_id, .. } => {
+                let entry = self.inflight.entry(*packet_id).or_insert(InflightLast {
+                    index,
+                    removed: false,
+                    last: None,
+                    rank: index,
+                });
+                entry.removed = true;
+                entry.last = None;
+            }
+            Change::InboundQos2Added { packet_id, .. } => {
+                keep(&mut self.inbound, *packet_id, index, Some(&()))
+            }
+            Change::InboundQos2Removed { packet_id, .. } => {
+                keep(&mut self.inbound, *packet_id, index, None)
+            }
+            Change::SessionSaved(_)
+            | Change::SessionWritten(_)
+            | Change::SessionDeleted { .. }
+            | Change::RetainedSet(_)
+            | Change::RetainedDeleted { .. } => unreachable!("not part of a run"),
+        }
+    }
+
+    /// The statements of the run; `created`: the session was created earlier in the batch.
+    fn plan<'a>(self, s: &'a Statements, client_id: &str, created: bool, out: &mut Vec<Op<'a>>) {
+        let mut push = |index: usize, statement: &'a Statement, params: Vec<Param>, must_touch| {
+            out.push(Op {
+                index,
+                statement,
+                params,
+                must_touch,
+            })
+        };
+        if let Some(index) = self.first_addition.filter(|_| !created) {
+            push(index, &s.exists, vec![text(client_id)], true);
+        }
+        if let Some((index, will)) = self.will {
+            push(index, &s.set_will, will_params(client_id, will), false);
+        }
+        // Deletions first: they and the insertions of the same table have no key in common.
+        let Split {
+            removed,
+            set,
+            first_set,
+        } = split(&self.subscriptions);
+        if let Some(index) = removed.first().map(|(index, _)| *index) {
+            let filters: Vec<String> = removed.iter().map(|(_, f)| f.to_string()).collect();
+            push(
+                index,
+                &s.remove_subscriptions,
+                vec![text(client_id), Box::new(filters)],
+                false,
+            );
+        }
+        if !set.is_empty() {
+            let index = first_set;
+            let mut c = SubscriptionColumns::default();
+            for (_, sub) in &set {
+                c.push(sub);
+            }
+            let mut params = vec![text(client_id)];
+            params.extend(c.into_params());
+            push(index, &s.add_subscriptions, params, false);
+        }
+        let Split {
+            removed,
+            set,
+            first_set,
+        } = split(&self.queued);
+        if let Some(index) = removed.first().map(|(index, _)| *index) {
+            let seqs: Vec<i64> = removed.iter().map(|(_, seq)| big(**seq)).collect();
+            push(
+                index,
+                &s.dequeue_many,
+                vec![text(client_id), Box::new(seqs)],
+                false,
+            );
+        }
+        if !set.is_empty() {
+            let index = first_set;
+            let mut seqs = Vec::with_capacity(set.len());
+            let mut c = MessageColumns::default();
+            for (seq, message) in &set {
+                seqs.push(big(**seq));
+                c.push(message);
+            }
+            let mut params = vec![text(client_id), Box::new(seqs) as Param];
+            params.extend(c.into_params());
+            push(index, &s.queue_many, params, false);
+        }
+        let removed: Vec<(usize, i64)> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| f.removed)
+            .map(|(id, f)| (f.index, i64::from(*id)))
+            .collect();
+        if let Some(index) = removed.iter().map(|(index, _)| *index).min() {
+            let ids: Vec<i64> = removed.iter().map(|(_, id)| *id).collect();
+            push(
+                index,
+                &s.remove_inflight_many,
+                vec![text(client_id), Box::new(ids)],
+                false,
+            );
+        }
+        let mut set: Vec<(usize, usize, &InflightRecord)> = self
+            .inflight
+            .values()
+            .filter_map(|f| f.last.map(|r| (f.rank, f.index, r)))
+            .collect();
+        set.sort_by_key(|(rank, _, _)| *rank);
+        if let Some(index) = set.iter().map(|(_, index, _)| *index).min() {
+            let mut ids = Vec::with_capacity(set.len());
+            let mut states = Vec::with_capacity(set.len());
+            let mut c = MessageColumns::default();
+            for (_, _, f) in &set {
+                ids.push(i64::from(f.packet_id));
+                states.push(f.state.as_str().to_string());
+                c.push(&f.message);
+            }
+            let mut params = vec![text(client_id), Box::new(ids) as Param, Box::new(states)];
+            params.extend(c.into_params());
+            push(index, &s.set_inflight_many, params, false);
+        }
+        let Split {
+            removed,
+            set,
+            first_set,
+        } = split(&self.inbound);
+        if let Some(index) = removed.first().map(|(index, _)| *index) {
+            let ids: Vec<i64> = removed.iter().map(|(_, id)| i64::from(**id)).collect();
+            push(
+                index,
+                &s.remove_inbound_many,
+                vec![text(client_id), Box::new(ids)],
+                false,
+            );
+        }
+        if !set.is_empty() {
+            let index = first_set;
+            let ids: Vec<i64> = set.iter().map(|(id, _)| i64::from(**id)).collect();
+            push(
+                index,
+                &s.add_inbound_many,
+                vec![text(client_id), Box::new(ids)],
+                false,
+            );
+        }
+    }
+}
+
+/// What a run leaves for the keys of one table: the keys removed (with the index of their
+/// first change, smallest first) and the keys set, with the smallest index of those.
+struct Split<'m, 'c, K, T> {
+    removed: Vec<(usize, &'m K)>,
+    set: Vec<(&'m K, &'c T)>,
+    first_set: usize,
+}
+
+fn split<'m, 'c, K, T>(map: &'m BTreeMap<K, Last<'c, T>>) -> Split<'m, 'c, K, T> {
+    let mut removed = Vec::new();
+    let mut set = Vec::new();
+    let mut first_set = usize::MAX;
+    for (key, (index, value)) in map {
+        match value {
+            None => removed.push((*index, key)),
+            Some(v) => {
+                first_set = first_set.min(*index);
+                set.push((key, *v));
+            }
+        }
+    }
+    removed.sort_by_key(|(index, _)| *index);
+    Split {
+        removed,
+        set,
+        first_set,
+    }
+}
+
+/// The retained set's changes: the last one for each topic.
+fn plan_retained<'a>(
+    s: &'a Statements,
+    batch: &[Change],
+    indices: &[usize],
+    out: &mut Vec<Op<'a>>,
+) {
+    let mut last: BTreeMap<&str, Last<'_, RetainedRecord>> = BTreeMap::new();
+    for &index in indices {
+        match &batch[index] {
+            Change::RetainedSet(r) => keep(&mut last, r.message.topic.as_str(), index, Some(r)),
+            Change::RetainedDeleted { topic } => keep(&mut last, topic.as_str(), index, None),
+            _ => unreachable!("a change of the retained set"),
+        }
+    }
+    let Split {
+        removed,
+        set,
+        first_set,
+    } = split(&last);
+    if let Some(index) = removed.first().map(|(index, _)| *index) {
+        let topics: Vec<String> = removed.iter().map(|(_, t)| t.to_string()).collect();
+        out.push(Op {
+            index,
+            statement: &s.delete_retained_many,
+            params: vec![Box::new(topics)],
+            must_touch: false,
+        });
+    }
+    if !set.is_empty() {
+        let index = first_set;
+        let mut c = MessageColumns::default();
+        for (_, r) in &set {
+            c.push(&r.message);
+        }
+        out.push(Op {
+            index,
+            statement: &s.set_retained_many,
+            params: c.into_params(),
+            must_touch: false,
+        });
+    }
+}
+
+/// Messages as one array per column, for `unnest`.
+#[derive(Default)]
+struct MessageColumns {
+    topic: Vec<String>,
+    payload: Vec<Vec<u8>>,
+    qos: Vec<i64>,
+    retain: Vec<bool>,
+    properties: Vec<Vec<u8>>,
+    expires_at: Vec<Option<i64>>,
+    publisher: Vec<Option<String>>,
+}
+
+impl MessageColumns {
+    fn push(&mut self, m: &MessageRecord) {
+        self.topic.push(m.topic.clone());
+        self.payload.push(m.payload.to_vec());
+        self.qos.push(i64::from(m.qos));
+        self.retain.push(m.retain);
+        self.properties.push(m.properties.to_vec());
+        self.expires_at.push(m.expires_at.map(big));
+        self.publisher.push(m.publisher.clone());
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.topic),
+            Box::new(self.payload),
+            Box::new(self.qos),
+            Box::new(self.retain),
+            Box::new(self.properties),
+            Box::new(self.expires_at),
+            Box::new(self.publisher),
+        ]
+    }
+}
+
+/// Subscriptions as one array per column, for `unnest`.
+#[derive(Default)]
+struct SubscriptionColumns {
+    filter: Vec<String>,
+    qos: Vec<i64>,
+    no_local: Vec<bool>,
+    retain_as_published: Vec<bool>,
+    retain_handling: Vec<i64>,
+    identifier: Vec<Option<i64>>,
+}
+
+impl SubscriptionColumns {
+    fn push(&mut self, s: &SubscriptionRecord) {
+        self.filter.push(s.filter.clone());
+        self.qos.push(i64::from(s.qos));
+        self.no_local.push(s.no_local);
+        self.retain_as_published.push(s.retain_as_published);
+        self.retain_handling.push(i64::from(s.retain_handling));
+        self.identifier
+            .push(s.subscription_identifier.map(i64::from));
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.filter),
+            Box::new(self.qos),
+            Box::new(self.no_local),
+            Box::new(self.retain_as_published),
+            Box::new(self.retain_handling),
+            Box::new(self.identifier),
+        ]
+    }
+}
+
+pub(super) enum WriteError {
+    /// The epoch in the database is this one, newer than ours.
+    Fenced(i64),
+    Storage(StorageError),
+}
+
+impl From<StorageError> for WriteError {
+    fn from(e: StorageError) -> WriteError {
+        WriteError::Storage(e)
+    }
+}
+
+/// One transaction: the epoch check, then every change, pipelined; committed only when the
+/// epoch is ours and every statement succeeded.
+pub(super) async fn write_batch(
+    writer: &mut WriteConnection,
+    batch: &[Change],
+    epoch: i64,
+) -> Result<(), WriteError> {
+    if writer.statements.is_none() {
+        let prepared = Statements::prepare(&writer.client)
+            .await
+            .map_err(|e| classify(e, "cannot prepare the statements"))?;
+        writer.statements = Some(prepared);
+    }
+    let WriteConnection { client, statements } = writer;
+    let statements = statements.as_ref().expect("prepared above");
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| classify(e, "cannot begin a transaction"))?;
+    let mut ops = Vec::new();
+    plan(statements, batch, &mut ops);
+    let refs: Vec<Vec<&(dyn ToSql + Sync)>> = ops
+        .iter()
+        .map(|op| {
+            op.params
+                .iter()
+                .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                .collect()
+        })
+        .collect();
+    // In this order on the server: the fence lock (held until commit, so a takeover waits
+    // for this transaction), then the epoch, read after the lock (READ COMMITTED: each
+    // statement sees what was committed before it started), then the writes.
+    let fence = tx.execute(&statements.fence, &[]);
+    let check = tx.query_opt(&statements.epoch, &[]);
+    let writes = futures_util::future::join_all(
+        ops.iter()
+            .zip(&refs)
+            .map(|(op, params)| tx.execute(op.statement, params)),
+    );
+    let (fenced, current, results) = tokio::join!(fence, check, writes);
+    fenced.map_err(|e| classify(e, "cannot take the fence lock"))?;
+    let current = current.map_err(|e| classify(e, "cannot check the leader epoch"))?;
+    let current: i64 = current.map(|row| row.get(0)).unwrap_or(0);
+    if current != epoch {
+        drop(tx);
+        return Err(WriteError::Fenced(current));
+    }
+    for (op, result) in ops.iter().zip(results) {
+        let change = &batch[op.index];
+        match result {
+            Ok(0) if op.must_touch => {
+                return Err(refused(op.index, change, "no session is stored for the client").into())
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let e = classify(e, "");
+                return Err(StorageError::new(
+                    e.kind(),
+                    format!(
+                        "change {} ({}) for {}{}",
+                        op.index,
+                        change.kind(),
+                        change.client_id().unwrap_or("the retained set"),
+                        e.message()
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| classify(e, "cannot commit").into())
+}

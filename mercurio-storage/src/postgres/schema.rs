@@ -1,0 +1,169 @@
+//! The tables of the PostgreSQL backend and their version: created or updated by the broker
+//! that serves (a standby migrates only once it serves); a newer version is refused.
+
+use tokio_postgres::Client;
+
+use super::classify;
+use crate::error::StorageError;
+
+/// The schema version this build writes and reads (`mercurio_meta.schema_version`).
+///
+/// 2: write transactions are fenced by a transaction-level advisory lock instead of a row
+/// lock on `mercurio_leader` (which made the heartbeat wait behind long writes); an older
+/// broker, which fences differently, must not serve these tables; and
+/// `mercurio_sessions.username`.
+pub const SCHEMA_VERSION: i64 = 2;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS mercurio_meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS mercurio_leader (
+    id integer PRIMARY KEY CHECK (id = 1),
+    epoch bigint NOT NULL,
+    host text NOT NULL,
+    pid bigint NOT NULL,
+    backend_pids integer[] NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    since timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS mercurio_takeovers (
+    epoch bigint PRIMARY KEY,
+    host text NOT NULL,
+    pid bigint NOT NULL,
+    previous_host text,
+    previous_heartbeat_at timestamptz,
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS mercurio_sessions (
+    client_id text PRIMARY KEY,
+    protocol_level bigint NOT NULL,
+    session_expiry_interval bigint NOT NULL,
+    disconnected_at bigint,
+    will_topic text,
+    will_payload bytea,
+    will_qos bigint,
+    will_retain boolean,
+    will_properties bytea,
+    will_expires_at bigint,
+    will_publisher text,
+    will_delay_interval bigint
+);
+CREATE TABLE IF NOT EXISTS mercurio_subscriptions (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    filter text NOT NULL,
+    qos bigint NOT NULL,
+    no_local boolean NOT NULL,
+    retain_as_published boolean NOT NULL,
+    retain_handling bigint NOT NULL,
+    subscription_identifier bigint,
+    PRIMARY KEY (client_id, filter)
+);
+CREATE TABLE IF NOT EXISTS mercurio_queued (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    topic text NOT NULL,
+    payload bytea NOT NULL,
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    properties bytea NOT NULL,
+    expires_at bigint,
+    publisher text,
+    PRIMARY KEY (client_id, seq)
+);
+CREATE TABLE IF NOT EXISTS mercurio_inflight (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    packet_id bigint NOT NULL,
+    ord bigint NOT NULL,
+    state text NOT NULL,
+    topic text NOT NULL,
+    payload bytea NOT NULL,
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    properties bytea NOT NULL,
+    expires_at bigint,
+    publisher text,
+    PRIMARY KEY (client_id, packet_id)
+);
+CREATE TABLE IF NOT EXISTS mercurio_inbound_qos2 (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    packet_id bigint NOT NULL,
+    PRIMARY KEY (client_id, packet_id)
+);
+CREATE TABLE IF NOT EXISTS mercurio_retained (
+    topic text PRIMARY KEY,
+    payload bytea NOT NULL,
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    properties bytea NOT NULL,
+    expires_at bigint,
+    publisher text
+);
+ALTER TABLE mercurio_sessions ADD COLUMN IF NOT EXISTS username text;
+";
+
+/// The schema version recorded in the database, `None` when it has no Mercurio tables.
+pub(crate) async fn schema_version(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Option<i64>, StorageError> {
+    let row = client
+        .query_one("SELECT to_regclass('mercurio_meta') IS NOT NULL", &[])
+        .await
+        .map_err(|e| classify(e, "cannot read the schema"))?;
+    if !row.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(
+            "SELECT value FROM mercurio_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .map_err(|e| classify(e, "cannot read the schema version"))?;
+    match row {
+        None => Ok(Some(0)),
+        Some(row) => {
+            let value: String = row.get(0);
+            value.parse().map(Some).map_err(|_| {
+                StorageError::incompatible(format!("schema version {value:?} is not a number"))
+            })
+        }
+    }
+}
+
+/// Refuses a schema newer than this build's.
+pub(crate) fn check_version(version: Option<i64>) -> Result<(), StorageError> {
+    match version {
+        Some(v) if v > SCHEMA_VERSION => Err(StorageError::incompatible(format!(
+            "the database has schema version {v}, newer than this broker's {SCHEMA_VERSION}: \
+             it was written by a newer version of Mercurio"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Creates or updates the tables (only the serving broker does).
+pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| classify(e, "cannot create the schema"))?;
+    let version = schema_version(&tx).await?;
+    check_version(version)?;
+    if version != Some(SCHEMA_VERSION) {
+        tx.batch_execute(SCHEMA)
+            .await
+            .map_err(|e| classify(e, "cannot create the schema"))?;
+        tx.execute(
+            "INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', $1) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            &[&SCHEMA_VERSION.to_string()],
+        )
+        .await
+        .map_err(|e| classify(e, "cannot record the schema version"))?;
+    }
+    tx.commit()
+        .await
+        .map_err(|e| classify(e, "cannot create the schema"))
+}

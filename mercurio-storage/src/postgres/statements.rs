@@ -1,0 +1,189 @@
+//! The statements a write connection prepares once, single-row and multi-row (`unnest` over
+//! one array per column).
+
+use tokio_postgres::{Client, Statement};
+
+use super::leader;
+use crate::rows::MESSAGE_COLUMNS;
+
+/// The statements a write connection prepares once.
+pub(super) struct Statements {
+    pub(super) fence: Statement,
+    pub(super) epoch: Statement,
+    pub(super) save_header: Statement,
+    pub(super) delete_children: [Statement; 4],
+    pub(super) delete_session: Statement,
+    pub(super) set_will: Statement,
+    pub(super) add_subscription: Statement,
+    pub(super) queue: Statement,
+    pub(super) set_inflight: Statement,
+    pub(super) add_inbound: Statement,
+    /// The multi-row forms, one statement for what a run of changes of one client leaves
+    /// in one table (see `plan`).
+    pub(super) exists: Statement,
+    pub(super) queue_many: Statement,
+    pub(super) dequeue_many: Statement,
+    pub(super) set_inflight_many: Statement,
+    pub(super) remove_inflight_many: Statement,
+    pub(super) add_subscriptions: Statement,
+    pub(super) remove_subscriptions: Statement,
+    pub(super) add_inbound_many: Statement,
+    pub(super) remove_inbound_many: Statement,
+    pub(super) set_retained_many: Statement,
+    pub(super) delete_retained_many: Statement,
+}
+
+/// The array parameters of [`MessageColumns`], numbered from 1, 3 or 4.
+const MESSAGE_ARRAYS_FROM_1: &str =
+    "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], $5::bytea[], $6::bigint[], $7::text[]";
+const MESSAGE_ARRAYS_FROM_3: &str =
+    "$3::text[], $4::bytea[], $5::bigint[], $6::boolean[], $7::bytea[], $8::bigint[], $9::text[]";
+const MESSAGE_ARRAYS_FROM_4: &str = "$4::text[], $5::bytea[], $6::bigint[], $7::boolean[], \
+     $8::bytea[], $9::bigint[], $10::text[]";
+
+impl Statements {
+    pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
+        let p = |sql: String| async move { client.prepare(&sql).await };
+        Ok(Statements {
+            fence: p(format!(
+                "SELECT pg_advisory_xact_lock_shared({}, {})",
+                leader::LOCK_CLASS,
+                leader::FENCE_OBJECT
+            ))
+            .await?,
+            epoch: p("SELECT epoch FROM mercurio_leader WHERE id = 1".into()).await?,
+            save_header: p("INSERT INTO mercurio_sessions (client_id, protocol_level, \
+                 session_expiry_interval, disconnected_at, username) VALUES ($1, $2, $3, $4, \
+                 $5) ON CONFLICT (client_id) DO UPDATE SET \
+                 protocol_level = excluded.protocol_level, \
+                 session_expiry_interval = excluded.session_expiry_interval, \
+                 disconnected_at = excluded.disconnected_at, username = excluded.username"
+                .into())
+            .await?,
+            delete_children: [
+                p("DELETE FROM mercurio_subscriptions WHERE client_id = $1".into()).await?,
+                p("DELETE FROM mercurio_queued WHERE client_id = $1".into()).await?,
+                p("DELETE FROM mercurio_inflight WHERE client_id = $1".into()).await?,
+                p("DELETE FROM mercurio_inbound_qos2 WHERE client_id = $1".into()).await?,
+            ],
+            delete_session: p("DELETE FROM mercurio_sessions WHERE client_id = $1".into()).await?,
+            set_will: p(
+                "UPDATE mercurio_sessions SET will_topic = $2, will_payload = $3, \
+                 will_qos = $4, will_retain = $5, will_properties = $6, will_expires_at = $7, \
+                 will_publisher = $8, will_delay_interval = $9 WHERE client_id = $1"
+                    .into(),
+            )
+            .await?,
+            add_subscription: p(
+                "INSERT INTO mercurio_subscriptions (client_id, filter, qos, \
+                 no_local, retain_as_published, retain_handling, subscription_identifier) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (client_id, filter) DO UPDATE \
+                 SET qos = excluded.qos, no_local = excluded.no_local, \
+                 retain_as_published = excluded.retain_as_published, \
+                 retain_handling = excluded.retain_handling, \
+                 subscription_identifier = excluded.subscription_identifier"
+                    .into(),
+            )
+            .await?,
+            queue: p(format!(
+                "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (client_id, seq) \
+                 DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
+                 qos = excluded.qos, retain = excluded.retain, \
+                 properties = excluded.properties, expires_at = excluded.expires_at, \
+                 publisher = excluded.publisher"
+            ))
+            .await?,
+            set_inflight: p(format!(
+                "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
+                 {MESSAGE_COLUMNS}) VALUES ($1, $2, \
+                 (SELECT COALESCE(MAX(ord), 0) + 1 FROM mercurio_inflight WHERE client_id = $1), \
+                 $3, $4, $5, $6, $7, $8, $9, $10) \
+                 ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
+                 topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
+                 retain = excluded.retain, properties = excluded.properties, \
+                 expires_at = excluded.expires_at, publisher = excluded.publisher"
+            ))
+            .await?,
+            add_inbound: p("INSERT INTO mercurio_inbound_qos2 (client_id, packet_id) \
+                 VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                .into())
+            .await?,
+            exists: p("SELECT 1 FROM mercurio_sessions WHERE client_id = $1".into()).await?,
+            queue_many: p(format!(
+                "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
+                 SELECT $1::text, u.* FROM unnest($2::bigint[], {MESSAGE_ARRAYS_FROM_3}) AS u \
+                 ON CONFLICT (client_id, seq) \
+                 DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
+                 qos = excluded.qos, retain = excluded.retain, \
+                 properties = excluded.properties, expires_at = excluded.expires_at, \
+                 publisher = excluded.publisher"
+            ))
+            .await?,
+            dequeue_many: p(
+                "DELETE FROM mercurio_queued WHERE client_id = $1 AND seq = ANY($2::bigint[])"
+                    .into(),
+            )
+            .await?,
+            // New entries go after every stored one of the client, in the order of the
+            // arrays; an entry already stored keeps its place (`ord` is not updated).
+            set_inflight_many: p(format!(
+                "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
+                 {MESSAGE_COLUMNS}) \
+                 SELECT $1::text, u.packet_id, b.max_ord + u.n, u.state, u.topic, u.payload, \
+                 u.qos, u.retain, u.properties, u.expires_at, u.publisher \
+                 FROM unnest($2::bigint[], $3::text[], {MESSAGE_ARRAYS_FROM_4}) \
+                 WITH ORDINALITY AS u (packet_id, state, {MESSAGE_COLUMNS}, n), \
+                 (SELECT COALESCE(MAX(ord), 0) AS max_ord FROM mercurio_inflight \
+                 WHERE client_id = $1) AS b \
+                 ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
+                 topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
+                 retain = excluded.retain, properties = excluded.properties, \
+                 expires_at = excluded.expires_at, publisher = excluded.publisher"
+            ))
+            .await?,
+            remove_inflight_many: p("DELETE FROM mercurio_inflight WHERE client_id = $1 \
+                 AND packet_id = ANY($2::bigint[])"
+                .into())
+            .await?,
+            add_subscriptions: p(
+                "INSERT INTO mercurio_subscriptions (client_id, filter, qos, \
+                 no_local, retain_as_published, retain_handling, subscription_identifier) \
+                 SELECT $1::text, u.* FROM unnest($2::text[], $3::bigint[], $4::boolean[], \
+                 $5::boolean[], $6::bigint[], $7::bigint[]) AS u \
+                 ON CONFLICT (client_id, filter) DO UPDATE \
+                 SET qos = excluded.qos, no_local = excluded.no_local, \
+                 retain_as_published = excluded.retain_as_published, \
+                 retain_handling = excluded.retain_handling, \
+                 subscription_identifier = excluded.subscription_identifier"
+                    .into(),
+            )
+            .await?,
+            remove_subscriptions: p("DELETE FROM mercurio_subscriptions WHERE client_id = $1 \
+                 AND filter = ANY($2::text[])"
+                .into())
+            .await?,
+            add_inbound_many: p("INSERT INTO mercurio_inbound_qos2 (client_id, packet_id) \
+                 SELECT $1::text, u.* FROM unnest($2::bigint[]) AS u ON CONFLICT DO NOTHING"
+                .into())
+            .await?,
+            remove_inbound_many: p("DELETE FROM mercurio_inbound_qos2 WHERE client_id = $1 \
+                 AND packet_id = ANY($2::bigint[])"
+                .into())
+            .await?,
+            set_retained_many: p(format!(
+                "INSERT INTO mercurio_retained ({MESSAGE_COLUMNS}) \
+                 SELECT u.* FROM unnest({MESSAGE_ARRAYS_FROM_1}) AS u \
+                 ON CONFLICT (topic) DO UPDATE SET \
+                 payload = excluded.payload, qos = excluded.qos, retain = excluded.retain, \
+                 properties = excluded.properties, expires_at = excluded.expires_at, \
+                 publisher = excluded.publisher"
+            ))
+            .await?,
+            delete_retained_many: p(
+                "DELETE FROM mercurio_retained WHERE topic = ANY($1::text[])".into(),
+            )
+            .await?,
+        })
+    }
+}

@@ -1,0 +1,217 @@
+//! Reading stored rows back into records, shared by the SQL backends. Each backend runs its
+//! own queries (its table names, its driver) and hands every row over as [`Columns`]; the
+//! checks of the values read and the assembly of a session from its rows are done here once.
+//!
+//! A value that cannot be read (a wrong type, a QoS of 7, a negative sequence number) is an
+//! error in words; the session it belongs to is then set aside by the caller, and a retained
+//! message is skipped.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+
+use crate::records::{
+    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionRecord,
+    SubscriptionRecord, WillRecord,
+};
+
+/// The columns of a message, in this order, in every table that stores one.
+pub(crate) const MESSAGE_COLUMNS: &str =
+    "topic, payload, qos, retain, properties, expires_at, publisher";
+/// What [`subscription`] reads, after the client id.
+pub(crate) const SUBSCRIPTION_COLUMNS: &str =
+    "filter, qos, no_local, retain_as_published, retain_handling, subscription_identifier";
+/// What [`Sessions::read`] reads, from the client id on.
+pub(crate) const SESSION_COLUMNS: &str =
+    "client_id, protocol_level, session_expiry_interval, disconnected_at, will_topic, \
+     will_payload, will_qos, will_retain, will_properties, will_expires_at, will_publisher, \
+     will_delay_interval, username";
+
+/// One row of a query, read by column index; a failure is described in words (the column's
+/// name and the driver's reason).
+pub(crate) trait Columns {
+    fn int(&self, i: usize) -> Result<i64, String>;
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, String>;
+    fn text(&self, i: usize) -> Result<String, String>;
+    fn opt_text(&self, i: usize) -> Result<Option<String>, String>;
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, String>;
+    fn boolean(&self, i: usize) -> Result<bool, String>;
+}
+
+/// Implements [`Columns`] for a driver's row type with its `col(row, index)` function, generic
+/// over the driver's "from SQL" trait.
+macro_rules! columns_through {
+    ($row:ty, $col:path) => {
+        impl $crate::rows::Columns for $row {
+            fn int(&self, i: usize) -> Result<i64, String> {
+                $col(self, i)
+            }
+            fn opt_int(&self, i: usize) -> Result<Option<i64>, String> {
+                $col(self, i)
+            }
+            fn text(&self, i: usize) -> Result<String, String> {
+                $col(self, i)
+            }
+            fn opt_text(&self, i: usize) -> Result<Option<String>, String> {
+                $col(self, i)
+            }
+            fn bytes(&self, i: usize) -> Result<Vec<u8>, String> {
+                $col(self, i)
+            }
+            fn boolean(&self, i: usize) -> Result<bool, String> {
+                $col(self, i)
+            }
+        }
+    };
+}
+pub(crate) use columns_through;
+
+fn qos(v: i64, what: &str) -> Result<u8, String> {
+    match v {
+        0..=2 => Ok(v as u8),
+        _ => Err(format!("{what} QoS {v} is not 0, 1 or 2")),
+    }
+}
+
+fn small<T: TryFrom<i64>>(v: i64, what: &str) -> Result<T, String> {
+    T::try_from(v).map_err(|_| format!("{what} {v} is out of range"))
+}
+
+fn unsigned(v: i64, what: &str) -> Result<u64, String> {
+    u64::try_from(v).map_err(|_| format!("{what}: negative value {v}"))
+}
+
+/// A message from the [`MESSAGE_COLUMNS`] starting at column `at`.
+pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
+    Ok(MessageRecord {
+        topic: row.text(at)?,
+        payload: Bytes::from(row.bytes(at + 1)?),
+        qos: qos(row.int(at + 2)?, "message")?,
+        retain: row.boolean(at + 3)?,
+        properties: Bytes::from(row.bytes(at + 4)?),
+        expires_at: row
+            .opt_int(at + 5)?
+            .map(|v| unsigned(v, "expires_at"))
+            .transpose()?,
+        publisher: row.opt_text(at + 6)?,
+    })
+}
+
+/// A subscription: client id, then the [`SUBSCRIPTION_COLUMNS`].
+pub(crate) fn subscription(row: &impl Columns) -> Result<SubscriptionRecord, String> {
+    Ok(SubscriptionRecord {
+        filter: row.text(1)?,
+        qos: qos(row.int(2)?, "subscription")?,
+        no_local: row.boolean(3)?,
+        retain_as_published: row.boolean(4)?,
+        retain_handling: small(row.int(5)?, "retain handling")?,
+        subscription_identifier: row
+            .opt_int(6)?
+            .map(|v| small(v, "subscription identifier"))
+            .transpose()?,
+    })
+}
+
+/// A queued message: client id, seq, then the [`MESSAGE_COLUMNS`].
+pub(crate) fn queued(row: &impl Columns) -> Result<QueuedRecord, String> {
+    Ok(QueuedRecord {
+        seq: unsigned(row.int(1)?, "seq")?,
+        message: message_at(row, 2)?,
+    })
+}
+
+/// An in-flight message: client id, packet id, state, then the [`MESSAGE_COLUMNS`].
+pub(crate) fn inflight(row: &impl Columns) -> Result<InflightRecord, String> {
+    let state = row.text(2)?;
+    Ok(InflightRecord {
+        packet_id: small(row.int(1)?, "packet identifier")?,
+        state: InflightState::parse(&state)
+            .ok_or_else(|| format!("unknown in-flight state {state:?}"))?,
+        message: message_at(row, 3)?,
+    })
+}
+
+/// An inbound QoS 2 packet identifier: client id, packet id.
+pub(crate) fn inbound(row: &impl Columns) -> Result<u16, String> {
+    small(row.int(1)?, "packet identifier")
+}
+
+/// A retained message: the [`MESSAGE_COLUMNS`]; `None` when it cannot be read (it belongs to
+/// no session, so it is skipped).
+pub(crate) fn retained(row: &impl Columns, into: &mut BTreeMap<String, RetainedRecord>) {
+    if let Ok(message) = message_at(row, 0) {
+        into.insert(message.topic.clone(), RetainedRecord::new(message));
+    }
+}
+
+/// Rows of one kind, per client; a client whose row cannot be read holds the error.
+pub(crate) type PerClient<T> = HashMap<String, Result<Vec<T>, String>>;
+
+/// Adds one row (whose first column is the client id) to `out`; a row without a readable
+/// client id is skipped.
+pub(crate) fn push_per_client<R: Columns, T>(
+    out: &mut PerClient<T>,
+    row: &R,
+    read: impl Fn(&R) -> Result<T, String>,
+) {
+    let Ok(client_id) = row.text(0) else {
+        return;
+    };
+    let item = read(row);
+    let entry = out.entry(client_id).or_insert_with(|| Ok(Vec::new()));
+    match (entry.as_mut(), item) {
+        (Ok(list), Ok(item)) => list.push(item),
+        (Ok(_), Err(e)) => *entry = Err(e),
+        (Err(_), _) => {}
+    }
+}
+
+/// The rows of every session's collections, read first; [`Sessions::read`] then assembles
+/// each session row with its own.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    pub subscriptions: PerClient<SubscriptionRecord>,
+    pub queued: PerClient<QueuedRecord>,
+    pub inflight: PerClient<InflightRecord>,
+    pub inbound: PerClient<u16>,
+}
+
+impl Sessions {
+    /// The session of one row of the [`SESSION_COLUMNS`], with its collections; `Err` is why
+    /// it cannot be restored.
+    pub(crate) fn read(
+        &mut self,
+        client_id: &str,
+        row: &impl Columns,
+    ) -> Result<SessionRecord, String> {
+        let level: u8 = small(row.int(1)?, "protocol level")?;
+        if !(3..=5).contains(&level) {
+            return Err(format!("protocol level {level} is not 3, 4 or 5"));
+        }
+        let will = match row.opt_text(4)? {
+            None => None,
+            Some(_) => Some(WillRecord {
+                message: message_at(row, 4)?,
+                delay_interval: small(row.opt_int(11)?.unwrap_or(0), "will delay interval")?,
+            }),
+        };
+        Ok(SessionRecord {
+            client_id: client_id.to_string(),
+            protocol_level: level,
+            session_expiry_interval: small(row.int(2)?, "session expiry interval")?,
+            disconnected_at: row
+                .opt_int(3)?
+                .map(|v| unsigned(v, "disconnected_at"))
+                .transpose()?,
+            username: row.opt_text(12)?,
+            subscriptions: self
+                .subscriptions
+                .remove(client_id)
+                .unwrap_or(Ok(Vec::new()))?,
+            will,
+            queued: self.queued.remove(client_id).unwrap_or(Ok(Vec::new()))?,
+            inflight: self.inflight.remove(client_id).unwrap_or(Ok(Vec::new()))?,
+            inbound_qos2: self.inbound.remove(client_id).unwrap_or(Ok(Vec::new()))?,
+        })
+    }
+}
