@@ -16,7 +16,9 @@ use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{Config, ListenerProtocol};
 use crate::error::Error;
+use crate::events::{EventStream, Events, DEFAULT_EVENT_CAPACITY};
 use crate::http::{Endpoint, HttpLimits};
+use crate::intercept::PublishInterceptor;
 use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::message::Message;
@@ -50,6 +52,8 @@ impl Broker {
             storage: None,
             authenticators: Vec::new(),
             authorizers: Vec::new(),
+            interceptors: Vec::new(),
+            event_capacity: DEFAULT_EVENT_CAPACITY,
         }
     }
 }
@@ -96,9 +100,26 @@ pub struct BrokerBuilder {
     storage: Option<Arc<dyn mercurio_storage::Storage>>,
     authenticators: Vec<Arc<dyn Authenticator>>,
     authorizers: Vec<Arc<dyn Authorizer>>,
+    interceptors: Vec<Arc<dyn PublishInterceptor>>,
+    event_capacity: usize,
 }
 
 impl BrokerBuilder {
+    /// Adds a publish interceptor, asked after those added earlier: it sees every PUBLISH
+    /// from a client after authorization and before routing, and may change or refuse it
+    /// (see [`PublishInterceptor`]). Without any, a PUBLISH costs nothing more.
+    pub fn interceptor(mut self, interceptor: impl PublishInterceptor) -> Self {
+        self.interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// How many events each [`EventStream`] holds before it loses the oldest (default
+    /// [`DEFAULT_EVENT_CAPACITY`], 1,024; at least 1).
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = capacity;
+        self
+    }
+
     /// The HTTP limits of every WebSocket listener (default: docs/http.md's 8 KiB request head,
     /// 32 responses at once, a minute per response).
     pub fn http_limits(mut self, limits: HttpLimits) -> Self {
@@ -166,6 +187,8 @@ impl BrokerBuilder {
         let durable_ack = self.config.storage.durable_ack;
         let mut inner = BrokerState::new(self.config);
         inner.auth = auth;
+        inner.events = Events::new(self.event_capacity);
+        inner.interceptors = self.interceptors;
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
@@ -324,6 +347,16 @@ impl BrokerHandle {
         self.inner.local_addrs.lock().clone()
     }
 
+    /// A new stream of the broker's lifecycle [`Event`](crate::Event)s, from now on: clients
+    /// connecting and disconnecting, subscribing and unsubscribing, sessions expiring, wills
+    /// published, messages dropped. Bounded ([`BrokerBuilder::event_capacity`]): a stream
+    /// that falls behind never slows the broker, it loses the oldest events and reads
+    /// [`Event::Lagged`](crate::Event::Lagged) with their number. Ends after
+    /// [`BrokerHandle::shutdown`]. While no stream is open, the broker builds no events.
+    pub fn events(&self) -> EventStream {
+        self.inner.events.subscribe()
+    }
+
     /// The configuration the broker runs with.
     pub fn config(&self) -> &Config {
         &self.inner.config
@@ -360,27 +393,19 @@ impl BrokerHandle {
         payload: impl Into<Bytes>,
         qos: QoS,
         retain: bool,
-        mut properties: Properties,
+        properties: Properties,
         expiry_secs: Option<u32>,
     ) -> Result<(), Error> {
-        topic::validate_topic_name(topic)
-            .map_err(|e| Error::Refused(format!("topic {topic:?}: {e}")))?;
-        if topic.starts_with("$SYS") {
-            return Err(Error::Refused("$SYS topics are the broker's own".into()));
-        }
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
-        properties.message_expiry_interval = None;
-        self.inner.publish(Message {
-            topic: topic.to_string(),
-            payload: payload.into(),
+        publish_as(
+            &self.inner,
+            None,
+            topic,
+            payload.into(),
             qos,
             retain,
             properties,
-            expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
-            publisher: None,
-        });
-        Ok(())
+            expiry_secs,
+        )
     }
 
     /// Subscribes in-process. The returned [`Subscription`] yields matching messages, retained
@@ -389,12 +414,32 @@ impl BrokerHandle {
     ///
     /// Errors: [`Error::Refused`] for an invalid topic filter or a stopped broker.
     pub fn subscribe(&self, filter: &str, qos: QoS) -> Result<Subscription, Error> {
-        match topic::parse_shared(filter) {
-            Ok(Some(_)) => {}
-            Ok(None) => topic::validate_topic_filter(filter)
-                .map_err(|e| Error::Refused(format!("filter {filter:?}: {e}")))?,
-            Err(e) => return Err(Error::Refused(format!("filter {filter:?}: {e}"))),
-        }
+        let options = SubscriptionOptions {
+            qos,
+            ..Default::default()
+        };
+        self.subscribe_with(filter, options, None)
+    }
+
+    /// Subscribes in-process with the options of an MQTT 5.0 subscription (MQTT 5.0 section
+    /// 3.8.3.1): maximum QoS, No Local (messages published through this
+    /// [`Subscription`]'s own [`Subscription::publish_with`] are not delivered back to it),
+    /// Retain As Published (otherwise live messages arrive with RETAIN clear), Retain
+    /// Handling (0: retained messages sent at subscribe; 1: only when the subscription is
+    /// new; 2: never), and a Subscription Identifier (1 to 268,435,455) that
+    /// [`Subscription::recv_delivery`] reports with each message it matched. Add filters to
+    /// the same subscription with [`Subscription::subscribe`].
+    ///
+    /// Errors: [`Error::Refused`] for an invalid topic filter, Retain Handling above 2, an
+    /// identifier out of range, No Local on a shared subscription [MQTT-3.8.3-4], or a
+    /// stopped broker.
+    pub fn subscribe_with(
+        &self,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> Result<Subscription, Error> {
+        check_subscription(filter, &options, identifier)?;
         if self.inner.is_shutting_down() {
             return Err(Error::Refused("the broker is shutting down".into()));
         }
@@ -411,14 +456,6 @@ impl BrokerHandle {
             .sessions
             .lock()
             .insert(Arc::clone(&id), Arc::clone(&session));
-        let granted = Granted {
-            options: SubscriptionOptions {
-                qos,
-                ..Default::default()
-            },
-            identifier: None,
-        };
-        self.inner.subscribe(&session, filter, granted);
         let (tx, rx) = mpsc::channel(64);
         let pump = tokio::spawn(pump(
             Arc::clone(&session),
@@ -426,13 +463,14 @@ impl BrokerHandle {
             tx,
             self.inner.limits,
         ));
-        self.inner.send_retained(&session, filter, &granted);
-        Ok(Subscription {
+        let sub = Subscription {
             rx,
             broker: Arc::clone(&self.inner),
             session,
             pump,
-        })
+        };
+        sub.add(filter, options, identifier);
+        Ok(sub)
     }
 
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
@@ -544,6 +582,7 @@ impl BrokerHandle {
             // Everything the sessions changed, written and synced; the database released.
             p.close().await;
         }
+        inner.events.stop();
     }
 
     /// Deletes the session of a client that is not connected, as its expiry would (a pending
@@ -646,11 +685,79 @@ impl BrokerHandle {
     }
 }
 
+/// Publishes for the application: `publisher` is the in-process subscription's client
+/// identifier (for its No Local subscriptions), `None` for the handle's own publishes.
+#[allow(clippy::too_many_arguments)]
+fn publish_as(
+    broker: &BrokerState,
+    publisher: Option<Arc<str>>,
+    topic: &str,
+    payload: Bytes,
+    qos: QoS,
+    retain: bool,
+    mut properties: Properties,
+    expiry_secs: Option<u32>,
+) -> Result<(), Error> {
+    topic::validate_topic_name(topic)
+        .map_err(|e| Error::Refused(format!("topic {topic:?}: {e}")))?;
+    if topic.starts_with("$SYS") {
+        return Err(Error::Refused("$SYS topics are the broker's own".into()));
+    }
+    properties.topic_alias = None;
+    properties.subscription_identifiers.clear();
+    properties.message_expiry_interval = None;
+    broker.publish(Message {
+        topic: topic.to_string(),
+        payload,
+        qos,
+        retain,
+        properties,
+        expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
+        publisher,
+    });
+    Ok(())
+}
+
+/// Checks an in-process subscription's filter, options and identifier as the broker checks
+/// a SUBSCRIBE's.
+fn check_subscription(
+    filter: &str,
+    options: &SubscriptionOptions,
+    identifier: Option<u32>,
+) -> Result<(), Error> {
+    let shared = match topic::parse_shared(filter) {
+        Ok(Some(_)) => true,
+        Ok(None) => {
+            topic::validate_topic_filter(filter)
+                .map_err(|e| Error::Refused(format!("filter {filter:?}: {e}")))?;
+            false
+        }
+        Err(e) => return Err(Error::Refused(format!("filter {filter:?}: {e}"))),
+    };
+    if shared && options.no_local {
+        return Err(Error::Refused(format!(
+            "filter {filter:?}: No Local on a shared subscription"
+        )));
+    }
+    if options.retain_handling > 2 {
+        return Err(Error::Refused(format!(
+            "retain handling {} (0, 1 or 2)",
+            options.retain_handling
+        )));
+    }
+    if identifier.is_some_and(|id| id == 0 || id > 268_435_455) {
+        return Err(Error::Refused(
+            "subscription identifier out of 1 to 268,435,455".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Moves messages from an in-process subscription's session queue to its channel.
 async fn pump(
     session: Arc<Session>,
     link: Arc<Link>,
-    tx: mpsc::Sender<Arc<crate::message::Message>>,
+    tx: mpsc::Sender<Delivered>,
     limits: crate::session::QueueLimits,
 ) {
     loop {
@@ -672,7 +779,13 @@ async fn pump(
                 session.release_waiters();
             }
             let Some(q) = next else { break };
-            if tx.send(q.msg).await.is_err() {
+            let delivered = Delivered {
+                message: q.msg,
+                qos: q.qos,
+                retain: q.retain,
+                subscription_ids: q.subscription_ids,
+            };
+            if tx.send(delivered).await.is_err() {
                 return;
             }
         }
@@ -682,9 +795,25 @@ async fn pump(
     }
 }
 
-/// An in-process subscription: a bounded stream of messages. Dropping it unsubscribes.
+/// One message as an in-process [`Subscription`] receives it: the message, and what this
+/// delivery adds to it, as a network subscriber would see it in its PUBLISH.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    pub message: Arc<Message>,
+    /// The lower of the message's QoS and the subscription's maximum [MQTT-3.8.4-6].
+    pub qos: QoS,
+    /// The RETAIN flag as delivered: set for retained messages sent at subscribe, and for
+    /// live ones only under Retain As Published [MQTT-3.3.1-12].
+    pub retain: bool,
+    /// The Subscription Identifiers of every subscription that matched [MQTT-3.3.4-3].
+    pub subscription_ids: Vec<u32>,
+}
+
+/// An in-process subscription: a bounded stream of messages, the in-process counterpart of
+/// a network client's session (one or more filters, its own client identifier
+/// `$internal/N`). Dropping it unsubscribes.
 pub struct Subscription {
-    rx: mpsc::Receiver<Arc<Message>>,
+    rx: mpsc::Receiver<Delivered>,
     broker: Arc<BrokerState>,
     session: Arc<Session>,
     pump: tokio::task::JoinHandle<()>,
@@ -693,7 +822,86 @@ pub struct Subscription {
 impl Subscription {
     /// The next message; `None` once the broker has stopped.
     pub async fn recv(&mut self) -> Option<Arc<Message>> {
+        self.rx.recv().await.map(|d| d.message)
+    }
+
+    /// The next message with its delivery's QoS, RETAIN flag and subscription identifiers;
+    /// `None` once the broker has stopped.
+    pub async fn recv_delivery(&mut self) -> Option<Delivered> {
         self.rx.recv().await
+    }
+
+    /// The client identifier of this subscription's session (`$internal/N`).
+    pub fn client_id(&self) -> &str {
+        &self.session.client_id
+    }
+
+    /// Adds a filter to this subscription, or replaces the options of one it has, as a
+    /// SUBSCRIBE would (see [`BrokerHandle::subscribe_with`] for the options). Retained
+    /// messages follow Retain Handling: with 1, only when the filter is new.
+    ///
+    /// Errors: as [`BrokerHandle::subscribe_with`].
+    pub fn subscribe(
+        &self,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> Result<(), Error> {
+        check_subscription(filter, &options, identifier)?;
+        if self.broker.is_shutting_down() {
+            return Err(Error::Refused("the broker is shutting down".into()));
+        }
+        self.add(filter, options, identifier);
+        Ok(())
+    }
+
+    /// Removes one filter of this subscription; false when it had none such.
+    pub fn unsubscribe(&self, filter: &str) -> bool {
+        self.broker.unsubscribe(&self.session, filter)
+    }
+
+    /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`], but
+    /// its own No Local subscriptions do not receive the message [MQTT-3.8.3-3].
+    ///
+    /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
+    pub fn publish_with(
+        &self,
+        topic: &str,
+        payload: impl Into<Bytes>,
+        qos: QoS,
+        retain: bool,
+        properties: Properties,
+        expiry_secs: Option<u32>,
+    ) -> Result<(), Error> {
+        publish_as(
+            &self.broker,
+            Some(Arc::clone(&self.session.client_id)),
+            topic,
+            payload.into(),
+            qos,
+            retain,
+            properties,
+            expiry_secs,
+        )
+    }
+
+    fn add(&self, filter: &str, mut options: SubscriptionOptions, identifier: Option<u32>) {
+        let max_qos = QoS::from_u8(self.broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
+        options.qos = options.qos.min(max_qos);
+        let granted = Granted {
+            options,
+            identifier,
+        };
+        let existed = self.broker.subscribe(&self.session, filter, granted);
+        let shared = matches!(topic::parse_shared(filter), Ok(Some(_)));
+        let send = match options.retain_handling {
+            0 => true,
+            1 => !existed,
+            _ => false,
+        };
+        if send && !shared {
+            self.broker.send_retained(&self.session, filter, &granted);
+        }
     }
 }
 

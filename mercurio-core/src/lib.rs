@@ -25,8 +25,10 @@ pub mod codec;
 pub mod config;
 mod connection;
 mod error;
+pub mod events;
 mod handle;
 mod http;
+pub mod intercept;
 mod link;
 mod listener;
 pub mod message;
@@ -47,11 +49,13 @@ pub use auth::hooks::{
 pub use auth::FileError;
 pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};
 pub use error::Error;
+pub use events::{Event, EventStream, SubscribedFilter};
 pub use handle::{
-    check_files, Broker, BrokerBuilder, BrokerHandle, SessionDetail, SessionInfo, Subscription,
-    SHUTDOWN_GRACE,
+    check_files, Broker, BrokerBuilder, BrokerHandle, Delivered, SessionDetail, SessionInfo,
+    Subscription, SHUTDOWN_GRACE,
 };
 pub use http::HttpLimits;
+pub use intercept::{InterceptedPublish, PublishInterceptor, Verdict};
 pub use link::DisconnectReason;
 /// The storage crate: the `Storage` trait, its records and backends.
 pub use mercurio_storage as storage;

@@ -45,6 +45,13 @@ impl BrokerState {
         })
     }
 
+    /// Whether handling a client's PUBLISH may wait: for an authorizer or an interceptor
+    /// (both fixed for the broker's lifetime).
+    #[inline]
+    pub(crate) fn publish_waits(&self) -> bool {
+        self.auth.checks_access() || !self.interceptors.is_empty()
+    }
+
     /// Whether a client may publish to `topic` or subscribe to `filter`: asks every
     /// authorizer, waiting for those that need to. Always true without authorizers.
     pub(crate) async fn may(&self, session: &Session, topic: &str, action: Action) -> bool {
@@ -94,11 +101,20 @@ impl BrokerState {
         if st.queue.is_empty() {
             return;
         }
+        let mut topics = Vec::new();
         let removed = st.remove_queued(&session.client_id, |q| {
-            self.check_now(session, &q.msg.topic, Action::Read)
+            let keep = self.check_now(session, &q.msg.topic, Action::Read);
+            if !keep {
+                topics.push(Arc::clone(&q.msg));
+            }
+            keep
         });
-        for _ in 0..removed {
-            self.stats.dropped(DropCause::NotAuthorized);
+        for msg in &topics {
+            self.dropped(
+                Some(&session.client_id),
+                &msg.topic,
+                DropCause::NotAuthorized,
+            );
         }
         if removed > 0 {
             tracing::info!(client_id = %session.client_id, removed, "queued messages removed: no longer authorized");

@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use crate::codec::{QoS, ReasonCode};
 use crate::config::Config;
+use crate::events::Event;
 use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
@@ -64,6 +65,10 @@ pub(crate) struct BrokerState {
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
     pub auth: crate::auth::Auth,
+    /// Lifecycle events for the embedding application (`events`).
+    pub events: crate::events::Events,
+    /// Publish interceptors (`intercept`), in the order they were added; set by the builder.
+    pub interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
     /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
     pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
 }
@@ -102,6 +107,8 @@ impl BrokerState {
             },
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),
+            events: crate::events::Events::new(crate::events::DEFAULT_EVENT_CAPACITY),
+            interceptors: Vec::new(),
             bridges: Mutex::new(Vec::new()),
         }
     }
@@ -267,7 +274,7 @@ impl BrokerState {
                     .is_some();
             }
             if !taken {
-                self.stats.dropped(DropCause::NoShareMember);
+                self.dropped(None, &msg.topic, DropCause::NoShareMember);
             }
         }
         matched
@@ -276,14 +283,20 @@ impl BrokerState {
     /// Offers one delivery to a session, counting a drop. True when queued.
     pub(crate) fn deliver(&self, session: &Session, q: Delivery) -> bool {
         if !self.may_read(session, &q.msg.topic) {
-            self.stats.dropped(DropCause::NotAuthorized);
+            self.dropped(
+                Some(&session.client_id),
+                &q.msg.topic,
+                DropCause::NotAuthorized,
+            );
             return false;
         }
+        let topic = self.events.listening().then(|| Arc::clone(&q.msg));
         match session.enqueue(q, &self.limits) {
             Enqueued::Queued | Enqueued::QueuedOverHighWater => true,
             Enqueued::Skipped => false,
             Enqueued::Dropped(cause) => {
-                self.stats.dropped(cause);
+                let topic = topic.as_ref().map_or("", |m| m.topic.as_str());
+                self.dropped(Some(&session.client_id), topic, cause);
                 false
             }
         }
@@ -293,17 +306,34 @@ impl BrokerState {
     /// should wait for this session (at its high-water mark, or full while connected).
     fn offer(&self, session: &Session, q: Delivery) -> bool {
         if !self.may_read(session, &q.msg.topic) {
-            self.stats.dropped(DropCause::NotAuthorized);
+            self.dropped(
+                Some(&session.client_id),
+                &q.msg.topic,
+                DropCause::NotAuthorized,
+            );
             return false;
         }
+        let topic = self.events.listening().then(|| Arc::clone(&q.msg));
         match session.enqueue(q, &self.limits) {
             Enqueued::Queued | Enqueued::Skipped => false,
             Enqueued::QueuedOverHighWater => true,
             Enqueued::Dropped(cause) => {
-                self.stats.dropped(cause);
+                let topic = topic.as_ref().map_or("", |m| m.topic.as_str());
+                self.dropped(Some(&session.client_id), topic, cause);
                 session.is_connected()
             }
         }
+    }
+
+    /// Counts a message that did not reach a subscriber (`None`: no member of a shared
+    /// group could take it), and fires [`Event::MessageDropped`](crate::Event).
+    pub(crate) fn dropped(&self, client_id: Option<&str>, topic: &str, cause: DropCause) {
+        self.stats.dropped(cause);
+        self.events.fire(|| Event::MessageDropped {
+            client_id: client_id.map(str::to_string),
+            topic: topic.to_string(),
+            cause,
+        });
     }
 
     /// Records a subscription in the session and the index. Returns true when it replaced an
@@ -395,6 +425,12 @@ impl BrokerState {
 
     pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
         tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
+        self.events.fire(|| Event::WillPublished {
+            client_id: client_id.to_string(),
+            topic: will.msg.topic.clone(),
+            qos: will.msg.qos,
+            retain: will.msg.retain,
+        });
         let mut msg = Arc::unwrap_or_clone(will.msg);
         msg.expires_at = Message::expiry_deadline(will.expiry, Instant::now());
         self.publish(msg);
@@ -464,6 +500,9 @@ impl BrokerState {
                 .stats
                 .sessions_expired
                 .fetch_add(1, Ordering::Relaxed);
+            broker.events.fire(|| Event::SessionExpired {
+                client_id: session.client_id.to_string(),
+            });
             broker.end_session(session);
         });
     }

@@ -16,6 +16,7 @@ use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{
     self, ConnAck, Connect, DecodeError, Packet, Properties, ProtocolVersion, QoS, ReasonCode,
 };
+use crate::events::Event;
 use crate::link::Link;
 use crate::message::Message;
 use crate::session::{Session, Will};
@@ -427,6 +428,14 @@ pub(super) async fn accept(
         )
         .await;
 
+    broker.events.fire(|| Event::Connected {
+        client_id: client_id.to_string(),
+        username: username.as_deref().map(str::to_string),
+        protocol: version,
+        peer,
+        clean_start: connect.clean_start,
+        session_present,
+    });
     // The identity first: the header stored next records the user name.
     session.state.lock().username = username.clone();
     *session.identity.write() = crate::auth::Identity::Client { username };

@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::broker::BrokerState;
 use crate::codec::{self, Disconnect, Packet, Properties, ReasonCode};
+use crate::events::Event;
 use crate::link::DisconnectReason;
 use crate::stats::Stats;
 use crate::tls::TlsIdentity;
@@ -215,6 +216,10 @@ pub(crate) async fn serve_with<S>(
         .await;
     }
     broker.stats.client_disconnected();
+    broker.events.fire(|| Event::Disconnected {
+        client_id: client_id.to_string(),
+        reason: close.reason.clone(),
+    });
     broker.detach(&session, &link, close.publish_will);
     link.mark_closed();
     if broker.config.logging.connection_messages {

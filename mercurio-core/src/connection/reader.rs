@@ -18,6 +18,8 @@ use crate::codec::{
     self, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
     ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
 };
+use crate::events::{Event, SubscribedFilter};
+use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
 use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
 use crate::session::{Granted, OutboundState, Session};
@@ -69,10 +71,10 @@ impl Reader<'_> {
                         // PUBLISH without access checks (fixed for the broker's lifetime)
                         // never waits, so it runs to completion here, its state on the stack.
                         let handled_now = match packet {
-                            Packet::Publish(p) if !self.broker.auth.checks_access() => self
+                            Packet::Publish(p) if !self.broker.publish_waits() => self
                                 .on_publish(p)
                                 .now_or_never()
-                                .expect("on_publish waits only for access checks"),
+                                .expect("on_publish waits only for access checks and interceptors"),
                             Packet::Publish(_) | Packet::Subscribe(_) => {
                                 Box::pin(self.handle(packet)).await
                             }
@@ -382,6 +384,17 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, rc);
             return Ok(());
         }
+        if !broker.interceptors.is_empty() {
+            if let Err(rc) = self.intercept(&mut p).await {
+                let rc = if self.version.is_v5() {
+                    rc
+                } else {
+                    ReasonCode::SUCCESS
+                };
+                self.ack_publish(p.qos, p.packet_id, rc);
+                return Ok(());
+            }
+        }
         // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
         let Publish {
             topic,
@@ -413,6 +426,44 @@ impl Reader<'_> {
             ReasonCode::SUCCESS
         };
         self.ack_publish(qos, packet_id, rc);
+        Ok(())
+    }
+
+    /// Runs the publish interceptors on `p`, which they may change. `Err` carries the reason
+    /// code of a refusal.
+    async fn intercept(&self, p: &mut Publish) -> Result<(), ReasonCode> {
+        let username = match &*self.session.identity.read() {
+            crate::auth::Identity::Client { username } => username.clone(),
+            crate::auth::Identity::Trusted => None,
+        };
+        let mut publish = InterceptedPublish {
+            client_id: &self.session.client_id,
+            username: username.as_deref(),
+            qos: p.qos,
+            retain: p.retain,
+            topic: std::mem::take(&mut p.topic),
+            payload: std::mem::take(&mut p.payload),
+            properties: std::mem::take(&mut p.properties),
+        };
+        let mut verdict = Verdict::Accept;
+        for i in &self.broker.interceptors {
+            verdict = i.intercept(&mut publish).await;
+            if verdict != Verdict::Accept {
+                break;
+            }
+        }
+        p.topic = publish.topic;
+        p.payload = publish.payload;
+        p.properties = publish.properties;
+        p.properties.topic_alias = None;
+        if let Verdict::Refuse(rc) = verdict {
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, reason = %rc, "PUBLISH refused by an interceptor");
+            return Err(refusal_code(rc));
+        }
+        if topic::validate_topic_name(&p.topic).is_err() || p.topic.starts_with("$SYS") {
+            tracing::warn!(client_id = %self.session.client_id, topic = %p.topic, "an interceptor set an invalid topic name: PUBLISH refused");
+            return Err(ReasonCode::TOPIC_NAME_INVALID);
+        }
         Ok(())
     }
 
@@ -462,6 +513,7 @@ impl Reader<'_> {
         let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
         let identifier = s.properties.subscription_identifiers.first().copied();
         let mut codes = Vec::with_capacity(s.filters.len());
+        let mut granted_now = broker.events.listening().then(Vec::new);
         let mut retained = Vec::new();
         for f in &s.filters {
             let shared = match topic::parse_shared(&f.filter) {
@@ -516,6 +568,13 @@ impl Reader<'_> {
                 codes.push(self.filter_failure(ReasonCode::QUOTA_EXCEEDED));
                 continue;
             };
+            if let Some(list) = &mut granted_now {
+                list.push(SubscribedFilter {
+                    filter: f.filter.clone(),
+                    options,
+                    identifier,
+                });
+            }
             codes.push(ReasonCode(options.qos as u8));
             let send = match options.retain_handling {
                 0 => true,
@@ -531,6 +590,12 @@ impl Reader<'_> {
             reason_codes: codes,
             properties: Properties::default(),
         }));
+        if let Some(subscriptions) = granted_now.filter(|l| !l.is_empty()) {
+            broker.events.fire(|| Event::Subscribed {
+                client_id: self.session.client_id.to_string(),
+                subscriptions,
+            });
+        }
         for (filter, granted) in retained {
             broker.send_retained(self.session, &filter, &granted);
         }
@@ -546,17 +611,27 @@ impl Reader<'_> {
     }
 
     fn on_unsubscribe(&mut self, u: Unsubscribe) {
+        let mut removed = self.broker.events.listening().then(Vec::new);
         let codes = u
             .filters
             .iter()
             .map(|f| {
                 if self.broker.unsubscribe(self.session, f) {
+                    if let Some(list) = &mut removed {
+                        list.push(f.clone());
+                    }
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::NO_SUBSCRIPTION_EXISTED
                 }
             })
             .collect();
+        if let Some(filters) = removed.filter(|l| !l.is_empty()) {
+            self.broker.events.fire(|| Event::Unsubscribed {
+                client_id: self.session.client_id.to_string(),
+                filters,
+            });
+        }
         self.send(Packet::UnsubAck(UnsubAck {
             packet_id: u.packet_id,
             reason_codes: codes,

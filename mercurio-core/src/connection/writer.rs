@@ -158,7 +158,11 @@ impl Writer<'_> {
             };
             took += 1;
             if q.msg.is_expired(now) {
-                stats.dropped(DropCause::Expired);
+                self.broker.dropped(
+                    Some(&self.session.client_id),
+                    &q.msg.topic,
+                    DropCause::Expired,
+                );
                 st.persist_dequeued(&self.session.client_id, &q);
                 continue;
             }
@@ -191,7 +195,11 @@ impl Writer<'_> {
             .is_err()
             {
                 // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
-                stats.dropped(DropCause::TooLarge);
+                self.broker.dropped(
+                    Some(&self.session.client_id),
+                    &q.msg.topic,
+                    DropCause::TooLarge,
+                );
                 st.persist_dequeued(&self.session.client_id, &q);
                 continue;
             }

@@ -1,0 +1,114 @@
+//! Publish interception: an application's hook that sees every PUBLISH a client sends, after
+//! the authorizers allowed it and before it is retained and routed, and may let it through,
+//! change its topic, payload or properties, or refuse it with a reason code.
+//!
+//! Installed with [`BrokerBuilder::interceptor`](crate::BrokerBuilder::interceptor). Without
+//! one, a PUBLISH pays one length check: nothing is built and nothing awaited. The
+//! application's own publishes ([`BrokerHandle::publish`](crate::BrokerHandle::publish)) and
+//! wills are not intercepted.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::codec::{Properties, QoS, ReasonCode};
+
+/// A PUBLISH as an interceptor sees it: who sent it (read only) and what it carries, which the
+/// interceptor may change.
+#[derive(Debug)]
+pub struct InterceptedPublish<'a> {
+    pub(crate) client_id: &'a str,
+    pub(crate) username: Option<&'a str>,
+    pub(crate) qos: QoS,
+    pub(crate) retain: bool,
+    pub(crate) topic: String,
+    pub(crate) payload: Bytes,
+    pub(crate) properties: Properties,
+}
+
+impl InterceptedPublish<'_> {
+    /// The publisher's client identifier.
+    pub fn client_id(&self) -> &str {
+        self.client_id
+    }
+
+    /// The user name the publisher authenticated as; `None` when anonymous.
+    pub fn username(&self) -> Option<&str> {
+        self.username
+    }
+
+    /// The QoS it was published with.
+    pub fn qos(&self) -> QoS {
+        self.qos
+    }
+
+    /// Its RETAIN flag.
+    pub fn retain(&self) -> bool {
+        self.retain
+    }
+
+    /// The topic name (a topic alias already resolved).
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Routes the message to another topic name. It must be a valid topic name outside
+    /// `$SYS` (no wildcards, not empty): otherwise the PUBLISH is refused with 0x90 (Topic
+    /// Name invalid) and a warning is logged.
+    pub fn set_topic(&mut self, topic: impl Into<String>) {
+        self.topic = topic.into();
+    }
+
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// Replaces the payload.
+    pub fn set_payload(&mut self, payload: impl Into<Bytes>) {
+        self.payload = payload.into();
+    }
+
+    /// The MQTT 5.0 properties (empty for 3.x publishers), Message Expiry Interval included.
+    pub fn properties(&self) -> &Properties {
+        &self.properties
+    }
+
+    /// The properties, to change: user properties, content type, response topic,
+    /// correlation data, payload format indicator, Message Expiry Interval. A Topic Alias
+    /// or Subscription Identifiers set here are ignored (they belong to one connection).
+    pub fn properties_mut(&mut self) -> &mut Properties {
+        &mut self.properties
+    }
+}
+
+/// An interceptor's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let the message through, with whatever changes were made to it.
+    Accept,
+    /// Refuse it: it is neither retained nor delivered. An MQTT 5.0 publisher gets this
+    /// reason code in its PUBACK or PUBREC (one of 0x80 Unspecified error, 0x83
+    /// Implementation specific error, 0x87 Not authorized, 0x90 Topic Name invalid,
+    /// 0x97 Quota exceeded, 0x99 Payload format invalid; any other becomes 0x80). A 3.x
+    /// publisher, which has no way to be told, is acknowledged as usual.
+    Refuse(ReasonCode),
+}
+
+/// Sees every PUBLISH from a network client after authorization and before routing.
+///
+/// Asked from the publisher's connection task, which waits for the answer (the client's
+/// next packets wait too): a slow interceptor slows that client, not the broker. Several
+/// interceptors run in the order they were added, each seeing the changes of those before;
+/// the first refusal stops the chain.
+#[async_trait]
+pub trait PublishInterceptor: Send + Sync + 'static {
+    async fn intercept(&self, publish: &mut InterceptedPublish<'_>) -> Verdict;
+}
+
+/// The reason code a refusal is sent with: one PUBACK and PUBREC allow for a refusal
+/// (MQTT 5.0 sections 3.4.2.1 and 3.5.2.1), else 0x80.
+pub(crate) fn refusal_code(rc: ReasonCode) -> ReasonCode {
+    match rc.0 {
+        0x80 | 0x83 | 0x87 | 0x90 | 0x97 | 0x99 => rc,
+        _ => ReasonCode::UNSPECIFIED_ERROR,
+    }
+}
