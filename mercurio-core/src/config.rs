@@ -78,6 +78,14 @@ pub struct ServerConfig {
     pub max_retained_messages: usize,
     /// Seconds between `$SYS` updates; default 10.
     pub sys_interval: u64,
+    /// Whether a client may connect with an empty client identifier (then assigned one in
+    /// 5.0, as 3.1.1 allows with clean session); false refuses it with CONNACK 0x85 (5.0) /
+    /// 2 "identifier rejected" (3.x). Default true (mosquitto's key).
+    pub allow_zero_length_clientid: bool,
+    /// Largest PUBLISH payload accepted, in bytes; a larger one is acknowledged as usual and
+    /// dropped (mosquitto's `message_size_limit`). 0 = no limit beyond `max_packet_size`
+    /// (default).
+    pub message_size_limit: u32,
 }
 
 impl Default for ServerConfig {
@@ -98,6 +106,8 @@ impl Default for ServerConfig {
             persistent_client_expiration: 0,
             max_retained_messages: 0,
             sys_interval: 10,
+            allow_zero_length_clientid: true,
+            message_size_limit: 0,
         }
     }
 }
@@ -141,6 +151,15 @@ pub struct ListenerConfig {
     pub metrics: bool,
     /// Directory of static files served over HTTP (websocket only).
     pub http_dir: Option<PathBuf>,
+    /// Overrides `[auth] allow_anonymous` for this listener's clients.
+    pub allow_anonymous: Option<bool>,
+    /// Overrides `[auth] password_file` for this listener's clients.
+    pub password_file: Option<PathBuf>,
+    /// Overrides `[auth] acl_file` for this listener's clients.
+    pub acl_file: Option<PathBuf>,
+    /// Topic prefix of this listener's clients (mosquitto's `mount_point`): prepended to the
+    /// topics and filters they send, removed from the topics delivered to them.
+    pub mount_point: Option<String>,
 }
 
 impl Default for ListenerConfig {
@@ -158,6 +177,10 @@ impl Default for ListenerConfig {
             health: false,
             metrics: false,
             http_dir: None,
+            allow_anonymous: None,
+            password_file: None,
+            acl_file: None,
+            mount_point: None,
         }
     }
 }
@@ -794,12 +817,48 @@ impl Config {
     /// so that a configuration never silently runs without TLS, authentication or storage it
     /// asks for. Remove an entry when its feature lands.
     fn validate_supported(&self) -> Result<(), ConfigError> {
-        #[allow(dead_code)] // unused when every optional backend is built in
         fn unsupported(key: String, feature: &str) -> ConfigError {
             ConfigError::new(
                 key,
                 format!("{feature} is not supported by this version of Mercurio"),
             )
+        }
+        let s = &self.server;
+        if !s.allow_zero_length_clientid {
+            return Err(unsupported(
+                "server.allow_zero_length_clientid".into(),
+                "allow_zero_length_clientid = false",
+            ));
+        }
+        if s.message_size_limit != 0 {
+            return Err(unsupported(
+                "server.message_size_limit".into(),
+                "message_size_limit",
+            ));
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (set, name, feature) in [
+                (
+                    l.allow_anonymous.is_some(),
+                    "allow_anonymous",
+                    "per-listener authentication",
+                ),
+                (
+                    l.password_file.is_some(),
+                    "password_file",
+                    "per-listener authentication",
+                ),
+                (
+                    l.acl_file.is_some(),
+                    "acl_file",
+                    "per-listener authentication",
+                ),
+                (l.mount_point.is_some(), "mount_point", "mount_point"),
+            ] {
+                if set {
+                    return Err(unsupported(format!("listeners[{i}].{name}"), feature));
+                }
+            }
         }
         match self.storage.backend {
             StorageBackend::Memory => {}
