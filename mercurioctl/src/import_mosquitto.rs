@@ -121,8 +121,8 @@ struct Listener {
     port: Option<u16>,
     /// `listener PORT ADDRESS` or `bind_address`.
     host: Option<(String, String)>,
-    /// `socket_domain ipv4|ipv6`.
-    ipv6: Option<bool>,
+    /// `socket_domain ipv4|ipv6`, and where.
+    ipv6: Option<(bool, String)>,
     table: Table,
     security: Security,
     max_qos: Option<(u8, String)>,
@@ -158,6 +158,8 @@ struct Conversion {
     notes: Vec<String>,
     /// Lines carried over that still need a look (paths, listeners widened or narrowed).
     cautions: Vec<String>,
+    /// Lines that need no key: Mercurio behaves so already.
+    same: Vec<String>,
 }
 
 /// TOML string literal.
@@ -358,6 +360,11 @@ impl Conversion {
             .push(format!("{} {}: {why}", line.place(), shown(line)));
     }
 
+    fn same(&mut self, line: &Line, why: &str) {
+        self.same
+            .push(format!("{} {}: {why}", line.place(), shown(line)));
+    }
+
     /// The listener that listener-scoped keys go to.
     fn listener(&mut self) -> &mut Listener {
         match self.current_listener {
@@ -383,7 +390,17 @@ impl Conversion {
             return self.bridge_line(line);
         }
         match key {
-            "per_listener_settings" => {}
+            "per_listener_settings" => {
+                if self.per_listener {
+                    self.same(
+                        line,
+                        "each listener's allow_anonymous, password_file and acl_file are written \
+                         in its [[listeners]] table",
+                    );
+                } else {
+                    self.same(line, "[auth] applies to every listener");
+                }
+            }
             "include_dir" => {
                 if line.included {
                     self.note(line, "mosquitto reads include_dir in the main file only");
@@ -411,7 +428,9 @@ impl Conversion {
                     self.default_listener.used = true;
                 }
             }
-            "auto_id_prefix" if line.value == "auto-" => {}
+            "auto_id_prefix" if line.value == "auto-" => {
+                self.same(line, "assigned client identifiers start with auto-")
+            }
             k if k.starts_with("auth_opt_") || k.starts_with("plugin_opt_") => {
                 self.note(line, "an option of a mosquitto plugin (see auth_plugin)");
             }
@@ -460,7 +479,7 @@ impl Conversion {
                     _ => return Err(invalid(line, "not ipv4 or ipv6")),
                 };
                 let l = self.listener();
-                l.ipv6 = Some(v);
+                l.ipv6 = Some((v, f));
                 l.used = true;
             }
             "max_connections" => {
@@ -806,6 +825,16 @@ impl Conversion {
                 self.logging.set("level", string(LEVELS[level]), f);
             }
         }
+        // Every log_type line is named: by the level it set, or here.
+        for (_, f) in &types {
+            let named = self.logging.get("level").is_some_and(|e| &e.from == f)
+                || self.notes.iter().any(|n| n.starts_with(f.as_str()));
+            if !named {
+                self.same.push(format!(
+                    "{f}: within [logging] level = \"info\" (Mercurio's default)"
+                ));
+            }
+        }
     }
 
     /// `[logging] file` and `syslog` from `log_dest` lines.
@@ -818,7 +847,11 @@ impl Conversion {
                 None => (value.as_str(), ""),
             };
             match kind {
-                "stdout" => console = true,
+                "stdout" => {
+                    console = true;
+                    self.same
+                        .push(format!("{f}: mercuriod logs to standard output by default"));
+                }
                 "stderr" => {
                     console = true;
                     self.notes
@@ -916,6 +949,13 @@ impl Conversion {
         } else {
             self.security.zero_length.clone().into_iter().collect()
         };
+        if let Some((_, f)) = zero
+            .iter()
+            .find(|(v, _)| *v)
+            .filter(|_| zero.iter().all(|(v, _)| *v))
+        {
+            server.set("allow_zero_length_clientid", "true".into(), f.clone());
+        }
         if let Some((_, f)) = zero.iter().find(|(v, _)| !v) {
             if self.per_listener && (zero.len() < listeners.len() || zero.iter().any(|(v, _)| *v)) {
                 self.notes.push(format!(
@@ -982,10 +1022,10 @@ impl Conversion {
             } else {
                 l.from.clone()
             };
-            let host = match (&l.host, l.ipv6) {
+            let host = match (&l.host, &l.ipv6) {
                 (Some((h, f)), _) => format!("host = {}  # {f}", string(h)),
-                (None, Some(true)) => format!("host = \"::\"  # {from}, socket_domain ipv6"),
-                (None, Some(false)) => format!("host = \"0.0.0.0\"  # {from}, socket_domain ipv4"),
+                (None, Some((true, f))) => format!("host = \"::\"  # {from}, {f}"),
+                (None, Some((false, f))) => format!("host = \"0.0.0.0\"  # {from}, {f}"),
                 (None, None) => format!(
                     "host = \"0.0.0.0\"  # {from}: every IPv4 interface (mosquitto also listened on IPv6: use host = \"::\" for both where the system maps IPv4 into IPv6)"
                 ),
@@ -1138,6 +1178,7 @@ impl Conversion {
         for (title, list) in [
             ("Not carried over", &self.notes),
             ("Carried over, but check", &self.cautions),
+            ("Nothing to write (Mercurio behaves so already)", &self.same),
         ] {
             if !list.is_empty() {
                 let _ = writeln!(head, "#\n# {title}:");

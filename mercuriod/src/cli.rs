@@ -54,9 +54,9 @@ pub struct Cli {
     #[arg(short, long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Listen on 127.0.0.1:PORT instead of 127.0.0.1:1883 (as mosquitto -p); may be repeated.
-    /// With --config, only for a file without [[listeners]].
-    #[arg(short, long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    /// Listen on 127.0.0.1:PORT instead of 127.0.0.1:1883 (as mosquitto -p; 0 picks a free
+    /// port, logged); may be repeated. With --config, only for a file without [[listeners]].
+    #[arg(short, long, value_name = "PORT")]
     pub port: Vec<u16>,
 
     /// Log at debug level, whatever [logging] level says.
