@@ -20,8 +20,13 @@
 #   -p P without -c                -> that listener, allow_anonymous = true (mosquitto's
 #                                     no-config mode); with -c, allow_anonymous defaults to false
 #   allow_anonymous, password_file, acl_file  -> [auth] (paths made absolute); with
-#                                     per_listener_settings true they must agree between
-#                                     listeners (Mercurio's [auth] is global), else reported
+#                                     per_listener_settings true, each listener's own keys in
+#                                     its [[listeners]] table (allow_anonymous false when unset,
+#                                     as in mosquitto)
+#   allow_zero_length_clientid B   -> server.allow_zero_length_clientid (global in Mercurio: false
+#                                     on any listener applies to all, reported when they differ)
+#   mount_point P (per listener)   -> listeners[i].mount_point
+#   message_size_limit N           -> server.message_size_limit
 #   max_connections N (per listener) -> listeners[i].max_connections (-1 -> 0 = unlimited)
 #   (defaults: mosquitto's, where Mercurio's differ: max_packet_size 268435455 (unlimited),
 #    max_queued_messages = max_queued_qos0_messages = 1000, max_inflight = receive_maximum = 20)
@@ -46,9 +51,8 @@
 #   protocol websockets            -> listeners[i].protocol = "websocket"
 #   log_type, log_dest, log_timestamp*, autosave_*  -> ignored (logging / save timing only)
 #   [admin] socket = /tmp/mosq-standin-<first port>.sock (one per instance)
-# Not mapped (reported on stderr; the broker still starts): message_size_limit,
-#   max_inflight_bytes, allow_zero_length_clientid false, check_retain_source,
-#   upgrade_outgoing_qos, mount_point, and any other key.
+# Not mapped (reported on stderr; the broker still starts): max_inflight_bytes,
+#   check_retain_source, upgrade_outgoing_qos, and any other key.
 
 import os
 import sys
@@ -112,7 +116,8 @@ def main(argv):
         i += 1
 
     listeners = []            # dicts: port, protocol, max_connections, security{}
-    default = {"port": None, "protocol": None, "max_connections": None, "security": {}}
+    default = {"port": None, "protocol": None, "max_connections": None, "security": {},
+               "mount_point": None}
     glob_security = {}
     # mosquitto 2.0.11's defaults where Mercurio's differ: max_packet_size unlimited (Mercurio:
     # 1 MiB, and it then tells MQTT 5 clients in CONNACK), max_queued_messages 1000 for every QoS
@@ -146,7 +151,7 @@ def main(argv):
                 default["port"] = int(toks[0])
             elif key == "listener":
                 cur = {"port": int(toks[0]), "protocol": None, "max_connections": None,
-                       "security": {}}
+                       "security": {}, "mount_point": None}
                 if len(toks) > 1 and toks[1] not in ("localhost", "127.0.0.1", "0.0.0.0", "::"):
                     note("line %d: listener bind address %s replaced by 127.0.0.1" % (n, toks[1]))
                 listeners.append(cur)
@@ -155,6 +160,10 @@ def main(argv):
                 target[key] = rest
             elif key == "max_connections":
                 cur["max_connections"] = int(toks[0])
+            elif key == "mount_point":
+                cur["mount_point"] = rest
+            elif key == "message_size_limit":
+                server["message_size_limit"] = max(0, int(toks[0]))
             elif key == "protocol":
                 if toks[0] == "websockets":
                     cur["protocol"] = "websocket"
@@ -214,33 +223,34 @@ def main(argv):
     if conf is None:
         glob_security["allow_anonymous"] = "true"
 
-    # Security options: global, or per listener (must agree: Mercurio's [auth] is global).
-    if per_listener:
-        sets = [l["security"] for l in all_listeners]
-        # Options written before any listener belong to the default listener in mosquitto.
-        if default["security"] and default not in all_listeners:
-            sets.append(default["security"])
-        first = sets[0]
-        if any(s != first for s in sets[1:]):
-            unmapped.append("per_listener_settings true with different security options per "
-                            "listener (%s); used the first listener's" % sets)
-        security = dict(first)
-        if conf is None:
-            security["allow_anonymous"] = "true"
-    else:
-        security = glob_security
+    def auth_keys(security, into):
+        for key, val in security.items():
+            if key == "allow_anonymous":
+                into["allow_anonymous"] = parse_bool(key, val)
+            elif key in ("password_file", "acl_file"):
+                into[key] = os.path.abspath(val)
+            elif key == "allow_zero_length_clientid":
+                zero.append(parse_bool(key, val))
+            else:
+                unmapped.append("%s %s" % (key, val))
 
+    # Security options: global, or per listener (each [[listeners]] table then has its own).
     auth = {}
-    for key, val in security.items():
-        if key == "allow_anonymous":
-            auth["allow_anonymous"] = parse_bool(key, val)
-        elif key in ("password_file", "acl_file"):
-            auth[key] = os.path.abspath(val)
-        elif key == "allow_zero_length_clientid":
-            if not parse_bool(key, val):
-                unmapped.append("allow_zero_length_clientid false (no such option in Mercurio)")
-        else:
-            unmapped.append("%s %s" % (key, val))
+    zero = []
+    if per_listener:
+        for l in all_listeners:
+            l["auth"] = {}
+            auth_keys(l["security"], l["auth"])
+            if conf is None:
+                l["auth"]["allow_anonymous"] = True
+        if len(set(zero)) > 1:
+            unmapped.append("allow_zero_length_clientid differs between listeners; false for all")
+    else:
+        auth_keys(glob_security, auth)
+    if conf is None:
+        auth["allow_anonymous"] = True
+    if False in zero:
+        server["allow_zero_length_clientid"] = False
 
     first_port = all_listeners[0]["port"]
     os.makedirs(STATE_DIR, exist_ok=True)
@@ -267,6 +277,14 @@ def main(argv):
             out.append("protocol = %s" % toml_str(l["protocol"]))
         if l["max_connections"] is not None:
             out.append("max_connections = %d" % max(0, l["max_connections"]))
+        if l.get("mount_point"):
+            out.append("mount_point = %s" % toml_str(l["mount_point"]))
+        if per_listener:
+            out.append("allow_anonymous = %s"
+                       % ("true" if l["auth"].get("allow_anonymous") else "false"))
+            for k in ("password_file", "acl_file"):
+                if k in l["auth"]:
+                    out.append("%s = %s" % (k, toml_str(l["auth"][k])))
         out.append("")
     out.append("[auth]")
     out.append("allow_anonymous = %s" % ("true" if auth.get("allow_anonymous") else "false"))
