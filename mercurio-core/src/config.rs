@@ -823,19 +823,6 @@ impl Config {
                 format!("{feature} is not supported by this version of Mercurio"),
             )
         }
-        let s = &self.server;
-        if !s.allow_zero_length_clientid {
-            return Err(unsupported(
-                "server.allow_zero_length_clientid".into(),
-                "allow_zero_length_clientid = false",
-            ));
-        }
-        if s.message_size_limit != 0 {
-            return Err(unsupported(
-                "server.message_size_limit".into(),
-                "message_size_limit",
-            ));
-        }
         for (i, l) in self.listeners.iter().enumerate() {
             for (set, name, feature) in [
                 (

@@ -249,6 +249,33 @@ pub(super) async fn accept(
     }
     // Client identifier [MQTT-3.1.3-6..9].
     let mut assigned = None;
+    if connect.client_id.is_empty() && !server.allow_zero_length_clientid {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "empty client identifier and allow_zero_length_clientid = false",
+        ));
+    }
+    // message_size_limit applies to the will's payload too; refused as mosquitto does
+    // (5.0: Packet too large; 3.x has no such code: not authorized).
+    let size_limit = server.message_size_limit;
+    if let Some(w) = connect
+        .will
+        .as_ref()
+        .filter(|w| size_limit > 0 && w.payload.len() > size_limit as usize)
+    {
+        let rc = if version.is_v5() {
+            ReasonCode::PACKET_TOO_LARGE
+        } else {
+            ReasonCode::NOT_AUTHORIZED
+        };
+        return Err(refuse(
+            rc,
+            &format!(
+                "will payload of {} bytes over message_size_limit",
+                w.payload.len()
+            ),
+        ));
+    }
     let client_id: Arc<str> = if connect.client_id.is_empty() {
         match version {
             ProtocolVersion::V31 => {

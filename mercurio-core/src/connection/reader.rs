@@ -146,18 +146,9 @@ impl Reader<'_> {
     /// Every packet but PUBLISH and SUBSCRIBE.
     fn handle_other(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
-            Packet::PubAck(a) => {
-                self.on_ack(a.packet_id, OutboundState::AwaitingPubAck);
-                Ok(())
-            }
-            Packet::PubRec(a) => {
-                self.on_pubrec(a);
-                Ok(())
-            }
-            Packet::PubComp(a) => {
-                self.on_ack(a.packet_id, OutboundState::AwaitingPubComp);
-                Ok(())
-            }
+            Packet::PubAck(a) => self.on_ack(a.packet_id, OutboundState::AwaitingPubAck),
+            Packet::PubRec(a) => self.on_pubrec(a),
+            Packet::PubComp(a) => self.on_ack(a.packet_id, OutboundState::AwaitingPubComp),
             Packet::PubRel(a) => {
                 // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11]. An unknown
                 // identifier is answered with Success too, as mosquitto does: it is a PUBREL
@@ -294,6 +285,22 @@ impl Reader<'_> {
                 ));
             }
         }
+        let size_limit = server.message_size_limit;
+        if size_limit > 0 && p.payload.len() > size_limit as usize {
+            // mosquitto's message_size_limit: acknowledged, not delivered, the connection
+            // kept. 5.0: 0x83 Implementation specific error, as mosquitto's manual says
+            // (mosquitto 2.0 sends 0x95, which PUBACK and PUBREC may not carry, 5.0 sections
+            // 3.4.2.1 and 3.5.2.1); 3.x: as usual, the answer 3.1.1 allows for a message the
+            // server does not forward [MQTT-3.3.5-2].
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, size = p.payload.len(), "PUBLISH over message_size_limit dropped");
+            let rc = if self.version.is_v5() {
+                ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR
+            } else {
+                ReasonCode::SUCCESS
+            };
+            self.ack_publish(p.qos, p.packet_id, rc);
+            return Ok(());
+        }
         if p.topic.starts_with("$SYS")
             && p.topic != super::connect::bridge_state_topic(&self.session.client_id)
         {
@@ -353,7 +360,12 @@ impl Reader<'_> {
     }
 
     /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.
-    fn on_ack(&self, packet_id: u16, expected: OutboundState) {
+    /// One for an identifier in flight at another step of its flow (PUBCOMP for a QoS 1
+    /// message, PUBACK for a QoS 2 one, PUBCOMP before PUBREC) is a Protocol Error, as in
+    /// mosquitto: a QoS 1 message is answered by PUBACK [MQTT-4.3.2-4], a QoS 2 message by
+    /// PUBREC then, after PUBREL, PUBCOMP [MQTT-4.3.3-9]. An unknown identifier (a late
+    /// duplicate) is ignored.
+    fn on_ack(&self, packet_id: u16, expected: OutboundState) -> Result<(), Close> {
         let mut st = self.session.state.lock();
         match st.inflight_position(packet_id) {
             Some(i) if st.inflight[i].state == expected => {
@@ -361,22 +373,49 @@ impl Reader<'_> {
                 st.persist_acked(&self.session.client_id, packet_id);
                 drop(st);
                 self.link.wake();
+                Ok(())
             }
-            _ => {
-                tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier")
+            Some(i) => {
+                let state = st.inflight[i].state;
+                drop(st);
+                let sent = if expected == OutboundState::AwaitingPubAck {
+                    "PUBACK"
+                } else {
+                    "PUBCOMP"
+                };
+                Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    &format!("{sent} for packet identifier {packet_id}, which is {state:?}"),
+                ))
+            }
+            None => {
+                tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier");
+                Ok(())
             }
         }
     }
 
-    fn on_pubrec(&self, a: PubAck) {
+    fn on_pubrec(&self, a: PubAck) -> Result<(), Close> {
         let mut st = self.session.state.lock();
+        if let Some(i) = st.inflight_position(a.packet_id) {
+            if st.inflight[i].state == OutboundState::AwaitingPubAck {
+                drop(st);
+                return Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    &format!(
+                        "PUBREC for packet identifier {}, a QoS 1 message",
+                        a.packet_id
+                    ),
+                ));
+            }
+        }
         let reason_code = match st.inflight_position(a.packet_id) {
             Some(i) if a.reason_code.is_failure() => {
                 st.inflight.remove(i);
                 st.persist_acked(&self.session.client_id, a.packet_id);
                 drop(st);
                 self.link.wake();
-                return;
+                return Ok(());
             }
             Some(i) => {
                 st.inflight[i].state = OutboundState::AwaitingPubComp;
@@ -391,6 +430,7 @@ impl Reader<'_> {
             reason_code,
             properties: Properties::default(),
         }));
+        Ok(())
     }
 
     async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {

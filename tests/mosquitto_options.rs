@@ -1,0 +1,152 @@
+//! The options users of mosquitto rely on, over real sockets: per-listener authentication
+//! (`per_listener_settings`), `mount_point`, `allow_zero_length_clientid`,
+//! `message_size_limit`, and an acknowledgement of the wrong type closing the connection.
+
+mod common;
+
+use common::*;
+use mercurio::codec::{Packet, ProtocolVersion, PubAck, QoS, ReasonCode};
+
+/// `allow_zero_length_clientid = false`: an empty client identifier is refused, CONNACK 0x85
+/// in 5.0 and 2 (identifier rejected) in 3.1.1, even with clean session; true (the default)
+/// assigns one (mosquitto 01-connect-zero-length-id).
+#[tokio::test]
+async fn allow_zero_length_clientid_false_refuses_empty_identifiers() {
+    let mut config = test_config();
+    config.server.allow_zero_length_clientid = false;
+    let (handle, addr) = start_with(config).await;
+    for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        let (mut c, ack) = Client::connect_with(addr, connect_packet(version, "")).await;
+        // 3.1.1: return code 2, identifier rejected.
+        let refused = if version.is_v5() {
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID
+        } else {
+            ReasonCode(2)
+        };
+        assert_eq!(ack.reason_code, refused, "{version:?}");
+        assert!(c.recv().await.is_none(), "closed after the refusal");
+        Client::connect(addr, version, "named")
+            .await
+            .disconnect()
+            .await;
+    }
+    handle.shutdown().await;
+
+    let (handle, addr) = start().await;
+    let (_, ack) = Client::connect_with(addr, connect_packet(ProtocolVersion::V5, "")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    assert!(ack.properties.assigned_client_identifier.is_some());
+    handle.shutdown().await;
+}
+
+/// `message_size_limit`: a larger payload is acknowledged (5.0: reason 0x83, as mosquitto's
+/// manual says; mosquitto 2.0 sends 0x95, which a PUBACK may not carry, 5.0 section 3.4.2.1)
+/// and not delivered; the connection stays up; a will over it is refused at CONNECT
+/// (mosquitto 02-subpub-qos1-oversize-payload, 07-will-oversize-payload).
+#[tokio::test]
+async fn message_size_limit_drops_larger_payloads() {
+    let mut config = test_config();
+    config.server.message_size_limit = 4;
+    let (handle, addr) = start_with(config).await;
+    for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        let mut sub = Client::connect(addr, version, "sub").await;
+        sub.subscribe("size/#", QoS::ExactlyOnce).await;
+        let mut publisher = Client::connect(addr, version, "pub").await;
+        let too_large = if version.is_v5() {
+            ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR
+        } else {
+            ReasonCode::SUCCESS
+        };
+        assert_eq!(
+            publisher
+                .publish("size/1", b"12345", QoS::AtLeastOnce, false)
+                .await,
+            too_large
+        );
+        assert_eq!(
+            publisher
+                .publish("size/2", b"12345", QoS::ExactlyOnce, false)
+                .await,
+            too_large
+        );
+        publisher
+            .publish("size/0", b"12345", QoS::AtMostOnce, false)
+            .await;
+        // At the limit: delivered; nothing before it was.
+        assert_eq!(
+            publisher
+                .publish("size/3", b"1234", QoS::AtLeastOnce, false)
+                .await,
+            ReasonCode::SUCCESS
+        );
+        let p = sub.expect_publish().await;
+        assert_eq!((p.topic.as_str(), &p.payload[..]), ("size/3", &b"1234"[..]));
+        sub.ack(&p).await;
+        publisher.ping().await;
+
+        let mut c = connect_packet(version, "big-will");
+        c.will = Some(will("size/will", "12345", QoS::AtMostOnce, false));
+        let (_, ack) = Client::connect_with(addr, c).await;
+        // 3.x: return code 5, not authorized.
+        let expected = if version.is_v5() {
+            ReasonCode::PACKET_TOO_LARGE
+        } else {
+            ReasonCode(5)
+        };
+        assert_eq!(ack.reason_code, expected, "{version:?}");
+        sub.disconnect().await;
+        publisher.disconnect().await;
+    }
+    handle.shutdown().await;
+}
+
+/// An acknowledgement of the wrong type for a packet identifier in flight (PUBCOMP for a QoS 1
+/// message, PUBACK or PUBCOMP before PUBREC for a QoS 2 one) is a Protocol Error: the
+/// connection is closed (5.0: DISCONNECT 0x82), as mosquitto does: a QoS 1 message is
+/// acknowledged by PUBACK [MQTT-4.3.2-4], a QoS 2 message by PUBREC then PUBCOMP
+/// [MQTT-4.3.3-8], [MQTT-4.3.3-9].
+#[tokio::test]
+async fn acknowledgement_of_the_wrong_type_closes_the_connection() {
+    let (handle, addr) = start().await;
+    for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        for (qos, wrong) in [
+            (QoS::AtLeastOnce, "pubcomp"),
+            (QoS::AtLeastOnce, "pubrec"),
+            (QoS::ExactlyOnce, "puback"),
+            (QoS::ExactlyOnce, "pubcomp"),
+        ] {
+            let mut sub = Client::connect(addr, version, "acker").await;
+            sub.subscribe("wrong/ack", qos).await;
+            let mut publisher = Client::connect(addr, version, "sender").await;
+            publisher.publish("wrong/ack", b"m", qos, false).await;
+            let p = sub.expect_publish().await;
+            let ack = PubAck {
+                packet_id: p.packet_id,
+                ..PubAck::default()
+            };
+            sub.send(match wrong {
+                "pubcomp" => Packet::PubComp(ack),
+                "pubrec" => Packet::PubRec(ack),
+                _ => Packet::PubAck(ack),
+            })
+            .await;
+            sub.expect_violation(ReasonCode::PROTOCOL_ERROR).await;
+            publisher.disconnect().await;
+        }
+        // An acknowledgement for an identifier not in flight is still ignored.
+        let mut c = Client::connect(addr, version, "unknown-ack").await;
+        c.send(Packet::PubAck(PubAck {
+            packet_id: 77,
+            ..PubAck::default()
+        }))
+        .await;
+        c.send(Packet::PubComp(PubAck {
+            packet_id: 78,
+            ..PubAck::default()
+        }))
+        .await;
+        c.ping().await;
+        c.disconnect().await;
+    }
+    handle.shutdown().await;
+}
