@@ -5,7 +5,91 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
+
 use mercurio::codec::{Packet, ProtocolVersion, PubAck, QoS, ReasonCode};
+use mercurio::config::ListenerConfig;
+
+/// `mount_point`: the topics of a listener's clients are prefixed, in PUBLISH, SUBSCRIBE,
+/// UNSUBSCRIBE and the will, and the prefix is removed from what they receive; clients of
+/// other listeners see the full topics (mosquitto 10-listener-mount-point).
+#[tokio::test]
+async fn mount_point_prefixes_and_strips_topics() {
+    let mut config = test_config();
+    config.listeners = vec![
+        ListenerConfig {
+            port: 0,
+            ..ListenerConfig::default()
+        },
+        ListenerConfig {
+            port: 0,
+            mount_point: Some("tenant/a/".to_string()),
+            ..ListenerConfig::default()
+        },
+    ];
+    let (handle, _) = start_with(config).await;
+    let addrs = handle.local_addrs();
+    for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        let mut outside = Client::connect(addrs[0], version, "outside").await;
+        outside.subscribe("#", QoS::AtLeastOnce).await;
+        let mut inside = Client::connect(addrs[1], version, "inside").await;
+        assert_eq!(
+            inside.subscribe("room/+", QoS::AtLeastOnce).await,
+            ReasonCode::GRANTED_QOS_1
+        );
+
+        // Inside -> outside: prefixed.
+        inside
+            .publish("room/1", b"in", QoS::AtLeastOnce, false)
+            .await;
+        let p = outside.expect_publish().await;
+        assert_eq!(p.topic, "tenant/a/room/1");
+        outside.ack(&p).await;
+        // Inside -> inside: the prefix is removed on delivery.
+        let p = inside.expect_publish().await;
+        assert_eq!(p.topic, "room/1");
+        inside.ack(&p).await;
+
+        // Outside -> inside: only under the mount point, delivered without it.
+        outside
+            .publish("room/2", b"x", QoS::AtLeastOnce, false)
+            .await;
+        let p = outside.expect_publish().await;
+        outside.ack(&p).await;
+        outside
+            .publish("tenant/a/room/2", b"y", QoS::AtLeastOnce, false)
+            .await;
+        let p = outside.expect_publish().await;
+        outside.ack(&p).await;
+        let p = inside.expect_publish().await;
+        assert_eq!((p.topic.as_str(), &p.payload[..]), ("room/2", &b"y"[..]));
+        inside.ack(&p).await;
+
+        // UNSUBSCRIBE is prefixed too: nothing more arrives.
+        inside.unsubscribe(&["room/+"]).await;
+        outside
+            .publish("tenant/a/room/3", b"z", QoS::AtMostOnce, false)
+            .await;
+        let _ = outside.expect_publish().await;
+        inside.expect_nothing(Duration::from_millis(200)).await;
+
+        // A will is published under the mount point.
+        let mut c = connect_packet(version, "inside-will");
+        c.will = Some(will("gone", "bye", QoS::AtMostOnce, false));
+        let (w, ack) = Client::connect_with(addrs[1], c).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        w.drop_connection().await;
+        let p = outside.expect_publish().await;
+        assert_eq!(
+            (p.topic.as_str(), &p.payload[..]),
+            ("tenant/a/gone", &b"bye"[..])
+        );
+
+        inside.disconnect().await;
+        outside.disconnect().await;
+    }
+    handle.shutdown().await;
+}
 
 /// `allow_zero_length_clientid = false`: an empty client identifier is refused, CONNACK 0x85
 /// in 5.0 and 2 (identifier rejected) in 3.1.1, even with clean session; true (the default)

@@ -694,6 +694,14 @@ impl Config {
                     format!("{}:{} is already used by listeners[{j}]", l.host, l.port),
                 ));
             }
+            if let Some(mount) = &l.mount_point {
+                if mount.is_empty() || mount.contains(['+', '#', '\0']) {
+                    return Err(ConfigError::new(
+                        key("mount_point"),
+                        "must be a non-empty topic prefix without wildcards (+, #)",
+                    ));
+                }
+            }
             if l.protocol != ListenerProtocol::Websocket {
                 for (set, name) in [
                     (l.health, "health"),
@@ -840,7 +848,6 @@ impl Config {
                     "acl_file",
                     "per-listener authentication",
                 ),
-                (l.mount_point.is_some(), "mount_point", "mount_point"),
             ] {
                 if set {
                     return Err(unsupported(format!("listeners[{i}].{name}"), feature));

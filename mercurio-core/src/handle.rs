@@ -180,7 +180,7 @@ impl BrokerBuilder {
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
-        for ((l, cfg), tls) in bound.into_iter().zip(tls.iter().cloned()) {
+        for (index, ((l, cfg), tls)) in bound.into_iter().zip(tls.iter().cloned()).enumerate() {
             let addr = l.local_addr().map_err(|source| Error::Bind {
                 addr: format!("{}:{}", cfg.host, cfg.port),
                 source,
@@ -190,14 +190,15 @@ impl BrokerBuilder {
                 ListenerProtocol::Websocket => Some(Arc::new(Endpoint::new(
                     Arc::clone(&inner),
                     &cfg,
+                    index,
                     self.http_limits,
                 )?)),
                 ListenerProtocol::Mqtt => None,
             };
-            ready.push((l, cfg, http, tls));
+            ready.push((index, l, cfg, http, tls));
         }
-        for (l, cfg, http, tls) in ready {
-            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, http, tls));
+        for (index, l, cfg, http, tls) in ready {
+            tokio::spawn(listener::run(Arc::clone(&inner), l, index, cfg, http, tls));
         }
         *inner.local_addrs.lock() = addrs;
         let mut sys = SysPublisher::new(Arc::clone(&inner));

@@ -220,7 +220,13 @@ pub(super) async fn accept(
     connect: Connect,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
+    listener: usize,
 ) -> Result<Accepted, Vec<u8>> {
+    let mount = broker
+        .config
+        .listeners
+        .get(listener)
+        .and_then(|l| l.mount_point.as_deref());
     let version = connect.protocol;
     let server = &broker.config.server;
     let refuse = |rc: ReasonCode, why: &str| {
@@ -389,7 +395,7 @@ pub(super) async fn accept(
             delay,
             expiry,
             msg: Arc::new(Message {
-                topic: w.topic.clone(),
+                topic: super::mounted(mount, &w.topic),
                 payload: w.payload.clone(),
                 qos: w.qos,
                 retain: w.retain,

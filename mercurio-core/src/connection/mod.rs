@@ -65,11 +65,13 @@ impl Close {
 
 /// Serves one accepted connection until it closes. Generic over the stream so TCP, TLS and
 /// WebSocket listeners share it.
-pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAddr)
+/// `listener` is the index of its listener in `config.listeners` (its `mount_point` and
+/// authentication settings).
+pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAddr, listener: usize)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    serve_with(broker, stream, peer, None).await
+    serve_with(broker, stream, peer, None, listener).await
 }
 
 /// [`serve`], with what a TLS handshake told about the client.
@@ -78,9 +80,15 @@ pub(crate) async fn serve_with<S>(
     stream: S,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
+    listener: usize,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let mount = broker
+        .config
+        .listeners
+        .get(listener)
+        .and_then(|l| l.mount_point.as_deref());
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(256);
     let server = &broker.config.server;
@@ -109,7 +117,7 @@ pub(crate) async fn serve_with<S>(
     // 2. Checks, session, CONNACK.
     // Boxed here and below: a future is as large as the largest state it can be in, and
     // the connection's task holds it for the whole connection (idle ones too).
-    let accepted = match Box::pin(accept(&broker, *connect, peer, tls)).await {
+    let accepted = match Box::pin(accept(&broker, *connect, peer, tls, listener)).await {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
@@ -143,6 +151,7 @@ pub(crate) async fn serve_with<S>(
         aliases: HashMap::new(),
         receive_maximum: broker.config.server.receive_maximum,
         bridge,
+        mount,
     };
     let mut writer = Writer {
         broker: &broker,
@@ -152,6 +161,7 @@ pub(crate) async fn serve_with<S>(
         limits: client_limits,
         aliases: HashMap::new(),
         scratch: None,
+        mount,
     };
     link.wake();
     let close = {
@@ -215,6 +225,18 @@ pub(crate) async fn serve_with<S>(
     if close.send.is_some() {
         linger(&mut rd).await;
     }
+}
+
+/// `topic` (or filter) of a client of a listener with `mount_point`: prefixed, including the
+/// filter of a shared subscription (`$share/group/` stays in front), as mosquitto does.
+pub(super) fn mounted(mount: Option<&str>, topic: &str) -> String {
+    let Some(mount) = mount else {
+        return topic.to_string();
+    };
+    if let Ok(Some(shared)) = crate::topic::parse_shared(topic) {
+        return format!("$share/{}/{mount}{}", shared.group, shared.filter);
+    }
+    format!("{mount}{topic}")
 }
 
 /// How long a connection goes on reading what its client sent last, once the broker starts

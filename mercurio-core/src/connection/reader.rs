@@ -39,6 +39,8 @@ pub(super) struct Reader<'a> {
     /// The client announced itself as a bridge (mosquitto's `try_private`): its
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
     pub(super) bridge: bool,
+    /// The listener's `mount_point`, prefixed to every topic and filter the client sends.
+    pub(super) mount: Option<&'a str>,
 }
 
 impl Reader<'_> {
@@ -265,6 +267,9 @@ impl Reader<'_> {
         if p.topic.is_empty() {
             return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "empty topic name"));
         }
+        if let Some(mount) = self.mount {
+            p.topic.insert_str(0, mount);
+        }
         if !self.version.is_v5() && !p.properties.is_empty() {
             p.properties = Properties::default();
         }
@@ -457,16 +462,13 @@ impl Reader<'_> {
                     "No Local on a shared subscription [MQTT-3.8.3-4]",
                 ));
             }
+            let filter = super::mounted(self.mount, &f.filter);
             if broker.auth.checks_access()
                 && !broker
-                    .may(
-                        self.session,
-                        subscription_topic(&f.filter),
-                        Action::Subscribe,
-                    )
+                    .may(self.session, subscription_topic(&filter), Action::Subscribe)
                     .await
             {
-                tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE not authorized");
+                tracing::debug!(client_id = %self.session.client_id, %filter, "SUBSCRIBE not authorized");
                 codes.push(self.filter_failure(ReasonCode::NOT_AUTHORIZED));
                 continue;
             }
@@ -480,7 +482,7 @@ impl Reader<'_> {
                 options,
                 identifier,
             };
-            let existed = broker.subscribe(self.session, &f.filter, granted);
+            let existed = broker.subscribe(self.session, &filter, granted);
             codes.push(ReasonCode(options.qos as u8));
             let send = match options.retain_handling {
                 0 => true,
@@ -488,7 +490,7 @@ impl Reader<'_> {
                 _ => false,
             };
             if send && !shared {
-                retained.push((f.filter.clone(), granted));
+                retained.push((filter, granted));
             }
         }
         self.send(Packet::SubAck(SubAck {
@@ -515,7 +517,10 @@ impl Reader<'_> {
             .filters
             .iter()
             .map(|f| {
-                if self.broker.unsubscribe(self.session, f) {
+                if self
+                    .broker
+                    .unsubscribe(self.session, &super::mounted(self.mount, f))
+                {
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::NO_SUBSCRIPTION_EXISTED

@@ -41,6 +41,8 @@ pub(super) struct Writer<'a> {
     pub(super) aliases: HashMap<String, u16>,
     /// Delivery properties built per message (5.0 only), allocated on first use.
     pub(super) scratch: Option<Box<Properties>>,
+    /// The listener's `mount_point`, removed from the topics delivered.
+    pub(super) mount: Option<&'a str>,
 }
 
 impl Writer<'_> {
@@ -101,6 +103,7 @@ impl Writer<'_> {
                 _ => {
                     encode_delivery(
                         self.version,
+                        self.mount,
                         &f.delivery,
                         f.packet_id,
                         true,
@@ -145,6 +148,7 @@ impl Writer<'_> {
             // dropped is simply skipped).
             if encode_delivery_within(
                 self.version,
+                self.mount,
                 &q,
                 packet_id,
                 false,
@@ -226,6 +230,7 @@ fn delivery_properties<'p>(
 #[allow(clippy::too_many_arguments)]
 fn encode_delivery(
     version: ProtocolVersion,
+    mount: Option<&str>,
     q: &Delivery,
     packet_id: u16,
     dup: bool,
@@ -236,6 +241,7 @@ fn encode_delivery(
 ) {
     let r = encode_delivery_within(
         version,
+        mount,
         q,
         packet_id,
         dup,
@@ -255,6 +261,7 @@ fn encode_delivery(
 #[allow(clippy::too_many_arguments)]
 fn encode_delivery_within(
     version: ProtocolVersion,
+    mount: Option<&str>,
     q: &Delivery,
     packet_id: u16,
     dup: bool,
@@ -268,7 +275,9 @@ fn encode_delivery_within(
     let topic = if alias.is_some_and(|(_, known)| known) {
         ""
     } else {
-        q.msg.topic.as_str()
+        // A client of a mounted listener only subscribes under its mount point.
+        let topic = q.msg.topic.as_str();
+        mount.and_then(|m| topic.strip_prefix(m)).unwrap_or(topic)
     };
     let p = PublishRef {
         dup,
