@@ -7,8 +7,136 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-use mercurio::codec::{Packet, ProtocolVersion, PubAck, QoS, ReasonCode};
-use mercurio::config::ListenerConfig;
+use bytes::Bytes;
+use mercurio::codec::{Connect, Packet, ProtocolVersion, PubAck, QoS, ReasonCode};
+use mercurio::config::{Config, ListenerConfig};
+
+/// Two listeners on port 0: an anonymous one, and one needing a password from `passwd`.
+fn two_listeners(dir: &std::path::Path) -> Config {
+    let passwd = dir.join("passwd");
+    mercurio::auth::password_file::set_password(&passwd, "alice", b"wonderland")
+        .expect("password file");
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    config.listeners = vec![
+        ListenerConfig {
+            port: 0,
+            allow_anonymous: Some(true),
+            ..ListenerConfig::default()
+        },
+        ListenerConfig {
+            port: 0,
+            password_file: Some(passwd),
+            ..ListenerConfig::default()
+        },
+    ];
+    config
+}
+
+fn with_credentials(version: ProtocolVersion, id: &str, user: &str, pass: &str) -> Connect {
+    let mut c = connect_packet(version, id);
+    c.username = Some(user.to_string());
+    c.password = Some(Bytes::from(pass.to_string()));
+    c
+}
+
+/// An anonymous loopback listener beside one that needs a password: each listener's
+/// `allow_anonymous` and `password_file` decide for its clients, over `[auth]`.
+#[tokio::test]
+async fn per_listener_authentication() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (handle, _) = start_with(two_listeners(dir.path())).await;
+    let addrs = handle.local_addrs();
+    let (open, closed) = (addrs[0], addrs[1]);
+    for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+        // Anonymous on the first listener: accepted, although [auth] refuses anonymous clients.
+        let c = Client::connect(open, version, "anon-open").await;
+        c.disconnect().await;
+        // Anonymous on the second: refused (3.1.1: return code 5, not authorized).
+        let (_, ack) = Client::connect_with(closed, connect_packet(version, "anon-closed")).await;
+        let refused = if version.is_v5() {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            ReasonCode(5)
+        };
+        assert_eq!(ack.reason_code, refused, "{version:?}");
+        // Wrong password on the second (3.1.1: return code 4).
+        let (_, ack) =
+            Client::connect_with(closed, with_credentials(version, "bad", "alice", "nope")).await;
+        let bad = if version.is_v5() {
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD
+        } else {
+            ReasonCode(4)
+        };
+        assert_eq!(ack.reason_code, bad, "{version:?}");
+        // The right one.
+        let (c, ack) = Client::connect_with(
+            closed,
+            with_credentials(version, "good", "alice", "wonderland"),
+        )
+        .await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        c.disconnect().await;
+    }
+    handle.shutdown().await;
+}
+
+/// A listener's `acl_file` applies to its clients only; the other listener has none.
+#[tokio::test]
+async fn per_listener_acl() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, "topic read public/#\n").expect("acl");
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(true);
+    config.listeners = vec![
+        ListenerConfig {
+            port: 0,
+            ..ListenerConfig::default()
+        },
+        ListenerConfig {
+            port: 0,
+            acl_file: Some(acl),
+            ..ListenerConfig::default()
+        },
+    ];
+    let (handle, _) = start_with(config).await;
+    let addrs = handle.local_addrs();
+    let v = ProtocolVersion::V5;
+    let mut free = Client::connect(addrs[0], v, "free").await;
+    assert_eq!(
+        free.subscribe("private/#", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    let mut limited = Client::connect(addrs[1], v, "limited").await;
+    assert_eq!(
+        limited.subscribe("private/#", QoS::AtLeastOnce).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        limited.subscribe("public/#", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    // Publishing is not allowed by that ACL for the limited client...
+    assert_eq!(
+        limited
+            .publish("public/a", b"x", QoS::AtLeastOnce, false)
+            .await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // ...and the free client's messages reach both, as each may read them.
+    assert_eq!(
+        free.publish("public/a", b"hello", QoS::AtLeastOnce, false)
+            .await,
+        ReasonCode::SUCCESS
+    );
+    let p = limited.expect_publish().await;
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("public/a", &b"hello"[..])
+    );
+    handle.shutdown().await;
+}
 
 /// `mount_point`: the topics of a listener's clients are prefixed, in PUBLISH, SUBSCRIBE,
 /// UNSUBSCRIBE and the will, and the prefix is removed from what they receive; clients of

@@ -825,34 +825,12 @@ impl Config {
     /// so that a configuration never silently runs without TLS, authentication or storage it
     /// asks for. Remove an entry when its feature lands.
     fn validate_supported(&self) -> Result<(), ConfigError> {
+        #[allow(dead_code)] // unused when every optional backend is built in
         fn unsupported(key: String, feature: &str) -> ConfigError {
             ConfigError::new(
                 key,
                 format!("{feature} is not supported by this version of Mercurio"),
             )
-        }
-        for (i, l) in self.listeners.iter().enumerate() {
-            for (set, name, feature) in [
-                (
-                    l.allow_anonymous.is_some(),
-                    "allow_anonymous",
-                    "per-listener authentication",
-                ),
-                (
-                    l.password_file.is_some(),
-                    "password_file",
-                    "per-listener authentication",
-                ),
-                (
-                    l.acl_file.is_some(),
-                    "acl_file",
-                    "per-listener authentication",
-                ),
-            ] {
-                if set {
-                    return Err(unsupported(format!("listeners[{i}].{name}"), feature));
-                }
-            }
         }
         match self.storage.backend {
             StorageBackend::Memory => {}

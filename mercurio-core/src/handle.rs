@@ -63,6 +63,7 @@ impl Broker {
 pub fn check_files(config: &Config) -> Result<(), Error> {
     Auth::from_config(config, Vec::new(), Vec::new())?;
     Bridges::check(&config.bridges)?;
+    Auth::for_listeners(config, &[], &[])?;
     for l in &config.listeners {
         if l.cert_file.is_some() {
             TlsListener::load(l)?;
@@ -137,6 +138,8 @@ impl BrokerBuilder {
     /// storage cannot be opened or loaded.
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
+        let listener_auth =
+            Auth::for_listeners(&self.config, &self.authenticators, &self.authorizers)?;
         let auth = Auth::from_config(&self.config, self.authenticators, self.authorizers)?;
         let mut tls = Vec::with_capacity(self.config.listeners.len());
         for l in &self.config.listeners {
@@ -165,7 +168,10 @@ impl BrokerBuilder {
         let (failure_tx, failure) = tokio::sync::watch::channel(None);
         let durable_ack = self.config.storage.durable_ack;
         let mut inner = BrokerState::new(self.config);
+        inner.checks_access =
+            auth.checks_access() || listener_auth.iter().flatten().any(|a| a.checks_access());
         inner.auth = auth;
+        inner.listener_auth = listener_auth;
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);

@@ -66,6 +66,11 @@ pub(crate) struct BrokerState {
     pub auth: crate::auth::Auth,
     /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
     pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
+    /// The chains of listeners with their own authentication settings, by listener index
+    /// (`None`: `auth` applies); set by the builder.
+    pub listener_auth: Vec<Option<crate::auth::Auth>>,
+    /// Whether any chain (`auth` or a listener's) checks access; false makes every check free.
+    pub checks_access: bool,
 }
 
 impl BrokerState {
@@ -105,6 +110,8 @@ impl BrokerState {
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),
             bridges: Mutex::new(Vec::new()),
+            listener_auth: Vec::new(),
+            checks_access: false,
         }
     }
 

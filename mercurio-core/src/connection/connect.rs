@@ -157,11 +157,11 @@ fn encode_connack(
 /// topic, which the client must be allowed to publish to. `Ok` carries the user name the
 /// client is known by; `Err` the CONNACK reason code and why.
 async fn connect_checks(
-    broker: &BrokerState,
     connect: &Connect,
     client_id: &str,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
+    auth: &crate::auth::Auth,
 ) -> Result<Option<Arc<str>>, (ReasonCode, String)> {
     let tls = tls.unwrap_or_default();
     let mut username = connect.username.clone();
@@ -185,7 +185,7 @@ async fn connect_checks(
         certificate_cn: tls.certificate_cn,
         username_from_certificate: tls.use_as_username,
     };
-    let username = broker.auth.authenticate(&info).await.map_err(|r| match r {
+    let username = auth.authenticate(&info).await.map_err(|r| match r {
         DenyReason::BadCredentials => (
             ReasonCode::BAD_USER_NAME_OR_PASSWORD,
             "bad user name or password".to_string(),
@@ -193,9 +193,8 @@ async fn connect_checks(
         DenyReason::NotAuthorized => (ReasonCode::NOT_AUTHORIZED, "not authorized".to_string()),
     })?;
     if let Some(will) = &connect.will {
-        if broker.auth.checks_access()
-            && !broker
-                .auth
+        if auth.checks_access()
+            && !auth
                 .authorize(&AccessRequest {
                     client_id,
                     username: username.as_deref(),
@@ -338,7 +337,14 @@ pub(super) async fn accept(
         ));
     }
     // Authentication: the hooks, then allow_anonymous and the password file.
-    let username = match connect_checks(broker, &connect, &client_id, peer, tls).await {
+    // The listener's own settings, or [auth]'s.
+    let own_auth = broker
+        .listener_auth
+        .get(listener)
+        .is_some_and(Option::is_some)
+        .then_some(listener);
+    let auth = broker.auth_of(own_auth);
+    let username = match connect_checks(&connect, &client_id, peer, tls, auth).await {
         Ok(username) => username,
         Err((rc, why)) => return Err(refuse(rc, &why)),
     };
@@ -439,7 +445,10 @@ pub(super) async fn accept(
 
     // The identity first: the header stored next records the user name.
     session.state.lock().username = username.clone();
-    *session.identity.write() = crate::auth::Identity::Client { username };
+    *session.identity.write() = crate::auth::Identity::Client {
+        username,
+        listener: own_auth,
+    };
     if let Some(p) = broker.persist.get() {
         p.connected(&session, session_present);
     }

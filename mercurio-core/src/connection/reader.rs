@@ -68,7 +68,7 @@ impl Reader<'_> {
                         // PUBLISH without access checks (fixed for the broker's lifetime)
                         // never waits, so it runs to completion here, its state on the stack.
                         let handled_now = match packet {
-                            Packet::Publish(p) if !self.broker.auth.checks_access() => self
+                            Packet::Publish(p) if !self.broker.checks_access() => self
                                 .on_publish(p)
                                 .now_or_never()
                                 .expect("on_publish waits only for access checks"),
@@ -319,7 +319,7 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
             return Ok(());
         }
-        if broker.auth.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
+        if broker.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
             // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
             tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
             let rc = if self.version.is_v5() {
@@ -463,7 +463,7 @@ impl Reader<'_> {
                 ));
             }
             let filter = super::mounted(self.mount, &f.filter);
-            if broker.auth.checks_access()
+            if broker.checks_access()
                 && !broker
                     .may(self.session, subscription_topic(&filter), Action::Subscribe)
                     .await
