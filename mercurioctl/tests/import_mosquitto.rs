@@ -416,6 +416,41 @@ fn every_option_of_the_manual_page_is_carried_or_explained() {
     assert_eq!(config.auth.allow_anonymous, Some(false));
 }
 
+/// `per_listener_settings true`: each listener's security options go to its own table;
+/// mount_point, allow_zero_length_clientid and message_size_limit carried over.
+#[test]
+fn per_listener_settings_and_mosquitto_options() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let passwd = d.join("passwd");
+    write(&passwd, "");
+    let acl = d.join("acl");
+    write(&acl, "topic read public/#\n");
+    let main = d.join("mosquitto.conf");
+    write(
+        &main,
+        &format!(
+            "per_listener_settings true\nmessage_size_limit 1000\n\
+             listener 1883 127.0.0.1\nallow_anonymous true\nmount_point local/\n\
+             allow_zero_length_clientid false\n\
+             listener 8883 0.0.0.0\npassword_file {}\nacl_file {}\nallow_zero_length_clientid false\n",
+            passwd.display(),
+            acl.display()
+        ),
+    );
+    let (toml, config) = round_trip(&main);
+    assert_eq!(config.auth.allow_anonymous, Some(false), "{toml}");
+    let (local, public) = (&config.listeners[0], &config.listeners[1]);
+    assert_eq!(local.allow_anonymous, Some(true));
+    assert_eq!(local.mount_point.as_deref(), Some("local/"));
+    assert_eq!(local.password_file, None);
+    assert_eq!(public.allow_anonymous, Some(false));
+    assert_eq!(public.password_file.as_deref(), Some(passwd.as_path()));
+    assert_eq!(public.acl_file.as_deref(), Some(acl.as_path()));
+    assert!(!config.server.allow_zero_length_clientid);
+    assert_eq!(config.server.message_size_limit, 1000);
+}
+
 /// Values mosquitto refuses are refused with the file and line (exit status 78); options
 /// mosquitto does not know are listed, not fatal.
 #[test]
