@@ -362,3 +362,21 @@ async fn acknowledgement_of_the_wrong_type_closes_the_connection() {
     }
     handle.shutdown().await;
 }
+
+/// A client whose Maximum Packet Size is below the CONNACK is closed without one: the Server
+/// MUST NOT send it a larger packet [MQTT-3.1.2-24] (mosquitto 12-prop-maximum-packet-size-connect).
+#[tokio::test]
+async fn maximum_packet_size_below_the_connack_closes_without_one() {
+    let (handle, addr) = start().await;
+    let mut connect = connect_packet(ProtocolVersion::V5, "tiny");
+    connect.properties.maximum_packet_size = Some(2);
+    let mut c = Client::open(addr, ProtocolVersion::V5).await;
+    c.send(Packet::Connect(Box::new(connect))).await;
+    assert!(c.recv().await.is_none(), "closed without CONNACK");
+    // A limit the CONNACK fits in connects.
+    let mut connect = connect_packet(ProtocolVersion::V5, "small");
+    connect.properties.maximum_packet_size = Some(64);
+    let (_, ack) = Client::connect_with(addr, connect).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    handle.shutdown().await;
+}

@@ -422,6 +422,34 @@ pub(super) async fn accept(
         },
     };
 
+    // CONNACK properties (MQTT 5.0 section 3.2.2.3).
+    let mut p = Properties::default();
+    if version.is_v5() {
+        p.receive_maximum = Some(server.receive_maximum);
+        if max_qos < QoS::ExactlyOnce {
+            p.maximum_qos = Some(max_qos as u8);
+        }
+        if !server.retain_available {
+            p.retain_available = Some(0);
+        }
+        if server.max_packet_size < 268_435_455 {
+            p.maximum_packet_size = Some(server.max_packet_size);
+        }
+        p.topic_alias_maximum = Some(TOPIC_ALIAS_MAXIMUM);
+        p.assigned_client_identifier = assigned;
+        p.server_keep_alive = server_keep_alive;
+    }
+    // The Server MUST NOT send a packet larger than the client's Maximum Packet Size
+    // [MQTT-3.1.2-24]: a client whose limit is below the CONNACK itself is closed without
+    // one, before its session is touched (as mosquitto does).
+    let connack_size = encode_connack(version, false, ReasonCode::SUCCESS, p.clone()).len();
+    if let Some(max) = props
+        .maximum_packet_size
+        .filter(|&max| (max as usize) < connack_size)
+    {
+        tracing::info!(%peer, %client_id, "refusing CONNECT: its Maximum Packet Size ({max} bytes) is below the CONNACK's {connack_size} bytes [MQTT-3.1.2-24]: closed without CONNACK");
+        return Err(Vec::new());
+    }
     if broker
         .persist
         .get()
@@ -453,23 +481,6 @@ pub(super) async fn accept(
         p.connected(&session, session_present);
     }
 
-    // CONNACK properties (MQTT 5.0 section 3.2.2.3).
-    let mut p = Properties::default();
-    if version.is_v5() {
-        p.receive_maximum = Some(server.receive_maximum);
-        if max_qos < QoS::ExactlyOnce {
-            p.maximum_qos = Some(max_qos as u8);
-        }
-        if !server.retain_available {
-            p.retain_available = Some(0);
-        }
-        if server.max_packet_size < 268_435_455 {
-            p.maximum_packet_size = Some(server.max_packet_size);
-        }
-        p.topic_alias_maximum = Some(TOPIC_ALIAS_MAXIMUM);
-        p.assigned_client_identifier = assigned;
-        p.server_keep_alive = server_keep_alive;
-    }
     let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
     let client_limits = ClientLimits {
         inflight: usize::from(
