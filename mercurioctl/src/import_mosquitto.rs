@@ -39,14 +39,17 @@ pub struct Converted {
 /// `source` names the file in the header comment; `bridges` says whether this version's
 /// configuration has `[[bridges]]` (without, bridges are written commented out).
 pub fn convert(source: &Path, lines: &[Line], bridges: bool) -> Result<Converted, ImportError> {
-    let mut c = Conversion::default();
-    c.per_listener = lines
+    let per_listener = lines
         .iter()
-        .filter(|l| l.key == "per_listener_settings")
-        .map(|l| parse_bool(l))
-        .last()
+        .rev()
+        .find(|l| l.key == "per_listener_settings")
+        .map(parse_bool)
         .transpose()?
         .unwrap_or(false);
+    let mut c = Conversion {
+        per_listener,
+        ..Conversion::default()
+    };
     for line in lines {
         if line.starts_file {
             c.current_listener = None;
@@ -815,7 +818,7 @@ impl Conversion {
                         continue;
                     }
                 };
-                if best.as_ref().map_or(true, |(b, _)| level > *b) {
+                if best.as_ref().is_none_or(|(b, _)| level > *b) {
                     best = Some((level, f.clone()));
                 }
             }
