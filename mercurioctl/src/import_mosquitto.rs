@@ -313,14 +313,11 @@ fn bridge_no_equivalent(key: &str) -> Option<&'static str> {
         "local_clientid" | "local_username" | "local_password" | "local_cleansession" => {
             "a Mercurio bridge runs inside the broker, not as a local client"
         }
-        "try_private" => "not offered: a bridge connects as an ordinary client",
         "start_type" | "threshold" | "idle_timeout" => {
             "a bridge starts with the broker and stays connected (start_type automatic)"
         }
         "restart_timeout" => "reconnect delays are the bridge's own (back-off with jitter)",
-        "notification_topic" | "notifications_local_only" => {
-            "notifications are published to $SYS/broker/connection/<client id>/state, locally"
-        }
+        "notifications_local_only" => "notifications are published on both sides",
         "bridge_attempt_unsubscribe" | "bridge_outgoing_retain" | "bridge_max_packet_size" => {
             "not configurable"
         }
@@ -353,6 +350,8 @@ fn is_bridge_key(key: &str) -> bool {
             | "bridge_certfile"
             | "bridge_keyfile"
             | "notifications"
+            | "notification_topic"
+            | "try_private"
             | "topic"
     ) || bridge_no_equivalent(key).is_some()
 }
@@ -701,7 +700,8 @@ impl Conversion {
                 b.table
                     .set("addresses", format!("[{}]", list.join(", ")), f);
             }
-            "round_robin" | "cleansession" | "notifications" => {
+            "notification_topic" => b.table.set(key, string(&line.value), f),
+            "round_robin" | "cleansession" | "notifications" | "try_private" => {
                 let v = parse_bool(line)?;
                 let name = if key == "cleansession" {
                     "clean_start"
