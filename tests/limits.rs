@@ -989,8 +989,8 @@ async fn max_subscriptions_per_client() {
 }
 
 /// The client's Maximum Packet Size binds CONNACK too [MQTT-3.1.2-24]: a client allowing 2
-/// bytes is closed without one (the smallest CONNACK is 5 bytes), one allowing 8 gets a
-/// CONNACK of at most 8 bytes (the optional properties left out).
+/// bytes, or 11 (below this broker's CONNACK with its properties), is closed without one; one
+/// allowing more gets a CONNACK that fits.
 #[tokio::test]
 async fn connack_respects_the_client_maximum_packet_size() {
     let (broker, addr) = start_with(test_config()).await;
@@ -1002,7 +1002,17 @@ async fn connack_respects_the_client_maximum_packet_size() {
         c.expect_closed().await.is_empty(),
         "no CONNACK larger than 2 bytes"
     );
-    for max in [8u32, 11, 64] {
+    // Below the CONNACK's own size: closed without one, as mosquitto does (the CONNACK's
+    // properties are the server's limits, which the client must not miss).
+    let mut connect = connect_packet(V5, "mps-11");
+    connect.properties.maximum_packet_size = Some(11);
+    let mut c = Client::open(addr, V5).await;
+    c.send(Packet::Connect(Box::new(connect))).await;
+    assert!(
+        c.expect_closed().await.is_empty(),
+        "no CONNACK over 11 bytes"
+    );
+    for max in [64u32, 1024] {
         let mut connect = connect_packet(V5, &format!("mps-{max}"));
         connect.properties.maximum_packet_size = Some(max);
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();

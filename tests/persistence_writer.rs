@@ -172,4 +172,3 @@ async fn durable_ack_never_acknowledges_what_was_given_up() {
     assert_eq!(rc, ReasonCode::SUCCESS);
     broker.shutdown().await;
 }
-

@@ -108,6 +108,14 @@ pub struct ServerConfig {
     /// filter over it gets 0x97 Quota exceeded (3.x: 0x80); replacing a subscription always
     /// works.
     pub max_subscriptions_per_client: usize,
+    /// Whether a client may connect with an empty client identifier (then assigned one in
+    /// 5.0, as 3.1.1 allows with clean session); false refuses it with CONNACK 0x85 (5.0) /
+    /// 2 "identifier rejected" (3.x). Default true (mosquitto's key).
+    pub allow_zero_length_clientid: bool,
+    /// Largest PUBLISH payload accepted, in bytes; a larger one is acknowledged as usual and
+    /// dropped (mosquitto's `message_size_limit`). 0 = no limit beyond `max_packet_size`
+    /// (default).
+    pub message_size_limit: u32,
 }
 
 impl Default for ServerConfig {
@@ -133,6 +141,8 @@ impl Default for ServerConfig {
             sys_interval: 10,
             max_topic_levels: 200,
             max_subscriptions_per_client: 10_000,
+            allow_zero_length_clientid: true,
+            message_size_limit: 0,
         }
     }
 }
@@ -181,6 +191,15 @@ pub struct ListenerConfig {
     pub metrics: bool,
     /// Directory of static files served over HTTP (websocket only).
     pub http_dir: Option<PathBuf>,
+    /// Overrides `[auth] allow_anonymous` for this listener's clients.
+    pub allow_anonymous: Option<bool>,
+    /// Overrides `[auth] password_file` for this listener's clients.
+    pub password_file: Option<PathBuf>,
+    /// Overrides `[auth] acl_file` for this listener's clients.
+    pub acl_file: Option<PathBuf>,
+    /// Topic prefix of this listener's clients (mosquitto's `mount_point`): prepended to the
+    /// topics and filters they send, removed from the topics delivered to them.
+    pub mount_point: Option<String>,
 }
 
 impl Default for ListenerConfig {
@@ -199,6 +218,10 @@ impl Default for ListenerConfig {
             health: false,
             metrics: false,
             http_dir: None,
+            allow_anonymous: None,
+            password_file: None,
+            acl_file: None,
+            mount_point: None,
         }
     }
 }
@@ -750,6 +773,14 @@ impl Config {
                     key("port"),
                     format!("{}:{} is already used by listeners[{j}]", l.host, l.port),
                 ));
+            }
+            if let Some(mount) = &l.mount_point {
+                if mount.is_empty() || mount.contains(['+', '#', '\0']) {
+                    return Err(ConfigError::new(
+                        key("mount_point"),
+                        "must be a non-empty topic prefix without wildcards (+, #)",
+                    ));
+                }
             }
             if l.protocol != ListenerProtocol::Websocket {
                 for (set, name) in [

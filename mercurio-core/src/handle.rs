@@ -67,6 +67,7 @@ impl Broker {
 pub fn check_files(config: &Config) -> Result<(), Error> {
     Auth::from_config(config, Vec::new(), Vec::new())?;
     Bridges::check(&config.bridges)?;
+    Auth::for_listeners(config, &[], &[])?;
     for l in &config.listeners {
         if l.cert_file.is_some() {
             TlsListener::load(l)?;
@@ -158,6 +159,8 @@ impl BrokerBuilder {
     /// storage cannot be opened or loaded.
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
+        let listener_auth =
+            Auth::for_listeners(&self.config, &self.authenticators, &self.authorizers)?;
         let auth = Auth::from_config(&self.config, self.authenticators, self.authorizers)?;
         let mut tls = Vec::with_capacity(self.config.listeners.len());
         for l in &self.config.listeners {
@@ -186,9 +189,12 @@ impl BrokerBuilder {
         let (failure_tx, failure) = tokio::sync::watch::channel(None);
         let durable_ack = self.config.storage.durable_ack;
         let mut inner = BrokerState::new(self.config);
+        inner.checks_access =
+            auth.checks_access() || listener_auth.iter().flatten().any(|a| a.checks_access());
         inner.auth = auth;
         inner.events = Events::new(self.event_capacity);
         inner.interceptors = self.interceptors;
+        inner.listener_auth = listener_auth;
         let inner = Arc::new(inner);
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
@@ -203,7 +209,7 @@ impl BrokerBuilder {
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
-        for ((l, cfg), tls) in bound.into_iter().zip(tls.iter().cloned()) {
+        for (index, ((l, cfg), tls)) in bound.into_iter().zip(tls.iter().cloned()).enumerate() {
             let addr = l.local_addr().map_err(|source| Error::Bind {
                 addr: format!("{}:{}", cfg.host, cfg.port),
                 source,
@@ -213,14 +219,15 @@ impl BrokerBuilder {
                 ListenerProtocol::Websocket => Some(Arc::new(Endpoint::new(
                     Arc::clone(&inner),
                     &cfg,
+                    index,
                     self.http_limits,
                 )?)),
                 ListenerProtocol::Mqtt => None,
             };
-            ready.push((l, cfg, http, tls));
+            ready.push((index, l, cfg, http, tls));
         }
-        for (l, cfg, http, tls) in ready {
-            tokio::spawn(listener::run(Arc::clone(&inner), l, cfg, http, tls));
+        for (index, l, cfg, http, tls) in ready {
+            tokio::spawn(listener::run(Arc::clone(&inner), l, index, cfg, http, tls));
         }
         *inner.local_addrs.lock() = addrs;
         // sys_interval = 0 turns $SYS off, as in mosquitto.

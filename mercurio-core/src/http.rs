@@ -55,6 +55,8 @@ impl Default for HttpLimits {
 /// One WebSocket listener's HTTP state.
 pub(crate) struct Endpoint {
     pub broker: Arc<BrokerState>,
+    /// Index of its listener in `config.listeners`, for the connections it upgrades.
+    pub listener: usize,
     pub limits: HttpLimits,
     health: bool,
     metrics: Option<Metrics>,
@@ -69,6 +71,7 @@ impl Endpoint {
     pub(crate) fn new(
         broker: Arc<BrokerState>,
         cfg: &ListenerConfig,
+        listener: usize,
         limits: HttpLimits,
     ) -> Result<Endpoint, Error> {
         let http_dir = match &cfg.http_dir {
@@ -91,6 +94,7 @@ impl Endpoint {
         let metrics = cfg.metrics.then(|| Metrics::new(Arc::clone(&broker)));
         Ok(Endpoint {
             broker,
+            listener,
             limits: HttpLimits {
                 max_head: limits.max_head.max(8192),
                 ..limits

@@ -60,6 +60,7 @@ pub(crate) async fn bind_all(
 pub(crate) async fn run(
     broker: Arc<BrokerState>,
     listener: TcpListener,
+    index: usize,
     cfg: ListenerConfig,
     http: Option<Arc<Endpoint>>,
     tls: Option<Arc<TlsListener>>,
@@ -122,7 +123,7 @@ pub(crate) async fn run(
         // idle most of its life, does not carry their size.
         tokio::spawn(async move {
             match (tls, http) {
-                (None, None) => connection::serve(Arc::clone(&broker), stream, peer).await,
+                (None, None) => connection::serve(Arc::clone(&broker), stream, peer, index).await,
                 (None, Some(ep)) => Box::pin(websocket::serve(ep, stream, peer)).await,
                 (Some(tls), None) => {
                     Box::pin(async {
@@ -135,6 +136,7 @@ pub(crate) async fn run(
                                 peer,
                                 Some(identity),
                                 connect_deadline,
+                                index,
                             )
                             .await
                         }

@@ -171,7 +171,7 @@ where
                     Some(config),
                 )
                 .await;
-                connection::serve(Arc::clone(&broker), WsIo::new(ws), peer).await;
+                connection::serve(Arc::clone(&broker), WsIo::new(ws), peer, ep.listener).await;
             }
             Err(e) => tracing::debug!(%peer, "WebSocket upgrade failed: {e}"),
         }

@@ -2,7 +2,8 @@
 //! (one JSON object per line, see mercuriod's `admin` module), the answer printed for people or,
 //! with `--json`, as JSON for scripts.
 //!
-//! `mercurioctl passwd FILE USER` works on a password file and needs no running broker.
+//! `mercurioctl passwd FILE USER` works on a password file and `mercurioctl config
+//! import-mosquitto FILE` converts a mosquitto.conf; neither needs a running broker.
 //!
 //! Dependencies, and why:
 //! - `clap` (derive): the command line, usage errors, `--help` and `--version`.
@@ -13,12 +14,21 @@
 //! - `tempfile` (tests only): sockets and configuration files in temp dirs.
 //! - `mercurio-core`: the password file format and its argon2id hashing (`passwd`).
 //! - `rpassword`: reads a password from the terminal without echo (`passwd`).
+//! - `toml_edit`: mercuriod's configuration reader (`config_file.rs`, compiled into both) checks
+//!   what `config import-mosquitto` converts, with mercuriod's own messages.
 
+mod config_import;
+mod import_mosquitto;
+mod mosquitto_conf;
 mod passwd;
 
+#[path = "../../mercuriod/src/config_file.rs"]
+#[allow(dead_code)] // load(): mercurioctl checks text it made, not a file
+mod config_file;
 #[path = "../../mercuriod/src/log_targets.rs"]
 #[allow(dead_code)]
 mod log_targets;
+
 #[path = "../../mercuriod/src/socket_path.rs"]
 #[allow(dead_code)]
 mod socket_path;
@@ -66,7 +76,11 @@ Examples:
   mercurioctl bridge show cloud
 
 mercurioctl passwd FILE USER adds a user to a password file or changes its password (argon2id;
-no running broker needed); then send mercuriod SIGHUP to reload it.";
+no running broker needed); then send mercuriod SIGHUP to reload it.
+
+mercurioctl config import-mosquitto /etc/mosquitto/mosquitto.conf > mercuriod.toml converts a
+mosquitto configuration (include_dir files too); lines it cannot carry over are listed, with
+the reason, in a comment at the top.";
 
 /// mercurioctl, the admin CLI of a running mercuriod (Mercurio MQTT broker).
 #[derive(Debug, Parser)]
@@ -107,6 +121,18 @@ enum Command {
     Bridge(BridgeCommand),
     /// Add a user to a password file or change its password (needs no running broker).
     Passwd(passwd::Passwd),
+    /// Configuration files (need no running broker).
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print a mosquitto.conf as an equivalent mercuriod TOML configuration, with a comment
+    /// for each line that cannot be carried over and why. Exit status 0 when the result passes
+    /// mercuriod --check-config (the files it names aside), 1 when it does not (printed
+    /// anyway), 78 when FILE cannot be read or holds a value mosquitto refuses too.
+    ImportMosquitto(config_import::ImportMosquitto),
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,6 +192,9 @@ fn main() -> ExitCode {
     if let Command::Passwd(p) = &cli.command {
         return p.run();
     }
+    if let Command::Config(ConfigCommand::ImportMosquitto(i)) = &cli.command {
+        return i.run();
+    }
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, message)) => {
@@ -196,8 +225,8 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Client(ClientCommand::DeleteSession { client_id }) => {
             json!({"command": "client.delete-session", "client_id": client_id})
         }
-        // Handled in main: it needs no broker.
-        Command::Passwd(_) => return Ok(()),
+        // Handled in main: they need no broker.
+        Command::Passwd(_) | Command::Config(_) => return Ok(()),
     };
     let result = ask(&socket, &request)?;
     if cli.json {
@@ -328,7 +357,7 @@ fn human(command: &Command, result: &Value) -> String {
         Command::Client(ClientCommand::DeleteSession { client_id }) => {
             format!("deleted the session of {client_id}\n")
         }
-        Command::Passwd(_) => String::new(),
+        Command::Passwd(_) | Command::Config(_) => String::new(),
     }
 }
 

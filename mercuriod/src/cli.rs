@@ -6,10 +6,11 @@ use clap::Parser;
 
 /// Text after the options in `mercuriod --help`.
 const AFTER_HELP: &str = "\
-Without --config, mercuriod listens on 127.0.0.1:1883 only, allows anonymous clients and keeps
-everything in memory. With a file, [auth] allow_anonymous must be set to true for clients
+Without --config, mercuriod listens on 127.0.0.1:1883 only (-p PORT for another port), allows
+anonymous clients and keeps everything in memory. With a file, [auth] allow_anonymous must be set to true for clients
 without credentials to connect (as in mosquitto 2), and a file without [[listeners]] listens on
-127.0.0.1:1883.
+127.0.0.1:1883 (or -p PORT). A mosquitto.conf is recognised and refused: convert it with
+mercurioctl config import-mosquitto mosquitto.conf > mercuriod.toml.
 
 TLS: a listener with cert_file and key_file (PEM) speaks MQTT over TLS 1.2 and 1.3; ca_file
 checks client certificates, require_certificate refuses clients without one, and
@@ -52,6 +53,11 @@ pub struct Cli {
     /// Configuration file (TOML). Without it: 127.0.0.1:1883, anonymous clients allowed.
     #[arg(short, long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+
+    /// Listen on 127.0.0.1:PORT instead of 127.0.0.1:1883 (as mosquitto -p; 0 picks a free
+    /// port, logged); may be repeated. With --config, only for a file without [[listeners]].
+    #[arg(short, long, value_name = "PORT")]
+    pub port: Vec<u16>,
 
     /// Log at debug level, whatever [logging] level says.
     #[arg(short, long)]

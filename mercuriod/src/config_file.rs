@@ -9,7 +9,7 @@ use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use mercurio_core::config::Config;
+use mercurio_core::config::{Config, ListenerConfig};
 use toml_edit::{Array, ArrayOfTables, ImDocument, Item, TableLike, Value};
 
 /// A configuration that cannot be used. Its `Display` is one line:
@@ -39,20 +39,33 @@ impl std::error::Error for LoadError {}
 
 /// Reads and checks the configuration file at `path`.
 pub fn load(path: &Path) -> Result<Config, LoadError> {
+    load_with_ports(path, &[])
+}
+
+/// Reads and checks the configuration file at `path`; `ports` (`mercuriod -p`), when not
+/// empty, replace the default listener of a file without `[[listeners]]` by one on 127.0.0.1
+/// per port, and are refused for a file with listeners.
+pub fn load_with_ports(path: &Path, ports: &[u16]) -> Result<Config, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|e| LoadError {
         file: path.to_path_buf(),
         line: None,
         key: None,
         message: format!("cannot read: {e}"),
     })?;
-    parse(path, &text)
+    parse_with_ports(path, &text, ports)
 }
 
 /// Parses and checks `text`, the contents of the file `path` (used in messages only).
 ///
 /// Rules of the file mode: `[auth] allow_anonymous` unset means false, and a file without
 /// `[[listeners]]` gets the default listener (127.0.0.1:1883). Then [`Config::validate`].
+#[allow(dead_code)] // mercurioctl's config import-mosquitto and the tests use it
 pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
+    parse_with_ports(path, text, &[])
+}
+
+/// [`parse`], with the ports of `mercuriod -p` (see [`load_with_ports`]).
+pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config, LoadError> {
     let error = |span: Option<Range<usize>>, key: Option<String>, message: &str| LoadError {
         file: path.to_path_buf(),
         line: span.map(|s| line_of(text, s.start)),
@@ -60,7 +73,22 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
         message: one_line(message),
     };
 
-    let doc = ImDocument::parse(text).map_err(|e| error(e.span(), None, e.message()))?;
+    let doc = ImDocument::parse(text).map_err(|e| {
+        if looks_like_mosquitto(text) {
+            LoadError {
+                file: path.to_path_buf(),
+                line: None,
+                key: None,
+                message: format!(
+                    "this is a mosquitto.conf, not a mercuriod TOML file; convert it with: \
+                     mercurioctl config import-mosquitto {} > mercuriod.toml",
+                    path.display()
+                ),
+            }
+        } else {
+            error(e.span(), None, e.message())
+        }
+    })?;
     let root = Node::Table(doc.as_table());
 
     let mut config: Config = toml::from_str(text).map_err(|e| {
@@ -70,6 +98,23 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
 
     if locate(root, "auth.allow_anonymous").is_none() {
         config.auth.allow_anonymous = Some(false);
+    }
+    if !ports.is_empty() {
+        if let Some(span) = locate(root, "listeners") {
+            return Err(error(
+                Some(span),
+                Some("listeners".into()),
+                "-p/--port sets the port of a configuration without [[listeners]]; set port in \
+                 this file's listeners instead",
+            ));
+        }
+        config.listeners = ports
+            .iter()
+            .map(|&port| ListenerConfig {
+                port,
+                ..ListenerConfig::default()
+            })
+            .collect();
     }
     if config.listeners.is_empty() {
         return Err(error(
@@ -83,6 +128,53 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
         error(span, Some(e.key), &e.message)
     })?;
     Ok(config)
+}
+
+/// Whether `text`, which is not valid TOML, reads like a mosquitto.conf: `key value` lines
+/// with keys of mosquitto's, and no `[table]`.
+fn looks_like_mosquitto(text: &str) -> bool {
+    const KEYS: [&str; 24] = [
+        "listener",
+        "port",
+        "allow_anonymous",
+        "password_file",
+        "acl_file",
+        "per_listener_settings",
+        "persistence",
+        "persistence_location",
+        "persistence_file",
+        "log_dest",
+        "log_type",
+        "include_dir",
+        "pid_file",
+        "user",
+        "connection",
+        "address",
+        "protocol",
+        "certfile",
+        "keyfile",
+        "cafile",
+        "max_inflight_messages",
+        "max_queued_messages",
+        "bind_address",
+        "autosave_interval",
+    ];
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'));
+    // A TOML file with a typo still has its [tables].
+    if lines.clone().any(|l| l.starts_with('[')) {
+        return false;
+    }
+    lines.any(|l| {
+        let mut words = l.split_whitespace();
+        let key = words.next().unwrap_or("");
+        KEYS.contains(&key)
+            && words
+                .next()
+                .is_some_and(|w| w != "=" && !w.starts_with('='))
+    })
 }
 
 /// Warnings about a valid configuration, one line each, for the log and `--check-config`.
@@ -364,6 +456,41 @@ mod tests {
         assert_eq!(e.line, Some(2));
         assert_eq!(e.key, None);
         assert_eq!(e.to_string().lines().count(), 1);
+    }
+
+    #[test]
+    fn a_mosquitto_conf_is_recognised() {
+        let e =
+            err("# mosquitto\npid_file /run/mosquitto.pid\nlistener 1883\nallow_anonymous true\n");
+        assert_eq!((e.line, e.key.as_deref()), (None, None));
+        assert!(
+            e.message
+                .contains("mercurioctl config import-mosquitto m.toml > mercuriod.toml"),
+            "{e}"
+        );
+        // A TOML file with a syntax error is not taken for one.
+        let e = err("[server]\nport 1883\n");
+        assert!(!e.message.contains("mosquitto"), "{e}");
+    }
+
+    #[test]
+    fn ports_replace_the_default_listener() {
+        let c = parse_with_ports(
+            Path::new("m.toml"),
+            "[auth]\nallow_anonymous = true\n",
+            &[1884, 1885],
+        )
+        .expect("parse");
+        let got: Vec<(&str, u16)> = c
+            .listeners
+            .iter()
+            .map(|l| (l.host.as_str(), l.port))
+            .collect();
+        assert_eq!(got, [("127.0.0.1", 1884), ("127.0.0.1", 1885)]);
+        let e = parse_with_ports(Path::new("m.toml"), "[[listeners]]\nport = 1\n", &[1884])
+            .expect_err("listeners and -p");
+        assert_eq!((e.key.as_deref(), e.line), (Some("listeners"), Some(1)));
+        assert!(e.message.contains("-p/--port"), "{e}");
     }
 
     #[test]

@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use mercurio_core::config::Config;
+use mercurio_core::config::{Config, ListenerConfig};
 use mercurio_core::{Broker, BrokerHandle};
 use tracing::{error, info, warn};
 
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
 
     let config = match &cli.config {
-        Some(path) => match config_file::load(path) {
+        Some(path) => match config_file::load_with_ports(path, &cli.port) {
             Ok(config) => config,
             Err(e) => {
                 eprintln!("mercuriod: {e}");
@@ -76,7 +76,17 @@ fn main() -> ExitCode {
             }
         },
         None => {
-            let config = Config::default();
+            let mut config = Config::default();
+            if !cli.port.is_empty() {
+                config.listeners = cli
+                    .port
+                    .iter()
+                    .map(|&port| ListenerConfig {
+                        port,
+                        ..ListenerConfig::default()
+                    })
+                    .collect();
+            }
             if let Err(e) = config.validate() {
                 eprintln!("mercuriod: default configuration: {e}");
                 return ExitCode::from(EX_CONFIG);
@@ -153,7 +163,17 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
     info!("mercuriod {} starting", env!("CARGO_PKG_VERSION"));
     match &path {
         Some(path) => info!("configuration: {}", path.display()),
-        None => info!("no configuration file: defaults (127.0.0.1:1883, anonymous clients)"),
+        None => {
+            let addrs: Vec<String> = config
+                .listeners
+                .iter()
+                .map(|l| format!("{}:{}", l.host, l.port))
+                .collect();
+            info!(
+                "no configuration file: defaults ({}, anonymous clients)",
+                addrs.join(", ")
+            )
+        }
     }
 
     // Before the broker starts, so that a signal during startup is not lost.

@@ -109,6 +109,58 @@ fn syntax_error_is_one_line_with_status_78() {
     );
 }
 
+/// A newcomer's `mercuriod -c /etc/mosquitto/mosquitto.conf` is told how to convert it.
+#[test]
+fn a_mosquitto_conf_is_recognised_and_the_conversion_named() {
+    let (code, stderr, path, _dir) = check(
+        "# Place your local configuration in /etc/mosquitto/conf.d/\n\
+         pid_file /run/mosquitto/mosquitto.pid\n\npersistence true\n\
+         persistence_location /var/lib/mosquitto/\n\nlog_dest file /var/log/mosquitto/mosquitto.log\n",
+    );
+    assert_eq!(code, Some(78), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "mercurioctl config import-mosquitto {} > mercuriod.toml",
+            path.display()
+        )),
+        "{stderr}"
+    );
+}
+
+/// `-p PORT` with a file: only for a file without [[listeners]] (whose default listener it
+/// replaces); with listeners it is an error naming the file's line.
+#[test]
+fn port_option_with_a_file() {
+    let (dir, path) = config_file("[[listeners]]\nport = 1884\n");
+    let out = Command::new(MERCURIOD)
+        .arg("-c")
+        .arg(&path)
+        .args(["-p", "1885", "--check-config"])
+        .output()
+        .expect("run mercuriod");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "mercuriod: {}:1: listeners: -p/--port",
+            path.display()
+        )),
+        "{stderr}"
+    );
+    drop(dir);
+    let (_dir, path) = config_file("[auth]\nallow_anonymous = true\n");
+    let out = Command::new(MERCURIOD)
+        .arg("-c")
+        .arg(&path)
+        .args(["-p", "1885", "--check-config"])
+        .output()
+        .expect("run mercuriod");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = mercuriod(&["-p", "70000", "--check-config"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
 #[test]
 fn missing_file_is_a_configuration_error() {
     let out = mercuriod(&["-c", "/nonexistent/mercuriod.toml", "--check-config"]);
@@ -164,6 +216,8 @@ fn help_describes_the_no_file_mode_and_the_storage_backends() {
         "--config",
         "--verbose",
         "--check-config",
+        "--port",
+        "import-mosquitto",
         "127.0.0.1:1883",
         "standby = true",
         "cert_file",

@@ -772,3 +772,29 @@ fn sigterm_is_seen_by_mosquitto_clients() {
         l.contains("DISCONNECT") && l.contains("139")
     });
 }
+
+/// `mercuriod -p PORT` without a file, as `mosquitto -p PORT`: the loopback on that port (0: a
+/// free one, logged), anonymous clients allowed.
+#[test]
+fn port_option_without_a_file() {
+    if !mosquitto_clients("port_option_without_a_file") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut command = Command::new(mercuriod_bin());
+    command
+        .args(["-p", "0"])
+        .env("RUNTIME_DIRECTORY", dir.path())
+        .env_remove("NOTIFY_SOCKET");
+    let config_path = dir.path().join("none.toml");
+    let daemon = Daemon::spawn(command, dir, config_path);
+    assert!(daemon.addr.ip().is_loopback(), "{}", daemon.addr);
+    assert_eq!(daemon.addrs.len(), 1);
+    let mut s = sub(&daemon, "mqttv311", &["-t", "p/#", "-F", "%t %p"]);
+    publish(
+        &daemon,
+        "mqttv311",
+        &["-t", "p/1", "-m", "on the given port"],
+    );
+    assert_eq!(next_message(&mut s), "p/1 on the given port");
+}

@@ -69,13 +69,20 @@ impl std::error::Error for FileError {}
 pub(crate) enum Identity {
     /// The embedding application's own in-process subscriptions: never checked.
     Trusted,
-    /// A network client, with the user name it authenticated as.
-    Client { username: Option<Arc<str>> },
+    /// A network client, with the user name it authenticated as, and the listener whose own
+    /// authentication settings apply to it (`None`: `[auth]`'s).
+    Client {
+        username: Option<Arc<str>>,
+        listener: Option<usize>,
+    },
 }
 
 impl Default for Identity {
     fn default() -> Self {
-        Identity::Client { username: None }
+        Identity::Client {
+            username: None,
+            listener: None,
+        }
     }
 }
 
@@ -106,16 +113,61 @@ impl Auth {
     /// The application's hooks, then the `[auth]` section's files (read now).
     pub(crate) fn from_config(
         config: &Config,
+        authenticators: Vec<Arc<dyn Authenticator>>,
+        authorizers: Vec<Arc<dyn Authorizer>>,
+    ) -> Result<Auth, FileError> {
+        let a = &config.auth;
+        Auth::from_files(
+            a.allow_anonymous.unwrap_or(false),
+            a.password_file.clone(),
+            a.acl_file.clone(),
+            authenticators,
+            authorizers,
+        )
+    }
+
+    /// One chain per listener that sets `allow_anonymous`, `password_file` or `acl_file`
+    /// (mosquitto's `per_listener_settings`): its keys over `[auth]`'s, the same hooks first.
+    /// `None` for a listener that sets none of them: `[auth]`'s chain applies.
+    pub(crate) fn for_listeners(
+        config: &Config,
+        authenticators: &[Arc<dyn Authenticator>],
+        authorizers: &[Arc<dyn Authorizer>],
+    ) -> Result<Vec<Option<Auth>>, FileError> {
+        let a = &config.auth;
+        config
+            .listeners
+            .iter()
+            .map(|l| {
+                if l.allow_anonymous.is_none() && l.password_file.is_none() && l.acl_file.is_none()
+                {
+                    return Ok(None);
+                }
+                Auth::from_files(
+                    l.allow_anonymous.or(a.allow_anonymous).unwrap_or(false),
+                    l.password_file.clone().or_else(|| a.password_file.clone()),
+                    l.acl_file.clone().or_else(|| a.acl_file.clone()),
+                    authenticators.to_vec(),
+                    authorizers.to_vec(),
+                )
+                .map(Some)
+            })
+            .collect()
+    }
+
+    fn from_files(
+        allow_anonymous: bool,
+        password_file: Option<PathBuf>,
+        acl_file: Option<PathBuf>,
         mut authenticators: Vec<Arc<dyn Authenticator>>,
         mut authorizers: Vec<Arc<dyn Authorizer>>,
     ) -> Result<Auth, FileError> {
-        let a = &config.auth;
         let file = Arc::new(password_file::FileAuthenticator::new(
-            a.allow_anonymous.unwrap_or(false),
-            a.password_file.clone(),
+            allow_anonymous,
+            password_file,
         )?);
         authenticators.push(Arc::clone(&file) as Arc<dyn Authenticator>);
-        let acl = match &a.acl_file {
+        let acl = match &acl_file {
             Some(p) => {
                 let acl = Arc::new(acl::AclAuthorizer::new(p.clone())?);
                 authorizers.push(Arc::clone(&acl) as Arc<dyn Authorizer>);

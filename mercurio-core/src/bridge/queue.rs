@@ -194,7 +194,9 @@ impl Outgoing {
             if head.qos > QoS::AtMostOnce && st.inflight.len() >= out.window {
                 break;
             }
-            let Some(mut q) = st.pop_queued(client_id) else { break };
+            let Some(mut q) = st.pop_queued(client_id) else {
+                break;
+            };
             took += 1;
             if q.msg.is_expired(now) {
                 out.broker.stats.dropped(DropCause::Expired);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::BrokerState;
 use crate::auth::hooks::{AccessRequest, Action};
-use crate::auth::{FileError, Identity};
+use crate::auth::{Auth, FileError, Identity};
 use crate::session::Session;
 use crate::stats::DropCause;
 
@@ -20,11 +20,26 @@ pub(crate) fn subscription_topic(filter: &str) -> &str {
 }
 
 impl BrokerState {
+    /// The chain that decides for a client of `listener` (`None`: `[auth]`'s).
+    pub(crate) fn auth_of(&self, listener: Option<usize>) -> &Auth {
+        listener
+            .and_then(|i| self.listener_auth.get(i))
+            .and_then(Option::as_ref)
+            .unwrap_or(&self.auth)
+    }
+
+    /// Whether any authorizer is configured (`[auth]`'s or a listener's): when false, every
+    /// access is allowed and no check costs more than this field read.
+    #[inline]
+    pub(crate) fn checks_access(&self) -> bool {
+        self.checks_access
+    }
+
     /// Whether `session` may receive a message published to `topic` (checked at delivery;
     /// never waits). Costs one field read when no authorizer is configured.
     #[inline]
     pub(crate) fn may_read(&self, session: &Session, topic: &str) -> bool {
-        if !self.auth.checks_access() {
+        if !self.checks_access {
             return true;
         }
         self.check_now(session, topic, Action::Read)
@@ -33,11 +48,11 @@ impl BrokerState {
     /// The check without waiting, for `session`'s identity.
     pub(crate) fn check_now(&self, session: &Session, topic: &str, action: Action) -> bool {
         let identity = session.identity.read();
-        let username = match &*identity {
+        let (username, listener) = match &*identity {
             Identity::Trusted => return true,
-            Identity::Client { username } => username.as_deref(),
+            Identity::Client { username, listener } => (username.as_deref(), *listener),
         };
-        self.auth.authorize_now(&AccessRequest {
+        self.auth_of(listener).authorize_now(&AccessRequest {
             client_id: &session.client_id,
             username,
             topic,
@@ -49,20 +64,20 @@ impl BrokerState {
     /// (both fixed for the broker's lifetime).
     #[inline]
     pub(crate) fn publish_waits(&self) -> bool {
-        self.auth.checks_access() || !self.interceptors.is_empty()
+        self.checks_access || !self.interceptors.is_empty()
     }
 
     /// Whether a client may publish to `topic` or subscribe to `filter`: asks every
     /// authorizer, waiting for those that need to. Always true without authorizers.
     pub(crate) async fn may(&self, session: &Session, topic: &str, action: Action) -> bool {
-        if !self.auth.checks_access() {
+        if !self.checks_access {
             return true;
         }
-        let username = match &*session.identity.read() {
+        let (username, listener) = match &*session.identity.read() {
             Identity::Trusted => return true,
-            Identity::Client { username } => username.clone(),
+            Identity::Client { username, listener } => (username.clone(), *listener),
         };
-        self.auth
+        self.auth_of(listener)
             .authorize(&AccessRequest {
                 client_id: &session.client_id,
                 username: username.as_deref(),
@@ -77,8 +92,11 @@ impl BrokerState {
     /// `not_authorized`, as a delivery refused at routing would be). Returns the files that
     /// could not be read (their old contents stay).
     pub(crate) fn reload_auth(&self) -> Vec<FileError> {
-        let errors = self.auth.reload();
-        if !self.auth.checks_access() {
+        let mut errors = self.auth.reload();
+        for auth in self.listener_auth.iter().flatten() {
+            errors.extend(auth.reload());
+        }
+        if !self.checks_access {
             return errors;
         }
         let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();

@@ -71,6 +71,11 @@ pub(crate) struct BrokerState {
     pub interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
     /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
     pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
+    /// The chains of listeners with their own authentication settings, by listener index
+    /// (`None`: `auth` applies); set by the builder.
+    pub listener_auth: Vec<Option<crate::auth::Auth>>,
+    /// Whether any chain (`auth` or a listener's) checks access; false makes every check free.
+    pub checks_access: bool,
 }
 
 impl BrokerState {
@@ -110,6 +115,8 @@ impl BrokerState {
             events: crate::events::Events::new(crate::events::DEFAULT_EVENT_CAPACITY),
             interceptors: Vec::new(),
             bridges: Mutex::new(Vec::new()),
+            listener_auth: Vec::new(),
+            checks_access: false,
         }
     }
 

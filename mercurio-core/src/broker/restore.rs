@@ -127,6 +127,7 @@ fn restore_session(
     let username: Option<Arc<str>> = record.username.as_deref().map(Arc::from);
     *session.identity.write() = Identity::Client {
         username: username.clone(),
+        listener: None,
     };
     let disconnected_ms = record.disconnected_at.unwrap_or(now_ms);
     {

@@ -240,10 +240,13 @@ fn check_flags(flags: u8, expected: u8, version: ProtocolVersion) -> Result<(), 
     }
 }
 
+/// A packet identifier: 0 parses, but the protocol forbids it [MQTT-2.2.1-3], which makes it
+/// a Protocol Error (0x82) rather than a Malformed Packet (5.0 section 1.2), as mosquitto
+/// answers too.
 fn packet_id(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
     let id = r.u16()?;
     if id == 0 {
-        return Err(DecodeError::MalformedPacket(
+        return Err(DecodeError::ProtocolError(
             "packet identifier 0 [MQTT-2.2.1-3]",
         ));
     }

@@ -158,11 +158,11 @@ fn encode_connack(
 /// topic, which the client must be allowed to publish to. `Ok` carries the user name the
 /// client is known by; `Err` the CONNACK reason code and why.
 async fn connect_checks(
-    broker: &BrokerState,
     connect: &Connect,
     client_id: &str,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
+    auth: &crate::auth::Auth,
 ) -> Result<Option<Arc<str>>, (ReasonCode, String)> {
     let tls = tls.unwrap_or_default();
     let mut username = connect.username.clone();
@@ -186,7 +186,7 @@ async fn connect_checks(
         certificate_cn: tls.certificate_cn,
         username_from_certificate: tls.use_as_username,
     };
-    let username = broker.auth.authenticate(&info).await.map_err(|r| match r {
+    let username = auth.authenticate(&info).await.map_err(|r| match r {
         DenyReason::BadCredentials => (
             ReasonCode::BAD_USER_NAME_OR_PASSWORD,
             "bad user name or password".to_string(),
@@ -198,9 +198,8 @@ async fn connect_checks(
         ),
     })?;
     if let Some(will) = &connect.will {
-        if broker.auth.checks_access()
-            && !broker
-                .auth
+        if auth.checks_access()
+            && !auth
                 .authorize(&AccessRequest {
                     client_id,
                     username: username.as_deref(),
@@ -226,7 +225,13 @@ pub(super) async fn accept(
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
     deadline: tokio::time::Instant,
+    listener: usize,
 ) -> Result<Accepted, Vec<u8>> {
+    let mount = broker
+        .config
+        .listeners
+        .get(listener)
+        .and_then(|l| l.mount_point.as_deref());
     let version = connect.protocol;
     let server = &broker.config.server;
     let refuse = |rc: ReasonCode, why: &str| {
@@ -237,13 +242,8 @@ pub(super) async fn accept(
         return Err(refuse(ReasonCode::SERVER_UNAVAILABLE, "shutting down"));
     }
     let props = &connect.properties;
-    // The client's Maximum Packet Size binds every packet, CONNACK included [MQTT-3.1.2-24]:
-    // one too small for the smallest CONNACK (5 bytes) cannot be answered at all.
+    // The client's Maximum Packet Size binds every packet (checked for the CONNACK below).
     let client_max = props.maximum_packet_size.map_or(usize::MAX, |m| m as usize);
-    if client_max < 5 {
-        tracing::info!(%peer, client_id = %connect.client_id, maximum_packet_size = client_max, "refusing CONNECT: its Maximum Packet Size leaves no room for a CONNACK [MQTT-3.1.2-24]");
-        return Err(Vec::new());
-    }
 
     // "It is a Protocol Error to include Authentication Data if there is no Authentication
     // Method" (5.0 section 3.1.2.11.10).
@@ -262,6 +262,33 @@ pub(super) async fn accept(
     }
     // Client identifier [MQTT-3.1.3-6..9].
     let mut assigned = None;
+    if connect.client_id.is_empty() && !server.allow_zero_length_clientid {
+        return Err(refuse(
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "empty client identifier and allow_zero_length_clientid = false",
+        ));
+    }
+    // message_size_limit applies to the will's payload too; refused as mosquitto does
+    // (5.0: Packet too large; 3.x has no such code: not authorized).
+    let size_limit = server.message_size_limit;
+    if let Some(w) = connect
+        .will
+        .as_ref()
+        .filter(|w| size_limit > 0 && w.payload.len() > size_limit as usize)
+    {
+        let rc = if version.is_v5() {
+            ReasonCode::PACKET_TOO_LARGE
+        } else {
+            ReasonCode::NOT_AUTHORIZED
+        };
+        return Err(refuse(
+            rc,
+            &format!(
+                "will payload of {} bytes over message_size_limit",
+                w.payload.len()
+            ),
+        ));
+    }
     let client_id: Arc<str> = if connect.client_id.is_empty() {
         match version {
             ProtocolVersion::V31 => {
@@ -318,11 +345,18 @@ pub(super) async fn accept(
         ));
     }
     // Authentication: the hooks, then allow_anonymous and the password file.
+    // The listener's own settings, or [auth]'s.
+    let own_auth = broker
+        .listener_auth
+        .get(listener)
+        .is_some_and(Option::is_some)
+        .then_some(listener);
+    let auth = broker.auth_of(own_auth);
     // Within the connect_timeout the TLS handshake and CONNECT share: a check that waits
     // longer (a queue of slow password hashes) closes the connection without CONNACK.
     let checked = tokio::time::timeout_at(
         deadline,
-        connect_checks(broker, &connect, &client_id, peer, tls),
+        connect_checks(&connect, &client_id, peer, tls, auth),
     )
     .await;
     let username = match checked {
@@ -385,7 +419,7 @@ pub(super) async fn accept(
             delay,
             expiry,
             msg: Arc::new(Message {
-                topic: w.topic.clone(),
+                topic: super::mounted(mount, &w.topic),
                 payload: w.payload.clone(),
                 qos: w.qos,
                 retain: w.retain,
@@ -406,6 +440,34 @@ pub(super) async fn accept(
         },
     };
 
+    // CONNACK properties (MQTT 5.0 section 3.2.2.3).
+    let mut p = Properties::default();
+    if version.is_v5() {
+        p.receive_maximum = Some(server.receive_maximum);
+        if max_qos < QoS::ExactlyOnce {
+            p.maximum_qos = Some(max_qos as u8);
+        }
+        if !server.retain_available {
+            p.retain_available = Some(0);
+        }
+        if server.max_packet_size < 268_435_455 {
+            p.maximum_packet_size = Some(server.max_packet_size);
+        }
+        p.topic_alias_maximum = Some(TOPIC_ALIAS_MAXIMUM);
+        p.assigned_client_identifier = assigned;
+        p.server_keep_alive = server_keep_alive;
+    }
+    // The Server MUST NOT send a packet larger than the client's Maximum Packet Size
+    // [MQTT-3.1.2-24]: a client whose limit is below the CONNACK itself is closed without
+    // one, before its session is touched (as mosquitto does).
+    let connack_size = encode_connack(version, false, ReasonCode::SUCCESS, p.clone()).len();
+    if let Some(max) = props
+        .maximum_packet_size
+        .filter(|&max| (max as usize) < connack_size)
+    {
+        tracing::info!(%peer, %client_id, "refusing CONNECT: its Maximum Packet Size ({max} bytes) is below the CONNACK's {connack_size} bytes [MQTT-3.1.2-24]: closed without CONNACK");
+        return Err(Vec::new());
+    }
     if broker
         .persist
         .get()
@@ -438,47 +500,15 @@ pub(super) async fn accept(
     });
     // The identity first: the header stored next records the user name.
     session.state.lock().username = username.clone();
-    *session.identity.write() = crate::auth::Identity::Client { username };
+    *session.identity.write() = crate::auth::Identity::Client {
+        username,
+        listener: own_auth,
+    };
     if let Some(p) = broker.persist.get() {
         p.connected(&session, session_present);
     }
 
-    // CONNACK properties (MQTT 5.0 section 3.2.2.3).
-    let mut p = Properties::default();
-    if version.is_v5() {
-        p.receive_maximum = Some(server.receive_maximum);
-        if max_qos < QoS::ExactlyOnce {
-            p.maximum_qos = Some(max_qos as u8);
-        }
-        if !server.retain_available {
-            p.retain_available = Some(0);
-        }
-        if server.max_packet_size < 268_435_455 {
-            p.maximum_packet_size = Some(server.max_packet_size);
-        }
-        p.topic_alias_maximum = Some(TOPIC_ALIAS_MAXIMUM);
-        p.assigned_client_identifier = assigned;
-        p.server_keep_alive = server_keep_alive;
-    }
-    let mut connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p.clone());
-    if connack.len() > client_max {
-        // Over the client's Maximum Packet Size [MQTT-3.1.2-24]: only what the client must
-        // know (its assigned identifier, the Server Keep Alive), then nothing.
-        let needed = Properties {
-            assigned_client_identifier: p.assigned_client_identifier.clone(),
-            server_keep_alive: p.server_keep_alive,
-            ..Properties::default()
-        };
-        connack = encode_connack(version, session_present, ReasonCode::SUCCESS, needed);
-        if connack.len() > client_max {
-            connack = encode_connack(
-                version,
-                session_present,
-                ReasonCode::SUCCESS,
-                Properties::default(),
-            );
-        }
-    }
+    let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
     link.set_max_packet_size(client_max);
     let client_limits = ClientLimits {
         inflight: usize::from(

@@ -66,13 +66,15 @@ impl Close {
 
 /// Serves one accepted connection until it closes. Generic over the stream so TCP, TLS and
 /// WebSocket listeners share it.
-pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAddr)
+/// `listener` is the index of its listener in `config.listeners` (its `mount_point` and
+/// authentication settings).
+pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAddr, listener: usize)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let deadline =
         tokio::time::Instant::now() + Duration::from_secs(broker.config.server.connect_timeout);
-    serve_with(broker, stream, peer, None, deadline).await
+    serve_with(broker, stream, peer, None, deadline, listener).await
 }
 
 /// [`serve`], with what a TLS handshake told about the client and the instant by which
@@ -84,9 +86,15 @@ pub(crate) async fn serve_with<S>(
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
     connect_deadline: tokio::time::Instant,
+    listener: usize,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let mount = broker
+        .config
+        .listeners
+        .get(listener)
+        .and_then(|l| l.mount_point.as_deref());
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(256);
     let server = &broker.config.server;
@@ -114,7 +122,16 @@ pub(crate) async fn serve_with<S>(
     // 2. Checks, session, CONNACK.
     // Boxed here and below: a future is as large as the largest state it can be in, and
     // the connection's task holds it for the whole connection (idle ones too).
-    let accepted = match Box::pin(accept(&broker, *connect, peer, tls, connect_deadline)).await {
+    let accepted = match Box::pin(accept(
+        &broker,
+        *connect,
+        peer,
+        tls,
+        connect_deadline,
+        listener,
+    ))
+    .await
+    {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
@@ -149,6 +166,7 @@ pub(crate) async fn serve_with<S>(
         receive_maximum: broker.config.server.receive_maximum,
         bridge,
         congested: Vec::new(),
+        mount,
     };
     let mut writer = Writer {
         broker: &broker,
@@ -159,6 +177,7 @@ pub(crate) async fn serve_with<S>(
         aliases: HashMap::new(),
         scratch: None,
         out: BytesMut::new(),
+        mount,
     };
     link.wake();
     let close = {
@@ -228,6 +247,18 @@ pub(crate) async fn serve_with<S>(
     if close.send.is_some() {
         linger(&mut rd).await;
     }
+}
+
+/// `topic` (or filter) of a client of a listener with `mount_point`: prefixed, including the
+/// filter of a shared subscription (`$share/group/` stays in front), as mosquitto does.
+pub(super) fn mounted(mount: Option<&str>, topic: &str) -> String {
+    let Some(mount) = mount else {
+        return topic.to_string();
+    };
+    if let Ok(Some(shared)) = crate::topic::parse_shared(topic) {
+        return format!("$share/{}/{mount}{}", shared.group, shared.filter);
+    }
+    format!("{mount}{topic}")
 }
 
 /// How long a connection goes on reading what its client sent last, once the broker starts

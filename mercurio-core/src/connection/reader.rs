@@ -44,6 +44,8 @@ pub(super) struct Reader<'a> {
     /// Sessions the last PUBLISH left at their high-water mark: waited on before the next
     /// packet (back pressure).
     pub(super) congested: Vec<Arc<Session>>,
+    /// The listener's `mount_point`, prefixed to every topic and filter the client sends.
+    pub(super) mount: Option<&'a str>,
 }
 
 impl Reader<'_> {
@@ -184,18 +186,9 @@ impl Reader<'_> {
     /// Every packet but PUBLISH and SUBSCRIBE.
     fn handle_other(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
-            Packet::PubAck(a) => {
-                self.on_ack(a.packet_id, OutboundState::AwaitingPubAck);
-                Ok(())
-            }
-            Packet::PubRec(a) => {
-                self.on_pubrec(a);
-                Ok(())
-            }
-            Packet::PubComp(a) => {
-                self.on_ack(a.packet_id, OutboundState::AwaitingPubComp);
-                Ok(())
-            }
+            Packet::PubAck(a) => self.on_ack(a.packet_id, OutboundState::AwaitingPubAck),
+            Packet::PubRec(a) => self.on_pubrec(a),
+            Packet::PubComp(a) => self.on_ack(a.packet_id, OutboundState::AwaitingPubComp),
             Packet::PubRel(a) => {
                 // Release of an inbound QoS 2 message [MQTT-4.3.3-9..11]. An unknown
                 // identifier is answered with Success too, as mosquitto does: it is a PUBREL
@@ -334,6 +327,9 @@ impl Reader<'_> {
         if p.topic.is_empty() {
             return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "empty topic name"));
         }
+        if let Some(mount) = self.mount {
+            p.topic.insert_str(0, mount);
+        }
         if !self.version.is_v5() && !p.properties.is_empty() {
             p.properties = Properties::default();
         }
@@ -360,6 +356,22 @@ impl Reader<'_> {
                 self.link.qos1_received();
             }
         }
+        let size_limit = server.message_size_limit;
+        if size_limit > 0 && p.payload.len() > size_limit as usize {
+            // mosquitto's message_size_limit: acknowledged, not delivered, the connection
+            // kept. 5.0: 0x83 Implementation specific error, as mosquitto's manual says
+            // (mosquitto 2.0 sends 0x95, which PUBACK and PUBREC may not carry, 5.0 sections
+            // 3.4.2.1 and 3.5.2.1); 3.x: as usual, the answer 3.1.1 allows for a message the
+            // server does not forward [MQTT-3.3.5-2].
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, size = p.payload.len(), "PUBLISH over message_size_limit dropped");
+            let rc = if self.version.is_v5() {
+                ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR
+            } else {
+                ReasonCode::SUCCESS
+            };
+            self.ack_publish(p.qos, p.packet_id, rc);
+            return Ok(());
+        }
         if p.topic.starts_with("$SYS")
             && p.topic != super::connect::bridge_state_topic(&self.session.client_id)
         {
@@ -373,7 +385,7 @@ impl Reader<'_> {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
             return Ok(());
         }
-        if broker.auth.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
+        if broker.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
             // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
             tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
             let rc = if self.version.is_v5() {
@@ -433,7 +445,7 @@ impl Reader<'_> {
     /// code of a refusal.
     async fn intercept(&self, p: &mut Publish) -> Result<(), ReasonCode> {
         let username = match &*self.session.identity.read() {
-            crate::auth::Identity::Client { username } => username.clone(),
+            crate::auth::Identity::Client { username, .. } => username.clone(),
             crate::auth::Identity::Trusted => None,
         };
         let mut publish = InterceptedPublish {
@@ -468,7 +480,12 @@ impl Reader<'_> {
     }
 
     /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.
-    fn on_ack(&self, packet_id: u16, expected: OutboundState) {
+    /// One for an identifier in flight at another step of its flow (PUBCOMP for a QoS 1
+    /// message, PUBACK for a QoS 2 one, PUBCOMP before PUBREC) is a Protocol Error, as in
+    /// mosquitto: a QoS 1 message is answered by PUBACK [MQTT-4.3.2-4], a QoS 2 message by
+    /// PUBREC then, after PUBREL, PUBCOMP [MQTT-4.3.3-9]. An unknown identifier (a late
+    /// duplicate) is ignored.
+    fn on_ack(&self, packet_id: u16, expected: OutboundState) -> Result<(), Close> {
         let mut st = self.session.state.lock();
         match st.inflight_position(packet_id) {
             Some(i) if st.inflight[i].state == expected => {
@@ -476,22 +493,49 @@ impl Reader<'_> {
                 st.persist_acked(&self.session.client_id, packet_id);
                 drop(st);
                 self.link.wake();
+                Ok(())
             }
-            _ => {
-                tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier")
+            Some(i) => {
+                let state = st.inflight[i].state;
+                drop(st);
+                let sent = if expected == OutboundState::AwaitingPubAck {
+                    "PUBACK"
+                } else {
+                    "PUBCOMP"
+                };
+                Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    &format!("{sent} for packet identifier {packet_id}, which is {state:?}"),
+                ))
+            }
+            None => {
+                tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier");
+                Ok(())
             }
         }
     }
 
-    fn on_pubrec(&self, a: PubAck) {
+    fn on_pubrec(&self, a: PubAck) -> Result<(), Close> {
         let mut st = self.session.state.lock();
+        if let Some(i) = st.inflight_position(a.packet_id) {
+            if st.inflight[i].state == OutboundState::AwaitingPubAck {
+                drop(st);
+                return Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    &format!(
+                        "PUBREC for packet identifier {}, a QoS 1 message",
+                        a.packet_id
+                    ),
+                ));
+            }
+        }
         let reason_code = match st.inflight_position(a.packet_id) {
             Some(i) if a.reason_code.is_failure() => {
                 st.inflight.remove(i);
                 st.persist_acked(&self.session.client_id, a.packet_id);
                 drop(st);
                 self.link.wake();
-                return;
+                return Ok(());
             }
             Some(i) => {
                 st.inflight[i].state = OutboundState::AwaitingPubComp;
@@ -506,6 +550,7 @@ impl Reader<'_> {
             reason_code,
             properties: Properties::default(),
         }));
+        Ok(())
     }
 
     async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
@@ -538,16 +583,13 @@ impl Reader<'_> {
                     "No Local on a shared subscription [MQTT-3.8.3-4]",
                 ));
             }
-            if broker.auth.checks_access()
+            let filter = super::mounted(self.mount, &f.filter);
+            if broker.checks_access()
                 && !broker
-                    .may(
-                        self.session,
-                        subscription_topic(&f.filter),
-                        Action::Subscribe,
-                    )
+                    .may(self.session, subscription_topic(&filter), Action::Subscribe)
                     .await
             {
-                tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE not authorized");
+                tracing::debug!(client_id = %self.session.client_id, %filter, "SUBSCRIBE not authorized");
                 codes.push(self.filter_failure(ReasonCode::NOT_AUTHORIZED));
                 continue;
             }
@@ -562,8 +604,7 @@ impl Reader<'_> {
                 identifier,
             };
             let max = broker.config.server.max_subscriptions_per_client;
-            let Some(existed) = broker.subscribe_within(self.session, &f.filter, granted, max)
-            else {
+            let Some(existed) = broker.subscribe_within(self.session, &filter, granted, max) else {
                 tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE over max_subscriptions_per_client");
                 codes.push(self.filter_failure(ReasonCode::QUOTA_EXCEEDED));
                 continue;
@@ -582,7 +623,7 @@ impl Reader<'_> {
                 _ => false,
             };
             if send && !shared {
-                retained.push((f.filter.clone(), granted));
+                retained.push((filter, granted));
             }
         }
         self.send(Packet::SubAck(SubAck {
@@ -616,7 +657,10 @@ impl Reader<'_> {
             .filters
             .iter()
             .map(|f| {
-                if self.broker.unsubscribe(self.session, f) {
+                if self
+                    .broker
+                    .unsubscribe(self.session, &super::mounted(self.mount, f))
+                {
                     if let Some(list) = &mut removed {
                         list.push(f.clone());
                     }

@@ -48,6 +48,8 @@ pub(super) struct Writer<'a> {
     /// What is being written. What an interrupted write left stays here, so that the final
     /// packets of the connection go out after whole packets, never after half of one.
     pub(super) out: BytesMut,
+    /// The listener's `mount_point`, removed from the topics delivered.
+    pub(super) mount: Option<&'a str>,
 }
 
 impl Writer<'_> {
@@ -116,6 +118,7 @@ impl Writer<'_> {
                 _ => {
                     if encode_delivery_within(
                         self.version,
+                        self.mount,
                         &f.delivery,
                         f.packet_id,
                         true,
@@ -183,6 +186,7 @@ impl Writer<'_> {
             // dropped is simply skipped).
             if encode_delivery_within(
                 self.version,
+                self.mount,
                 &q,
                 packet_id,
                 false,
@@ -276,6 +280,7 @@ fn delivery_properties<'p>(
 #[allow(clippy::too_many_arguments)]
 fn encode_delivery_within(
     version: ProtocolVersion,
+    mount: Option<&str>,
     q: &Delivery,
     packet_id: u16,
     dup: bool,
@@ -289,7 +294,9 @@ fn encode_delivery_within(
     let topic = if alias.is_some_and(|(_, known)| known) {
         ""
     } else {
-        q.msg.topic.as_str()
+        // A client of a mounted listener only subscribes under its mount point.
+        let topic = q.msg.topic.as_str();
+        mount.and_then(|m| topic.strip_prefix(m)).unwrap_or(topic)
     };
     let p = PublishRef {
         dup,

@@ -1,0 +1,619 @@
+//! `mercurioctl config import-mosquitto`: the mosquitto.conf examples of mosquitto's manual
+//! page (mosquitto.conf(5)) and Debian's packaged file, converted and then checked by
+//! `mercuriod --check-config`; a converted configuration serving mosquitto's clients with a
+//! mosquitto_passwd file and an ACL file as they are; every option of the manual page either
+//! carried over or explained.
+//!
+//! mercuriod is found next to mercurioctl in the target directory, built when missing. The test
+//! that runs mosquitto's clients skips without them (fails under `CI=true`).
+#![cfg(unix)]
+
+#[path = "../../mercuriod/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use common::Daemon;
+use mercurio_core::config::Config;
+
+const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
+
+/// target/<profile>/mercuriod, built if missing.
+fn mercuriod() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = Path::new(MERCURIOCTL).parent().expect("target dir");
+        let exe = dir.join("mercuriod");
+        if !exe.exists() {
+            let target = dir.parent().expect("target root");
+            let mut build = Command::new(env!("CARGO"));
+            build
+                .args(["build", "-p", "mercuriod", "--target-dir"])
+                .arg(target)
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+            if dir.file_name().is_some_and(|n| n == "release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("run cargo build -p mercuriod");
+            assert!(status.success(), "cargo build -p mercuriod failed");
+        }
+        exe
+    })
+}
+
+/// `mercurioctl config import-mosquitto FILE`: (status, stdout, stderr).
+fn import(file: &Path) -> (Option<i32>, String, String) {
+    let out: Output = Command::new(MERCURIOCTL)
+        .args(["config", "import-mosquitto"])
+        .arg(file)
+        .output()
+        .expect("run mercurioctl");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Converts `file`, expects success, writes the result beside it as `mercuriod.toml`, runs
+/// `mercuriod -c mercuriod.toml --check-config` on it, and returns the TOML and the
+/// configuration mercuriod's reader makes of it.
+fn round_trip(file: &Path) -> (String, Config) {
+    let (code, toml, err) = import(file);
+    assert_eq!(code, Some(0), "{err}\n{toml}");
+    let out_path = file.with_file_name("mercuriod.toml");
+    std::fs::write(&out_path, &toml).expect("write converted");
+    let out = Command::new(mercuriod())
+        .arg("-c")
+        .arg(&out_path)
+        .arg("--check-config")
+        .output()
+        .expect("run mercuriod --check-config");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "mercuriod --check-config: {}\n{toml}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("configuration OK"),
+        "{out:?}"
+    );
+    let config = toml::from_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    (toml, config)
+}
+
+fn write(path: &Path, text: &str) {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).expect("mkdir");
+    }
+    std::fs::write(path, text).expect("write");
+}
+
+fn ports(config: &Config) -> Vec<u16> {
+    config.listeners.iter().map(|l| l.port).collect()
+}
+
+/// mosquitto.conf(5), include_dir: "Load Order for include_dir" (00, 01, A, a, B, b) and "Load
+/// Order for Multiple include_dir" (one.d's B, C, then two.d's A, D). Each file opens a
+/// listener on its own port, so the listeners' order is the order the files were read in.
+#[test]
+fn include_dir_examples_of_the_manual_page() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let single = d.join("conf.d");
+    for (i, name) in ["b.conf", "A.conf", "01.conf", "a.conf", "B.conf", "00.conf"]
+        .iter()
+        .enumerate()
+    {
+        write(&single.join(name), &format!("listener {}\n", 1900 + i));
+    }
+    // Not a .conf file: not read.
+    write(&single.join("README"), "listener 1999\n");
+    let main = d.join("mosquitto.conf");
+    write(
+        &main,
+        &format!("allow_anonymous true\ninclude_dir {}\n", single.display()),
+    );
+    let (toml, config) = round_trip(&main);
+    // 00, 01, A, a, B, b.
+    assert_eq!(
+        ports(&config),
+        [1905, 1902, 1901, 1903, 1904, 1900],
+        "{toml}"
+    );
+    assert!(toml.contains("00.conf:1 `listener 1905`"), "{toml}");
+
+    let one = d.join("one.d");
+    let two = d.join("two.d");
+    write(&one.join("B.conf"), "listener 1911\n");
+    write(&one.join("C.conf"), "listener 1912\n");
+    write(&two.join("A.conf"), "listener 1913\n");
+    write(&two.join("D.conf"), "listener 1914\n");
+    write(
+        &main,
+        &format!(
+            "include_dir {}\ninclude_dir {}\nallow_anonymous true\n",
+            one.display(),
+            two.display()
+        ),
+    );
+    let (toml, config) = round_trip(&main);
+    assert_eq!(ports(&config), [1911, 1912, 1913, 1914], "{toml}");
+    // The security option after the include_dir lines is still global.
+    assert_eq!(config.auth.allow_anonymous, Some(true));
+}
+
+/// mosquitto.conf(5), topic: "Bridge Topic Remapping", and the topic example of the same
+/// entry (`topic # both 2 local/topic/ remote/topic/`), with restart_timeout's examples.
+#[test]
+fn bridge_examples_of_the_manual_page() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let main = dir.path().join("mosquitto.conf");
+    write(
+        &main,
+        "listener 1883 127.0.0.1\nallow_anonymous true\n\n\
+         connection test-mosquitto-org\naddress test.mosquitto.org\ncleansession true\n\
+         topic clients/total in 0 test/mosquitto/org/ $SYS/broker/\n\
+         topic # both 2 local/topic/ remote/topic/\nrestart_timeout 10 30\n",
+    );
+    let (toml, _) = round_trip(&main);
+    // Written as [[bridges]] entries, commented out while this version has no bridges.
+    let bridges: String = toml
+        .lines()
+        .skip_while(|l| !l.contains("[[bridges]]"))
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let table: toml::Table = bridges.parse().unwrap_or_else(|e| panic!("{e}\n{bridges}"));
+    let bridge = &table["bridges"][0];
+    assert_eq!(bridge["name"].as_str(), Some("test-mosquitto-org"));
+    assert_eq!(
+        bridge["addresses"].as_array().map(|a| a.len()),
+        Some(1),
+        "{bridge}"
+    );
+    assert_eq!(
+        bridge["addresses"][0].as_str(),
+        Some("test.mosquitto.org:1883")
+    );
+    assert_eq!(bridge["clean_start"].as_bool(), Some(true));
+    assert_eq!(bridge["protocol_version"].as_str(), Some("mqttv311"));
+    assert_eq!(bridge["keepalive"].as_integer(), Some(60));
+    assert_eq!(bridge["notifications"].as_bool(), Some(true));
+    let topic = &bridge["topics"][0];
+    assert_eq!(topic["pattern"].as_str(), Some("clients/total"));
+    assert_eq!(topic["direction"].as_str(), Some("in"));
+    assert_eq!(topic["qos"].as_integer(), Some(0));
+    assert_eq!(topic["local_prefix"].as_str(), Some("test/mosquitto/org/"));
+    assert_eq!(topic["remote_prefix"].as_str(), Some("$SYS/broker/"));
+    let topic = &bridge["topics"][1];
+    assert_eq!(topic["pattern"].as_str(), Some("#"));
+    assert_eq!(topic["direction"].as_str(), Some("both"));
+    assert_eq!(topic["qos"].as_integer(), Some(2));
+    // What has no equivalent is said, with its line.
+    assert!(
+        toml.contains("mosquitto.conf:9 `restart_timeout 10 30`:"),
+        "{toml}"
+    );
+}
+
+/// Debian's /etc/mosquitto/mosquitto.conf (mosquitto 2.0.11), with its paths moved into a
+/// temp dir: local-only mode, persistence, a log file, and an include_dir.
+#[test]
+fn debian_packaged_configuration() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let lib = d.join("var/lib/mosquitto");
+    let log = d.join("var/log/mosquitto");
+    std::fs::create_dir_all(&lib).expect("mkdir");
+    std::fs::create_dir_all(&log).expect("mkdir");
+    let confd = d.join("conf.d");
+    write(
+        &confd.join("README"),
+        "Any files placed in this directory...\n",
+    );
+    let main = d.join("mosquitto.conf");
+    write(
+        &main,
+        &format!(
+            "# Place your local configuration in /etc/mosquitto/conf.d/\n#\n\
+             # A full description of the configuration file is at\n\
+             # /usr/share/doc/mosquitto/examples/mosquitto.conf.example\n\n\
+             pid_file /run/mosquitto/mosquitto.pid\n\npersistence true\n\
+             persistence_location {}/\n\nlog_dest file {}/mosquitto.log\n\n\
+             include_dir {}\n",
+            lib.display(),
+            log.display(),
+            confd.display()
+        ),
+    );
+    let (toml, config) = round_trip(&main);
+    // No listener line: mosquitto's local-only mode, anonymous clients on the loopback.
+    assert_eq!(ports(&config), [1883]);
+    assert_eq!(config.listeners[0].host, "127.0.0.1");
+    assert_eq!(config.auth.allow_anonymous, Some(true));
+    assert_eq!(
+        config.storage.path.as_deref(),
+        Some(lib.join("mercurio.db").as_path())
+    );
+    assert_eq!(
+        config.logging.file.as_deref(),
+        Some(log.join("mosquitto.log").as_path())
+    );
+    assert!(
+        toml.contains("mosquitto.conf:6 `pid_file /run/mosquitto/mosquitto.pid`:"),
+        "{toml}"
+    );
+}
+
+/// The system's own files, when mosquitto is installed: converted without error (their paths
+/// may not exist here, so mercuriod's file checks are not run).
+#[test]
+fn installed_example_files_convert() {
+    for file in [
+        "/etc/mosquitto/mosquitto.conf",
+        "/usr/share/doc/mosquitto/examples/mosquitto.conf",
+    ] {
+        let path = Path::new(file);
+        if !path.exists() {
+            eprintln!("installed_example_files_convert: no {file}, skipped");
+            continue;
+        }
+        let (code, toml, err) = import(path);
+        assert_eq!(code, Some(0), "{file}: {err}\n{toml}");
+        let _: Config = toml::from_str(&toml).unwrap_or_else(|e| panic!("{file}: {e}\n{toml}"));
+    }
+}
+
+/// Every option of mosquitto.conf(5) (general, listener, TLS, PSK, bridge), each on its own
+/// line: the conversion succeeds and every line is named in the output, either beside the key
+/// it became or in the list of lines not carried over.
+#[test]
+fn every_option_of_the_manual_page_is_carried_or_explained() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().display().to_string();
+    let lines = [
+        "per_listener_settings false",
+        "acl_file /etc/mosquitto/acl",
+        "allow_anonymous false",
+        "allow_duplicate_messages false",
+        "allow_zero_length_clientid true",
+        "auth_plugin /usr/lib/auth.so",
+        "auth_opt_db_host localhost",
+        "auth_plugin_deny_special_chars true",
+        "auto_id_prefix auto-",
+        "autosave_interval 1800",
+        "autosave_on_changes false",
+        "check_retain_source false",
+        "clientid_prefixes sensor-",
+        "connection_messages true",
+        "log_dest stdout",
+        "log_facility 5",
+        "log_timestamp true",
+        "log_timestamp_format %Y-%m-%dT%H:%M:%S",
+        "log_type information",
+        "max_inflight_bytes 0",
+        "max_inflight_messages 20",
+        "max_keepalive 65535",
+        "max_packet_size 0",
+        "max_queued_bytes 0",
+        "max_queued_messages 1000",
+        "memory_limit 0",
+        "password_file /etc/mosquitto/passwd",
+        "persistence true",
+        &format!("persistence_file {d}/mosquitto.db"),
+        &format!("persistence_location {d}/"),
+        "persistent_client_expiration 1w",
+        "pid_file /run/mosquitto.pid",
+        "psk_file /etc/mosquitto/psk",
+        "retain_available true",
+        "set_tcp_nodelay false",
+        "sys_interval 10",
+        "upgrade_outgoing_qos false",
+        "user mosquitto",
+        "listener 1883",
+        "bind_interface eth0",
+        "max_connections -1",
+        "max_qos 2",
+        "max_topic_alias 10",
+        "protocol mqtt",
+        "socket_domain ipv4",
+        "use_username_as_clientid false",
+        "listener 8080 127.0.0.1",
+        "protocol websockets",
+        "http_dir /var/www",
+        "websockets_log_level 0",
+        "websockets_headers_size 1024",
+        "listener 8883",
+        "cafile /etc/mosquitto/ca.crt",
+        "capath /etc/mosquitto/ca",
+        "certfile /etc/mosquitto/server.crt",
+        "ciphers HIGH",
+        "ciphers_tls1.3 TLS_AES_256_GCM_SHA384",
+        "crlfile /etc/mosquitto/crl.pem",
+        "dhparamfile /etc/mosquitto/dh.pem",
+        "keyfile /etc/mosquitto/server.key",
+        "require_certificate true",
+        "tls_engine pkcs11",
+        "tls_keyform pem",
+        "tls_version tlsv1.2",
+        "use_identity_as_username true",
+        "use_subject_as_username false",
+        "listener 8884",
+        "psk_hint hint",
+        "connection remote",
+        "addresses remote.example.com:1883 backup.example.com",
+        "bridge_attempt_unsubscribe true",
+        "bridge_bind_address 10.0.0.1",
+        "bridge_max_packet_size 0",
+        "bridge_outgoing_retain true",
+        "bridge_protocol_version mqttv50",
+        "cleansession false",
+        "local_cleansession false",
+        "keepalive_interval 60",
+        "idle_timeout 60",
+        "local_clientid local",
+        "local_password secret",
+        "local_username local",
+        "notifications true",
+        "notifications_local_only false",
+        "notification_topic $SYS/bridge",
+        "remote_clientid remote-id",
+        "remote_password secret",
+        "remote_username remote-user",
+        "restart_timeout 5 30",
+        "round_robin false",
+        "start_type automatic",
+        "threshold 10",
+        "topic sensors/# out 1",
+        "try_private true",
+        "bridge_alpn mqtt",
+        "bridge_cafile /etc/mosquitto/bridge-ca.crt",
+        "bridge_capath /etc/mosquitto/bridge-ca",
+        "bridge_certfile /etc/mosquitto/bridge.crt",
+        "bridge_insecure false",
+        "bridge_keyfile /etc/mosquitto/bridge.key",
+        "bridge_require_ocsp false",
+        "bridge_tls_version tlsv1.2",
+        "bridge_identity id",
+        "bridge_psk 0123",
+    ];
+    let main = dir.path().join("mosquitto.conf");
+    write(&main, &(lines.join("\n") + "\n"));
+    let (code, toml, err) = import(&main);
+    assert_eq!(code, Some(0), "{err}\n{toml}");
+    for (i, line) in lines.iter().enumerate() {
+        let place = format!("mosquitto.conf:{} ", i + 1);
+        assert!(
+            toml.contains(&place),
+            "line {} `{line}` not named:\n{toml}",
+            i + 1
+        );
+    }
+    // Secrets are not repeated in comments.
+    assert!(!toml.contains("local_password secret"), "{toml}");
+    let config: Config = toml::from_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert_eq!(config.server.persistent_client_expiration, 7 * 86_400);
+    assert_eq!(config.server.max_packet_size, 268_435_455);
+    assert_eq!(ports(&config), [1883, 8080, 8883, 8884]);
+    assert_eq!(config.listeners[0].host, "0.0.0.0");
+    let ws = &config.listeners[1];
+    assert_eq!(ws.host, "127.0.0.1");
+    assert_eq!(ws.http_dir.as_deref(), Some(Path::new("/var/www")));
+    let tls = &config.listeners[2];
+    assert!(tls.require_certificate && tls.use_identity_as_username);
+    assert_eq!(
+        tls.ca_file.as_deref(),
+        Some(Path::new("/etc/mosquitto/ca.crt"))
+    );
+    assert_eq!(
+        config.auth.password_file.as_deref(),
+        Some(Path::new("/etc/mosquitto/passwd"))
+    );
+    assert_eq!(config.auth.allow_anonymous, Some(false));
+}
+
+/// `per_listener_settings true`: each listener's security options go to its own table;
+/// mount_point, allow_zero_length_clientid and message_size_limit carried over.
+#[test]
+fn per_listener_settings_and_mosquitto_options() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let passwd = d.join("passwd");
+    write(&passwd, "");
+    let acl = d.join("acl");
+    write(&acl, "topic read public/#\n");
+    let main = d.join("mosquitto.conf");
+    write(
+        &main,
+        &format!(
+            "per_listener_settings true\nmessage_size_limit 1000\n\
+             listener 1883 127.0.0.1\nallow_anonymous true\nmount_point local/\n\
+             allow_zero_length_clientid false\n\
+             listener 8883 0.0.0.0\npassword_file {}\nacl_file {}\nallow_zero_length_clientid false\n",
+            passwd.display(),
+            acl.display()
+        ),
+    );
+    let (toml, config) = round_trip(&main);
+    assert_eq!(config.auth.allow_anonymous, Some(false), "{toml}");
+    let (local, public) = (&config.listeners[0], &config.listeners[1]);
+    assert_eq!(local.allow_anonymous, Some(true));
+    assert_eq!(local.mount_point.as_deref(), Some("local/"));
+    assert_eq!(local.password_file, None);
+    assert_eq!(public.allow_anonymous, Some(false));
+    assert_eq!(public.password_file.as_deref(), Some(passwd.as_path()));
+    assert_eq!(public.acl_file.as_deref(), Some(acl.as_path()));
+    assert!(!config.server.allow_zero_length_clientid);
+    assert_eq!(config.server.message_size_limit, 1000);
+}
+
+/// Values mosquitto refuses are refused with the file and line (exit status 78); options
+/// mosquitto does not know are listed, not fatal.
+#[test]
+fn invalid_values_name_their_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let main = dir.path().join("mosquitto.conf");
+    for (text, words) in [
+        (
+            "listener 1883\npersistent_client_expiration 3600\n",
+            "mosquitto.conf:2",
+        ),
+        ("listener 70000\n", "mosquitto.conf:1: listener 70000"),
+        ("allow_anonymous yes\n", "not true or false"),
+        ("topic a/# out 0\n", "outside a bridge"),
+    ] {
+        write(&main, text);
+        let (code, out, err) = import(&main);
+        assert_eq!(code, Some(78), "{text}: {err}");
+        assert!(out.is_empty(), "{out}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(words), "{text}: {err}");
+    }
+    write(
+        &main,
+        "listener 1883 127.0.0.1\nallow_anonymous true\nno_such_option 1\n",
+    );
+    let (toml, _) = round_trip(&main);
+    assert!(
+        toml.contains("mosquitto.conf:3 `no_such_option 1`: not a mosquitto 2.0 option"),
+        "{toml}"
+    );
+    let (code, _, err) = import(&dir.path().join("missing.conf"));
+    assert_eq!(code, Some(78));
+    assert!(err.contains("missing.conf: cannot read"), "{err}");
+}
+
+/// A converted configuration with a password file made by mosquitto_passwd and an ACL file,
+/// both used as they are: mosquitto_pub/mosquitto_sub with the right user publish and read;
+/// anonymous clients and wrong passwords are refused; the ACL denies what it does not allow.
+#[test]
+fn converted_configuration_serves_mosquitto_clients() {
+    let tools = ["mosquitto_pub", "mosquitto_sub", "mosquitto_passwd"];
+    if let Some(missing) = tools.iter().find(|t| {
+        Command::new(t)
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_err()
+    }) {
+        let note = format!("converted_configuration_serves_mosquitto_clients: no {missing}");
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+            "{note} (required under CI=true)"
+        );
+        eprintln!("{note}: skipped (Debian: apt-get install mosquitto mosquitto-clients)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let passwd = d.join("passwd");
+    let status = Command::new("mosquitto_passwd")
+        .args(["-c", "-b"])
+        .arg(&passwd)
+        .args(["alice", "wonderland"])
+        .status()
+        .expect("mosquitto_passwd");
+    assert!(status.success());
+    let acl = d.join("acl");
+    write(&acl, "user alice\ntopic readwrite room/#\n");
+    let main = d.join("mosquitto.conf");
+    write(
+        &main,
+        &format!(
+            "listener 1883 127.0.0.1\npassword_file {}\nacl_file {}\n",
+            passwd.display(),
+            acl.display()
+        ),
+    );
+    let (toml, config) = round_trip(&main);
+    assert_eq!(config.auth.allow_anonymous, Some(false), "{toml}");
+
+    // Port 0 instead of 1883, and the admin socket in the temp dir.
+    let socket = d.join("mercuriod.sock");
+    let text = toml.replace("port = 1883", "port = 0")
+        + &format!("\n[admin]\nsocket = {:?}\n", socket.display().to_string());
+    let run = tempfile::tempdir().expect("temp dir");
+    let mut daemon = Daemon::start_with(mercuriod(), run, socket, &text, &[]);
+    let port = daemon.wait_listening().to_string();
+
+    let client = |tool: &str, args: &[&str]| -> Output {
+        Command::new(tool)
+            .args(["-h", "127.0.0.1", "-p", &port, "-V", "mqttv311"])
+            .args(args)
+            .output()
+            .expect("run a mosquitto client")
+    };
+    let ok = client(
+        "mosquitto_pub",
+        &[
+            "-u",
+            "alice",
+            "-P",
+            "wonderland",
+            "-t",
+            "room/1",
+            "-m",
+            "hi",
+            "-r",
+            "-q",
+            "1",
+        ],
+    );
+    assert!(ok.status.success(), "{ok:?}");
+    // The retained message, read back by alice.
+    let got = client(
+        "mosquitto_sub",
+        &[
+            "-u",
+            "alice",
+            "-P",
+            "wonderland",
+            "-t",
+            "room/#",
+            "-C",
+            "1",
+            "-W",
+            "10",
+        ],
+    );
+    assert!(got.status.success(), "{got:?}");
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "hi");
+
+    for args in [
+        &["-t", "room/1", "-m", "x"][..],
+        &["-u", "alice", "-P", "wrong", "-t", "room/1", "-m", "x"],
+    ] {
+        let refused = client("mosquitto_pub", args);
+        assert!(!refused.status.success(), "{args:?}: {refused:?}");
+        let err = String::from_utf8_lossy(&refused.stderr).to_lowercase();
+        assert!(
+            err.contains("not authori") || err.contains("bad user name or password"),
+            "{args:?}: {err}"
+        );
+    }
+    // Outside the ACL: alice's subscription to other/# is refused (SUBACK 0x80), so nothing
+    // retained there reaches her within the wait.
+    let denied = client(
+        "mosquitto_sub",
+        &[
+            "-u",
+            "alice",
+            "-P",
+            "wonderland",
+            "-t",
+            "other/#",
+            "-C",
+            "1",
+            "-W",
+            "2",
+            "-d",
+        ],
+    );
+    let out = String::from_utf8_lossy(&denied.stdout);
+    assert!(out.contains("Subscribed (mid: 1): 128"), "{out}");
+}
