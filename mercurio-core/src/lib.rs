@@ -20,6 +20,7 @@
 
 pub mod auth;
 mod bridge;
+mod bridge_status;
 mod broker;
 pub mod codec;
 pub mod config;

@@ -225,16 +225,16 @@ impl Family {
 }
 
 /// The bridges' counters, for their `/metrics` series.
-fn bridge_infos(broker: &BrokerState) -> Vec<crate::bridge::BridgeInfo> {
+fn bridge_infos(broker: &BrokerState) -> Vec<crate::bridge_status::BridgeInfo> {
     broker.bridges.lock().iter().map(|b| b.info()).collect()
 }
 
 /// Per-bridge series, labelled `bridge="<name>"` (none without bridges).
-fn bridge_families(bridges: &[crate::bridge::BridgeInfo]) -> Vec<Family> {
+fn bridge_families(bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<Family> {
     if bridges.is_empty() {
         return Vec::new();
     }
-    type Pick = fn(&crate::bridge::BridgeInfo) -> u64;
+    type Pick = fn(&crate::bridge_status::BridgeInfo) -> u64;
     let families: [(&'static str, &'static str, bool, Pick); 6] = [
         (
             "mercurio_bridge_connected",
@@ -288,7 +288,7 @@ fn bridge_families(bridges: &[crate::bridge::BridgeInfo]) -> Vec<Family> {
 }
 
 /// Every family of `/metrics`, in the order served, from one snapshot.
-fn families(s: &Snapshot, bridges: &[crate::bridge::BridgeInfo]) -> Vec<Family> {
+fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<Family> {
     let mut all = vec![
         Family::gauge(
             "mercurio_clients_connected",

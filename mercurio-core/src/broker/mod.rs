@@ -70,7 +70,7 @@ pub(crate) struct BrokerState {
     /// Publish interceptors (`intercept`), in the order they were added; set by the builder.
     pub interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
     /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
-    pub bridges: Mutex<Vec<Arc<crate::bridge::BridgeStatus>>>,
+    pub bridges: Mutex<Vec<Arc<crate::bridge_status::BridgeStatus>>>,
     /// The chains of listeners with their own authentication settings, by listener index
     /// (`None`: `auth` applies); set by the builder.
     pub listener_auth: Vec<Option<crate::auth::Auth>>,
