@@ -226,25 +226,26 @@ fn publish_dup_with_qos_0_is_malformed_mqtt_3_3_1_2() {
 
 // ---------------------------------------------------------------- packet identifiers
 
+/// The packet parses; the protocol forbids the value (5.0 section 1.2 tells the two apart).
 #[test]
-fn packet_identifier_0_is_malformed_mqtt_2_2_1_3() {
+fn packet_identifier_0_is_a_protocol_error_mqtt_2_2_1_3() {
     for v in [V311, V5] {
-        malformed(decode_packet(
+        protocol_error(decode_packet(
             &frame(
                 0x32,
                 &publish_body("a", Some(0), v.is_v5().then_some(&[][..]), b""),
             ),
             v,
         ));
-        malformed(decode_packet(&frame(0x40, &[0, 0]), v));
-        malformed(decode_packet(&frame(0x62, &[0, 0]), v));
+        protocol_error(decode_packet(&frame(0x40, &[0, 0]), v));
+        protocol_error(decode_packet(&frame(0x62, &[0, 0]), v));
         let mut sub = vec![0, 0];
         if v.is_v5() {
             sub.push(0);
         }
         sub.extend_from_slice(&s("a"));
         sub.push(0);
-        malformed(decode_packet(&frame(0x82, &sub), v));
+        protocol_error(decode_packet(&frame(0x82, &sub), v));
     }
 }
 
