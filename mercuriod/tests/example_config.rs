@@ -63,8 +63,8 @@ fn every_key_is_shown() {
         other => panic!("{other:?}"),
     };
     // Field counts of the structs in mercurio_core::config.
-    assert_eq!(len("server"), 20);
-    assert_eq!(len("listeners"), 13);
+    assert_eq!(len("server"), 22);
+    assert_eq!(len("listeners"), 17);
     assert_eq!(len("auth"), 3);
     assert_eq!(len("storage"), 5);
     assert_eq!(len("logging"), 4);
