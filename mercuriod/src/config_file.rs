@@ -93,7 +93,17 @@ pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config
 
     let mut config: Config = toml::from_str(text).map_err(|e| {
         let key = e.span().and_then(|s| key_at(root, s.start, String::new()));
-        error(e.span(), key, e.message())
+        let message = match &key {
+            // `[bridges]` where `[[bridges]]` was meant: serde's words do not say so.
+            Some(k)
+                if e.message()
+                    .starts_with("invalid type: map, expected a sequence") =>
+            {
+                format!("write [[{k}]], not [{k}]: each entry is a table of its own")
+            }
+            _ => e.message().to_string(),
+        };
+        error(e.span(), key, &message)
     })?;
 
     if locate(root, "auth.allow_anonymous").is_none() {
@@ -456,6 +466,16 @@ mod tests {
         assert_eq!(e.line, Some(2));
         assert_eq!(e.key, None);
         assert_eq!(e.to_string().lines().count(), 1);
+    }
+
+    #[test]
+    fn a_single_table_for_an_array_of_tables_says_how_to_write_it() {
+        let e = err("[server]\nmax_qos = 1\n[bridges]\nname = \"a\"\n");
+        assert_eq!(e.key.as_deref(), Some("bridges"));
+        assert!(
+            e.to_string().contains("write [[bridges]], not [bridges]"),
+            "{e}"
+        );
     }
 
     #[test]
