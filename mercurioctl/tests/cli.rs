@@ -6,38 +6,13 @@
 
 #[path = "../../mercuriod/tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use common::{wait_until, Daemon, Mqtt};
 use serde_json::Value;
-
-const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
-
-/// target/<profile>/mercuriod, built if missing.
-fn mercuriod() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = Path::new(MERCURIOCTL).parent().expect("target dir");
-        let exe = dir.join("mercuriod");
-        if !exe.exists() {
-            let target = dir.parent().expect("target root");
-            let mut build = Command::new(env!("CARGO"));
-            build
-                .args(["build", "-p", "mercuriod", "--target-dir"])
-                .arg(target)
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-            if dir.file_name().is_some_and(|n| n == "release") {
-                build.arg("--release");
-            }
-            let status = build.status().expect("run cargo build -p mercuriod");
-            assert!(status.success(), "cargo build -p mercuriod failed");
-        }
-        exe
-    })
-}
+use support::{mercuriod, MERCURIOCTL};
 
 fn ctl(args: &[&str]) -> Output {
     Command::new(MERCURIOCTL)

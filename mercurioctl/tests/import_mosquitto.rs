@@ -10,38 +10,14 @@
 
 #[path = "../../mercuriod/tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use common::Daemon;
 use mercurio_core::config::Config;
-
-const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
-
-/// target/<profile>/mercuriod, built if missing.
-fn mercuriod() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = Path::new(MERCURIOCTL).parent().expect("target dir");
-        let exe = dir.join("mercuriod");
-        if !exe.exists() {
-            let target = dir.parent().expect("target root");
-            let mut build = Command::new(env!("CARGO"));
-            build
-                .args(["build", "-p", "mercuriod", "--target-dir"])
-                .arg(target)
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-            if dir.file_name().is_some_and(|n| n == "release") {
-                build.arg("--release");
-            }
-            let status = build.status().expect("run cargo build -p mercuriod");
-            assert!(status.success(), "cargo build -p mercuriod failed");
-        }
-        exe
-    })
-}
+use support::{mercuriod, MERCURIOCTL};
 
 /// `mercurioctl config import-mosquitto FILE`: (status, stdout, stderr).
 fn import(file: &Path) -> (Option<i32>, String, String) {
