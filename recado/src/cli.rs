@@ -470,7 +470,7 @@ mod tests {
 
     #[test]
     fn mosquittos_spellings_parse() {
-        let cli = Cli::try_parse_from([
+        let args = [
             "recado",
             "sub",
             "-h",
@@ -497,38 +497,10 @@ mod tests {
             "-W",
             "2.5",
             "-v",
-            "-T",
-        ]);
+        ];
+        let cli = Cli::try_parse_from(args.iter().chain(&["-T"]));
         assert!(cli.is_err(), "-T and -v conflict");
-        let cli = Cli::try_parse_from([
-            "recado",
-            "sub",
-            "-h",
-            "broker",
-            "-p",
-            "1884",
-            "-t",
-            "a",
-            "-t",
-            "b/#",
-            "-V",
-            "mqttv5",
-            "-D",
-            "subscribe",
-            "user-property",
-            "k",
-            "v",
-            "-D",
-            "connect",
-            "session-expiry-interval",
-            "60",
-            "-C",
-            "3",
-            "-W",
-            "2.5",
-            "-v",
-        ])
-        .unwrap();
+        let cli = Cli::try_parse_from(args).unwrap();
         let Command::Sub(s) = cli.command else {
             panic!("sub")
         };
