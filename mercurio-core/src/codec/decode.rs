@@ -309,7 +309,7 @@ fn decode_connect(body: &[u8]) -> Result<Packet, DecodeError> {
             Properties::default()
         };
         let topic = r.str()?;
-        check_topic_name(topic, false)?;
+        check_topic_name(topic, false, true)?;
         let payload = Bytes::copy_from_slice(r.binary()?);
         Some(LastWill {
             topic: topic.to_owned(),
@@ -350,18 +350,24 @@ fn decode_connect(body: &[u8]) -> Result<Packet, DecodeError> {
 
 /// Topic Name rules: no wildcard [MQTT-3.3.2-2] [MQTT-4.7.1-1]; at least one character
 /// [MQTT-4.7.3-1] unless a Topic Alias stands for it (5.0 section 3.3.2.3.4).
-fn check_topic_name(topic: &str, alias_present: bool) -> Result<(), DecodeError> {
-    if topic.is_empty() && !alias_present {
-        return Err(DecodeError::TopicNameInvalid(
-            "empty topic name without a Topic Alias [MQTT-4.7.3-1]",
-        ));
-    }
-    if topic.bytes().any(|b| b == b'+' || b == b'#') {
-        return Err(DecodeError::TopicNameInvalid(
-            "wildcard character in a topic name [MQTT-3.3.2-2]",
-        ));
-    }
-    Ok(())
+///
+/// In a PUBLISH, breaking them is a Protocol Error (0x82): the packet parses and carries a
+/// value the protocol does not allow (5.0 section 1.2), where 0x90 Topic Name invalid is for
+/// a correctly formed name the receiver does not accept (mosquitto answers 0x82 too). A will
+/// topic breaking them is `TopicNameInvalid`, the CONNACK code for a will topic (0x90).
+fn check_topic_name(topic: &str, alias_present: bool, will: bool) -> Result<(), DecodeError> {
+    let problem = if topic.is_empty() && !alias_present {
+        "empty topic name without a Topic Alias [MQTT-4.7.3-1]"
+    } else if topic.bytes().any(|b| b == b'+' || b == b'#') {
+        "wildcard character in a topic name [MQTT-3.3.2-2]"
+    } else {
+        return Ok(());
+    };
+    Err(if will {
+        DecodeError::TopicNameInvalid(problem)
+    } else {
+        DecodeError::ProtocolError(problem)
+    })
 }
 
 fn decode_connack(r: &mut Reader<'_>, version: ProtocolVersion) -> Result<ConnAck, DecodeError> {
@@ -438,7 +444,7 @@ fn decode_publish(
         Properties::default()
     };
     if !no_wildcard || topic.is_empty() {
-        check_topic_name(topic, properties.topic_alias.is_some())?;
+        check_topic_name(topic, properties.topic_alias.is_some(), false)?;
     }
     let payload = Bytes::copy_from_slice(r.rest());
     Ok(Publish {
