@@ -226,7 +226,9 @@ fn publish_dup_with_qos_0_is_malformed_mqtt_3_3_1_2() {
 
 // ---------------------------------------------------------------- packet identifiers
 
-/// The packet parses; the protocol forbids the value (5.0 section 1.2 tells the two apart).
+/// Packet identifier 0 [MQTT-2.2.1-3]: the packet parses and the protocol forbids the value,
+/// a Protocol Error (5.0 section 1.2) in a PUBLISH and the acknowledgements; in a SUBSCRIBE or
+/// UNSUBSCRIBE a Malformed Packet (0x81, a packet that does not conform), mosquitto's answers.
 #[test]
 fn packet_identifier_0_is_a_protocol_error_mqtt_2_2_1_3() {
     for v in [V311, V5] {
@@ -244,8 +246,10 @@ fn packet_identifier_0_is_a_protocol_error_mqtt_2_2_1_3() {
             sub.push(0);
         }
         sub.extend_from_slice(&s("a"));
+        let unsub = sub.clone();
         sub.push(0);
-        protocol_error(decode_packet(&frame(0x82, &sub), v));
+        malformed(decode_packet(&frame(0x82, &sub), v));
+        malformed(decode_packet(&frame(0xA2, &unsub), v));
     }
 }
 

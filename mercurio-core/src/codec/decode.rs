@@ -242,7 +242,7 @@ fn check_flags(flags: u8, expected: u8, version: ProtocolVersion) -> Result<(), 
 
 /// A packet identifier: 0 parses, but the protocol forbids it [MQTT-2.2.1-3], which makes it
 /// a Protocol Error (0x82) rather than a Malformed Packet (5.0 section 1.2), as mosquitto
-/// answers too.
+/// answers for a PUBLISH (a SUBSCRIBE's or UNSUBSCRIBE's: [`request_packet_id`]).
 fn packet_id(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
     let id = r.u16()?;
     if id == 0 {
@@ -251,6 +251,18 @@ fn packet_id(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
         ));
     }
     Ok(id)
+}
+
+/// The packet identifier of a SUBSCRIBE or UNSUBSCRIBE: 0 is a Malformed Packet (0x81), the
+/// answer mosquitto gives there. [MQTT-2.2.1-3] forbids the value without naming the error,
+/// and 0x81 is the code for a packet that "does not conform to this specification" (5.0
+/// section 3.14.2.1). A PUBLISH's or an acknowledgement's 0 stays a Protocol Error (0x82),
+/// mosquitto's answer for a PUBLISH.
+fn request_packet_id(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
+    packet_id(r).map_err(|e| match e {
+        DecodeError::ProtocolError(m) => DecodeError::MalformedPacket(m),
+        other => other,
+    })
 }
 
 fn decode_connect(body: &[u8]) -> Result<Packet, DecodeError> {
@@ -509,7 +521,7 @@ fn decode_subscribe(
     r: &mut Reader<'_>,
     version: ProtocolVersion,
 ) -> Result<Subscribe, DecodeError> {
-    let packet_id = packet_id(r)?;
+    let packet_id = request_packet_id(r)?;
     let properties = if version.is_v5() {
         decode_props(r, ctx::SUBSCRIBE)?
     } else {
@@ -597,7 +609,7 @@ fn decode_unsubscribe(
     r: &mut Reader<'_>,
     version: ProtocolVersion,
 ) -> Result<Unsubscribe, DecodeError> {
-    let packet_id = packet_id(r)?;
+    let packet_id = request_packet_id(r)?;
     let properties = if version.is_v5() {
         decode_props(r, ctx::UNSUBSCRIBE)?
     } else {
