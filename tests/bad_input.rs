@@ -225,7 +225,11 @@ async fn bad_subscribe_and_unsubscribe() {
         witness.still_works().await;
         expect_refused(addr, version, &frame(0xA2, head), &[MALFORMED, PROTOCOL]).await;
         witness.still_works().await;
-        let id0: &[u8] = if v5 { &[0, 0, 0, 0, 1, b't'] } else { &[0, 0, 0, 1, b't'] };
+        let id0: &[u8] = if v5 {
+            &[0, 0, 0, 0, 1, b't']
+        } else {
+            &[0, 0, 0, 1, b't']
+        };
         let mut sub0 = id0.to_vec();
         sub0.push(0);
         expect_refused(addr, version, &frame(0x82, &sub0), &[MALFORMED]).await;

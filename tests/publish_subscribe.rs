@@ -493,7 +493,10 @@ async fn message_expiry_is_decremented_and_enforced() {
     assert!(present);
     let p = sub.expect_publish().await;
     assert_eq!(p.topic, "exp/long", "the expired message is not delivered");
-    assert_eq!(p.packet_id, 3, "exp/live had 1, the expired exp/short used up 2");
+    assert_eq!(
+        p.packet_id, 3,
+        "exp/live had 1, the expired exp/short used up 2"
+    );
     let left = p.properties.message_expiry_interval.expect("expiry");
     assert!(left < 100 && left >= 90, "decremented by the wait: {left}");
     sub.ack(&p).await;
