@@ -357,6 +357,9 @@ impl AsyncRead for TlsStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self.get_mut().inner;
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             if this.plain_pos < this.plain.len() {
                 let n = buf.remaining().min(this.plain.len() - this.plain_pos);
