@@ -583,12 +583,50 @@ async fn mosquitto_clients_over_tls() {
     broker.shutdown().await;
 }
 
+/// Forwards each connection made to the address it returns to `to`, both ways, in pieces of at
+/// most `piece` bytes written one at a time: the broker's reads end anywhere in a TLS record.
+async fn chopping_relay(to: SocketAddr, piece: usize) -> SocketAddr {
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+    async fn chop(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, piece: usize) {
+        let mut buf = vec![0u8; piece];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((a, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(b) = TcpStream::connect(to).await else {
+                    return;
+                };
+                let _ = (a.set_nodelay(true), b.set_nodelay(true));
+                let ((ar, aw), (br, bw)) = (a.into_split(), b.into_split());
+                tokio::join!(chop(ar, bw, piece), chop(br, aw, piece));
+            });
+        }
+    });
+    addr
+}
+
 /// A TLS connection holds no read buffer while idle: one is taken when the socket becomes
-/// readable, released when it has nothing more. Connections that have been idle still take
-/// and deliver bursts larger than one read (16 KiB) and than one write (64 KiB), in both
-/// directions, TLS 1.2 and 1.3: mosquitto_pub -l, connected and then idle until lines arrive
-/// on its standard input, gets 100 lines at once (one of 100,000 bytes); mosquitto_sub, idle
-/// since it subscribed, receives all of them, whole and in order.
+/// readable, and released, or cut down to the partial record it holds, when the socket has
+/// nothing more. Connections that have been idle still take and deliver bursts larger than
+/// one read (16 KiB) and than one write (64 KiB), in both directions, TLS 1.2 and 1.3, with
+/// reads that end mid-record (through a relay that forwards 1,000 bytes at a time):
+/// mosquitto_pub -l, connected and then idle until lines arrive on its standard input, gets
+/// 100 lines at once (one of 100,000 bytes); mosquitto_sub, idle since it subscribed,
+/// receives all of them, whole and in order.
 #[tokio::test]
 async fn idle_tls_connections_take_bursts() {
     if !have_program("mosquitto_pub") || !have_program("mosquitto_sub") {
@@ -596,7 +634,7 @@ async fn idle_tls_connections_take_bursts() {
     }
     let pki = Pki::new();
     let (broker, addr) = start_tls(config_with(pki.listener(false))).await;
-    let port = addr.port().to_string();
+    let port = chopping_relay(addr, 1_000).await.port().to_string();
     let ca = pki.path("ca.pem").to_str().unwrap().to_string();
     let lines: Vec<String> = (0..100)
         .map(|i| {
