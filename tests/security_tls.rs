@@ -644,11 +644,26 @@ async fn idle_tls_connections_take_bursts() {
         .collect();
     for version in ["tlsv1.2", "tlsv1.3"] {
         let topic = format!("burst/{version}");
-        let (sub_id, pub_id) = (format!("burst-sub-{version}"), format!("burst-pub-{version}"));
+        let (sub_id, pub_id) = (
+            format!("burst-sub-{version}"),
+            format!("burst-pub-{version}"),
+        );
         let common = |id: &str| -> Vec<String> {
             [
-                "-h", "127.0.0.1", "-p", &port, "--cafile", &ca, "--tls-version", version, "-t",
-                &topic, "-q", "1", "-i", id,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "--cafile",
+                &ca,
+                "--tls-version",
+                version,
+                "-t",
+                &topic,
+                "-q",
+                "1",
+                "-i",
+                id,
             ]
             .iter()
             .map(|s| s.to_string())

@@ -245,8 +245,7 @@ impl Inner {
                         Job::Encrypt(d) => (d, false),
                         Job::CloseNotify => (&[][..], true),
                     };
-                    let mut room =
-                        data.len() + RECORD_OVERHEAD * (data.len() / (16 * 1024) + 2);
+                    let mut room = data.len() + RECORD_OVERHEAD * (data.len() / (16 * 1024) + 2);
                     let done = loop {
                         if matches!(job, Job::Nothing) {
                             break Ok(0);
