@@ -583,6 +583,37 @@ async fn mosquitto_clients_over_tls() {
     broker.shutdown().await;
 }
 
+/// TLS 1.3 key updates after the handshake: a client that refreshes its keys (asking the
+/// broker to update its own) goes on exchanging packets both ways; the broker's answering key
+/// update reaches the client before anything encrypted with its new keys.
+#[tokio::test]
+async fn tls13_key_updates_keep_the_connection() {
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(false))).await;
+    let cfg = client_config(&pki.ca.cert, None, &[&rustls::version::TLS13]);
+    let (mut c, rc) = TlsClient::connect(addr, cfg, connect_packet(ProtocolVersion::V5, "ku"))
+        .await
+        .expect("CONNACK over TLS");
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    assert_eq!(c.subscribe("ku/#").await, ReasonCode::GRANTED_QOS_0);
+    for i in 0..3 {
+        c.stream.get_mut().1.refresh_traffic_keys().unwrap();
+        c.send(Packet::PingReq).await.unwrap();
+        assert!(
+            matches!(c.recv().await, Some(Packet::PingResp)),
+            "PINGRESP after key update {i}"
+        );
+        broker
+            .publish("ku/x", format!("after update {i}"), QoS::AtMostOnce, false)
+            .unwrap();
+        match c.recv().await {
+            Some(Packet::Publish(p)) => assert_eq!(p.payload, format!("after update {i}")),
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+    broker.shutdown().await;
+}
+
 /// Forwards each connection made to the address it returns to `to`, both ways, in pieces of at
 /// most `piece` bytes written one at a time: the broker's reads end anywhere in a TLS record.
 async fn chopping_relay(to: SocketAddr, piece: usize) -> SocketAddr {

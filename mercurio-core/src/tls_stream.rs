@@ -169,8 +169,6 @@ impl Inner {
     /// Processes what `incoming` holds until a state that needs the caller; does `job` when
     /// the connection can carry application data.
     fn step(&mut self, job: Job<'_>) -> io::Result<Step> {
-        // Where the records of the job start in `outgoing`.
-        let mut job_start = 0;
         loop {
             let UnbufferedStatus { mut discard, state } =
                 self.conn.process_tls_records(&mut self.incoming);
@@ -238,8 +236,8 @@ impl Inner {
                 }
                 ConnectionState::BlockedHandshake => Ok(Some(Step::NeedInput)),
                 ConnectionState::WriteTraffic(mut w) => {
+                    // rustls puts what it queued (a TLS 1.3 key update) before the records.
                     let start = self.outgoing.len();
-                    job_start = start;
                     let (data, close) = match job {
                         Job::Nothing => (&[][..], false),
                         Job::Encrypt(d) => (d, false),
@@ -273,42 +271,9 @@ impl Inner {
                 _ => Err(io::Error::other("unexpected TLS state (early data)")),
             };
             self.incoming.drain(..discard);
-            match next? {
-                None => continue,
-                Some(Step::Traffic(n)) => {
-                    if !matches!(job, Job::Nothing) {
-                        self.records_before(job_start)?;
-                    }
-                    return Ok(Step::Traffic(n));
-                }
-                Some(s) => return Ok(s),
+            if let Some(step) = next? {
+                return Ok(step);
             }
-        }
-    }
-
-    /// Handshake records rustls queued while encrypting (a TLS 1.3 key update, when the
-    /// current keys are used up) were encrypted with the keys before the data's: they go
-    /// in front of the records just encrypted, which start at `start`.
-    fn records_before(&mut self, start: usize) -> io::Result<()> {
-        loop {
-            let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
-            let Ok(ConnectionState::EncodeTlsData(mut e)) = state else {
-                return Ok(());
-            };
-            let mut room = 512;
-            let record = loop {
-                let mut record = vec![0; room];
-                match e.encode(&mut record) {
-                    Ok(n) => {
-                        record.truncate(n);
-                        break record;
-                    }
-                    Err(EncodeError::InsufficientSize(s)) => room = s.required_size,
-                    Err(EncodeError::AlreadyEncoded) => break Vec::new(),
-                }
-            };
-            let at = start.max(self.out_pos);
-            self.outgoing.splice(at..at, record);
         }
     }
 
