@@ -89,7 +89,7 @@ async fn a_publisher_feeding_offline_sessions_waits_for_the_bytes_it_owes_storag
     );
     let pending = stats().storage_pending_bytes.load(Ordering::Relaxed);
     assert!(
-        pending >= 64 * 1024 && pending < 512 * 1024,
+        (64 * 1024..512 * 1024).contains(&pending),
         "owed {pending} bytes: over the bound by about one PUBLISH's copies"
     );
     let mut acked = 0u16;
@@ -134,7 +134,11 @@ async fn a_publisher_feeding_offline_sessions_waits_for_the_bytes_it_owes_storag
         assert!(present, "{id}: session present");
         for n in 1..=MESSAGES {
             let p = c.expect_publish().await;
-            assert_eq!(p.payload.as_ref(), &[n as u8; 1024][..], "{id}: message {n}");
+            assert_eq!(
+                p.payload.as_ref(),
+                &[n as u8; 1024][..],
+                "{id}: message {n}"
+            );
             c.ack(&p).await;
         }
         c.disconnect().await;

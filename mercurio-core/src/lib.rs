@@ -58,8 +58,8 @@ pub use handle::{
 pub use http::HttpLimits;
 pub use intercept::{InterceptedPublish, PublishInterceptor, Verdict};
 pub use link::DisconnectReason;
-pub use persist::WriteFailure;
 /// The storage crate: the `Storage` trait, its records and backends.
 pub use mercurio_storage as storage;
 pub use message::Message;
+pub use persist::WriteFailure;
 pub use session::Session;

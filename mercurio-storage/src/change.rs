@@ -169,14 +169,22 @@ impl Change {
             client_id.len()
         }
         match self {
-            Change::SessionSaved(h) => id(&h.client_id) + h.username.as_ref().map_or(0, String::len),
+            Change::SessionSaved(h) => {
+                id(&h.client_id) + h.username.as_ref().map_or(0, String::len)
+            }
             Change::SessionWritten(r) => {
                 id(&r.client_id)
                     + r.username.as_ref().map_or(0, String::len)
-                    + r.subscriptions.iter().map(|s| s.filter.len()).sum::<usize>()
+                    + r.subscriptions
+                        .iter()
+                        .map(|s| s.filter.len())
+                        .sum::<usize>()
                     + r.will.as_ref().map_or(0, |w| message(&w.message))
                     + r.queued.iter().map(|q| message(&q.message)).sum::<usize>()
-                    + r.inflight.iter().map(|f| message(&f.message)).sum::<usize>()
+                    + r.inflight
+                        .iter()
+                        .map(|f| message(&f.message))
+                        .sum::<usize>()
             }
             Change::SubscriptionAdded {
                 client_id,
@@ -185,7 +193,9 @@ impl Change {
             Change::SubscriptionRemoved { client_id, filter } => id(client_id) + filter.len(),
             Change::WillSet { client_id, will } => id(client_id) + message(&will.message),
             Change::MessageQueued {
-                client_id, message: m, ..
+                client_id,
+                message: m,
+                ..
             } => id(client_id) + message(m),
             Change::InflightSet {
                 client_id,

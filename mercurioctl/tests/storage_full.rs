@@ -193,7 +193,10 @@ fn a_full_disk_is_reported_and_what_needs_no_disk_goes_on() {
         "{line}"
     );
     let result = &d.admin(r#"{"command":"broker.status"}"#)["result"];
-    assert!(result["storage"]["writes_failed"].as_u64() > Some(0), "{result}");
+    assert!(
+        result["storage"]["writes_failed"].as_u64() > Some(0),
+        "{result}"
+    );
 
     // What needs no disk goes on: QoS 0 between non-persistent clients.
     let mut live = Mqtt::connect(mqtt, 4, "live", true);
@@ -205,7 +208,9 @@ fn a_full_disk_is_reported_and_what_needs_no_disk_goes_on() {
 
     // Space again: writes go through, the broker is ok.
     std::fs::remove_file(filler).expect("free the disk");
-    wait_until("/healthz 200 once space is freed", || healthz(http).0 == 200);
+    wait_until("/healthz 200 once space is freed", || {
+        healthz(http).0 == 200
+    });
     assert!(storage_line(&d).contains("sqlite (ok)"), "{}", status(&d));
 
     // Every acknowledged message reaches the persistent session [MQTT-4.3.2-1]... after a

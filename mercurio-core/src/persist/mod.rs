@@ -423,12 +423,7 @@ impl Persister {
     /// Owed by the message's publisher.
     pub(crate) fn retained_set(&self, msg: &Message) {
         self.emit_paid(
-            Change::RetainedSet(RetainedRecord::new(message_record(
-                msg,
-                msg.qos,
-                true,
-                &[],
-            ))),
+            Change::RetainedSet(RetainedRecord::new(message_record(msg, msg.qos, true, &[]))),
             publisher(msg),
         );
     }
