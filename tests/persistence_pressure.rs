@@ -147,14 +147,17 @@ async fn a_publisher_feeding_offline_sessions_waits_for_the_bytes_it_owes_storag
 }
 
 /// Storage that fails every write for a second is reported: `/healthz` 503 with the error,
-/// `storage/unwritable` 1, failed writes counted, while clients that need no storage go on
-/// (QoS 0 and QoS 1 between non-persistent sessions). When writes succeed again it is
+/// `storage/unwritable` 1, failed writes counted. The publisher whose message waits for
+/// storage is held (over `max_pending_bytes_total`), while clients that owe storage nothing
+/// go on (QoS 0 and QoS 1 between non-persistent sessions). When writes succeed again it is
 /// healthy again and the message kept for an offline session while storage failed is delivered.
 #[tokio::test]
 async fn storage_that_takes_no_writes_is_reported_and_the_rest_goes_on() {
     let storage = MemoryStorage::new();
     let mut config = tcp_and_websocket_config();
     config.listeners[1].health = true;
+    // Any byte owed is over the broker's total: every client owing something waits.
+    config.storage.max_pending_bytes_total = 1;
     let (broker, addr) = offline_subscribers(config, &storage, 1, "keep/t").await;
     let http = broker.local_addrs()[1];
     assert_eq!(http_get(http, "/healthz").await.status, 200);
@@ -164,6 +167,14 @@ async fn storage_that_takes_no_writes_is_reported_and_the_rest_goes_on() {
     publisher
         .publish("keep/t", b"kept", QoS::AtLeastOnce, false)
         .await;
+    wait_until("the publisher owing storage is held", || {
+        broker
+            .stats()
+            .storage_clients_waiting
+            .load(Ordering::Relaxed)
+            == 1
+    })
+    .await;
     let mut answer = http_get(http, "/healthz").await;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while answer.status != 503 {
@@ -188,11 +199,10 @@ async fn storage_that_takes_no_writes_is_reported_and_the_rest_goes_on() {
     // What needs no storage is served: QoS 0 and QoS 1 between non-persistent sessions.
     let mut sub = Client::connect(addr, ProtocolVersion::V5, "live-sub").await;
     sub.subscribe("live/#", QoS::AtLeastOnce).await;
-    publisher
-        .publish("live/0", b"zero", QoS::AtMostOnce, false)
+    let mut live = Client::connect(addr, ProtocolVersion::V5, "live-pub").await;
+    live.publish("live/0", b"zero", QoS::AtMostOnce, false)
         .await;
-    publisher
-        .publish("live/1", b"one", QoS::AtLeastOnce, false)
+    live.publish("live/1", b"one", QoS::AtLeastOnce, false)
         .await;
     let p = sub.expect_publish().await;
     assert_eq!(p.payload.as_ref(), b"zero");
@@ -216,6 +226,13 @@ async fn storage_that_takes_no_writes_is_reported_and_the_rest_goes_on() {
     }
     assert!(broker.storage_write_failure().is_none());
     assert_eq!(stats.storage_unwritable.load(Ordering::Relaxed), 0);
+    wait_until("the publisher is read again", || {
+        stats.storage_clients_waiting.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    publisher
+        .publish("live/2", b"two", QoS::AtLeastOnce, false)
+        .await;
     broker.flush_storage().await;
     let (mut c, present) = connect_persistent(addr, ProtocolVersion::V5, "offline-0").await;
     assert!(present);
