@@ -251,7 +251,7 @@ pub enum StorageBackend {
 }
 
 /// `[storage]`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub backend: StorageBackend,
@@ -263,6 +263,31 @@ pub struct StorageConfig {
     pub standby: bool,
     /// Acknowledge QoS 1/2 only after the commit; default false.
     pub durable_ack: bool,
+    /// Back pressure from storage, in bytes of changes not yet stored (the topic, payload
+    /// and properties of each stored message copy, plus its client identifier), charged to
+    /// the client whose PUBLISH produced them (a message queued for 20 offline persistent
+    /// sessions costs its publisher 20 copies). A client over it is not read until storage
+    /// has caught up below it, so its PUBACK / PUBREC stop coming. 0 = unlimited; default
+    /// 8 MiB.
+    pub max_pending_bytes: u64,
+    /// The same bound for the whole broker: while more bytes than this wait for storage,
+    /// every client with changes of its own waiting is not read; clients with none (QoS 0
+    /// between non-persistent sessions) go on. 0 = unlimited; default 64 MiB.
+    pub max_pending_bytes_total: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            backend: StorageBackend::Memory,
+            path: None,
+            url: None,
+            standby: false,
+            durable_ack: false,
+            max_pending_bytes: 8 * 1024 * 1024,
+            max_pending_bytes_total: 64 * 1024 * 1024,
+        }
+    }
 }
 
 /// `[logging]`.

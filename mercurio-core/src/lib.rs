@@ -63,4 +63,5 @@ pub use link::DisconnectReason;
 /// The storage crate: the `Storage` trait, its records and backends.
 pub use mercurio_storage as storage;
 pub use message::Message;
+pub use persist::WriteFailure;
 pub use session::Session;

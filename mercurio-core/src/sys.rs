@@ -160,6 +160,22 @@ impl SysPublisher {
                 "storage/sessions/set aside".into(),
                 get(&s.storage_sessions_set_aside).to_string(),
             ),
+            (
+                "storage/pending/bytes".into(),
+                get(&s.storage_pending_bytes).to_string(),
+            ),
+            (
+                "storage/clients/waiting".into(),
+                get(&s.storage_clients_waiting).to_string(),
+            ),
+            (
+                "storage/writes/failed".into(),
+                get(&s.storage_writes_failed).to_string(),
+            ),
+            (
+                "storage/unwritable".into(),
+                get(&s.storage_unwritable).to_string(),
+            ),
         ];
         for (name, value) in &counters[..4] {
             v.push(((*name).into(), value.to_string()));

@@ -395,7 +395,8 @@ fn under_systemd_stdout_lines_carry_their_severity() {
 }
 
 /// `broker status` names the storage backend and its state, from the storage writer's
-/// counters ("ok" while nothing waits to be written again and no session was set aside).
+/// counters ("ok" while storage takes writes, nothing waits to be written again and no
+/// session was set aside), with the bytes waiting for storage and the failed writes.
 #[test]
 fn status_reports_the_storage_state() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -406,8 +407,18 @@ fn status_reports_the_storage_state() {
     ));
     d.wait_listening();
     let status = d.admin(r#"{"command":"broker.status"}"#);
+    let storage = &ok(&status)["storage"];
     assert_eq!(
-        ok(&status)["storage"],
-        serde_json::json!({"backend": "sqlite", "state": "ok"})
+        (
+            &storage["backend"],
+            &storage["state"],
+            &storage["writes_failed"]
+        ),
+        (
+            &serde_json::json!("sqlite"),
+            &serde_json::json!("ok"),
+            &serde_json::json!(0)
+        )
     );
+    assert!(storage["pending_bytes"].is_u64(), "{storage}");
 }

@@ -95,6 +95,16 @@ impl Reader<'_> {
                                 deadline = Some(tokio::time::Instant::now() + g);
                             }
                         }
+                        // Storage back pressure, per packet: a PUBLISH can queue copies
+                        // for many persistent sessions, owed by this client until stored.
+                        if let Some(p) = self.broker.persist.get() {
+                            if p.must_wait(&self.session.client_id) {
+                                Box::pin(p.wait_room(&self.session.client_id)).await;
+                                if let Some(g) = grace {
+                                    deadline = Some(tokio::time::Instant::now() + g);
+                                }
+                            }
+                        }
                         if self.link.control_full() {
                             let patience = self.broker.limits.stall_time;
                             if !Box::pin(self.link.wait_control_room(patience)).await {
@@ -133,7 +143,13 @@ impl Reader<'_> {
                 *buf = BytesMut::with_capacity(256);
             }
             if let Some(p) = self.broker.persist.get() {
-                p.wait_room(&self.session.client_id).await;
+                if p.must_wait(&self.session.client_id) {
+                    p.wait_room(&self.session.client_id).await;
+                    // The keep alive restarts: the client was silent because it was not read.
+                    if let Some(g) = grace {
+                        deadline = Some(tokio::time::Instant::now() + g);
+                    }
+                }
             }
             let read = async {
                 match deadline {
