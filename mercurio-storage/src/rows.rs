@@ -17,7 +17,7 @@ use crate::records::{
 
 /// The columns of a message, in this order, in every table that stores one.
 pub(crate) const MESSAGE_COLUMNS: &str =
-    "topic, payload, qos, retain, properties, expires_at, publisher";
+    "topic, payload, qos, retain, properties, expires_at, publisher, share";
 /// What [`subscription`] reads, after the client id.
 pub(crate) const SUBSCRIPTION_COLUMNS: &str =
     "filter, qos, no_local, retain_as_published, retain_handling, subscription_identifier";
@@ -25,7 +25,7 @@ pub(crate) const SUBSCRIPTION_COLUMNS: &str =
 pub(crate) const SESSION_COLUMNS: &str =
     "client_id, protocol_level, session_expiry_interval, disconnected_at, will_topic, \
      will_payload, will_qos, will_retain, will_properties, will_expires_at, will_publisher, \
-     will_delay_interval, username";
+     will_delay_interval, username, certificate";
 
 /// One row of a query, read by column index; a failure is described in words (the column's
 /// name and the driver's reason).
@@ -94,6 +94,7 @@ pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord,
             .map(|v| unsigned(v, "expires_at"))
             .transpose()?,
         publisher: row.opt_text(at + 6)?,
+        share: row.opt_text(at + 7)?,
     })
 }
 
@@ -204,6 +205,7 @@ impl Sessions {
                 .map(|v| unsigned(v, "disconnected_at"))
                 .transpose()?,
             username: row.opt_text(12)?,
+            certificate: row.opt_text(13)?,
             subscriptions: self
                 .subscriptions
                 .remove(client_id)

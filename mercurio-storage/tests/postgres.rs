@@ -39,6 +39,7 @@ fn saved(client_id: &str) -> Change {
         session_expiry_interval: 60,
         disconnected_at: None,
         username: None,
+        certificate: None,
     })
 }
 

@@ -35,7 +35,8 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use records::{
-    header, inflight_record, message_record, session_record, subscription_record, will_record,
+    header, inflight_record, message_record, queued_record, session_record, subscription_record,
+    will_record,
 };
 use writer::{BatchWriter, Callback, Op};
 
@@ -278,7 +279,7 @@ impl SessionChanges for Persister {
         self.emit(Change::MessageQueued {
             client_id: client_id.to_string(),
             seq: q.seq,
-            message: message_record(&q.msg, q.qos, q.retain, &q.subscription_ids),
+            message: queued_record(q),
         });
     }
 
