@@ -81,8 +81,16 @@ fn unsigned(v: i64, what: &str) -> Result<u64, String> {
     u64::try_from(v).map_err(|_| format!("{what}: negative value {v}"))
 }
 
-/// A message from the [`MESSAGE_COLUMNS`] starting at column `at`.
+/// A message from the [`MESSAGE_COLUMNS`] starting at column `at` (`share` included).
 pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
+    let mut message = will_message_at(row, at)?;
+    message.share = row.opt_text(at + 7)?;
+    Ok(message)
+}
+
+/// A will's message: the [`MESSAGE_COLUMNS`] but `share` (a will has none), starting at
+/// column `at`.
+fn will_message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
     Ok(MessageRecord {
         topic: row.text(at)?,
         payload: Bytes::from(row.bytes(at + 1)?),
@@ -94,7 +102,7 @@ pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord,
             .map(|v| unsigned(v, "expires_at"))
             .transpose()?,
         publisher: row.opt_text(at + 6)?,
-        share: row.opt_text(at + 7)?,
+        share: None,
     })
 }
 
@@ -192,7 +200,7 @@ impl Sessions {
         let will = match row.opt_text(4)? {
             None => None,
             Some(_) => Some(WillRecord {
-                message: message_at(row, 4)?,
+                message: will_message_at(row, 4)?,
                 delay_interval: small(row.opt_int(11)?.unwrap_or(0), "will delay interval")?,
             }),
         };
