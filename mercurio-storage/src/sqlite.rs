@@ -982,6 +982,7 @@ mod tests {
             session_expiry_interval: 10,
             disconnected_at: None,
             username: None,
+            certificate: None,
         };
         let err = storage
             .apply(&[Change::SessionSaved(header.clone())])
