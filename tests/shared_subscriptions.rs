@@ -89,9 +89,10 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 
 /// Member A is sent two QoS 1 messages (its Receive Maximum) and has two more queued; it
 /// acknowledges none and disconnects with a Session Expiry Interval of 0, which ends its
-/// session: all four go to member B, at QoS 1 [MQTT-4.8.2-6 ff.: "If the Client's Session
-/// terminates before the Client reconnects, the Server SHOULD send the Application Message to
-/// another Client that is subscribed to the same Shared Subscription"].
+/// session: all four go to member B, at QoS 1 (MQTT 5.0 section 4.8.2, a statement without a
+/// number: "If the Client's Session terminates before the Client reconnects, the Server SHOULD
+/// send the Application Message to another Client that is subscribed to the same Shared
+/// Subscription").
 #[tokio::test]
 async fn unacknowledged_and_queued_messages_go_to_another_member_when_a_session_ends() {
     let (broker, addr) = start().await;
