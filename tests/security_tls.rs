@@ -346,6 +346,58 @@ async fn certificate_name_as_user_name() {
     broker.shutdown().await;
 }
 
+/// A session belongs to the client certificate that made it, also when the certificate's name
+/// is not the user name: a client presenting another certificate (of the same CA) with its
+/// client identifier gets a new session, never the first one's subscriptions or messages
+/// (MQTT 5.0 section 5.4.2: the Server should authorize a session's use).
+#[tokio::test]
+async fn another_client_certificate_gets_a_fresh_session() {
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(true))).await;
+    let device_7 = client_config(&pki.ca.cert, Some(&pki.client), ALL);
+    let device_8 = client_config(&pki.ca.cert, Some(&pki.ca.issue("device-8", false)), ALL);
+    let connect = || persistent(ProtocolVersion::V5, "shared-id", 300);
+    let (mut c, rc) = TlsClient::connect(addr, Arc::clone(&device_7), connect())
+        .await
+        .unwrap();
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    assert_eq!(c.subscribe("fleet/#").await, ReasonCode::GRANTED_QOS_0);
+    c.send(Packet::Disconnect(Default::default()))
+        .await
+        .unwrap();
+    assert!(c.recv().await.is_none(), "closed after DISCONNECT");
+
+    // The same certificate resumes its session.
+    let resumed = async |config: &Arc<rustls::ClientConfig>| {
+        let mut c = TlsClient::open(addr, Arc::clone(config)).await.unwrap();
+        c.send(Packet::Connect(Box::new(connect()))).await.unwrap();
+        let present = match c.recv().await {
+            Some(Packet::ConnAck(a)) => {
+                assert_eq!(a.reason_code, ReasonCode::SUCCESS);
+                a.session_present
+            }
+            other => panic!("expected CONNACK, got {other:?}"),
+        };
+        c.send(Packet::Disconnect(Default::default()))
+            .await
+            .unwrap();
+        assert!(c.recv().await.is_none(), "closed after DISCONNECT");
+        present
+    };
+    assert!(
+        resumed(&device_7).await,
+        "its own certificate: session present"
+    );
+    // Another certificate, same user name (none): a new session.
+    assert!(
+        !resumed(&device_8).await,
+        "another certificate: no session present"
+    );
+    // And the first certificate's session is gone with it.
+    assert!(!resumed(&device_7).await, "the session was replaced");
+    broker.shutdown().await;
+}
+
 #[tokio::test]
 async fn stalled_handshake_is_bounded_by_connect_timeout() {
     let pki = Pki::new();

@@ -64,6 +64,7 @@ pub(crate) struct Snapshot {
     pub sessions_disconnected: u64,
     pub sessions_expired: u64,
     pub clients_stalled: u64,
+    pub shared_passed_on: u64,
     pub messages_received: u64,
     pub messages_sent: u64,
     pub bytes_received: u64,
@@ -96,6 +97,7 @@ impl Snapshot {
             sessions_disconnected: sessions - connected.min(sessions),
             sessions_expired: get(&s.sessions_expired),
             clients_stalled: get(&s.clients_stalled),
+            shared_passed_on: get(&s.shared_passed_on),
             messages_received: get(&s.messages_received),
             messages_sent: get(&s.messages_sent),
             bytes_received: get(&s.bytes_received),
@@ -327,6 +329,11 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
             "mercurio_clients_stalled",
             "Times a client with queued messages took none for stall_time and stopped holding publishers back",
             s.clients_stalled,
+        ),
+        Family::counter(
+            "mercurio_shared_passed_on",
+            "Messages a shared subscription's member left unacknowledged that another member of the group took",
+            s.shared_passed_on,
         ),
         Family::counter(
             "mercurio_messages_received",

@@ -31,6 +31,10 @@ pub(crate) struct Delivery {
     pub subscription_ids: Vec<u32>,
     /// Position in the session's queue, set by [`Session::enqueue`] (storage's key).
     pub seq: u64,
+    /// For a delivery made through a shared subscription, the group's full filter
+    /// (`$share/{ShareName}/{filter}`): if the session ends, or leaves the group, before the
+    /// client acknowledges it, it goes to another member (MQTT 5.0 section 4.8.2).
+    pub share: Option<Arc<str>>,
 }
 
 impl Delivery {
@@ -183,12 +187,6 @@ impl Queue {
         }
         removed
     }
-
-    /// Empties the queue.
-    pub(crate) fn clear(&mut self) {
-        self.items.clear();
-        self.bytes = 0;
-    }
 }
 
 /// The mutable part of a session.
@@ -227,6 +225,9 @@ pub(crate) struct SessionState {
     /// The user name of the last connection, stored with the session so that access checks
     /// made while it is offline after a restart use it (`identity` is restored from it).
     pub username: Option<Arc<str>>,
+    /// The name of the client certificate of the last connection (`None`: none), stored with
+    /// the session: with `username`, who the session belongs to.
+    pub certificate: Option<Arc<str>>,
     /// Where changes are reported for storage, for a broker with a storage backend.
     pub changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
@@ -328,6 +329,7 @@ impl Session {
                 dropped: 0,
                 disconnected_at: None,
                 username: None,
+                certificate: None,
                 changes: None,
                 next_seq: 1,
                 last_progress: Instant::now(),
@@ -506,6 +508,18 @@ pub(crate) struct Detached {
     pub will_delay: Option<u32>,
 }
 
+/// What [`Session::end`] leaves for the broker to do.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    /// The filters the session was subscribed to, to take out of the index.
+    pub filters: Vec<String>,
+    /// Its will, still to be published [MQTT-3.1.2-8].
+    pub will: Option<Will>,
+    /// Its queued and unacknowledged deliveries made through shared subscriptions, for
+    /// other members of their groups (MQTT 5.0 section 4.8.2).
+    pub shared: Vec<Delivery>,
+}
+
 /// The session's life: taken by a connection, left, ended; its subscriptions.
 impl Session {
     /// The connection serving this session now, if any.
@@ -576,21 +590,46 @@ impl Session {
     }
 
     /// Ends the session: its queue, in-flight messages and subscriptions are dropped. Returns
-    /// the filters it was subscribed to and its pending will, or `None` when it had ended.
-    pub(crate) fn end(&self) -> Option<(Vec<String>, Option<Will>)> {
+    /// what it leaves behind ([`Ended`]), or `None` when it had ended.
+    pub(crate) fn end(&self) -> Option<Ended> {
         let mut st = self.state.lock();
         if st.ended {
             return None;
         }
         st.ended = true;
         st.persist_ended(&self.client_id);
-        st.queue.clear();
-        st.inflight.clear();
+        // Oldest first: in flight, then queued. A QoS 2 message whose PUBREC came back was
+        // received: only its PUBREL was owed.
+        let mut shared: Vec<Delivery> = st
+            .inflight
+            .drain(..)
+            .filter(|f| f.state != OutboundState::AwaitingPubComp)
+            .map(|f| f.delivery)
+            .collect();
+        shared.extend(st.queue.retain(|_| false));
+        shared.retain(|q| q.share.is_some());
         let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
         let will = st.will.take();
         drop(st);
         self.release_waiters();
-        Some((filters, will))
+        Some(Ended {
+            filters,
+            will,
+            shared,
+        })
+    }
+
+    /// Takes out of the queue the deliveries made through the shared subscription `filter`
+    /// (the session left the group), reporting them to storage. In-flight ones stay: the
+    /// client holds them and may acknowledge them [MQTT-3.10.4-3].
+    pub(crate) fn take_shared(&self, filter: &str) -> Vec<Delivery> {
+        let mut st = self.state.lock();
+        let taken = st.queue.retain(|q| q.share.as_deref() != Some(filter));
+        for q in &taken {
+            st.persist_dequeued(&self.client_id, q);
+        }
+        st.note_room(&self.client_id);
+        taken
     }
 
     /// True when no connection took the session up since `generation` and it has not ended:

@@ -58,6 +58,9 @@ pub struct Stats {
     pub clients_connected: AtomicU64,
     pub clients_maximum: AtomicU64,
     pub sessions_expired: AtomicU64,
+    /// Messages a shared subscription's member left unacknowledged (its session ended, or it
+    /// left the group) that another member of the group took (MQTT 5.0 section 4.8.2).
+    pub shared_passed_on: AtomicU64,
     /// Times a client with queued messages was found stalled (took none for `stall_time`)
     /// while publishers routed into its queue: from then on it held nobody back.
     pub clients_stalled: AtomicU64,

@@ -133,6 +133,10 @@ impl SysPublisher {
                 get(&s.clients_stalled).to_string(),
             ),
             (
+                "publish/messages/shared_passed_on".into(),
+                get(&s.shared_passed_on).to_string(),
+            ),
+            (
                 "retained messages/count".into(),
                 b.retained.lock().len().to_string(),
             ),

@@ -46,7 +46,8 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use records::{
-    header, inflight_record, message_record, session_record, subscription_record, will_record,
+    header, inflight_record, message_record, queued_record, session_record, subscription_record,
+    will_record,
 };
 use writer::{BatchWriter, Callback, Op};
 
@@ -443,7 +444,7 @@ impl SessionChanges for Persister {
             Change::MessageQueued {
                 client_id: client_id.to_string(),
                 seq: q.seq,
-                message: message_record(&q.msg, q.qos, q.retain, &q.subscription_ids),
+                message: queued_record(q),
             },
             publisher(&q.msg),
         );

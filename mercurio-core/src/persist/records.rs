@@ -63,6 +63,7 @@ pub(crate) fn message_record(msg: &Message, qos: QoS, retain: bool, ids: &[u32])
         properties,
         expires_at: msg.expires_at.map(|at| instant_to_unix(at, now, now_ms)),
         publisher: msg.publisher.as_deref().map(str::to_string),
+        share: None,
     }
 }
 
@@ -93,8 +94,11 @@ pub(crate) fn message_from(
     ))
 }
 
+/// The stored form of a queued or in-flight delivery, with its shared subscription.
 pub(crate) fn queued_record(q: &Delivery) -> MessageRecord {
-    message_record(&q.msg, q.qos, q.retain, &q.subscription_ids)
+    let mut record = message_record(&q.msg, q.qos, q.retain, &q.subscription_ids);
+    record.share = q.share.as_deref().map(str::to_string);
+    record
 }
 
 pub(crate) fn inflight_record(f: &Inflight) -> InflightRecord {
@@ -141,6 +145,7 @@ pub(crate) fn header(client_id: &str, st: &SessionState) -> SessionHeader {
             .disconnected_at
             .map(|at| instant_to_unix(at, Instant::now(), unix_ms())),
         username: st.username.as_deref().map(str::to_string),
+        certificate: st.certificate.as_deref().map(str::to_string),
     }
 }
 
@@ -208,6 +213,7 @@ pub(crate) fn inflight_from(
             msg: Arc::new(msg),
             subscription_ids: ids,
             seq: 0,
+            share: record.message.share.as_deref().map(Arc::from),
         },
         sent: false,
     })
