@@ -54,8 +54,14 @@ pub(super) struct Writer<'a> {
 
 impl Writer<'_> {
     pub(super) async fn run<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> Close {
+        // The write buffer is released while the writer sleeps (an idle connection holds
+        // none) and given back the room it had at the next wake-up, in one allocation.
+        let mut room = 0;
         loop {
             self.link.wait_woken().await;
+            if self.out.capacity() == 0 {
+                self.out.reserve(room);
+            }
             loop {
                 let mut out = std::mem::take(&mut self.out);
                 let (more, pubacks) = self.fill(&mut out);
@@ -74,7 +80,8 @@ impl Writer<'_> {
                     break;
                 }
             }
-            if self.out.capacity() > IDLE_BUFFER_LIMIT {
+            if self.out.is_empty() {
+                room = self.out.capacity().min(IDLE_BUFFER_LIMIT);
                 self.out = BytesMut::new();
             }
         }
