@@ -89,35 +89,67 @@ where
 /// [`serve`], with what a TLS handshake told about the client and the instant by which
 /// CONNECT must have arrived (`connect_timeout` after the socket was accepted: the TLS
 /// handshake and CONNECT share it).
-pub(crate) async fn serve_with<S>(
+pub(crate) fn serve_with<S>(
     broker: Arc<BrokerState>,
     stream: S,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
     connect_deadline: tokio::time::Instant,
     listener: usize,
-) where
+) -> impl std::future::Future<Output = ()> + Send
+where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     // A future is as large as the largest state it can be in, and the connection's task holds
     // its own for the connection's whole life, idle ones too: so each phase is boxed, and
-    // the task holds only the box of the phase running now. Idle, that is `run`'s.
-    // (The connection is moved into its box within the one statement: held past it, it
-    // would take room in this future too.)
-    let running = match Box::pin(handshake(
+    // the task holds only the box of the phase running now. Idle, that is `run`'s. (Not an
+    // `async fn`: its future would keep room for its arguments.)
+    let handshake = Box::pin(handshake(
         broker,
         stream,
         peer,
         tls,
         connect_deadline,
         listener,
-    ))
-    .await
+    ));
+    async move {
+        // The connection is moved into its box within the one statement: held past it, it
+        // would take room in this future too.
+        let running = match handshake.await {
+            Some(c) => Box::pin(run(c)),
+            None => return,
+        };
+        running.await
+    }
+}
+
+/// A map that takes no room until its first entry: a topic alias table, which most
+/// connections never use, costs one pointer instead of an empty `HashMap`'s 48 bytes.
+#[derive(Debug)]
+pub(super) struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
+
+impl<K: Eq + std::hash::Hash, V> LazyMap<K, V> {
+    pub(super) fn new() -> Self {
+        LazyMap(None)
+    }
+
+    pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Eq + std::hash::Hash + ?Sized,
     {
-        Some(c) => Box::pin(run(c)),
-        None => return,
-    };
-    running.await
+        self.0.as_ref()?.get(key)
+    }
+
+    pub(super) fn insert(&mut self, key: K, value: V) -> Option<V> {
+        self.0
+            .get_or_insert_with(Default::default)
+            .insert(key, value)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |m| m.len())
+    }
 }
 
 /// A connection past its CONNACK: what its reader, its writer and its close share.
@@ -243,7 +275,7 @@ where
         session,
         link,
         version,
-        aliases: HashMap::new(),
+        aliases: LazyMap::new(),
         receive_maximum: broker.config.server.receive_maximum,
         bridge: c.bridge,
         congested: Vec::new(),
@@ -255,7 +287,7 @@ where
         link,
         version,
         limits: c.client_limits,
-        aliases: HashMap::new(),
+        aliases: LazyMap::new(),
         scratch: None,
         out: BytesMut::new(),
         mount,
@@ -299,7 +331,10 @@ where
     };
     let last = std::mem::take(&mut writer.out);
     drop((reader, writer));
-    Box::pin(finish(broker, session, link, &mut rd, version, c.peer, close, last)).await;
+    Box::pin(finish(
+        broker, session, link, &mut rd, version, c.peer, close, last,
+    ))
+    .await;
 }
 
 /// 4. The close: the final bytes (what an interrupted write left, never half a packet before
@@ -444,31 +479,103 @@ mod size_probe {
         let c = tokio::net::TcpStream::connect(addr).await.unwrap();
         let deadline = tokio::time::Instant::now();
         let f2 = handshake(Arc::clone(&broker), c, peer, None, deadline, 0);
-        eprintln!("handshake<TcpStream> future: {}", std::mem::size_of_val(&f2));
+        eprintln!(
+            "handshake<TcpStream> future: {}",
+            std::mem::size_of_val(&f2)
+        );
         let c = tokio::net::TcpStream::connect(addr).await.unwrap();
         let f3 = serve(Arc::clone(&broker), c, peer, 0);
         eprintln!("serve<TcpStream> future: {}", std::mem::size_of_val(&f3));
         let c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let conn = Connected { broker: Arc::clone(&broker), stream: parking_lot::Mutex::new(c), buf: BytesMut::new(), peer, listener: 0,
-            session: Arc::new(Session::new(Arc::from("x"), ProtocolVersion::V311, 0)), link: Arc::new(Link::new()), version: ProtocolVersion::V311, keep_alive: 60,
-            client_limits: writer::ClientLimits { inflight: 1, max_packet_size: 1, topic_alias_maximum: 0 }, bridge: false };
+        let conn = Connected {
+            broker: Arc::clone(&broker),
+            stream: parking_lot::Mutex::new(c),
+            buf: BytesMut::new(),
+            peer,
+            listener: 0,
+            session: Arc::new(Session::new(Arc::from("x"), ProtocolVersion::V311, 0)),
+            link: Arc::new(Link::new()),
+            version: ProtocolVersion::V311,
+            keep_alive: 60,
+            client_limits: writer::ClientLimits {
+                inflight: 1,
+                max_packet_size: 1,
+                topic_alias_maximum: 0,
+            },
+            bridge: false,
+        };
         eprintln!("Connected: {}", std::mem::size_of_val(&conn));
         let f4 = run(conn);
         eprintln!("run<TcpStream> future: {}", std::mem::size_of_val(&f4));
-        eprintln!("Session: {} SessionState: {}", std::mem::size_of::<crate::session::Session>(), std::mem::size_of::<crate::session::SessionState>());
+        eprintln!(
+            "Session: {} SessionState: {}",
+            std::mem::size_of::<crate::session::Session>(),
+            std::mem::size_of::<crate::session::SessionState>()
+        );
         eprintln!("Link: {}", std::mem::size_of::<crate::link::Link>());
-        eprintln!("Packet: {} Close: {} Properties: {}", std::mem::size_of::<Packet>(), std::mem::size_of::<Close>(), std::mem::size_of::<Properties>());
-        eprintln!("Reader: {} Writer: {}", std::mem::size_of::<Reader<'static>>(), std::mem::size_of::<Writer<'static>>());
+        eprintln!(
+            "Packet: {} Close: {} Properties: {}",
+            std::mem::size_of::<Packet>(),
+            std::mem::size_of::<Close>(),
+            std::mem::size_of::<Properties>()
+        );
+        eprintln!(
+            "Reader: {} Writer: {}",
+            std::mem::size_of::<Reader<'static>>(),
+            std::mem::size_of::<Writer<'static>>()
+        );
         let s = parking_lot::Mutex::new(tokio::net::TcpStream::connect(addr).await.unwrap());
         let mut h = Half(&s);
         let mut buf = BytesMut::new();
         let broker2 = Arc::clone(&broker);
         let sess = Arc::new(Session::new(Arc::from("x"), ProtocolVersion::V311, 0));
         let link = Arc::new(Link::new());
-        let mut r = Reader { broker: &broker2, session: &sess, link: &link, version: ProtocolVersion::V311, aliases: HashMap::new(), receive_maximum: 1, bridge: false, congested: Vec::new(), mount: None };
-        eprintln!("reader.run future: {}", std::mem::size_of_val(&r.run(&mut h, &mut buf, 60)));
-        let mut w = Writer { broker: &broker2, session: &sess, link: &link, version: ProtocolVersion::V311, limits: writer::ClientLimits { inflight: 1, max_packet_size: 1, topic_alias_maximum: 0 }, aliases: HashMap::new(), scratch: None, out: BytesMut::new(), mount: None };
-        eprintln!("writer.run future: {}", std::mem::size_of_val(&w.run(&mut h)));
-        eprintln!("finish future: {}", std::mem::size_of_val(&finish(&broker2, &sess, &link, &mut h, ProtocolVersion::V311, peer, Close::lost(DisconnectReason::ConnectionLost), BytesMut::new())));
+        let mut r = Reader {
+            broker: &broker2,
+            session: &sess,
+            link: &link,
+            version: ProtocolVersion::V311,
+            aliases: LazyMap::new(),
+            receive_maximum: 1,
+            bridge: false,
+            congested: Vec::new(),
+            mount: None,
+        };
+        eprintln!(
+            "reader.run future: {}",
+            std::mem::size_of_val(&r.run(&mut h, &mut buf, 60))
+        );
+        let mut w = Writer {
+            broker: &broker2,
+            session: &sess,
+            link: &link,
+            version: ProtocolVersion::V311,
+            limits: writer::ClientLimits {
+                inflight: 1,
+                max_packet_size: 1,
+                topic_alias_maximum: 0,
+            },
+            aliases: LazyMap::new(),
+            scratch: None,
+            out: BytesMut::new(),
+            mount: None,
+        };
+        eprintln!(
+            "writer.run future: {}",
+            std::mem::size_of_val(&w.run(&mut h))
+        );
+        eprintln!(
+            "finish future: {}",
+            std::mem::size_of_val(&finish(
+                &broker2,
+                &sess,
+                &link,
+                &mut h,
+                ProtocolVersion::V311,
+                peer,
+                Close::lost(DisconnectReason::ConnectionLost),
+                BytesMut::new()
+            ))
+        );
     }
 }

@@ -2,7 +2,6 @@
 //! section 4.3): PUBLISH and its acknowledgements, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and
 //! DISCONNECT. What it answers is encoded into the link's control buffer for the writer.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,7 +11,7 @@ use bytes::BytesMut;
 use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{Close, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
+use super::{Close, LazyMap, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::Action;
 use crate::broker::access::subscription_topic;
 use crate::broker::BrokerState;
@@ -68,7 +67,7 @@ pub(super) struct Reader<'a> {
     pub(super) link: &'a Arc<Link>,
     pub(super) version: ProtocolVersion,
     /// Topic aliases the client set, alias -> topic (MQTT 5.0 section 3.3.2.3.4).
-    pub(super) aliases: HashMap<u16, String>,
+    pub(super) aliases: LazyMap<u16, String>,
     pub(super) receive_maximum: u16,
     /// The client announced itself as a bridge (mosquitto's `try_private`): its
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.

@@ -2,14 +2,13 @@
 //! answers), the in-flight messages to resend and the session's queue into one buffer and one
 //! write, within the window and the limits the client set.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use super::{Close, IDLE_BUFFER_LIMIT};
+use super::{Close, LazyMap, IDLE_BUFFER_LIMIT};
 use crate::broker::BrokerState;
 use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
 use crate::link::{DisconnectReason, Link};
@@ -42,7 +41,7 @@ pub(super) struct Writer<'a> {
     pub(super) version: ProtocolVersion,
     pub(super) limits: ClientLimits,
     /// Topic aliases the broker set towards the client, topic -> alias.
-    pub(super) aliases: HashMap<String, u16>,
+    pub(super) aliases: LazyMap<String, u16>,
     /// Delivery properties built per message (5.0 only), allocated on first use.
     pub(super) scratch: Option<Box<Properties>>,
     /// What is being written. What an interrupted write left stays here, so that the final
