@@ -126,6 +126,7 @@ where
 /// A map that takes no room until its first entry: a topic alias table, which most
 /// connections never use, costs one pointer instead of an empty `HashMap`'s 48 bytes.
 #[derive(Debug)]
+#[allow(clippy::box_collection)] // the point: one pointer while empty
 pub(super) struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
 
 impl<K: Eq + std::hash::Hash, V> LazyMap<K, V> {
@@ -337,8 +338,8 @@ where
     .await;
 }
 
-/// 4. The close: the final bytes (what an interrupted write left, never half a packet before
-/// the DISCONNECT; what the reader answered last; a DISCONNECT for 5.0 clients), the
+/// The close (step 4): the final bytes (what an interrupted write left, never half a packet
+/// before the DISCONNECT; what the reader answered last; a DISCONNECT for 5.0 clients), the
 /// session detached, then, after a DISCONNECT, the linger.
 #[allow(clippy::too_many_arguments)]
 async fn finish<S>(
