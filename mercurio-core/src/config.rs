@@ -99,10 +99,10 @@ pub struct ServerConfig {
     pub max_retained_messages: usize,
     /// Seconds between `$SYS` updates; 0 turns `$SYS` off (as in mosquitto); default 10.
     pub sys_interval: u64,
-    /// Most levels in a topic name or filter (`a/b/c` has 3); 0 = unlimited; default 200, the
-    /// limit mosquitto builds in, so a client that works with mosquitto never meets it. A
-    /// PUBLISH or will over it is refused as an invalid topic name (0x90), a SUBSCRIBE filter
-    /// gets 0x8F (3.x: 0x80).
+    /// Most levels in a topic name or filter (`a/b/c` has 3); 0 = unlimited; default 201, the
+    /// most mosquitto accepts (it refuses more than 200 `/` separators), so a client that
+    /// works with mosquitto never meets it. A PUBLISH or will over it is refused as an invalid
+    /// topic name (0x90), a SUBSCRIBE filter gets 0x8F (3.x: 0x80).
     pub max_topic_levels: usize,
     /// Most subscriptions one session holds; 0 = unlimited; default 10,000. A SUBSCRIBE
     /// filter over it gets 0x97 Quota exceeded (3.x: 0x80); replacing a subscription always
@@ -139,7 +139,7 @@ impl Default for ServerConfig {
             persistent_client_expiration: 0,
             max_retained_messages: 0,
             sys_interval: 10,
-            max_topic_levels: 200,
+            max_topic_levels: 201,
             max_subscriptions_per_client: 10_000,
             allow_zero_length_clientid: true,
             message_size_limit: 0,

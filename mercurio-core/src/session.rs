@@ -201,8 +201,9 @@ pub(crate) struct SessionState {
     pub queue: Queue,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
     pub inflight: VecDeque<Inflight>,
-    /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL.
-    pub inbound_qos2: HashSet<u16>,
+    /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL (changed
+    /// only through `receive_qos2` / `release_qos2`, which report it).
+    inbound_qos2: HashSet<u16>,
     next_packet_id: u16,
     /// Session Expiry Interval in seconds; `u32::MAX` = never.
     pub expiry_interval: u32,
@@ -210,15 +211,15 @@ pub(crate) struct SessionState {
     /// The connection serving this session now, if any.
     pub link: Option<Arc<Link>>,
     /// Incremented at every connection: timers armed for an older one do nothing.
-    pub generation: u64,
+    generation: u64,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
     pub ended: bool,
     /// True while the queue is dropping, to log once when it starts and once when it stops.
-    pub dropping: bool,
+    dropping: bool,
     /// While dropping: the messages and payload bytes the queue must be back to (half its
     /// limits) for the "room again" line, checked as messages leave the queue.
-    pub room_at: Option<(usize, u64)>,
-    pub dropped_since_warning: u64,
+    room_at: Option<(usize, u64)>,
+    dropped_since_warning: u64,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
     pub dropped: u64,
     /// When the last connection ended; `None` while connected.
@@ -229,7 +230,7 @@ pub(crate) struct SessionState {
     /// Where changes are reported for storage, for a broker with a storage backend.
     pub changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
-    pub next_seq: u64,
+    next_seq: u64,
     /// When the client last took a message from the queue, or was found with nothing to
     /// take (flow control: a client that takes none for `stall_time` is stalled).
     last_progress: Instant,
@@ -718,6 +719,53 @@ impl SessionState {
     pub(crate) fn inflight_position(&self, packet_id: u16) -> Option<usize> {
         self.inflight.iter().position(|f| f.packet_id == packet_id)
     }
+
+    /// An inbound QoS 2 PUBLISH is answered with PUBREC: its packet identifier awaits
+    /// PUBREL [MQTT-4.3.3-9], reported to storage. False when it already did (a resend).
+    pub(crate) fn receive_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
+        let added = self.inbound_qos2.insert(packet_id);
+        if added {
+            self.persist_inbound_qos2(client_id, packet_id, true);
+        }
+        added
+    }
+
+    /// PUBREL for `packet_id`: the identifier is released, reported to storage. False when
+    /// it was not awaiting PUBREL.
+    pub(crate) fn release_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
+        let known = self.inbound_qos2.remove(&packet_id);
+        if known {
+            self.persist_inbound_qos2(client_id, packet_id, false);
+        }
+        known
+    }
+
+    /// Whether `packet_id` is an inbound QoS 2 message awaiting PUBREL.
+    pub(crate) fn awaits_release(&self, packet_id: u16) -> bool {
+        self.inbound_qos2.contains(&packet_id)
+    }
+
+    /// How many inbound QoS 2 messages await PUBREL.
+    pub(crate) fn awaiting_release(&self) -> usize {
+        self.inbound_qos2.len()
+    }
+
+    /// The inbound QoS 2 packet identifiers awaiting PUBREL, in increasing order (as stored).
+    pub(crate) fn inbound_qos2_ids(&self) -> Vec<u16> {
+        let mut ids: Vec<u16> = self.inbound_qos2.iter().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Restore: the identifiers awaiting PUBREL as storage had them (not reported again).
+    pub(crate) fn restore_inbound_qos2(&mut self, ids: &[u16]) {
+        self.inbound_qos2 = ids.iter().copied().collect();
+    }
+
+    /// Restore: numbers the next queued message after `seq`.
+    pub(crate) fn restored_seq(&mut self, seq: u64) {
+        self.next_seq = self.next_seq.max(seq + 1);
+    }
 }
 
 /// The mutation points: each reports the change that mirrors it, when the session is stored
@@ -773,7 +821,7 @@ impl SessionState {
     }
 
     /// An inbound QoS 2 packet identifier was added (`true`) or released.
-    pub(crate) fn persist_inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool) {
+    fn persist_inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool) {
         if let Some(c) = self.stored() {
             c.inbound_qos2(client_id, packet_id, added);
         }

@@ -138,7 +138,7 @@ fn restore_session(
         for f in &record.inflight {
             st.inflight.push_back(inflight_from(f, now, now_ms)?);
         }
-        st.inbound_qos2 = record.inbound_qos2.iter().copied().collect();
+        st.restore_inbound_qos2(&record.inbound_qos2);
         if let Some(w) = &record.will {
             st.will = Some(will_from(w, now, now_ms)?);
         }
@@ -197,7 +197,7 @@ fn restore_queue(
     for (seq, q) in record.queued.iter().map(|q| (q.seq, &q.message)) {
         let (msg, ids) = message_from(q, now, now_ms)?;
         let qos = msg.qos;
-        st.next_seq = st.next_seq.max(seq + 1);
+        st.restored_seq(seq);
         if msg.is_expired(now) {
             p.emit(Change::MessageDequeued {
                 client_id: record.client_id.clone(),

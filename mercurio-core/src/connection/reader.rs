@@ -243,11 +243,7 @@ impl Reader<'_> {
                 // on a PUBCOMP error code such as 0x92.
                 let known = {
                     let mut st = self.session.state.lock();
-                    let known = st.inbound_qos2.remove(&a.packet_id);
-                    if known {
-                        st.persist_inbound_qos2(&self.session.client_id, a.packet_id, false);
-                    }
-                    known
+                    st.release_qos2(&self.session.client_id, a.packet_id)
                 };
                 if !known {
                     tracing::debug!(client_id = %self.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
@@ -297,9 +293,7 @@ impl Reader<'_> {
             QoS::ExactlyOnce => {
                 if !reason_code.is_failure() {
                     let mut st = self.session.state.lock();
-                    if st.inbound_qos2.insert(packet_id) {
-                        st.persist_inbound_qos2(&self.session.client_id, packet_id, true);
-                    }
+                    st.receive_qos2(&self.session.client_id, packet_id);
                 }
                 Packet::PubRec(ack)
             }
@@ -383,13 +377,13 @@ impl Reader<'_> {
         // written yet and QoS 2 messages awaiting PUBREL count against receive_maximum.
         if p.qos > QoS::AtMostOnce {
             let st = self.session.state.lock();
-            if p.qos == QoS::ExactlyOnce && st.inbound_qos2.contains(&p.packet_id) {
+            if p.qos == QoS::ExactlyOnce && st.awaits_release(p.packet_id) {
                 // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
                 drop(st);
                 self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
                 return Ok(());
             }
-            let unanswered = st.inbound_qos2.len() + self.link.unanswered_qos1();
+            let unanswered = st.awaiting_release() + self.link.unanswered_qos1();
             drop(st);
             if unanswered >= usize::from(self.receive_maximum) {
                 return Err(self.violation(

@@ -173,6 +173,11 @@ impl Writer<'_> {
                     DropCause::Expired,
                 );
                 st.persist_dequeued(&self.session.client_id, &q);
+                if q.qos > QoS::AtMostOnce {
+                    // Its packet identifier is used up, as in mosquitto, which numbers a
+                    // message when it queues it: the next message's number shows the gap.
+                    let _ = st.allocate_packet_id();
+                }
                 continue;
             }
             let alias = self.alias_for(&q.msg.topic);

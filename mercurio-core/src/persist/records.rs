@@ -165,9 +165,7 @@ pub(crate) fn session_record(client_id: &str, st: &SessionState) -> SessionRecor
         })
         .collect();
     record.inflight = st.inflight.iter().map(inflight_record).collect();
-    let mut inbound: Vec<u16> = st.inbound_qos2.iter().copied().collect();
-    inbound.sort_unstable();
-    record.inbound_qos2 = inbound;
+    record.inbound_qos2 = st.inbound_qos2_ids();
     record
 }
 
