@@ -7,17 +7,16 @@
 //! it the test says why and skips.
 #![cfg(unix)]
 
-#[path = "../../mercuriod/tests/common/mod.rs"]
-mod common;
-mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{wait_until, Daemon, Mqtt, DEADLINE};
-use support::{mercuriod, MERCURIOCTL};
+use mercurio_testkit::{wait_until, Daemon, Mqtt, DEADLINE};
+
+/// The mercurioctl binary under test.
+const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
 
 /// A tmpfs of `size` mounted on a directory, unmounted when dropped.
 struct SmallDisk {
@@ -154,14 +153,14 @@ fn a_full_disk_is_reported_and_what_needs_no_disk_goes_on() {
         disk.dir.join("mercurio.db").display().to_string()
     );
     let home = tempfile::tempdir().expect("dir");
-    let mut d = Daemon::start_with(mercuriod(), home, socket, &config, &[]);
-    let mqtt = d.wait_listening();
-    let line = d.wait_line("the websocket listener", |l| l.contains("listening on"));
-    let http: u16 = line
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim().parse().ok())
-        .expect("port");
+    let mut d = Daemon::with_config(&config)
+        .in_dir(home)
+        .socket(&socket)
+        .start();
+    let (mqtt, http) = {
+        let addrs = d.wait_listeners(2);
+        (addrs[0].port(), addrs[1].port())
+    };
     assert_eq!(healthz(http).0, 200);
     assert!(storage_line(&d).contains("sqlite (ok)"), "{}", status(&d));
 
@@ -220,8 +219,11 @@ fn a_full_disk_is_reported_and_what_needs_no_disk_goes_on() {
     let home = tempfile::tempdir().expect("dir");
     let socket = d.socket.clone();
     drop(d);
-    let mut d = Daemon::start_with(mercuriod(), home, socket, &config, &[]);
-    let mqtt = d.wait_listening();
+    let mut d = Daemon::with_config(&config)
+        .in_dir(home)
+        .socket(&socket)
+        .start();
+    let mqtt = d.port();
     let mut keep = Mqtt::connect(mqtt, 4, "keep", false);
     for id in 1..=SENT {
         let (kind, body) = keep.read().expect("a kept message");

@@ -221,7 +221,7 @@ async fn connect_checks(
 /// builds the CONNACK. `Err` carries a refusing CONNACK to send before closing.
 pub(super) async fn accept(
     broker: &Arc<BrokerState>,
-    connect: Connect,
+    connect: Box<Connect>,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
     deadline: tokio::time::Instant,

@@ -2,7 +2,8 @@
 //! section 4.3): PUBLISH and its acknowledgements, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and
 //! DISCONNECT. What it answers is encoded into the link's control buffer for the writer.
 
-use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use bytes::BytesMut;
 use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{Close, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
+use super::{Close, LazyMap, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::Action;
 use crate::broker::access::subscription_topic;
 use crate::broker::BrokerState;
@@ -29,6 +30,36 @@ use crate::topic;
 /// Packets a reader handles before it yields to the scheduler.
 const READER_BATCH: u32 = 64;
 
+/// Bytes a read buffer gets when a read starts without one (more once it has grown).
+const READ_ROOM: usize = 256;
+
+/// Reads into `buf` as `read_buf` does, but an empty `buf` holds no memory while the read
+/// waits, so an idle connection holds no read buffer: each attempt gets `room` bytes (the
+/// capacity the buffer had last, at most `IDLE_BUFFER_LIMIT`), released again when nothing
+/// came.
+async fn read_lean<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    room: &mut usize,
+) -> std::io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        if buf.capacity() == 0 {
+            buf.reserve(*room);
+        }
+        let read = {
+            let read = rd.read_buf(buf);
+            tokio::pin!(read);
+            read.poll(cx)
+        };
+        if read.is_pending() && buf.is_empty() {
+            *room = buf.capacity().clamp(READ_ROOM, IDLE_BUFFER_LIMIT);
+            *buf = BytesMut::new();
+        }
+        read
+    })
+    .await
+}
+
 /// The inbound half: decodes packets and runs their state machines.
 pub(super) struct Reader<'a> {
     pub(super) broker: &'a Arc<BrokerState>,
@@ -36,7 +67,7 @@ pub(super) struct Reader<'a> {
     pub(super) link: &'a Arc<Link>,
     pub(super) version: ProtocolVersion,
     /// Topic aliases the client set, alias -> topic (MQTT 5.0 section 3.3.2.3.4).
-    pub(super) aliases: HashMap<u16, String>,
+    pub(super) aliases: LazyMap<u16, String>,
     pub(super) receive_maximum: u16,
     /// The client announced itself as a bridge (mosquitto's `try_private`): its
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
@@ -60,80 +91,74 @@ impl Reader<'_> {
         let max = self.broker.config.server.max_packet_size;
         let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
         let mut handled = 0u32;
+        let session = self.session;
+        // The room the read buffer is given back when a read starts with it released.
+        let mut room = READ_ROOM;
         loop {
             // The keep alive deadline moves once per read that brought packets, not per packet:
             // one clock reading for a whole buffer of them.
             let before = handled;
             loop {
-                match codec::decode_from_client(buf, self.version, max) {
-                    Ok(Some(packet)) => {
-                        // A future holds room for the largest state it can be in, and this
-                        // one lives as long as the connection (idle ones too): the waiting
-                        // handlers (SUBSCRIBE; PUBLISH under access checks) are boxed, and a
-                        // PUBLISH without access checks (fixed for the broker's lifetime)
-                        // never waits, so it runs to completion here, its state on the stack.
-                        let handled_now = match packet {
-                            Packet::Publish(p) if !self.broker.publish_waits() => self
-                                .on_publish(p)
-                                .now_or_never()
-                                .expect("on_publish waits only for access checks and interceptors"),
-                            Packet::Publish(_) | Packet::Subscribe(_) => {
-                                Box::pin(self.handle(packet)).await
-                            }
-                            other => self.handle_other(other),
-                        };
-                        if let Err(close) = handled_now {
-                            return close;
-                        }
-                        // Back pressure: nothing more is read while a session this
-                        // connection published into is at its high-water mark and its client
-                        // takes messages; nor while the answers owed to this client are over
-                        // their limit (it does not read its socket).
-                        if !self.congested.is_empty() {
-                            Box::pin(self.wait_congested()).await;
-                            if let Some(g) = grace {
-                                deadline = Some(tokio::time::Instant::now() + g);
-                            }
-                        }
-                        // Storage back pressure, per packet: a PUBLISH can queue copies
-                        // for many persistent sessions, owed by this client until stored.
-                        if let Some(p) = self.broker.persist.get() {
-                            if p.must_wait(&self.session.client_id) {
-                                Box::pin(p.wait_room(&self.session.client_id)).await;
-                                if let Some(g) = grace {
-                                    deadline = Some(tokio::time::Instant::now() + g);
-                                }
-                            }
-                        }
-                        if self.link.control_full() {
-                            let patience = self.broker.limits.stall_time;
-                            if !Box::pin(self.link.wait_control_room(patience)).await {
-                                tracing::info!(client_id = %self.session.client_id, "closing connection: the client does not read its socket (answers pending for stall_time)");
-                                return Close::lost(DisconnectReason::Io(
-                                    "the client does not read its socket".into(),
-                                ));
-                            }
-                            if let Some(g) = grace {
-                                deadline = Some(tokio::time::Instant::now() + g);
-                            }
-                        }
-                        // A fast publisher's buffer can hold thousands of packets: let the
-                        // subscribers' writers this routing woke run (tokio keeps the last
-                        // woken task in this worker's unstealable LIFO slot), or their
-                        // queues fill up and drop while the consumers are idle.
-                        handled += 1;
-                        if handled % READER_BATCH == 0 {
-                            tokio::task::yield_now().await;
-                        }
-                    }
+                // A future holds room for the largest state it can be in, and this one lives
+                // as long as the connection (idle ones too): decoded and dispatched in one
+                // expression, so that no packet is held in it while a handler waits
+                // (`dispatch` boxes those).
+                let handled_now = match codec::decode_from_client(buf, self.version, max)
+                    .map(|packet| packet.map(|packet| self.dispatch(packet)))
+                {
+                    Ok(Some(Ok(Some(waiting)))) => waiting.await,
+                    Ok(Some(done)) => done.map(drop),
                     Ok(None) => break,
                     Err(e) => {
                         let mut why = e.to_string();
                         if let DecodeError::PacketTooLarge { .. } = e {
                             why.push_str(" (max_packet_size)");
                         }
-                        return Close::violation(e.reason_code(), &why, &self.session.client_id);
+                        return Close::violation(e.reason_code(), &why, &session.client_id);
                     }
+                };
+                if let Err(close) = handled_now {
+                    return close;
+                }
+                // Back pressure: nothing more is read while a session this
+                // connection published into is at its high-water mark and its client
+                // takes messages; nor while the answers owed to this client are over
+                // their limit (it does not read its socket).
+                if !self.congested.is_empty() {
+                    Box::pin(self.wait_congested()).await;
+                    if let Some(g) = grace {
+                        deadline = Some(tokio::time::Instant::now() + g);
+                    }
+                }
+                // Storage back pressure, per packet: a PUBLISH can queue copies
+                // for many persistent sessions, owed by this client until stored.
+                if let Some(p) = self.broker.persist.get() {
+                    if p.must_wait(&self.session.client_id) {
+                        Box::pin(p.wait_room(&self.session.client_id)).await;
+                        if let Some(g) = grace {
+                            deadline = Some(tokio::time::Instant::now() + g);
+                        }
+                    }
+                }
+                if self.link.control_full() {
+                    let patience = self.broker.limits.stall_time;
+                    if !Box::pin(self.link.wait_control_room(patience)).await {
+                        tracing::info!(client_id = %self.session.client_id, "closing connection: the client does not read its socket (answers pending for stall_time)");
+                        return Close::lost(DisconnectReason::Io(
+                            "the client does not read its socket".into(),
+                        ));
+                    }
+                    if let Some(g) = grace {
+                        deadline = Some(tokio::time::Instant::now() + g);
+                    }
+                }
+                // A fast publisher's buffer can hold thousands of packets: let the
+                // subscribers' writers this routing woke run (tokio keeps the last
+                // woken task in this worker's unstealable LIFO slot), or their
+                // queues fill up and drop while the consumers are idle.
+                handled += 1;
+                if handled % READER_BATCH == 0 {
+                    tokio::task::yield_now().await;
                 }
             }
             if let (Some(g), true) = (grace, handled != before) {
@@ -153,8 +178,10 @@ impl Reader<'_> {
             }
             let read = async {
                 match deadline {
-                    Some(d) => tokio::time::timeout_at(d, rd.read_buf(buf)).await.ok(),
-                    None => Some(rd.read_buf(buf).await),
+                    Some(d) => tokio::time::timeout_at(d, read_lean(rd, buf, &mut room))
+                        .await
+                        .ok(),
+                    None => Some(read_lean(rd, buf, &mut room).await),
                 }
             };
             match read.await {
@@ -169,6 +196,25 @@ impl Reader<'_> {
                 Some(Ok(n)) => Stats::add(&self.broker.stats.bytes_received, n as u64),
                 Some(Err(e)) => return Close::lost(DisconnectReason::Io(e.to_string())),
             }
+        }
+    }
+
+    /// Handles `packet`, or returns its handler boxed when it may wait (SUBSCRIBE; PUBLISH
+    /// under access checks or interceptors). A PUBLISH without access checks (fixed for the
+    /// broker's lifetime) never waits, so it runs to completion here, its state on the stack.
+    #[allow(clippy::type_complexity)]
+    fn dispatch(
+        &mut self,
+        packet: Packet,
+    ) -> Result<Option<Pin<Box<dyn Future<Output = Result<(), Close>> + Send + '_>>>, Close> {
+        match packet {
+            Packet::Publish(p) if !self.broker.publish_waits() => self
+                .on_publish(p)
+                .now_or_never()
+                .expect("on_publish waits only for access checks and interceptors")
+                .map(|()| None),
+            Packet::Publish(_) | Packet::Subscribe(_) => Ok(Some(Box::pin(self.handle(packet)))),
+            other => self.handle_other(other).map(|()| None),
         }
     }
 
