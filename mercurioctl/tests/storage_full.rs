@@ -219,7 +219,7 @@ fn a_full_disk_is_reported_and_what_needs_no_disk_goes_on() {
     let home = tempfile::tempdir().expect("dir");
     let socket = d.socket.clone();
     drop(d);
-    let mut d = Daemon::with_config(&config)
+    let d = Daemon::with_config(&config)
         .in_dir(home)
         .socket(&socket)
         .start();
