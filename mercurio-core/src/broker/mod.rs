@@ -123,14 +123,18 @@ impl BrokerState {
     /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
     /// Returns whether any subscription matched its topic (see [`BrokerState::route`]).
     pub(crate) fn publish(&self, msg: Message) -> bool {
-        self.publish_from(msg, &mut Vec::new())
+        self.publish_from(Arc::new(msg), &mut Vec::new())
     }
 
     /// [`BrokerState::publish`] for a client's reader: `congested` gets the receiving sessions
     /// now at their high-water mark (or full while connected), for the reader to wait on
-    /// ([`Session::wait_room`]) before it reads more.
-    pub(crate) fn publish_from(&self, msg: Message, congested: &mut Vec<Arc<Session>>) -> bool {
-        let msg = Arc::new(msg);
+    /// ([`Session::wait_room`]) before it reads more. The reader builds the message in its
+    /// `Arc` directly (one move of a large struct less per message).
+    pub(crate) fn publish_from(
+        &self,
+        msg: Arc<Message>,
+        congested: &mut Vec<Arc<Session>>,
+    ) -> bool {
         if msg.retain {
             if msg.topic.starts_with("$SYS") {
                 // A bridge's state (the only `$SYS` topic a client may publish): in memory,

@@ -91,13 +91,54 @@ pub fn decode_from_client(
 ) -> Result<Option<Packet>, DecodeError> {
     let packet = decode(buf, version, max_packet_size)?;
     if let Some(Packet::Publish(p)) = &packet {
-        if !p.properties.subscription_identifiers.is_empty() {
-            return Err(DecodeError::ProtocolError(
-                "PUBLISH from a client with a Subscription Identifier [MQTT-3.3.4-6]",
-            ));
-        }
+        check_client_publish(p)?;
     }
     Ok(packet)
+}
+
+/// True when the whole frame `frame` (as [`check_frame`] delimits it) is a PUBLISH, for
+/// [`decode_publish_from_client`].
+#[inline]
+pub fn is_publish_frame(frame: &[u8]) -> bool {
+    frame.first().is_some_and(|b| b >> 4 == 3)
+}
+
+/// Decodes one whole PUBLISH frame sent by a client: what [`decode_from_client`] does for
+/// a PUBLISH (same rules, same errors), returning the [`Publish`] itself rather than a
+/// [`Packet`]. The broker's hot path: no packet enum is built and moved around for the
+/// most frequent packet. `frame` must hold exactly one packet (see [`check_frame`]); a frame
+/// of another packet type is malformed.
+pub fn decode_publish_from_client(
+    frame: &[u8],
+    version: ProtocolVersion,
+) -> Result<Publish, DecodeError> {
+    let mut r = Reader::new(frame);
+    let first = r
+        .u8()
+        .map_err(|_| DecodeError::MalformedPacket("empty frame"))?;
+    if first >> 4 != 3 {
+        return Err(DecodeError::MalformedPacket("not a PUBLISH frame"));
+    }
+    let remaining = r.vbi()?;
+    if remaining != r.remaining() {
+        return Err(DecodeError::MalformedPacket(
+            "frame length does not match the remaining length",
+        ));
+    }
+    // The payload takes whatever follows the variable header: nothing is left over.
+    let p = decode_publish(&mut r, first & 0x0F, version)?;
+    check_client_publish(&p)?;
+    Ok(p)
+}
+
+/// The rules that apply to a PUBLISH sent by a client only.
+fn check_client_publish(p: &Publish) -> Result<(), DecodeError> {
+    if !p.properties.subscription_identifiers.is_empty() {
+        return Err(DecodeError::ProtocolError(
+            "PUBLISH from a client with a Subscription Identifier [MQTT-3.3.4-6]",
+        ));
+    }
+    Ok(())
 }
 
 /// Decodes one complete frame: fixed header, then exactly the remaining length it

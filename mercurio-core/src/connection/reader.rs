@@ -6,8 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use futures_util::FutureExt;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{Close, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
@@ -65,65 +64,66 @@ impl Reader<'_> {
             // one clock reading for a whole buffer of them.
             let before = handled;
             loop {
-                match codec::decode_from_client(buf, self.version, max) {
-                    Ok(Some(packet)) => {
-                        // A future holds room for the largest state it can be in, and this
-                        // one lives as long as the connection (idle ones too): the waiting
-                        // handlers (SUBSCRIBE; PUBLISH under access checks) are boxed, and a
-                        // PUBLISH without access checks (fixed for the broker's lifetime)
-                        // never waits, so it runs to completion here, its state on the stack.
-                        let handled_now = match packet {
-                            Packet::Publish(p) if !self.broker.publish_waits() => self
-                                .on_publish(p)
-                                .now_or_never()
-                                .expect("on_publish waits only for access checks and interceptors"),
-                            Packet::Publish(_) | Packet::Subscribe(_) => {
-                                Box::pin(self.handle(packet)).await
-                            }
-                            other => self.handle_other(other),
-                        };
-                        if let Err(close) = handled_now {
-                            return close;
-                        }
-                        // Back pressure: nothing more is read while a session this
-                        // connection published into is at its high-water mark and its client
-                        // takes messages; nor while the answers owed to this client are over
-                        // their limit (it does not read its socket).
-                        if !self.congested.is_empty() {
-                            Box::pin(self.wait_congested()).await;
-                            if let Some(g) = grace {
-                                deadline = Some(tokio::time::Instant::now() + g);
-                            }
-                        }
-                        if self.link.control_full() {
-                            let patience = self.broker.limits.stall_time;
-                            if !Box::pin(self.link.wait_control_room(patience)).await {
-                                tracing::info!(client_id = %self.session.client_id, "closing connection: the client does not read its socket (answers pending for stall_time)");
-                                return Close::lost(DisconnectReason::Io(
-                                    "the client does not read its socket".into(),
-                                ));
-                            }
-                            if let Some(g) = grace {
-                                deadline = Some(tokio::time::Instant::now() + g);
-                            }
-                        }
-                        // A fast publisher's buffer can hold thousands of packets: let the
-                        // subscribers' writers this routing woke run (tokio keeps the last
-                        // woken task in this worker's unstealable LIFO slot), or their
-                        // queues fill up and drop while the consumers are idle.
-                        handled += 1;
-                        if handled % READER_BATCH == 0 {
-                            tokio::task::yield_now().await;
-                        }
-                    }
+                let total = match codec::check_frame(buf, max) {
+                    Ok(Some(total)) => total,
                     Ok(None) => break,
-                    Err(e) => {
-                        let mut why = e.to_string();
-                        if let DecodeError::PacketTooLarge { .. } = e {
-                            why.push_str(" (max_packet_size)");
-                        }
-                        return Close::violation(e.reason_code(), &why, &self.session.client_id);
+                    Err(e) => return self.undecodable(e),
+                };
+                // A future holds room for the largest state it can be in, and this one
+                // lives as long as the connection (idle ones too): the waiting handlers
+                // (SUBSCRIBE; PUBLISH under access checks) are boxed, and a PUBLISH without
+                // access checks (fixed for the broker's lifetime) never waits, so it is
+                // handled synchronously, its state on the stack. That PUBLISH is decoded
+                // straight from the frame, without a `Packet` around it: the hot path.
+                let handled_now = if codec::is_publish_frame(buf) && !self.broker.publish_waits() {
+                    let decoded = codec::decode_publish_from_client(&buf[..total], self.version);
+                    buf.advance(total);
+                    match decoded {
+                        Ok(p) => self.on_publish_now(p),
+                        Err(e) => return self.undecodable(e),
                     }
+                } else {
+                    match codec::decode_from_client(buf, self.version, max) {
+                        Ok(Some(packet @ (Packet::Publish(_) | Packet::Subscribe(_)))) => {
+                            Box::pin(self.handle(packet)).await
+                        }
+                        Ok(Some(other)) => self.handle_other(other),
+                        Ok(None) => break,
+                        Err(e) => return self.undecodable(e),
+                    }
+                };
+                if let Err(close) = handled_now {
+                    return close;
+                }
+                // Back pressure: nothing more is read while a session this
+                // connection published into is at its high-water mark and its client
+                // takes messages; nor while the answers owed to this client are over
+                // their limit (it does not read its socket).
+                if !self.congested.is_empty() {
+                    Box::pin(self.wait_congested()).await;
+                    if let Some(g) = grace {
+                        deadline = Some(tokio::time::Instant::now() + g);
+                    }
+                }
+                if self.link.control_full() {
+                    let patience = self.broker.limits.stall_time;
+                    if !Box::pin(self.link.wait_control_room(patience)).await {
+                        tracing::info!(client_id = %self.session.client_id, "closing connection: the client does not read its socket (answers pending for stall_time)");
+                        return Close::lost(DisconnectReason::Io(
+                            "the client does not read its socket".into(),
+                        ));
+                    }
+                    if let Some(g) = grace {
+                        deadline = Some(tokio::time::Instant::now() + g);
+                    }
+                }
+                // A fast publisher's buffer can hold thousands of packets: let the
+                // subscribers' writers this routing woke run (tokio keeps the last
+                // woken task in this worker's unstealable LIFO slot), or their
+                // queues fill up and drop while the consumers are idle.
+                handled += 1;
+                if handled % READER_BATCH == 0 {
+                    tokio::task::yield_now().await;
                 }
             }
             if let (Some(g), true) = (grace, handled != before) {
@@ -154,6 +154,15 @@ impl Reader<'_> {
                 Some(Err(e)) => return Close::lost(DisconnectReason::Io(e.to_string())),
             }
         }
+    }
+
+    /// The close for a packet that cannot be decoded.
+    fn undecodable(&self, e: DecodeError) -> Close {
+        let mut why = e.to_string();
+        if let DecodeError::PacketTooLarge { .. } = e {
+            why.push_str(" (max_packet_size)");
+        }
+        Close::violation(e.reason_code(), &why, &self.session.client_id)
     }
 
     fn send(&self, packet: Packet) {
@@ -240,6 +249,9 @@ impl Reader<'_> {
     }
 
     fn ack_publish(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) {
+        if qos == QoS::AtMostOnce {
+            return;
+        }
         let ack = PubAck {
             packet_id,
             reason_code,
@@ -280,7 +292,49 @@ impl Reader<'_> {
         }
     }
 
+    /// A PUBLISH when neither access checks nor interceptors are configured: nothing can
+    /// make it wait, so it is handled synchronously (the hot path).
+    fn on_publish_now(&mut self, mut p: Publish) -> Result<(), Close> {
+        if self.publish_checks(&mut p)? {
+            self.publish_accepted(p);
+        }
+        Ok(())
+    }
+
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        if !self.publish_checks(&mut p)? {
+            return Ok(());
+        }
+        let broker = self.broker;
+        if broker.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
+            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
+            let rc = if self.version.is_v5() {
+                ReasonCode::NOT_AUTHORIZED
+            } else {
+                ReasonCode::SUCCESS
+            };
+            self.ack_publish(p.qos, p.packet_id, rc);
+            return Ok(());
+        }
+        if !broker.interceptors.is_empty() {
+            if let Err(rc) = self.intercept(&mut p).await {
+                let rc = if self.version.is_v5() {
+                    rc
+                } else {
+                    ReasonCode::SUCCESS
+                };
+                self.ack_publish(p.qos, p.packet_id, rc);
+                return Ok(());
+            }
+        }
+        self.publish_accepted(p);
+        Ok(())
+    }
+
+    /// The checks of a PUBLISH before access control: `Ok(false)` when it was answered
+    /// here and goes no further, `Err` when it closes the connection.
+    fn publish_checks(&mut self, p: &mut Publish) -> Result<bool, Close> {
         let broker = self.broker;
         Stats::add(&broker.stats.messages_received, 1);
         let server = &broker.config.server;
@@ -317,7 +371,10 @@ impl Reader<'_> {
                 self.aliases.insert(alias, p.topic.clone());
             }
         }
-        if topic::level_count(&p.topic) > self.broker.config.server.max_topic_levels {
+        // A topic shorter than the limit cannot have more levels than it (each level but
+        // the first costs a '/'): the count is skipped for the usual short topic.
+        let max_levels = server.max_topic_levels;
+        if p.topic.len() >= max_levels && topic::level_count(&p.topic) > max_levels {
             // As an invalid topic name, as mosquitto treats a topic over its level limit.
             return Err(self.violation(
                 ReasonCode::TOPIC_NAME_INVALID,
@@ -330,9 +387,6 @@ impl Reader<'_> {
         if let Some(mount) = self.mount {
             p.topic.insert_str(0, mount);
         }
-        if !self.version.is_v5() && !p.properties.is_empty() {
-            p.properties = Properties::default();
-        }
         // Flow control (5.0 sections 3.3.4 and 4.9): QoS 1 messages whose PUBACK is not
         // written yet and QoS 2 messages awaiting PUBREL count against receive_maximum.
         if p.qos > QoS::AtMostOnce {
@@ -341,7 +395,7 @@ impl Reader<'_> {
                 // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
                 drop(st);
                 self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
-                return Ok(());
+                return Ok(false);
             }
             let unanswered = st.inbound_qos2.len() + self.link.unanswered_qos1();
             drop(st);
@@ -370,43 +424,27 @@ impl Reader<'_> {
                 ReasonCode::SUCCESS
             };
             self.ack_publish(p.qos, p.packet_id, rc);
-            return Ok(());
+            return Ok(false);
         }
         if p.topic.starts_with("$SYS")
             && p.topic != super::connect::bridge_state_topic(&self.session.client_id)
         {
             tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
-            return Ok(());
+            return Ok(false);
         }
         if p.properties.payload_format_indicator == Some(1)
             && std::str::from_utf8(&p.payload).is_err()
         {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
-            return Ok(());
+            return Ok(false);
         }
-        if broker.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
-            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
-            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
-            let rc = if self.version.is_v5() {
-                ReasonCode::NOT_AUTHORIZED
-            } else {
-                ReasonCode::SUCCESS
-            };
-            self.ack_publish(p.qos, p.packet_id, rc);
-            return Ok(());
-        }
-        if !broker.interceptors.is_empty() {
-            if let Err(rc) = self.intercept(&mut p).await {
-                let rc = if self.version.is_v5() {
-                    rc
-                } else {
-                    ReasonCode::SUCCESS
-                };
-                self.ack_publish(p.qos, p.packet_id, rc);
-                return Ok(());
-            }
-        }
+        Ok(true)
+    }
+
+    /// Builds the message of an accepted PUBLISH, routes it and acknowledges it.
+    fn publish_accepted(&mut self, p: Publish) {
+        let broker = self.broker;
         // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
         let Publish {
             topic,
@@ -419,15 +457,17 @@ impl Reader<'_> {
         } = p;
         let expiry = properties.message_expiry_interval.take();
         properties.subscription_identifiers.clear();
-        let msg = Message {
+        // The clock is read only for a message that expires.
+        let expires_at = expiry.and_then(|_| Message::expiry_deadline(expiry, Instant::now()));
+        let msg = Arc::new(Message {
             topic,
             payload,
             qos,
             retain,
             properties,
-            expires_at: Message::expiry_deadline(expiry, Instant::now()),
+            expires_at,
             publisher: Some(Arc::clone(&self.session.client_id)),
-        };
+        });
         let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
@@ -438,7 +478,6 @@ impl Reader<'_> {
             ReasonCode::SUCCESS
         };
         self.ack_publish(qos, packet_id, rc);
-        Ok(())
     }
 
     /// Runs the publish interceptors on `p`, which they may change. `Err` carries the reason
