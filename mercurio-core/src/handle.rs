@@ -721,6 +721,7 @@ fn publish_as(
         properties,
         expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
         publisher,
+        encoded: Default::default(),
     });
     Ok(())
 }

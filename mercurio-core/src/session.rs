@@ -356,7 +356,19 @@ impl Session {
     /// Never waits: a full queue drops (QoS 0 first). Logs one warning
     /// when the queue starts dropping, naming the limit; the one with the count comes when
     /// messages leaving bring it back to half its limits (`pop_queued`).
-    pub(crate) fn enqueue(&self, mut delivery: Delivery, limits: &QueueLimits) -> Enqueued {
+    pub(crate) fn enqueue(&self, delivery: Delivery, limits: &QueueLimits) -> Enqueued {
+        let cost = delivery.cost();
+        self.enqueue_costing(delivery, cost, limits)
+    }
+
+    /// [`Session::enqueue`] with the delivery's [`Delivery::cost`] computed by the caller
+    /// (routing computes a message's size once for all the sessions it goes to).
+    pub(crate) fn enqueue_costing(
+        &self,
+        mut delivery: Delivery,
+        bytes: u64,
+        limits: &QueueLimits,
+    ) -> Enqueued {
         let mut st = self.state.lock();
         if st.ended {
             return Enqueued::Skipped;
@@ -365,7 +377,6 @@ impl Session {
             return Enqueued::Skipped;
         }
         let len = st.queue.len();
-        let bytes = delivery.cost();
         // The limit that refuses it, if any (named in the warning).
         let limit = if delivery.qos == QoS::AtMostOnce && len >= limits.max_qos0_messages {
             Some("max_queued_qos0_messages")

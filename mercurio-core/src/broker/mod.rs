@@ -218,6 +218,8 @@ impl BrokerState {
     /// [`BrokerState::route`], collecting the sessions at their high-water mark.
     fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
         let matches = self.index.read().matches(&msg.topic);
+        // What the message costs in a queue, computed once for every client it goes to.
+        let size = msg.size() as u64;
         let matched =
             !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
         for cm in &matches.clients {
@@ -248,7 +250,8 @@ impl BrokerState {
                 subscription_ids: ids,
                 seq: 0,
             };
-            if self.offer(&first.session, q) {
+            let cost = size + 4 * q.subscription_ids.len() as u64;
+            if self.offer(&first.session, q, cost) {
                 congested.push(Arc::clone(&first.session));
             }
         }
@@ -315,7 +318,8 @@ impl BrokerState {
 
     /// [`BrokerState::deliver`] for routing a client's message: true when the publisher
     /// should wait for this session (at its high-water mark, or full while connected).
-    fn offer(&self, session: &Session, q: Delivery) -> bool {
+    /// `cost` is the delivery's [`Delivery::cost`].
+    fn offer(&self, session: &Session, q: Delivery, cost: u64) -> bool {
         if !self.may_read(session, &q.msg.topic) {
             self.dropped(
                 Some(&session.client_id),
@@ -325,7 +329,7 @@ impl BrokerState {
             return false;
         }
         let topic = self.events.listening().then(|| Arc::clone(&q.msg));
-        match session.enqueue(q, &self.limits) {
+        match session.enqueue_costing(q, cost, &self.limits) {
             Enqueued::Queued | Enqueued::Skipped => false,
             Enqueued::QueuedOverHighWater => true,
             Enqueued::Dropped(cause) => {

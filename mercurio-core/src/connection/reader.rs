@@ -467,6 +467,7 @@ impl Reader<'_> {
             properties,
             expires_at,
             publisher: Some(Arc::clone(&self.session.client_id)),
+            encoded: Default::default(),
         });
         let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
