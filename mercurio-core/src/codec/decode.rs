@@ -125,21 +125,23 @@ pub fn decode_publish_from_client(
             "frame length does not match the remaining length",
         ));
     }
-    // The payload takes whatever follows the variable header: nothing is left over.
-    let p = decode_publish(&mut r, first & 0x0F, version)?;
-    check_client_publish(&p)?;
-    Ok(p)
+    // The payload takes whatever follows the variable header: nothing is left over. Returned
+    // as decoded (the client's rule checked inside), not moved once more.
+    decode_publish(&mut r, first & 0x0F, version, true)
 }
 
 /// The rules that apply to a PUBLISH sent by a client only.
 fn check_client_publish(p: &Publish) -> Result<(), DecodeError> {
     if !p.properties.subscription_identifiers.is_empty() {
-        return Err(DecodeError::ProtocolError(
-            "PUBLISH from a client with a Subscription Identifier [MQTT-3.3.4-6]",
-        ));
+        return Err(CLIENT_SUBSCRIPTION_IDENTIFIER);
     }
     Ok(())
 }
+
+/// A PUBLISH from a client may not carry a Subscription Identifier.
+const CLIENT_SUBSCRIPTION_IDENTIFIER: DecodeError = DecodeError::ProtocolError(
+    "PUBLISH from a client with a Subscription Identifier [MQTT-3.3.4-6]",
+);
 
 /// Decodes one complete frame: fixed header, then exactly the remaining length it
 /// announces (a frame shorter or longer than that is malformed). See [`decode`] for
@@ -169,7 +171,7 @@ pub fn decode_packet(frame: &[u8], version: ProtocolVersion) -> Result<Packet, D
             check_flags(flags, 0, version)?;
             Packet::ConnAck(decode_connack(&mut r, version)?)
         }
-        3 => Packet::Publish(decode_publish(&mut r, flags, version)?),
+        3 => Packet::Publish(decode_publish(&mut r, flags, version, false)?),
         4 => {
             check_flags(flags, 0, version)?;
             Packet::PubAck(decode_puback(&mut r, version, PUBACK_CODES)?)
@@ -452,10 +454,13 @@ fn decode_connack(r: &mut Reader<'_>, version: ProtocolVersion) -> Result<ConnAc
     }
 }
 
+/// A PUBLISH body; `from_client` adds the rules of a PUBLISH sent by a client
+/// ([`check_client_publish`]), checked after every other.
 fn decode_publish(
     r: &mut Reader<'_>,
     flags: u8,
     version: ProtocolVersion,
+    from_client: bool,
 ) -> Result<Publish, DecodeError> {
     let dup = flags & 0b1000 != 0;
     let retain = flags & 0b0001 != 0;
@@ -480,6 +485,9 @@ fn decode_publish(
     };
     if !no_wildcard || topic.is_empty() {
         check_topic_name(topic, properties.topic_alias.is_some())?;
+    }
+    if from_client && !properties.subscription_identifiers.is_empty() {
+        return Err(CLIENT_SUBSCRIPTION_IDENTIFIER);
     }
     let payload = Bytes::copy_from_slice(r.rest());
     Ok(Publish {

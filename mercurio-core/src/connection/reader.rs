@@ -76,12 +76,9 @@ impl Reader<'_> {
                 // handled synchronously, its state on the stack. That PUBLISH is decoded
                 // straight from the frame, without a `Packet` around it: the hot path.
                 let handled_now = if codec::is_publish_frame(buf) && !self.broker.publish_waits() {
-                    let decoded = codec::decode_publish_from_client(&buf[..total], self.version);
+                    let handled = self.publish_frame(&buf[..total]);
                     buf.advance(total);
-                    match decoded {
-                        Ok(p) => self.on_publish_now(p),
-                        Err(e) => return self.undecodable(e),
-                    }
+                    handled
                 } else {
                     match codec::decode_from_client(buf, self.version, max) {
                         Ok(Some(packet @ (Packet::Publish(_) | Packet::Subscribe(_)))) => {
@@ -301,6 +298,16 @@ impl Reader<'_> {
                 }));
             }
             None => self.send(packet),
+        }
+    }
+
+    /// A PUBLISH frame when neither access checks nor interceptors are configured: decoded
+    /// and handled at once (a plain function, so the decoded packet is not kept in the
+    /// reader's future).
+    fn publish_frame(&mut self, frame: &[u8]) -> Result<(), Close> {
+        match codec::decode_publish_from_client(frame, self.version) {
+            Ok(p) => self.on_publish_now(p),
+            Err(e) => Err(self.undecodable(e)),
         }
     }
 
