@@ -211,7 +211,9 @@ async fn bad_publish_header() {
 
 /// SUBSCRIBE without any filter [MQTT-3.8.3-3] (3.1.1) / [MQTT-3.8.3-2] (5.0), UNSUBSCRIBE
 /// without any filter [MQTT-3.10.3-2], and subscription options with reserved bits set
-/// [MQTT-3.8.3-5] or Retain Handling 3 (5.0 section 3.8.3.1) close the connection.
+/// [MQTT-3.8.3-5] or Retain Handling 3 (5.0 section 3.8.3.1) close the connection. So does a
+/// SUBSCRIBE or UNSUBSCRIBE with packet identifier 0 [MQTT-2.2.1-3]: 5.0 DISCONNECT 0x81
+/// Malformed Packet, mosquitto's code for it.
 #[tokio::test]
 async fn bad_subscribe_and_unsubscribe() {
     let (broker, addr) = start().await;
@@ -222,6 +224,17 @@ async fn bad_subscribe_and_unsubscribe() {
         expect_refused(addr, version, &frame(0x82, head), &[MALFORMED, PROTOCOL]).await;
         witness.still_works().await;
         expect_refused(addr, version, &frame(0xA2, head), &[MALFORMED, PROTOCOL]).await;
+        witness.still_works().await;
+        let id0: &[u8] = if v5 {
+            &[0, 0, 0, 0, 1, b't']
+        } else {
+            &[0, 0, 0, 1, b't']
+        };
+        let mut sub0 = id0.to_vec();
+        sub0.push(0);
+        expect_refused(addr, version, &frame(0x82, &sub0), &[MALFORMED]).await;
+        witness.still_works().await;
+        expect_refused(addr, version, &frame(0xA2, id0), &[MALFORMED]).await;
         witness.still_works().await;
         let mut reserved = head.to_vec();
         reserved.extend_from_slice(&[0, 1, b't', 0xC0]);

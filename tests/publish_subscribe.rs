@@ -510,7 +510,8 @@ async fn invalid_utf8_payload_with_format_indicator_is_refused() {
 
 /// The Message Expiry Interval is forwarded minus the time the message waited
 /// [MQTT-3.3.2-6]; a message whose interval has passed is not delivered to a session that
-/// reconnects afterwards [MQTT-3.3.2-5].
+/// reconnects afterwards [MQTT-3.3.2-5], and its packet identifier is used up, as in
+/// mosquitto (any free identifier is valid [MQTT-2.2.1-3]).
 #[tokio::test]
 async fn message_expiry_is_decremented_and_enforced() {
     let (broker, addr) = start().await;
@@ -546,6 +547,10 @@ async fn message_expiry_is_decremented_and_enforced() {
     assert!(present);
     let p = sub.expect_publish().await;
     assert_eq!(p.topic, "exp/long", "the expired message is not delivered");
+    assert_eq!(
+        p.packet_id, 3,
+        "exp/live had 1, the expired exp/short used up 2"
+    );
     let left = p.properties.message_expiry_interval.expect("expiry");
     assert!(left < 100 && left >= 90, "decremented by the wait: {left}");
     sub.ack(&p).await;

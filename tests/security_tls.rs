@@ -1,7 +1,7 @@
 //! TLS listeners: handshakes (1.2 and 1.3) with certificates made in the test, client
 //! certificates required and refused, the certificate's name as the user name, the handshake
 //! bounded by connect_timeout (shared with CONNECT), revocation lists, reload, mosquitto_pub /
-//! mosquitto_sub over TLS.
+//! mosquitto_sub over TLS, bursts on connections that were idle, paho over WebSocket over TLS.
 mod common;
 
 use std::net::SocketAddr;
@@ -346,6 +346,58 @@ async fn certificate_name_as_user_name() {
     broker.shutdown().await;
 }
 
+/// A session belongs to the client certificate that made it, also when the certificate's name
+/// is not the user name: a client presenting another certificate (of the same CA) with its
+/// client identifier gets a new session, never the first one's subscriptions or messages
+/// (MQTT 5.0 section 5.4.2: the Server should authorize a session's use).
+#[tokio::test]
+async fn another_client_certificate_gets_a_fresh_session() {
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(true))).await;
+    let device_7 = client_config(&pki.ca.cert, Some(&pki.client), ALL);
+    let device_8 = client_config(&pki.ca.cert, Some(&pki.ca.issue("device-8", false)), ALL);
+    let connect = || persistent(ProtocolVersion::V5, "shared-id", 300);
+    let (mut c, rc) = TlsClient::connect(addr, Arc::clone(&device_7), connect())
+        .await
+        .unwrap();
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    assert_eq!(c.subscribe("fleet/#").await, ReasonCode::GRANTED_QOS_0);
+    c.send(Packet::Disconnect(Default::default()))
+        .await
+        .unwrap();
+    assert!(c.recv().await.is_none(), "closed after DISCONNECT");
+
+    // The same certificate resumes its session.
+    let resumed = async |config: &Arc<rustls::ClientConfig>| {
+        let mut c = TlsClient::open(addr, Arc::clone(config)).await.unwrap();
+        c.send(Packet::Connect(Box::new(connect()))).await.unwrap();
+        let present = match c.recv().await {
+            Some(Packet::ConnAck(a)) => {
+                assert_eq!(a.reason_code, ReasonCode::SUCCESS);
+                a.session_present
+            }
+            other => panic!("expected CONNACK, got {other:?}"),
+        };
+        c.send(Packet::Disconnect(Default::default()))
+            .await
+            .unwrap();
+        assert!(c.recv().await.is_none(), "closed after DISCONNECT");
+        present
+    };
+    assert!(
+        resumed(&device_7).await,
+        "its own certificate: session present"
+    );
+    // Another certificate, same user name (none): a new session.
+    assert!(
+        !resumed(&device_8).await,
+        "another certificate: no session present"
+    );
+    // And the first certificate's session is gone with it.
+    assert!(!resumed(&device_7).await, "the session was replaced");
+    broker.shutdown().await;
+}
+
 #[tokio::test]
 async fn stalled_handshake_is_bounded_by_connect_timeout() {
     let pki = Pki::new();
@@ -580,6 +632,247 @@ async fn mosquitto_clients_over_tls() {
             "hello over tls"
         );
     }
+    broker.shutdown().await;
+}
+
+/// TLS 1.3 key updates after the handshake: a client that refreshes its keys (asking the
+/// broker to update its own) goes on exchanging packets both ways; the broker's answering key
+/// update reaches the client before anything encrypted with its new keys.
+#[tokio::test]
+async fn tls13_key_updates_keep_the_connection() {
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(false))).await;
+    let cfg = client_config(&pki.ca.cert, None, &[&rustls::version::TLS13]);
+    let (mut c, rc) = TlsClient::connect(addr, cfg, connect_packet(ProtocolVersion::V5, "ku"))
+        .await
+        .expect("CONNACK over TLS");
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    assert_eq!(c.subscribe("ku/#").await, ReasonCode::GRANTED_QOS_0);
+    for i in 0..3 {
+        c.stream.get_mut().1.refresh_traffic_keys().unwrap();
+        c.send(Packet::PingReq).await.unwrap();
+        assert!(
+            matches!(c.recv().await, Some(Packet::PingResp)),
+            "PINGRESP after key update {i}"
+        );
+        broker
+            .publish("ku/x", format!("after update {i}"), QoS::AtMostOnce, false)
+            .unwrap();
+        match c.recv().await {
+            Some(Packet::Publish(p)) => assert_eq!(p.payload, format!("after update {i}")),
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+    broker.shutdown().await;
+}
+
+/// Forwards each connection made to the address it returns to `to`, both ways, in pieces of at
+/// most `piece` bytes written one at a time: the broker's reads end anywhere in a TLS record.
+async fn chopping_relay(to: SocketAddr, piece: usize) -> SocketAddr {
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+    async fn chop(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, piece: usize) {
+        let mut buf = vec![0u8; piece];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((a, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(b) = TcpStream::connect(to).await else {
+                    return;
+                };
+                let _ = (a.set_nodelay(true), b.set_nodelay(true));
+                let ((ar, aw), (br, bw)) = (a.into_split(), b.into_split());
+                tokio::join!(chop(ar, bw, piece), chop(br, aw, piece));
+            });
+        }
+    });
+    addr
+}
+
+/// A TLS connection holds no read buffer while idle: one is taken when the socket becomes
+/// readable, and released, or cut down to the partial record it holds, when the socket has
+/// nothing more. Connections that have been idle still take and deliver bursts larger than
+/// one read (16 KiB) and than one write (64 KiB), in both directions, TLS 1.2 and 1.3, with
+/// reads that end mid-record (through a relay that forwards 1,000 bytes at a time):
+/// mosquitto_pub -l, connected and then idle until lines arrive on its standard input, gets
+/// 100 lines at once (one of 100,000 bytes); mosquitto_sub, idle since it subscribed,
+/// receives all of them, whole and in order.
+#[tokio::test]
+async fn idle_tls_connections_take_bursts() {
+    if !have_program("mosquitto_pub") || !have_program("mosquitto_sub") {
+        return;
+    }
+    let pki = Pki::new();
+    let (broker, addr) = start_tls(config_with(pki.listener(false))).await;
+    let port = chopping_relay(addr, 1_000).await.port().to_string();
+    let ca = pki.path("ca.pem").to_str().unwrap().to_string();
+    let lines: Vec<String> = (0..100)
+        .map(|i| {
+            let len = if i == 50 { 100_000 } else { 2_000 + i * 37 };
+            format!("{i:03}:{}", "x".repeat(len))
+        })
+        .collect();
+    for version in ["tlsv1.2", "tlsv1.3"] {
+        let topic = format!("burst/{version}");
+        let (sub_id, pub_id) = (
+            format!("burst-sub-{version}"),
+            format!("burst-pub-{version}"),
+        );
+        let common = |id: &str| -> Vec<String> {
+            [
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "--cafile",
+                &ca,
+                "--tls-version",
+                version,
+                "-t",
+                &topic,
+                "-q",
+                "1",
+                "-i",
+                id,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        let mut sub_args = common(&sub_id);
+        sub_args.extend(["-C", "100", "-W", "30"].map(String::from));
+        let sub = Command::new("mosquitto_sub")
+            .args(&sub_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until("mosquitto_sub subscribed", || {
+            broker
+                .sessions()
+                .iter()
+                .any(|s| s.client_id == sub_id && s.subscriptions == 1)
+        })
+        .await;
+        let mut pub_args = common(&pub_id);
+        pub_args.push("-l".into());
+        let mut publisher = Command::new("mosquitto_pub")
+            .args(&pub_args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until("mosquitto_pub connected", || {
+            broker
+                .sessions()
+                .iter()
+                .any(|s| s.client_id == pub_id && s.connected)
+        })
+        .await;
+        // Both connections are idle now; the lines go out in one go.
+        let mut stdin = publisher.stdin.take().unwrap();
+        let input = lines.join("\n") + "\n";
+        let out = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            stdin.write_all(input.as_bytes()).unwrap();
+            drop(stdin);
+            let p = publisher.wait_with_output().unwrap();
+            (p, sub.wait_with_output().unwrap())
+        })
+        .await
+        .unwrap();
+        let (p, s) = out;
+        assert!(
+            p.status.success(),
+            "mosquitto_pub {version}: {}",
+            String::from_utf8_lossy(&p.stderr)
+        );
+        assert!(
+            s.status.success(),
+            "mosquitto_sub {version}: {}",
+            String::from_utf8_lossy(&s.stderr)
+        );
+        let received: Vec<&str> = std::str::from_utf8(&s.stdout).unwrap().lines().collect();
+        assert_eq!(received.len(), lines.len(), "{version}: messages received");
+        for (got, sent) in received.iter().zip(&lines) {
+            assert!(*got == sent, "{version}: message {} differs", &sent[..3]);
+        }
+    }
+    broker.shutdown().await;
+}
+
+const PAHO_WSS: &str = r#"
+import sys, threading
+import paho.mqtt.client as mqtt
+
+port, ca = int(sys.argv[1]), sys.argv[2]
+payloads = [bytes([65 + i]) * n for i, n in enumerate([10, 40000, 150000])]
+got = threading.Event()
+received = []
+
+c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-wss",
+                protocol=mqtt.MQTTv5, transport="websockets")
+c.ws_set_options(path="/mqtt")
+c.tls_set(ca_certs=ca)
+
+def on_connect(client, userdata, flags, reason_code, properties):
+    client.subscribe("wss/echo", qos=1)
+
+def on_subscribe(client, userdata, mid, reason_codes, properties):
+    for p in payloads:
+        client.publish("wss/echo", p, qos=1)
+
+def on_message(client, userdata, msg):
+    received.append(msg.payload)
+    if len(received) == len(payloads):
+        got.set()
+
+c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
+c.connect("127.0.0.1", port, keepalive=30)
+c.loop_start()
+ok = got.wait(20)
+c.disconnect()
+c.loop_stop()
+print("OK" if ok and received == payloads else "FAILED %d %s" % (len(received), [len(r) for r in received]))
+"#;
+
+/// MQTT over WebSocket over TLS (paho-mqtt, `wss`): a subscriber's own messages, up to
+/// 150,000 bytes (several TLS records and WebSocket frames), come back whole and in order.
+#[tokio::test]
+async fn paho_mqtt_over_websocket_over_tls() {
+    let Some(python) = python_with(&["paho.mqtt.client"]) else {
+        return;
+    };
+    let pki = Pki::new();
+    let mut listener = pki.listener(false);
+    listener.protocol = mercurio::config::ListenerProtocol::Websocket;
+    let (broker, addr) = start_tls(config_with(listener)).await;
+    let out = run_python(
+        python,
+        PAHO_WSS,
+        &[
+            addr.port().to_string(),
+            pki.path("ca.pem").to_str().unwrap().to_string(),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(out.trim(), "OK");
     broker.shutdown().await;
 }
 

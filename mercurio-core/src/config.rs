@@ -99,10 +99,10 @@ pub struct ServerConfig {
     pub max_retained_messages: usize,
     /// Seconds between `$SYS` updates; 0 turns `$SYS` off (as in mosquitto); default 10.
     pub sys_interval: u64,
-    /// Most levels in a topic name or filter (`a/b/c` has 3); 0 = unlimited; default 200, the
-    /// limit mosquitto builds in, so a client that works with mosquitto never meets it. A
-    /// PUBLISH or will over it is refused as an invalid topic name (0x90), a SUBSCRIBE filter
-    /// gets 0x8F (3.x: 0x80).
+    /// Most levels in a topic name or filter (`a/b/c` has 3); 0 = unlimited; default 201, the
+    /// most mosquitto accepts (it refuses more than 200 `/` separators), so a client that
+    /// works with mosquitto never meets it. A PUBLISH or will over it is refused as an invalid
+    /// topic name (0x90), a SUBSCRIBE filter gets 0x8F (3.x: 0x80).
     pub max_topic_levels: usize,
     /// Most subscriptions one session holds; 0 = unlimited; default 10,000. A SUBSCRIBE
     /// filter over it gets 0x97 Quota exceeded (3.x: 0x80); replacing a subscription always
@@ -139,7 +139,7 @@ impl Default for ServerConfig {
             persistent_client_expiration: 0,
             max_retained_messages: 0,
             sys_interval: 10,
-            max_topic_levels: 200,
+            max_topic_levels: 201,
             max_subscriptions_per_client: 10_000,
             allow_zero_length_clientid: true,
             message_size_limit: 0,
@@ -251,7 +251,7 @@ pub enum StorageBackend {
 }
 
 /// `[storage]`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub backend: StorageBackend,
@@ -263,6 +263,31 @@ pub struct StorageConfig {
     pub standby: bool,
     /// Acknowledge QoS 1/2 only after the commit; default false.
     pub durable_ack: bool,
+    /// Back pressure from storage, in bytes of changes not yet stored (the topic, payload
+    /// and properties of each stored message copy, plus its client identifier), charged to
+    /// the client whose PUBLISH produced them (a message queued for 20 offline persistent
+    /// sessions costs its publisher 20 copies). A client over it is not read until storage
+    /// has caught up below it, so its PUBACK / PUBREC stop coming. 0 = unlimited; default
+    /// 8 MiB.
+    pub max_pending_bytes: u64,
+    /// The same bound for the whole broker: while more bytes than this wait for storage,
+    /// every client with changes of its own waiting is not read; clients with none (QoS 0
+    /// between non-persistent sessions) go on. 0 = unlimited; default 64 MiB.
+    pub max_pending_bytes_total: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            backend: StorageBackend::Memory,
+            path: None,
+            url: None,
+            standby: false,
+            durable_ack: false,
+            max_pending_bytes: 8 * 1024 * 1024,
+            max_pending_bytes_total: 64 * 1024 * 1024,
+        }
+    }
 }
 
 /// `[logging]`.

@@ -22,7 +22,7 @@ use crate::intercept::PublishInterceptor;
 use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::message::Message;
-use crate::persist::Persister;
+use crate::persist::{Persister, WriteFailure};
 use crate::session::{Granted, Session, SessionState};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
@@ -188,6 +188,7 @@ impl BrokerBuilder {
         };
         let (failure_tx, failure) = tokio::sync::watch::channel(None);
         let durable_ack = self.config.storage.durable_ack;
+        let pending_limits = crate::persist::PendingLimits::from_config(&self.config.storage);
         let mut inner = BrokerState::new(self.config);
         inner.checks_access =
             auth.checks_access() || listener_auth.iter().flatten().any(|a| a.checks_access());
@@ -201,6 +202,7 @@ impl BrokerBuilder {
             let persister = Persister::start(
                 storage,
                 durable_ack,
+                pending_limits,
                 Arc::clone(&inner.stats),
                 Arc::downgrade(&inner.sessions),
             );
@@ -642,6 +644,15 @@ impl BrokerHandle {
         if let Some(p) = self.inner.persist.get() {
             p.flush().await;
         }
+    }
+
+    /// `Some` while storage takes no writes: every attempt has failed for a second or more
+    /// (a full disk, a database that cannot be reached), with the last error. Meanwhile the
+    /// broker retries, serves what needs no storage, and holds back the clients whose
+    /// changes wait (`[storage] max_pending_bytes`); `/healthz` answers 503. `None` with the
+    /// memory backend and while writes succeed.
+    pub fn storage_write_failure(&self) -> Option<WriteFailure> {
+        self.inner.persist.get().and_then(|p| p.write_failure())
     }
 
     async fn wait_closed(&self, grace: Duration) {

@@ -134,8 +134,17 @@ impl Endpoint {
         let guard = guard.with_permit(permit);
         let path = req.uri().path();
         let r = if self.health && path == "/healthz" {
+            let unwritable = self.broker.persist.get().and_then(|p| p.write_failure());
             if self.broker.is_shutting_down() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n", guard)
+            } else if let Some(f) = unwritable {
+                // Nothing can be stored: a persistent client's messages would pile up.
+                let body = format!(
+                    "storage unwritable for {} s: {}\n",
+                    f.duration.as_secs(),
+                    f.error
+                );
+                text(StatusCode::SERVICE_UNAVAILABLE, body, guard)
             } else {
                 text(StatusCode::OK, "ok\n", guard)
             }
@@ -295,7 +304,7 @@ impl Body for HttpBody {
 /// A short plain-text response.
 pub(crate) fn text(
     status: StatusCode,
-    body: &'static str,
+    body: impl Into<Bytes>,
     guard: ResponseGuard,
 ) -> Response<HttpBody> {
     let mut r = Response::new(HttpBody::bytes(body, guard));

@@ -12,7 +12,8 @@
 //! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body (response
 //! bodies), tokio-tungstenite (WebSocket framing after the upgrade),
 //! futures-util (its Stream/Sink traits), prometheus-client (`/metrics`, a registry per broker).
-//! rustls 0.23 with ring + tokio-rustls (TLS listeners, pure Rust), rustls-pki-types (PEM
+//! rustls 0.23 with ring (pure Rust; TLS listeners on its unbuffered API, `tls_stream`) +
+//! tokio-rustls (bridges' TLS connections), rustls-pki-types (PEM
 //! certificates and keys), sha2 + pbkdf2 + argon2 + password-hash (mosquitto_passwd's $6$, $7$
 //! and argon2id hashes; password-hash's getrandom for new salts), subtle (constant-time hash
 //! comparison), base64 (the salts and hashes of password files), libc (O_NOFOLLOW for the
@@ -40,6 +41,7 @@ mod session;
 pub mod stats;
 mod sys;
 mod tls;
+mod tls_stream;
 pub mod topic;
 mod websocket;
 
@@ -61,4 +63,5 @@ pub use link::DisconnectReason;
 /// The storage crate: the `Storage` trait, its records and backends.
 pub use mercurio_storage as storage;
 pub use message::Message;
+pub use persist::WriteFailure;
 pub use session::Session;

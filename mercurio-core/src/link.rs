@@ -18,8 +18,6 @@ use crate::codec::{self, Packet, ProtocolVersion, ReasonCode};
 /// Bytes of answers (PUBACK, PINGRESP, ...) the reader may leave for the writer; above it
 /// the reader stops reading until the writer has written them out.
 const CONTROL_LIMIT: usize = 64 * 1024;
-/// A control buffer larger than this is released once written, so idle links stay small.
-const IDLE_CONTROL: usize = 16 * 1024;
 
 /// Why a connection ended, as logs and counters show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,10 +197,8 @@ impl Link {
         let mut control = self.control.lock();
         if !control.buf.is_empty() {
             buf.extend_from_slice(&control.buf);
-            control.buf.clear();
-            if control.buf.capacity() > IDLE_CONTROL {
-                control.buf = BytesMut::new();
-            }
+            // Released, not kept: an idle link holds no buffer.
+            control.buf = BytesMut::new();
         }
         std::mem::take(&mut control.pubacks)
     }

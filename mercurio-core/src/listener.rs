@@ -115,18 +115,23 @@ pub(crate) async fn run(
         let on_listener = Arc::clone(&on_listener);
         let http = http.clone();
         let tls = tls.clone();
-        // The TLS handshake and CONNECT share one connect_timeout, counted from here.
-        let connect_deadline = tokio::time::Instant::now()
-            + std::time::Duration::from_secs(broker.config.server.connect_timeout);
         // A task is as large as its future, which is as large as its largest branch: the
         // TLS and WebSocket ones (TLS state, HTTP) are boxed so that a plain MQTT connection,
         // idle most of its life, does not carry their size.
         tokio::spawn(async move {
+            // The TLS handshake and CONNECT share one connect_timeout, counted from the
+            // task's start (`connect_deadline`, in the boxed branches: held by this task, it
+            // would make every plain connection larger).
+            let connect_deadline = |broker: &BrokerState| {
+                tokio::time::Instant::now()
+                    + std::time::Duration::from_secs(broker.config.server.connect_timeout)
+            };
             match (tls, http) {
                 (None, None) => connection::serve(Arc::clone(&broker), stream, peer, index).await,
                 (None, Some(ep)) => Box::pin(websocket::serve(ep, stream, peer)).await,
                 (Some(tls), None) => {
                     Box::pin(async {
+                        let connect_deadline = connect_deadline(&broker);
                         if let Some((stream, identity)) =
                             tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
@@ -145,6 +150,7 @@ pub(crate) async fn run(
                 }
                 (Some(tls), Some(ep)) => {
                     Box::pin(async {
+                        let connect_deadline = connect_deadline(&broker);
                         if let Some((stream, _identity)) =
                             tls::handshake(&tls, stream, peer, connect_deadline).await
                         {

@@ -64,6 +64,7 @@ pub(crate) struct Snapshot {
     pub sessions_disconnected: u64,
     pub sessions_expired: u64,
     pub clients_stalled: u64,
+    pub shared_passed_on: u64,
     pub messages_received: u64,
     pub messages_sent: u64,
     pub bytes_received: u64,
@@ -74,6 +75,10 @@ pub(crate) struct Snapshot {
     pub storage_batches_retried: u64,
     pub storage_batches_dropped: u64,
     pub storage_dirty_clients: u64,
+    pub storage_pending_bytes: u64,
+    pub storage_waiting_clients: u64,
+    pub storage_writes_failed: u64,
+    pub storage_unwritable: u64,
     pub connections_total: u64,
     pub uptime_seconds: u64,
 }
@@ -92,6 +97,7 @@ impl Snapshot {
             sessions_disconnected: sessions - connected.min(sessions),
             sessions_expired: get(&s.sessions_expired),
             clients_stalled: get(&s.clients_stalled),
+            shared_passed_on: get(&s.shared_passed_on),
             messages_received: get(&s.messages_received),
             messages_sent: get(&s.messages_sent),
             bytes_received: get(&s.bytes_received),
@@ -102,6 +108,10 @@ impl Snapshot {
             storage_batches_retried: get(&s.storage_batches_retried),
             storage_batches_dropped: get(&s.storage_batches_dropped),
             storage_dirty_clients: get(&s.storage_clients_dirty),
+            storage_pending_bytes: get(&s.storage_pending_bytes),
+            storage_waiting_clients: get(&s.storage_clients_waiting),
+            storage_writes_failed: get(&s.storage_writes_failed),
+            storage_unwritable: get(&s.storage_unwritable),
             connections_total: get(&s.connections_total),
             uptime_seconds: broker.started.elapsed().as_secs(),
         }
@@ -321,6 +331,11 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
             s.clients_stalled,
         ),
         Family::counter(
+            "mercurio_shared_passed_on",
+            "Messages a shared subscription's member left unacknowledged that another member of the group took",
+            s.shared_passed_on,
+        ),
+        Family::counter(
             "mercurio_messages_received",
             "PUBLISH packets received",
             s.messages_received,
@@ -366,6 +381,26 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
             "mercurio_storage_dirty_clients",
             "Clients whose stored state differs from the broker's until written whole again",
             s.storage_dirty_clients,
+        ),
+        Family::gauge(
+            "mercurio_storage_pending_bytes",
+            "Bytes of session and retained changes not yet stored",
+            s.storage_pending_bytes,
+        ),
+        Family::gauge(
+            "mercurio_storage_waiting_clients",
+            "Connections not read until storage catches up with what their client owes",
+            s.storage_waiting_clients,
+        ),
+        Family::counter(
+            "mercurio_storage_writes_failed",
+            "Attempts to write a batch of changes that storage failed",
+            s.storage_writes_failed,
+        ),
+        Family::gauge(
+            "mercurio_storage_unwritable",
+            "1 while storage has taken no write for a second or more (full disk, database down)",
+            s.storage_unwritable,
         ),
         Family::counter(
             "mercurio_connections",

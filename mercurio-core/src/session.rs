@@ -31,6 +31,10 @@ pub(crate) struct Delivery {
     pub subscription_ids: Vec<u32>,
     /// Position in the session's queue, set by [`Session::enqueue`] (storage's key).
     pub seq: u64,
+    /// For a delivery made through a shared subscription, the group's full filter
+    /// (`$share/{ShareName}/{filter}`): if the session ends, or leaves the group, before the
+    /// client acknowledges it, it goes to another member (MQTT 5.0 section 4.8.2).
+    pub share: Option<Arc<str>>,
 }
 
 impl Delivery {
@@ -191,12 +195,6 @@ impl Queue {
         }
         removed
     }
-
-    /// Empties the queue.
-    pub(crate) fn clear(&mut self) {
-        self.items.clear();
-        self.bytes = 0;
-    }
 }
 
 /// The mutable part of a session.
@@ -209,8 +207,9 @@ pub(crate) struct SessionState {
     pub queue: Queue,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
     pub inflight: VecDeque<Inflight>,
-    /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL.
-    pub inbound_qos2: HashSet<u16>,
+    /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL (changed
+    /// only through `receive_qos2` / `release_qos2`, which report it).
+    inbound_qos2: HashSet<u16>,
     next_packet_id: u16,
     /// Session Expiry Interval in seconds; `u32::MAX` = never.
     pub expiry_interval: u32,
@@ -218,15 +217,15 @@ pub(crate) struct SessionState {
     /// The connection serving this session now, if any.
     pub link: Option<Arc<Link>>,
     /// Incremented at every connection: timers armed for an older one do nothing.
-    pub generation: u64,
+    generation: u64,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
     pub ended: bool,
     /// True while the queue is dropping, to log once when it starts and once when it stops.
-    pub dropping: bool,
+    dropping: bool,
     /// While dropping: the messages and payload bytes the queue must be back to (half its
     /// limits) for the "room again" line, checked as messages leave the queue.
-    pub room_at: Option<(usize, u64)>,
-    pub dropped_since_warning: u64,
+    room_at: Option<(usize, u64)>,
+    dropped_since_warning: u64,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
     pub dropped: u64,
     /// When the last connection ended; `None` while connected.
@@ -234,10 +233,13 @@ pub(crate) struct SessionState {
     /// The user name of the last connection, stored with the session so that access checks
     /// made while it is offline after a restart use it (`identity` is restored from it).
     pub username: Option<Arc<str>>,
+    /// The name of the client certificate of the last connection (`None`: none), stored with
+    /// the session: with `username`, who the session belongs to.
+    pub certificate: Option<Arc<str>>,
     /// Where changes are reported for storage, for a broker with a storage backend.
     pub changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
-    pub next_seq: u64,
+    next_seq: u64,
     /// When the client last took a message from the queue, or was found with nothing to
     /// take (flow control: a client that takes none for `stall_time` is stalled).
     last_progress: Instant,
@@ -335,6 +337,7 @@ impl Session {
                 dropped: 0,
                 disconnected_at: None,
                 username: None,
+                certificate: None,
                 changes: None,
                 next_seq: 1,
                 last_progress: Instant::now(),
@@ -524,6 +527,18 @@ pub(crate) struct Detached {
     pub will_delay: Option<u32>,
 }
 
+/// What [`Session::end`] leaves for the broker to do.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    /// The filters the session was subscribed to, to take out of the index.
+    pub filters: Vec<String>,
+    /// Its will, still to be published [MQTT-3.1.2-8].
+    pub will: Option<Will>,
+    /// Its queued and unacknowledged deliveries made through shared subscriptions, for
+    /// other members of their groups (MQTT 5.0 section 4.8.2).
+    pub shared: Vec<Delivery>,
+}
+
 /// The session's life: taken by a connection, left, ended; its subscriptions.
 impl Session {
     /// The connection serving this session now, if any.
@@ -594,21 +609,46 @@ impl Session {
     }
 
     /// Ends the session: its queue, in-flight messages and subscriptions are dropped. Returns
-    /// the filters it was subscribed to and its pending will, or `None` when it had ended.
-    pub(crate) fn end(&self) -> Option<(Vec<String>, Option<Will>)> {
+    /// what it leaves behind ([`Ended`]), or `None` when it had ended.
+    pub(crate) fn end(&self) -> Option<Ended> {
         let mut st = self.state.lock();
         if st.ended {
             return None;
         }
         st.ended = true;
         st.persist_ended(&self.client_id);
-        st.queue.clear();
-        st.inflight.clear();
+        // Oldest first: in flight, then queued. A QoS 2 message whose PUBREC came back was
+        // received: only its PUBREL was owed.
+        let mut shared: Vec<Delivery> = st
+            .inflight
+            .drain(..)
+            .filter(|f| f.state != OutboundState::AwaitingPubComp)
+            .map(|f| f.delivery)
+            .collect();
+        shared.extend(st.queue.retain(|_| false));
+        shared.retain(|q| q.share.is_some());
         let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
         let will = st.will.take();
         drop(st);
         self.release_waiters();
-        Some((filters, will))
+        Some(Ended {
+            filters,
+            will,
+            shared,
+        })
+    }
+
+    /// Takes out of the queue the deliveries made through the shared subscription `filter`
+    /// (the session left the group), reporting them to storage. In-flight ones stay: the
+    /// client holds them and may acknowledge them [MQTT-3.10.4-3].
+    pub(crate) fn take_shared(&self, filter: &str) -> Vec<Delivery> {
+        let mut st = self.state.lock();
+        let taken = st.queue.retain(|q| q.share.as_deref() != Some(filter));
+        for q in &taken {
+            st.persist_dequeued(&self.client_id, q);
+        }
+        st.note_room(&self.client_id);
+        taken
     }
 
     /// True when no connection took the session up since `generation` and it has not ended:
@@ -737,6 +777,53 @@ impl SessionState {
     pub(crate) fn inflight_position(&self, packet_id: u16) -> Option<usize> {
         self.inflight.iter().position(|f| f.packet_id == packet_id)
     }
+
+    /// An inbound QoS 2 PUBLISH is answered with PUBREC: its packet identifier awaits
+    /// PUBREL [MQTT-4.3.3-9], reported to storage. False when it already did (a resend).
+    pub(crate) fn receive_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
+        let added = self.inbound_qos2.insert(packet_id);
+        if added {
+            self.persist_inbound_qos2(client_id, packet_id, true);
+        }
+        added
+    }
+
+    /// PUBREL for `packet_id`: the identifier is released, reported to storage. False when
+    /// it was not awaiting PUBREL.
+    pub(crate) fn release_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
+        let known = self.inbound_qos2.remove(&packet_id);
+        if known {
+            self.persist_inbound_qos2(client_id, packet_id, false);
+        }
+        known
+    }
+
+    /// Whether `packet_id` is an inbound QoS 2 message awaiting PUBREL.
+    pub(crate) fn awaits_release(&self, packet_id: u16) -> bool {
+        self.inbound_qos2.contains(&packet_id)
+    }
+
+    /// How many inbound QoS 2 messages await PUBREL.
+    pub(crate) fn awaiting_release(&self) -> usize {
+        self.inbound_qos2.len()
+    }
+
+    /// The inbound QoS 2 packet identifiers awaiting PUBREL, in increasing order (as stored).
+    pub(crate) fn inbound_qos2_ids(&self) -> Vec<u16> {
+        let mut ids: Vec<u16> = self.inbound_qos2.iter().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Restore: the identifiers awaiting PUBREL as storage had them (not reported again).
+    pub(crate) fn restore_inbound_qos2(&mut self, ids: &[u16]) {
+        self.inbound_qos2 = ids.iter().copied().collect();
+    }
+
+    /// Restore: numbers the next queued message after `seq`.
+    pub(crate) fn restored_seq(&mut self, seq: u64) {
+        self.next_seq = self.next_seq.max(seq + 1);
+    }
 }
 
 /// The mutation points: each reports the change that mirrors it, when the session is stored
@@ -792,7 +879,7 @@ impl SessionState {
     }
 
     /// An inbound QoS 2 packet identifier was added (`true`) or released.
-    pub(crate) fn persist_inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool) {
+    fn persist_inbound_qos2(&self, client_id: &str, packet_id: u16, added: bool) {
         if let Some(c) = self.stored() {
             c.inbound_qos2(client_id, packet_id, added);
         }

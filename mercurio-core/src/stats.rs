@@ -58,6 +58,9 @@ pub struct Stats {
     pub clients_connected: AtomicU64,
     pub clients_maximum: AtomicU64,
     pub sessions_expired: AtomicU64,
+    /// Messages a shared subscription's member left unacknowledged (its session ended, or it
+    /// left the group) that another member of the group took (MQTT 5.0 section 4.8.2).
+    pub shared_passed_on: AtomicU64,
     /// Times a client with queued messages was found stalled (took none for `stall_time`)
     /// while publishers routed into its queue: from then on it held nobody back.
     pub clients_stalled: AtomicU64,
@@ -69,6 +72,16 @@ pub struct Stats {
     pub storage_clients_dirty: AtomicU64,
     /// Stored sessions that could not be read at start (a gauge).
     pub storage_sessions_set_aside: AtomicU64,
+    /// Bytes of changes not yet stored (a gauge): what `[storage] max_pending_bytes_total`
+    /// bounds.
+    pub storage_pending_bytes: AtomicU64,
+    /// Connections not read now because their client owes storage too much (a gauge).
+    pub storage_clients_waiting: AtomicU64,
+    /// Attempts to write a batch that storage failed (each retry counts).
+    pub storage_writes_failed: AtomicU64,
+    /// 1 while storage has taken no write for a second or more (a full disk, an unreachable
+    /// database), else 0 (a gauge).
+    pub storage_unwritable: AtomicU64,
     dropped: [AtomicU64; 6],
 }
 

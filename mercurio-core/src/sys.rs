@@ -134,6 +134,10 @@ impl SysPublisher {
                 get(&s.clients_stalled).to_string(),
             ),
             (
+                "publish/messages/shared_passed_on".into(),
+                get(&s.shared_passed_on).to_string(),
+            ),
+            (
                 "retained messages/count".into(),
                 b.retained.lock().len().to_string(),
             ),
@@ -160,6 +164,22 @@ impl SysPublisher {
             (
                 "storage/sessions/set aside".into(),
                 get(&s.storage_sessions_set_aside).to_string(),
+            ),
+            (
+                "storage/pending/bytes".into(),
+                get(&s.storage_pending_bytes).to_string(),
+            ),
+            (
+                "storage/clients/waiting".into(),
+                get(&s.storage_clients_waiting).to_string(),
+            ),
+            (
+                "storage/writes/failed".into(),
+                get(&s.storage_writes_failed).to_string(),
+            ),
+            (
+                "storage/unwritable".into(),
+                get(&s.storage_unwritable).to_string(),
             ),
         ];
         for (name, value) in &counters[..4] {

@@ -4,7 +4,8 @@
 //! common name as the user name with `use_identity_as_username`.
 //!
 //! Each TLS listener holds its current `rustls` configuration behind a lock: a reload (SIGHUP)
-//! swaps it for new handshakes, and connections already up keep theirs.
+//! swaps it for new handshakes, and connections already up keep theirs. The connections
+//! themselves are `tls_stream::TlsStream`s, which hold no buffer while idle.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,10 +15,10 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
-use tokio_rustls::TlsAcceptor;
 
 use crate::auth::FileError;
 use crate::config::ListenerConfig;
+use crate::tls_stream::{self, TlsStream};
 
 /// What the TLS handshake tells about the client.
 #[derive(Debug, Clone, Default)]
@@ -31,7 +32,7 @@ pub(crate) struct TlsIdentity {
 /// A TLS listener's configuration, reloadable.
 pub(crate) struct TlsListener {
     cfg: ListenerConfig,
-    acceptor: RwLock<TlsAcceptor>,
+    config: RwLock<Arc<ServerConfig>>,
 }
 
 impl TlsListener {
@@ -40,25 +41,25 @@ impl TlsListener {
         let config = server_config(cfg)?;
         Ok(TlsListener {
             cfg: cfg.clone(),
-            acceptor: RwLock::new(TlsAcceptor::from(Arc::new(config))),
+            config: RwLock::new(Arc::new(config)),
         })
     }
 
     /// Reads the files again; on error the current configuration stays.
     pub(crate) fn reload(&self) -> Result<(), FileError> {
         let config = server_config(&self.cfg)?;
-        *self.acceptor.write() = TlsAcceptor::from(Arc::new(config));
+        *self.config.write() = Arc::new(config);
         tracing::info!(listener = %format!("{}:{}", self.cfg.host, self.cfg.port), "TLS certificates reloaded");
         Ok(())
     }
 
-    /// The acceptor for a new connection.
-    pub(crate) fn acceptor(&self) -> TlsAcceptor {
-        self.acceptor.read().clone()
+    /// The configuration for a new connection.
+    pub(crate) fn server_config(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.config.read())
     }
 
     /// The identity of a connection whose handshake is done.
-    pub(crate) fn identity(&self, conn: &rustls::ServerConnection) -> TlsIdentity {
+    pub(crate) fn identity(&self, conn: &TlsStream) -> TlsIdentity {
         TlsIdentity {
             certificate_cn: conn
                 .peer_certificates()
@@ -211,13 +212,10 @@ pub(crate) async fn handshake(
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
     deadline: tokio::time::Instant,
-) -> Option<(
-    tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    TlsIdentity,
-)> {
-    match tokio::time::timeout_at(deadline, tls.acceptor().accept(stream)).await {
+) -> Option<(TlsStream, TlsIdentity)> {
+    match tokio::time::timeout_at(deadline, tls_stream::accept(tls.server_config(), stream)).await {
         Ok(Ok(stream)) => {
-            let identity = tls.identity(stream.get_ref().1);
+            let identity = tls.identity(&stream);
             Some((stream, identity))
         }
         Ok(Err(e)) => {

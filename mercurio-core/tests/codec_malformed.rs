@@ -226,7 +226,9 @@ fn publish_dup_with_qos_0_is_malformed_mqtt_3_3_1_2() {
 
 // ---------------------------------------------------------------- packet identifiers
 
-/// The packet parses; the protocol forbids the value (5.0 section 1.2 tells the two apart).
+/// Packet identifier 0 [MQTT-2.2.1-3]: the packet parses and the protocol forbids the value,
+/// a Protocol Error (5.0 section 1.2) in a PUBLISH and the acknowledgements; in a SUBSCRIBE or
+/// UNSUBSCRIBE a Malformed Packet (0x81, a packet that does not conform), mosquitto's answers.
 #[test]
 fn packet_identifier_0_is_a_protocol_error_mqtt_2_2_1_3() {
     for v in [V311, V5] {
@@ -244,8 +246,10 @@ fn packet_identifier_0_is_a_protocol_error_mqtt_2_2_1_3() {
             sub.push(0);
         }
         sub.extend_from_slice(&s("a"));
+        let unsub = sub.clone();
         sub.push(0);
-        protocol_error(decode_packet(&frame(0x82, &sub), v));
+        malformed(decode_packet(&frame(0x82, &sub), v));
+        malformed(decode_packet(&frame(0xA2, &unsub), v));
     }
 }
 
@@ -272,29 +276,32 @@ fn null_character_is_malformed_mqtt_1_5_4_2() {
     malformed(decode_packet(&frame(0x10, &b), V311));
 }
 
+/// A wildcard in a PUBLISH topic is data the protocol does not allow in a packet that parses:
+/// a Protocol Error, 0x82 (5.0 section 1.2), as mosquitto answers it.
 #[test]
-fn wildcards_in_a_publish_topic_are_topic_name_invalid_mqtt_3_3_2_2() {
-    topic_invalid(decode_packet(
+fn wildcards_in_a_publish_topic_are_a_protocol_error_mqtt_3_3_2_2() {
+    protocol_error(decode_packet(
         &frame(0x30, &publish_body("a/+", None, None, b"")),
         V311,
     ));
-    topic_invalid(decode_packet(
+    protocol_error(decode_packet(
         &frame(0x30, &publish_body("a/#", None, None, b"")),
         V311,
     ));
-    topic_invalid(decode_packet(
+    protocol_error(decode_packet(
         &frame(0x30, &publish_body("#", None, Some(&[]), b"")),
         V5,
     ));
 }
 
+/// An empty PUBLISH topic without a Topic Alias: a Protocol Error too.
 #[test]
 fn empty_topic_needs_a_topic_alias_in_5_0_mqtt_4_7_3_1() {
-    topic_invalid(decode_packet(
+    protocol_error(decode_packet(
         &frame(0x30, &publish_body("", None, None, b"x")),
         V311,
     ));
-    topic_invalid(decode_packet(
+    protocol_error(decode_packet(
         &frame(0x30, &publish_body("", None, Some(&[]), b"x")),
         V5,
     ));

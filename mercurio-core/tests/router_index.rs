@@ -442,3 +442,36 @@ fn hundred_thousand_subscriptions_rough_measure() {
     );
     assert!(delivered > 0);
 }
+
+/// A shared group found by its full filter (what a delivery made through it remembers): its
+/// members, its full filter, and the same cursor as the matches of a topic report; `None` for
+/// a group without members, another ShareName, or a filter that is not shared.
+#[test]
+fn shared_group_by_full_filter() {
+    let mut index: SubscriptionIndex<u32> = SubscriptionIndex::new();
+    index.insert("$share/g/jobs/+", key("a"), 1);
+    index.insert("$share/g/jobs/+", key("b"), 2);
+    index.insert("$share/h/jobs/+", key("c"), 3);
+    index.insert("jobs/+", key("d"), 4);
+    let group = index.shared_group("$share/g/jobs/+").expect("the group");
+    assert_eq!(&*group.group, "g");
+    assert_eq!(&*group.filter, "$share/g/jobs/+");
+    let members: Vec<(String, u32)> = group
+        .members
+        .iter()
+        .map(|(c, v)| (c.to_string(), *v))
+        .collect();
+    assert_eq!(members, [("a".to_string(), 1), ("b".to_string(), 2)]);
+    let matched = index.matches("jobs/x");
+    let same = matched
+        .shared
+        .iter()
+        .find(|s| &*s.group == "g")
+        .expect("g matches");
+    assert_eq!(&*same.filter, "$share/g/jobs/+");
+    assert!(Arc::ptr_eq(&same.next, &group.next), "one cursor per group");
+    assert!(index.shared_group("$share/x/jobs/+").is_none());
+    assert!(index.shared_group("jobs/+").is_none());
+    index.remove("$share/h/jobs/+", "c");
+    assert!(index.shared_group("$share/h/jobs/+").is_none());
+}

@@ -157,6 +157,61 @@ impl Change {
         }
     }
 
+    /// Bytes this change holds, as the core counts them for its back pressure: the topic,
+    /// payload and properties of each message in it, plus its strings (client identifier,
+    /// filters, user name). Fixed-size fields are not counted: a change without a message is
+    /// a few bytes, which the core's own per-change overhead covers.
+    pub fn size(&self) -> usize {
+        fn message(m: &MessageRecord) -> usize {
+            m.topic.len() + m.payload.len() + m.properties.len()
+        }
+        fn id(client_id: &str) -> usize {
+            client_id.len()
+        }
+        match self {
+            Change::SessionSaved(h) => {
+                id(&h.client_id) + h.username.as_ref().map_or(0, String::len)
+            }
+            Change::SessionWritten(r) => {
+                id(&r.client_id)
+                    + r.username.as_ref().map_or(0, String::len)
+                    + r.subscriptions
+                        .iter()
+                        .map(|s| s.filter.len())
+                        .sum::<usize>()
+                    + r.will.as_ref().map_or(0, |w| message(&w.message))
+                    + r.queued.iter().map(|q| message(&q.message)).sum::<usize>()
+                    + r.inflight
+                        .iter()
+                        .map(|f| message(&f.message))
+                        .sum::<usize>()
+            }
+            Change::SubscriptionAdded {
+                client_id,
+                subscription,
+            } => id(client_id) + subscription.filter.len(),
+            Change::SubscriptionRemoved { client_id, filter } => id(client_id) + filter.len(),
+            Change::WillSet { client_id, will } => id(client_id) + message(&will.message),
+            Change::MessageQueued {
+                client_id,
+                message: m,
+                ..
+            } => id(client_id) + message(m),
+            Change::InflightSet {
+                client_id,
+                inflight,
+            } => id(client_id) + message(&inflight.message),
+            Change::SessionDeleted { client_id }
+            | Change::WillCleared { client_id }
+            | Change::MessageDequeued { client_id, .. }
+            | Change::InflightRemoved { client_id, .. }
+            | Change::InboundQos2Added { client_id, .. }
+            | Change::InboundQos2Removed { client_id, .. } => id(client_id),
+            Change::RetainedSet(r) => message(&r.message),
+            Change::RetainedDeleted { topic } => topic.len(),
+        }
+    }
+
     /// Whether this change creates or replaces a session, so that later additions to it
     /// in the same batch are accepted.
     pub fn creates_session(&self) -> bool {
@@ -182,6 +237,14 @@ mod tests {
         assert_eq!(retained.client_id(), None);
         let deleted = Change::RetainedDeleted { topic: "t".into() };
         assert_eq!(deleted.client_id(), None);
+        assert_eq!(retained.size(), 2);
+        assert_eq!(deleted.size(), 1);
+        let queued = Change::MessageQueued {
+            client_id: "ab".into(),
+            seq: 1,
+            message: MessageRecord::new("topic", vec![0u8; 100], 1),
+        };
+        assert_eq!(queued.size(), 2 + 5 + 100);
     }
 }
 

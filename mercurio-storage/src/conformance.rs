@@ -106,6 +106,7 @@ fn header(client_id: &str) -> SessionHeader {
         session_expiry_interval: 3600,
         disconnected_at: None,
         username: Some(format!("{client_id}-user")),
+        certificate: Some(format!("{client_id}-cert")),
     }
 }
 
@@ -227,6 +228,7 @@ pub async fn check_session_saved<S: Storage>(storage: &S) {
         session_expiry_interval: NEVER_EXPIRES,
         disconnected_at: Some(1_700_000_000_123),
         username: None,
+        certificate: None,
     };
     apply(storage, vec![Change::SessionSaved(disconnected.clone())]).await;
     let loaded = session(storage, "a").await;
@@ -554,6 +556,7 @@ pub async fn check_session_written<S: Storage>(storage: &S) {
         session_expiry_interval: 0,
         disconnected_at: Some(42),
         username: None,
+        certificate: None,
     });
     record.subscriptions = vec![
         SubscriptionRecord::new("new/a", 2),
@@ -577,10 +580,14 @@ pub async fn check_session_written<S: Storage>(storage: &S) {
         },
         InflightRecord {
             packet_id: 4,
-            message: message("i", b"y", 1),
+            message: MessageRecord {
+                share: Some("$share/g/i".to_string()),
+                ..message("i", b"y", 1)
+            },
             state: InflightState::AwaitingPubAck,
         },
     ];
+    record.queued[0].message.share = Some("$share/g/q".to_string());
     record.inbound_qos2 = vec![8, 9];
     apply(storage, vec![Change::SessionWritten(record.clone())]).await;
     assert_eq!(session(storage, "a").await, record);
@@ -653,6 +660,8 @@ pub async fn check_message_fields<S: Storage>(storage: &S) {
     binary.expires_at = Some(1_700_000_000_999);
     binary.publisher = Some("publisher-é".to_string());
     let empty = MessageRecord::new("e", Bytes::new(), 0);
+    let mut shared = binary.clone();
+    shared.share = Some("$share/groupe-é/capteurs/#".to_string());
     apply(
         storage,
         vec![
@@ -662,6 +671,7 @@ pub async fn check_message_fields<S: Storage>(storage: &S) {
                 session_expiry_interval: 0,
                 disconnected_at: Some(0),
                 username: None,
+                certificate: None,
             }),
             Change::MessageQueued {
                 client_id: "client-ñ".to_string(),
@@ -672,6 +682,19 @@ pub async fn check_message_fields<S: Storage>(storage: &S) {
                 client_id: "client-ñ".to_string(),
                 seq: 1,
                 message: empty.clone(),
+            },
+            Change::MessageQueued {
+                client_id: "client-ñ".to_string(),
+                seq: 2,
+                message: shared.clone(),
+            },
+            Change::InflightSet {
+                client_id: "client-ñ".to_string(),
+                inflight: InflightRecord {
+                    packet_id: 7,
+                    message: shared.clone(),
+                    state: InflightState::AwaitingPubRec,
+                },
             },
             Change::RetainedSet(RetainedRecord::new(binary.clone())),
         ],
@@ -685,6 +708,9 @@ pub async fn check_message_fields<S: Storage>(storage: &S) {
     assert!(loaded.is_expired(0));
     assert_eq!(loaded.queued[0].message, binary);
     assert_eq!(loaded.queued[1].message, empty);
+    // The shared subscription of a delivery is kept, queued and in flight.
+    assert_eq!(loaded.queued[2].message, shared);
+    assert_eq!(loaded.inflight[0].message, shared);
     assert_eq!(state.retained, [RetainedRecord::new(binary)]);
 }
 
@@ -1086,6 +1112,7 @@ pub async fn check_reopen<H: Harness>(harness: &mut H) {
         session_expiry_interval: 60,
         disconnected_at: Some(1_700_000_000_000),
         username: None,
+        certificate: None,
     });
     record.subscriptions = vec![SubscriptionRecord::new("t/#", 1)];
     record.will = Some(WillRecord {

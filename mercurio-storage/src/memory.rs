@@ -41,6 +41,8 @@ struct State {
     set_aside: BTreeMap<String, String>,
     /// Failures to return from the next calls to `apply`, oldest first.
     failures: VecDeque<ErrorKind>,
+    /// Fail every call to `apply` with this until cleared.
+    failing: Option<ErrorKind>,
     /// Batches applied successfully.
     applied_batches: u64,
 }
@@ -294,6 +296,20 @@ impl MemoryStorage {
         }
     }
 
+    /// Make every call to [`apply`](Storage::apply) fail with `kind`, applying nothing, until
+    /// [`stop_failing`](Self::stop_failing): storage that takes no writes (a full disk).
+    pub fn fail_always(&self, kind: ErrorKind) {
+        self.shared.state.lock().failing = Some(kind);
+    }
+
+    /// Ends [`fail_always`](Self::fail_always) and drops the failures planned by
+    /// [`fail_next`](Self::fail_next): `apply` works again.
+    pub fn stop_failing(&self) {
+        let mut state = self.shared.state.lock();
+        state.failing = None;
+        state.failures.clear();
+    }
+
     /// Report `client_id`'s session as unreadable from now on: [`load`](Storage::load) lists
     /// it in [`LoadedState::set_aside`] with `cause` (its data, if any, is kept) until
     /// [`delete_session`](Storage::delete_session) removes it. For tests of set-aside sessions.
@@ -350,7 +366,7 @@ impl Storage for MemoryStorage {
         }
         {
             let mut state = self.shared.state.lock();
-            if let Some(kind) = state.failures.pop_front() {
+            if let Some(kind) = state.failing.or_else(|| state.failures.pop_front()) {
                 return Err(StorageError::new(kind, "injected failure"));
             }
             state.validate(batch)?;

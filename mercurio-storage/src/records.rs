@@ -29,6 +29,10 @@ pub struct SessionHeader {
     /// The user name the client last connected with (`None`: none given). Access checks on
     /// messages routed to the session while it is offline after a restart use it.
     pub username: Option<String>,
+    /// The name (common name) of the client certificate the client last connected with, on
+    /// a listener that asks for one; `None`: no certificate. With `username`, who the
+    /// session belongs to: a client of another identity gets a new session.
+    pub certificate: Option<String>,
 }
 
 impl SessionHeader {
@@ -66,6 +70,8 @@ pub struct SessionRecord {
     pub disconnected_at: Option<u64>,
     /// The user name the client last connected with (see [`SessionHeader::username`]).
     pub username: Option<String>,
+    /// The client certificate's name (see [`SessionHeader::certificate`]).
+    pub certificate: Option<String>,
     /// The session's subscriptions, one per topic filter, sorted by filter.
     pub subscriptions: Vec<SubscriptionRecord>,
     /// The will to publish when the session's connection ends abnormally, if any.
@@ -88,6 +94,7 @@ impl SessionRecord {
             session_expiry_interval: header.session_expiry_interval,
             disconnected_at: header.disconnected_at,
             username: header.username,
+            certificate: header.certificate,
             subscriptions: Vec::new(),
             will: None,
             queued: Vec::new(),
@@ -104,6 +111,7 @@ impl SessionRecord {
             session_expiry_interval: self.session_expiry_interval,
             disconnected_at: self.disconnected_at,
             username: self.username.clone(),
+            certificate: self.certificate.clone(),
         }
     }
 
@@ -177,6 +185,11 @@ pub struct MessageRecord {
     /// The client that published the message; `None` for messages published by the broker
     /// itself or by the embedding application.
     pub publisher: Option<String>,
+    /// For a queued or in-flight message delivered through a shared subscription, the
+    /// group's full filter (`$share/{ShareName}/{filter}`): if the session ends before the
+    /// client acknowledges it, the broker gives it to another member of the group (MQTT 5.0
+    /// section 4.8.2). `None` otherwise, and always for retained messages and wills.
+    pub share: Option<String>,
 }
 
 impl MessageRecord {
@@ -190,6 +203,7 @@ impl MessageRecord {
             properties: Bytes::new(),
             expires_at: None,
             publisher: None,
+            share: None,
         }
     }
 
@@ -299,6 +313,7 @@ mod tests {
             session_expiry_interval: interval,
             disconnected_at,
             username: None,
+            certificate: None,
         }
     }
 

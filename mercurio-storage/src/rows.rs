@@ -17,7 +17,7 @@ use crate::records::{
 
 /// The columns of a message, in this order, in every table that stores one.
 pub(crate) const MESSAGE_COLUMNS: &str =
-    "topic, payload, qos, retain, properties, expires_at, publisher";
+    "topic, payload, qos, retain, properties, expires_at, publisher, share";
 /// What [`subscription`] reads, after the client id.
 pub(crate) const SUBSCRIPTION_COLUMNS: &str =
     "filter, qos, no_local, retain_as_published, retain_handling, subscription_identifier";
@@ -25,7 +25,7 @@ pub(crate) const SUBSCRIPTION_COLUMNS: &str =
 pub(crate) const SESSION_COLUMNS: &str =
     "client_id, protocol_level, session_expiry_interval, disconnected_at, will_topic, \
      will_payload, will_qos, will_retain, will_properties, will_expires_at, will_publisher, \
-     will_delay_interval, username";
+     will_delay_interval, username, certificate";
 
 /// One row of a query, read by column index; a failure is described in words (the column's
 /// name and the driver's reason).
@@ -81,8 +81,16 @@ fn unsigned(v: i64, what: &str) -> Result<u64, String> {
     u64::try_from(v).map_err(|_| format!("{what}: negative value {v}"))
 }
 
-/// A message from the [`MESSAGE_COLUMNS`] starting at column `at`.
+/// A message from the [`MESSAGE_COLUMNS`] starting at column `at` (`share` included).
 pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
+    let mut message = will_message_at(row, at)?;
+    message.share = row.opt_text(at + 7)?;
+    Ok(message)
+}
+
+/// A will's message: the [`MESSAGE_COLUMNS`] but `share` (a will has none), starting at
+/// column `at`.
+fn will_message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
     Ok(MessageRecord {
         topic: row.text(at)?,
         payload: Bytes::from(row.bytes(at + 1)?),
@@ -94,6 +102,7 @@ pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord,
             .map(|v| unsigned(v, "expires_at"))
             .transpose()?,
         publisher: row.opt_text(at + 6)?,
+        share: None,
     })
 }
 
@@ -191,7 +200,7 @@ impl Sessions {
         let will = match row.opt_text(4)? {
             None => None,
             Some(_) => Some(WillRecord {
-                message: message_at(row, 4)?,
+                message: will_message_at(row, 4)?,
                 delay_interval: small(row.opt_int(11)?.unwrap_or(0), "will delay interval")?,
             }),
         };
@@ -204,6 +213,7 @@ impl Sessions {
                 .map(|v| unsigned(v, "disconnected_at"))
                 .transpose()?,
             username: row.opt_text(12)?,
+            certificate: row.opt_text(13)?,
             subscriptions: self
                 .subscriptions
                 .remove(client_id)

@@ -35,11 +35,17 @@ use crate::{LoadedState, SetAside, Storage};
 
 /// The schema version this build writes and reads (`PRAGMA user_version`).
 ///
-/// 2: `sessions.username` (a version 1 database is upgraded when opened).
-pub const SCHEMA_VERSION: i64 = 2;
+/// 2: `sessions.username`; 3: `sessions.certificate`, and `share` (a queued or in-flight
+/// message's shared subscription) in `queued`, `inflight` and `retained`. An older database
+/// is upgraded when opened.
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// From each older schema version to the next, in order (index 0: from 1 to 2).
-const UPGRADES: &[&str] = &["ALTER TABLE sessions ADD COLUMN username TEXT;"];
+const UPGRADES: &[&str] = &[
+    "ALTER TABLE sessions ADD COLUMN username TEXT;",
+    "ALTER TABLE sessions ADD COLUMN certificate TEXT; ALTER TABLE queued ADD COLUMN share TEXT; ALTER TABLE inflight ADD COLUMN share TEXT; \
+     ALTER TABLE retained ADD COLUMN share TEXT;",
+];
 
 /// How long a statement waits for a lock held by another connection before the call fails
 /// with a transient error (which the broker's writer retries).
@@ -59,7 +65,8 @@ CREATE TABLE sessions (
     will_expires_at INTEGER,
     will_publisher TEXT,
     will_delay_interval INTEGER,
-    username TEXT
+    username TEXT,
+    certificate TEXT
 );
 CREATE TABLE subscriptions (
     client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
@@ -81,6 +88,7 @@ CREATE TABLE queued (
     properties BLOB NOT NULL,
     expires_at INTEGER,
     publisher TEXT,
+    share TEXT,
     PRIMARY KEY (client_id, seq)
 ) WITHOUT ROWID;
 CREATE TABLE inflight (
@@ -95,6 +103,7 @@ CREATE TABLE inflight (
     properties BLOB NOT NULL,
     expires_at INTEGER,
     publisher TEXT,
+    share TEXT,
     PRIMARY KEY (client_id, packet_id)
 ) WITHOUT ROWID;
 CREATE TABLE inbound_qos2 (
@@ -109,7 +118,8 @@ CREATE TABLE retained (
     retain INTEGER NOT NULL,
     properties BLOB NOT NULL,
     expires_at INTEGER,
-    publisher TEXT
+    publisher TEXT,
+    share TEXT
 ) WITHOUT ROWID;
 CREATE TABLE meta (
     key TEXT PRIMARY KEY NOT NULL,
@@ -450,11 +460,13 @@ fn insert_message(
         &message.properties[..],
         message.expires_at.map(to_i64),
         message.publisher,
+        message.share,
     ])
 }
 
 const INSERT_QUEUED: &str = "INSERT OR REPLACE INTO queued (client_id, seq, topic, payload, qos, \
-    retain, properties, expires_at, publisher) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+    retain, properties, expires_at, publisher, share) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
 
 fn set_inflight(
     tx: &Transaction<'_>,
@@ -464,13 +476,14 @@ fn set_inflight(
     let m = &inflight.message;
     tx.prepare_cached(
         "INSERT INTO inflight (client_id, packet_id, ord, state, topic, payload, qos, retain, \
-         properties, expires_at, publisher) VALUES (?1, ?2, \
+         properties, expires_at, publisher, share) VALUES (?1, ?2, \
          (SELECT COALESCE(MAX(ord), 0) + 1 FROM inflight WHERE client_id = ?1), \
-         ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+         ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
          ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
          topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
          retain = excluded.retain, properties = excluded.properties, \
-         expires_at = excluded.expires_at, publisher = excluded.publisher",
+         expires_at = excluded.expires_at, publisher = excluded.publisher, \
+         share = excluded.share",
     )?
     .execute(params![
         client_id,
@@ -483,6 +496,7 @@ fn set_inflight(
         &m.properties[..],
         m.expires_at.map(to_i64),
         m.publisher,
+        m.share,
     ])
 }
 
@@ -517,20 +531,24 @@ fn save_header(
     expiry: u32,
     disconnected_at: Option<u64>,
     username: Option<&str>,
+    certificate: Option<&str>,
 ) -> rusqlite::Result<usize> {
     tx.prepare_cached(
         "INSERT INTO sessions (client_id, protocol_level, session_expiry_interval, \
-         disconnected_at, username) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (client_id) \
+         disconnected_at, username, certificate) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT (client_id) \
          DO UPDATE SET protocol_level = excluded.protocol_level, \
          session_expiry_interval = excluded.session_expiry_interval, \
-         disconnected_at = excluded.disconnected_at, username = excluded.username",
+         disconnected_at = excluded.disconnected_at, username = excluded.username, \
+         certificate = excluded.certificate",
     )?
     .execute(params![
         client_id,
         level,
         expiry,
         disconnected_at.map(to_i64),
-        username
+        username,
+        certificate
     ])
 }
 
@@ -556,6 +574,7 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 h.session_expiry_interval,
                 h.disconnected_at,
                 h.username.as_deref(),
+                h.certificate.as_deref(),
             )?;
             true
         }
@@ -568,6 +587,7 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 r.session_expiry_interval,
                 r.disconnected_at,
                 r.username.as_deref(),
+                r.certificate.as_deref(),
             )?;
             set_will(tx, &r.client_id, r.will.as_ref())?;
             for s in &r.subscriptions {
@@ -646,7 +666,7 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
             let m = &r.message;
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO retained (topic, payload, qos, retain, properties, \
-                 expires_at, publisher) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                 expires_at, publisher, share) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?
             .execute(params![
                 m.topic,
@@ -656,6 +676,7 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 &m.properties[..],
                 m.expires_at.map(to_i64),
                 m.publisher,
+                m.share,
             ])?;
             true
         }
@@ -914,7 +935,12 @@ mod tests {
         // What version 1 had: no user name column.
         Connection::open(&path)
             .unwrap()
-            .execute_batch("ALTER TABLE sessions DROP COLUMN username; PRAGMA user_version = 1")
+            .execute_batch(
+                "ALTER TABLE sessions DROP COLUMN username; \
+                 ALTER TABLE sessions DROP COLUMN certificate; ALTER TABLE queued DROP COLUMN share; \
+                 ALTER TABLE inflight DROP COLUMN share; ALTER TABLE retained DROP COLUMN share; \
+                 PRAGMA user_version = 1",
+            )
             .unwrap();
         let storage = SqliteStorage::open(&path).unwrap();
         let header = crate::SessionHeader {
@@ -923,6 +949,7 @@ mod tests {
             session_expiry_interval: 10,
             disconnected_at: None,
             username: Some("alice".into()),
+            certificate: Some("alice-device".into()),
         };
         storage
             .apply(&[Change::SessionSaved(header)])
@@ -930,6 +957,10 @@ mod tests {
             .unwrap();
         let loaded = storage.load().await.unwrap();
         assert_eq!(loaded.sessions[0].username.as_deref(), Some("alice"));
+        assert_eq!(
+            loaded.sessions[0].certificate.as_deref(),
+            Some("alice-device")
+        );
         storage.close().await.unwrap();
         let version: i64 = Connection::open(&path)
             .unwrap()
@@ -951,6 +982,7 @@ mod tests {
             session_expiry_interval: 10,
             disconnected_at: None,
             username: None,
+            certificate: None,
         };
         let err = storage
             .apply(&[Change::SessionSaved(header.clone())])

@@ -15,6 +15,7 @@ fn saved(client_id: &str) -> Change {
         session_expiry_interval: 0,
         disconnected_at: None,
         username: None,
+        certificate: None,
     })
 }
 

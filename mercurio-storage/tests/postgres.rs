@@ -39,6 +39,7 @@ fn saved(client_id: &str) -> Change {
         session_expiry_interval: 60,
         disconnected_at: None,
         username: None,
+        certificate: None,
     })
 }
 
@@ -271,4 +272,67 @@ async fn newer_schema_is_refused() {
         .expect("refused at once")
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Incompatible, "{err}");
+}
+
+/// A version 2 database (no client certificate with sessions, no shared subscription with
+/// messages) is upgraded to the current version by the broker that serves it, keeping its
+/// rows; the new columns then hold what is written.
+#[tokio::test]
+async fn version_2_schema_is_upgraded() {
+    let Some(pg) = TestPostgres::start("upgrade_2") else {
+        return;
+    };
+    let url = pg.url(&pg.database("upgrade", None).await);
+    let storage = open(&url).await;
+    storage.apply(&[saved("kept")]).await.unwrap();
+    storage.close().await.unwrap();
+    pg.execute(
+        &url,
+        "ALTER TABLE mercurio_sessions DROP COLUMN certificate; \
+         ALTER TABLE mercurio_queued DROP COLUMN share; \
+         ALTER TABLE mercurio_inflight DROP COLUMN share; \
+         ALTER TABLE mercurio_retained DROP COLUMN share; \
+         UPDATE mercurio_meta SET value = '2' WHERE key = 'schema_version'",
+    )
+    .await;
+    let storage = open(&url).await;
+    let mut message = mercurio_storage::MessageRecord::new("jobs", "j", 1);
+    message.share = Some("$share/g/jobs".into());
+    storage
+        .apply(&[
+            Change::SessionSaved(SessionHeader {
+                certificate: Some("device-7".into()),
+                ..match saved("new") {
+                    Change::SessionSaved(h) => h,
+                    _ => unreachable!(),
+                }
+            }),
+            Change::MessageQueued {
+                client_id: "new".into(),
+                seq: 1,
+                message: message.clone(),
+            },
+        ])
+        .await
+        .unwrap();
+    let loaded = storage.load().await.unwrap();
+    let ids: Vec<&str> = loaded
+        .sessions
+        .iter()
+        .map(|s| s.client_id.as_str())
+        .collect();
+    assert_eq!(ids, ["kept", "new"]);
+    assert_eq!(loaded.sessions[1].certificate.as_deref(), Some("device-7"));
+    assert_eq!(loaded.sessions[1].queued[0].message, message);
+    storage.close().await.unwrap();
+    let version = pg
+        .scalar(
+            &url,
+            "SELECT value FROM mercurio_meta WHERE key = 'schema_version'",
+        )
+        .await;
+    assert_eq!(
+        version,
+        Some(mercurio_storage::postgres::SCHEMA_VERSION.to_string())
+    );
 }

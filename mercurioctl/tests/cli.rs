@@ -1,18 +1,16 @@
 //! Every mercurioctl subcommand against a live mercuriod and against none.
 //!
-//! mercuriod is found next to mercurioctl in the target directory (`cargo test --workspace`
-//! builds both); when it is missing (`cargo test -p mercurioctl`), it is built first.
+//! mercuriod runs through mercurio-testkit's `Daemon` (found next to mercurioctl in the target
+//! directory, built first when missing, as with `cargo test -p mercurioctl`).
 #![cfg(unix)]
-
-#[path = "../../mercuriod/tests/common/mod.rs"]
-mod common;
-mod support;
 
 use std::process::{Command, Output};
 
-use common::{wait_until, Daemon, Mqtt};
+use mercurio_testkit::{wait_until, Daemon, Mqtt};
 use serde_json::Value;
-use support::{mercuriod, MERCURIOCTL};
+
+/// The mercurioctl binary under test.
+const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
 
 fn ctl(args: &[&str]) -> Output {
     Command::new(MERCURIOCTL)
@@ -125,8 +123,7 @@ fn usage_errors() {
 
 #[test]
 fn config_file_names_the_socket() {
-    let mut d = Daemon::start(mercuriod(), "", &[]);
-    d.wait_listening();
+    let d = Daemon::start("");
     let config = d.config.to_str().expect("utf-8");
     let out = ctl(&["-c", config, "broker", "status"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -136,8 +133,8 @@ fn config_file_names_the_socket() {
 
 #[test]
 fn every_command_against_a_live_broker() {
-    let mut d = Daemon::start(mercuriod(), "", &[]);
-    let port = d.wait_listening();
+    let mut d = Daemon::start("");
+    let port = d.port();
 
     // broker status
     let (code, out, err) = run(&d, &["broker", "status"]);
@@ -371,15 +368,10 @@ fn bridge_list_and_show() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
-    let mut d = Daemon::start(
-        mercuriod(),
-        &format!(
-            "[[bridges]]\nname = \"cloud\"\naddresses = [\"{dead}\"]\nclient_id = \"site1\"\n\
-             [[bridges.topics]]\npattern = \"sensors/#\"\nqos = 1\n"
-        ),
-        &[],
-    );
-    d.wait_listening();
+    let d = Daemon::start(&format!(
+        "[[bridges]]\nname = \"cloud\"\naddresses = [\"{dead}\"]\nclient_id = \"site1\"\n\
+         [[bridges.topics]]\npattern = \"sensors/#\"\nqos = 1\n"
+    ));
     wait_until("the first attempt failed", || {
         json(&d, &["bridge", "show", "cloud"])["last_error"].is_string()
     });

@@ -4,20 +4,19 @@
 //! mosquitto_passwd file and an ACL file as they are; every option of the manual page either
 //! carried over or explained.
 //!
-//! mercuriod is found next to mercurioctl in the target directory, built when missing. The test
-//! that runs mosquitto's clients skips without them (fails under `CI=true`).
+//! mercuriod runs through mercurio-testkit (found next to mercurioctl in the target directory,
+//! built when missing). The test that runs mosquitto's clients skips without them (fails under
+//! `CI=true`).
 #![cfg(unix)]
 
-#[path = "../../mercuriod/tests/common/mod.rs"]
-mod common;
-mod support;
-
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
-use common::Daemon;
 use mercurio_core::config::Config;
-use support::{mercuriod, MERCURIOCTL};
+use mercurio_testkit::{have, mercuriod_bin, mosquitto_clients, prerequisite, Daemon};
+
+/// The mercurioctl binary under test.
+const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
 
 /// `mercurioctl config import-mosquitto FILE`: (status, stdout, stderr).
 fn import(file: &Path) -> (Option<i32>, String, String) {
@@ -41,7 +40,7 @@ fn round_trip(file: &Path) -> (String, Config) {
     assert_eq!(code, Some(0), "{err}\n{toml}");
     let out_path = file.with_file_name("mercuriod.toml");
     std::fs::write(&out_path, &toml).expect("write converted");
-    let out = Command::new(mercuriod())
+    let out = Command::new(mercuriod_bin())
         .arg("-c")
         .arg(&out_path)
         .arg("--check-config")
@@ -468,21 +467,13 @@ fn invalid_values_name_their_line() {
 /// anonymous clients and wrong passwords are refused; the ACL denies what it does not allow.
 #[test]
 fn converted_configuration_serves_mosquitto_clients() {
-    let tools = ["mosquitto_pub", "mosquitto_sub", "mosquitto_passwd"];
-    if let Some(missing) = tools.iter().find(|t| {
-        Command::new(t)
-            .arg("--help")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_err()
-    }) {
-        let note = format!("converted_configuration_serves_mosquitto_clients: no {missing}");
-        assert!(
-            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
-            "{note} (required under CI=true)"
-        );
-        eprintln!("{note}: skipped (Debian: apt-get install mosquitto mosquitto-clients)");
+    const TEST: &str = "converted_configuration_serves_mosquitto_clients";
+    let passwd_tool = if have("mosquitto_passwd") {
+        Ok(())
+    } else {
+        Err("no mosquitto_passwd (Debian: apt-get install mosquitto)".to_string())
+    };
+    if !mosquitto_clients(TEST) || !prerequisite(TEST, passwd_tool) {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -513,9 +504,8 @@ fn converted_configuration_serves_mosquitto_clients() {
     let socket = d.join("mercuriod.sock");
     let text = toml.replace("port = 1883", "port = 0")
         + &format!("\n[admin]\nsocket = {:?}\n", socket.display().to_string());
-    let run = tempfile::tempdir().expect("temp dir");
-    let mut daemon = Daemon::start_with(mercuriod(), run, socket, &text, &[]);
-    let port = daemon.wait_listening().to_string();
+    let daemon = Daemon::with_config(&text).socket(socket).start();
+    let port = daemon.port().to_string();
 
     let client = |tool: &str, args: &[&str]| -> Output {
         Command::new(tool)

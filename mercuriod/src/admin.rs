@@ -360,10 +360,17 @@ fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
     };
     // The writer's counters ($SYS/broker/storage/...): clients waiting to be written whole
     // again after a refused change, and sessions set aside at start because unreadable.
+    // And storage that takes no writes at all (a full disk, a database down).
     let dirty = stats.storage_clients_dirty.load(Ordering::Relaxed);
     let set_aside = stats.storage_sessions_set_aside.load(Ordering::Relaxed);
-    let state = match config.storage.backend {
-        StorageBackend::Memory => "in memory: lost when the broker stops".to_string(),
+    let unwritable = handle.storage_write_failure();
+    let state = match (config.storage.backend, unwritable) {
+        (StorageBackend::Memory, _) => "in memory: lost when the broker stops".to_string(),
+        (_, Some(f)) => format!(
+            "degraded: cannot write for {} s ({}); clients with changes to store wait",
+            f.duration.as_secs(),
+            f.error
+        ),
         _ if dirty == 0 && set_aside == 0 => "ok".to_string(),
         _ => format!(
             "degraded: {dirty} clients waiting to be written again, {set_aside} sessions set aside"
@@ -376,7 +383,12 @@ fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
         "clients_maximum": stats.clients_maximum.load(Ordering::Relaxed),
         "sessions": sessions.len(),
         "sessions_disconnected": disconnected,
-        "storage": {"backend": backend, "state": state},
+        "storage": {
+            "backend": backend,
+            "state": state,
+            "pending_bytes": stats.storage_pending_bytes.load(Ordering::Relaxed),
+            "writes_failed": stats.storage_writes_failed.load(Ordering::Relaxed),
+        },
         "log_level": log.level(),
         "listeners": handle.local_addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
     })

@@ -32,6 +32,7 @@
 mod admin;
 mod cli;
 mod config_file;
+mod line_output;
 mod log_targets;
 mod logging;
 mod reload;

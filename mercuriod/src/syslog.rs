@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use tracing::Level;
 
-use crate::logging::{severity, Emit};
+use crate::line_output::{severity, Emit};
 
 /// syslog facility `daemon` (3), shifted as in a PRI value.
 const FACILITY_DAEMON: u8 = 3 << 3;

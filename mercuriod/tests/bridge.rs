@@ -4,42 +4,16 @@
 //! and its clients the test skips (a failure under `CI=true`).
 #![cfg(unix)]
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::*;
-
-fn mosquitto_bin() -> Option<PathBuf> {
-    // MOSQUITTO names the binary (one that does not run is a missing mosquitto); else the
-    // usual places.
-    let candidates: Vec<PathBuf> = match std::env::var_os("MOSQUITTO") {
-        Some(p) => vec![PathBuf::from(p)],
-        None => [
-            "mosquitto",
-            "/usr/sbin/mosquitto",
-            "/usr/local/sbin/mosquitto",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .collect(),
-    };
-    candidates.into_iter().find(|p| {
-        Command::new(p)
-            .arg("-h")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok()
-    })
-}
+use mercurio_testkit::{mosquitto_bin, mosquitto_clients, prerequisite, Daemon, Proc, DEADLINE};
 
 /// mosquitto on `port` of 127.0.0.1, once it accepts connections.
-fn mosquitto(bin: &PathBuf, dir: &std::path::Path, port: u16) -> Proc {
+fn mosquitto(bin: &Path, dir: &Path, port: u16) -> Proc {
     let conf = dir.join("mosquitto.conf");
     std::fs::write(
         &conf,
@@ -95,19 +69,19 @@ fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
     far.wait_for("the SUBACK", |l| l.starts_with("Subscribed (mid"));
 
     let db = dir.path().join("mercurio.db");
-    let config = port0_config(&format!(
+    let config = format!(
         "[storage]\nbackend = \"sqlite\"\npath = \"{}\"\ndurable_ack = true\n\n\
          [[bridges]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:{port}\"]\nkeepalive = 5\n\
          [[bridges.topics]]\npattern = \"q/#\"\ndirection = \"out\"\nqos = 1\nremote_prefix = \"site/\"\n",
         db.display()
-    ));
-    let mut daemon = Daemon::start_with(&config, &[]);
-    daemon.proc.wait_for("the bridge's connection", |l| {
+    );
+    let mut daemon = Daemon::start(&config);
+    daemon.wait_line("the bridge's connection", |l| {
         l.contains("bridge connected")
     });
 
     // The remote freezes: its socket stays open, nothing is answered.
-    remote.signal("STOP");
+    remote.signal(libc::SIGSTOP);
     let mut publish = Command::new("sh");
     publish.arg("-c").arg(format!(
         "seq 0 199 | mosquitto_pub -h 127.0.0.1 -p {} -V mqttv311 -q 1 -t q/n -l",
@@ -119,14 +93,10 @@ fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
 
     // Every message was acknowledged (durable_ack: stored first). Kill the broker, thaw the
     // remote, start the broker again on the same database.
-    daemon.proc.signal("KILL");
-    daemon
-        .proc
-        .wait_exit_within(DEADLINE)
-        .expect("mercuriod killed");
-    remote.signal("CONT");
-    let mut daemon = Daemon::start_with(&config, &[]);
-    daemon.proc.wait_for("the bridge's connection", |l| {
+    daemon.stop(libc::SIGKILL);
+    remote.signal(libc::SIGCONT);
+    let mut daemon = Daemon::start(&config);
+    daemon.wait_line("the bridge's connection", |l| {
         l.contains("bridge connected")
     });
 

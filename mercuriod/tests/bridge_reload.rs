@@ -3,13 +3,7 @@
 //! the others keep their connections.
 #![cfg(unix)]
 
-mod common;
-
-use std::path::Path;
-
-use common::{config_text, wait_until, Daemon};
-
-const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
+use mercurio_testkit::{config_text, wait_until, Daemon};
 
 fn bridge(name: &str, port: u16) -> String {
     format!(
@@ -39,17 +33,12 @@ fn connected(d: &Daemon, names: &[&str]) -> bool {
 
 #[test]
 fn sighup_starts_stops_and_restarts_only_the_bridges_that_changed() {
-    let mut r1 = Daemon::start(Path::new(MERCURIOD), "", &[]);
-    let p1 = r1.wait_listening();
-    let mut r2 = Daemon::start(Path::new(MERCURIOD), "", &[]);
-    let p2 = r2.wait_listening();
+    let r1 = Daemon::start("");
+    let p1 = r1.port();
+    let r2 = Daemon::start("");
+    let p2 = r2.port();
 
-    let mut d = Daemon::start(
-        Path::new(MERCURIOD),
-        &(bridge("one", p1) + &bridge("two", p2) + &bridge("moved", p1)),
-        &[],
-    );
-    d.wait_listening();
+    let mut d = Daemon::start(&(bridge("one", p1) + &bridge("two", p2) + &bridge("moved", p1)));
     wait_until("three bridges connected", || {
         connected(&d, &["moved", "one", "two"])
     });

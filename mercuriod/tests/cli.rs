@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
+use mercurio_testkit::mercuriod_bin;
 
 fn mercuriod(args: &[&str]) -> Output {
-    Command::new(MERCURIOD)
+    Command::new(mercuriod_bin())
         .args(args)
         .output()
         .expect("run mercuriod")
@@ -24,7 +24,7 @@ fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
 /// Runs `mercuriod -c FILE --check-config` on `text`; returns (status, stderr).
 fn check(text: &str) -> (Option<i32>, String, PathBuf, tempfile::TempDir) {
     let (dir, path) = config_file(text);
-    let out = Command::new(MERCURIOD)
+    let out = Command::new(mercuriod_bin())
         .arg("-c")
         .arg(&path)
         .arg("--check-config")
@@ -133,7 +133,7 @@ fn a_mosquitto_conf_is_recognised_and_the_conversion_named() {
 #[test]
 fn port_option_with_a_file() {
     let (dir, path) = config_file("[[listeners]]\nport = 1884\n");
-    let out = Command::new(MERCURIOD)
+    let out = Command::new(mercuriod_bin())
         .arg("-c")
         .arg(&path)
         .args(["-p", "1885", "--check-config"])
@@ -150,7 +150,7 @@ fn port_option_with_a_file() {
     );
     drop(dir);
     let (_dir, path) = config_file("[auth]\nallow_anonymous = true\n");
-    let out = Command::new(MERCURIOD)
+    let out = Command::new(mercuriod_bin())
         .arg("-c")
         .arg(&path)
         .args(["-p", "1885", "--check-config"])
@@ -172,7 +172,7 @@ fn missing_file_is_a_configuration_error() {
 #[test]
 fn example_configuration_is_valid() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/mercuriod.toml");
-    let out = Command::new(MERCURIOD)
+    let out = Command::new(mercuriod_bin())
         .arg("--config")
         .arg(&example)
         .arg("--check-config")

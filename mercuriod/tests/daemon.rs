@@ -4,81 +4,24 @@
 //! run.rs.)
 #![cfg(unix)]
 
-mod support;
-
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
+use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use support::*;
+use mercurio_testkit::{parse_listening, skip_note, Daemon, Mqtt, DEADLINE};
 
-/// A raw MQTT CONNECT with clean start, keep alive 60 s, no properties (`level` 3, 4 or 5).
-fn connect_bytes(level: u8, client_id: &str) -> Vec<u8> {
-    let name: &[u8] = if level == 3 { b"MQIsdp" } else { b"MQTT" };
-    let mut body = Vec::new();
-    body.extend_from_slice(&(name.len() as u16).to_be_bytes());
-    body.extend_from_slice(name);
-    body.push(level);
-    body.push(0x02); // clean session / clean start
-    body.extend_from_slice(&60u16.to_be_bytes());
-    if level == 5 {
-        body.push(0); // no properties
-    }
-    body.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
-    body.extend_from_slice(client_id.as_bytes());
-    let mut packet = vec![0x10, body.len() as u8];
-    packet.extend_from_slice(&body);
-    packet
-}
-
-/// Reads one whole packet (fixed header byte, body) with the stream's read timeout; `None`
-/// when the connection is closed first.
-fn read_packet(stream: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
-    let mut first = [0u8; 1];
-    match stream.read(&mut first) {
-        Ok(0) => return None,
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
-        Err(e) => panic!("read: {e}"),
-    }
-    let mut len = 0usize;
-    let mut shift = 0;
-    loop {
-        let mut b = [0u8; 1];
-        stream.read_exact(&mut b).expect("remaining length");
-        len |= ((b[0] & 0x7f) as usize) << shift;
-        shift += 7;
-        if b[0] & 0x80 == 0 {
-            break;
-        }
-    }
-    let mut body = vec![0u8; len];
-    stream.read_exact(&mut body).expect("packet body");
-    Some((first[0], body))
-}
-
-/// Connects with MQTT `level` and asserts a successful CONNACK.
-fn connect(addr: SocketAddr, level: u8, client_id: &str) -> TcpStream {
-    let mut stream = TcpStream::connect(addr).expect("tcp connect");
-    stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    stream
-        .write_all(&connect_bytes(level, client_id))
-        .expect("send CONNECT");
-    let (header, body) = read_packet(&mut stream).expect("CONNACK before close");
-    assert_eq!(header, 0x20, "CONNACK expected, got {header:#x} {body:?}");
-    assert_eq!(body[1], 0, "CONNACK code for {client_id}: {body:?}");
-    stream
+/// Connects with MQTT `level` (clean start) and asserts a successful CONNACK.
+fn connect(addr: SocketAddr, level: u8, client_id: &str) -> Mqtt {
+    Mqtt::connect_to(addr, level, client_id, true)
 }
 
 #[test]
 fn listening_line_names_the_bound_port() {
     let daemon = Daemon::start("");
-    assert_eq!(daemon.addrs.len(), 1, "{:#?}", daemon.proc.seen);
-    assert_eq!(daemon.addr.ip().to_string(), "127.0.0.1");
+    assert_eq!(daemon.addrs().len(), 1, "{:#?}", daemon.log());
+    assert_eq!(daemon.addr().ip().to_string(), "127.0.0.1");
     assert_ne!(daemon.port(), 0, "the real port, not the configured 0");
     for level in [3, 4, 5] {
-        connect(daemon.addr, level, &format!("listening-{level}"));
+        connect(daemon.addr(), level, &format!("listening-{level}"));
     }
 }
 
@@ -87,15 +30,10 @@ fn two_listeners_are_both_reported() {
     let config = "[auth]\nallow_anonymous = true\n\n\
                   [[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n\n\
                   [[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n";
-    let mut daemon = Daemon::start_with(config, &[]);
-    if daemon.addrs.len() < 2 {
-        let line = daemon
-            .proc
-            .wait_for("the second listening line", |l| l.contains("listening on "));
-        daemon.addrs.push(parse_listening(&line));
-    }
-    assert_ne!(daemon.addrs[0], daemon.addrs[1]);
-    for (i, addr) in daemon.addrs.iter().enumerate() {
+    let mut daemon = Daemon::with_config(config).start();
+    let addrs = daemon.wait_listeners(2).to_vec();
+    assert_ne!(addrs[0], addrs[1]);
+    for (i, addr) in addrs.iter().enumerate() {
         connect(*addr, 4, &format!("two-listeners-{i}"));
     }
 }
@@ -103,27 +41,27 @@ fn two_listeners_are_both_reported() {
 #[test]
 fn sigterm_disconnects_clients_with_0x8b_and_exits_0_within_6_s() {
     let mut daemon = Daemon::start("");
-    let mut v5 = connect(daemon.addr, 5, "sigterm-v5");
-    let mut v311 = connect(daemon.addr, 4, "sigterm-v311");
+    let mut v5 = connect(daemon.addr(), 5, "sigterm-v5");
+    let mut v311 = connect(daemon.addr(), 4, "sigterm-v311");
 
     let started = Instant::now();
-    daemon.proc.signal("TERM");
+    daemon.signal(libc::SIGTERM);
 
     // 5.0: DISCONNECT with reason code 0x8B (server shutting down), then the close.
-    let (header, body) = read_packet(&mut v5).expect("DISCONNECT before the close");
+    let (header, body) = v5.read().expect("DISCONNECT before the close");
     assert_eq!(
         header, 0xE0,
         "DISCONNECT expected, got {header:#x} {body:?}"
     );
     assert_eq!(body.first(), Some(&0x8B), "reason code: {body:?}");
-    assert!(read_packet(&mut v5).is_none(), "closed after DISCONNECT");
+    assert!(v5.read().is_none(), "closed after DISCONNECT");
     // 3.1.1 has no server DISCONNECT: the connection is just closed.
-    assert!(read_packet(&mut v311).is_none(), "3.1.1 client closed");
+    assert!(v311.read().is_none(), "3.1.1 client closed");
 
     let status = daemon
         .proc
         .wait_exit_within(Duration::from_secs(6).saturating_sub(started.elapsed()))
-        .unwrap_or_else(|| panic!("still running 6 s after SIGTERM: {:#?}", daemon.proc.seen));
+        .unwrap_or_else(|| panic!("still running 6 s after SIGTERM: {:#?}", daemon.log()));
     assert_eq!(status.code(), Some(0), "{}", daemon.proc.stderr());
 }
 
@@ -131,11 +69,12 @@ fn sigterm_disconnects_clients_with_0x8b_and_exits_0_within_6_s() {
 fn sigterm_exits_within_6_s_even_if_a_client_never_reads() {
     let mut daemon = Daemon::start("");
     // Connected, then silent: it never reads the DISCONNECT nor closes its end.
-    let _idle = connect(daemon.addr, 5, "sigterm-idle");
+    let _idle = connect(daemon.addr(), 5, "sigterm-idle");
     let started = Instant::now();
+    daemon.signal(libc::SIGTERM);
     let status = daemon
-        .terminate_within(Duration::from_secs(6))
-        .unwrap_or_else(|| panic!("still running 6 s after SIGTERM: {:#?}", daemon.proc.seen));
+        .wait_exit_within(Duration::from_secs(6))
+        .unwrap_or_else(|| panic!("still running 6 s after SIGTERM: {:#?}", daemon.log()));
     assert!(started.elapsed() <= Duration::from_secs(6));
     assert_eq!(status.code(), Some(0), "{}", daemon.proc.stderr());
 }
@@ -144,32 +83,26 @@ fn sigterm_exits_within_6_s_even_if_a_client_never_reads() {
 fn verbose_wins_over_the_level_of_the_file() {
     // The file says warn; -v means debug, so the info lines (the listening line that
     // Daemon::start waits for, a client's connection) are logged.
-    let mut daemon = Daemon::start_with(&port0_config("[logging]\nlevel = \"warn\"\n"), &["-v"]);
+    let mut daemon = Daemon::with("[logging]\nlevel = \"warn\"\n")
+        .arg("-v")
+        .start();
     assert!(
-        daemon.proc.seen.iter().any(|l| l.contains(" INFO ")),
+        daemon.log().iter().any(|l| l.contains(" INFO ")),
         "{:#?}",
-        daemon.proc.seen
+        daemon.log()
     );
-    let client = connect(daemon.addr, 4, "verbose");
+    let client = connect(daemon.addr(), 4, "verbose");
     drop(client);
-    daemon
-        .proc
-        .wait_for("the client's connection line", |l| l.contains("verbose"));
+    daemon.wait_line("the client's connection line", |l| l.contains("verbose"));
 }
 
 #[test]
 fn a_bad_file_at_start_exits_78_without_listening() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.toml");
-    std::fs::write(
-        &path,
+    let mut daemon = Daemon::with_config(
         "[auth]\nallow_anonymous = true\n[[listeners]]\nport = 0\nmax_conections = 3\n",
     )
-    .unwrap();
-    let mut proc = Proc::spawn(
-        "mercuriod",
-        Command::new(mercuriod_bin()).arg("-c").arg(&path),
-    );
+    .spawn();
+    let proc = &mut daemon.proc;
     let (status, out) = proc.finish();
     assert_eq!(status.code(), Some(78), "{}", proc.stderr());
     assert!(
@@ -198,7 +131,8 @@ fn no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients() {
             return;
         }
     }
-    let mut proc = Proc::spawn("mercuriod (no file)", &mut Command::new(mercuriod_bin()));
+    let mut daemon = Daemon::without_file().spawn();
+    let proc = &mut daemon.proc;
     let deadline = Instant::now() + DEADLINE;
     let mut listening = Vec::new();
     loop {
@@ -225,7 +159,7 @@ fn no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients() {
     assert_eq!(listening, vec!["127.0.0.1:1883".parse().unwrap()]);
     // Anonymous clients are allowed (CONNECT without user name).
     connect("127.0.0.1:1883".parse().unwrap(), 5, "no-file-mode");
-    proc.signal("TERM");
+    proc.signal(libc::SIGTERM);
     let (status, _) = proc.finish();
     assert_eq!(status.code(), Some(0), "{}", proc.stderr());
     assert!(

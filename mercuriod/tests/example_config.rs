@@ -45,6 +45,13 @@ fn commented_values_are_the_defaults() {
     assert_eq!(config.auth.allow_anonymous, Some(false));
     assert_eq!(config.storage.backend, StorageBackend::Memory);
     assert!(!config.storage.standby && !config.storage.durable_ack);
+    assert_eq!(
+        (
+            config.storage.max_pending_bytes,
+            config.storage.max_pending_bytes_total
+        ),
+        (8 << 20, 64 << 20)
+    );
     let d = LoggingConfig::default();
     assert_eq!(config.logging.level, d.level);
     assert_eq!(config.logging.syslog, d.syslog);
@@ -66,7 +73,7 @@ fn every_key_is_shown() {
     assert_eq!(len("server"), 22);
     assert_eq!(len("listeners"), 17);
     assert_eq!(len("auth"), 3);
-    assert_eq!(len("storage"), 5);
+    assert_eq!(len("storage"), 7);
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);
     assert_eq!(len("bridges"), 18);

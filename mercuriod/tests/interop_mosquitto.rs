@@ -8,11 +8,9 @@
 //! fail under `CI=true`.
 #![cfg(unix)]
 
-mod support;
-
 use std::process::Command;
 
-use support::*;
+use mercurio_testkit::{mosquitto_clients, Daemon, Proc};
 
 /// `-V` values.
 const VERSIONS: [&str; 3] = ["mqttv31", "mqttv311", "mqttv5"];
@@ -101,7 +99,7 @@ fn large_payload_round_trip() {
         return;
     }
     let daemon = Daemon::start("");
-    let file = daemon.config_dir().join("payload.bin");
+    let file = daemon.dir().join("payload.bin");
     let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(&file, &payload).unwrap();
     for version in VERSIONS {
@@ -203,7 +201,7 @@ fn will_is_published_when_the_client_is_killed() {
                 "1",
             ],
         );
-        killed.signal("KILL");
+        killed.signal(libc::SIGKILL);
         assert_eq!(next_message(&mut watcher), format!("1 {will_topic} gone"));
     }
 }
@@ -463,7 +461,7 @@ fn v5_will_with_delay_and_properties() {
         ],
     );
     let killed_at = std::time::Instant::now();
-    killed.signal("KILL");
+    killed.signal(libc::SIGKILL);
     assert_eq!(next_message(&mut watcher), "wk:wv|text/plain|delayed");
     assert!(
         killed_at.elapsed() >= std::time::Duration::from_millis(900),
@@ -491,7 +489,7 @@ fn v5_will_with_delay_and_properties() {
             "30",
         ],
     );
-    killed.signal("KILL");
+    killed.signal(libc::SIGKILL);
     assert_eq!(next_message(&mut watcher), "||session ended");
 }
 
@@ -618,7 +616,7 @@ fn server_limits_as_mosquitto_clients_see_them() {
 
     // max_packet_size = 1000: a 3.1.1 client sending more is disconnected; a 5.0 client is
     // told the limit in CONNACK and does not send it.
-    let big = daemon.config_dir().join("big.txt");
+    let big = daemon.dir().join("big.txt");
     std::fs::write(&big, "a".repeat(5000)).unwrap();
     let big = big.to_str().unwrap();
     let err = publish_fails(
@@ -686,11 +684,11 @@ fn unacknowledged_messages_are_delivered_again_after_a_crash() {
                 version,
                 &["-c", "-i", &id, "-q", qos, "-t", &topic],
             );
-            frozen.signal("STOP");
+            frozen.signal(libc::SIGSTOP);
             for payload in ["a", "b", "c"] {
                 publish(&daemon, version, &["-q", qos, "-t", &topic, "-m", payload]);
             }
-            frozen.signal("KILL");
+            frozen.signal(libc::SIGKILL);
             drop(frozen);
 
             let mut back = spawn_sub(
@@ -764,8 +762,9 @@ fn sigterm_is_seen_by_mosquitto_clients() {
             )
         })
         .collect();
+    daemon.signal(libc::SIGTERM);
     let status = daemon
-        .terminate_within(std::time::Duration::from_secs(6))
+        .wait_exit_within(std::time::Duration::from_secs(6))
         .expect("mercuriod exits within 6 s of SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", daemon.proc.stderr());
     subs[2].wait_for("DISCONNECT 0x8B (139)", |l| {
@@ -781,15 +780,14 @@ fn port_option_without_a_file() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut command = Command::new(mercuriod_bin());
-    command
+    let runtime = dir.path().to_path_buf();
+    let daemon = Daemon::without_file()
+        .in_dir(dir)
         .args(["-p", "0"])
-        .env("RUNTIME_DIRECTORY", dir.path())
-        .env_remove("NOTIFY_SOCKET");
-    let config_path = dir.path().join("none.toml");
-    let daemon = Daemon::spawn(command, dir, config_path);
-    assert!(daemon.addr.ip().is_loopback(), "{}", daemon.addr);
-    assert_eq!(daemon.addrs.len(), 1);
+        .env("RUNTIME_DIRECTORY", runtime)
+        .start();
+    assert!(daemon.addr().ip().is_loopback(), "{}", daemon.addr());
+    assert_eq!(daemon.addrs().len(), 1);
     let mut s = sub(&daemon, "mqttv311", &["-t", "p/#", "-F", "%t %p"]);
     publish(
         &daemon,

@@ -6,12 +6,10 @@
 //! the tests skip, or fail under `CI=true`.
 #![cfg(unix)]
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 
-use support::*;
+use mercurio_testkit::{paho, Daemon, Proc};
 
 /// Checks every version runs.
 const COMMON_CHECKS: &[&str] = &[
@@ -59,7 +57,7 @@ fn run(version: &str) {
     command
         .arg("-u")
         .arg(&script)
-        .arg(daemon.addr.ip().to_string())
+        .arg(daemon.addr().ip().to_string())
         .arg(daemon.port().to_string())
         .arg(version);
     let mut proc = Proc::spawn(&format!("paho_interop.py {version}"), &mut command);

@@ -2,19 +2,15 @@
 //! messages, file, syslog), the admin socket, systemd notifications, graceful shutdown.
 #![cfg(unix)]
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Daemon, Mqtt, DEADLINE};
+use mercurio_testkit::{config_text, mercuriod_bin, wait_until, Daemon, Mqtt, DEADLINE};
 
-const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
-
+/// Started, not yet waited for: each test waits for what it checks first.
 fn start(extra: &str) -> Daemon {
-    Daemon::start(Path::new(MERCURIOD), extra, &[])
+    Daemon::with(extra).spawn()
 }
 
 fn ok(answer: &serde_json::Value) -> &serde_json::Value {
@@ -32,7 +28,7 @@ fn log_level_changes_at_runtime_and_on_sighup() {
     let answer = d.admin(r#"{"command":"broker.log-level","level":"debug"}"#);
     assert_eq!(ok(&answer)["level"], "debug");
     d.wait_line("level set", |l| l.contains("log level set to \"debug\""));
-    assert!(d.seen(|l| l.contains("DEBUG")).is_empty(), "{:#?}", d.log);
+    assert!(d.seen(|l| l.contains("DEBUG")).is_empty(), "{:#?}", d.log());
 
     // Now the next request is logged at debug.
     ok(&d.admin(r#"{"command":"client.list"}"#));
@@ -57,7 +53,7 @@ fn log_level_changes_at_runtime_and_on_sighup() {
     // SIGHUP rereads the file's level.
     std::fs::write(
         &d.config,
-        common::config_text(&d.socket, "[logging]\nlevel = \"debug\"\n"),
+        config_text(&d.socket, "[logging]\nlevel = \"debug\"\n"),
     )
     .expect("rewrite config");
     d.signal(libc::SIGHUP);
@@ -122,7 +118,7 @@ fn connection_messages_off_and_back_on() {
     d.wait_line("client disconnected", |l| {
         l.contains("client disconnected") && l.contains("again")
     });
-    assert!(d.seen(connected("quiet")).is_empty(), "{:#?}", d.log);
+    assert!(d.seen(connected("quiet")).is_empty(), "{:#?}", d.log());
 }
 
 #[test]
@@ -187,12 +183,10 @@ fn syslog_lines_reach_the_socket() {
     let syslog = UnixDatagram::bind(&path).expect("bind");
     syslog.set_read_timeout(Some(DEADLINE)).expect("timeout");
     // An empty level: info, and a warning (severity 4).
-    let d = Daemon::start(
-        Path::new(MERCURIOD),
-        "[logging]\nsyslog = true\nlevel = \"\"\n",
-        &[("MERCURIO_SYSLOG_SOCKET", path.to_str().expect("utf-8"))],
-    );
-    let pid = d.child.id();
+    let d = Daemon::with("[logging]\nsyslog = true\nlevel = \"\"\n")
+        .env("MERCURIO_SYSLOG_SOCKET", &path)
+        .spawn();
+    let pid = d.pid();
     let mut got = Vec::new();
     let deadline = Instant::now() + DEADLINE;
     while !got
@@ -294,7 +288,7 @@ fn admin_socket_is_0600_and_answers_bad_requests() {
     let status = ok(&status);
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(status["storage"]["backend"], "memory");
-    assert!(d.child.try_wait().expect("try_wait").is_none());
+    assert!(d.is_running());
 }
 
 #[test]
@@ -303,8 +297,11 @@ fn admin_socket_path_refused() {
     let dir = tempfile::tempdir().expect("dir");
     let socket = dir.path().join("plain");
     std::fs::write(&socket, "not a socket").expect("write");
-    let text = common::config_text(&socket, "");
-    let mut d = Daemon::start_with(Path::new(MERCURIOD), dir, socket.clone(), &text, &[]);
+    let text = config_text(&socket, "");
+    let mut d = Daemon::with_config(&text)
+        .in_dir(dir)
+        .socket(&socket)
+        .spawn();
     d.wait_line("refusal", |l| l.contains("not a socket"));
     assert_eq!(d.wait_exit(), Some(1));
     assert_eq!(
@@ -317,10 +314,12 @@ fn admin_socket_path_refused() {
 fn second_broker_on_the_same_socket_is_refused_and_stale_socket_replaced() {
     let mut first = start("");
     first.wait_listening();
-    let text = common::config_text(&first.socket, "");
+    let text = config_text(&first.socket, "");
     let dir = tempfile::tempdir().expect("dir");
-    let mut second =
-        Daemon::start_with(Path::new(MERCURIOD), dir, first.socket.clone(), &text, &[]);
+    let mut second = Daemon::with_config(&text)
+        .in_dir(dir)
+        .socket(&first.socket)
+        .spawn();
     second.wait_line("refusal", |l| l.contains("another mercuriod answers"));
     assert_eq!(second.wait_exit(), Some(1));
     // The first one still answers.
@@ -332,7 +331,10 @@ fn second_broker_on_the_same_socket_is_refused_and_stale_socket_replaced() {
     let _ = std::os::unix::net::UnixListener::bind(&first.socket); // may already exist
     assert!(first.socket.exists());
     let dir = tempfile::tempdir().expect("dir");
-    let mut third = Daemon::start_with(Path::new(MERCURIOD), dir, first.socket.clone(), &text, &[]);
+    let mut third = Daemon::with_config(&text)
+        .in_dir(dir)
+        .socket(&first.socket)
+        .spawn();
     third.wait_listening();
     ok(&third.admin(r#"{"command":"broker.status"}"#));
 }
@@ -347,18 +349,18 @@ fn systemd_readiness_and_stopping() {
     let wrapper = dir.path().join("under-systemd");
     std::fs::write(
         &wrapper,
-        format!("#!/bin/sh\nWATCHDOG_PID=$$ exec {MERCURIOD} \"$@\"\n"),
+        format!(
+            "#!/bin/sh\nWATCHDOG_PID=$$ exec {} \"$@\"\n",
+            mercuriod_bin().display()
+        ),
     )
     .expect("write wrapper");
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let mut d = Daemon::start(
-        &wrapper,
-        "",
-        &[
-            ("NOTIFY_SOCKET", path.to_str().expect("utf-8")),
-            ("WATCHDOG_USEC", "200000"),
-        ],
-    );
+    let mut d = Daemon::with("")
+        .exe(&wrapper)
+        .env("NOTIFY_SOCKET", &path)
+        .env("WATCHDOG_USEC", "200000")
+        .spawn();
     let recv = || {
         let mut buf = [0u8; 1024];
         let n = notify.recv(&mut buf).expect("a notification");
@@ -382,11 +384,9 @@ fn systemd_readiness_and_stopping() {
 
 #[test]
 fn under_systemd_stdout_lines_carry_their_severity() {
-    let mut d = Daemon::start(
-        Path::new(MERCURIOD),
-        "[logging]\nlevel = \"bogus\"\n",
-        &[("JOURNAL_STREAM", "8:12345")],
-    );
+    let mut d = Daemon::with("[logging]\nlevel = \"bogus\"\n")
+        .env("JOURNAL_STREAM", "8:12345")
+        .spawn();
     let warning = d.wait_line("warning", |l| l.contains("logging at info"));
     assert!(warning.starts_with("<4>"), "{warning}");
     let listening = d.wait_line("listening", |l| l.contains("listening on"));
@@ -395,7 +395,8 @@ fn under_systemd_stdout_lines_carry_their_severity() {
 }
 
 /// `broker status` names the storage backend and its state, from the storage writer's
-/// counters ("ok" while nothing waits to be written again and no session was set aside).
+/// counters ("ok" while storage takes writes, nothing waits to be written again and no
+/// session was set aside), with the bytes waiting for storage and the failed writes.
 #[test]
 fn status_reports_the_storage_state() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -406,8 +407,18 @@ fn status_reports_the_storage_state() {
     ));
     d.wait_listening();
     let status = d.admin(r#"{"command":"broker.status"}"#);
+    let storage = &ok(&status)["storage"];
     assert_eq!(
-        ok(&status)["storage"],
-        serde_json::json!({"backend": "sqlite", "state": "ok"})
+        (
+            &storage["backend"],
+            &storage["state"],
+            &storage["writes_failed"]
+        ),
+        (
+            &serde_json::json!("sqlite"),
+            &serde_json::json!("ok"),
+            &serde_json::json!(0)
+        )
     );
+    assert!(storage["pending_bytes"].is_u64(), "{storage}");
 }

@@ -5,35 +5,13 @@
 //! on the same database. A small blocking client on the broker's codec; waits have deadlines.
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mercurio_core::codec::{Connect, LastWill, Packet, Properties, ProtocolVersion, QoS};
-
-#[path = "support/sync_client.rs"]
-mod sync_client;
-use sync_client::Client;
-
-const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
-const DEADLINE: Duration = Duration::from_secs(20);
-
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    _stderr: mpsc::Receiver<String>,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use mercurio_testkit::{Client, Daemon, DEADLINE};
 
 fn config(dir: &Path, db: &Path, durable_ack: bool) -> PathBuf {
     let path = dir.join(format!("mercuriod-{durable_ack}.toml"));
@@ -49,69 +27,16 @@ fn config(dir: &Path, db: &Path, durable_ack: bool) -> PathBuf {
     path
 }
 
-fn spawn(config: &Path) -> (Child, mpsc::Receiver<String>, mpsc::Receiver<String>) {
-    let mut child = Command::new(MERCURIOD)
-        .arg("-c")
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mercuriod");
-    let lines = |r: Box<dyn Read + Send>| {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(r).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        rx
-    };
-    let out = lines(Box::new(child.stdout.take().expect("stdout")));
-    let err = lines(Box::new(child.stderr.take().expect("stderr")));
-    (child, out, err)
-}
-
+/// mercuriod on `config`, ready.
 fn start(config: &Path) -> Daemon {
-    let (child, out, stderr) = spawn(config);
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let line = out
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("mercuriod logs its listening address");
-        if let Some(at) = line.find("listening on ") {
-            let addr: String = line[at + 13..]
-                .chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                .collect();
-            std::thread::spawn(move || for _ in out.iter() {});
-            return Daemon {
-                child,
-                addr: addr.parse().expect("address"),
-                _stderr: stderr,
-            };
-        }
-    }
+    Daemon::with_file(config).start()
 }
 
-fn stop(mut daemon: Daemon, signal: &str) {
-    let status = Command::new("kill")
-        .arg(signal)
-        .arg(daemon.child.id().to_string())
-        .status()
-        .expect("run kill");
-    assert!(status.success());
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(status) = daemon.child.try_wait().expect("try_wait") {
-            if signal == "-TERM" {
-                assert_eq!(status.code(), Some(0));
-            }
-            return;
-        }
-        assert!(Instant::now() < deadline, "mercuriod did not exit");
-        std::thread::sleep(Duration::from_millis(10));
+/// Sends `signal` and waits for the exit: status 0 after SIGTERM.
+fn stop(mut daemon: Daemon, signal: i32) {
+    let code = daemon.stop(signal);
+    if signal == libc::SIGTERM {
+        assert_eq!(code, Some(0));
     }
 }
 
@@ -149,12 +74,12 @@ fn connect_packet(version: ProtocolVersion, client_id: &str, persistent: bool) -
 
 #[test]
 fn restart_after_sigterm_and_after_sigkill() {
-    for signal in ["-TERM", "-KILL"] {
+    for signal in [libc::SIGTERM, libc::SIGKILL] {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("mercurio.db");
         let cfg = config(dir.path(), &db, false);
         let daemon = start(&cfg);
-        let addr = daemon.addr;
+        let addr = daemon.addr();
         let versions = [ProtocolVersion::V311, ProtocolVersion::V5];
         for v in versions {
             let (mut sub, _) =
@@ -189,7 +114,7 @@ fn restart_after_sigterm_and_after_sigkill() {
         publisher.publish("h", b"held", QoS::ExactlyOnce, false);
         let held = holder.expect_publish();
         assert_eq!(&held.payload[..], b"held");
-        if signal == "-KILL" {
+        if signal == libc::SIGKILL {
             // Without durable_ack, changes reach the database within milliseconds.
             wait_count(&db, "SELECT count(*) FROM queued", 4);
             wait_count(
@@ -202,7 +127,7 @@ fn restart_after_sigterm_and_after_sigkill() {
         stop(daemon, signal);
 
         let daemon = start(&cfg);
-        let addr = daemon.addr;
+        let addr = daemon.addr();
         for v in versions {
             let (mut sub, present) =
                 Client::connect(addr, connect_packet(v, &format!("sub-{v:?}"), true));
@@ -248,7 +173,7 @@ fn restart_after_sigterm_and_after_sigkill() {
         let r = fresh.expect_publish();
         assert!(r.retain);
         assert_eq!(&r.payload[..], b"kept");
-        stop(daemon, "-TERM");
+        stop(daemon, libc::SIGTERM);
     }
 }
 
@@ -258,7 +183,7 @@ fn durable_ack_loses_no_acknowledged_message_under_sigkill() {
     let db = dir.path().join("mercurio.db");
     let cfg = config(dir.path(), &db, true);
     let daemon = start(&cfg);
-    let addr = daemon.addr;
+    let addr = daemon.addr();
     let (mut sub, _) = Client::connect(addr, connect_packet(ProtocolVersion::V5, "sub", true));
     sub.subscribe("s", QoS::AtLeastOnce);
     sub.disconnect();
@@ -290,13 +215,13 @@ fn durable_ack_loses_no_acknowledged_message_under_sigkill() {
     while acked.len() < 500 {
         acked.push(acked_rx.recv_timeout(DEADLINE).expect("acknowledgements"));
     }
-    stop(daemon, "-KILL");
+    stop(daemon, libc::SIGKILL);
     let _ = stream.join();
     acked.extend(acked_rx.try_iter());
 
     let daemon = start(&cfg);
     let (mut sub, present) = Client::connect(
-        daemon.addr,
+        daemon.addr(),
         connect_packet(ProtocolVersion::V5, "sub", true),
     );
     assert!(present);
@@ -314,7 +239,7 @@ fn durable_ack_loses_no_acknowledged_message_under_sigkill() {
     for i in &acked {
         assert!(received.contains(i), "acknowledged message {i} lost");
     }
-    stop(daemon, "-TERM");
+    stop(daemon, libc::SIGTERM);
 }
 
 #[test]
@@ -323,19 +248,10 @@ fn a_second_daemon_on_the_same_database_exits() {
     let db = dir.path().join("mercurio.db");
     let cfg = config(dir.path(), &db, false);
     let first = start(&cfg);
-    let (mut second, _out, err) = spawn(&cfg);
-    let deadline = Instant::now() + DEADLINE;
-    let status = loop {
-        if let Some(status) = second.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the second daemon did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(status.code(), Some(1));
-    let stderr: Vec<String> = err.iter().collect();
-    let text = stderr.join("\n");
+    let mut second = Daemon::with_file(&cfg).spawn();
+    assert_eq!(second.wait_exit(), Some(1));
+    let text = second.stderr();
     assert!(text.contains("mercurio.db"), "{text}");
     assert!(text.contains("in use"), "{text}");
-    stop(first, "-TERM");
+    stop(first, libc::SIGTERM);
 }

@@ -8,42 +8,21 @@
 //! Waits are on events with deadlines; failover times are printed.
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use mercurio_core::codec::{Connect, Properties, ProtocolVersion, QoS};
 use mercurio_storage::postgres::testing::TestPostgres;
 
-#[path = "support/sync_client.rs"]
-mod sync_client;
-use sync_client::Client;
-
-const MERCURIOD: &str = env!("CARGO_BIN_EXE_mercuriod");
-const DEADLINE: Duration = Duration::from_secs(30);
+use mercurio_testkit::{Client, Daemon, DEADLINE};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime")
-}
-
-/// A mercuriod process and its output lines (stdout and stderr together).
-struct Daemon {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn config(dir: &Path, name: &str, url: &str, standby: bool) -> PathBuf {
@@ -61,95 +40,16 @@ fn config(dir: &Path, name: &str, url: &str, standby: bool) -> PathBuf {
     path
 }
 
-impl Daemon {
-    fn spawn(config: &Path) -> Daemon {
-        let mut child = Command::new(MERCURIOD)
-            .arg("-c")
-            .arg(config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn mercuriod");
-        let (tx, lines) = mpsc::channel();
-        let forward = |r: Box<dyn Read + Send>, tx: mpsc::Sender<String>| {
-            std::thread::spawn(move || {
-                for line in BufReader::new(r).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        };
-        forward(Box::new(child.stdout.take().expect("stdout")), tx.clone());
-        forward(Box::new(child.stderr.take().expect("stderr")), tx);
-        Daemon {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits for a line containing `what`, within `wait`; returns it.
-    fn wait_line(&mut self, what: &str, wait: Duration) -> String {
-        let deadline = Instant::now() + wait;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(what) {
-                        return line;
-                    }
-                }
-                Err(_) => panic!(
-                    "no line with {what:?} within {wait:?}; output:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    fn wait_listening(&mut self, wait: Duration) -> SocketAddr {
-        let line = self.wait_line("listening on ", wait);
-        let at = line.find("listening on ").unwrap() + 13;
-        line[at..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-            .collect::<String>()
-            .parse()
-            .expect("address")
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-    }
-
-    /// Waits for the process to exit within `wait`; returns its exit code and its output.
-    fn wait_exit(&mut self, wait: Duration) -> (Option<i32>, String) {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
-                    self.seen.push(line);
-                }
-                return (status.code(), self.seen.join("\n"));
-            }
-            while let Ok(line) = self.lines.try_recv() {
-                self.seen.push(line);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "mercuriod did not exit within {wait:?}; output:\n{}",
-                self.seen.join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+/// Waits for `daemon` to exit within `wait`; its exit code and its whole log.
+fn exited(daemon: &mut Daemon, wait: Duration) -> (Option<i32>, String) {
+    let status = daemon.wait_exit_within(wait).unwrap_or_else(|| {
+        panic!(
+            "mercuriod did not exit within {wait:?}; output:\n{}",
+            daemon.log().join("\n")
+        )
+    });
+    daemon.finish();
+    (status.code(), daemon.log().join("\n"))
 }
 
 /// Polls `sql` (one bigint) on `url` until it returns `want`.
@@ -202,14 +102,16 @@ fn sigkill_of_the_serving_broker_and_the_standby_serves() {
     };
     let url = new_database(&pg, "kill");
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut serving = Daemon::spawn(&config(dir.path(), "a", &url, false));
-    let addr = serving.wait_listening(DEADLINE);
-    let mut standby = Daemon::spawn(&config(dir.path(), "b", &url, true));
-    standby.wait_line("waiting for the serving broker", DEADLINE);
+    let mut serving = Daemon::with_file(&config(dir.path(), "a", &url, false)).spawn();
+    let addr = serving.wait_ready();
+    let mut standby = Daemon::with_file(&config(dir.path(), "b", &url, true)).spawn();
+    standby.wait_line("waiting for the serving broker", |l| {
+        l.contains("waiting for the serving broker")
+    });
 
     // A second broker that is not a standby exits, naming the serving host.
-    let mut second = Daemon::spawn(&config(dir.path(), "c", &url, false));
-    let (code, output) = second.wait_exit(DEADLINE);
+    let mut second = Daemon::with_file(&config(dir.path(), "c", &url, false)).spawn();
+    let (code, output) = exited(&mut second, DEADLINE);
     assert_eq!(code, Some(1), "{output}");
     assert!(output.contains("served by the broker on host"), "{output}");
 
@@ -253,9 +155,9 @@ fn sigkill_of_the_serving_broker_and_the_standby_serves() {
         0,
     );
 
-    serving.signal("-KILL");
+    serving.signal(libc::SIGKILL);
     let killed = Instant::now();
-    let addr = standby.wait_listening(DEADLINE);
+    let addr = standby.wait_ready();
     let failover = killed.elapsed();
     eprintln!("failover after SIGKILL: {failover:?}");
     assert!(failover < Duration::from_secs(5), "{failover:?}");
@@ -286,8 +188,8 @@ fn sigkill_of_the_serving_broker_and_the_standby_serves() {
         held.ack(&p);
     }
     held.disconnect();
-    standby.signal("-TERM");
-    let (code, output) = standby.wait_exit(DEADLINE);
+    standby.signal(libc::SIGTERM);
+    let (code, output) = exited(&mut standby, DEADLINE);
     assert_eq!(code, Some(0), "{output}");
 }
 
@@ -298,26 +200,28 @@ fn sigstop_of_the_serving_broker_then_takeover_and_the_old_one_is_fenced() {
     };
     let url = new_database(&pg, "stop");
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut serving = Daemon::spawn(&config(dir.path(), "a", &url, false));
-    let old_addr = serving.wait_listening(DEADLINE);
-    let mut standby = Daemon::spawn(&config(dir.path(), "b", &url, true));
-    standby.wait_line("waiting for the serving broker", DEADLINE);
+    let mut serving = Daemon::with_file(&config(dir.path(), "a", &url, false)).spawn();
+    let old_addr = serving.wait_ready();
+    let mut standby = Daemon::with_file(&config(dir.path(), "b", &url, true)).spawn();
+    standby.wait_line("waiting for the serving broker", |l| {
+        l.contains("waiting for the serving broker")
+    });
     let (mut sub, _) = Client::connect(old_addr, persistent("sub"));
     sub.subscribe("t/#", QoS::AtLeastOnce);
     sub.disconnect();
     wait_count(&url, "SELECT count(*) FROM mercurio_subscriptions", 1);
 
-    serving.signal("-STOP");
+    serving.signal(libc::SIGSTOP);
     let stopped = Instant::now();
-    let addr = standby.wait_listening(Duration::from_secs(40));
+    let addr = standby.wait_ready_within(Duration::from_secs(40));
     let takeover = stopped.elapsed();
     eprintln!("takeover after SIGSTOP: {takeover:?}");
     assert!(takeover >= Duration::from_secs(8), "{takeover:?}");
     wait_count(&url, "SELECT max(epoch) FROM mercurio_takeovers", 2);
 
     // The continued broker is refused and exits at once, with an error.
-    serving.signal("-CONT");
-    let (code, output) = serving.wait_exit(Duration::from_secs(15));
+    serving.signal(libc::SIGCONT);
+    let (code, output) = exited(&mut serving, Duration::from_secs(15));
     assert_eq!(code, Some(1), "{output}");
     assert!(output.contains("stopping at once"), "{output}");
     assert!(output.contains("took over"), "{output}");
@@ -334,17 +238,17 @@ fn newer_schema_is_refused_by_broker_and_standby() {
     };
     let url = new_database(&pg, "schema");
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut first = Daemon::spawn(&config(dir.path(), "a", &url, false));
-    first.wait_listening(DEADLINE);
-    first.signal("-TERM");
-    assert_eq!(first.wait_exit(DEADLINE).0, Some(0));
+    let mut first = Daemon::with_file(&config(dir.path(), "a", &url, false)).spawn();
+    first.wait_ready();
+    first.signal(libc::SIGTERM);
+    assert_eq!(exited(&mut first, DEADLINE).0, Some(0));
     runtime().block_on(pg.execute(
         &url,
         "UPDATE mercurio_meta SET value = '99' WHERE key = 'schema_version'",
     ));
     for (name, standby) in [("b", false), ("c", true)] {
-        let mut daemon = Daemon::spawn(&config(dir.path(), name, &url, standby));
-        let (code, output) = daemon.wait_exit(DEADLINE);
+        let mut daemon = Daemon::with_file(&config(dir.path(), name, &url, standby)).spawn();
+        let (code, output) = exited(&mut daemon, DEADLINE);
         assert_eq!(code, Some(1), "{output}");
         assert!(output.contains("schema version 99"), "{output}");
     }
@@ -425,11 +329,11 @@ fn serving_broker_exits_when_the_database_is_lost() {
     let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], port)));
     let proxied = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port);
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut serving = Daemon::spawn(&config(dir.path(), "a", &proxied, false));
-    serving.wait_listening(DEADLINE);
+    let mut serving = Daemon::with_file(&config(dir.path(), "a", &proxied, false)).spawn();
+    serving.wait_ready();
     proxy.cut();
     let cut = Instant::now();
-    let (code, output) = serving.wait_exit(Duration::from_secs(20));
+    let (code, output) = exited(&mut serving, Duration::from_secs(20));
     let lost = cut.elapsed();
     eprintln!("exit after the database was cut: {lost:?}");
     assert_eq!(code, Some(1), "{output}");

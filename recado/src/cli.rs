@@ -70,77 +70,47 @@ pub enum Command {
 
 /// How to reach the broker and what to put in CONNECT: shared by `sub`, `pub` and `rr`.
 #[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Connection")]
 pub struct ConnArgs {
     /// Broker host name or address [default: localhost]. -h is the host as in mosquitto's
     /// clients; help is --help only.
-    #[arg(short = 'h', long, value_name = "HOST", help_heading = "Connection")]
+    #[arg(short = 'h', long, value_name = "HOST")]
     pub host: Option<String>,
     /// Broker port [default: 1883, 8883 with TLS, 80 with ws://, 443 with wss://].
-    #[arg(short = 'p', long, value_name = "PORT", help_heading = "Connection")]
+    #[arg(short = 'p', long, value_name = "PORT")]
     pub port: Option<u16>,
     /// The broker as a URL: mqtt(s)://[user[:password]@]host[:port]/topic or
     /// ws(s)://[user[:password]@]host[:port]/path (the path is the WebSocket path, default
     /// /mqtt; give the topic with -t). Replaces -h, -p, -u, -P (and -t for mqtt URLs).
-    #[arg(
-        short = 'L',
-        long = "url",
-        value_name = "URL",
-        help_heading = "Connection"
-    )]
+    #[arg(short = 'L', long = "url", value_name = "URL")]
     pub url: Option<String>,
     /// MQTT protocol version: mqttv31 (or 31, 3.1), mqttv311 (311, 3.1.1) or mqttv5 (5, 5.0)
     /// [default: mqttv311, as mosquitto's clients]. -V is not --version here.
-    #[arg(
-        short = 'V',
-        long = "protocol-version",
-        value_name = "VERSION",
-        help_heading = "Connection"
-    )]
+    #[arg(short = 'V', long = "protocol-version", value_name = "VERSION")]
     pub protocol_version: Option<String>,
     /// Client identifier [default: recado-<command>-<process id>].
-    #[arg(
-        short = 'i',
-        long = "id",
-        value_name = "ID",
-        help_heading = "Connection"
-    )]
+    #[arg(short = 'i', long = "id", value_name = "ID")]
     pub id: Option<String>,
     /// Client identifier prefix: the identifier is the prefix followed by the process id.
     #[arg(
         short = 'I',
         long = "id-prefix",
         value_name = "PREFIX",
-        conflicts_with = "id",
-        help_heading = "Connection"
+        conflicts_with = "id"
     )]
     pub id_prefix: Option<String>,
     /// User name.
-    #[arg(short = 'u', long, value_name = "USER", help_heading = "Connection")]
+    #[arg(short = 'u', long, value_name = "USER")]
     pub username: Option<String>,
     /// Password.
-    #[arg(
-        short = 'P',
-        long = "pw",
-        value_name = "PASSWORD",
-        help_heading = "Connection"
-    )]
+    #[arg(short = 'P', long = "pw", value_name = "PASSWORD")]
     pub password: Option<String>,
     /// Keep Alive in seconds: a PINGREQ after this long without sending; 0 turns it off.
-    #[arg(
-        short = 'k',
-        long,
-        value_name = "SECONDS",
-        default_value_t = 60,
-        help_heading = "Connection"
-    )]
+    #[arg(short = 'k', long, value_name = "SECONDS", default_value_t = 60)]
     pub keepalive: u16,
     /// Disable clean session / clean start: resume the session of this client identifier
     /// (needs -i or -I). In MQTT 5 the session then never expires unless -x says otherwise.
-    #[arg(
-        short = 'c',
-        long = "disable-clean-session",
-        help_heading = "Connection"
-    )]
+    #[arg(short = 'c', long = "disable-clean-session")]
     pub disable_clean_session: bool,
     /// MQTT 5 Session Expiry Interval in seconds: 0 to 4294967294, or -1, 4294967295 or ∞
     /// for a session that never expires.
@@ -148,8 +118,7 @@ pub struct ConnArgs {
         short = 'x',
         long = "session-expiry-interval",
         value_name = "SECONDS",
-        allow_hyphen_values = true,
-        help_heading = "Connection"
+        allow_hyphen_values = true
     )]
     pub session_expiry: Option<String>,
     /// MQTT 5 property, as mosquitto: -D COMMAND PROPERTY VALUE (user-property takes a name
@@ -164,87 +133,93 @@ pub struct ConnArgs {
         long = "property",
         num_args = 3..=4,
         value_names = ["COMMAND", "PROPERTY", "VALUE"],
-        action = ArgAction::Append,
-        help_heading = "Connection"
+        action = ArgAction::Append
     )]
     pub property: Vec<String>,
-    /// Will topic: the broker publishes the will there if the connection ends without
-    /// DISCONNECT.
-    #[arg(long, value_name = "TOPIC", help_heading = "Will")]
-    pub will_topic: Option<String>,
-    /// Will payload [default: empty].
-    #[arg(
-        long,
-        value_name = "PAYLOAD",
-        requires = "will_topic",
-        help_heading = "Will"
-    )]
-    pub will_payload: Option<String>,
-    /// Will QoS: 0, 1 or 2.
-    #[arg(
-        long,
-        value_name = "QOS",
-        default_value_t = 0,
-        value_parser = clap::value_parser!(u8).range(0..=2),
-        help_heading = "Will"
-    )]
-    pub will_qos: u8,
-    /// Will retained.
-    #[arg(long, requires = "will_topic", help_heading = "Will")]
-    pub will_retain: bool,
-    /// Use TLS (implied by mqtts://, wss://, --cafile, --capath, --cert, --insecure and the
-    /// other TLS flags). Without --cafile or --capath the system's trusted CA certificates
-    /// verify the broker.
-    #[arg(long, help_heading = "TLS")]
-    pub tls: bool,
-    /// PEM file of the CA certificate(s) that verify the broker's certificate.
-    #[arg(long, value_name = "FILE", help_heading = "TLS")]
-    pub cafile: Option<PathBuf>,
-    /// PEM client certificate (chain) to present; needs --key.
-    #[arg(long, value_name = "FILE", requires = "key", help_heading = "TLS")]
-    pub cert: Option<PathBuf>,
-    /// PEM private key of --cert.
-    #[arg(long, value_name = "FILE", requires = "cert", help_heading = "TLS")]
-    pub key: Option<PathBuf>,
-    /// Accept a broker certificate issued for another name (the chain is still verified),
-    /// as mosquitto's --insecure.
-    #[arg(long, help_heading = "TLS")]
-    pub insecure: bool,
-    /// The name the broker's certificate must be valid for (and SNI) [default: the host].
-    #[arg(long, value_name = "NAME", help_heading = "TLS")]
-    pub tls_server_name: Option<String>,
-    /// A directory of PEM CA certificates (every *.pem and *.crt file in it), as --cafile.
-    #[arg(long, value_name = "DIR", help_heading = "TLS")]
-    pub capath: Option<PathBuf>,
-    /// Trust the system's CA certificates too (they are used anyway without --cafile and
-    /// --capath).
-    #[arg(long, help_heading = "TLS")]
-    pub tls_use_os_certs: bool,
-    /// The TLS version: tlsv1.3 or tlsv1.2 [default: either]; tlsv1.1 and older are not
-    /// supported.
-    #[arg(long, value_name = "VERSION", help_heading = "TLS")]
-    pub tls_version: Option<String>,
     /// Connect from this local address.
-    #[arg(
-        short = 'A',
-        long = "bind-address",
-        value_name = "ADDRESS",
-        help_heading = "Connection"
-    )]
+    #[arg(short = 'A', long = "bind-address", value_name = "ADDRESS")]
     pub bind_address: Option<std::net::IpAddr>,
     /// Disable Nagle's algorithm: recado always does, the flag is accepted for mosquitto's
     /// scripts.
-    #[arg(long, help_heading = "Connection")]
+    #[arg(long)]
     pub nodelay: bool,
     /// MQTT over WebSocket to -h and -p (path /mqtt), as a ws:// URL would.
-    #[arg(long, help_heading = "Connection")]
+    #[arg(long)]
     pub ws: bool,
+    // The flattened groups set their own headings, which stay in force for the fields
+    // after them: the Connection fields come first.
+    #[command(flatten)]
+    pub will: WillArgs,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Print every packet sent and received on standard error.
     #[arg(short = 'd', long, help_heading = "Output")]
     pub debug: bool,
     /// Print no error message (the exit code still tells).
     #[arg(long, help_heading = "Output")]
     pub quiet: bool,
+}
+
+/// The will (`--will-*`): part of [`ConnArgs`].
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Will")]
+pub struct WillArgs {
+    /// Will topic: the broker publishes the will there if the connection ends without
+    /// DISCONNECT.
+    #[arg(long, value_name = "TOPIC")]
+    pub will_topic: Option<String>,
+    /// Will payload [default: empty].
+    #[arg(long, value_name = "PAYLOAD", requires = "will_topic")]
+    pub will_payload: Option<String>,
+    /// Will QoS: 0, 1 or 2.
+    #[arg(
+        long,
+        value_name = "QOS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u8).range(0..=2)
+    )]
+    pub will_qos: u8,
+    /// Will retained.
+    #[arg(long, requires = "will_topic")]
+    pub will_retain: bool,
+}
+
+/// TLS (`--tls`, `--cafile`, ...): part of [`ConnArgs`].
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "TLS")]
+pub struct TlsArgs {
+    /// Use TLS (implied by mqtts://, wss://, --cafile, --capath, --cert, --insecure and the
+    /// other TLS flags). Without --cafile or --capath the system's trusted CA certificates
+    /// verify the broker.
+    #[arg(long)]
+    pub tls: bool,
+    /// PEM file of the CA certificate(s) that verify the broker's certificate.
+    #[arg(long, value_name = "FILE")]
+    pub cafile: Option<PathBuf>,
+    /// PEM client certificate (chain) to present; needs --key.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Accept a broker certificate issued for another name (the chain is still verified),
+    /// as mosquitto's --insecure.
+    #[arg(long)]
+    pub insecure: bool,
+    /// The name the broker's certificate must be valid for (and SNI) [default: the host].
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+    /// A directory of PEM CA certificates (every *.pem and *.crt file in it), as --cafile.
+    #[arg(long, value_name = "DIR")]
+    pub capath: Option<PathBuf>,
+    /// Trust the system's CA certificates too (they are used anyway without --cafile and
+    /// --capath).
+    #[arg(long)]
+    pub tls_use_os_certs: bool,
+    /// The TLS version: tlsv1.3 or tlsv1.2 [default: either]; tlsv1.1 and older are not
+    /// supported.
+    #[arg(long, value_name = "VERSION")]
+    pub tls_version: Option<String>,
 }
 
 /// How a received message is printed: shared by `sub` and `rr`.
@@ -470,7 +445,7 @@ mod tests {
 
     #[test]
     fn mosquittos_spellings_parse() {
-        let cli = Cli::try_parse_from([
+        let args = [
             "recado",
             "sub",
             "-h",
@@ -497,38 +472,10 @@ mod tests {
             "-W",
             "2.5",
             "-v",
-            "-T",
-        ]);
+        ];
+        let cli = Cli::try_parse_from(args.iter().chain(&["-T"]));
         assert!(cli.is_err(), "-T and -v conflict");
-        let cli = Cli::try_parse_from([
-            "recado",
-            "sub",
-            "-h",
-            "broker",
-            "-p",
-            "1884",
-            "-t",
-            "a",
-            "-t",
-            "b/#",
-            "-V",
-            "mqttv5",
-            "-D",
-            "subscribe",
-            "user-property",
-            "k",
-            "v",
-            "-D",
-            "connect",
-            "session-expiry-interval",
-            "60",
-            "-C",
-            "3",
-            "-W",
-            "2.5",
-            "-v",
-        ])
-        .unwrap();
+        let cli = Cli::try_parse_from(args).unwrap();
         let Command::Sub(s) = cli.command else {
             panic!("sub")
         };

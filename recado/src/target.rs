@@ -205,14 +205,14 @@ pub fn settings(
         websocket = Some("/mqtt".to_string());
     }
     let use_tls = url_tls
-        || a.tls
-        || a.cafile.is_some()
-        || a.cert.is_some()
-        || a.insecure
-        || a.tls_server_name.is_some()
-        || a.capath.is_some()
-        || a.tls_use_os_certs
-        || a.tls_version.is_some();
+        || a.tls.tls
+        || a.tls.cafile.is_some()
+        || a.tls.cert.is_some()
+        || a.tls.insecure
+        || a.tls.tls_server_name.is_some()
+        || a.tls.capath.is_some()
+        || a.tls.tls_use_os_certs
+        || a.tls.tls_version.is_some();
     let host = host.unwrap_or_else(|| "localhost".to_string());
     let port = port.unwrap_or(match (&websocket, use_tls) {
         (None, false) => 1883,
@@ -221,17 +221,21 @@ pub fn settings(
         (Some(_), true) => 443,
     });
     let tls = if use_tls {
-        let server_name = a.tls_server_name.clone().unwrap_or_else(|| host.clone());
+        let server_name = a
+            .tls
+            .tls_server_name
+            .clone()
+            .unwrap_or_else(|| host.clone());
         Some(Arc::new(
             Tls::new(&TlsOptions {
-                cafile: a.cafile.as_deref(),
-                capath: a.capath.as_deref(),
-                os_roots: a.tls_use_os_certs,
-                version: a.tls_version.as_deref(),
+                cafile: a.tls.cafile.as_deref(),
+                capath: a.tls.capath.as_deref(),
+                os_roots: a.tls.tls_use_os_certs,
+                version: a.tls.tls_version.as_deref(),
                 server_name: &server_name,
-                cert: a.cert.as_deref(),
-                key: a.key.as_deref(),
-                insecure: a.insecure,
+                cert: a.tls.cert.as_deref(),
+                key: a.tls.key.as_deref(),
+                insecure: a.tls.insecure,
                 resume: true,
             })
             .map_err(Failure::usage)?,
@@ -275,7 +279,7 @@ pub fn settings(
             "a password needs a user name in MQTT 3.x (-u)",
         ));
     }
-    let will = match &a.will_topic {
+    let will = match &a.will.will_topic {
         None => {
             if !properties.will.is_empty() {
                 return Err(Failure::usage("-D will ... needs --will-topic"));
@@ -290,9 +294,9 @@ pub fn settings(
             }
             Some(LastWill {
                 topic: topic.clone(),
-                payload: Bytes::from(a.will_payload.clone().unwrap_or_default()),
-                qos: QoS::from_u8(a.will_qos).unwrap_or_default(),
-                retain: a.will_retain,
+                payload: Bytes::from(a.will.will_payload.clone().unwrap_or_default()),
+                qos: QoS::from_u8(a.will.will_qos).unwrap_or_default(),
+                retain: a.will.will_retain,
                 properties: properties.will.clone(),
             })
         }

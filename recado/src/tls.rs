@@ -141,6 +141,11 @@ impl Tls {
 }
 
 /// `--insecure`: the chain must lead to a trusted root, but the name may differ.
+///
+/// mercurio-storage has the same verifier for PostgreSQL's `sslmode=verify-ca`
+/// (`postgres/tls.rs`, `ChainOnly`); they are kept apart on purpose: the storage crate is the
+/// bottom of the workspace and holds nothing for MQTT clients, and recado takes none of its
+/// TLS settings from libpq's rules (nor the storage crate any of mosquitto's flags).
 #[derive(Debug)]
 struct AnyName {
     inner: Arc<WebPkiServerVerifier>,

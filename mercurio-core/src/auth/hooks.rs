@@ -34,7 +34,8 @@ pub struct ConnectInfo {
 /// Why a connection is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenyReason {
-    /// Unknown user or wrong password: 5.0 CONNACK 0x86, 3.x return code 4.
+    /// Unknown user or wrong password: 5.0 CONNACK 0x86, 3.x return code 4. (The built-in
+    /// password file answers `NotAuthorized` instead, as mosquitto does.)
     BadCredentials,
     /// Not allowed to connect (anonymous, banned...): 5.0 CONNACK 0x87, 3.x return code 5.
     NotAuthorized,

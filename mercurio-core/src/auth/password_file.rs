@@ -276,10 +276,16 @@ fn max_concurrent_checks() -> usize {
 ///
 /// - a client without a user name: allowed when `allow_anonymous`, else "not authorized";
 /// - with a user name and a password file: the password must match the file's hash
-///   (else "bad user name or password");
+///   (else "not authorized");
 /// - with a user name and no password file: allowed when `allow_anonymous` (nothing to check
-///   against), else "bad user name or password";
+///   against), else "not authorized";
 /// - a user name taken from a verified client certificate: allowed.
+///
+/// Every refusal is "not authorized" (MQTT 5 CONNACK 0x87, 3.x return code 5), the answer
+/// mosquitto gives with the same file, so clients moving between the two see the same code.
+/// 3.1.1 keeps return code 4 for user name or password data that is malformed (section
+/// 3.2.2.3); 5.0 allows either code. An [`Authenticator`] of the application may still answer
+/// [`DenyReason::BadCredentials`] (0x86 / 4).
 pub struct FileAuthenticator {
     allow_anonymous: bool,
     path: Option<PathBuf>,
@@ -337,7 +343,7 @@ impl Authenticator for FileAuthenticator {
             return if self.allow_anonymous {
                 Authentication::Allow { username: None }
             } else {
-                Authentication::Deny(DenyReason::BadCredentials)
+                Authentication::Deny(DenyReason::NotAuthorized)
             };
         }
         // An unknown user (or no password) costs a check like a wrong password: against
@@ -351,7 +357,7 @@ impl Authenticator for FileAuthenticator {
             }
         };
         let Some(hash) = hash else {
-            return Authentication::Deny(DenyReason::BadCredentials);
+            return Authentication::Deny(DenyReason::NotAuthorized);
         };
         let password = info.password.clone().unwrap_or_default();
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -378,7 +384,7 @@ impl Authenticator for FileAuthenticator {
         if verified && known {
             Authentication::Allow { username: None }
         } else {
-            Authentication::Deny(DenyReason::BadCredentials)
+            Authentication::Deny(DenyReason::NotAuthorized)
         }
     }
 }

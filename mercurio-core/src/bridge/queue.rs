@@ -134,6 +134,7 @@ impl Outgoing {
                     retain: true,
                     subscription_ids: Vec::new(),
                     seq: 0,
+                    share: None,
                 };
                 if broker.deliver(&self.session, q) {
                     queued += 1;

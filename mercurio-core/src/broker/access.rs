@@ -96,11 +96,20 @@ impl BrokerState {
         for auth in self.listener_auth.iter().flatten() {
             errors.extend(auth.reload());
         }
+        self.revoke_unauthorized();
+        errors
+    }
+
+    /// Removes the subscriptions the clients may no longer hold, and the queued messages
+    /// they may no longer read (counted `not_authorized`): after a reload of the access
+    /// rules, and after the restore at start (rules changed while the broker was down).
+    pub(crate) fn revoke_unauthorized(&self) {
         if !self.checks_access {
-            return errors;
+            return;
         }
         let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
-        for session in sessions {
+        // In-process subscriptions and bridges are the broker's own: always trusted.
+        for session in sessions.into_iter().filter(|s| !s.is_internal()) {
             let filters = session.filters();
             for filter in filters {
                 if !self.check_now(&session, subscription_topic(&filter), Action::Subscribe) {
@@ -110,7 +119,6 @@ impl BrokerState {
             }
             self.drop_unreadable_queued(&session);
         }
-        errors
     }
 
     /// Removes from `session`'s queue the messages its client may no longer read.

@@ -4,7 +4,10 @@
 
 pub(crate) mod access;
 pub(crate) mod restore;
+mod shared;
 mod takeover;
+
+pub(crate) use takeover::Owner;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,7 +25,7 @@ use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{
-    Delivery, Detached, Enqueued, Granted, QueueLimits, Session, SessionTable, Will,
+    Delivery, Detached, Ended, Enqueued, Granted, QueueLimits, Session, SessionTable, Will,
 };
 use crate::stats::{DropCause, Stats};
 
@@ -249,6 +252,7 @@ impl BrokerState {
                 retain,
                 subscription_ids: ids,
                 seq: 0,
+                share: None,
             };
             let cost = size + 4 * q.subscription_ids.len() as u64;
             if self.offer(&first.session, q, cost) {
@@ -259,35 +263,7 @@ impl BrokerState {
             if sm.members.is_empty() {
                 continue;
             }
-            let readable = |e: &SubEntry| self.may_read(&e.session, &msg.topic);
-            // One member, in turn (MQTT 5.0 section 4.8.2): a connected one that takes it; when
-            // nobody connected does, one member's persistent session keeps it.
-            let mut taken = sm
-                .pick(|_, e| {
-                    if !readable(e) || !e.session.is_connected() {
-                        return false;
-                    }
-                    match e.session.enqueue(shared_delivery(msg, e), &self.limits) {
-                        Enqueued::Queued => true,
-                        Enqueued::QueuedOverHighWater => {
-                            congested.push(Arc::clone(&e.session));
-                            true
-                        }
-                        Enqueued::Skipped | Enqueued::Dropped(_) => false,
-                    }
-                })
-                .is_some();
-            if !taken && msg.qos > QoS::AtMostOnce {
-                taken = sm
-                    .pick(|_, e| {
-                        readable(e)
-                            && e.session
-                                .enqueue(shared_delivery(msg, e), &self.limits)
-                                .is_queued()
-                    })
-                    .is_some();
-            }
-            if !taken {
+            if !self.deliver_shared(sm, msg, msg.qos, congested) {
                 self.dropped(None, &msg.topic, DropCause::NoShareMember);
             }
         }
@@ -378,11 +354,16 @@ impl BrokerState {
         Some(existed)
     }
 
-    /// Removes a subscription. True when it existed.
+    /// Removes a subscription. True when it existed. Leaving a shared subscription's group
+    /// passes the messages queued through it on to another member ([`BrokerState::pass_on`]).
     pub(crate) fn unsubscribe(&self, session: &Session, filter: &str) -> bool {
         let existed = session.remove_subscription(filter);
         if existed {
             self.index.write().remove(filter, &session.client_id);
+            if filter.starts_with("$share/") {
+                let left = session.take_shared(filter);
+                self.pass_on(&session.client_id, left);
+            }
         }
         existed
     }
@@ -407,15 +388,23 @@ impl BrokerState {
                 retain: true,
                 subscription_ids: granted.identifier.into_iter().collect(),
                 seq: 0,
+                share: None,
             };
             self.deliver(session, q);
         }
     }
 
     /// Ends a session: removes its subscriptions from the index and the session from the map
-    /// (if it is still the one there), and publishes a will still pending [MQTT-3.1.2-8].
+    /// (if it is still the one there), passes the messages it holds through shared
+    /// subscriptions on to other members of their groups ([`BrokerState::pass_on`]), and
+    /// publishes a will still pending [MQTT-3.1.2-8].
     pub(crate) fn end_session(&self, session: &Arc<Session>) {
-        let Some((filters, will)) = session.end() else {
+        let Some(Ended {
+            filters,
+            will,
+            shared,
+        }) = session.end()
+        else {
             return;
         };
         {
@@ -433,6 +422,7 @@ impl BrokerState {
                 sessions.remove(&session.client_id);
             }
         }
+        self.pass_on(&session.client_id, shared);
         if let Some(will) = will {
             self.publish_will(&session.client_id, will);
         }
@@ -558,17 +548,6 @@ impl BrokerState {
     /// True once shutdown has begun.
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
-    }
-}
-
-fn shared_delivery(msg: &Arc<Message>, e: &SubEntry) -> Delivery {
-    let o = &e.granted.options;
-    Delivery {
-        msg: Arc::clone(msg),
-        qos: msg.qos.min(o.qos),
-        retain: o.retain_as_published && msg.retain,
-        subscription_ids: e.granted.identifier.into_iter().collect(),
-        seq: 0,
     }
 }
 

@@ -2,13 +2,19 @@
 //! listeners serve. One step per kind of record: retained messages, sessions set aside, then
 //! each session (its queue, in-flight messages, inbound QoS 2 identifiers, will and
 //! subscriptions), with the timers of expiry and delayed wills. Sessions that expired while the
-//! broker was down are deleted and their wills published.
+//! broker was down are deleted, their wills published and the messages they held through
+//! shared subscriptions passed on to other members of the groups. The access rules, which may
+//! have changed while the broker was down, are then applied to what was restored, as after a
+//! reload: subscriptions no longer allowed are removed, queued messages no longer readable
+//! dropped (counted `not_authorized`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mercurio_storage::{Change, LoadedState, RetainedRecord, SessionRecord, NEVER_EXPIRES};
+use mercurio_storage::{
+    Change, InflightState, LoadedState, RetainedRecord, SessionRecord, NEVER_EXPIRES,
+};
 
 use super::BrokerState;
 use crate::auth::Identity;
@@ -40,6 +46,7 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
         .storage_sessions_set_aside
         .store(p.set_aside_count() as u64, Ordering::Relaxed);
     let mut wills_now: Vec<(String, Will)> = Vec::new();
+    let mut left_shared: Vec<(String, Vec<Delivery>)> = Vec::new();
     let mut restored = 0usize;
     for record in loaded.sessions {
         let client_id = record.client_id.clone();
@@ -53,8 +60,9 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
                 client_id: client_id.clone(),
             });
             if let Some(Ok(will)) = record.will.as_ref().map(|w| will_from(w, now, now_ms)) {
-                wills_now.push((client_id, will));
+                wills_now.push((client_id.clone(), will));
             }
+            left_shared.push((client_id, shared_left(&record, now, now_ms)));
             continue;
         }
         match restore_session(broker, p, record, now, now_ms) {
@@ -79,9 +87,40 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
         "restored from {} storage",
         p.storage_name()
     );
+    broker.revoke_unauthorized();
+    for (client_id, left) in left_shared {
+        broker.pass_on(&client_id, left);
+    }
     for (client_id, will) in wills_now {
         broker.publish_will(&client_id, will);
     }
+}
+
+/// The deliveries an expired stored session held through shared subscriptions, oldest first:
+/// in flight without an acknowledgement (a QoS 2 message whose PUBREC came back was
+/// received), then queued. Those that cannot be read are left out.
+fn shared_left(record: &SessionRecord, now: Instant, now_ms: u64) -> Vec<Delivery> {
+    let queued = record.queued.iter().map(|q| &q.message);
+    let inflight = record
+        .inflight
+        .iter()
+        .filter(|f| f.state != InflightState::AwaitingPubComp)
+        .map(|f| &f.message);
+    inflight
+        .chain(queued)
+        .filter(|m| m.share.is_some())
+        .filter_map(|m| {
+            let (msg, ids) = message_from(m, now, now_ms).ok()?;
+            Some(Delivery {
+                retain: msg.retain,
+                qos: msg.qos,
+                msg: Arc::new(msg),
+                subscription_ids: ids,
+                seq: 0,
+                share: m.share.as_deref().map(Arc::from),
+            })
+        })
+        .collect()
 }
 
 /// The retained messages still valid; those that expired are deleted from storage.
@@ -134,11 +173,12 @@ fn restore_session(
         let mut st = session.state.lock();
         st.disconnected_at = Some(unix_to_instant(disconnected_ms, now, now_ms));
         st.username = username;
+        st.certificate = record.certificate.as_deref().map(Arc::from);
         restore_queue(p, &record, &mut st, now, now_ms)?;
         for f in &record.inflight {
             st.inflight.push_back(inflight_from(f, now, now_ms)?);
         }
-        st.inbound_qos2 = record.inbound_qos2.iter().copied().collect();
+        st.restore_inbound_qos2(&record.inbound_qos2);
         if let Some(w) = &record.will {
             st.will = Some(will_from(w, now, now_ms)?);
         }
@@ -197,7 +237,7 @@ fn restore_queue(
     for (seq, q) in record.queued.iter().map(|q| (q.seq, &q.message)) {
         let (msg, ids) = message_from(q, now, now_ms)?;
         let qos = msg.qos;
-        st.next_seq = st.next_seq.max(seq + 1);
+        st.restored_seq(seq);
         if msg.is_expired(now) {
             p.emit(Change::MessageDequeued {
                 client_id: record.client_id.clone(),
@@ -211,6 +251,7 @@ fn restore_queue(
             qos,
             subscription_ids: ids,
             seq,
+            share: q.share.as_deref().map(Arc::from),
         });
     }
     Ok(())

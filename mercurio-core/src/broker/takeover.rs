@@ -9,6 +9,17 @@ use crate::codec::{ProtocolVersion, ReasonCode};
 use crate::link::{DisconnectReason, Link};
 use crate::session::{Session, Will};
 
+/// Who a connection's client is, as far as its session is concerned (see
+/// [`BrokerState::take_session`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner<'a> {
+    /// The authenticated user name (the certificate's name with `use_identity_as_username`),
+    /// `None` for anonymous.
+    pub username: Option<&'a str>,
+    /// The name of the verified client certificate, `None` without one.
+    pub certificate: Option<&'a str>,
+}
+
 impl BrokerState {
     /// Gives the connection of `client_id` its session: with `clean_start`, or when none is
     /// kept, a new one; otherwise the one kept, taken over from a connection still serving
@@ -16,13 +27,14 @@ impl BrokerState {
     /// the session was present (resumed).
     ///
     /// A session belongs to the identity that created it (`owner`: the authenticated user
-    /// name, the certificate's name with `use_identity_as_username`, `None` for anonymous):
-    /// another identity connecting with its client identifier gets a new session, as with
-    /// Clean Start, so it never sees the owner's subscriptions, queued or in-flight messages.
+    /// name, and the client certificate's name whether or not it is used as the user name):
+    /// another identity connecting with its client identifier (another user name, another
+    /// certificate, or none where there was one) gets a new session, as with Clean Start, so
+    /// it never sees the owner's subscriptions, queued or in-flight messages.
     pub(crate) async fn take_session(
         &self,
         client_id: &Arc<str>,
-        owner: Option<&str>,
+        owner: Owner<'_>,
         clean_start: bool,
         version: ProtocolVersion,
         expiry_interval: u32,
@@ -35,9 +47,13 @@ impl BrokerState {
         loop {
             let existing = self.sessions.lock().get(client_id).cloned();
             if let Some(old) = existing {
-                let foreign = old.state.lock().username.as_deref() != owner;
+                let foreign = {
+                    let st = old.state.lock();
+                    st.username.as_deref() != owner.username
+                        || st.certificate.as_deref() != owner.certificate
+                };
                 if foreign {
-                    tracing::info!(%client_id, "session of another user: a new session replaces it");
+                    tracing::info!(%client_id, "session of another user or certificate: a new session replaces it");
                 }
                 let clean_start = clean_start || foreign;
                 let old_link = old.link();

@@ -285,7 +285,7 @@ fn check_flags(flags: u8, expected: u8, version: ProtocolVersion) -> Result<(), 
 
 /// A packet identifier: 0 parses, but the protocol forbids it [MQTT-2.2.1-3], which makes it
 /// a Protocol Error (0x82) rather than a Malformed Packet (5.0 section 1.2), as mosquitto
-/// answers too.
+/// answers for a PUBLISH (a SUBSCRIBE's or UNSUBSCRIBE's: [`request_packet_id`]).
 fn packet_id(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
     let id = r.u16()?;
     if id == 0 {
@@ -294,6 +294,18 @@ fn packet_id(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
         ));
     }
     Ok(id)
+}
+
+/// The packet identifier of a SUBSCRIBE or UNSUBSCRIBE: 0 is a Malformed Packet (0x81), the
+/// answer mosquitto gives there. [MQTT-2.2.1-3] forbids the value without naming the error,
+/// and 0x81 is the code for a packet that "does not conform to this specification" (5.0
+/// section 3.14.2.1). A PUBLISH's or an acknowledgement's 0 stays a Protocol Error (0x82),
+/// mosquitto's answer for a PUBLISH.
+fn request_packet_id(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
+    packet_id(r).map_err(|e| match e {
+        DecodeError::ProtocolError(m) => DecodeError::MalformedPacket(m),
+        other => other,
+    })
 }
 
 fn decode_connect(body: &[u8]) -> Result<Packet, DecodeError> {
@@ -352,7 +364,7 @@ fn decode_connect(body: &[u8]) -> Result<Packet, DecodeError> {
             Properties::default()
         };
         let topic = r.str()?;
-        check_topic_name(topic, false)?;
+        check_topic_name(topic, false, true)?;
         let payload = Bytes::copy_from_slice(r.binary()?);
         Some(LastWill {
             topic: topic.to_owned(),
@@ -393,18 +405,24 @@ fn decode_connect(body: &[u8]) -> Result<Packet, DecodeError> {
 
 /// Topic Name rules: no wildcard [MQTT-3.3.2-2] [MQTT-4.7.1-1]; at least one character
 /// [MQTT-4.7.3-1] unless a Topic Alias stands for it (5.0 section 3.3.2.3.4).
-fn check_topic_name(topic: &str, alias_present: bool) -> Result<(), DecodeError> {
-    if topic.is_empty() && !alias_present {
-        return Err(DecodeError::TopicNameInvalid(
-            "empty topic name without a Topic Alias [MQTT-4.7.3-1]",
-        ));
-    }
-    if topic.bytes().any(|b| b == b'+' || b == b'#') {
-        return Err(DecodeError::TopicNameInvalid(
-            "wildcard character in a topic name [MQTT-3.3.2-2]",
-        ));
-    }
-    Ok(())
+///
+/// In a PUBLISH, breaking them is a Protocol Error (0x82): the packet parses and carries a
+/// value the protocol does not allow (5.0 section 1.2), where 0x90 Topic Name invalid is for
+/// a correctly formed name the receiver does not accept (mosquitto answers 0x82 too). A will
+/// topic breaking them is `TopicNameInvalid`, the CONNACK code for a will topic (0x90).
+fn check_topic_name(topic: &str, alias_present: bool, will: bool) -> Result<(), DecodeError> {
+    let problem = if topic.is_empty() && !alias_present {
+        "empty topic name without a Topic Alias [MQTT-4.7.3-1]"
+    } else if topic.bytes().any(|b| b == b'+' || b == b'#') {
+        "wildcard character in a topic name [MQTT-3.3.2-2]"
+    } else {
+        return Ok(());
+    };
+    Err(if will {
+        DecodeError::TopicNameInvalid(problem)
+    } else {
+        DecodeError::ProtocolError(problem)
+    })
 }
 
 fn decode_connack(r: &mut Reader<'_>, version: ProtocolVersion) -> Result<ConnAck, DecodeError> {
@@ -484,7 +502,7 @@ fn decode_publish(
         Properties::default()
     };
     if !no_wildcard || topic.is_empty() {
-        check_topic_name(topic, properties.topic_alias.is_some())?;
+        check_topic_name(topic, properties.topic_alias.is_some(), false)?;
     }
     if from_client && !properties.subscription_identifiers.is_empty() {
         return Err(CLIENT_SUBSCRIPTION_IDENTIFIER);
@@ -552,7 +570,7 @@ fn decode_subscribe(
     r: &mut Reader<'_>,
     version: ProtocolVersion,
 ) -> Result<Subscribe, DecodeError> {
-    let packet_id = packet_id(r)?;
+    let packet_id = request_packet_id(r)?;
     let properties = if version.is_v5() {
         decode_props(r, ctx::SUBSCRIBE)?
     } else {
@@ -640,7 +658,7 @@ fn decode_unsubscribe(
     r: &mut Reader<'_>,
     version: ProtocolVersion,
 ) -> Result<Unsubscribe, DecodeError> {
-    let packet_id = packet_id(r)?;
+    let packet_id = request_packet_id(r)?;
     let properties = if version.is_v5() {
         decode_props(r, ctx::UNSUBSCRIBE)?
     } else {

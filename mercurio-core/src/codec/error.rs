@@ -44,9 +44,9 @@ pub enum DecodeError {
     /// [`DecodeError::reason_code`] gives 0x84, the code 5.0 allows should one be sent.
     #[error("invalid protocol name")]
     InvalidProtocolName,
-    /// A Topic Name that breaks the topic rules: a wildcard character in a PUBLISH or Will
-    /// topic [MQTT-3.3.2-2], or an empty topic without a Topic Alias [MQTT-4.7.3-1].
-    /// Reason code 0x90.
+    /// A Will Topic that breaks the topic rules: a wildcard character [MQTT-3.3.2-2], or empty
+    /// [MQTT-4.7.3-1]. Reason code 0x90 (CONNACK). The same in a PUBLISH topic is a
+    /// `ProtocolError`.
     #[error("invalid topic name: {0}")]
     TopicNameInvalid(&'static str),
 }

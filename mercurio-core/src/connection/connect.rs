@@ -221,7 +221,7 @@ async fn connect_checks(
 /// builds the CONNACK. `Err` carries a refusing CONNACK to send before closing.
 pub(super) async fn accept(
     broker: &Arc<BrokerState>,
-    connect: Connect,
+    connect: Box<Connect>,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
     deadline: tokio::time::Instant,
@@ -352,6 +352,10 @@ pub(super) async fn accept(
         .is_some_and(Option::is_some)
         .then_some(listener);
     let auth = broker.auth_of(own_auth);
+    let certificate: Option<Arc<str>> = tls
+        .as_ref()
+        .and_then(|t| t.certificate_cn.as_deref())
+        .map(Arc::from);
     // Within the connect_timeout the TLS handshake and CONNECT share: a check that waits
     // longer (a queue of slow password hashes) closes the connection without CONNACK.
     let checked = tokio::time::timeout_at(
@@ -483,7 +487,10 @@ pub(super) async fn accept(
     let (session, link, session_present) = broker
         .take_session(
             &client_id,
-            username.as_deref(),
+            crate::broker::Owner {
+                username: username.as_deref(),
+                certificate: certificate.as_deref(),
+            },
             connect.clean_start,
             version,
             expiry_interval,
@@ -500,7 +507,11 @@ pub(super) async fn accept(
         session_present,
     });
     // The identity first: the header stored next records the user name.
-    session.state.lock().username = username.clone();
+    {
+        let mut st = session.state.lock();
+        st.username = username.clone();
+        st.certificate = certificate;
+    }
     *session.identity.write() = crate::auth::Identity::Client {
         username,
         listener: own_auth,

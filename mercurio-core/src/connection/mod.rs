@@ -12,16 +12,19 @@ mod writer;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::broker::BrokerState;
-use crate::codec::{self, Disconnect, Packet, Properties, ReasonCode};
+use crate::codec::{self, Disconnect, Packet, Properties, ProtocolVersion, ReasonCode};
 use crate::events::Event;
-use crate::link::DisconnectReason;
+use crate::link::{DisconnectReason, Link};
+use crate::session::Session;
 use crate::stats::Stats;
 use crate::tls::TlsIdentity;
 use connect::{accept, read_connect, Accepted, ConnectError};
@@ -68,63 +71,145 @@ impl Close {
 /// WebSocket listeners share it.
 /// `listener` is the index of its listener in `config.listeners` (its `mount_point` and
 /// authentication settings).
-pub(crate) async fn serve<S>(broker: Arc<BrokerState>, stream: S, peer: SocketAddr, listener: usize)
+pub(crate) fn serve<S>(
+    broker: Arc<BrokerState>,
+    stream: S,
+    peer: SocketAddr,
+    listener: usize,
+) -> impl std::future::Future<Output = ()> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    // Not an `async fn`: its future would hold its arguments beside `serve_with`'s.
     let deadline =
         tokio::time::Instant::now() + Duration::from_secs(broker.config.server.connect_timeout);
-    serve_with(broker, stream, peer, None, deadline, listener).await
+    serve_with(broker, stream, peer, None, deadline, listener)
 }
 
 /// [`serve`], with what a TLS handshake told about the client and the instant by which
 /// CONNECT must have arrived (`connect_timeout` after the socket was accepted: the TLS
 /// handshake and CONNECT share it).
-pub(crate) async fn serve_with<S>(
+pub(crate) fn serve_with<S>(
     broker: Arc<BrokerState>,
     stream: S,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
     connect_deadline: tokio::time::Instant,
     listener: usize,
-) where
+) -> impl std::future::Future<Output = ()> + Send
+where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mount = broker
-        .config
-        .listeners
-        .get(listener)
-        .and_then(|l| l.mount_point.as_deref());
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    // A future is as large as the largest state it can be in, and the connection's task holds
+    // its own for the connection's whole life, idle ones too: so each phase is boxed, and
+    // the task holds only the box of the phase running now. Idle, that is `run`'s. (Not an
+    // `async fn`: its future would keep room for its arguments.)
+    let handshake = Box::pin(handshake(
+        broker,
+        stream,
+        peer,
+        tls,
+        connect_deadline,
+        listener,
+    ));
+    async move {
+        // The connection is moved into its box within the one statement: held past it, it
+        // would take room in this future too.
+        let running = match handshake.await {
+            Some(c) => Box::pin(run(c)),
+            None => return,
+        };
+        running.await
+    }
+}
+
+/// A map that takes no room until its first entry: a topic alias table, which most
+/// connections never use, costs one pointer instead of an empty `HashMap`'s 48 bytes.
+#[derive(Debug)]
+#[allow(clippy::box_collection)] // the point: one pointer while empty
+pub(super) struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
+
+impl<K: Eq + std::hash::Hash, V> LazyMap<K, V> {
+    pub(super) fn new() -> Self {
+        LazyMap(None)
+    }
+
+    pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Eq + std::hash::Hash + ?Sized,
+    {
+        self.0.as_ref()?.get(key)
+    }
+
+    pub(super) fn insert(&mut self, key: K, value: V) -> Option<V> {
+        self.0
+            .get_or_insert_with(Default::default)
+            .insert(key, value)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |m| m.len())
+    }
+}
+
+/// A connection past its CONNACK: what its reader, its writer and its close share.
+struct Connected<S> {
+    broker: Arc<BrokerState>,
+    /// Both halves of the stream are used in the connection's task (`Half`).
+    stream: parking_lot::Mutex<S>,
+    /// The read buffer, with what the client sent after its CONNECT.
+    buf: BytesMut,
+    peer: SocketAddr,
+    listener: usize,
+    session: Arc<Session>,
+    link: Arc<Link>,
+    version: ProtocolVersion,
+    keep_alive: u16,
+    client_limits: writer::ClientLimits,
+    bridge: bool,
+}
+
+/// CONNECT within the deadline, its checks, the session, the CONNACK. `None` when the
+/// connection closed or was refused.
+async fn handshake<S>(
+    broker: Arc<BrokerState>,
+    mut stream: S,
+    peer: SocketAddr,
+    tls: Option<TlsIdentity>,
+    connect_deadline: tokio::time::Instant,
+    listener: usize,
+) -> Option<Connected<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let mut buf = BytesMut::with_capacity(256);
     let server = &broker.config.server;
 
     // 1. CONNECT, within connect_timeout.
     let (connect, bridge) = match tokio::time::timeout_at(
         connect_deadline,
-        read_connect(&mut rd, &mut buf, server.max_packet_size, &broker.stats),
+        read_connect(&mut stream, &mut buf, server.max_packet_size, &broker.stats),
     )
     .await
     {
         Err(_) => {
             tracing::info!(%peer, "no CONNECT within connect_timeout: closing");
-            return;
+            return None;
         }
-        Ok(Err(ConnectError::Closed)) => return,
+        Ok(Err(ConnectError::Closed)) => return None,
         Ok(Err(ConnectError::Refuse(bytes, why))) => {
             tracing::info!(%peer, "refusing connection: {why}");
-            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&bytes)).await;
-            return;
+            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, stream.write_all(&bytes)).await;
+            return None;
         }
         Ok(Ok(connect)) => connect,
     };
 
-    // 2. Checks, session, CONNACK.
-    // Boxed here and below: a future is as large as the largest state it can be in, and
-    // the connection's task holds it for the whole connection (idle ones too).
+    // 2. Checks, session, CONNACK. `accept` takes the packet's box and frees it.
     let accepted = match Box::pin(accept(
         &broker,
-        *connect,
+        connect,
         peer,
         tls,
         connect_deadline,
@@ -134,8 +219,8 @@ pub(crate) async fn serve_with<S>(
     {
         Ok(a) => a,
         Err(connack) => {
-            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, wr.write_all(&connack)).await;
-            return;
+            let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, stream.write_all(&connack)).await;
+            return None;
         }
     };
     let Accepted {
@@ -146,42 +231,71 @@ pub(crate) async fn serve_with<S>(
         client_limits,
         connack,
     } = accepted;
-    let client_id = Arc::clone(&session.client_id);
     broker.stats.client_connected();
-    if let Err(e) = wr.write_all(&connack).await {
-        tracing::debug!(%client_id, "cannot send CONNACK: {e}");
+    if let Err(e) = stream.write_all(&connack).await {
+        tracing::debug!(client_id = %session.client_id, "cannot send CONNACK: {e}");
     }
     Stats::add(&broker.stats.bytes_sent, connack.len() as u64);
     if broker.config.logging.connection_messages {
-        tracing::info!(target: "mercurio::connections", %client_id, %peer, protocol = version.level(), keep_alive, "client connected");
+        tracing::info!(target: "mercurio::connections", client_id = %session.client_id, %peer, protocol = version.level(), keep_alive, "client connected");
     }
+    Some(Connected {
+        broker,
+        stream: parking_lot::Mutex::new(stream),
+        buf,
+        peer,
+        listener,
+        session,
+        link,
+        version,
+        keep_alive,
+        client_limits,
+        bridge,
+    })
+}
+
+/// The reader and the writer side by side, until one ends or the broker asks the connection
+/// to close; then the close.
+async fn run<S>(c: Connected<S>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut c = c;
+    let mount = c
+        .broker
+        .config
+        .listeners
+        .get(c.listener)
+        .and_then(|l| l.mount_point.as_deref());
+    let (broker, session, link, version) = (&c.broker, &c.session, &c.link, c.version);
+    let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
 
     // 3. Reader and writer, until one ends or the broker asks the connection to close.
     let mut reader = Reader {
-        broker: &broker,
-        session: &session,
-        link: &link,
+        broker,
+        session,
+        link,
         version,
-        aliases: HashMap::new(),
+        aliases: LazyMap::new(),
         receive_maximum: broker.config.server.receive_maximum,
-        bridge,
+        bridge: c.bridge,
         congested: Vec::new(),
         mount,
     };
     let mut writer = Writer {
-        broker: &broker,
-        session: &session,
-        link: &link,
+        broker,
+        session,
+        link,
         version,
-        limits: client_limits,
-        aliases: HashMap::new(),
+        limits: c.client_limits,
+        aliases: LazyMap::new(),
         scratch: None,
         out: BytesMut::new(),
         mount,
     };
     link.wake();
     let close = {
-        let read = reader.run(&mut rd, &mut buf, keep_alive);
+        let read = reader.run(&mut rd, &mut c.buf, c.keep_alive);
         tokio::pin!(read);
         let mut killed = false;
         let mut write_failed = false;
@@ -202,7 +316,8 @@ pub(crate) async fn serve_with<S>(
             // but what it sent before closing is still to be read: its PUBACKs, applied, and
             // its DISCONNECT, which discards the will [MQTT-3.14.4-3]. The reader's verdict
             // wins when it reaches the end of the input in time.
-            match tokio::time::timeout(LAST_READ, &mut read).await {
+            // Boxed, as below: rare, and a timer is large.
+            match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
                 Ok(c) => c,
                 Err(_) => close,
             }
@@ -210,15 +325,35 @@ pub(crate) async fn serve_with<S>(
             // At shutdown, what the client sent just before is still handled: a PUBACK on
             // its way is applied (and stored), not answered by a redelivery after the restart.
             if killed && matches!(close.reason, DisconnectReason::Shutdown) {
-                let _ = tokio::time::timeout(LAST_READ, &mut read).await;
+                let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
             }
             close
         }
     };
+    let last = std::mem::take(&mut writer.out);
+    drop((reader, writer));
+    Box::pin(finish(
+        broker, session, link, &mut rd, version, c.peer, close, last,
+    ))
+    .await;
+}
 
-    // 4. Final bytes: what an interrupted write left (never half a packet before the
-    // DISCONNECT), what the reader answered last, and a DISCONNECT for 5.0 clients.
-    let mut last = std::mem::take(&mut writer.out);
+/// The close (step 4): the final bytes (what an interrupted write left, never half a packet
+/// before the DISCONNECT; what the reader answered last; a DISCONNECT for 5.0 clients), the
+/// session detached, then, after a DISCONNECT, the linger.
+#[allow(clippy::too_many_arguments)]
+async fn finish<S>(
+    broker: &Arc<BrokerState>,
+    session: &Arc<Session>,
+    link: &Arc<Link>,
+    rw: &mut Half<'_, S>,
+    version: ProtocolVersion,
+    peer: SocketAddr,
+    close: Close,
+    mut last: BytesMut,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     last.extend_from_slice(&link.take_control());
     if let (Some(rc), true) = (close.send, version.is_v5()) {
         let d = Packet::Disconnect(Disconnect {
@@ -229,23 +364,69 @@ pub(crate) async fn serve_with<S>(
     }
     if !last.is_empty() {
         let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, async {
-            wr.write_all(&last).await?;
-            wr.shutdown().await
+            rw.write_all(&last).await?;
+            rw.shutdown().await
         })
         .await;
     }
     broker.stats.client_disconnected();
+    let client_id = &session.client_id;
     broker.events.fire(|| Event::Disconnected {
         client_id: client_id.to_string(),
         reason: close.reason.clone(),
     });
-    broker.detach(&session, &link, close.publish_will);
+    broker.detach(session, link, close.publish_will);
     link.mark_closed();
     if broker.config.logging.connection_messages {
         tracing::info!(target: "mercurio::connections", %client_id, %peer, reason = %close.reason, "client disconnected");
     }
     if close.send.is_some() {
-        linger(&mut rd).await;
+        linger(rw).await;
+    }
+}
+
+/// One half of a stream whose reader and writer run in the same task (`select!`): each poll
+/// takes the stream's lock, never held across polls, so the halves never wait for each other.
+/// (`tokio::io::split` would put the stream in an `Arc` of its own.)
+struct Half<'a, S>(&'a parking_lot::Mutex<S>);
+
+impl<S: AsyncRead + Unpin> AsyncRead for Half<'_, S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.lock()).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Half<'_, S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.lock()).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.lock()).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.lock().is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.lock()).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.lock()).poll_shutdown(cx)
     }
 }
 

@@ -2,14 +2,15 @@
 //! section 4.3): PUBLISH and its acknowledgements, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and
 //! DISCONNECT. What it answers is encoded into the link's control buffer for the writer.
 
-use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{Close, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
+use super::{Close, LazyMap, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::Action;
 use crate::broker::access::subscription_topic;
 use crate::broker::BrokerState;
@@ -28,6 +29,45 @@ use crate::topic;
 /// Packets a reader handles before it yields to the scheduler.
 const READER_BATCH: u32 = 64;
 
+/// Bytes a read buffer gets when a read starts without one (more once it has grown).
+const READ_ROOM: usize = 256;
+
+/// Reads into `buf` as `read_buf` does, but an empty `buf` holds no memory while the read
+/// waits, so an idle connection holds no read buffer: each attempt gets `room` bytes (the
+/// capacity the buffer had last, at most `IDLE_BUFFER_LIMIT`), released again when nothing
+/// came.
+async fn read_lean<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    room: &mut usize,
+) -> std::io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        if buf.capacity() == 0 {
+            buf.reserve(*room);
+        }
+        let read = {
+            let read = rd.read_buf(buf);
+            tokio::pin!(read);
+            read.poll(cx)
+        };
+        if read.is_pending() && buf.is_empty() {
+            *room = buf.capacity().clamp(READ_ROOM, IDLE_BUFFER_LIMIT);
+            *buf = BytesMut::new();
+        }
+        read
+    })
+    .await
+}
+
+/// The close for a packet that cannot be decoded.
+fn undecodable(e: DecodeError, client_id: &str) -> Close {
+    let mut why = e.to_string();
+    if let DecodeError::PacketTooLarge { .. } = e {
+        why.push_str(" (max_packet_size)");
+    }
+    Close::violation(e.reason_code(), &why, client_id)
+}
+
 /// The inbound half: decodes packets and runs their state machines.
 pub(super) struct Reader<'a> {
     pub(super) broker: &'a Arc<BrokerState>,
@@ -35,7 +75,7 @@ pub(super) struct Reader<'a> {
     pub(super) link: &'a Arc<Link>,
     pub(super) version: ProtocolVersion,
     /// Topic aliases the client set, alias -> topic (MQTT 5.0 section 3.3.2.3.4).
-    pub(super) aliases: HashMap<u16, String>,
+    pub(super) aliases: LazyMap<u16, String>,
     pub(super) receive_maximum: u16,
     /// The client announced itself as a bridge (mosquitto's `try_private`): its
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
@@ -59,6 +99,9 @@ impl Reader<'_> {
         let max = self.broker.config.server.max_packet_size;
         let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
         let mut handled = 0u32;
+        let session = self.session;
+        // The room the read buffer is given back when a read starts with it released.
+        let mut room = READ_ROOM;
         loop {
             // The keep alive deadline moves once per read that brought packets, not per packet:
             // one clock reading for a whole buffer of them.
@@ -67,26 +110,27 @@ impl Reader<'_> {
                 let total = match codec::check_frame(buf, max) {
                     Ok(Some(total)) => total,
                     Ok(None) => break,
-                    Err(e) => return self.undecodable(e),
+                    Err(e) => return undecodable(e, &session.client_id),
                 };
-                // A future holds room for the largest state it can be in, and this one
-                // lives as long as the connection (idle ones too): the waiting handlers
-                // (SUBSCRIBE; PUBLISH under access checks) are boxed, and a PUBLISH without
-                // access checks (fixed for the broker's lifetime) never waits, so it is
-                // handled synchronously, its state on the stack. That PUBLISH is decoded
-                // straight from the frame, without a `Packet` around it: the hot path.
+                // A future holds room for the largest state it can be in, and this one lives
+                // as long as the connection (idle ones too). A PUBLISH without access checks
+                // or interceptors (fixed for the broker's lifetime) never waits: it is decoded
+                // straight from its frame, without a `Packet` around it, and handled in a
+                // plain function (the hot path). Any other packet is decoded and dispatched in
+                // one expression, so that no packet is held in the future while a handler
+                // waits (`dispatch` boxes those).
                 let handled_now = if codec::is_publish_frame(buf) && !self.broker.publish_waits() {
                     let handled = self.publish_frame(&buf[..total]);
                     buf.advance(total);
                     handled
                 } else {
-                    match codec::decode_from_client(buf, self.version, max) {
-                        Ok(Some(packet @ (Packet::Publish(_) | Packet::Subscribe(_)))) => {
-                            Box::pin(self.handle(packet)).await
-                        }
-                        Ok(Some(other)) => self.handle_other(other),
+                    match codec::decode_from_client(buf, self.version, max)
+                        .map(|packet| packet.map(|packet| self.dispatch(packet)))
+                    {
+                        Ok(Some(Ok(Some(waiting)))) => waiting.await,
+                        Ok(Some(done)) => done.map(drop),
                         Ok(None) => break,
-                        Err(e) => return self.undecodable(e),
+                        Err(e) => return undecodable(e, &session.client_id),
                     }
                 };
                 if let Err(close) = handled_now {
@@ -100,6 +144,16 @@ impl Reader<'_> {
                     Box::pin(self.wait_congested()).await;
                     if let Some(g) = grace {
                         deadline = Some(tokio::time::Instant::now() + g);
+                    }
+                }
+                // Storage back pressure, per packet: a PUBLISH can queue copies
+                // for many persistent sessions, owed by this client until stored.
+                if let Some(p) = self.broker.persist.get() {
+                    if p.must_wait(&self.session.client_id) {
+                        Box::pin(p.wait_room(&self.session.client_id)).await;
+                        if let Some(g) = grace {
+                            deadline = Some(tokio::time::Instant::now() + g);
+                        }
                     }
                 }
                 if self.link.control_full() {
@@ -130,13 +184,20 @@ impl Reader<'_> {
                 *buf = BytesMut::with_capacity(256);
             }
             if let Some(p) = self.broker.persist.get() {
-                p.wait_room(&self.session.client_id).await;
+                if p.must_wait(&self.session.client_id) {
+                    p.wait_room(&self.session.client_id).await;
+                    // The keep alive restarts: the client was silent because it was not read.
+                    if let Some(g) = grace {
+                        deadline = Some(tokio::time::Instant::now() + g);
+                    }
+                }
             }
-            let room = buf.capacity() - buf.len();
             let read = async {
                 match deadline {
-                    Some(d) => tokio::time::timeout_at(d, rd.read_buf(buf)).await.ok(),
-                    None => Some(rd.read_buf(buf).await),
+                    Some(d) => tokio::time::timeout_at(d, read_lean(rd, buf, &mut room))
+                        .await
+                        .ok(),
+                    None => Some(read_lean(rd, buf, &mut room).await),
                 }
             };
             match read.await {
@@ -154,8 +215,9 @@ impl Reader<'_> {
                     // reads of this size take in (a 256-byte buffer is about three small
                     // PUBLISH packets per system call). The buffer doubles, up to
                     // IDLE_BUFFER_LIMIT (beyond which an emptied one is released), so a busy
-                    // connection reads up to 16 KiB per call and an idle one keeps 256 bytes.
-                    if n >= room && buf.capacity() < IDLE_BUFFER_LIMIT {
+                    // connection reads up to 16 KiB per call; an idle one still holds none
+                    // (`read_lean`), and gets this size back when data comes.
+                    if buf.len() == buf.capacity() && buf.capacity() < IDLE_BUFFER_LIMIT {
                         let want = (2 * buf.capacity()).min(IDLE_BUFFER_LIMIT);
                         buf.reserve(want.saturating_sub(buf.len()));
                     }
@@ -165,13 +227,22 @@ impl Reader<'_> {
         }
     }
 
-    /// The close for a packet that cannot be decoded.
-    fn undecodable(&self, e: DecodeError) -> Close {
-        let mut why = e.to_string();
-        if let DecodeError::PacketTooLarge { .. } = e {
-            why.push_str(" (max_packet_size)");
+    /// Handles `packet`, or returns its handler boxed when it may wait (SUBSCRIBE; PUBLISH
+    /// under access checks or interceptors). A PUBLISH without access checks (fixed for the
+    /// broker's lifetime) never waits, so it runs to completion here, its state on the stack
+    /// (the reader's hot path takes such a PUBLISH before, straight from its frame).
+    #[allow(clippy::type_complexity)]
+    fn dispatch(
+        &mut self,
+        packet: Packet,
+    ) -> Result<Option<Pin<Box<dyn Future<Output = Result<(), Close>> + Send + '_>>>, Close> {
+        match packet {
+            Packet::Publish(p) if !self.broker.publish_waits() => {
+                self.on_publish_now(p).map(|()| None)
+            }
+            Packet::Publish(_) | Packet::Subscribe(_) => Ok(Some(Box::pin(self.handle(packet)))),
+            other => self.handle_other(other).map(|()| None),
         }
-        Close::violation(e.reason_code(), &why, &self.session.client_id)
     }
 
     fn send(&self, packet: Packet) {
@@ -215,11 +286,7 @@ impl Reader<'_> {
                 // on a PUBCOMP error code such as 0x92.
                 let known = {
                     let mut st = self.session.state.lock();
-                    let known = st.inbound_qos2.remove(&a.packet_id);
-                    if known {
-                        st.persist_inbound_qos2(&self.session.client_id, a.packet_id, false);
-                    }
-                    known
+                    st.release_qos2(&self.session.client_id, a.packet_id)
                 };
                 if !known {
                     tracing::debug!(client_id = %self.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
@@ -272,9 +339,7 @@ impl Reader<'_> {
             QoS::ExactlyOnce => {
                 if !reason_code.is_failure() {
                     let mut st = self.session.state.lock();
-                    if st.inbound_qos2.insert(packet_id) {
-                        st.persist_inbound_qos2(&self.session.client_id, packet_id, true);
-                    }
+                    st.receive_qos2(&self.session.client_id, packet_id);
                 }
                 Packet::PubRec(ack)
             }
@@ -307,7 +372,7 @@ impl Reader<'_> {
     fn publish_frame(&mut self, frame: &[u8]) -> Result<(), Close> {
         match codec::decode_publish_from_client(frame, self.version) {
             Ok(p) => self.on_publish_now(p),
-            Err(e) => Err(self.undecodable(e)),
+            Err(e) => Err(undecodable(e, &self.session.client_id)),
         }
     }
 
@@ -410,13 +475,13 @@ impl Reader<'_> {
         // written yet and QoS 2 messages awaiting PUBREL count against receive_maximum.
         if p.qos > QoS::AtMostOnce {
             let st = self.session.state.lock();
-            if p.qos == QoS::ExactlyOnce && st.inbound_qos2.contains(&p.packet_id) {
+            if p.qos == QoS::ExactlyOnce && st.awaits_release(p.packet_id) {
                 // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
                 drop(st);
                 self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
                 return Ok(false);
             }
-            let unanswered = st.inbound_qos2.len() + self.link.unanswered_qos1();
+            let unanswered = st.awaiting_release() + self.link.unanswered_qos1();
             drop(st);
             if unanswered >= usize::from(self.receive_maximum) {
                 return Err(self.violation(

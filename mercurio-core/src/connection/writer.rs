@@ -2,14 +2,13 @@
 //! answers), the in-flight messages to resend and the session's queue into one buffer and one
 //! write, within the window and the limits the client set.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use super::{Close, IDLE_BUFFER_LIMIT};
+use super::{Close, LazyMap, IDLE_BUFFER_LIMIT};
 use crate::broker::BrokerState;
 use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
 use crate::link::{DisconnectReason, Link};
@@ -42,7 +41,7 @@ pub(super) struct Writer<'a> {
     pub(super) version: ProtocolVersion,
     pub(super) limits: ClientLimits,
     /// Topic aliases the broker set towards the client, topic -> alias.
-    pub(super) aliases: HashMap<String, u16>,
+    pub(super) aliases: LazyMap<String, u16>,
     /// Delivery properties built per message (5.0 only), allocated on first use.
     pub(super) scratch: Option<Box<Properties>>,
     /// What is being written. What an interrupted write left stays here, so that the final
@@ -54,8 +53,14 @@ pub(super) struct Writer<'a> {
 
 impl Writer<'_> {
     pub(super) async fn run<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> Close {
+        // The write buffer is released while the writer sleeps (an idle connection holds
+        // none) and given back the room it had at the next wake-up, in one allocation.
+        let mut room = 0;
         loop {
             self.link.wait_woken().await;
+            if self.out.capacity() == 0 {
+                self.out.reserve(room);
+            }
             loop {
                 let mut out = std::mem::take(&mut self.out);
                 let (more, pubacks) = self.fill(&mut out);
@@ -74,7 +79,8 @@ impl Writer<'_> {
                     break;
                 }
             }
-            if self.out.capacity() > IDLE_BUFFER_LIMIT {
+            if self.out.is_empty() {
+                room = self.out.capacity().min(IDLE_BUFFER_LIMIT);
                 self.out = BytesMut::new();
             }
         }
@@ -167,6 +173,11 @@ impl Writer<'_> {
                     DropCause::Expired,
                 );
                 st.persist_dequeued(&self.session.client_id, &q);
+                if q.qos > QoS::AtMostOnce {
+                    // Its packet identifier is used up, as in mosquitto, which numbers a
+                    // message when it queues it: the next message's number shows the gap.
+                    let _ = st.allocate_packet_id();
+                }
                 continue;
             }
             let alias = self.alias_for(&q.msg.topic);

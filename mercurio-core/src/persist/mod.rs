@@ -6,9 +6,19 @@
 //! the lock of the session they touch, so that they are in order per client. They go through
 //! one unbounded channel to one writer task, which applies whatever has accumulated as one
 //! batch (group commit: under load, batches grow by themselves; idle, a change reaches the
-//! database within a millisecond or so). The message path never waits on the database; only
-//! a connection whose client has more than [`MAX_PENDING_PER_CLIENT`] changes not yet stored
-//! (or a broker with more than [`MAX_PENDING_TOTAL`]) waits before reading more.
+//! database within a millisecond or so). The message path never waits on the database.
+//!
+//! Back pressure: each change not yet stored costs its bytes ([`Change::size`] plus the
+//! change's own footprint, [`CHANGE_OVERHEAD`]) to the client that caused it, its payer: the
+//! publisher of the message for a message queued or retained, the session's own client
+//! otherwise. A connection whose client owes more than `[storage] max_pending_bytes`, or
+//! that owes anything while the broker holds more than `max_pending_bytes_total`, is not read
+//! until storage has caught up (`storage/clients/waiting`): a publisher feeding many offline
+//! persistent sessions is slowed, and clients that need no storage are not.
+//!
+//! A storage that has taken no write for [`UNWRITABLE_AFTER`] (a full disk, an unreachable
+//! database) is reported ([`Persister::write_failure`]: `/healthz` 503, a degraded status,
+//! `storage/unwritable`) until a write succeeds again; its batch is retried meanwhile.
 //!
 //! Errors: transient ones are retried until storage recovers (`storage/batches/retried`); a
 //! batch refused [`REFUSED_ATTEMPTS`] times is split per client, and a client's changes still
@@ -29,13 +39,15 @@ mod writer;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use mercurio_storage::{Change, RetainedRecord, Storage, StorageError};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use records::{
-    header, inflight_record, message_record, session_record, subscription_record, will_record,
+    header, inflight_record, message_record, queued_record, session_record, subscription_record,
+    will_record,
 };
 use writer::{BatchWriter, Callback, Op};
 
@@ -45,24 +57,92 @@ use crate::session::{
 };
 use crate::stats::Stats;
 
-/// A client with more changes than this not yet stored waits for storage before its
-/// connection reads more (docs/operations.md, "Persistence").
-pub const MAX_PENDING_PER_CLIENT: usize = 10_000;
-/// Every connection waits while the broker has more changes than this not yet stored.
-pub const MAX_PENDING_TOTAL: usize = 100_000;
+/// Bytes a change costs beyond [`Change::size`]: its own footprint while it waits in the
+/// writer's channel.
+pub(crate) const CHANGE_OVERHEAD: usize = std::mem::size_of::<Op>();
+
+/// How long storage may fail every write before the broker reports it unwritable.
+pub(crate) const UNWRITABLE_AFTER: Duration = Duration::from_secs(1);
+
+/// Storage that takes no writes: what `/healthz`, the admin status and
+/// `storage/unwritable` report while it lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteFailure {
+    /// The last error the backend returned (e.g. SQLite's "database or disk is full").
+    pub error: String,
+    /// How long every write has failed so far.
+    pub duration: Duration,
+}
+
+/// Who owes a change's bytes until it is stored.
+pub(super) enum Payer {
+    /// The client whose session the change touches ([`Change::client_id`]).
+    Own,
+    /// Another client: the publisher of the message the change stores.
+    Client(Arc<str>),
+    /// No client (an in-process publish): counted in the broker's total only.
+    Broker,
+}
+
+/// A change's debt: who owes it and how many bytes.
+pub(super) struct Charge {
+    pub(super) payer: Payer,
+    pub(super) bytes: usize,
+}
+
+impl Charge {
+    /// The client owing it, for `change`.
+    pub(super) fn client<'a>(&'a self, change: &'a Change) -> Option<&'a str> {
+        match &self.payer {
+            Payer::Own => change.client_id(),
+            Payer::Client(c) => Some(c),
+            Payer::Broker => None,
+        }
+    }
+}
+
+/// The back pressure bounds, in bytes (`usize::MAX` for unlimited).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PendingLimits {
+    /// `[storage] max_pending_bytes`.
+    pub(crate) per_client: usize,
+    /// `[storage] max_pending_bytes_total`.
+    pub(crate) total: usize,
+}
+
+impl PendingLimits {
+    /// The limits `[storage]` sets (0 = unlimited).
+    pub(crate) fn from_config(c: &crate::config::StorageConfig) -> PendingLimits {
+        let bound = |n: u64| match n {
+            0 => usize::MAX,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        PendingLimits {
+            per_client: bound(c.max_pending_bytes),
+            total: bound(c.max_pending_bytes_total),
+        }
+    }
+}
 
 /// The broker's side of persistence: emits changes to the writer task.
 pub(crate) struct Persister {
     tx: mpsc::UnboundedSender<Op>,
     storage: Arc<dyn Storage>,
     durable_ack: bool,
-    /// Changes sent and not yet stored, per client.
+    limits: PendingLimits,
+    /// The broker's counters: `storage_pending_bytes` is the total owed.
+    stats: Arc<Stats>,
+    /// Bytes sent and not yet stored, per paying client.
     pending: Mutex<HashMap<Box<str>, usize>>,
-    pending_total: AtomicUsize,
+    /// Paying clients over `limits.per_client` now, so that a connection under no pressure
+    /// checks one atomic and takes no lock.
+    over: AtomicUsize,
     /// Signalled after every batch.
     progress: Notify,
     /// Clients whose stored session could not be read at start: refused until deleted.
     set_aside: Mutex<HashSet<String>>,
+    /// Set by the writer while storage takes no writes: the last error and since when.
+    failure: Mutex<Option<(String, Instant)>>,
 }
 
 impl std::fmt::Debug for Persister {
@@ -79,6 +159,7 @@ impl Persister {
     pub(crate) fn start(
         storage: Arc<dyn Storage>,
         durable_ack: bool,
+        limits: PendingLimits,
         stats: Arc<Stats>,
         sessions: Weak<SessionTable>,
     ) -> Arc<Persister> {
@@ -87,10 +168,13 @@ impl Persister {
             tx,
             storage,
             durable_ack,
+            limits,
+            stats: Arc::clone(&stats),
             pending: Mutex::new(HashMap::new()),
-            pending_total: AtomicUsize::new(0),
+            over: AtomicUsize::new(0),
             progress: Notify::new(),
             set_aside: Mutex::new(HashSet::new()),
+            failure: Mutex::new(None),
         });
         let writer = BatchWriter {
             persister: Arc::clone(&persister),
@@ -100,6 +184,7 @@ impl Persister {
             rx,
             fenced: false,
             lost: false,
+            failing_since: None,
         };
         tokio::spawn(writer.run());
         persister
@@ -110,21 +195,39 @@ impl Persister {
         self.durable_ack
     }
 
-    /// Sends one change to the writer.
+    /// Sends one change to the writer, owed by the client whose session it touches.
     pub(crate) fn emit(&self, change: Change) {
-        if let Some(client_id) = change.client_id() {
+        self.emit_paid(change, Payer::Own);
+    }
+
+    /// Sends one change to the writer, owed by `payer` until it is stored.
+    fn emit_paid(&self, change: Change, payer: Payer) {
+        let charge = Charge {
+            payer,
+            bytes: change.size() + CHANGE_OVERHEAD,
+        };
+        if let Some(client_id) = charge.client(&change) {
             let mut pending = self.pending.lock();
-            match pending.get_mut(client_id) {
-                Some(n) => *n += 1,
-                None => {
-                    pending.insert(client_id.into(), 1);
+            let owed = match pending.get_mut(client_id) {
+                Some(n) => {
+                    *n += charge.bytes;
+                    *n
                 }
+                None => {
+                    pending.insert(client_id.into(), charge.bytes);
+                    charge.bytes
+                }
+            };
+            if owed > self.limits.per_client && owed - charge.bytes <= self.limits.per_client {
+                self.over.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.pending_total.fetch_add(1, Ordering::Relaxed);
-        if let Err(mpsc::error::SendError(Op::Change(change))) = self.tx.send(Op::Change(change)) {
+        Stats::add(&self.stats.storage_pending_bytes, charge.bytes as u64);
+        if let Err(mpsc::error::SendError(Op::Change(change, charge))) =
+            self.tx.send(Op::Change(change, charge))
+        {
             // The writer has stopped (the broker is stopping): nothing more is stored.
-            self.done(change.client_id(), 1);
+            self.done(charge.client(&change), charge.bytes);
         }
     }
 
@@ -137,33 +240,76 @@ impl Persister {
         }
     }
 
-    pub(super) fn done(&self, client_id: Option<&str>, n: usize) {
+    /// `bytes` owed by `client_id` (`None`: by the broker) are stored, given up or dropped.
+    pub(super) fn done(&self, client_id: Option<&str>, bytes: usize) {
         if let Some(client_id) = client_id {
             let mut pending = self.pending.lock();
-            if let Some(count) = pending.get_mut(client_id) {
-                *count = count.saturating_sub(n);
-                if *count == 0 {
+            if let Some(owed) = pending.get_mut(client_id) {
+                let before = *owed;
+                *owed = owed.saturating_sub(bytes);
+                if before > self.limits.per_client && *owed <= self.limits.per_client {
+                    self.over.fetch_sub(1, Ordering::Relaxed);
+                }
+                if *owed == 0 {
                     pending.remove(client_id);
                 }
             }
         }
-        self.pending_total.fetch_sub(n, Ordering::Relaxed);
+        self.stats
+            .storage_pending_bytes
+            .fetch_sub(bytes as u64, Ordering::Relaxed);
     }
 
-    /// Waits while `client_id` (or the broker) is too far ahead of storage.
+    /// Whether the connection of `client_id` must wait for storage before it reads more:
+    /// its client owes more than `max_pending_bytes`, or owes anything while the broker owes
+    /// more than `max_pending_bytes_total`. One atomic load or two while nobody is over.
+    pub(crate) fn must_wait(&self, client_id: &str) -> bool {
+        let over_total =
+            self.stats.storage_pending_bytes.load(Ordering::Relaxed) as usize > self.limits.total;
+        if !over_total && self.over.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let own = self.pending.lock().get(client_id).copied().unwrap_or(0);
+        own > self.limits.per_client || (over_total && own > 0)
+    }
+
+    /// Waits while the connection of `client_id` must wait for storage ([`Self::must_wait`]),
+    /// counted in `storage/clients/waiting` meanwhile.
     pub(crate) async fn wait_room(&self, client_id: &str) {
+        let mut waiting = None;
         loop {
             let notified = self.progress.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let own = self.pending.lock().get(client_id).copied().unwrap_or(0);
-            if own <= MAX_PENDING_PER_CLIENT
-                && self.pending_total.load(Ordering::Relaxed) <= MAX_PENDING_TOTAL
-            {
+            if !self.must_wait(client_id) {
                 return;
+            }
+            if waiting.is_none() {
+                waiting = Some(Waiting::new(&self.stats));
             }
             notified.await;
         }
+    }
+
+    /// Storage has taken no write for [`UNWRITABLE_AFTER`] or more: the last error and how
+    /// long. `None` while writes succeed.
+    pub(crate) fn write_failure(&self) -> Option<WriteFailure> {
+        self.failure
+            .lock()
+            .as_ref()
+            .map(|(error, since)| WriteFailure {
+                error: error.clone(),
+                duration: since.elapsed(),
+            })
+    }
+
+    /// The writer's report: storage takes no writes since `since` (`Some`), or does again.
+    pub(super) fn set_write_failure(&self, failure: Option<(String, Instant)>) {
+        let unwritable = u64::from(failure.is_some());
+        *self.failure.lock() = failure;
+        self.stats
+            .storage_unwritable
+            .store(unwritable, Ordering::Relaxed);
     }
 
     /// Commits everything sent so far and flushes storage.
@@ -254,15 +400,33 @@ impl Persister {
     }
 }
 
+/// One connection waiting for storage, counted in `storage_clients_waiting` while it lives
+/// (a waiting reader can be cancelled when its connection closes).
+struct Waiting<'a>(&'a Stats);
+
+impl<'a> Waiting<'a> {
+    fn new(stats: &'a Stats) -> Waiting<'a> {
+        Stats::add(&stats.storage_clients_waiting, 1);
+        Waiting(stats)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0
+            .storage_clients_waiting
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Retained-set changes, emitted under the retained store's lock.
 impl Persister {
+    /// Owed by the message's publisher.
     pub(crate) fn retained_set(&self, msg: &Message) {
-        self.emit(Change::RetainedSet(RetainedRecord::new(message_record(
-            msg,
-            msg.qos,
-            true,
-            &[],
-        ))));
+        self.emit_paid(
+            Change::RetainedSet(RetainedRecord::new(message_record(msg, msg.qos, true, &[]))),
+            publisher(msg),
+        );
     }
 
     pub(crate) fn retained_deleted(&self, topic: &str) {
@@ -274,12 +438,16 @@ impl Persister {
 
 /// The session changes, as storage changes.
 impl SessionChanges for Persister {
+    /// Owed by the message's publisher, not by the (often offline) session it waits in.
     fn queued(&self, client_id: &str, q: &Delivery) {
-        self.emit(Change::MessageQueued {
-            client_id: client_id.to_string(),
-            seq: q.seq,
-            message: message_record(&q.msg, q.qos, q.retain, &q.subscription_ids),
-        });
+        self.emit_paid(
+            Change::MessageQueued {
+                client_id: client_id.to_string(),
+                seq: q.seq,
+                message: queued_record(q),
+            },
+            publisher(&q.msg),
+        );
     }
 
     fn dequeued(&self, client_id: &str, seq: u64) {
@@ -349,5 +517,14 @@ impl SessionChanges for Persister {
         self.emit(Change::SessionDeleted {
             client_id: client_id.to_string(),
         });
+    }
+}
+
+/// Who owes the changes that store `msg`: its publisher, or the broker for an in-process
+/// publish.
+fn publisher(msg: &Message) -> Payer {
+    match &msg.publisher {
+        Some(p) => Payer::Client(Arc::clone(p)),
+        None => Payer::Broker,
     }
 }

@@ -63,6 +63,7 @@ pub(crate) fn message_record(msg: &Message, qos: QoS, retain: bool, ids: &[u32])
         properties,
         expires_at: msg.expires_at.map(|at| instant_to_unix(at, now, now_ms)),
         publisher: msg.publisher.as_deref().map(str::to_string),
+        share: None,
     }
 }
 
@@ -94,8 +95,11 @@ pub(crate) fn message_from(
     ))
 }
 
+/// The stored form of a queued or in-flight delivery, with its shared subscription.
 pub(crate) fn queued_record(q: &Delivery) -> MessageRecord {
-    message_record(&q.msg, q.qos, q.retain, &q.subscription_ids)
+    let mut record = message_record(&q.msg, q.qos, q.retain, &q.subscription_ids);
+    record.share = q.share.as_deref().map(str::to_string);
+    record
 }
 
 pub(crate) fn inflight_record(f: &Inflight) -> InflightRecord {
@@ -142,6 +146,7 @@ pub(crate) fn header(client_id: &str, st: &SessionState) -> SessionHeader {
             .disconnected_at
             .map(|at| instant_to_unix(at, Instant::now(), unix_ms())),
         username: st.username.as_deref().map(str::to_string),
+        certificate: st.certificate.as_deref().map(str::to_string),
     }
 }
 
@@ -166,9 +171,7 @@ pub(crate) fn session_record(client_id: &str, st: &SessionState) -> SessionRecor
         })
         .collect();
     record.inflight = st.inflight.iter().map(inflight_record).collect();
-    let mut inbound: Vec<u16> = st.inbound_qos2.iter().copied().collect();
-    inbound.sort_unstable();
-    record.inbound_qos2 = inbound;
+    record.inbound_qos2 = st.inbound_qos2_ids();
     record
 }
 
@@ -211,6 +214,7 @@ pub(crate) fn inflight_from(
             msg: Arc::new(msg),
             subscription_ids: ids,
             seq: 0,
+            share: record.message.share.as_deref().map(Arc::from),
         },
         sent: false,
     })

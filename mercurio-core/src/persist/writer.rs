@@ -4,13 +4,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mercurio_storage::{Change, StorageError, REFUSED_ATTEMPTS};
 use tokio::sync::{mpsc, oneshot};
 
 use super::records::session_record;
-use super::Persister;
+use super::{Charge, Persister, UNWRITABLE_AFTER};
 use crate::session::SessionTable;
 use crate::stats::Stats;
 
@@ -26,7 +26,8 @@ pub(super) type Callback = Box<dyn FnOnce(bool) + Send>;
 
 /// What the broker sends the writer.
 pub(super) enum Op {
-    Change(Change),
+    /// A change and who owes its bytes until it is stored.
+    Change(Change, Charge),
     /// Run after everything before it is committed (and synced, with durable_ack), told
     /// whether all of it was.
     AfterCommit(Callback),
@@ -54,6 +55,9 @@ pub(super) struct BatchWriter {
     /// Changes since the last acknowledgements ran were given up or skipped: those
     /// acknowledgements are not sent (their connections are closed instead).
     pub(super) lost: bool,
+    /// When the first of the writes failing in a row failed (transient errors), while they
+    /// fail; reported as unwritable storage after [`UNWRITABLE_AFTER`].
+    pub(super) failing_since: Option<Instant>,
 }
 
 /// What to do after the changes of a batch are committed.
@@ -98,18 +102,19 @@ impl BatchWriter {
 
     /// Applies `ops` in order. Returns true once closed.
     async fn process(&mut self, ops: &mut Vec<Op>) -> bool {
-        let mut changes: Vec<Change> = Vec::new();
+        let mut changes = Batch::default();
         let mut after: Vec<After> = Vec::new();
         let mut closed = false;
         for op in ops.drain(..) {
             match op {
-                Op::Change(change) => {
+                Op::Change(change, charge) => {
                     let skip = change.client_id().is_some_and(|c| self.dirty.contains(c));
                     if skip {
                         self.lost = true;
-                        self.persister.done(change.client_id(), 1);
+                        self.persister.done(charge.client(&change), charge.bytes);
                     } else {
-                        changes.push(change);
+                        changes.changes.push(change);
+                        changes.charges.push(charge);
                     }
                 }
                 Op::AfterCommit(f) => after.push(After::AfterCommit(f)),
@@ -132,25 +137,26 @@ impl BatchWriter {
     }
 
     /// Commits `changes`, then runs `after`. Returns true once closed.
-    async fn finish(&mut self, changes: &mut Vec<Change>, after: &mut Vec<After>) -> bool {
-        if changes.is_empty() && after.is_empty() {
+    async fn finish(&mut self, changes: &mut Batch, after: &mut Vec<After>) -> bool {
+        if changes.changes.is_empty() && after.is_empty() {
             return false;
         }
         let durable =
             self.persister.durable_ack && after.iter().any(|a| matches!(a, After::AfterCommit(_)));
-        let batch = std::mem::take(changes);
+        let Batch {
+            changes: batch,
+            charges,
+        } = std::mem::take(changes);
         if !batch.is_empty() || durable {
             self.commit(&batch, durable).await;
         }
-        let mut counts: HashMap<&str, usize> = HashMap::new();
-        for c in &batch {
-            match c.client_id() {
-                Some(id) => *counts.entry(id).or_default() += 1,
-                None => self.persister.done(None, 1),
-            }
+        // What each client owed for this batch is paid, stored or given up.
+        let mut owed: HashMap<Option<&str>, usize> = HashMap::new();
+        for (change, charge) in batch.iter().zip(&charges) {
+            *owed.entry(charge.client(change)).or_default() += charge.bytes;
         }
-        for (id, n) in counts {
-            self.persister.done(Some(id), n);
+        for (client_id, bytes) in owed {
+            self.persister.done(client_id, bytes);
         }
         self.stats
             .storage_clients_dirty
@@ -209,10 +215,15 @@ impl BatchWriter {
                 self.persister.storage.apply(batch).await
             };
             let e = match result {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.writable();
+                    return;
+                }
                 Err(e) => e,
             };
+            self.count(|s| &s.storage_writes_failed);
             if e.is_transient() {
+                self.unwritable(&e);
                 if backoff == Duration::from_millis(5) {
                     tracing::warn!("storage unavailable, retrying until it recovers: {e}");
                 }
@@ -276,6 +287,36 @@ impl BatchWriter {
         }
     }
 
+    /// A write failed with transient `e`: once writes have failed in a row for
+    /// [`UNWRITABLE_AFTER`], storage is reported unwritable (logged once, `/healthz` 503).
+    fn unwritable(&mut self, e: &StorageError) {
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < UNWRITABLE_AFTER {
+            return;
+        }
+        if self.persister.write_failure().is_none() {
+            tracing::error!(
+                "storage takes no writes (failing for {} ms), reporting it unwritable; retrying until it recovers: {e}",
+                since.elapsed().as_millis()
+            );
+        }
+        self.persister
+            .set_write_failure(Some((e.message().to_string(), since)));
+    }
+
+    /// A write succeeded: storage is writable again.
+    fn writable(&mut self) {
+        if let Some(since) = self.failing_since.take() {
+            if self.persister.write_failure().is_some() {
+                tracing::warn!(
+                    "storage takes writes again after {} s",
+                    since.elapsed().as_secs()
+                );
+                self.persister.set_write_failure(None);
+            }
+        }
+    }
+
     fn count(&self, counter: impl Fn(&Stats) -> &std::sync::atomic::AtomicU64) {
         counter(&self.stats).fetch_add(1, Ordering::Relaxed);
     }
@@ -308,6 +349,14 @@ impl BatchWriter {
     }
 }
 
+/// Changes to commit together, with what each one costs its payer.
+#[derive(Default)]
+struct Batch {
+    changes: Vec<Change>,
+    /// `charges[i]` is owed for `changes[i]`.
+    charges: Vec<Charge>,
+}
+
 /// Whether `batch` holds the changes of more than one client (or of a client and the retained
 /// messages).
 fn spans_clients(batch: &[Change]) -> bool {
@@ -323,8 +372,13 @@ mod tests {
 
     use mercurio_storage::{Change, ErrorKind, MemoryStorage};
 
-    use super::super::Persister;
+    use super::super::{PendingLimits, Persister};
     use crate::stats::Stats;
+
+    const LIMITS: PendingLimits = PendingLimits {
+        per_client: 1 << 20,
+        total: 1 << 24,
+    };
 
     fn deleted(client_id: &str) -> Change {
         Change::SessionDeleted {
@@ -343,6 +397,7 @@ mod tests {
         let p = Persister::start(
             Arc::new(storage.clone()),
             false,
+            LIMITS,
             Arc::clone(&stats),
             Weak::new(),
         );
@@ -360,6 +415,7 @@ mod tests {
         let p = Persister::start(
             Arc::new(storage.clone()),
             false,
+            LIMITS,
             Arc::clone(&stats),
             Weak::new(),
         );

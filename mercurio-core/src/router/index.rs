@@ -58,6 +58,9 @@ pub struct ClientMatch<T> {
 pub struct SharedMatch<T> {
     /// The ShareName.
     pub group: Arc<str>,
+    /// The group's full filter, `$share/{ShareName}/{filter}`: what a delivery made through
+    /// the group remembers, to find the group again ([`SubscriptionIndex::shared_group`]).
+    pub filter: Arc<str>,
     /// Every member of the group with the value of its subscription, in subscription order.
     pub members: Vec<(ClientKey, T)>,
     /// The group's round-robin cursor. It lives in the index with the group, so it advances
@@ -134,6 +137,8 @@ type Map<K, V> = HashMap<K, V, RandomState>;
 #[derive(Debug)]
 struct Group<T> {
     name: Arc<str>,
+    /// `$share/{name}/{filter}`.
+    filter: Arc<str>,
     members: Vec<(ClientKey, T)>,
     next: Arc<AtomicUsize>,
 }
@@ -159,8 +164,9 @@ impl<T> Leaf<T> {
         self.plain.is_empty() && self.shared.is_empty()
     }
 
-    /// Inserts or replaces; true when new.
-    fn insert(&mut self, group: Option<&str>, client: ClientKey, value: T) -> bool {
+    /// Inserts or replaces; true when new. `full` is the filter as subscribed (with
+    /// `$share/{group}/`).
+    fn insert(&mut self, group: Option<&str>, full: &str, client: ClientKey, value: T) -> bool {
         let Some(group) = group else {
             return self.plain.insert(client, value).is_none();
         };
@@ -169,6 +175,7 @@ impl<T> Leaf<T> {
             None => {
                 self.shared.push(Group {
                     name: Arc::from(group),
+                    filter: Arc::from(full),
                     members: Vec::new(),
                     next: Arc::new(AtomicUsize::new(0)),
                 });
@@ -438,6 +445,7 @@ impl<T: Clone> SubscriptionIndex<T> {
     /// [`try_insert`](Self::try_insert)). An invalid filter does no harm: a misplaced `#` or a
     /// malformed `$share/...` is kept as literal text, which no valid topic name matches.
     pub fn insert(&mut self, filter: &str, client: ClientKey, value: T) -> bool {
+        let full = filter;
         let (group, filter) = split_shared(filter);
         self.cache.get_mut().clear();
         let mut node = &mut self.root;
@@ -456,7 +464,7 @@ impl<T: Clone> SubscriptionIndex<T> {
             Some(leaf) => &mut **leaf,
             None => node.leaf.get_or_insert_with(Box::default),
         };
-        let new = leaf.insert(group, client, value);
+        let new = leaf.insert(group, full, client, value);
         if new {
             self.len += 1;
         }
@@ -491,6 +499,29 @@ impl<T: Clone> SubscriptionIndex<T> {
             }
         }
         node.leaf.as_deref()
+    }
+
+    /// The shared-subscription group of the full filter `$share/{ShareName}/{filter}`, with
+    /// its members and its cursor, as [`matches`](Self::matches) would report it; `None` when
+    /// the group has no member (or `filter` is not a shared filter).
+    pub fn shared_group(&self, filter: &str) -> Option<SharedMatch<T>>
+    where
+        T: Clone,
+    {
+        let (Some(group), filter) = split_shared(filter) else {
+            return None;
+        };
+        let g = self
+            .leaf(filter)?
+            .shared
+            .iter()
+            .find(|g| &*g.name == group)?;
+        Some(SharedMatch {
+            group: Arc::clone(&g.name),
+            filter: Arc::clone(&g.filter),
+            members: g.members.clone(),
+            next: Arc::clone(&g.next),
+        })
     }
 
     /// The value of `client`'s subscription to `filter` (which may be `$share/...`), if any.
@@ -732,6 +763,7 @@ impl<'a, T: Clone> Collector<'a, T> {
         for group in &leaf.shared {
             self.shared.push(SharedMatch {
                 group: Arc::clone(&group.name),
+                filter: Arc::clone(&group.filter),
                 members: group.members.clone(),
                 next: Arc::clone(&group.next),
             });

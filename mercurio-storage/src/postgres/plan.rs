@@ -47,6 +47,7 @@ fn message_params(m: &MessageRecord) -> Vec<Param> {
         Box::new(m.properties.to_vec()),
         Box::new(m.expires_at.map(big)),
         Box::new(m.publisher.clone()),
+        Box::new(m.share.clone()),
     ]
 }
 
@@ -57,6 +58,7 @@ fn header_params(h: &SessionHeader) -> Vec<Param> {
         int(h.session_expiry_interval),
         Box::new(h.disconnected_at.map(big)),
         Box::new(h.username.clone()),
+        Box::new(h.certificate.clone()),
     ]
 }
 
@@ -525,6 +527,7 @@ struct MessageColumns {
     properties: Vec<Vec<u8>>,
     expires_at: Vec<Option<i64>>,
     publisher: Vec<Option<String>>,
+    share: Vec<Option<String>>,
 }
 
 impl MessageColumns {
@@ -536,6 +539,7 @@ impl MessageColumns {
         self.properties.push(m.properties.to_vec());
         self.expires_at.push(m.expires_at.map(big));
         self.publisher.push(m.publisher.clone());
+        self.share.push(m.share.clone());
     }
 
     fn into_params(self) -> Vec<Param> {
@@ -547,6 +551,7 @@ impl MessageColumns {
             Box::new(self.properties),
             Box::new(self.expires_at),
             Box::new(self.publisher),
+            Box::new(self.share),
         ]
     }
 }

@@ -11,8 +11,10 @@ use crate::error::StorageError;
 /// 2: write transactions are fenced by a transaction-level advisory lock instead of a row
 /// lock on `mercurio_leader` (which made the heartbeat wait behind long writes); an older
 /// broker, which fences differently, must not serve these tables; and
-/// `mercurio_sessions.username`.
-pub const SCHEMA_VERSION: i64 = 2;
+/// `mercurio_sessions.username`. 3: `mercurio_sessions.certificate`, and `share` (a queued
+/// or in-flight message's shared subscription) in `mercurio_queued`, `mercurio_inflight` and
+/// `mercurio_retained`.
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS mercurio_meta (
@@ -70,6 +72,7 @@ CREATE TABLE IF NOT EXISTS mercurio_queued (
     properties bytea NOT NULL,
     expires_at bigint,
     publisher text,
+    share text,
     PRIMARY KEY (client_id, seq)
 );
 CREATE TABLE IF NOT EXISTS mercurio_inflight (
@@ -84,6 +87,7 @@ CREATE TABLE IF NOT EXISTS mercurio_inflight (
     properties bytea NOT NULL,
     expires_at bigint,
     publisher text,
+    share text,
     PRIMARY KEY (client_id, packet_id)
 );
 CREATE TABLE IF NOT EXISTS mercurio_inbound_qos2 (
@@ -98,9 +102,14 @@ CREATE TABLE IF NOT EXISTS mercurio_retained (
     retain boolean NOT NULL,
     properties bytea NOT NULL,
     expires_at bigint,
-    publisher text
+    publisher text,
+    share text
 );
 ALTER TABLE mercurio_sessions ADD COLUMN IF NOT EXISTS username text;
+ALTER TABLE mercurio_sessions ADD COLUMN IF NOT EXISTS certificate text;
+ALTER TABLE mercurio_queued ADD COLUMN IF NOT EXISTS share text;
+ALTER TABLE mercurio_inflight ADD COLUMN IF NOT EXISTS share text;
+ALTER TABLE mercurio_retained ADD COLUMN IF NOT EXISTS share text;
 ";
 
 /// The schema version recorded in the database, `None` when it has no Mercurio tables.

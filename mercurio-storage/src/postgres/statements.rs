@@ -34,12 +34,12 @@ pub(super) struct Statements {
 }
 
 /// The array parameters of [`MessageColumns`], numbered from 1, 3 or 4.
-const MESSAGE_ARRAYS_FROM_1: &str =
-    "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], $5::bytea[], $6::bigint[], $7::text[]";
-const MESSAGE_ARRAYS_FROM_3: &str =
-    "$3::text[], $4::bytea[], $5::bigint[], $6::boolean[], $7::bytea[], $8::bigint[], $9::text[]";
+const MESSAGE_ARRAYS_FROM_1: &str = "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], \
+     $5::bytea[], $6::bigint[], $7::text[], $8::text[]";
+const MESSAGE_ARRAYS_FROM_3: &str = "$3::text[], $4::bytea[], $5::bigint[], $6::boolean[], \
+     $7::bytea[], $8::bigint[], $9::text[], $10::text[]";
 const MESSAGE_ARRAYS_FROM_4: &str = "$4::text[], $5::bytea[], $6::bigint[], $7::boolean[], \
-     $8::bytea[], $9::bigint[], $10::text[]";
+     $8::bytea[], $9::bigint[], $10::text[], $11::text[]";
 
 impl Statements {
     pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
@@ -53,11 +53,12 @@ impl Statements {
             .await?,
             epoch: p("SELECT epoch FROM mercurio_leader WHERE id = 1".into()).await?,
             save_header: p("INSERT INTO mercurio_sessions (client_id, protocol_level, \
-                 session_expiry_interval, disconnected_at, username) VALUES ($1, $2, $3, $4, \
-                 $5) ON CONFLICT (client_id) DO UPDATE SET \
+                 session_expiry_interval, disconnected_at, username, certificate) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (client_id) DO UPDATE SET \
                  protocol_level = excluded.protocol_level, \
                  session_expiry_interval = excluded.session_expiry_interval, \
-                 disconnected_at = excluded.disconnected_at, username = excluded.username"
+                 disconnected_at = excluded.disconnected_at, username = excluded.username, \
+                 certificate = excluded.certificate"
                 .into())
             .await?,
             delete_children: [
@@ -87,22 +88,23 @@ impl Statements {
             .await?,
             queue: p(format!(
                 "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (client_id, seq) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (client_id, seq) \
                  DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
                  qos = excluded.qos, retain = excluded.retain, \
                  properties = excluded.properties, expires_at = excluded.expires_at, \
-                 publisher = excluded.publisher"
+                 publisher = excluded.publisher, share = excluded.share"
             ))
             .await?,
             set_inflight: p(format!(
                 "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
                  {MESSAGE_COLUMNS}) VALUES ($1, $2, \
                  (SELECT COALESCE(MAX(ord), 0) + 1 FROM mercurio_inflight WHERE client_id = $1), \
-                 $3, $4, $5, $6, $7, $8, $9, $10) \
+                 $3, $4, $5, $6, $7, $8, $9, $10, $11) \
                  ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
                  topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
                  retain = excluded.retain, properties = excluded.properties, \
-                 expires_at = excluded.expires_at, publisher = excluded.publisher"
+                 expires_at = excluded.expires_at, publisher = excluded.publisher, \
+                 share = excluded.share"
             ))
             .await?,
             add_inbound: p("INSERT INTO mercurio_inbound_qos2 (client_id, packet_id) \
@@ -117,7 +119,7 @@ impl Statements {
                  DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
                  qos = excluded.qos, retain = excluded.retain, \
                  properties = excluded.properties, expires_at = excluded.expires_at, \
-                 publisher = excluded.publisher"
+                 publisher = excluded.publisher, share = excluded.share"
             ))
             .await?,
             dequeue_many: p(
@@ -131,7 +133,7 @@ impl Statements {
                 "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
                  {MESSAGE_COLUMNS}) \
                  SELECT $1::text, u.packet_id, b.max_ord + u.n, u.state, u.topic, u.payload, \
-                 u.qos, u.retain, u.properties, u.expires_at, u.publisher \
+                 u.qos, u.retain, u.properties, u.expires_at, u.publisher, u.share \
                  FROM unnest($2::bigint[], $3::text[], {MESSAGE_ARRAYS_FROM_4}) \
                  WITH ORDINALITY AS u (packet_id, state, {MESSAGE_COLUMNS}, n), \
                  (SELECT COALESCE(MAX(ord), 0) AS max_ord FROM mercurio_inflight \
@@ -139,7 +141,8 @@ impl Statements {
                  ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
                  topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
                  retain = excluded.retain, properties = excluded.properties, \
-                 expires_at = excluded.expires_at, publisher = excluded.publisher"
+                 expires_at = excluded.expires_at, publisher = excluded.publisher, \
+                 share = excluded.share"
             ))
             .await?,
             remove_inflight_many: p("DELETE FROM mercurio_inflight WHERE client_id = $1 \

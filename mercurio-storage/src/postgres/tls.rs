@@ -173,7 +173,9 @@ impl ServerCertVerifier for EncryptOnly {
     }
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; a name mismatch is accepted.
+/// `verify-ca`: the chain must lead to a trusted root; a name mismatch is accepted. (recado's
+/// `--insecure` has the same verifier in `recado/src/tls.rs`, kept apart on purpose: this
+/// crate serves storage only, and recado does not use it.)
 #[derive(Debug)]
 struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
 

@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -16,6 +15,8 @@ use tokio::process::{Child, ChildStderr, Command};
 
 #[path = "../../../tests/common/mod.rs"]
 pub mod common;
+
+use mercurio_testkit::{mosquitto_bin, prerequisite};
 
 /// How long a recado run may take before the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(20);
@@ -163,11 +164,6 @@ impl Background {
     }
 }
 
-/// Whether missing prerequisites are failures (`CI=true`).
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-}
-
 /// A broker under test.
 pub struct TestBroker {
     pub name: &'static str,
@@ -211,16 +207,9 @@ impl TestBroker {
     /// mosquitto is not installed; a failure under CI=true.
     pub async fn mosquitto(test: &str, extra: &str) -> Option<(TestBroker, u16)> {
         let Some(bin) = mosquitto_bin() else {
-            assert!(
-                !in_ci(),
-                "{test}: mosquitto is not installed (CI=true: it must be)"
-            );
-            // Written past the harness's capture, so that `cargo test` shows it.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "{test}: SKIPPED against mosquitto: mosquitto is not installed \
-                 (with CI=true this is a failure)"
+            prerequisite(
+                &format!("{test} against mosquitto"),
+                Err("mosquitto is not installed".into()),
             );
             return None;
         };
@@ -286,22 +275,6 @@ impl Drop for TestBroker {
         }
         drop(self.mercurio.take());
     }
-}
-
-fn mosquitto_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("MOSQUITTO") {
-        let p = PathBuf::from(p);
-        return p.exists().then_some(p);
-    }
-    [
-        "/usr/sbin/mosquitto",
-        "/usr/local/sbin/mosquitto",
-        "/usr/bin/mosquitto",
-    ]
-    .iter()
-    .map(Path::new)
-    .find(|p| p.exists())
-    .map(Path::to_path_buf)
 }
 
 /// A port free at the time of the call (bound to port 0, then released).

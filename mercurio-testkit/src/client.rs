@@ -1,11 +1,9 @@
-//! A blocking MQTT client on the broker's codec, for the daemon tests that restart processes
-//! (persistence, standby). Every wait has a deadline (`DEADLINE`, 30 s: restarts and
-//! takeovers are in it).
-#![allow(dead_code)]
+//! A blocking MQTT client on the broker's codec (used by the tests that restart daemons:
+//! persistence, standby). Every wait ends by [`DEADLINE`].
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use mercurio_core::codec::{
@@ -13,10 +11,11 @@ use mercurio_core::codec::{
     SubscribeFilter, SubscriptionOptions,
 };
 
-/// How long a wait may take before the test fails.
-pub const DEADLINE: Duration = Duration::from_secs(30);
+use crate::DEADLINE;
 
+/// One MQTT connection; its methods panic on what a test does not expect.
 pub struct Client {
+    /// The connection.
     pub stream: TcpStream,
     version: ProtocolVersion,
     buf: BytesMut,
@@ -24,6 +23,7 @@ pub struct Client {
 }
 
 impl Client {
+    /// Connects with `connect` and checks the CONNACK; returns the client and Session Present.
     pub fn connect(addr: SocketAddr, connect: Connect) -> (Client, bool) {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).ok();
@@ -43,6 +43,7 @@ impl Client {
         }
     }
 
+    /// Writes one packet.
     pub fn send(&mut self, p: Packet) {
         let mut out = BytesMut::new();
         codec::encode(&p, self.version, &mut out).expect("encode");
@@ -67,6 +68,8 @@ impl Client {
         }
     }
 
+    /// Writes a PUBLISH with the next packet identifier (none for QoS 0) and returns it,
+    /// without waiting for its acknowledgement.
     pub fn publish_packet(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) -> u16 {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
@@ -101,6 +104,7 @@ impl Client {
         }
     }
 
+    /// Subscribes (packet identifier 1) and waits for the SUBACK.
     pub fn subscribe(&mut self, filter: &str, qos: QoS) {
         self.send(Packet::Subscribe(Subscribe {
             packet_id: 1,
@@ -116,6 +120,7 @@ impl Client {
         assert!(matches!(self.recv(), Some(Packet::SubAck(_))));
     }
 
+    /// The next packet, which must be a PUBLISH.
     pub fn expect_publish(&mut self) -> Publish {
         match self.recv() {
             Some(Packet::Publish(p)) => p,
@@ -123,6 +128,7 @@ impl Client {
         }
     }
 
+    /// Acknowledges a received PUBLISH (PUBACK, or PUBREC, PUBREL, PUBCOMP).
     pub fn ack(&mut self, p: &Publish) {
         match p.qos {
             QoS::AtMostOnce => {}
@@ -156,6 +162,7 @@ impl Client {
         }
     }
 
+    /// DISCONNECT, then waits for the broker to close the connection.
     pub fn disconnect(mut self) {
         self.send(Packet::Disconnect(Default::default()));
         let _ = self.stream.shutdown(std::net::Shutdown::Write);

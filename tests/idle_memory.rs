@@ -1,0 +1,152 @@
+//! What an idle connection costs the broker: once a burst is over, a connection holds no read,
+//! write or answer buffer, and its task stays small, so thousands of idle clients cost little.
+//! Measured with a counting global allocator, through real sockets: the clients are blocking
+//! std sockets that allocate nothing while the count runs.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+mod common;
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const CONNECTIONS: usize = 200;
+/// Messages each connection publishes to itself, and their payload size.
+const BURST: usize = 2;
+const PAYLOAD: usize = 4096;
+/// The broker's heap per idle connection, everything included (its task, session, link,
+/// socket registration, client identifier, share of the session table).
+const IDLE_BUDGET: isize = 3 * 1024;
+/// What a connection may hold more after a burst: its subscription (in its session and the
+/// subscription index). One that kept the buffers of its burst would hold 8 KiB more.
+const BURST_GROWTH: isize = 1024;
+
+/// CONNECT, MQTT 3.1.1, clean session, keep alive 60 s, client identifier `idle-NNN`.
+fn connect(i: usize) -> [u8; 22] {
+    let mut p = [
+        0x10, 20, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0, 8, b'i', b'd', b'l', b'e', b'-',
+        0, 0, 0,
+    ];
+    p[19..22].copy_from_slice(format!("{i:03}").as_bytes());
+    p
+}
+
+/// Reads exactly `n` bytes (a stack buffer: no allocation).
+fn read_n(s: &mut TcpStream, mut n: usize) {
+    let mut buf = [0u8; 4096];
+    while n > 0 {
+        let got = s.read(&mut buf[..n.min(4096)]).expect("read");
+        assert!(got > 0, "the broker closed the connection");
+        n -= got;
+    }
+}
+
+fn ping_all(clients: &mut [TcpStream]) {
+    for c in clients.iter_mut() {
+        c.write_all(&[0xC0, 0]).expect("PINGREQ");
+    }
+    for c in clients.iter_mut() {
+        read_n(c, 2);
+    }
+}
+
+// One test function: the counter is global, tests in parallel would mix their counts.
+#[test]
+fn an_idle_connection_holds_no_buffers_after_a_burst() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (handle, addr) = runtime.block_on(common::start());
+
+    // Everything the clients use is allocated before the count starts: the burst (SUBSCRIBE
+    // to `t/NNN`, then BURST PUBLISH to it), rewritten in place for each client.
+    let mut clients = Vec::with_capacity(CONNECTIONS);
+    let publish_len = 1 + 2 + 2 + 5 + PAYLOAD;
+    let mut burst = vec![0x82, 10, 0, 1, 0, 5, b't', b'/', 0, 0, 0, 0];
+    for _ in 0..BURST {
+        let remaining = 2 + 5 + PAYLOAD;
+        burst.extend_from_slice(&[
+            0x30,
+            (remaining & 0x7F) as u8 | 0x80,
+            (remaining >> 7) as u8,
+        ]);
+        burst.extend_from_slice(&[0, 5, b't', b'/', 0, 0, 0]);
+        burst.extend(std::iter::repeat_n(b'x', PAYLOAD));
+    }
+    let per_connection =
+        |since: isize| (LIVE.load(Ordering::Relaxed) - since) / CONNECTIONS as isize;
+    // The last buffers are released as each connection goes back to waiting: within moments.
+    let settled = |since: isize, budget: isize| {
+        let deadline = Instant::now() + common::DEADLINE;
+        while per_connection(since) > budget && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        per_connection(since)
+    };
+    let before = LIVE.load(Ordering::Relaxed);
+
+    for i in 0..CONNECTIONS {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        c.set_read_timeout(Some(common::DEADLINE)).expect("timeout");
+        c.write_all(&connect(i)).expect("CONNECT");
+        read_n(&mut c, 4); // CONNACK
+        clients.push(c);
+    }
+    ping_all(&mut clients);
+    let idle = settled(before, IDLE_BUDGET);
+    eprintln!("{idle} bytes of the broker's heap per idle connection");
+    assert!(
+        idle <= IDLE_BUDGET,
+        "{idle} bytes per idle connection, more than {IDLE_BUDGET}"
+    );
+
+    let before_burst = LIVE.load(Ordering::Relaxed);
+    for (i, c) in clients.iter_mut().enumerate() {
+        let id = format!("{i:03}");
+        burst[8..11].copy_from_slice(id.as_bytes());
+        for m in 0..BURST {
+            let at = 12 + m * publish_len + 3 + 4;
+            burst[at..at + 3].copy_from_slice(id.as_bytes());
+        }
+        drop(id);
+        c.write_all(&burst).expect("burst");
+        read_n(c, 5 + BURST * publish_len); // SUBACK, the burst back
+    }
+    // Every connection has handled a packet since its burst, and answered it.
+    ping_all(&mut clients);
+    ping_all(&mut clients);
+    let growth = settled(before_burst, BURST_GROWTH);
+    eprintln!("{growth} bytes more per connection after a burst (its subscription)");
+    assert!(
+        growth <= BURST_GROWTH,
+        "{growth} bytes more per connection after a burst of {BURST} messages of {PAYLOAD} bytes, \
+         more than {BURST_GROWTH}: buffers kept"
+    );
+
+    drop(clients);
+    runtime.block_on(handle.shutdown());
+}
