@@ -201,6 +201,60 @@ async fn overlapping_subscriptions_deliver_once_at_highest_qos() {
     broker.shutdown().await;
 }
 
+/// One message to many subscribers that get it in different forms: each gets exactly its
+/// own (3.1.1 at QoS 0, which share one encoding; 3.1.1 at QoS 1 with its own packet
+/// identifier [MQTT-2.3.1-1]; 5.0 with the publisher's properties [MQTT-3.3.2-17]), at the
+/// lower of the two QoS [MQTT-3.8.4-6], and the next message is not mistaken for it.
+#[tokio::test]
+async fn fan_out_in_mixed_forms() {
+    let (broker, addr) = start().await;
+    let mut plain = Vec::new();
+    for i in 0..3 {
+        let mut c = Client::connect(addr, ProtocolVersion::V311, &format!("mix-{i}")).await;
+        c.subscribe("mix/t", QoS::AtMostOnce).await;
+        plain.push(c);
+    }
+    let mut q1 = Client::connect(addr, ProtocolVersion::V311, "mix-q1").await;
+    q1.subscribe("mix/t", QoS::AtLeastOnce).await;
+    let mut v5 = Client::connect(addr, ProtocolVersion::V5, "mix-v5").await;
+    v5.subscribe("mix/t", QoS::AtMostOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "mix-pub").await;
+    let props = Properties {
+        content_type: Some("text/plain".into()),
+        ..Properties::default()
+    };
+    for payload in [&b"first"[..], &b"second, longer"[..]] {
+        publisher
+            .publish_with("mix/t", payload, QoS::AtLeastOnce, false, props.clone())
+            .await;
+        for c in &mut plain {
+            let p = c.expect_publish().await;
+            assert_eq!(
+                (p.topic.as_str(), &p.payload[..], p.qos, p.packet_id, p.retain),
+                ("mix/t", payload, QoS::AtMostOnce, 0, false)
+            );
+            assert!(p.properties.is_empty());
+        }
+        let p = q1.expect_publish().await;
+        assert_eq!(
+            (p.topic.as_str(), &p.payload[..], p.qos, p.retain),
+            ("mix/t", payload, QoS::AtLeastOnce, false)
+        );
+        assert_ne!(p.packet_id, 0);
+        q1.ack(&p).await;
+        let p = v5.expect_publish().await;
+        assert_eq!(
+            (p.topic.as_str(), &p.payload[..], p.qos),
+            ("mix/t", payload, QoS::AtMostOnce)
+        );
+        assert_eq!(p.properties.content_type.as_deref(), Some("text/plain"));
+    }
+    for c in &mut plain {
+        c.expect_nothing(SHORT).await;
+    }
+    broker.shutdown().await;
+}
+
 /// A message matching a subscription with an identifier carries it; one without carries
 /// none [MQTT-3.3.4-3]. A SUBSCRIBE replacing a subscription replaces its identifier.
 #[tokio::test]

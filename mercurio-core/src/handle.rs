@@ -732,6 +732,7 @@ fn publish_as(
         properties,
         expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
         publisher,
+        encoded: Default::default(),
     });
     Ok(())
 }

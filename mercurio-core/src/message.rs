@@ -1,15 +1,15 @@
 //! The application message as the broker holds it: one allocation shared (through `Arc`) by
 //! every queue it is routed to, so a fan-out to N subscribers copies the payload zero times.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
-use crate::codec::{Properties, QoS};
+use crate::codec::{self, Properties, ProtocolVersion, PublishRef, QoS};
 
 /// An application message accepted from a publisher (or an in-process `publish`, or a will).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Message {
     /// Topic name (never empty: a topic alias is resolved before a message is built).
     pub topic: String,
@@ -27,6 +27,27 @@ pub struct Message {
     pub expires_at: Option<Instant>,
     /// Client identifier of the publisher, for No Local; `None` for in-process publishes.
     pub publisher: Option<Arc<str>>,
+    /// This message as an MQTT 3.1.1 PUBLISH at QoS 0 without DUP, RETAIN or properties,
+    /// encoded by the first delivery that shares it with others ([`Message::shared_v3_qos0`]);
+    /// empty until then. Not copied by `clone`.
+    pub(crate) encoded: OnceLock<Bytes>,
+}
+
+impl Clone for Message {
+    /// A copy without the encoding kept by [`Message::shared_v3_qos0`] (a copy may be given
+    /// another topic or payload).
+    fn clone(&self) -> Message {
+        Message {
+            topic: self.topic.clone(),
+            payload: self.payload.clone(),
+            qos: self.qos,
+            retain: self.retain,
+            properties: self.properties.clone(),
+            expires_at: self.expires_at,
+            publisher: self.publisher.clone(),
+            encoded: OnceLock::new(),
+        }
+    }
 }
 
 impl Message {
@@ -44,6 +65,30 @@ impl Message {
     /// session queue it waits in (`max_queued_bytes`, the high-water mark).
     pub fn size(&self) -> usize {
         self.topic.len() + self.payload.len() + self.properties.variable_len()
+    }
+
+    /// This message as the PUBLISH packet a 3.1 / 3.1.1 subscriber gets at QoS 0 without
+    /// RETAIN (under its full topic: no mount point to remove), encoded on the first call and
+    /// kept with the message: the deliveries of a message to many such subscribers (a
+    /// fan-out) are encoded once and copied. 3.x has no properties, so the bytes are the
+    /// same for each of them. `None` when the message cannot be encoded (a topic over 65,535
+    /// bytes, a packet over the protocol's limit).
+    pub(crate) fn shared_v3_qos0(&self) -> Option<&Bytes> {
+        if let Some(bytes) = self.encoded.get() {
+            return Some(bytes);
+        }
+        let p = PublishRef {
+            dup: false,
+            qos: QoS::AtMostOnce,
+            retain: false,
+            topic: &self.topic,
+            packet_id: 0,
+            properties: &self.properties,
+            payload: &self.payload,
+        };
+        let mut buf = BytesMut::new();
+        codec::encode_publish(&p, ProtocolVersion::V311, &mut buf).ok()?;
+        Some(self.encoded.get_or_init(|| buf.freeze()))
     }
 
     /// True once the Message Expiry Interval has passed [MQTT-3.3.2-5].

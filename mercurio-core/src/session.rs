@@ -125,9 +125,10 @@ impl QueueLimits {
 
 /// A session's queue: deliveries waiting for the client, and the bytes they hold (topic,
 /// properties and payload: what `max_queued_bytes` bounds), kept together by every change.
+/// Each delivery's cost is computed once, when it is queued, and kept beside it.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
-    items: VecDeque<Delivery>,
+    items: VecDeque<(Delivery, u64)>,
     bytes: u64,
 }
 
@@ -148,40 +149,47 @@ impl Queue {
 
     /// The next delivery, left in place.
     pub(crate) fn front(&self) -> Option<&Delivery> {
-        self.items.front()
+        self.items.front().map(|(q, _)| q)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Delivery> {
-        self.items.iter()
+        self.items.iter().map(|(q, _)| q)
     }
 
     /// Adds a delivery at the end.
     pub(crate) fn push_back(&mut self, q: Delivery) {
-        self.bytes += q.cost();
-        self.items.push_back(q);
+        let cost = q.cost();
+        self.push_back_costing(q, cost);
+    }
+
+    /// Adds a delivery at the end, its [`Delivery::cost`] already computed.
+    fn push_back_costing(&mut self, q: Delivery, cost: u64) {
+        self.bytes += cost;
+        self.items.push_back((q, cost));
     }
 
     /// Puts back at the head a delivery just taken by [`Queue::pop_front`].
     pub(crate) fn push_front(&mut self, q: Delivery) {
-        self.bytes += q.cost();
-        self.items.push_front(q);
+        let cost = q.cost();
+        self.bytes += cost;
+        self.items.push_front((q, cost));
     }
 
     /// Takes the next delivery.
     pub(crate) fn pop_front(&mut self) -> Option<Delivery> {
-        let q = self.items.pop_front()?;
-        self.bytes = self.bytes.saturating_sub(q.cost());
+        let (q, cost) = self.items.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(cost);
         Some(q)
     }
 
     /// Keeps the deliveries for which `keep` is true, in order; returns those removed.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Delivery) -> bool) -> Vec<Delivery> {
         let mut removed = Vec::new();
-        for q in std::mem::take(&mut self.items) {
+        for (q, cost) in std::mem::take(&mut self.items) {
             if keep(&q) {
-                self.items.push_back(q);
+                self.items.push_back((q, cost));
             } else {
-                self.bytes = self.bytes.saturating_sub(q.cost());
+                self.bytes = self.bytes.saturating_sub(cost);
                 removed.push(q);
             }
         }
@@ -351,7 +359,19 @@ impl Session {
     /// Never waits: a full queue drops (QoS 0 first). Logs one warning
     /// when the queue starts dropping, naming the limit; the one with the count comes when
     /// messages leaving bring it back to half its limits (`pop_queued`).
-    pub(crate) fn enqueue(&self, mut delivery: Delivery, limits: &QueueLimits) -> Enqueued {
+    pub(crate) fn enqueue(&self, delivery: Delivery, limits: &QueueLimits) -> Enqueued {
+        let cost = delivery.cost();
+        self.enqueue_costing(delivery, cost, limits)
+    }
+
+    /// [`Session::enqueue`] with the delivery's [`Delivery::cost`] computed by the caller
+    /// (routing computes a message's size once for all the sessions it goes to).
+    pub(crate) fn enqueue_costing(
+        &self,
+        mut delivery: Delivery,
+        bytes: u64,
+        limits: &QueueLimits,
+    ) -> Enqueued {
         let mut st = self.state.lock();
         if st.ended {
             return Enqueued::Skipped;
@@ -360,7 +380,6 @@ impl Session {
             return Enqueued::Skipped;
         }
         let len = st.queue.len();
-        let bytes = delivery.cost();
         // The limit that refuses it, if any (named in the warning).
         let limit = if delivery.qos == QoS::AtMostOnce && len >= limits.max_qos0_messages {
             Some("max_queued_qos0_messages")
@@ -406,7 +425,7 @@ impl Session {
         // window, the write chunk limit, which loops), and a wake-up while it runs is kept
         // as a permit. So no `Arc<Link>` clone and drop, and no `notify_one`, per message.
         let was_empty = len == 0;
-        st.queue.push_back(delivery);
+        st.queue.push_back_costing(delivery, bytes);
         if was_empty {
             st.woken_unfilled = true;
         }

@@ -359,6 +359,7 @@ impl Task {
             properties: Properties::default(),
             expires_at: None,
             publisher: None,
+            encoded: Default::default(),
         });
     }
 
@@ -616,6 +617,7 @@ impl Task {
             properties,
             expires_at: Message::expiry_deadline(expiry, Instant::now()),
             publisher: Some(Arc::clone(&session.client_id)),
+            encoded: Default::default(),
         });
         self.status.forwarded_in.fetch_add(1, Ordering::Relaxed);
     }

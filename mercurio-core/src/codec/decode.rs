@@ -91,14 +91,57 @@ pub fn decode_from_client(
 ) -> Result<Option<Packet>, DecodeError> {
     let packet = decode(buf, version, max_packet_size)?;
     if let Some(Packet::Publish(p)) = &packet {
-        if !p.properties.subscription_identifiers.is_empty() {
-            return Err(DecodeError::ProtocolError(
-                "PUBLISH from a client with a Subscription Identifier [MQTT-3.3.4-6]",
-            ));
-        }
+        check_client_publish(p)?;
     }
     Ok(packet)
 }
+
+/// True when the whole frame `frame` (as [`check_frame`] delimits it) is a PUBLISH, for
+/// [`decode_publish_from_client`].
+#[inline]
+pub fn is_publish_frame(frame: &[u8]) -> bool {
+    frame.first().is_some_and(|b| b >> 4 == 3)
+}
+
+/// Decodes one whole PUBLISH frame sent by a client: what [`decode_from_client`] does for
+/// a PUBLISH (same rules, same errors), returning the [`Publish`] itself rather than a
+/// [`Packet`]. The broker's hot path: no packet enum is built and moved around for the
+/// most frequent packet. `frame` must hold exactly one packet (see [`check_frame`]); a frame
+/// of another packet type is malformed.
+pub fn decode_publish_from_client(
+    frame: &[u8],
+    version: ProtocolVersion,
+) -> Result<Publish, DecodeError> {
+    let mut r = Reader::new(frame);
+    let first = r
+        .u8()
+        .map_err(|_| DecodeError::MalformedPacket("empty frame"))?;
+    if first >> 4 != 3 {
+        return Err(DecodeError::MalformedPacket("not a PUBLISH frame"));
+    }
+    let remaining = r.vbi()?;
+    if remaining != r.remaining() {
+        return Err(DecodeError::MalformedPacket(
+            "frame length does not match the remaining length",
+        ));
+    }
+    // The payload takes whatever follows the variable header: nothing is left over. Returned
+    // as decoded (the client's rule checked inside), not moved once more.
+    decode_publish(&mut r, first & 0x0F, version, true)
+}
+
+/// The rules that apply to a PUBLISH sent by a client only.
+fn check_client_publish(p: &Publish) -> Result<(), DecodeError> {
+    if !p.properties.subscription_identifiers.is_empty() {
+        return Err(CLIENT_SUBSCRIPTION_IDENTIFIER);
+    }
+    Ok(())
+}
+
+/// A PUBLISH from a client may not carry a Subscription Identifier.
+const CLIENT_SUBSCRIPTION_IDENTIFIER: DecodeError = DecodeError::ProtocolError(
+    "PUBLISH from a client with a Subscription Identifier [MQTT-3.3.4-6]",
+);
 
 /// Decodes one complete frame: fixed header, then exactly the remaining length it
 /// announces (a frame shorter or longer than that is malformed). See [`decode`] for
@@ -128,7 +171,7 @@ pub fn decode_packet(frame: &[u8], version: ProtocolVersion) -> Result<Packet, D
             check_flags(flags, 0, version)?;
             Packet::ConnAck(decode_connack(&mut r, version)?)
         }
-        3 => Packet::Publish(decode_publish(&mut r, flags, version)?),
+        3 => Packet::Publish(decode_publish(&mut r, flags, version, false)?),
         4 => {
             check_flags(flags, 0, version)?;
             Packet::PubAck(decode_puback(&mut r, version, PUBACK_CODES)?)
@@ -429,10 +472,13 @@ fn decode_connack(r: &mut Reader<'_>, version: ProtocolVersion) -> Result<ConnAc
     }
 }
 
+/// A PUBLISH body; `from_client` adds the rules of a PUBLISH sent by a client
+/// ([`check_client_publish`]), checked after every other.
 fn decode_publish(
     r: &mut Reader<'_>,
     flags: u8,
     version: ProtocolVersion,
+    from_client: bool,
 ) -> Result<Publish, DecodeError> {
     let dup = flags & 0b1000 != 0;
     let retain = flags & 0b0001 != 0;
@@ -457,6 +503,9 @@ fn decode_publish(
     };
     if !no_wildcard || topic.is_empty() {
         check_topic_name(topic, properties.topic_alias.is_some(), false)?;
+    }
+    if from_client && !properties.subscription_identifiers.is_empty() {
+        return Err(CLIENT_SUBSCRIPTION_IDENTIFIER);
     }
     let payload = Bytes::copy_from_slice(r.rest());
     Ok(Publish {

@@ -11,7 +11,9 @@ use super::error::EncodeError;
 use super::packet::*;
 use super::properties::Properties;
 use super::reason::ReasonCode;
-use super::wire::{put_binary, put_str, put_vbi, vbi_len, Sink, MAX_VARIABLE_BYTE_INTEGER};
+use super::wire::{
+    put_binary, put_str, put_vbi, vbi_len, Sink, MAX_STRING_LEN, MAX_VARIABLE_BYTE_INTEGER,
+};
 
 /// Appends `packet`, encoded for `version`, to `out`.
 ///
@@ -88,6 +90,9 @@ pub fn encode_publish_within(
     max_packet_size: usize,
     out: &mut BytesMut,
 ) -> Result<(), EncodeError> {
+    if !version.is_v5() && p.topic.len() <= MAX_STRING_LEN {
+        return encode_publish_v3(p, max_packet_size, out);
+    }
     let mut len = 0usize;
     publish_body(&mut len, p, version)?;
     if len > MAX_VARIABLE_BYTE_INTEGER {
@@ -105,6 +110,50 @@ pub fn encode_publish_within(
         out.truncate(start);
     }
     result
+}
+
+/// [`encode_publish_within`] for 3.1 and 3.1.1, which have no properties: the lengths are
+/// known without a sizing pass, and the packet is written as four slices (fixed header with
+/// the topic length, topic, packet identifier, payload). `p.topic` is at most
+/// [`MAX_STRING_LEN`] bytes (checked by the caller).
+fn encode_publish_v3(
+    p: &PublishRef<'_>,
+    max_packet_size: usize,
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let id_len = if p.qos == QoS::AtMostOnce { 0 } else { 2 };
+    let len = 2 + p.topic.len() + id_len + p.payload.len();
+    if len > MAX_VARIABLE_BYTE_INTEGER {
+        return Err(EncodeError::PacketTooLarge { size: len });
+    }
+    let size = 1 + vbi_len(len) + len;
+    if size > max_packet_size {
+        return Err(EncodeError::PacketTooLarge { size });
+    }
+    // Fixed header (at most 5 bytes) and the topic's length prefix.
+    let mut head = [0u8; 7];
+    head[0] = publish_first_byte(p);
+    let mut n = 1;
+    let mut v = len;
+    loop {
+        let b = (v & 0x7F) as u8;
+        v >>= 7;
+        head[n] = if v > 0 { b | 0x80 } else { b };
+        n += 1;
+        if v == 0 {
+            break;
+        }
+    }
+    head[n..n + 2].copy_from_slice(&(p.topic.len() as u16).to_be_bytes());
+    n += 2;
+    out.reserve(size);
+    out.extend_from_slice(&head[..n]);
+    out.extend_from_slice(p.topic.as_bytes());
+    if id_len > 0 {
+        out.extend_from_slice(&p.packet_id.to_be_bytes());
+    }
+    out.extend_from_slice(p.payload);
+    Ok(())
 }
 
 /// The size in bytes of the PUBLISH [`encode_publish`] would write, fixed header included:

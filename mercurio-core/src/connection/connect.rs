@@ -430,6 +430,7 @@ pub(super) async fn accept(
                 properties,
                 expires_at: None,
                 publisher: Some(Arc::clone(&client_id)),
+                encoded: Default::default(),
             }),
         });
     }

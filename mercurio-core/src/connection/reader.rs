@@ -7,8 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use futures_util::FutureExt;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{Close, LazyMap, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
@@ -60,6 +59,15 @@ async fn read_lean<R: AsyncRead + Unpin>(
     .await
 }
 
+/// The close for a packet that cannot be decoded.
+fn undecodable(e: DecodeError, client_id: &str) -> Close {
+    let mut why = e.to_string();
+    if let DecodeError::PacketTooLarge { .. } = e {
+        why.push_str(" (max_packet_size)");
+    }
+    Close::violation(e.reason_code(), &why, client_id)
+}
+
 /// The inbound half: decodes packets and runs their state machines.
 pub(super) struct Reader<'a> {
     pub(super) broker: &'a Arc<BrokerState>,
@@ -99,22 +107,30 @@ impl Reader<'_> {
             // one clock reading for a whole buffer of them.
             let before = handled;
             loop {
-                // A future holds room for the largest state it can be in, and this one lives
-                // as long as the connection (idle ones too): decoded and dispatched in one
-                // expression, so that no packet is held in it while a handler waits
-                // (`dispatch` boxes those).
-                let handled_now = match codec::decode_from_client(buf, self.version, max)
-                    .map(|packet| packet.map(|packet| self.dispatch(packet)))
-                {
-                    Ok(Some(Ok(Some(waiting)))) => waiting.await,
-                    Ok(Some(done)) => done.map(drop),
+                let total = match codec::check_frame(buf, max) {
+                    Ok(Some(total)) => total,
                     Ok(None) => break,
-                    Err(e) => {
-                        let mut why = e.to_string();
-                        if let DecodeError::PacketTooLarge { .. } = e {
-                            why.push_str(" (max_packet_size)");
-                        }
-                        return Close::violation(e.reason_code(), &why, &session.client_id);
+                    Err(e) => return undecodable(e, &session.client_id),
+                };
+                // A future holds room for the largest state it can be in, and this one lives
+                // as long as the connection (idle ones too). A PUBLISH without access checks
+                // or interceptors (fixed for the broker's lifetime) never waits: it is decoded
+                // straight from its frame, without a `Packet` around it, and handled in a
+                // plain function (the hot path). Any other packet is decoded and dispatched in
+                // one expression, so that no packet is held in the future while a handler
+                // waits (`dispatch` boxes those).
+                let handled_now = if codec::is_publish_frame(buf) && !self.broker.publish_waits() {
+                    let handled = self.publish_frame(&buf[..total]);
+                    buf.advance(total);
+                    handled
+                } else {
+                    match codec::decode_from_client(buf, self.version, max)
+                        .map(|packet| packet.map(|packet| self.dispatch(packet)))
+                    {
+                        Ok(Some(Ok(Some(waiting)))) => waiting.await,
+                        Ok(Some(done)) => done.map(drop),
+                        Ok(None) => break,
+                        Err(e) => return undecodable(e, &session.client_id),
                     }
                 };
                 if let Err(close) = handled_now {
@@ -193,7 +209,19 @@ impl Reader<'_> {
                     }
                 }
                 Some(Ok(0)) => return Close::lost(DisconnectReason::ConnectionLost),
-                Some(Ok(n)) => Stats::add(&self.broker.stats.bytes_received, n as u64),
+                Some(Ok(n)) => {
+                    Stats::add(&self.broker.stats.bytes_received, n as u64);
+                    // A read that filled all the room there was: the client sends more than
+                    // reads of this size take in (a 256-byte buffer is about three small
+                    // PUBLISH packets per system call). The buffer doubles, up to
+                    // IDLE_BUFFER_LIMIT (beyond which an emptied one is released), so a busy
+                    // connection reads up to 16 KiB per call; an idle one still holds none
+                    // (`read_lean`), and gets this size back when data comes.
+                    if buf.len() == buf.capacity() && buf.capacity() < IDLE_BUFFER_LIMIT {
+                        let want = (2 * buf.capacity()).min(IDLE_BUFFER_LIMIT);
+                        buf.reserve(want.saturating_sub(buf.len()));
+                    }
+                }
                 Some(Err(e)) => return Close::lost(DisconnectReason::Io(e.to_string())),
             }
         }
@@ -201,18 +229,17 @@ impl Reader<'_> {
 
     /// Handles `packet`, or returns its handler boxed when it may wait (SUBSCRIBE; PUBLISH
     /// under access checks or interceptors). A PUBLISH without access checks (fixed for the
-    /// broker's lifetime) never waits, so it runs to completion here, its state on the stack.
+    /// broker's lifetime) never waits, so it runs to completion here, its state on the stack
+    /// (the reader's hot path takes such a PUBLISH before, straight from its frame).
     #[allow(clippy::type_complexity)]
     fn dispatch(
         &mut self,
         packet: Packet,
     ) -> Result<Option<Pin<Box<dyn Future<Output = Result<(), Close>> + Send + '_>>>, Close> {
         match packet {
-            Packet::Publish(p) if !self.broker.publish_waits() => self
-                .on_publish(p)
-                .now_or_never()
-                .expect("on_publish waits only for access checks and interceptors")
-                .map(|()| None),
+            Packet::Publish(p) if !self.broker.publish_waits() => {
+                self.on_publish_now(p).map(|()| None)
+            }
             Packet::Publish(_) | Packet::Subscribe(_) => Ok(Some(Box::pin(self.handle(packet)))),
             other => self.handle_other(other).map(|()| None),
         }
@@ -298,6 +325,9 @@ impl Reader<'_> {
     }
 
     fn ack_publish(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) {
+        if qos == QoS::AtMostOnce {
+            return;
+        }
         let ack = PubAck {
             packet_id,
             reason_code,
@@ -336,7 +366,59 @@ impl Reader<'_> {
         }
     }
 
+    /// A PUBLISH frame when neither access checks nor interceptors are configured: decoded
+    /// and handled at once (a plain function, so the decoded packet is not kept in the
+    /// reader's future).
+    fn publish_frame(&mut self, frame: &[u8]) -> Result<(), Close> {
+        match codec::decode_publish_from_client(frame, self.version) {
+            Ok(p) => self.on_publish_now(p),
+            Err(e) => Err(undecodable(e, &self.session.client_id)),
+        }
+    }
+
+    /// A PUBLISH when neither access checks nor interceptors are configured: nothing can
+    /// make it wait, so it is handled synchronously (the hot path).
+    fn on_publish_now(&mut self, mut p: Publish) -> Result<(), Close> {
+        if self.publish_checks(&mut p)? {
+            self.publish_accepted(p);
+        }
+        Ok(())
+    }
+
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        if !self.publish_checks(&mut p)? {
+            return Ok(());
+        }
+        let broker = self.broker;
+        if broker.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
+            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
+            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
+            let rc = if self.version.is_v5() {
+                ReasonCode::NOT_AUTHORIZED
+            } else {
+                ReasonCode::SUCCESS
+            };
+            self.ack_publish(p.qos, p.packet_id, rc);
+            return Ok(());
+        }
+        if !broker.interceptors.is_empty() {
+            if let Err(rc) = self.intercept(&mut p).await {
+                let rc = if self.version.is_v5() {
+                    rc
+                } else {
+                    ReasonCode::SUCCESS
+                };
+                self.ack_publish(p.qos, p.packet_id, rc);
+                return Ok(());
+            }
+        }
+        self.publish_accepted(p);
+        Ok(())
+    }
+
+    /// The checks of a PUBLISH before access control: `Ok(false)` when it was answered
+    /// here and goes no further, `Err` when it closes the connection.
+    fn publish_checks(&mut self, p: &mut Publish) -> Result<bool, Close> {
         let broker = self.broker;
         Stats::add(&broker.stats.messages_received, 1);
         let server = &broker.config.server;
@@ -373,7 +455,10 @@ impl Reader<'_> {
                 self.aliases.insert(alias, p.topic.clone());
             }
         }
-        if topic::level_count(&p.topic) > self.broker.config.server.max_topic_levels {
+        // A topic shorter than the limit cannot have more levels than it (each level but
+        // the first costs a '/'): the count is skipped for the usual short topic.
+        let max_levels = server.max_topic_levels;
+        if p.topic.len() >= max_levels && topic::level_count(&p.topic) > max_levels {
             // As an invalid topic name, as mosquitto treats a topic over its level limit.
             return Err(self.violation(
                 ReasonCode::TOPIC_NAME_INVALID,
@@ -386,9 +471,6 @@ impl Reader<'_> {
         if let Some(mount) = self.mount {
             p.topic.insert_str(0, mount);
         }
-        if !self.version.is_v5() && !p.properties.is_empty() {
-            p.properties = Properties::default();
-        }
         // Flow control (5.0 sections 3.3.4 and 4.9): QoS 1 messages whose PUBACK is not
         // written yet and QoS 2 messages awaiting PUBREL count against receive_maximum.
         if p.qos > QoS::AtMostOnce {
@@ -397,7 +479,7 @@ impl Reader<'_> {
                 // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
                 drop(st);
                 self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
-                return Ok(());
+                return Ok(false);
             }
             let unanswered = st.awaiting_release() + self.link.unanswered_qos1();
             drop(st);
@@ -426,43 +508,27 @@ impl Reader<'_> {
                 ReasonCode::SUCCESS
             };
             self.ack_publish(p.qos, p.packet_id, rc);
-            return Ok(());
+            return Ok(false);
         }
         if p.topic.starts_with("$SYS")
             && p.topic != super::connect::bridge_state_topic(&self.session.client_id)
         {
             tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
-            return Ok(());
+            return Ok(false);
         }
         if p.properties.payload_format_indicator == Some(1)
             && std::str::from_utf8(&p.payload).is_err()
         {
             self.ack_publish(p.qos, p.packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID);
-            return Ok(());
+            return Ok(false);
         }
-        if broker.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
-            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
-            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
-            let rc = if self.version.is_v5() {
-                ReasonCode::NOT_AUTHORIZED
-            } else {
-                ReasonCode::SUCCESS
-            };
-            self.ack_publish(p.qos, p.packet_id, rc);
-            return Ok(());
-        }
-        if !broker.interceptors.is_empty() {
-            if let Err(rc) = self.intercept(&mut p).await {
-                let rc = if self.version.is_v5() {
-                    rc
-                } else {
-                    ReasonCode::SUCCESS
-                };
-                self.ack_publish(p.qos, p.packet_id, rc);
-                return Ok(());
-            }
-        }
+        Ok(true)
+    }
+
+    /// Builds the message of an accepted PUBLISH, routes it and acknowledges it.
+    fn publish_accepted(&mut self, p: Publish) {
+        let broker = self.broker;
         // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
         let Publish {
             topic,
@@ -475,15 +541,18 @@ impl Reader<'_> {
         } = p;
         let expiry = properties.message_expiry_interval.take();
         properties.subscription_identifiers.clear();
-        let msg = Message {
+        // The clock is read only for a message that expires.
+        let expires_at = expiry.and_then(|_| Message::expiry_deadline(expiry, Instant::now()));
+        let msg = Arc::new(Message {
             topic,
             payload,
             qos,
             retain,
             properties,
-            expires_at: Message::expiry_deadline(expiry, Instant::now()),
+            expires_at,
             publisher: Some(Arc::clone(&self.session.client_id)),
-        };
+            encoded: Default::default(),
+        });
         let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
@@ -494,7 +563,6 @@ impl Reader<'_> {
             ReasonCode::SUCCESS
         };
         self.ack_publish(qos, packet_id, rc);
-        Ok(())
     }
 
     /// Runs the publish interceptors on `p`, which they may change. `Err` carries the reason

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::{Close, LazyMap, IDLE_BUFFER_LIMIT};
@@ -194,21 +194,28 @@ impl Writer<'_> {
                 0
             };
             // Sized once, checked and written (an identifier taken for a packet that is then
-            // dropped is simply skipped).
-            if encode_delivery_within(
-                self.version,
-                self.mount,
-                &q,
-                packet_id,
-                false,
-                alias,
-                now,
-                &mut self.scratch,
-                self.limits.max_packet_size as usize,
-                buf,
-            )
-            .is_err()
-            {
+            // dropped is simply skipped); or copied, when encoded already for another session.
+            let max_packet_size = self.limits.max_packet_size as usize;
+            let written = match self.shared_encoding(&q) {
+                Some(bytes) if bytes.len() <= max_packet_size => {
+                    buf.extend_from_slice(bytes);
+                    true
+                }
+                _ => encode_delivery_within(
+                    self.version,
+                    self.mount,
+                    &q,
+                    packet_id,
+                    false,
+                    alias,
+                    now,
+                    &mut self.scratch,
+                    max_packet_size,
+                    buf,
+                )
+                .is_ok(),
+            };
+            if !written {
                 // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
                 self.broker.dropped(
                     Some(&self.session.client_id),
@@ -247,6 +254,27 @@ impl Writer<'_> {
             self.session.release_waiters();
         }
         (more, pubacks)
+    }
+
+    /// The encoding `q` shares with the other deliveries of its message
+    /// ([`Message::shared_v3_qos0`](crate::message::Message::shared_v3_qos0)), when the client
+    /// gets that form (3.x, QoS 0, no RETAIN, no mount point to remove) and the message goes
+    /// to others too (a fan-out: another holder, or encoded already). A message only this
+    /// session holds (a fan-in) is encoded straight into the write buffer instead, and a
+    /// retained one is never given a copy it would keep while it stays retained.
+    fn shared_encoding<'q>(&self, q: &'q Delivery) -> Option<&'q Bytes> {
+        if self.version.is_v5()
+            || q.qos != QoS::AtMostOnce
+            || q.retain
+            || q.msg.retain
+            || self.mount.is_some()
+        {
+            return None;
+        }
+        if q.msg.encoded.get().is_none() && Arc::strong_count(&q.msg) < 2 {
+            return None;
+        }
+        q.msg.shared_v3_qos0()
     }
 
     /// The topic alias to use for `topic`: (alias, already known to the client).
