@@ -230,7 +230,13 @@ async fn fan_out_in_mixed_forms() {
         for c in &mut plain {
             let p = c.expect_publish().await;
             assert_eq!(
-                (p.topic.as_str(), &p.payload[..], p.qos, p.packet_id, p.retain),
+                (
+                    p.topic.as_str(),
+                    &p.payload[..],
+                    p.qos,
+                    p.packet_id,
+                    p.retain
+                ),
                 ("mix/t", payload, QoS::AtMostOnce, 0, false)
             );
             assert!(p.properties.is_empty());

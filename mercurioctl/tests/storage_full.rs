@@ -7,7 +7,6 @@
 //! it the test says why and skips.
 #![cfg(unix)]
 
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
