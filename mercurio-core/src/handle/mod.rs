@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -21,13 +21,15 @@ use crate::http::{Endpoint, HttpLimits};
 use crate::intercept::PublishInterceptor;
 use crate::link::{DisconnectReason, Link};
 use crate::listener;
-use crate::message::Message;
 use crate::persist::{Persister, WriteFailure};
-use crate::session::{Granted, Session, SessionState};
+use crate::session::{Session, SessionState};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
 use crate::tls::TlsListener;
-use crate::topic;
+
+mod subscription;
+use subscription::{check_subscription, publish_as, pump};
+pub use subscription::{Delivered, Subscription};
 
 /// How long [`BrokerHandle::shutdown`] waits for connections to close (docs/operations.md, "Shutdown").
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -700,234 +702,6 @@ impl BrokerHandle {
             will: st.will.is_some(),
             disconnected_for: st.disconnected_at.map(|at| at.elapsed()),
         })
-    }
-}
-
-/// Publishes for the application: `publisher` is the in-process subscription's client
-/// identifier (for its No Local subscriptions), `None` for the handle's own publishes.
-#[allow(clippy::too_many_arguments)]
-fn publish_as(
-    broker: &BrokerState,
-    publisher: Option<Arc<str>>,
-    topic: &str,
-    payload: Bytes,
-    qos: QoS,
-    retain: bool,
-    mut properties: Properties,
-    expiry_secs: Option<u32>,
-) -> Result<(), Error> {
-    topic::validate_topic_name(topic)
-        .map_err(|e| Error::Refused(format!("topic {topic:?}: {e}")))?;
-    if topic.starts_with("$SYS") {
-        return Err(Error::Refused("$SYS topics are the broker's own".into()));
-    }
-    properties.topic_alias = None;
-    properties.subscription_identifiers.clear();
-    properties.message_expiry_interval = None;
-    broker.publish(Message {
-        topic: topic.to_string(),
-        payload,
-        qos,
-        retain,
-        properties,
-        expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
-        publisher,
-        encoded: Default::default(),
-    });
-    Ok(())
-}
-
-/// Checks an in-process subscription's filter, options and identifier as the broker checks
-/// a SUBSCRIBE's.
-fn check_subscription(
-    filter: &str,
-    options: &SubscriptionOptions,
-    identifier: Option<u32>,
-) -> Result<(), Error> {
-    let shared = match topic::parse_shared(filter) {
-        Ok(Some(_)) => true,
-        Ok(None) => {
-            topic::validate_topic_filter(filter)
-                .map_err(|e| Error::Refused(format!("filter {filter:?}: {e}")))?;
-            false
-        }
-        Err(e) => return Err(Error::Refused(format!("filter {filter:?}: {e}"))),
-    };
-    if shared && options.no_local {
-        return Err(Error::Refused(format!(
-            "filter {filter:?}: No Local on a shared subscription"
-        )));
-    }
-    if options.retain_handling > 2 {
-        return Err(Error::Refused(format!(
-            "retain handling {} (0, 1 or 2)",
-            options.retain_handling
-        )));
-    }
-    if identifier.is_some_and(|id| id == 0 || id > 268_435_455) {
-        return Err(Error::Refused(
-            "subscription identifier out of 1 to 268,435,455".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Moves messages from an in-process subscription's session queue to its channel.
-async fn pump(
-    session: Arc<Session>,
-    link: Arc<Link>,
-    tx: mpsc::Sender<Delivered>,
-    limits: crate::session::QueueLimits,
-) {
-    loop {
-        // Shutdown kills every link: hand over what is queued, then end the stream.
-        let killed = tokio::select! {
-            _ = link.wait_woken() => false,
-            _ = link.wait_killed() => true,
-        };
-        loop {
-            let (next, release) = {
-                let mut st = session.state.lock();
-                let next = st.pop_queued(&session.client_id);
-                let took = usize::from(next.is_some());
-                let release =
-                    Session::progressed(&mut st, took, std::time::Instant::now(), &limits);
-                (next, release)
-            };
-            if release {
-                session.release_waiters();
-            }
-            let Some(q) = next else { break };
-            let delivered = Delivered {
-                message: q.msg,
-                qos: q.qos,
-                retain: q.retain,
-                subscription_ids: q.subscription_ids,
-            };
-            if tx.send(delivered).await.is_err() {
-                return;
-            }
-        }
-        if killed {
-            return;
-        }
-    }
-}
-
-/// One message as an in-process [`Subscription`] receives it: the message, and what this
-/// delivery adds to it, as a network subscriber would see it in its PUBLISH.
-#[derive(Debug, Clone)]
-pub struct Delivered {
-    pub message: Arc<Message>,
-    /// The lower of the message's QoS and the subscription's maximum [MQTT-3.8.4-6].
-    pub qos: QoS,
-    /// The RETAIN flag as delivered: set for retained messages sent at subscribe, and for
-    /// live ones only under Retain As Published [MQTT-3.3.1-12].
-    pub retain: bool,
-    /// The Subscription Identifiers of every subscription that matched [MQTT-3.3.4-3].
-    pub subscription_ids: Vec<u32>,
-}
-
-/// An in-process subscription: a bounded stream of messages, the in-process counterpart of
-/// a network client's session (one or more filters, its own client identifier
-/// `$internal/N`). Dropping it unsubscribes.
-pub struct Subscription {
-    rx: mpsc::Receiver<Delivered>,
-    broker: Arc<BrokerState>,
-    session: Arc<Session>,
-    pump: tokio::task::JoinHandle<()>,
-}
-
-impl Subscription {
-    /// The next message; `None` once the broker has stopped.
-    pub async fn recv(&mut self) -> Option<Arc<Message>> {
-        self.rx.recv().await.map(|d| d.message)
-    }
-
-    /// The next message with its delivery's QoS, RETAIN flag and subscription identifiers;
-    /// `None` once the broker has stopped.
-    pub async fn recv_delivery(&mut self) -> Option<Delivered> {
-        self.rx.recv().await
-    }
-
-    /// The client identifier of this subscription's session (`$internal/N`).
-    pub fn client_id(&self) -> &str {
-        &self.session.client_id
-    }
-
-    /// Adds a filter to this subscription, or replaces the options of one it has, as a
-    /// SUBSCRIBE would (see [`BrokerHandle::subscribe_with`] for the options). Retained
-    /// messages follow Retain Handling: with 1, only when the filter is new.
-    ///
-    /// Errors: as [`BrokerHandle::subscribe_with`].
-    pub fn subscribe(
-        &self,
-        filter: &str,
-        options: SubscriptionOptions,
-        identifier: Option<u32>,
-    ) -> Result<(), Error> {
-        check_subscription(filter, &options, identifier)?;
-        if self.broker.is_shutting_down() {
-            return Err(Error::Refused("the broker is shutting down".into()));
-        }
-        self.add(filter, options, identifier);
-        Ok(())
-    }
-
-    /// Removes one filter of this subscription; false when it had none such.
-    pub fn unsubscribe(&self, filter: &str) -> bool {
-        self.broker.unsubscribe(&self.session, filter)
-    }
-
-    /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`], but
-    /// its own No Local subscriptions do not receive the message [MQTT-3.8.3-3].
-    ///
-    /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
-    pub fn publish_with(
-        &self,
-        topic: &str,
-        payload: impl Into<Bytes>,
-        qos: QoS,
-        retain: bool,
-        properties: Properties,
-        expiry_secs: Option<u32>,
-    ) -> Result<(), Error> {
-        publish_as(
-            &self.broker,
-            Some(Arc::clone(&self.session.client_id)),
-            topic,
-            payload.into(),
-            qos,
-            retain,
-            properties,
-            expiry_secs,
-        )
-    }
-
-    fn add(&self, filter: &str, mut options: SubscriptionOptions, identifier: Option<u32>) {
-        let max_qos = QoS::from_u8(self.broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
-        options.qos = options.qos.min(max_qos);
-        let granted = Granted {
-            options,
-            identifier,
-        };
-        let existed = self.broker.subscribe(&self.session, filter, granted);
-        let shared = matches!(topic::parse_shared(filter), Ok(Some(_)));
-        let send = match options.retain_handling {
-            0 => true,
-            1 => !existed,
-            _ => false,
-        };
-        if send && !shared {
-            self.broker.send_retained(&self.session, filter, &granted);
-        }
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        self.pump.abort();
-        self.broker.end_session(&self.session);
     }
 }
 
