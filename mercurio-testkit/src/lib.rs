@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 pub use client::Client;
 pub use daemon::{admin, config_text, mercuriod_bin, parse_listening, Daemon, Launch};
-pub use mqtt::Mqtt;
+pub use mqtt::{publish_packet, Mqtt};
 pub use process::Proc;
 
 /// How long a test waits for an expected event (a line, an exit, a packet, a condition)

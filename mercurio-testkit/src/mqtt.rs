@@ -32,6 +32,17 @@ fn string(s: &str) -> Vec<u8> {
     v
 }
 
+/// A 3.1.1 PUBLISH of `payload` to `topic` at `qos` 0 or 1 (packet identifier `id`, unused
+/// at QoS 0), as bytes for [`Mqtt::send`].
+pub fn publish_packet(topic: &str, qos: u8, id: u16, payload: &[u8]) -> Vec<u8> {
+    let mut body = string(topic);
+    if qos > 0 {
+        body.extend_from_slice(&id.to_be_bytes());
+    }
+    body.extend_from_slice(payload);
+    with_length(0x30 | (qos << 1), &body)
+}
+
 impl Mqtt {
     /// Connects to `port` of 127.0.0.1: [`Mqtt::connect_to`].
     pub fn connect(port: u16, level: u8, client_id: &str, clean: bool) -> Mqtt {

@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mercurio_testkit::{wait_until, Daemon, Mqtt, DEADLINE};
+use mercurio_testkit::{publish_packet as publish, wait_until, Daemon, Mqtt, DEADLINE};
 
 /// The mercurioctl binary under test.
 const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
@@ -63,36 +63,6 @@ impl Drop for SmallDisk {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
     }
-}
-
-fn string(s: &str) -> Vec<u8> {
-    let mut v = (s.len() as u16).to_be_bytes().to_vec();
-    v.extend_from_slice(s.as_bytes());
-    v
-}
-
-/// A 3.1.1 PUBLISH, QoS 0 or 1 (packet identifier `id`).
-fn publish(topic: &str, qos: u8, id: u16, payload: &[u8]) -> Vec<u8> {
-    let mut body = string(topic);
-    if qos > 0 {
-        body.extend_from_slice(&id.to_be_bytes());
-    }
-    body.extend_from_slice(payload);
-    let mut packet = vec![0x30 | (qos << 1)];
-    let mut n = body.len();
-    loop {
-        let mut byte = (n % 128) as u8;
-        n /= 128;
-        if n > 0 {
-            byte |= 0x80;
-        }
-        packet.push(byte);
-        if n == 0 {
-            break;
-        }
-    }
-    packet.extend_from_slice(&body);
-    packet
 }
 
 /// `GET /healthz` on `port`: the status code and the body.
