@@ -6,10 +6,12 @@
 //! socket, so the session (which holds the link of its current connection) and the broker
 //! sit below the connection code.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -65,8 +67,14 @@ impl std::fmt::Display for DisconnectReason {
 /// and how the broker asks the connection to close.
 #[derive(Debug)]
 pub(crate) struct Link {
-    wake: Notify,
-    kill: Notify,
+    /// The task that serves the link (its connection's, a bridge's, an in-process
+    /// subscription's): one task waits for both [`Link::wake`] and [`Link::kill`], so one
+    /// waker serves both, and the futures waiting for them hold no waiter of their own (an
+    /// idle connection waits on both all the time).
+    task: AtomicWaker,
+    /// `WOKEN` and `KILLED`, each set until a wait takes it (one pending signal each, as a
+    /// `Notify` permit).
+    signals: AtomicU8,
     kill_reason: Mutex<Option<(DisconnectReason, ReasonCode)>>,
     closed: Notify,
     is_closed: AtomicBool,
@@ -82,6 +90,11 @@ pub(crate) struct Link {
     max_packet_size: AtomicUsize,
 }
 
+/// [`Link::wake`] was called and not waited for yet.
+const WOKEN: u8 = 1;
+/// [`Link::kill`] was called and not waited for yet.
+const KILLED: u8 = 2;
+
 /// The control buffer and how many PUBACKs it holds.
 #[derive(Debug, Default)]
 struct Control {
@@ -92,8 +105,8 @@ struct Control {
 impl Link {
     pub(crate) fn new() -> Link {
         Link {
-            wake: Notify::new(),
-            kill: Notify::new(),
+            task: AtomicWaker::new(),
+            signals: AtomicU8::new(0),
             kill_reason: Mutex::new(None),
             closed: Notify::new(),
             is_closed: AtomicBool::new(false),
@@ -112,12 +125,31 @@ impl Link {
 
     /// Wakes the writer: something was queued.
     pub(crate) fn wake(&self) {
-        self.wake.notify_one();
+        self.signal(WOKEN);
     }
 
-    /// Waits for the next [`Link::wake`].
+    /// Waits for the next [`Link::wake`] (a wake-up before the wait counts, once). Only the
+    /// link's own task waits on a link.
     pub(crate) async fn wait_woken(&self) {
-        self.wake.notified().await;
+        self.wait(WOKEN).await;
+    }
+
+    fn signal(&self, bit: u8) {
+        self.signals.fetch_or(bit, Ordering::AcqRel);
+        self.task.wake();
+    }
+
+    /// Resolves once `bit` is set, and clears it. No waiter of its own: the task's waker is
+    /// registered before the check, so a signal after it wakes the task.
+    fn wait(&self, bit: u8) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            self.task.register(cx.waker());
+            if self.signals.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
     }
 
     /// Asks the connection to close, sending DISCONNECT `rc` to a 5.0 client.
@@ -127,13 +159,13 @@ impl Link {
             *slot = Some((reason, rc));
         }
         drop(slot);
-        self.kill.notify_one();
+        self.signal(KILLED);
     }
 
-    /// Waits for [`Link::kill`] (for links without a connection task: in-process
-    /// subscriptions).
+    /// Waits for [`Link::kill`] (a kill before the wait counts, once). Only the link's own
+    /// task waits on a link.
     pub(crate) async fn wait_killed(&self) {
-        self.kill.notified().await;
+        self.wait(KILLED).await;
     }
 
     /// Waits until the connection has closed and detached from its session.
@@ -188,7 +220,7 @@ impl Link {
             control.pubacks += 1;
         }
         drop(control);
-        self.wake.notify_one();
+        self.wake();
     }
 
     /// Appends the packets waiting for the writer to `buf`, leaving none. Returns how many
