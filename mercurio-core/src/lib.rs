@@ -31,6 +31,7 @@ pub mod events;
 mod handle;
 mod http;
 pub mod intercept;
+mod keep_alive;
 mod link;
 mod listener;
 pub mod message;

@@ -6,7 +6,7 @@
 //! socket, so the session (which holds the link of its current connection) and the broker
 //! sit below the connection code.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -88,6 +88,9 @@ pub(crate) struct Link {
     reader_waits: AtomicBool,
     /// The client's Maximum Packet Size, in bytes (unlimited until CONNECT says).
     max_packet_size: AtomicUsize,
+    /// The keep alive deadline, in the milliseconds of [`crate::keep_alive::KeepAlive`]: 0
+    /// while never armed, `u64::MAX` while disarmed.
+    keep_alive: AtomicU64,
 }
 
 /// [`Link::wake`] was called and not waited for yet.
@@ -115,7 +118,36 @@ impl Link {
             written: Notify::new(),
             reader_waits: AtomicBool::new(false),
             max_packet_size: AtomicUsize::new(usize::MAX),
+            keep_alive: AtomicU64::new(0),
         }
+    }
+
+    /// Arms the keep alive deadline `at` (milliseconds, above 0); true the first time (the
+    /// link is not watched yet).
+    pub(crate) fn arm_keep_alive(&self, at: u64) -> bool {
+        self.keep_alive.swap(at, Ordering::AcqRel) == 0
+    }
+
+    /// Disarms the keep alive deadline (the link stays watched).
+    pub(crate) fn disarm_keep_alive(&self) {
+        self.keep_alive.store(u64::MAX, Ordering::Release);
+    }
+
+    /// True, once, when the armed deadline is `now` or earlier (milliseconds): it is then
+    /// disarmed.
+    pub(crate) fn keep_alive_expired(&self, now: u64) -> bool {
+        let at = self.keep_alive.load(Ordering::Acquire);
+        at != 0
+            && at <= now
+            && self
+                .keep_alive
+                .compare_exchange(at, u64::MAX, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// True once the connection has closed and detached ([`Link::mark_closed`]).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.is_closed.load(Ordering::Acquire)
     }
 
     /// Sets the client's Maximum Packet Size, in bytes, which [`Link::send`] respects.

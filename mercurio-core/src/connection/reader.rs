@@ -176,25 +176,16 @@ impl Reader<'_> {
                     }
                 }
             }
+            // The deadline runs only while the read waits; past it, the broker's keep alive
+            // sweep kills the link (`keep_alive`: no timer per connection).
             let read = async {
-                match deadline {
-                    Some(d) => tokio::time::timeout_at(d, read_lean(rd, buf, &mut room))
-                        .await
-                        .ok(),
-                    None => Some(read_lean(rd, buf, &mut room).await),
-                }
+                let _armed = deadline.map(|d| self.broker.keep_alive.arm(self.link, d));
+                read_lean(rd, buf, &mut room).await
             };
             match read.await {
-                None => {
-                    return Close {
-                        reason: DisconnectReason::KeepAliveTimeout,
-                        send: Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
-                        publish_will: true,
-                    }
-                }
-                Some(Ok(0)) => return Close::lost(DisconnectReason::ConnectionLost),
-                Some(Ok(n)) => Stats::add(&self.broker.stats.bytes_received, n as u64),
-                Some(Err(e)) => return Close::lost(DisconnectReason::Io(e.to_string())),
+                Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
+                Ok(n) => Stats::add(&self.broker.stats.bytes_received, n as u64),
+                Err(e) => return Close::lost(DisconnectReason::Io(e.to_string())),
             }
         }
     }
