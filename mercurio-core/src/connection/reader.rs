@@ -169,7 +169,7 @@ impl Reader<'_> {
             }
             if let Some(p) = self.broker.persist.get() {
                 if p.must_wait(&self.session.client_id) {
-                    p.wait_room(&self.session.client_id).await;
+                    Box::pin(p.wait_room(&self.session.client_id)).await;
                     // The keep alive restarts: the client was silent because it was not read.
                     if let Some(g) = grace {
                         deadline = Some(tokio::time::Instant::now() + g);
