@@ -32,6 +32,7 @@ mod handle;
 mod http;
 pub mod intercept;
 mod keep_alive;
+mod lazy_map;
 mod link;
 mod listener;
 pub mod message;

@@ -5,7 +5,7 @@
 //! A session is shared (`Arc<Session>`): publishers' tasks push into its queue while the
 //! owning connection's writer drains it. Everything sits behind one short-held mutex.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
+use crate::lazy_map::LazyMap;
 use crate::link::Link;
 use crate::message::Message;
 use crate::stats::DropCause;
@@ -194,14 +195,14 @@ impl Queue {
 pub(crate) struct SessionState {
     pub protocol: ProtocolVersion,
     /// Full filter (with `$share/...`) to what was granted.
-    pub subscriptions: HashMap<String, Granted>,
+    pub subscriptions: LazyMap<String, Granted>,
     /// Deliveries waiting for the client, with the bytes they hold.
     pub queue: Queue,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
     pub inflight: VecDeque<Inflight>,
     /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL (changed
     /// only through `receive_qos2` / `release_qos2`, which report it).
-    inbound_qos2: HashSet<u16>,
+    inbound_qos2: LazyMap<u16, ()>,
     next_packet_id: u16,
     /// Session Expiry Interval in seconds; `u32::MAX` = never.
     pub expiry_interval: u32,
@@ -313,10 +314,10 @@ impl Session {
             client_id,
             state: Mutex::new(SessionState {
                 protocol,
-                subscriptions: HashMap::new(),
+                subscriptions: LazyMap::new(),
                 queue: Queue::default(),
                 inflight: VecDeque::new(),
-                inbound_qos2: HashSet::new(),
+                inbound_qos2: LazyMap::new(),
                 next_packet_id: 1,
                 expiry_interval,
                 will: None,
@@ -762,7 +763,7 @@ impl SessionState {
     /// An inbound QoS 2 PUBLISH is answered with PUBREC: its packet identifier awaits
     /// PUBREL [MQTT-4.3.3-9], reported to storage. False when it already did (a resend).
     pub(crate) fn receive_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
-        let added = self.inbound_qos2.insert(packet_id);
+        let added = self.inbound_qos2.insert(packet_id, ()).is_none();
         if added {
             self.persist_inbound_qos2(client_id, packet_id, true);
         }
@@ -772,7 +773,7 @@ impl SessionState {
     /// PUBREL for `packet_id`: the identifier is released, reported to storage. False when
     /// it was not awaiting PUBREL.
     pub(crate) fn release_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
-        let known = self.inbound_qos2.remove(&packet_id);
+        let known = self.inbound_qos2.remove(&packet_id).is_some();
         if known {
             self.persist_inbound_qos2(client_id, packet_id, false);
         }
@@ -781,7 +782,7 @@ impl SessionState {
 
     /// Whether `packet_id` is an inbound QoS 2 message awaiting PUBREL.
     pub(crate) fn awaits_release(&self, packet_id: u16) -> bool {
-        self.inbound_qos2.contains(&packet_id)
+        self.inbound_qos2.contains_key(&packet_id)
     }
 
     /// How many inbound QoS 2 messages await PUBREL.
@@ -791,14 +792,17 @@ impl SessionState {
 
     /// The inbound QoS 2 packet identifiers awaiting PUBREL, in increasing order (as stored).
     pub(crate) fn inbound_qos2_ids(&self) -> Vec<u16> {
-        let mut ids: Vec<u16> = self.inbound_qos2.iter().copied().collect();
+        let mut ids: Vec<u16> = self.inbound_qos2.keys().copied().collect();
         ids.sort_unstable();
         ids
     }
 
     /// Restore: the identifiers awaiting PUBREL as storage had them (not reported again).
     pub(crate) fn restore_inbound_qos2(&mut self, ids: &[u16]) {
-        self.inbound_qos2 = ids.iter().copied().collect();
+        self.inbound_qos2 = LazyMap::new();
+        for &id in ids {
+            self.inbound_qos2.insert(id, ());
+        }
     }
 
     /// Restore: numbers the next queued message after `seq`.

@@ -10,7 +10,6 @@ mod connect;
 mod reader;
 mod writer;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -123,35 +122,7 @@ where
     }
 }
 
-/// A map that takes no room until its first entry: a topic alias table, which most
-/// connections never use, costs one pointer instead of an empty `HashMap`'s 48 bytes.
-#[derive(Debug)]
-#[allow(clippy::box_collection)] // the point: one pointer while empty
-pub(super) struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
-
-impl<K: Eq + std::hash::Hash, V> LazyMap<K, V> {
-    pub(super) fn new() -> Self {
-        LazyMap(None)
-    }
-
-    pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: Eq + std::hash::Hash + ?Sized,
-    {
-        self.0.as_ref()?.get(key)
-    }
-
-    pub(super) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        self.0
-            .get_or_insert_with(Default::default)
-            .insert(key, value)
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |m| m.len())
-    }
-}
+pub(super) use crate::lazy_map::LazyMap;
 
 /// A connection past its CONNACK: what its reader, its writer and its close share.
 struct Connected<S> {
