@@ -68,14 +68,16 @@ impl std::fmt::Display for DisconnectReason {
 #[derive(Debug)]
 pub(crate) struct Link {
     /// The task that serves the link (its connection's, a bridge's, an in-process
-    /// subscription's): one task waits for both [`Link::wake`] and [`Link::kill`], so one
-    /// waker serves both, and the futures waiting for them hold no waiter of their own (an
-    /// idle connection waits on both all the time).
+    /// subscription's): one task waits for [`Link::wake`], [`Link::kill`] and (a connection's
+    /// reader) [`Link::wrote`], so one waker serves all three, and the futures waiting for
+    /// them hold no waiter of their own (an idle connection waits on two all the time).
     task: AtomicWaker,
-    /// `WOKEN` and `KILLED`, each set until a wait takes it (one pending signal each, as a
-    /// `Notify` permit).
+    /// `WOKEN`, `KILLED` and `WRITTEN`, each set until a wait takes it (one pending signal
+    /// each, as a `Notify` permit).
     signals: AtomicU8,
-    kill_reason: Mutex<Option<(DisconnectReason, ReasonCode)>>,
+    /// Boxed: most links are never killed, and a reason is 32 bytes.
+    #[allow(clippy::type_complexity)]
+    kill_reason: Mutex<Option<Box<(DisconnectReason, ReasonCode)>>>,
     closed: Notify,
     is_closed: AtomicBool,
     /// Packets encoded by the reader, written by the writer ahead of queued messages.
@@ -83,8 +85,7 @@ pub(crate) struct Link {
     /// QoS 1 PUBLISH packets received whose PUBACK is not written yet (inbound Receive
     /// Maximum, with the QoS 2 ones awaiting PUBREL).
     unanswered_qos1: AtomicUsize,
-    /// Signalled after a write when the reader waits for the control buffer to drain.
-    written: Notify,
+    /// The reader waits for the control buffer to drain: the next write signals `WRITTEN`.
     reader_waits: AtomicBool,
     /// The client's Maximum Packet Size, in bytes (unlimited until CONNECT says).
     max_packet_size: AtomicUsize,
@@ -97,6 +98,8 @@ pub(crate) struct Link {
 const WOKEN: u8 = 1;
 /// [`Link::kill`] was called and not waited for yet.
 const KILLED: u8 = 2;
+/// [`Link::wrote`] found the reader waiting for room in the control buffer.
+const WRITTEN: u8 = 4;
 
 /// The control buffer and how many PUBACKs it holds.
 #[derive(Debug, Default)]
@@ -115,7 +118,6 @@ impl Link {
             is_closed: AtomicBool::new(false),
             control: Mutex::new(Control::default()),
             unanswered_qos1: AtomicUsize::new(0),
-            written: Notify::new(),
             reader_waits: AtomicBool::new(false),
             max_packet_size: AtomicUsize::new(usize::MAX),
             keep_alive: AtomicU64::new(0),
@@ -188,7 +190,7 @@ impl Link {
     pub(crate) fn kill(&self, reason: DisconnectReason, rc: ReasonCode) {
         let mut slot = self.kill_reason.lock();
         if slot.is_none() {
-            *slot = Some((reason, rc));
+            *slot = Some(Box::new((reason, rc)));
         }
         drop(slot);
         self.signal(KILLED);
@@ -215,7 +217,7 @@ impl Link {
 
     /// The reason given to [`Link::kill`], taken (`None` when it was never called).
     pub(crate) fn take_kill_reason(&self) -> Option<(DisconnectReason, ReasonCode)> {
-        self.kill_reason.lock().take()
+        self.kill_reason.lock().take().map(|r| *r)
     }
 
     /// Marks the connection closed and detached: wakes [`Link::wait_closed`].
@@ -292,9 +294,8 @@ impl Link {
     pub(crate) async fn wait_control_room(&self, patience: Duration) -> bool {
         let mut give_up = tokio::time::Instant::now() + patience;
         loop {
-            let notified = self.written.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+            // A signal left from before this wait is stale.
+            self.signals.fetch_and(!WRITTEN, Ordering::AcqRel);
             self.reader_waits.store(true, Ordering::Release);
             if !self.control_full() {
                 self.reader_waits.store(false, Ordering::Release);
@@ -302,7 +303,7 @@ impl Link {
             }
             tokio::select! {
                 // A write went out: progress, so the patience starts again.
-                _ = &mut notified => give_up = tokio::time::Instant::now() + patience,
+                _ = self.wait(WRITTEN) => give_up = tokio::time::Instant::now() + patience,
                 _ = tokio::time::sleep_until(give_up) => return !self.control_full(),
             }
         }
@@ -314,7 +315,7 @@ impl Link {
             self.unanswered_qos1.fetch_sub(pubacks, Ordering::AcqRel);
         }
         if self.reader_waits.swap(false, Ordering::AcqRel) {
-            self.written.notify_waiters();
+            self.signal(WRITTEN);
         }
     }
 }

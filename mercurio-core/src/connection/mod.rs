@@ -230,6 +230,7 @@ where
 // Not an `async fn`: an `async fn` moves its arguments into locals of its body, and its
 // future keeps room for both (the connection twice); an `async move` block uses its capture
 // in place.
+#[allow(clippy::manual_async_fn)] // the point: see above
 fn run<S>(mut c: Connected<S>) -> impl std::future::Future<Output = ()> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
