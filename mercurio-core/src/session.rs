@@ -213,12 +213,11 @@ pub(crate) struct SessionState {
     generation: u64,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
     pub ended: bool,
-    /// True while the queue is dropping, to log once when it starts and once when it stops.
-    dropping: bool,
-    /// While dropping: the messages and payload bytes the queue must be back to (half its
-    /// limits) for the "room again" line, checked as messages leave the queue.
-    room_at: Option<(usize, u64)>,
-    dropped_since_warning: u64,
+    /// While the queue is dropping (to log once when it starts and once when it stops): the
+    /// messages and payload bytes it must be back to (half its limits) for the "room again"
+    /// line, checked as messages leave the queue, and the count dropped since it started.
+    /// Boxed: most queues never drop.
+    dropping: Option<Box<Dropping>>,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
     pub dropped: u64,
     /// When the last connection ended; `None` while connected.
@@ -243,6 +242,15 @@ pub(crate) struct SessionState {
     room_waited: bool,
     /// This stall was logged and counted already.
     stall_reported: bool,
+}
+
+/// A dropping queue's marks ([`SessionState`]'s `dropping`).
+#[derive(Debug)]
+struct Dropping {
+    room_messages: usize,
+    room_bytes: u64,
+    /// Messages dropped since the queue started dropping.
+    dropped: u64,
 }
 
 /// What a stored session reports, one call per change, made under the session's lock so that
@@ -324,9 +332,7 @@ impl Session {
                 link: None,
                 generation: 0,
                 ended: false,
-                dropping: false,
-                room_at: None,
-                dropped_since_warning: 0,
+                dropping: None,
                 dropped: 0,
                 disconnected_at: None,
                 username: None,
@@ -380,21 +386,23 @@ impl Session {
             }
         });
         if let Some(cause) = cause {
-            if !st.dropping {
-                st.dropping = true;
+            if st.dropping.is_none() {
                 // Half its limits, not the first message that fits, or a queue hovering at a
                 // limit would log at every message.
-                st.room_at = Some((
-                    limits.max_qos0_messages.min(limits.max_messages) / 2,
-                    if limits.max_bytes == 0 {
+                st.dropping = Some(Box::new(Dropping {
+                    room_messages: limits.max_qos0_messages.min(limits.max_messages) / 2,
+                    room_bytes: if limits.max_bytes == 0 {
                         u64::MAX
                     } else {
                         limits.max_bytes / 2
                     },
-                ));
+                    dropped: 0,
+                }));
                 tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queue.bytes(), limit = limit.unwrap_or_default(), "session queue full: dropping messages");
             }
-            st.dropped_since_warning += 1;
+            if let Some(d) = st.dropping.as_mut() {
+                d.dropped += 1;
+            }
             st.dropped += 1;
             return Enqueued::Dropped(cause);
         }
@@ -715,18 +723,16 @@ impl SessionState {
     /// Ends a dropping period once the queue is back to half its limits: one line with the
     /// count of messages dropped.
     fn note_room(&mut self, client_id: &str) {
-        let Some((messages, bytes)) = self.room_at else {
+        let Some(d) = &self.dropping else {
             return;
         };
-        if self.queue.len() <= messages && self.queue.bytes() <= bytes {
-            self.dropping = false;
-            self.room_at = None;
+        if self.queue.len() <= d.room_messages && self.queue.bytes() <= d.room_bytes {
             tracing::warn!(
                 client_id,
-                dropped = self.dropped_since_warning,
+                dropped = d.dropped,
                 "session queue has room again"
             );
-            self.dropped_since_warning = 0;
+            self.dropping = None;
         }
     }
 
