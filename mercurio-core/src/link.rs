@@ -164,8 +164,10 @@ impl Link {
 
     /// Waits for the next [`Link::wake`] (a wake-up before the wait counts, once). Only the
     /// link's own task waits on a link.
-    pub(crate) async fn wait_woken(&self) {
-        self.wait(WOKEN).await;
+    /// (Not an `async fn`, whose future would hold `self` twice: an idle connection waits on
+    /// it all the time.)
+    pub(crate) fn wait_woken(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.wait(WOKEN)
     }
 
     fn signal(&self, bit: u8) {
@@ -198,8 +200,8 @@ impl Link {
 
     /// Waits for [`Link::kill`] (a kill before the wait counts, once). Only the link's own
     /// task waits on a link.
-    pub(crate) async fn wait_killed(&self) {
-        self.wait(KILLED).await;
+    pub(crate) fn wait_killed(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.wait(KILLED)
     }
 
     /// Waits until the connection has closed and detached from its session.

@@ -36,13 +36,13 @@ const READ_ROOM: usize = 256;
 /// Reads into `buf` as `read_buf` does, but an empty `buf` holds no memory while the read
 /// waits, so an idle connection holds no read buffer: each attempt gets `room` bytes (the
 /// capacity the buffer had last, at most `IDLE_BUFFER_LIMIT`), released again when nothing
-/// came.
-async fn read_lean<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    buf: &mut BytesMut,
-    room: &mut usize,
-) -> std::io::Result<usize> {
-    std::future::poll_fn(|cx| {
+/// came. (Not an `async fn`: its future would hold its arguments twice.)
+fn read_lean<'a, R: AsyncRead + Unpin>(
+    rd: &'a mut R,
+    buf: &'a mut BytesMut,
+    room: &'a mut usize,
+) -> impl Future<Output = std::io::Result<usize>> + 'a {
+    std::future::poll_fn(move |cx| {
         if buf.capacity() == 0 {
             buf.reserve(*room);
         }
@@ -57,7 +57,6 @@ async fn read_lean<R: AsyncRead + Unpin>(
         }
         read
     })
-    .await
 }
 
 /// The inbound half: decodes packets and runs their state machines.
@@ -178,11 +177,10 @@ impl Reader<'_> {
             }
             // The deadline runs only while the read waits; past it, the broker's keep alive
             // sweep kills the link (`keep_alive`: no timer per connection).
-            let read = async {
-                let _armed = deadline.map(|d| self.broker.keep_alive.arm(self.link, d));
-                read_lean(rd, buf, &mut room).await
-            };
-            match read.await {
+            let armed = deadline.map(|d| self.broker.keep_alive.arm(self.link, d));
+            let read = read_lean(rd, buf, &mut room).await;
+            drop(armed);
+            match read {
                 Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
                 Ok(n) => Stats::add(&self.broker.stats.bytes_received, n as u64),
                 Err(e) => return Close::lost(DisconnectReason::Io(e.to_string())),
