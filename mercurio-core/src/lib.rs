@@ -31,6 +31,8 @@ pub mod events;
 mod handle;
 mod http;
 pub mod intercept;
+mod keep_alive;
+mod lazy_map;
 mod link;
 mod listener;
 pub mod message;

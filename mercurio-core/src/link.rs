@@ -6,10 +6,12 @@
 //! socket, so the session (which holds the link of its current connection) and the broker
 //! sit below the connection code.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -65,9 +67,17 @@ impl std::fmt::Display for DisconnectReason {
 /// and how the broker asks the connection to close.
 #[derive(Debug)]
 pub(crate) struct Link {
-    wake: Notify,
-    kill: Notify,
-    kill_reason: Mutex<Option<(DisconnectReason, ReasonCode)>>,
+    /// The task that serves the link (its connection's, a bridge's, an in-process
+    /// subscription's): one task waits for [`Link::wake`], [`Link::kill`] and (a connection's
+    /// reader) [`Link::wrote`], so one waker serves all three, and the futures waiting for
+    /// them hold no waiter of their own (an idle connection waits on two all the time).
+    task: AtomicWaker,
+    /// `WOKEN`, `KILLED` and `WRITTEN`, each set until a wait takes it (one pending signal
+    /// each, as a `Notify` permit).
+    signals: AtomicU8,
+    /// Boxed: most links are never killed, and a reason is 32 bytes.
+    #[allow(clippy::type_complexity)]
+    kill_reason: Mutex<Option<Box<(DisconnectReason, ReasonCode)>>>,
     closed: Notify,
     is_closed: AtomicBool,
     /// Packets encoded by the reader, written by the writer ahead of queued messages.
@@ -75,12 +85,21 @@ pub(crate) struct Link {
     /// QoS 1 PUBLISH packets received whose PUBACK is not written yet (inbound Receive
     /// Maximum, with the QoS 2 ones awaiting PUBREL).
     unanswered_qos1: AtomicUsize,
-    /// Signalled after a write when the reader waits for the control buffer to drain.
-    written: Notify,
+    /// The reader waits for the control buffer to drain: the next write signals `WRITTEN`.
     reader_waits: AtomicBool,
     /// The client's Maximum Packet Size, in bytes (unlimited until CONNECT says).
     max_packet_size: AtomicUsize,
+    /// The keep alive deadline, in the milliseconds of [`crate::keep_alive::KeepAlive`]: 0
+    /// while never armed, `u64::MAX` while disarmed.
+    keep_alive: AtomicU64,
 }
+
+/// [`Link::wake`] was called and not waited for yet.
+const WOKEN: u8 = 1;
+/// [`Link::kill`] was called and not waited for yet.
+const KILLED: u8 = 2;
+/// [`Link::wrote`] found the reader waiting for room in the control buffer.
+const WRITTEN: u8 = 4;
 
 /// The control buffer and how many PUBACKs it holds.
 #[derive(Debug, Default)]
@@ -92,17 +111,45 @@ struct Control {
 impl Link {
     pub(crate) fn new() -> Link {
         Link {
-            wake: Notify::new(),
-            kill: Notify::new(),
+            task: AtomicWaker::new(),
+            signals: AtomicU8::new(0),
             kill_reason: Mutex::new(None),
             closed: Notify::new(),
             is_closed: AtomicBool::new(false),
             control: Mutex::new(Control::default()),
             unanswered_qos1: AtomicUsize::new(0),
-            written: Notify::new(),
             reader_waits: AtomicBool::new(false),
             max_packet_size: AtomicUsize::new(usize::MAX),
+            keep_alive: AtomicU64::new(0),
         }
+    }
+
+    /// Arms the keep alive deadline `at` (milliseconds, above 0); true the first time (the
+    /// link is not watched yet).
+    pub(crate) fn arm_keep_alive(&self, at: u64) -> bool {
+        self.keep_alive.swap(at, Ordering::AcqRel) == 0
+    }
+
+    /// Disarms the keep alive deadline (the link stays watched).
+    pub(crate) fn disarm_keep_alive(&self) {
+        self.keep_alive.store(u64::MAX, Ordering::Release);
+    }
+
+    /// True, once, when the armed deadline is `now` or earlier (milliseconds): it is then
+    /// disarmed.
+    pub(crate) fn keep_alive_expired(&self, now: u64) -> bool {
+        let at = self.keep_alive.load(Ordering::Acquire);
+        at != 0
+            && at <= now
+            && self
+                .keep_alive
+                .compare_exchange(at, u64::MAX, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// True once the connection has closed and detached ([`Link::mark_closed`]).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.is_closed.load(Ordering::Acquire)
     }
 
     /// Sets the client's Maximum Packet Size, in bytes, which [`Link::send`] respects.
@@ -112,28 +159,49 @@ impl Link {
 
     /// Wakes the writer: something was queued.
     pub(crate) fn wake(&self) {
-        self.wake.notify_one();
+        self.signal(WOKEN);
     }
 
-    /// Waits for the next [`Link::wake`].
-    pub(crate) async fn wait_woken(&self) {
-        self.wake.notified().await;
+    /// Waits for the next [`Link::wake`] (a wake-up before the wait counts, once). Only the
+    /// link's own task waits on a link.
+    /// (Not an `async fn`, whose future would hold `self` twice: an idle connection waits on
+    /// it all the time.)
+    pub(crate) fn wait_woken(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.wait(WOKEN)
+    }
+
+    fn signal(&self, bit: u8) {
+        self.signals.fetch_or(bit, Ordering::AcqRel);
+        self.task.wake();
+    }
+
+    /// Resolves once `bit` is set, and clears it. No waiter of its own: the task's waker is
+    /// registered before the check, so a signal after it wakes the task.
+    fn wait(&self, bit: u8) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            self.task.register(cx.waker());
+            if self.signals.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
     }
 
     /// Asks the connection to close, sending DISCONNECT `rc` to a 5.0 client.
     pub(crate) fn kill(&self, reason: DisconnectReason, rc: ReasonCode) {
         let mut slot = self.kill_reason.lock();
         if slot.is_none() {
-            *slot = Some((reason, rc));
+            *slot = Some(Box::new((reason, rc)));
         }
         drop(slot);
-        self.kill.notify_one();
+        self.signal(KILLED);
     }
 
-    /// Waits for [`Link::kill`] (for links without a connection task: in-process
-    /// subscriptions).
-    pub(crate) async fn wait_killed(&self) {
-        self.kill.notified().await;
+    /// Waits for [`Link::kill`] (a kill before the wait counts, once). Only the link's own
+    /// task waits on a link.
+    pub(crate) fn wait_killed(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.wait(KILLED)
     }
 
     /// Waits until the connection has closed and detached from its session.
@@ -151,7 +219,7 @@ impl Link {
 
     /// The reason given to [`Link::kill`], taken (`None` when it was never called).
     pub(crate) fn take_kill_reason(&self) -> Option<(DisconnectReason, ReasonCode)> {
-        self.kill_reason.lock().take()
+        self.kill_reason.lock().take().map(|r| *r)
     }
 
     /// Marks the connection closed and detached: wakes [`Link::wait_closed`].
@@ -188,7 +256,7 @@ impl Link {
             control.pubacks += 1;
         }
         drop(control);
-        self.wake.notify_one();
+        self.wake();
     }
 
     /// Appends the packets waiting for the writer to `buf`, leaving none. Returns how many
@@ -228,9 +296,8 @@ impl Link {
     pub(crate) async fn wait_control_room(&self, patience: Duration) -> bool {
         let mut give_up = tokio::time::Instant::now() + patience;
         loop {
-            let notified = self.written.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+            // A signal left from before this wait is stale.
+            self.signals.fetch_and(!WRITTEN, Ordering::AcqRel);
             self.reader_waits.store(true, Ordering::Release);
             if !self.control_full() {
                 self.reader_waits.store(false, Ordering::Release);
@@ -238,7 +305,7 @@ impl Link {
             }
             tokio::select! {
                 // A write went out: progress, so the patience starts again.
-                _ = &mut notified => give_up = tokio::time::Instant::now() + patience,
+                _ = self.wait(WRITTEN) => give_up = tokio::time::Instant::now() + patience,
                 _ = tokio::time::sleep_until(give_up) => return !self.control_full(),
             }
         }
@@ -250,7 +317,7 @@ impl Link {
             self.unanswered_qos1.fetch_sub(pubacks, Ordering::AcqRel);
         }
         if self.reader_waits.swap(false, Ordering::AcqRel) {
-            self.written.notify_waiters();
+            self.signal(WRITTEN);
         }
     }
 }

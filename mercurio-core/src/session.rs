@@ -5,7 +5,7 @@
 //! A session is shared (`Arc<Session>`): publishers' tasks push into its queue while the
 //! owning connection's writer drains it. Everything sits behind one short-held mutex.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
+use crate::lazy_map::LazyMap;
 use crate::link::Link;
 use crate::message::Message;
 use crate::stats::DropCause;
@@ -202,14 +203,14 @@ impl Queue {
 pub(crate) struct SessionState {
     pub protocol: ProtocolVersion,
     /// Full filter (with `$share/...`) to what was granted.
-    pub subscriptions: HashMap<String, Granted>,
+    pub subscriptions: LazyMap<String, Granted>,
     /// Deliveries waiting for the client, with the bytes they hold.
     pub queue: Queue,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
     pub inflight: VecDeque<Inflight>,
     /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL (changed
     /// only through `receive_qos2` / `release_qos2`, which report it).
-    inbound_qos2: HashSet<u16>,
+    inbound_qos2: LazyMap<u16, ()>,
     next_packet_id: u16,
     /// Session Expiry Interval in seconds; `u32::MAX` = never.
     pub expiry_interval: u32,
@@ -220,12 +221,11 @@ pub(crate) struct SessionState {
     generation: u64,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
     pub ended: bool,
-    /// True while the queue is dropping, to log once when it starts and once when it stops.
-    dropping: bool,
-    /// While dropping: the messages and payload bytes the queue must be back to (half its
-    /// limits) for the "room again" line, checked as messages leave the queue.
-    room_at: Option<(usize, u64)>,
-    dropped_since_warning: u64,
+    /// While the queue is dropping (to log once when it starts and once when it stops): the
+    /// messages and payload bytes it must be back to (half its limits) for the "room again"
+    /// line, checked as messages leave the queue, and the count dropped since it started.
+    /// Boxed: most queues never drop.
+    dropping: Option<Box<Dropping>>,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
     pub dropped: u64,
     /// When the last connection ended; `None` while connected.
@@ -250,6 +250,15 @@ pub(crate) struct SessionState {
     room_waited: bool,
     /// This stall was logged and counted already.
     stall_reported: bool,
+}
+
+/// A dropping queue's marks ([`SessionState`]'s `dropping`).
+#[derive(Debug)]
+struct Dropping {
+    room_messages: usize,
+    room_bytes: u64,
+    /// Messages dropped since the queue started dropping.
+    dropped: u64,
 }
 
 /// What a stored session reports, one call per change, made under the session's lock so that
@@ -321,19 +330,17 @@ impl Session {
             client_id,
             state: Mutex::new(SessionState {
                 protocol,
-                subscriptions: HashMap::new(),
+                subscriptions: LazyMap::new(),
                 queue: Queue::default(),
                 inflight: VecDeque::new(),
-                inbound_qos2: HashSet::new(),
+                inbound_qos2: LazyMap::new(),
                 next_packet_id: 1,
                 expiry_interval,
                 will: None,
                 link: None,
                 generation: 0,
                 ended: false,
-                dropping: false,
-                room_at: None,
-                dropped_since_warning: 0,
+                dropping: None,
                 dropped: 0,
                 disconnected_at: None,
                 username: None,
@@ -398,21 +405,23 @@ impl Session {
             }
         });
         if let Some(cause) = cause {
-            if !st.dropping {
-                st.dropping = true;
+            if st.dropping.is_none() {
                 // Half its limits, not the first message that fits, or a queue hovering at a
                 // limit would log at every message.
-                st.room_at = Some((
-                    limits.max_qos0_messages.min(limits.max_messages) / 2,
-                    if limits.max_bytes == 0 {
+                st.dropping = Some(Box::new(Dropping {
+                    room_messages: limits.max_qos0_messages.min(limits.max_messages) / 2,
+                    room_bytes: if limits.max_bytes == 0 {
                         u64::MAX
                     } else {
                         limits.max_bytes / 2
                     },
-                ));
+                    dropped: 0,
+                }));
                 tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queue.bytes(), limit = limit.unwrap_or_default(), "session queue full: dropping messages");
             }
-            st.dropped_since_warning += 1;
+            if let Some(d) = st.dropping.as_mut() {
+                d.dropped += 1;
+            }
             st.dropped += 1;
             return Enqueued::Dropped(cause);
         }
@@ -733,18 +742,16 @@ impl SessionState {
     /// Ends a dropping period once the queue is back to half its limits: one line with the
     /// count of messages dropped.
     fn note_room(&mut self, client_id: &str) {
-        let Some((messages, bytes)) = self.room_at else {
+        let Some(d) = &self.dropping else {
             return;
         };
-        if self.queue.len() <= messages && self.queue.bytes() <= bytes {
-            self.dropping = false;
-            self.room_at = None;
+        if self.queue.len() <= d.room_messages && self.queue.bytes() <= d.room_bytes {
             tracing::warn!(
                 client_id,
-                dropped = self.dropped_since_warning,
+                dropped = d.dropped,
                 "session queue has room again"
             );
-            self.dropped_since_warning = 0;
+            self.dropping = None;
         }
     }
 
@@ -781,7 +788,7 @@ impl SessionState {
     /// An inbound QoS 2 PUBLISH is answered with PUBREC: its packet identifier awaits
     /// PUBREL [MQTT-4.3.3-9], reported to storage. False when it already did (a resend).
     pub(crate) fn receive_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
-        let added = self.inbound_qos2.insert(packet_id);
+        let added = self.inbound_qos2.insert(packet_id, ()).is_none();
         if added {
             self.persist_inbound_qos2(client_id, packet_id, true);
         }
@@ -791,7 +798,7 @@ impl SessionState {
     /// PUBREL for `packet_id`: the identifier is released, reported to storage. False when
     /// it was not awaiting PUBREL.
     pub(crate) fn release_qos2(&mut self, client_id: &str, packet_id: u16) -> bool {
-        let known = self.inbound_qos2.remove(&packet_id);
+        let known = self.inbound_qos2.remove(&packet_id).is_some();
         if known {
             self.persist_inbound_qos2(client_id, packet_id, false);
         }
@@ -800,7 +807,7 @@ impl SessionState {
 
     /// Whether `packet_id` is an inbound QoS 2 message awaiting PUBREL.
     pub(crate) fn awaits_release(&self, packet_id: u16) -> bool {
-        self.inbound_qos2.contains(&packet_id)
+        self.inbound_qos2.contains_key(&packet_id)
     }
 
     /// How many inbound QoS 2 messages await PUBREL.
@@ -810,14 +817,17 @@ impl SessionState {
 
     /// The inbound QoS 2 packet identifiers awaiting PUBREL, in increasing order (as stored).
     pub(crate) fn inbound_qos2_ids(&self) -> Vec<u16> {
-        let mut ids: Vec<u16> = self.inbound_qos2.iter().copied().collect();
+        let mut ids: Vec<u16> = self.inbound_qos2.keys().copied().collect();
         ids.sort_unstable();
         ids
     }
 
     /// Restore: the identifiers awaiting PUBREL as storage had them (not reported again).
     pub(crate) fn restore_inbound_qos2(&mut self, ids: &[u16]) {
-        self.inbound_qos2 = ids.iter().copied().collect();
+        self.inbound_qos2 = LazyMap::new();
+        for &id in ids {
+            self.inbound_qos2.insert(id, ());
+        }
     }
 
     /// Restore: numbers the next queued message after `seq`.

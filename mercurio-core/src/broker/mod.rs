@@ -79,6 +79,8 @@ pub(crate) struct BrokerState {
     pub listener_auth: Vec<Option<crate::auth::Auth>>,
     /// Whether any chain (`auth` or a listener's) checks access; false makes every check free.
     pub checks_access: bool,
+    /// The connections' keep alive deadlines and their sweep (`keep_alive`).
+    pub keep_alive: Arc<crate::keep_alive::KeepAlive>,
 }
 
 impl BrokerState {
@@ -120,6 +122,7 @@ impl BrokerState {
             bridges: Mutex::new(Vec::new()),
             listener_auth: Vec::new(),
             checks_access: false,
+            keep_alive: Arc::default(),
         }
     }
 

@@ -10,7 +10,6 @@ mod connect;
 mod reader;
 mod writer;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -123,35 +122,7 @@ where
     }
 }
 
-/// A map that takes no room until its first entry: a topic alias table, which most
-/// connections never use, costs one pointer instead of an empty `HashMap`'s 48 bytes.
-#[derive(Debug)]
-#[allow(clippy::box_collection)] // the point: one pointer while empty
-pub(super) struct LazyMap<K, V>(Option<Box<HashMap<K, V>>>);
-
-impl<K: Eq + std::hash::Hash, V> LazyMap<K, V> {
-    pub(super) fn new() -> Self {
-        LazyMap(None)
-    }
-
-    pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: Eq + std::hash::Hash + ?Sized,
-    {
-        self.0.as_ref()?.get(key)
-    }
-
-    pub(super) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        self.0
-            .get_or_insert_with(Default::default)
-            .insert(key, value)
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |m| m.len())
-    }
-}
+pub(super) use crate::lazy_map::LazyMap;
 
 /// A connection past its CONNACK: what its reader, its writer and its close share.
 struct Connected<S> {
@@ -256,86 +227,91 @@ where
 
 /// The reader and the writer side by side, until one ends or the broker asks the connection
 /// to close; then the close.
-async fn run<S>(c: Connected<S>)
+// Not an `async fn`: an `async fn` moves its arguments into locals of its body, and its
+// future keeps room for both (the connection twice); an `async move` block uses its capture
+// in place.
+#[allow(clippy::manual_async_fn)] // the point: see above
+fn run<S>(mut c: Connected<S>) -> impl std::future::Future<Output = ()> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mut c = c;
-    let mount = c
-        .broker
-        .config
-        .listeners
-        .get(c.listener)
-        .and_then(|l| l.mount_point.as_deref());
-    let (broker, session, link, version) = (&c.broker, &c.session, &c.link, c.version);
-    let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
+    async move {
+        let mount = c
+            .broker
+            .config
+            .listeners
+            .get(c.listener)
+            .and_then(|l| l.mount_point.as_deref());
+        let (broker, session, link, version) = (&c.broker, &c.session, &c.link, c.version);
+        let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
 
-    // 3. Reader and writer, until one ends or the broker asks the connection to close.
-    let mut reader = Reader {
-        broker,
-        session,
-        link,
-        version,
-        aliases: LazyMap::new(),
-        receive_maximum: broker.config.server.receive_maximum,
-        bridge: c.bridge,
-        congested: Vec::new(),
-        mount,
-    };
-    let mut writer = Writer {
-        broker,
-        session,
-        link,
-        version,
-        limits: c.client_limits,
-        aliases: LazyMap::new(),
-        scratch: None,
-        out: BytesMut::new(),
-        mount,
-    };
-    link.wake();
-    let close = {
-        let read = reader.run(&mut rd, &mut c.buf, c.keep_alive);
-        tokio::pin!(read);
-        let mut killed = false;
-        let mut write_failed = false;
-        let close = tokio::select! {
-            c = &mut read => c,
-            c = writer.run(&mut wr) => {
-                write_failed = true;
-                c
-            }
-            _ = link.wait_killed() => {
-                killed = true;
-                let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
-                Close { reason, send: Some(rc), publish_will: true }
+        // 3. Reader and writer, until one ends or the broker asks the connection to close.
+        let mut reader = Reader {
+            broker,
+            session,
+            link,
+            version,
+            aliases: LazyMap::new(),
+            receive_maximum: broker.config.server.receive_maximum,
+            bridge: c.bridge,
+            congested: Vec::new(),
+            mount,
+        };
+        let mut writer = Writer {
+            broker,
+            session,
+            link,
+            version,
+            limits: c.client_limits,
+            aliases: LazyMap::new(),
+            scratch: None,
+            out: BytesMut::new(),
+            mount,
+        };
+        link.wake();
+        let close = {
+            let read = reader.run(&mut rd, &mut c.buf, c.keep_alive);
+            tokio::pin!(read);
+            let mut killed = false;
+            let mut write_failed = false;
+            let close = tokio::select! {
+                c = &mut read => c,
+                c = writer.run(&mut wr) => {
+                    write_failed = true;
+                    c
+                }
+                _ = link.wait_killed() => {
+                    killed = true;
+                    let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
+                    Close { reason, send: Some(rc), publish_will: true }
+                }
+            };
+            if write_failed {
+                // The client closed without reading what we sent last (mosquitto_sub -C does),
+                // but what it sent before closing is still to be read: its PUBACKs, applied, and
+                // its DISCONNECT, which discards the will [MQTT-3.14.4-3]. The reader's verdict
+                // wins when it reaches the end of the input in time.
+                // Boxed, as below: rare, and a timer is large.
+                match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
+                    Ok(c) => c,
+                    Err(_) => close,
+                }
+            } else {
+                // At shutdown, what the client sent just before is still handled: a PUBACK on
+                // its way is applied (and stored), not answered by a redelivery after the restart.
+                if killed && matches!(close.reason, DisconnectReason::Shutdown) {
+                    let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
+                }
+                close
             }
         };
-        if write_failed {
-            // The client closed without reading what we sent last (mosquitto_sub -C does),
-            // but what it sent before closing is still to be read: its PUBACKs, applied, and
-            // its DISCONNECT, which discards the will [MQTT-3.14.4-3]. The reader's verdict
-            // wins when it reaches the end of the input in time.
-            // Boxed, as below: rare, and a timer is large.
-            match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
-                Ok(c) => c,
-                Err(_) => close,
-            }
-        } else {
-            // At shutdown, what the client sent just before is still handled: a PUBACK on
-            // its way is applied (and stored), not answered by a redelivery after the restart.
-            if killed && matches!(close.reason, DisconnectReason::Shutdown) {
-                let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
-            }
-            close
-        }
-    };
-    let last = std::mem::take(&mut writer.out);
-    drop((reader, writer));
-    Box::pin(finish(
-        broker, session, link, &mut rd, version, c.peer, close, last,
-    ))
-    .await;
+        let last = std::mem::take(&mut writer.out);
+        drop((reader, writer));
+        Box::pin(finish(
+            broker, session, link, &mut rd, version, c.peer, close, last,
+        ))
+        .await;
+    }
 }
 
 /// The close (step 4): the final bytes (what an interrupted write left, never half a packet

@@ -35,13 +35,13 @@ const READ_ROOM: usize = 256;
 /// Reads into `buf` as `read_buf` does, but an empty `buf` holds no memory while the read
 /// waits, so an idle connection holds no read buffer: each attempt gets `room` bytes (the
 /// capacity the buffer had last, at most `IDLE_BUFFER_LIMIT`), released again when nothing
-/// came.
-async fn read_lean<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    buf: &mut BytesMut,
-    room: &mut usize,
-) -> std::io::Result<usize> {
-    std::future::poll_fn(|cx| {
+/// came. (Not an `async fn`: its future would hold its arguments twice.)
+fn read_lean<'a, R: AsyncRead + Unpin>(
+    rd: &'a mut R,
+    buf: &'a mut BytesMut,
+    room: &'a mut usize,
+) -> impl Future<Output = std::io::Result<usize>> + 'a {
+    std::future::poll_fn(move |cx| {
         if buf.capacity() == 0 {
             buf.reserve(*room);
         }
@@ -56,7 +56,6 @@ async fn read_lean<R: AsyncRead + Unpin>(
         }
         read
     })
-    .await
 }
 
 /// The close for a packet that cannot be decoded.
@@ -185,31 +184,21 @@ impl Reader<'_> {
             }
             if let Some(p) = self.broker.persist.get() {
                 if p.must_wait(&self.session.client_id) {
-                    p.wait_room(&self.session.client_id).await;
+                    Box::pin(p.wait_room(&self.session.client_id)).await;
                     // The keep alive restarts: the client was silent because it was not read.
                     if let Some(g) = grace {
                         deadline = Some(tokio::time::Instant::now() + g);
                     }
                 }
             }
-            let read = async {
-                match deadline {
-                    Some(d) => tokio::time::timeout_at(d, read_lean(rd, buf, &mut room))
-                        .await
-                        .ok(),
-                    None => Some(read_lean(rd, buf, &mut room).await),
-                }
-            };
-            match read.await {
-                None => {
-                    return Close {
-                        reason: DisconnectReason::KeepAliveTimeout,
-                        send: Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
-                        publish_will: true,
-                    }
-                }
-                Some(Ok(0)) => return Close::lost(DisconnectReason::ConnectionLost),
-                Some(Ok(n)) => {
+            // The deadline runs only while the read waits; past it, the broker's keep alive
+            // sweep kills the link (`keep_alive`: no timer per connection).
+            let armed = deadline.map(|d| self.broker.keep_alive.arm(self.link, d));
+            let read = read_lean(rd, buf, &mut room).await;
+            drop(armed);
+            match read {
+                Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
+                Ok(n) => {
                     Stats::add(&self.broker.stats.bytes_received, n as u64);
                     // A read that filled all the room there was: the client sends more than
                     // reads of this size take in (a 256-byte buffer is about three small
@@ -222,7 +211,7 @@ impl Reader<'_> {
                         buf.reserve(want.saturating_sub(buf.len()));
                     }
                 }
-                Some(Err(e)) => return Close::lost(DisconnectReason::Io(e.to_string())),
+                Err(e) => return Close::lost(DisconnectReason::Io(e.to_string())),
             }
         }
     }
