@@ -38,8 +38,9 @@ Admin socket: [admin] socket, else $RUNTIME_DIRECTORY/mercuriod.sock under syste
 
 Signals: SIGTERM or Ctrl+C disconnects every client (MQTT 5: DISCONNECT 0x8B, server shutting
 down), waits up to 5 s for connections to close and exits 0; a second one exits at once (1).
-SIGHUP rereads the configuration file and applies the log level, connection_messages and the
-bridges (added, removed or changed ones start, stop or restart; the others keep running).
+SIGHUP rereads the configuration file and applies the log level, connection_messages, the
+password, ACL and TLS files, and the bridges (added, removed or changed ones start, stop or
+restart; the others keep running).
 Under systemd (Type=notify) readiness is reported once the listeners are bound.
 
 Exit status: 0 after a clean stop or a valid --check-config, 1 when the broker cannot start
