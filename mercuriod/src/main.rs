@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use mercurio_core::config::{Config, ListenerConfig};
+use mercurio_core::config::{Config, ListenerConfig, ListenerProtocol};
 use mercurio_core::{Broker, BrokerHandle};
 use tracing::{error, info, warn};
 
@@ -206,6 +206,20 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
         },
     };
 
+    // What each listener speaks, for its "listening on" line (a plain client on a TLS port
+    // gets no CONNACK; the log says which port is which).
+    let kinds: Vec<String> = config
+        .listeners
+        .iter()
+        .map(|l| {
+            let protocol = match l.protocol {
+                ListenerProtocol::Mqtt => "MQTT",
+                ListenerProtocol::Websocket => "WebSocket",
+            };
+            let tls = if l.cert_file.is_some() { " over TLS" } else { "" };
+            format!("{protocol}{tls}")
+        })
+        .collect();
     let standby = config.storage.standby;
     if standby {
         // A standby may wait long for the serving broker: systemd's start must not time out.
@@ -231,8 +245,11 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
             return ExitCode::from(EX_FAILURE);
         }
     };
-    for addr in handle.local_addrs() {
-        info!("listening on {addr}");
+    for (i, addr) in handle.local_addrs().into_iter().enumerate() {
+        match kinds.get(i) {
+            Some(kind) => info!("listening on {addr} ({kind})"),
+            None => info!("listening on {addr}"),
+        }
     }
     let admin_task = admin.map(|admin| {
         info!("admin socket: {}", admin.path().display());
