@@ -216,7 +216,11 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
                 ListenerProtocol::Mqtt => "MQTT",
                 ListenerProtocol::Websocket => "WebSocket",
             };
-            let tls = if l.cert_file.is_some() { " over TLS" } else { "" };
+            let tls = if l.cert_file.is_some() {
+                " over TLS"
+            } else {
+                ""
+            };
             format!("{protocol}{tls}")
         })
         .collect();
