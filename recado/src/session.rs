@@ -216,6 +216,8 @@ impl Session {
     /// Reads the next whole packet (no keep alive handling; used for CONNACK).
     async fn read_packet(&mut self) -> Result<Packet, Failure> {
         loop {
+            // The decoder may consume what it rejects: the first byte, kept for the hint below.
+            let first = self.rbuf.first().copied();
             match codec::decode(&mut self.rbuf, self.version, self.max_packet) {
                 Ok(Some(p)) => {
                     if self.debug {
@@ -225,9 +227,17 @@ impl Session {
                 }
                 Ok(None) => {}
                 Err(e) => {
+                    // A TLS record (an alert, 0x15, or a handshake, 0x16) where MQTT was
+                    // expected: a plain client on a TLS port. No server packet starts so.
+                    let hint = match first {
+                        Some(0x15 | 0x16) => {
+                            " (it looks like TLS: for a TLS port use --cafile FILE or an mqtts:// URL)"
+                        }
+                        _ => "",
+                    };
                     return Err(Failure::error(format!(
-                        "the broker sent an invalid packet: {e}"
-                    )))
+                        "the broker sent an invalid packet: {e}{hint}"
+                    )));
                 }
             }
             match self.transport.read(&mut self.rbuf).await {

@@ -162,6 +162,11 @@ async fn tls_against_a_mercurio_tls_listener() {
     // Without a client certificate the listener refuses.
     let run = recado(&["pub", "-L", &url, "-m", "x", "--cafile", &ca]).await;
     assert_ne!(run.code, exit::OK, "{run:?}");
+    // A plain client on the TLS port reads a TLS alert where CONNACK should be: the error
+    // says it looks like TLS and how to connect.
+    let run = recado(&["pub", "-p", port.as_str(), "-t", "x", "-m", "y"]).await;
+    assert_eq!(run.code, exit::UNREACHABLE, "{run:?}");
+    assert!(run.stderr.contains("it looks like TLS"), "{run:?}");
     // --capath: a directory of CA certificates; --tls-version.
     let capath = tempfile::tempdir().unwrap();
     std::fs::copy(d.join("ca.pem"), capath.path().join("ca.pem")).unwrap();
