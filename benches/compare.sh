@@ -191,7 +191,11 @@ mkdir -p "$WORK"
 echo "results in $WORK" >&2
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-PORT_BASE=$((20000 + RANDOM % 20000))
+# Below the ephemeral range: a port in it can still be held by a client socket of the run
+# before (the generator's thousands of connections), and the broker then fails to bind.
+read -r EPH_LO _ </proc/sys/net/ipv4/ip_local_port_range
+PORT_SPAN=$((EPH_LO > 13000 ? EPH_LO - 13000 : 10000))
+PORT_BASE=$((10000 + RANDOM % PORT_SPAN))
 declare -A PORT=([mosquitto]=$PORT_BASE [mercurio]=$((PORT_BASE + 1)) [rumqttd]=$((PORT_BASE + 2)))
 
 # Equivalent settings: loopback listener, anonymous, no persistence to disk, 20
