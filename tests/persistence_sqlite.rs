@@ -33,6 +33,24 @@ fn db() -> Db {
     Db { _dir: dir, path }
 }
 
+/// The ACL of the access-rule tests: `reader` reads and `writer` writes `fleet/#`.
+const FLEET_ACL: &str = "user reader\ntopic read fleet/#\n\nuser writer\ntopic write fleet/#\n";
+
+/// SQLite storage in `db` with the ACL file `acl`.
+fn sqlite_with_acl(db: &Db, acl: &Path) -> Config {
+    let mut config = sqlite_config(&db.path);
+    config.auth.acl_file = Some(acl.to_path_buf());
+    config
+}
+
+/// Client `reader-1` of user `reader`, MQTT 5, resuming its session (expiry 300 s).
+fn fleet_reader() -> mercurio::codec::Connect {
+    let mut c = connect_as(ProtocolVersion::V5, "reader-1", Some("reader"), None);
+    c.clean_start = false;
+    c.properties.session_expiry_interval = Some(300);
+    c
+}
+
 async fn start_on(db: &Db) -> (BrokerHandle, std::net::SocketAddr) {
     start_with(sqlite_config(&db.path)).await
 }
@@ -131,24 +149,10 @@ async fn restored_sessions_keep_their_user_name_for_access_checks() {
     let db = db();
     let dir = tempfile::tempdir().expect("temp dir");
     let acl = dir.path().join("acl");
-    std::fs::write(
-        &acl,
-        "user reader\ntopic read fleet/#\n\nuser writer\ntopic write fleet/#\n",
-    )
-    .expect("acl file");
-    let config = || {
-        let mut c = sqlite_config(&db.path);
-        c.auth.acl_file = Some(acl.clone());
-        c
-    };
-    let reader = || {
-        let mut c = connect_as(ProtocolVersion::V5, "reader-1", Some("reader"), None);
-        c.clean_start = false;
-        c.properties.session_expiry_interval = Some(300);
-        c
-    };
+    std::fs::write(&acl, FLEET_ACL).expect("acl file");
+    let config = || sqlite_with_acl(&db, &acl);
     let (broker, addr) = start_with(config()).await;
-    let (mut sub, _) = Client::connect_with(addr, reader()).await;
+    let (mut sub, _) = Client::connect_with(addr, fleet_reader()).await;
     assert_eq!(
         sub.subscribe("fleet/#", QoS::AtLeastOnce).await,
         ReasonCode::GRANTED_QOS_1
@@ -175,7 +179,7 @@ async fn restored_sessions_keep_their_user_name_for_access_checks() {
             0,
             "round {round}: queued for the reader, not dropped"
         );
-        let (mut sub, ack) = Client::connect_with(addr, reader()).await;
+        let (mut sub, ack) = Client::connect_with(addr, fleet_reader()).await;
         assert!(ack.session_present);
         let p = sub.expect_publish().await;
         assert_eq!(&p.payload[..], b"while away", "round {round}");
@@ -731,24 +735,10 @@ async fn restored_queues_are_checked_against_the_access_rules_of_the_restart() {
     let db = db();
     let dir = tempfile::tempdir().expect("temp dir");
     let acl = dir.path().join("acl");
-    std::fs::write(
-        &acl,
-        "user reader\ntopic read fleet/#\n\nuser writer\ntopic write fleet/#\n",
-    )
-    .expect("acl file");
-    let config = || {
-        let mut c = sqlite_config(&db.path);
-        c.auth.acl_file = Some(acl.clone());
-        c
-    };
-    let reader = || {
-        let mut c = connect_as(ProtocolVersion::V5, "reader-1", Some("reader"), None);
-        c.clean_start = false;
-        c.properties.session_expiry_interval = Some(300);
-        c
-    };
+    std::fs::write(&acl, FLEET_ACL).expect("acl file");
+    let config = || sqlite_with_acl(&db, &acl);
     let (broker, addr) = start_with(config()).await;
-    let (mut sub, _) = Client::connect_with(addr, reader()).await;
+    let (mut sub, _) = Client::connect_with(addr, fleet_reader()).await;
     sub.subscribe("fleet/#", QoS::AtLeastOnce).await;
     sub.disconnect().await;
     let (mut publisher, _) = Client::connect_with(
@@ -778,7 +768,7 @@ async fn restored_queues_are_checked_against_the_access_rules_of_the_restart() {
             .dropped_count(mercurio::stats::DropCause::NotAuthorized),
         1
     );
-    let (mut sub, ack) = Client::connect_with(addr, reader()).await;
+    let (mut sub, ack) = Client::connect_with(addr, fleet_reader()).await;
     assert!(ack.session_present);
     let p = sub.expect_publish().await;
     assert_eq!(&p.payload[..], b"public");
