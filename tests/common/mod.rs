@@ -331,7 +331,7 @@ impl Client {
     }
 }
 
-// ---- Helpers for tests/limits.rs ----
+// ---- Helpers for the limits tests (tests/broker/limits.rs) ----
 
 /// Waits until `cond` holds, checking every few milliseconds; panics after [`DEADLINE`]
 /// naming `what`. For state with no event to wait on (counters, session lists).

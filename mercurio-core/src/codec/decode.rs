@@ -146,7 +146,7 @@ const CLIENT_SUBSCRIPTION_IDENTIFIER: DecodeError = DecodeError::ProtocolError(
 /// Decodes one complete frame: fixed header, then exactly the remaining length it
 /// announces (a frame shorter or longer than that is malformed). See [`decode`] for
 /// `version`. The strictness rules applied are those of MQTT 3.1.1 and 5.0 section 3 and
-/// are listed in the tests (`tests/codec_malformed.rs`), each with its normative statement.
+/// are listed in the tests (`tests/core/codec_malformed.rs`), each with its normative statement.
 pub fn decode_packet(frame: &[u8], version: ProtocolVersion) -> Result<Packet, DecodeError> {
     let mut r = Reader::new(frame);
     let first = r

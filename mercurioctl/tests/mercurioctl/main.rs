@@ -1,0 +1,5 @@
+//! mercurioctl run as a process against a real mercuriod: one test binary, one module per command family.
+
+mod cli;
+mod import_mosquitto;
+mod storage_full;

@@ -1,0 +1,16 @@
+//! mercuriod run as a process (configuration, signals, admin socket, restarts, interoperability):
+//! one test binary, one module per concern, every daemon started through mercurio-testkit.
+
+mod bridge;
+mod bridge_reload;
+mod cli;
+mod daemon;
+mod example_config;
+mod interop_mosquitto;
+mod interop_paho;
+mod ops;
+mod packaging;
+mod persistence;
+mod run;
+mod security_reload;
+mod standby;

@@ -1,0 +1,6 @@
+//! recado run as a process against a real broker: one test binary, one module per concern.
+
+mod support;
+
+mod cli;
+mod transports;

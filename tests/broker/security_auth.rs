@@ -1,0 +1,388 @@
+//! Authentication: allow_anonymous, mosquitto_passwd files ($6$, $7$, argon2id), and the
+//! Authenticator / Authorizer hooks of the embedding API.
+use crate::common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use mercurio::auth::password_file::set_password;
+use mercurio::codec::{ProtocolVersion, QoS, ReasonCode};
+use mercurio::{
+    AccessRequest, Authentication, Authenticator, Authorizer, Broker, ConnectInfo, Decision,
+    DenyReason,
+};
+
+const V3_NOT_AUTHORIZED: ReasonCode = ReasonCode(5);
+
+fn mosquitto_passwd(args: &[&str]) {
+    let st = std::process::Command::new("mosquitto_passwd")
+        .args(args)
+        .status()
+        .expect("run mosquitto_passwd");
+    assert!(st.success(), "mosquitto_passwd {args:?}");
+}
+
+async fn code(
+    addr: std::net::SocketAddr,
+    v: ProtocolVersion,
+    user: Option<&str>,
+    pw: Option<&str>,
+) -> ReasonCode {
+    let (_c, ack) = Client::connect_with(addr, connect_as(v, "auth-client", user, pw)).await;
+    ack.reason_code
+}
+
+/// mosquitto_passwd's files work as they are, and refuse as mosquitto does: a wrong or
+/// missing password, or an unknown user, gets "not authorized" (5.0 CONNACK 0x87, 3.x return
+/// code 5; 3.1.1 keeps 4 for malformed user name or password data, section 3.2.2.3).
+#[tokio::test]
+async fn mosquitto_passwd_file_works_unchanged() {
+    if !have_program("mosquitto_passwd") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    let f = file.to_str().unwrap();
+    mosquitto_passwd(&["-c", "-b", f, "seven", "pw7"]); // $7$ (mosquitto 2's default)
+    mosquitto_passwd(&["-H", "sha512", "-b", f, "six", "pw6"]); // $6$
+    set_password(&file, "argon", b"pw-argon").unwrap(); // argon2id, added to the same file
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("seven:$7$") && text.contains("six:$6$") && text.contains("argon:$argon2id$"),
+        "{text}"
+    );
+
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    config.auth.password_file = Some(file.clone());
+    let (broker, addr) = start_with(config).await;
+    let v5 = ProtocolVersion::V5;
+    for (user, pw) in [("seven", "pw7"), ("six", "pw6"), ("argon", "pw-argon")] {
+        assert_eq!(
+            code(addr, v5, Some(user), Some(pw)).await,
+            ReasonCode::SUCCESS,
+            "{user}"
+        );
+        assert_eq!(
+            code(addr, ProtocolVersion::V311, Some(user), Some(pw)).await,
+            ReasonCode::SUCCESS,
+            "{user}"
+        );
+        assert_eq!(
+            code(addr, v5, Some(user), Some("wrong")).await,
+            ReasonCode::NOT_AUTHORIZED,
+            "{user}"
+        );
+    }
+    assert_eq!(
+        code(addr, v5, Some("nobody"), Some("pw7")).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        code(addr, v5, Some("seven"), None).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        code(addr, ProtocolVersion::V311, Some("six"), Some("x")).await,
+        V3_NOT_AUTHORIZED
+    );
+    assert_eq!(
+        code(addr, ProtocolVersion::V31, Some("six"), Some("x")).await,
+        V3_NOT_AUTHORIZED
+    );
+    // Anonymous clients: not authorized.
+    assert_eq!(code(addr, v5, None, None).await, ReasonCode::NOT_AUTHORIZED);
+    assert_eq!(
+        code(addr, ProtocolVersion::V311, None, None).await,
+        V3_NOT_AUTHORIZED
+    );
+
+    // A changed password file counts after a reload.
+    set_password(&file, "six", b"new6").unwrap();
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("new6")).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    broker.reload().expect("reload");
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("new6")).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("pw6")).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // A broken file on reload: the old users stay, the error names the file and line.
+    std::fs::write(&file, "six:$6$broken\n").unwrap();
+    let errors = broker.reload().unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0]
+            .to_string()
+            .starts_with(&format!("{}:1: ", file.display())),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(
+        code(addr, v5, Some("six"), Some("new6")).await,
+        ReasonCode::SUCCESS
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn anonymous_with_and_without_allow_anonymous() {
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    let (broker, addr) = start_with(config).await;
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, None, None).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // No password file to check a user name against.
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, Some("u"), Some("p")).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    broker.shutdown().await;
+
+    // The no-file mode: anyone.
+    let (broker, addr) = start().await;
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, None, None).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        code(addr, ProtocolVersion::V5, Some("u"), Some("p")).await,
+        ReasonCode::SUCCESS
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_password_file_fails_start_with_path_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    std::fs::write(&file, "# users\nalice:$7$101$c2FsdA==$aGFzaA==\nbob\n").unwrap();
+    let mut config = test_config();
+    config.auth.password_file = Some(file.clone());
+    let e = Broker::builder(config.clone())
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        e.to_string(),
+        format!("{}:3: expected user:hash", file.display())
+    );
+
+    config.auth.password_file = Some(dir.path().join("missing"));
+    let e = Broker::builder(config)
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "{}: cannot read: ",
+            Path::new(&dir.path().join("missing")).display()
+        )),
+        "{msg}"
+    );
+}
+
+/// Lets in user "app" with password "token" as user "tenant-a"; no opinion otherwise.
+struct TokenAuth {
+    calls: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Authenticator for TokenAuth {
+    async fn authenticate(&self, info: &ConnectInfo) -> Authentication {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        match (info.username.as_deref(), info.password.as_deref()) {
+            (Some("app"), Some(b"token")) => Authentication::Allow {
+                username: Some("tenant-a".into()),
+            },
+            (Some("app"), _) => Authentication::Deny(DenyReason::BadCredentials),
+            (Some("banned"), _) => Authentication::Deny(DenyReason::NotAuthorized),
+            _ => Authentication::NoOpinion,
+        }
+    }
+}
+
+/// Tenants use only `tenants/<user name>/...`; no opinion about anything else.
+struct TenantAuthz;
+
+#[async_trait::async_trait]
+impl Authorizer for TenantAuthz {
+    async fn authorize(&self, r: &AccessRequest<'_>) -> Decision {
+        // Pretend to ask a service.
+        tokio::task::yield_now().await;
+        self.authorize_now(r).unwrap()
+    }
+
+    fn authorize_now(&self, r: &AccessRequest<'_>) -> Option<Decision> {
+        let Some(rest) = r.topic.strip_prefix("tenants/") else {
+            return Some(Decision::NoOpinion);
+        };
+        let tenant = rest.split('/').next().unwrap_or("");
+        Some(if Some(tenant) == r.username {
+            Decision::Allow
+        } else {
+            Decision::Deny
+        })
+    }
+}
+
+#[tokio::test]
+async fn hooks_decide_first() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    let broker = Broker::builder(config)
+        .authenticator(TokenAuth {
+            calls: Arc::clone(&calls),
+        })
+        .authorizer(TenantAuthz)
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let v5 = ProtocolVersion::V5;
+    assert_eq!(
+        code(addr, v5, Some("app"), Some("nope")).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    assert_eq!(
+        code(addr, v5, Some("banned"), Some("x")).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // No opinion: the configuration decides (no anonymous clients).
+    assert_eq!(code(addr, v5, None, None).await, ReasonCode::NOT_AUTHORIZED);
+    assert!(calls.load(Ordering::Relaxed) >= 3);
+
+    let (mut c, ack) = Client::connect_with(
+        addr,
+        connect_as(v5, "tenant-a-1", Some("app"), Some("token")),
+    )
+    .await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    // The hook renamed the user: it is tenant-a now.
+    assert_eq!(
+        c.subscribe("tenants/tenant-a/#", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    assert_eq!(
+        c.subscribe("tenants/app/#", QoS::AtLeastOnce).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // No opinion anywhere: allowed.
+    assert_eq!(
+        c.subscribe("elsewhere", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    assert_eq!(
+        c.publish("tenants/tenant-a/x", b"1", QoS::AtLeastOnce, false)
+            .await,
+        ReasonCode::SUCCESS
+    );
+    let p = c.expect_publish().await;
+    assert_eq!(p.topic, "tenants/tenant-a/x");
+    c.ack(&p).await;
+    assert_eq!(
+        c.publish("tenants/tenant-b/x", b"2", QoS::AtLeastOnce, false)
+            .await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        c.publish("tenants/tenant-b/x", b"2", QoS::ExactlyOnce, false)
+            .await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    c.disconnect().await;
+    broker.shutdown().await;
+}
+
+/// An authenticator that takes five seconds.
+struct SlowAuth;
+
+#[async_trait::async_trait]
+impl Authenticator for SlowAuth {
+    async fn authenticate(&self, _info: &ConnectInfo) -> Authentication {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        Authentication::NoOpinion
+    }
+}
+
+/// Authentication happens within connect_timeout: a check that takes longer closes the
+/// connection without CONNACK when the timeout (counted from the accept) runs out.
+#[tokio::test]
+async fn authentication_is_bounded_by_connect_timeout() {
+    let mut config = test_config();
+    config.server.connect_timeout = 1;
+    let broker = Broker::builder(config)
+        .authenticator(SlowAuth)
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let started = std::time::Instant::now();
+    let mut c = Client::open(addr, ProtocolVersion::V5).await;
+    c.send(mercurio::codec::Packet::Connect(Box::new(connect_packet(
+        ProtocolVersion::V5,
+        "slow",
+    ))))
+    .await;
+    assert!(c.expect_closed().await.is_empty(), "no CONNACK");
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(2500),
+        "closed after {took:?}"
+    );
+    broker.shutdown().await;
+}
+
+/// A user name the password file does not know is refused in about the time a wrong
+/// password takes (the password is checked against another user's hash), so the time of
+/// the answer does not tell which user names exist.
+#[tokio::test]
+async fn an_unknown_user_costs_what_a_wrong_password_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    // mosquitto_passwd's sha512-crypt hash of "hunter2" (cheaper than argon2id in a debug
+    // build, still thousands of rounds).
+    std::fs::write(
+        &file,
+        "alice:$6$EY5EWi0kwhbYnp1q$WAG5ypL7rmY8C2Y6Z1xSmHwDu8ySXMmgi9LQ1qvZlHuvOPPX5/OuFvn9vtIxpsH67cTjRLv4/kQnNcpmYe1c2w==\n",
+    )
+    .unwrap();
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    config.auth.password_file = Some(file);
+    let (broker, addr) = start_with(config).await;
+    let v5 = ProtocolVersion::V5;
+    let time = |user: &'static str| async move {
+        let started = std::time::Instant::now();
+        let rc = code(addr, v5, Some(user), Some("wrong")).await;
+        assert_eq!(rc, ReasonCode::NOT_AUTHORIZED);
+        started.elapsed()
+    };
+    let mut known = Vec::new();
+    let mut unknown = Vec::new();
+    for _ in 0..5 {
+        known.push(time("alice").await);
+        unknown.push(time("mallory").await);
+    }
+    known.sort();
+    unknown.sort();
+    let (k, u) = (known[2], unknown[2]);
+    assert!(
+        u * 2 >= k,
+        "unknown user refused in {u:?}, wrong password in {k:?}"
+    );
+    broker.shutdown().await;
+}
