@@ -111,23 +111,31 @@ impl<'a> Reader<'a> {
                     // plain function (the hot path). Any other packet is decoded and dispatched in
                     // one expression, so that no packet is held in the future while a handler
                     // waits (`dispatch` boxes those).
-                    let handled_now = if codec::is_publish_frame(buf)
-                        && !self.c.broker.publish_waits()
-                    {
-                        let handled = self.publish_frame(&buf[..total]);
-                        buf.advance(total);
-                        handled
-                    } else {
-                        match codec::decode_from_client(buf, self.c.version, self.max_packet_size())
+                    let handled_now =
+                        if codec::is_publish_frame(buf) && !self.c.broker.publish_waits() {
+                            let handled = self.publish_frame(&buf[..total]);
+                            buf.advance(total);
+                            handled
+                        } else {
+                            // Only the boxed handler is kept while it runs: awaited in the match
+                            // on the decoding's result, it would keep room for that result too.
+                            let waiting = match codec::decode_from_client(
+                                buf,
+                                self.c.version,
+                                self.max_packet_size(),
+                            )
                             .map_err(|e| undecodable(e, &self.c.session.client_id))
                             .map(|packet| packet.map(|packet| self.dispatch(packet)))
-                        {
-                            Ok(Some(Ok(Some(waiting)))) => waiting.await,
-                            Ok(Some(done)) => done.map(drop),
-                            Ok(None) => break,
-                            Err(close) => return close,
-                        }
-                    };
+                            {
+                                Ok(Some(Ok(waiting))) => waiting,
+                                Ok(Some(Err(close))) | Err(close) => return close,
+                                Ok(None) => break,
+                            };
+                            match waiting {
+                                Some(waiting) => waiting.await,
+                                None => Ok(()),
+                            }
+                        };
                     if let Err(close) = handled_now {
                         return close;
                     }
