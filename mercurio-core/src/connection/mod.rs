@@ -141,8 +141,9 @@ struct Shared {
     broker: Arc<BrokerState>,
     session: Arc<Session>,
     link: Arc<Link>,
-    /// The index of the connection's listener in `config.listeners` (its `mount_point`).
-    listener: usize,
+    /// The index of the connection's listener in `config.listeners` (its `mount_point`);
+    /// a `u32` packs with the fields below (a listener index never comes near its limit).
+    listener: u32,
     limits: writer::ClientLimits,
     version: ProtocolVersion,
     /// The client announced itself as a bridge (mosquitto's `try_private`): its
@@ -159,7 +160,7 @@ impl Shared {
         self.broker
             .config
             .listeners
-            .get(self.listener)
+            .get(self.listener as usize)
             .and_then(|l| l.mount_point.as_deref())
     }
 }
@@ -238,7 +239,7 @@ where
             broker,
             session,
             link,
-            listener,
+            listener: u32::try_from(listener).unwrap_or(u32::MAX),
             limits: client_limits,
             version,
             bridge,
