@@ -111,33 +111,34 @@ impl<'a> Reader<'a> {
                     // plain function (the hot path). Any other packet is decoded and dispatched in
                     // one expression, so that no packet is held in the future while a handler
                     // waits (`dispatch` boxes those).
-                    let handled_now =
-                        if codec::is_publish_frame(buf) && !self.c.broker.publish_waits() {
-                            let handled = self.publish_frame(&buf[..total]);
-                            buf.advance(total);
-                            handled
-                        } else {
-                            // Only the boxed handler is kept while it runs: awaited in the match
-                            // on the decoding's result, it would keep room for that result too.
-                            let waiting = match codec::decode_from_client(
-                                buf,
-                                self.c.version,
-                                self.max_packet_size(),
-                            )
-                            .map_err(|e| undecodable(e, &self.c.session.client_id))
-                            .map(|packet| packet.map(|packet| self.dispatch(packet)))
-                            {
-                                Ok(Some(Ok(waiting))) => waiting,
-                                Ok(Some(Err(close))) | Err(close) => return close,
-                                Ok(None) => break,
-                            };
-                            match waiting {
-                                Some(waiting) => waiting.await,
-                                None => Ok(()),
-                            }
+                    if codec::is_publish_frame(buf) && !self.c.broker.publish_waits() {
+                        let handled = self.publish_frame(&buf[..total]);
+                        buf.advance(total);
+                        if let Err(close) = handled {
+                            return close;
+                        }
+                    } else {
+                        // Only the boxed handler is kept while it runs: awaited in the match on
+                        // the decoding's result, or into a variable declared before the wait,
+                        // it would keep room for those too (a moved-from or not yet assigned
+                        // variable in scope still takes room in the future).
+                        let waiting = match codec::decode_from_client(
+                            buf,
+                            self.c.version,
+                            self.max_packet_size(),
+                        )
+                        .map_err(|e| undecodable(e, &self.c.session.client_id))
+                        .map(|packet| packet.map(|packet| self.dispatch(packet)))
+                        {
+                            Ok(Some(Ok(waiting))) => waiting,
+                            Ok(Some(Err(close))) | Err(close) => return close,
+                            Ok(None) => break,
                         };
-                    if let Err(close) = handled_now {
-                        return close;
+                        if let Some(waiting) = waiting {
+                            if let Err(close) = waiting.await {
+                                return close;
+                            }
+                        }
                     }
                     // Back pressure: nothing more is read while a session this
                     // connection published into is at its high-water mark and its client

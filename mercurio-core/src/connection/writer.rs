@@ -64,9 +64,14 @@ impl<'a> Writer<'a> {
                     self.out.reserve(room);
                 }
                 loop {
-                    let mut out = std::mem::take(&mut self.out);
-                    let (more, pubacks) = self.fill(&mut out);
-                    self.out = out;
+                    // In a block: a moved-from variable in scope at the write's wait would
+                    // still take room in this future, which every connection holds.
+                    let (more, pubacks) = {
+                        let mut out = std::mem::take(&mut self.out);
+                        let filled = self.fill(&mut out);
+                        self.out = out;
+                        filled
+                    };
                     if self.out.is_empty() {
                         break;
                     }
