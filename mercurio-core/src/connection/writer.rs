@@ -102,6 +102,8 @@ impl<'a> Writer<'a> {
     fn fill(&mut self, buf: &mut BytesMut) -> (bool, usize) {
         let pubacks = self.c.link.drain_control_into(buf);
         let stats = &self.c.broker.stats;
+        // Looked up once per fill, not per message.
+        let mount = self.c.mount();
         let now = Instant::now();
         let mut st = self.c.session.state.lock();
         let st = &mut *st;
@@ -134,7 +136,7 @@ impl<'a> Writer<'a> {
                 _ => {
                     if encode_delivery_within(
                         self.c.version,
-                        self.c.mount(),
+                        mount,
                         &f.delivery,
                         f.packet_id,
                         true,
@@ -208,14 +210,14 @@ impl<'a> Writer<'a> {
             // Sized once, checked and written (an identifier taken for a packet that is then
             // dropped is simply skipped); or copied, when encoded already for another session.
             let max_packet_size = self.c.limits.max_packet_size as usize;
-            let written = match self.shared_encoding(&q) {
+            let written = match self.shared_encoding(&q, mount.is_some()) {
                 Some(bytes) if bytes.len() <= max_packet_size => {
                     buf.extend_from_slice(bytes);
                     true
                 }
                 _ => encode_delivery_within(
                     self.c.version,
-                    self.c.mount(),
+                    mount,
                     &q,
                     packet_id,
                     false,
@@ -274,12 +276,8 @@ impl<'a> Writer<'a> {
     /// to others too (a fan-out: another holder, or encoded already). A message only this
     /// session holds (a fan-in) is encoded straight into the write buffer instead, and a
     /// retained one is never given a copy it would keep while it stays retained.
-    fn shared_encoding<'q>(&self, q: &'q Delivery) -> Option<&'q Bytes> {
-        if self.c.version.is_v5()
-            || q.qos != QoS::AtMostOnce
-            || q.retain
-            || q.msg.retain
-            || self.c.mount().is_some()
+    fn shared_encoding<'q>(&self, q: &'q Delivery, mounted: bool) -> Option<&'q Bytes> {
+        if self.c.version.is_v5() || q.qos != QoS::AtMostOnce || q.retain || q.msg.retain || mounted
         {
             return None;
         }
