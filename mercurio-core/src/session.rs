@@ -219,7 +219,7 @@ pub(crate) struct SessionState {
     /// The connection serving this session now, if any.
     pub link: Option<Arc<Link>>,
     /// Incremented at every connection: timers armed for an older one do nothing.
-    generation: u64,
+    generation: u32,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
     pub ended: bool,
     /// While the queue is dropping (to log once when it starts and once when it stops): the
@@ -533,7 +533,7 @@ impl Session {
 #[derive(Debug)]
 pub(crate) struct Detached {
     /// The session's generation, for the timers armed now.
-    pub generation: u64,
+    pub generation: u32,
     /// Session Expiry Interval, seconds (0: the session ends now; `u32::MAX`: never).
     pub expiry: u32,
     /// A will to publish now.
@@ -576,7 +576,8 @@ impl Session {
             return false;
         }
         st.link = Some(Arc::clone(link));
-        st.generation += 1;
+        // Wrapping: a timer compares for equality, and none lives for 2^32 connections.
+        st.generation = st.generation.wrapping_add(1);
         st.disconnected_at = None;
         st.protocol = protocol;
         st.expiry_interval = expiry_interval;
@@ -668,13 +669,13 @@ impl Session {
 
     /// True when no connection took the session up since `generation` and it has not ended:
     /// a timer armed then may act.
-    pub(crate) fn idle_since(&self, generation: u64) -> bool {
+    pub(crate) fn idle_since(&self, generation: u32) -> bool {
         let st = self.state.lock();
         st.generation == generation && st.link.is_none() && !st.ended
     }
 
     /// The will, taken for publication, if the session is idle since `generation`.
-    pub(crate) fn take_will_if_idle(&self, generation: u64) -> Option<Will> {
+    pub(crate) fn take_will_if_idle(&self, generation: u32) -> Option<Will> {
         let mut st = self.state.lock();
         if st.generation != generation || st.link.is_some() || st.ended {
             return None;

@@ -514,7 +514,8 @@ pub(super) async fn accept(
     }
     *session.identity.write() = crate::auth::Identity::Client {
         username,
-        listener: own_auth,
+        // A listener index fits (a broker has nowhere near 2^32 listeners).
+        listener: own_auth.and_then(|l| u32::try_from(l).ok()),
     };
     if let Some(p) = broker.persist.get() {
         p.connected(&session, session_present);
