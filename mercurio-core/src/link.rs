@@ -7,6 +7,7 @@
 //! sit below the connection code.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -75,12 +76,11 @@ pub(crate) struct Link {
     /// `WOKEN`, `KILLED` and `WRITTEN`, each set until a wait takes it (one pending signal
     /// each, as a `Notify` permit).
     signals: AtomicU8,
-    /// Boxed: most links are never killed, and a reason is 32 bytes.
-    #[allow(clippy::type_complexity)]
-    kill_reason: Mutex<Option<Box<(DisconnectReason, ReasonCode)>>>,
-    closed: Notify,
+    /// Set (under `control`'s lock) once the connection has closed and detached.
     is_closed: AtomicBool,
-    /// Packets encoded by the reader, written by the writer ahead of queued messages.
+    /// Packets encoded by the reader, written by the writer ahead of queued messages; and,
+    /// under the same lock, the rarely used parts (why the link was killed, the wait for
+    /// its close).
     control: Mutex<Control>,
     /// QoS 1 PUBLISH packets received whose PUBACK is not written yet (inbound Receive
     /// Maximum, with the QoS 2 ones awaiting PUBREL).
@@ -101,11 +101,17 @@ const KILLED: u8 = 2;
 /// [`Link::wrote`] found the reader waiting for room in the control buffer.
 const WRITTEN: u8 = 4;
 
-/// The control buffer and how many PUBACKs it holds.
+/// The control buffer and how many PUBACKs it holds; and what is rarely used, each a
+/// pointer until then (an idle link is in memory for as long as its connection).
 #[derive(Debug, Default)]
 struct Control {
     buf: BytesMut,
     pubacks: usize,
+    /// Boxed: most links are never killed, and a reason is 32 bytes.
+    kill_reason: Option<Box<(DisconnectReason, ReasonCode)>>,
+    /// What [`Link::wait_closed`] waits on, made by the first wait (a `Notify` is 32 bytes,
+    /// and only a takeover or a shutdown waits for a link's close).
+    closed: Option<Arc<Notify>>,
 }
 
 impl Link {
@@ -113,8 +119,6 @@ impl Link {
         Link {
             task: AtomicWaker::new(),
             signals: AtomicU8::new(0),
-            kill_reason: Mutex::new(None),
-            closed: Notify::new(),
             is_closed: AtomicBool::new(false),
             control: Mutex::new(Control::default()),
             unanswered_qos1: AtomicUsize::new(0),
@@ -190,11 +194,11 @@ impl Link {
 
     /// Asks the connection to close, sending DISCONNECT `rc` to a 5.0 client.
     pub(crate) fn kill(&self, reason: DisconnectReason, rc: ReasonCode) {
-        let mut slot = self.kill_reason.lock();
-        if slot.is_none() {
-            *slot = Some(Box::new((reason, rc)));
+        let mut control = self.control.lock();
+        if control.kill_reason.is_none() {
+            control.kill_reason = Some(Box::new((reason, rc)));
         }
-        drop(slot);
+        drop(control);
         self.signal(KILLED);
     }
 
@@ -207,7 +211,17 @@ impl Link {
     /// Waits until the connection has closed and detached from its session.
     pub(crate) async fn wait_closed(&self) {
         loop {
-            let notified = self.closed.notified();
+            // Made or taken under the lock `mark_closed` sets the flag under: either the flag
+            // is seen here, or `mark_closed` finds this `Notify` and wakes its waiters (a
+            // `Notified` hears `notify_waiters` from its creation on, enabled or not).
+            let closed = {
+                let mut control = self.control.lock();
+                if self.is_closed.load(Ordering::Acquire) {
+                    return;
+                }
+                Arc::clone(control.closed.get_or_insert_with(Default::default))
+            };
+            let notified = closed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.is_closed.load(Ordering::Acquire) {
@@ -219,13 +233,19 @@ impl Link {
 
     /// The reason given to [`Link::kill`], taken (`None` when it was never called).
     pub(crate) fn take_kill_reason(&self) -> Option<(DisconnectReason, ReasonCode)> {
-        self.kill_reason.lock().take().map(|r| *r)
+        self.control.lock().kill_reason.take().map(|r| *r)
     }
 
     /// Marks the connection closed and detached: wakes [`Link::wait_closed`].
     pub(crate) fn mark_closed(&self) {
-        self.is_closed.store(true, Ordering::Release);
-        self.closed.notify_waiters();
+        let closed = {
+            let control = self.control.lock();
+            self.is_closed.store(true, Ordering::Release);
+            control.closed.clone()
+        };
+        if let Some(closed) = closed {
+            closed.notify_waiters();
+        }
     }
 
     /// Encodes a packet for the writer and wakes it. A packet larger than the client's

@@ -214,11 +214,12 @@ pub(crate) struct SessionState {
     next_packet_id: u16,
     /// Session Expiry Interval in seconds; `u32::MAX` = never.
     pub expiry_interval: u32,
-    pub will: Option<Will>,
+    /// Boxed: most clients set none, and a will is 24 bytes.
+    pub will: Option<Box<Will>>,
     /// The connection serving this session now, if any.
     pub link: Option<Arc<Link>>,
     /// Incremented at every connection: timers armed for an older one do nothing.
-    generation: u64,
+    generation: u32,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
     pub ended: bool,
     /// While the queue is dropping (to log once when it starts and once when it stops): the
@@ -295,8 +296,11 @@ pub(crate) type SessionTable = Mutex<HashMap<Arc<str>, Arc<Session>>>;
 pub struct Session {
     pub(crate) client_id: Arc<str>,
     pub(crate) state: Mutex<SessionState>,
-    /// Publishers waiting for this queue to drain (back pressure) wait on it.
-    room: Notify,
+    /// Publishers waiting for this queue to drain (back pressure) wait on it. Made by the
+    /// first wait (a `Notify` is 32 bytes, and most sessions are never waited for); it is
+    /// made before the waiter marks `room_waited` under the state's lock, so whoever sees
+    /// the mark sees it.
+    room: std::sync::OnceLock<Box<Notify>>,
     /// Who the session belongs to, for access checks (set at each CONNECT).
     pub(crate) identity: parking_lot::RwLock<crate::auth::Identity>,
 }
@@ -352,7 +356,7 @@ impl Session {
                 room_waited: false,
                 stall_reported: false,
             }),
-            room: Notify::new(),
+            room: std::sync::OnceLock::new(),
             identity: Default::default(),
         }
     }
@@ -462,7 +466,7 @@ impl Session {
     /// client stalled logs it and counts it.
     pub(crate) async fn wait_room(&self, limits: &QueueLimits, stats: &crate::stats::Stats) {
         loop {
-            let notified = self.room.notified();
+            let notified = self.room.get_or_init(|| Box::new(Notify::new())).notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = Instant::now();
@@ -499,7 +503,9 @@ impl Session {
 
     /// Wakes every publisher waiting in [`Session::wait_room`].
     pub(crate) fn release_waiters(&self) {
-        self.room.notify_waiters();
+        if let Some(room) = self.room.get() {
+            room.notify_waiters();
+        }
     }
 
     /// Records that the writer ran and took `took` messages from the queue; returns true
@@ -527,7 +533,7 @@ impl Session {
 #[derive(Debug)]
 pub(crate) struct Detached {
     /// The session's generation, for the timers armed now.
-    pub generation: u64,
+    pub generation: u32,
     /// Session Expiry Interval, seconds (0: the session ends now; `u32::MAX`: never).
     pub expiry: u32,
     /// A will to publish now.
@@ -570,11 +576,12 @@ impl Session {
             return false;
         }
         st.link = Some(Arc::clone(link));
-        st.generation += 1;
+        // Wrapping: a timer compares for equality, and none lives for 2^32 connections.
+        st.generation = st.generation.wrapping_add(1);
         st.disconnected_at = None;
         st.protocol = protocol;
         st.expiry_interval = expiry_interval;
-        st.will = will.take();
+        st.will = will.take().map(Box::new);
         true
     }
 
@@ -599,7 +606,7 @@ impl Session {
             st.will = None;
         } else if let Some(w) = &st.will {
             if w.delay == 0 || st.expiry_interval == 0 {
-                will_now = st.will.take();
+                will_now = st.take_will();
             } else {
                 will_delay = Some(w.delay);
             }
@@ -637,7 +644,7 @@ impl Session {
         shared.extend(st.queue.retain(|_| false));
         shared.retain(|q| q.share.is_some());
         let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
-        let will = st.will.take();
+        let will = st.take_will();
         drop(st);
         self.release_waiters();
         Some(Ended {
@@ -662,18 +669,18 @@ impl Session {
 
     /// True when no connection took the session up since `generation` and it has not ended:
     /// a timer armed then may act.
-    pub(crate) fn idle_since(&self, generation: u64) -> bool {
+    pub(crate) fn idle_since(&self, generation: u32) -> bool {
         let st = self.state.lock();
         st.generation == generation && st.link.is_none() && !st.ended
     }
 
     /// The will, taken for publication, if the session is idle since `generation`.
-    pub(crate) fn take_will_if_idle(&self, generation: u64) -> Option<Will> {
+    pub(crate) fn take_will_if_idle(&self, generation: u32) -> Option<Will> {
         let mut st = self.state.lock();
         if st.generation != generation || st.link.is_some() || st.ended {
             return None;
         }
-        let will = st.will.take();
+        let will = st.take_will();
         if will.is_some() {
             st.persist_will_cleared(&self.client_id);
         }
@@ -718,6 +725,11 @@ impl Session {
 }
 
 impl SessionState {
+    /// The will, taken out of its box.
+    pub(crate) fn take_will(&mut self) -> Option<Will> {
+        self.will.take().map(|w| *w)
+    }
+
     /// The next free packet identifier for an outbound message, skipping those in flight
     /// [MQTT-2.2.1-4]. `None` when all 65,535 are taken.
     pub(crate) fn allocate_packet_id(&mut self) -> Option<u16> {

@@ -70,10 +70,11 @@ pub(crate) enum Identity {
     /// The embedding application's own in-process subscriptions: never checked.
     Trusted,
     /// A network client, with the user name it authenticated as, and the listener whose own
-    /// authentication settings apply to it (`None`: `[auth]`'s).
+    /// authentication settings apply to it (`None`: `[auth]`'s; a `u32`, which packs with
+    /// the variant's tag: every session holds an identity).
     Client {
         username: Option<Arc<str>>,
-        listener: Option<usize>,
+        listener: Option<u32>,
     },
 }
 

@@ -50,7 +50,9 @@ impl BrokerState {
         let identity = session.identity.read();
         let (username, listener) = match &*identity {
             Identity::Trusted => return true,
-            Identity::Client { username, listener } => (username.as_deref(), *listener),
+            Identity::Client { username, listener } => {
+                (username.as_deref(), listener.map(|l| l as usize))
+            }
         };
         self.auth_of(listener).authorize_now(&AccessRequest {
             client_id: &session.client_id,
@@ -75,7 +77,9 @@ impl BrokerState {
         }
         let (username, listener) = match &*session.identity.read() {
             Identity::Trusted => return true,
-            Identity::Client { username, listener } => (username.clone(), *listener),
+            Identity::Client { username, listener } => {
+                (username.clone(), listener.map(|l| l as usize))
+            }
         };
         self.auth_of(listener)
             .authorize(&AccessRequest {

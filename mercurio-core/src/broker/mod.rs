@@ -484,7 +484,7 @@ impl BrokerState {
     pub(crate) fn arm_will(
         self: &Arc<Self>,
         session: &Arc<Session>,
-        generation: u64,
+        generation: u32,
         after: Duration,
     ) {
         self.when_idle_after(session, generation, after, move |broker, session| {
@@ -499,7 +499,7 @@ impl BrokerState {
     pub(crate) fn arm_expiry(
         self: &Arc<Self>,
         session: &Arc<Session>,
-        generation: u64,
+        generation: u32,
         after: Duration,
     ) {
         self.when_idle_after(session, generation, after, |broker, session| {
@@ -520,7 +520,7 @@ impl BrokerState {
     fn when_idle_after(
         self: &Arc<Self>,
         session: &Arc<Session>,
-        generation: u64,
+        generation: u32,
         after: Duration,
         act: impl FnOnce(&Arc<Self>, &Arc<Session>) + Send + 'static,
     ) {

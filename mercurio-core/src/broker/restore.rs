@@ -180,7 +180,7 @@ fn restore_session(
         }
         st.restore_inbound_qos2(&record.inbound_qos2);
         if let Some(w) = &record.will {
-            st.will = Some(will_from(w, now, now_ms)?);
+            st.will = Some(Box::new(will_from(w, now, now_ms)?));
         }
     }
     // Before the storage writer is attached: what is restored is not written again.
@@ -203,7 +203,7 @@ fn restore_session(
             let due = disconnected_ms.saturating_add(u64::from(w.delay) * 1000);
             if expires_at.is_none_or(|e| due < e) {
                 if due <= now_ms {
-                    will_due = st.will.take();
+                    will_due = st.take_will();
                     st.persist_will_cleared(&client_id);
                 } else {
                     broker.arm_will(&session, 0, Duration::from_millis(due - now_ms));

@@ -514,7 +514,8 @@ pub(super) async fn accept(
     }
     *session.identity.write() = crate::auth::Identity::Client {
         username,
-        listener: own_auth,
+        // A listener index fits (a broker has nowhere near 2^32 listeners).
+        listener: own_auth.and_then(|l| u32::try_from(l).ok()),
     };
     if let Some(p) = broker.persist.get() {
         p.connected(&session, session_present);
@@ -523,12 +524,10 @@ pub(super) async fn accept(
     let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
     link.set_max_packet_size(client_max);
     let client_limits = ClientLimits {
-        inflight: usize::from(
-            server
-                .max_inflight
-                .min(props.receive_maximum.unwrap_or(u16::MAX)),
-        )
-        .max(1),
+        inflight: server
+            .max_inflight
+            .min(props.receive_maximum.unwrap_or(u16::MAX))
+            .max(1),
         max_packet_size: props.maximum_packet_size.unwrap_or(268_435_455 + 5),
         topic_alias_maximum: props.topic_alias_maximum.unwrap_or(0),
     };

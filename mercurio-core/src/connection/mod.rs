@@ -126,19 +126,43 @@ pub(super) use crate::lazy_map::LazyMap;
 
 /// A connection past its CONNACK: what its reader, its writer and its close share.
 struct Connected<S> {
-    broker: Arc<BrokerState>,
+    /// What the reader and the writer both refer to, once (one reference each).
+    shared: Shared,
     /// Both halves of the stream are used in the connection's task (`Half`).
     stream: parking_lot::Mutex<S>,
     /// The read buffer, with what the client sent after its CONNECT.
     buf: BytesMut,
     peer: SocketAddr,
-    listener: usize,
+}
+
+/// What a connection's reader and writer share, fixed for the connection's life. Each holds
+/// one reference to it: an idle connection's state holds these once, not once per half.
+struct Shared {
+    broker: Arc<BrokerState>,
     session: Arc<Session>,
     link: Arc<Link>,
+    /// The index of the connection's listener in `config.listeners` (its `mount_point`);
+    /// a `u32` packs with the fields below (a listener index never comes near its limit).
+    listener: u32,
+    limits: writer::ClientLimits,
     version: ProtocolVersion,
-    keep_alive: u16,
-    client_limits: writer::ClientLimits,
+    /// The client announced itself as a bridge (mosquitto's `try_private`): its
+    /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
     bridge: bool,
+    keep_alive: u16,
+}
+
+impl Shared {
+    /// The listener's `mount_point`: prefixed to every topic and filter the client sends,
+    /// removed from the topics delivered. (Looked up, not kept: a reference into the
+    /// configuration would borrow from the broker held beside it.)
+    fn mount(&self) -> Option<&str> {
+        self.broker
+            .config
+            .listeners
+            .get(self.listener as usize)
+            .and_then(|l| l.mount_point.as_deref())
+    }
 }
 
 /// CONNECT within the deadline, its checks, the session, the CONNACK. `None` when the
@@ -211,17 +235,19 @@ where
         tracing::info!(target: "mercurio::connections", client_id = %session.client_id, %peer, protocol = version.level(), keep_alive, "client connected");
     }
     Some(Connected {
-        broker,
+        shared: Shared {
+            broker,
+            session,
+            link,
+            listener: u32::try_from(listener).unwrap_or(u32::MAX),
+            limits: client_limits,
+            version,
+            bridge,
+            keep_alive,
+        },
         stream: parking_lot::Mutex::new(stream),
         buf,
         peer,
-        listener,
-        session,
-        link,
-        version,
-        keep_alive,
-        client_limits,
-        bridge,
     })
 }
 
@@ -236,41 +262,25 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     async move {
-        let mount = c
-            .broker
-            .config
-            .listeners
-            .get(c.listener)
-            .and_then(|l| l.mount_point.as_deref());
-        let (broker, session, link, version) = (&c.broker, &c.session, &c.link, c.version);
+        let shared = &c.shared;
         let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
 
         // 3. Reader and writer, until one ends or the broker asks the connection to close.
         let mut reader = Reader {
-            broker,
-            session,
-            link,
-            version,
+            c: shared,
             aliases: LazyMap::new(),
-            receive_maximum: broker.config.server.receive_maximum,
-            bridge: c.bridge,
             congested: Vec::new(),
-            mount,
         };
         let mut writer = Writer {
-            broker,
-            session,
-            link,
-            version,
-            limits: c.client_limits,
+            c: shared,
             aliases: LazyMap::new(),
             scratch: None,
             out: BytesMut::new(),
-            mount,
         };
+        let link = &shared.link;
         link.wake();
         let close = {
-            let read = reader.run(&mut rd, &mut c.buf, c.keep_alive);
+            let read = reader.run(&mut rd, &mut c.buf);
             tokio::pin!(read);
             let mut killed = false;
             let mut write_failed = false;
@@ -307,29 +317,30 @@ where
         };
         let last = std::mem::take(&mut writer.out);
         drop((reader, writer));
-        Box::pin(finish(
-            broker, session, link, &mut rd, version, c.peer, close, last,
-        ))
-        .await;
+        Box::pin(finish(shared, &mut rd, c.peer, close, last)).await;
     }
 }
 
 /// The close (step 4): the final bytes (what an interrupted write left, never half a packet
 /// before the DISCONNECT; what the reader answered last; a DISCONNECT for 5.0 clients), the
 /// session detached, then, after a DISCONNECT, the linger.
-#[allow(clippy::too_many_arguments)]
 async fn finish<S>(
-    broker: &Arc<BrokerState>,
-    session: &Arc<Session>,
-    link: &Arc<Link>,
+    shared: &Shared,
     rw: &mut Half<'_, S>,
-    version: ProtocolVersion,
     peer: SocketAddr,
     close: Close,
     mut last: BytesMut,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let Shared {
+        broker,
+        session,
+        link,
+        version,
+        ..
+    } = shared;
+    let version = *version;
     last.extend_from_slice(&link.take_control());
     if let (Some(rc), true) = (close.send, version.is_v5()) {
         let d = Packet::Disconnect(Disconnect {

@@ -10,17 +10,16 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{Close, LazyMap, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
+use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::Action;
 use crate::broker::access::subscription_topic;
-use crate::broker::BrokerState;
 use crate::codec::{
-    self, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
-    ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
+    self, DecodeError, Disconnect, Packet, Properties, PubAck, Publish, QoS, ReasonCode, SubAck,
+    Subscribe, UnsubAck, Unsubscribe,
 };
 use crate::events::{Event, SubscribedFilter};
 use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
-use crate::link::{DisconnectReason, Link};
+use crate::link::DisconnectReason;
 use crate::message::Message;
 use crate::session::{Granted, OutboundState, Session};
 use crate::stats::Stats;
@@ -69,151 +68,162 @@ fn undecodable(e: DecodeError, client_id: &str) -> Close {
 
 /// The inbound half: decodes packets and runs their state machines.
 pub(super) struct Reader<'a> {
-    pub(super) broker: &'a Arc<BrokerState>,
-    pub(super) session: &'a Arc<Session>,
-    pub(super) link: &'a Arc<Link>,
-    pub(super) version: ProtocolVersion,
+    /// What the reader shares with the writer.
+    pub(super) c: &'a Shared,
     /// Topic aliases the client set, alias -> topic (MQTT 5.0 section 3.3.2.3.4).
     pub(super) aliases: LazyMap<u16, String>,
-    pub(super) receive_maximum: u16,
-    /// The client announced itself as a bridge (mosquitto's `try_private`): its
-    /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
-    pub(super) bridge: bool,
     /// Sessions the last PUBLISH left at their high-water mark: waited on before the next
     /// packet (back pressure).
     pub(super) congested: Vec<Arc<Session>>,
-    /// The listener's `mount_point`, prefixed to every topic and filter the client sends.
-    pub(super) mount: Option<&'a str>,
 }
 
-impl Reader<'_> {
-    pub(super) async fn run<R: AsyncRead + Unpin>(
-        &mut self,
-        rd: &mut R,
-        buf: &mut BytesMut,
-        keep_alive: u16,
-    ) -> Close {
-        // Close after one and a half times the keep alive with no packet [MQTT-3.1.2-24].
-        let grace = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
-        let max = self.broker.config.server.max_packet_size;
-        let mut deadline = grace.map(|g| tokio::time::Instant::now() + g);
-        let mut handled = 0u32;
-        let session = self.session;
-        // The room the read buffer is given back when a read starts with it released.
-        let mut room = READ_ROOM;
-        loop {
-            // The keep alive deadline moves once per read that brought packets, not per packet:
-            // one clock reading for a whole buffer of them.
-            let before = handled;
+impl<'a> Reader<'a> {
+    /// Reads and handles packets until the connection must close.
+    // Not an `async fn`: its future would keep room for its arguments twice (as arguments
+    // and as locals of its body), and an idle connection holds it all the time.
+    #[allow(clippy::manual_async_fn)] // the point: see above
+    pub(super) fn run<'r, R: AsyncRead + Unpin>(
+        &'r mut self,
+        rd: &'r mut R,
+        buf: &'r mut BytesMut,
+    ) -> impl Future<Output = Close> + use<'a, 'r, R> {
+        async move {
+            // Few locals: this future is held by every connection, idle ones too (the grace
+            // and the packet size limit are looked up again, not kept).
+            let mut deadline = self.keep_alive_deadline();
+            let mut handled = 0u32;
+            // The room the read buffer is given back when a read starts with it released.
+            let mut room = READ_ROOM;
             loop {
-                let total = match codec::check_frame(buf, max) {
-                    Ok(Some(total)) => total,
-                    Ok(None) => break,
-                    Err(e) => return undecodable(e, &session.client_id),
-                };
-                // A future holds room for the largest state it can be in, and this one lives
-                // as long as the connection (idle ones too). A PUBLISH without access checks
-                // or interceptors (fixed for the broker's lifetime) never waits: it is decoded
-                // straight from its frame, without a `Packet` around it, and handled in a
-                // plain function (the hot path). Any other packet is decoded and dispatched in
-                // one expression, so that no packet is held in the future while a handler
-                // waits (`dispatch` boxes those).
-                let handled_now = if codec::is_publish_frame(buf) && !self.broker.publish_waits() {
-                    let handled = self.publish_frame(&buf[..total]);
-                    buf.advance(total);
-                    handled
-                } else {
-                    match codec::decode_from_client(buf, self.version, max)
-                        .map(|packet| packet.map(|packet| self.dispatch(packet)))
-                    {
-                        Ok(Some(Ok(Some(waiting)))) => waiting.await,
-                        Ok(Some(done)) => done.map(drop),
+                // The keep alive deadline moves once per read that brought packets, not per packet:
+                // one clock reading for a whole buffer of them.
+                let before = handled;
+                loop {
+                    let total = match codec::check_frame(buf, self.max_packet_size()) {
+                        Ok(Some(total)) => total,
                         Ok(None) => break,
-                        Err(e) => return undecodable(e, &session.client_id),
-                    }
-                };
-                if let Err(close) = handled_now {
-                    return close;
-                }
-                // Back pressure: nothing more is read while a session this
-                // connection published into is at its high-water mark and its client
-                // takes messages; nor while the answers owed to this client are over
-                // their limit (it does not read its socket).
-                if !self.congested.is_empty() {
-                    Box::pin(self.wait_congested()).await;
-                    if let Some(g) = grace {
-                        deadline = Some(tokio::time::Instant::now() + g);
-                    }
-                }
-                // Storage back pressure, per packet: a PUBLISH can queue copies
-                // for many persistent sessions, owed by this client until stored.
-                if let Some(p) = self.broker.persist.get() {
-                    if p.must_wait(&self.session.client_id) {
-                        Box::pin(p.wait_room(&self.session.client_id)).await;
-                        if let Some(g) = grace {
-                            deadline = Some(tokio::time::Instant::now() + g);
+                        Err(e) => return undecodable(e, &self.c.session.client_id),
+                    };
+                    // A future holds room for the largest state it can be in, and this one lives
+                    // as long as the connection (idle ones too). A PUBLISH without access checks
+                    // or interceptors (fixed for the broker's lifetime) never waits: it is decoded
+                    // straight from its frame, without a `Packet` around it, and handled in a
+                    // plain function (the hot path). Any other packet is decoded and dispatched in
+                    // one expression, so that no packet is held in the future while a handler
+                    // waits (`dispatch` boxes those).
+                    if codec::is_publish_frame(buf) && !self.c.broker.publish_waits() {
+                        let handled = self.publish_frame(&buf[..total]);
+                        buf.advance(total);
+                        if let Err(close) = handled {
+                            return close;
+                        }
+                    } else {
+                        // Only the boxed handler is kept while it runs: awaited in the match on
+                        // the decoding's result, or into a variable declared before the wait,
+                        // it would keep room for those too (a moved-from or not yet assigned
+                        // variable in scope still takes room in the future).
+                        let waiting = match codec::decode_from_client(
+                            buf,
+                            self.c.version,
+                            self.max_packet_size(),
+                        )
+                        .map_err(|e| undecodable(e, &self.c.session.client_id))
+                        .map(|packet| packet.map(|packet| self.dispatch(packet)))
+                        {
+                            Ok(Some(Ok(waiting))) => waiting,
+                            Ok(Some(Err(close))) | Err(close) => return close,
+                            Ok(None) => break,
+                        };
+                        if let Some(waiting) = waiting {
+                            if let Err(close) = waiting.await {
+                                return close;
+                            }
                         }
                     }
-                }
-                if self.link.control_full() {
-                    let patience = self.broker.limits.stall_time;
-                    if !Box::pin(self.link.wait_control_room(patience)).await {
-                        tracing::info!(client_id = %self.session.client_id, "closing connection: the client does not read its socket (answers pending for stall_time)");
-                        return Close::lost(DisconnectReason::Io(
-                            "the client does not read its socket".into(),
-                        ));
+                    // Back pressure: nothing more is read while a session this
+                    // connection published into is at its high-water mark and its client
+                    // takes messages; nor while the answers owed to this client are over
+                    // their limit (it does not read its socket).
+                    if !self.congested.is_empty() {
+                        Box::pin(self.wait_congested()).await;
+                        deadline = self.keep_alive_deadline();
                     }
-                    if let Some(g) = grace {
-                        deadline = Some(tokio::time::Instant::now() + g);
+                    // Storage back pressure, per packet: a PUBLISH can queue copies
+                    // for many persistent sessions, owed by this client until stored.
+                    if let Some(p) = self.c.broker.persist.get() {
+                        if p.must_wait(&self.c.session.client_id) {
+                            Box::pin(p.wait_room(&self.c.session.client_id)).await;
+                            deadline = self.keep_alive_deadline();
+                        }
                     }
-                }
-                // A fast publisher's buffer can hold thousands of packets: let the
-                // subscribers' writers this routing woke run (tokio keeps the last
-                // woken task in this worker's unstealable LIFO slot), or their
-                // queues fill up and drop while the consumers are idle.
-                handled += 1;
-                if handled % READER_BATCH == 0 {
-                    tokio::task::yield_now().await;
-                }
-            }
-            if let (Some(g), true) = (grace, handled != before) {
-                deadline = Some(tokio::time::Instant::now() + g);
-            }
-            if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
-                *buf = BytesMut::with_capacity(256);
-            }
-            if let Some(p) = self.broker.persist.get() {
-                if p.must_wait(&self.session.client_id) {
-                    Box::pin(p.wait_room(&self.session.client_id)).await;
-                    // The keep alive restarts: the client was silent because it was not read.
-                    if let Some(g) = grace {
-                        deadline = Some(tokio::time::Instant::now() + g);
+                    if self.c.link.control_full() {
+                        let patience = self.c.broker.limits.stall_time;
+                        if !Box::pin(self.c.link.wait_control_room(patience)).await {
+                            tracing::info!(client_id = %self.c.session.client_id, "closing connection: the client does not read its socket (answers pending for stall_time)");
+                            return Close::lost(DisconnectReason::Io(
+                                "the client does not read its socket".into(),
+                            ));
+                        }
+                        deadline = self.keep_alive_deadline();
                     }
-                }
-            }
-            // The deadline runs only while the read waits; past it, the broker's keep alive
-            // sweep kills the link (`keep_alive`: no timer per connection).
-            let armed = deadline.map(|d| self.broker.keep_alive.arm(self.link, d));
-            let read = read_lean(rd, buf, &mut room).await;
-            drop(armed);
-            match read {
-                Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
-                Ok(n) => {
-                    Stats::add(&self.broker.stats.bytes_received, n as u64);
-                    // A read that filled all the room there was: the client sends more than
-                    // reads of this size take in (a 256-byte buffer is about three small
-                    // PUBLISH packets per system call). The buffer doubles, up to
-                    // IDLE_BUFFER_LIMIT (beyond which an emptied one is released), so a busy
-                    // connection reads up to 16 KiB per call; an idle one still holds none
-                    // (`read_lean`), and gets this size back when data comes.
-                    if buf.len() == buf.capacity() && buf.capacity() < IDLE_BUFFER_LIMIT {
-                        let want = (2 * buf.capacity()).min(IDLE_BUFFER_LIMIT);
-                        buf.reserve(want.saturating_sub(buf.len()));
+                    // A fast publisher's buffer can hold thousands of packets: let the
+                    // subscribers' writers this routing woke run (tokio keeps the last
+                    // woken task in this worker's unstealable LIFO slot), or their
+                    // queues fill up and drop while the consumers are idle.
+                    handled += 1;
+                    if handled % READER_BATCH == 0 {
+                        tokio::task::yield_now().await;
                     }
                 }
-                Err(e) => return Close::lost(DisconnectReason::Io(e.to_string())),
+                if handled != before {
+                    deadline = self.keep_alive_deadline();
+                }
+                if buf.is_empty() && buf.capacity() > IDLE_BUFFER_LIMIT {
+                    *buf = BytesMut::with_capacity(256);
+                }
+                if let Some(p) = self.c.broker.persist.get() {
+                    if p.must_wait(&self.c.session.client_id) {
+                        Box::pin(p.wait_room(&self.c.session.client_id)).await;
+                        // The keep alive restarts: the client was silent because it was not read.
+                        deadline = self.keep_alive_deadline();
+                    }
+                }
+                // The deadline runs only while the read waits; past it, the broker's keep alive
+                // sweep kills the link (`keep_alive`: no timer per connection).
+                let armed = deadline.map(|d| self.c.broker.keep_alive.arm(&self.c.link, d));
+                let read = read_lean(rd, buf, &mut room).await;
+                drop(armed);
+                match read {
+                    Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
+                    Ok(n) => {
+                        Stats::add(&self.c.broker.stats.bytes_received, n as u64);
+                        // A read that filled all the room there was: the client sends more than
+                        // reads of this size take in (a 256-byte buffer is about three small
+                        // PUBLISH packets per system call). The buffer doubles, up to
+                        // IDLE_BUFFER_LIMIT (beyond which an emptied one is released), so a busy
+                        // connection reads up to 16 KiB per call; an idle one still holds none
+                        // (`read_lean`), and gets this size back when data comes.
+                        if buf.len() == buf.capacity() && buf.capacity() < IDLE_BUFFER_LIMIT {
+                            let want = (2 * buf.capacity()).min(IDLE_BUFFER_LIMIT);
+                            buf.reserve(want.saturating_sub(buf.len()));
+                        }
+                    }
+                    Err(e) => return Close::lost(DisconnectReason::Io(e.to_string())),
+                }
             }
         }
+    }
+
+    /// When the connection closes if no packet comes: one and a half times the keep alive
+    /// from now [MQTT-3.1.2-24]; `None` for a keep alive of 0 (never).
+    fn keep_alive_deadline(&self) -> Option<tokio::time::Instant> {
+        let keep_alive = u64::from(self.c.keep_alive);
+        (keep_alive > 0)
+            .then(|| tokio::time::Instant::now() + Duration::from_millis(keep_alive * 1500))
+    }
+
+    fn max_packet_size(&self) -> u32 {
+        self.c.broker.config.server.max_packet_size
     }
 
     /// Handles `packet`, or returns its handler boxed when it may wait (SUBSCRIBE; PUBLISH
@@ -226,7 +236,7 @@ impl Reader<'_> {
         packet: Packet,
     ) -> Result<Option<Pin<Box<dyn Future<Output = Result<(), Close>> + Send + '_>>>, Close> {
         match packet {
-            Packet::Publish(p) if !self.broker.publish_waits() => {
+            Packet::Publish(p) if !self.c.broker.publish_waits() => {
                 self.on_publish_now(p).map(|()| None)
             }
             Packet::Publish(_) | Packet::Subscribe(_) => Ok(Some(Box::pin(self.handle(packet)))),
@@ -235,22 +245,22 @@ impl Reader<'_> {
     }
 
     fn send(&self, packet: Packet) {
-        self.link.send(&packet, self.version);
+        self.c.link.send(&packet, self.c.version);
     }
 
     /// Waits for each congested session but this connection's own (only its own reader,
     /// which would be the one waiting, reads the acknowledgements that drain it).
     async fn wait_congested(&mut self) {
-        let limits = self.broker.limits;
+        let limits = self.c.broker.limits;
         for s in std::mem::take(&mut self.congested) {
-            if !Arc::ptr_eq(&s, self.session) {
-                s.wait_room(&limits, &self.broker.stats).await;
+            if !Arc::ptr_eq(&s, &self.c.session) {
+                s.wait_room(&limits, &self.c.broker.stats).await;
             }
         }
     }
 
     fn violation(&self, rc: ReasonCode, why: &str) -> Close {
-        Close::violation(rc, why, &self.session.client_id)
+        Close::violation(rc, why, &self.c.session.client_id)
     }
 
     async fn handle(&mut self, packet: Packet) -> Result<(), Close> {
@@ -274,11 +284,11 @@ impl Reader<'_> {
                 // message already complete, and some clients (rumqttc) drop the connection
                 // on a PUBCOMP error code such as 0x92.
                 let known = {
-                    let mut st = self.session.state.lock();
-                    st.release_qos2(&self.session.client_id, a.packet_id)
+                    let mut st = self.c.session.state.lock();
+                    st.release_qos2(&self.c.session.client_id, a.packet_id)
                 };
                 if !known {
-                    tracing::debug!(client_id = %self.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
+                    tracing::debug!(client_id = %self.c.session.client_id, packet_id = a.packet_id, "PUBREL for a completed or unknown packet identifier");
                 }
                 // With durable_ack, after the removal is committed: a PUBCOMP for a release
                 // storage still lacks would, after a crash, leave the identifier "awaiting
@@ -327,8 +337,8 @@ impl Reader<'_> {
             QoS::AtLeastOnce => Packet::PubAck(ack),
             QoS::ExactlyOnce => {
                 if !reason_code.is_failure() {
-                    let mut st = self.session.state.lock();
-                    st.receive_qos2(&self.session.client_id, packet_id);
+                    let mut st = self.c.session.state.lock();
+                    st.receive_qos2(&self.c.session.client_id, packet_id);
                 }
                 Packet::PubRec(ack)
             }
@@ -339,9 +349,9 @@ impl Reader<'_> {
     /// Sends PUBACK, PUBREC or PUBCOMP: with durable_ack, once storage has committed what
     /// the packet acknowledges (and everything before it).
     fn send_acknowledgement(&self, packet: Packet) {
-        match self.broker.persist.get().filter(|p| p.durable_ack()) {
+        match self.c.broker.persist.get().filter(|p| p.durable_ack()) {
             Some(p) => {
-                let (link, version) = (Arc::clone(self.link), self.version);
+                let (link, version) = (Arc::clone(&self.c.link), self.c.version);
                 p.after_commit(Box::new(move |held| {
                     if held {
                         link.send(&packet, version);
@@ -359,9 +369,9 @@ impl Reader<'_> {
     /// and handled at once (a plain function, so the decoded packet is not kept in the
     /// reader's future).
     fn publish_frame(&mut self, frame: &[u8]) -> Result<(), Close> {
-        match codec::decode_publish_from_client(frame, self.version) {
+        match codec::decode_publish_from_client(frame, self.c.version) {
             Ok(p) => self.on_publish_now(p),
-            Err(e) => Err(undecodable(e, &self.session.client_id)),
+            Err(e) => Err(undecodable(e, &self.c.session.client_id)),
         }
     }
 
@@ -378,11 +388,11 @@ impl Reader<'_> {
         if !self.publish_checks(&mut p)? {
             return Ok(());
         }
-        let broker = self.broker;
-        if broker.checks_access() && !broker.may(self.session, &p.topic, Action::Write).await {
+        let broker = &self.c.broker;
+        if broker.checks_access() && !broker.may(&self.c.session, &p.topic, Action::Write).await {
             // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
-            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH not authorized");
-            let rc = if self.version.is_v5() {
+            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, "PUBLISH not authorized");
+            let rc = if self.c.version.is_v5() {
                 ReasonCode::NOT_AUTHORIZED
             } else {
                 ReasonCode::SUCCESS
@@ -392,7 +402,7 @@ impl Reader<'_> {
         }
         if !broker.interceptors.is_empty() {
             if let Err(rc) = self.intercept(&mut p).await {
-                let rc = if self.version.is_v5() {
+                let rc = if self.c.version.is_v5() {
                     rc
                 } else {
                     ReasonCode::SUCCESS
@@ -408,7 +418,7 @@ impl Reader<'_> {
     /// The checks of a PUBLISH before access control: `Ok(false)` when it was answered
     /// here and goes no further, `Err` when it closes the connection.
     fn publish_checks(&mut self, p: &mut Publish) -> Result<bool, Close> {
-        let broker = self.broker;
+        let broker = &self.c.broker;
         Stats::add(&broker.stats.messages_received, 1);
         let server = &broker.config.server;
         if p.qos as u8 > server.max_qos {
@@ -457,22 +467,22 @@ impl Reader<'_> {
         if p.topic.is_empty() {
             return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "empty topic name"));
         }
-        if let Some(mount) = self.mount {
+        if let Some(mount) = self.c.mount() {
             p.topic.insert_str(0, mount);
         }
         // Flow control (5.0 sections 3.3.4 and 4.9): QoS 1 messages whose PUBACK is not
         // written yet and QoS 2 messages awaiting PUBREL count against receive_maximum.
         if p.qos > QoS::AtMostOnce {
-            let st = self.session.state.lock();
+            let st = self.c.session.state.lock();
             if p.qos == QoS::ExactlyOnce && st.awaits_release(p.packet_id) {
                 // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
                 drop(st);
                 self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
                 return Ok(false);
             }
-            let unanswered = st.awaiting_release() + self.link.unanswered_qos1();
+            let unanswered = st.awaiting_release() + self.c.link.unanswered_qos1();
             drop(st);
-            if unanswered >= usize::from(self.receive_maximum) {
+            if unanswered >= usize::from(self.c.broker.config.server.receive_maximum) {
                 return Err(self.violation(
                     ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
                     "more QoS 1 and 2 messages unacknowledged than receive_maximum",
@@ -480,7 +490,7 @@ impl Reader<'_> {
             }
             if p.qos == QoS::AtLeastOnce {
                 // Counted until its PUBACK is written (every path below answers it).
-                self.link.qos1_received();
+                self.c.link.qos1_received();
             }
         }
         let size_limit = server.message_size_limit;
@@ -490,8 +500,8 @@ impl Reader<'_> {
             // (mosquitto 2.0 sends 0x95, which PUBACK and PUBREC may not carry, 5.0 sections
             // 3.4.2.1 and 3.5.2.1); 3.x: as usual, the answer 3.1.1 allows for a message the
             // server does not forward [MQTT-3.3.5-2].
-            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, size = p.payload.len(), "PUBLISH over message_size_limit dropped");
-            let rc = if self.version.is_v5() {
+            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, size = p.payload.len(), "PUBLISH over message_size_limit dropped");
+            let rc = if self.c.version.is_v5() {
                 ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR
             } else {
                 ReasonCode::SUCCESS
@@ -500,9 +510,9 @@ impl Reader<'_> {
             return Ok(false);
         }
         if p.topic.starts_with("$SYS")
-            && p.topic != super::connect::bridge_state_topic(&self.session.client_id)
+            && p.topic != super::connect::bridge_state_topic(&self.c.session.client_id)
         {
-            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
+            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
             return Ok(false);
         }
@@ -517,7 +527,7 @@ impl Reader<'_> {
 
     /// Builds the message of an accepted PUBLISH, routes it and acknowledges it.
     fn publish_accepted(&mut self, p: Publish) {
-        let broker = self.broker;
+        let broker = &self.c.broker;
         // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
         let Publish {
             topic,
@@ -539,14 +549,14 @@ impl Reader<'_> {
             retain,
             properties,
             expires_at,
-            publisher: Some(Arc::clone(&self.session.client_id)),
+            publisher: Some(Arc::clone(&self.c.session.client_id)),
             encoded: Default::default(),
         });
         let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
         // PUBREC stays 0x00, as in mosquitto.
-        let rc = if !matched && qos == QoS::AtLeastOnce && self.version.is_v5() {
+        let rc = if !matched && qos == QoS::AtLeastOnce && self.c.version.is_v5() {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {
             ReasonCode::SUCCESS
@@ -557,12 +567,12 @@ impl Reader<'_> {
     /// Runs the publish interceptors on `p`, which they may change. `Err` carries the reason
     /// code of a refusal.
     async fn intercept(&self, p: &mut Publish) -> Result<(), ReasonCode> {
-        let username = match &*self.session.identity.read() {
+        let username = match &*self.c.session.identity.read() {
             crate::auth::Identity::Client { username, .. } => username.clone(),
             crate::auth::Identity::Trusted => None,
         };
         let mut publish = InterceptedPublish {
-            client_id: &self.session.client_id,
+            client_id: &self.c.session.client_id,
             username: username.as_deref(),
             qos: p.qos,
             retain: p.retain,
@@ -571,7 +581,7 @@ impl Reader<'_> {
             properties: std::mem::take(&mut p.properties),
         };
         let mut verdict = Verdict::Accept;
-        for i in &self.broker.interceptors {
+        for i in &self.c.broker.interceptors {
             verdict = i.intercept(&mut publish).await;
             if verdict != Verdict::Accept {
                 break;
@@ -582,11 +592,11 @@ impl Reader<'_> {
         p.properties = publish.properties;
         p.properties.topic_alias = None;
         if let Verdict::Refuse(rc) = verdict {
-            tracing::debug!(client_id = %self.session.client_id, topic = %p.topic, reason = %rc, "PUBLISH refused by an interceptor");
+            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, reason = %rc, "PUBLISH refused by an interceptor");
             return Err(refusal_code(rc));
         }
         if topic::validate_topic_name(&p.topic).is_err() || p.topic.starts_with("$SYS") {
-            tracing::warn!(client_id = %self.session.client_id, topic = %p.topic, "an interceptor set an invalid topic name: PUBLISH refused");
+            tracing::warn!(client_id = %self.c.session.client_id, topic = %p.topic, "an interceptor set an invalid topic name: PUBLISH refused");
             return Err(ReasonCode::TOPIC_NAME_INVALID);
         }
         Ok(())
@@ -599,13 +609,13 @@ impl Reader<'_> {
     /// PUBREC then, after PUBREL, PUBCOMP [MQTT-4.3.3-9]. An unknown identifier (a late
     /// duplicate) is ignored.
     fn on_ack(&self, packet_id: u16, expected: OutboundState) -> Result<(), Close> {
-        let mut st = self.session.state.lock();
+        let mut st = self.c.session.state.lock();
         match st.inflight_position(packet_id) {
             Some(i) if st.inflight[i].state == expected => {
                 st.inflight.remove(i);
-                st.persist_acked(&self.session.client_id, packet_id);
+                st.persist_acked(&self.c.session.client_id, packet_id);
                 drop(st);
-                self.link.wake();
+                self.c.link.wake();
                 Ok(())
             }
             Some(i) => {
@@ -622,14 +632,14 @@ impl Reader<'_> {
                 ))
             }
             None => {
-                tracing::debug!(client_id = %self.session.client_id, packet_id, "acknowledgement for an unknown packet identifier");
+                tracing::debug!(client_id = %self.c.session.client_id, packet_id, "acknowledgement for an unknown packet identifier");
                 Ok(())
             }
         }
     }
 
     fn on_pubrec(&self, a: PubAck) -> Result<(), Close> {
-        let mut st = self.session.state.lock();
+        let mut st = self.c.session.state.lock();
         if let Some(i) = st.inflight_position(a.packet_id) {
             if st.inflight[i].state == OutboundState::AwaitingPubAck {
                 drop(st);
@@ -645,14 +655,14 @@ impl Reader<'_> {
         let reason_code = match st.inflight_position(a.packet_id) {
             Some(i) if a.reason_code.is_failure() => {
                 st.inflight.remove(i);
-                st.persist_acked(&self.session.client_id, a.packet_id);
+                st.persist_acked(&self.c.session.client_id, a.packet_id);
                 drop(st);
-                self.link.wake();
+                self.c.link.wake();
                 return Ok(());
             }
             Some(i) => {
                 st.inflight[i].state = OutboundState::AwaitingPubComp;
-                st.persist_inflight(&self.session.client_id, i);
+                st.persist_inflight(&self.c.session.client_id, i);
                 ReasonCode::SUCCESS
             }
             None => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
@@ -667,7 +677,7 @@ impl Reader<'_> {
     }
 
     async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
-        let broker = self.broker;
+        let broker = &self.c.broker;
         let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
         let identifier = s.properties.subscription_identifiers.first().copied();
         let mut codes = Vec::with_capacity(s.filters.len());
@@ -686,7 +696,7 @@ impl Reader<'_> {
                 continue;
             }
             if topic::level_count(&f.filter) > broker.config.server.max_topic_levels {
-                tracing::debug!(client_id = %self.session.client_id, "SUBSCRIBE filter over max_topic_levels");
+                tracing::debug!(client_id = %self.c.session.client_id, "SUBSCRIBE filter over max_topic_levels");
                 codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
                 continue;
             }
@@ -696,19 +706,23 @@ impl Reader<'_> {
                     "No Local on a shared subscription [MQTT-3.8.3-4]",
                 ));
             }
-            let filter = super::mounted(self.mount, &f.filter);
+            let filter = super::mounted(self.c.mount(), &f.filter);
             if broker.checks_access()
                 && !broker
-                    .may(self.session, subscription_topic(&filter), Action::Subscribe)
+                    .may(
+                        &self.c.session,
+                        subscription_topic(&filter),
+                        Action::Subscribe,
+                    )
                     .await
             {
-                tracing::debug!(client_id = %self.session.client_id, %filter, "SUBSCRIBE not authorized");
+                tracing::debug!(client_id = %self.c.session.client_id, %filter, "SUBSCRIBE not authorized");
                 codes.push(self.filter_failure(ReasonCode::NOT_AUTHORIZED));
                 continue;
             }
             let mut options = f.options;
             options.qos = options.qos.min(max_qos);
-            if self.bridge && !shared {
+            if self.c.bridge && !shared {
                 options.no_local = true;
                 options.retain_as_published = true;
             }
@@ -717,8 +731,9 @@ impl Reader<'_> {
                 identifier,
             };
             let max = broker.config.server.max_subscriptions_per_client;
-            let Some(existed) = broker.subscribe_within(self.session, &filter, granted, max) else {
-                tracing::debug!(client_id = %self.session.client_id, filter = %f.filter, "SUBSCRIBE over max_subscriptions_per_client");
+            let Some(existed) = broker.subscribe_within(&self.c.session, &filter, granted, max)
+            else {
+                tracing::debug!(client_id = %self.c.session.client_id, filter = %f.filter, "SUBSCRIBE over max_subscriptions_per_client");
                 codes.push(self.filter_failure(ReasonCode::QUOTA_EXCEEDED));
                 continue;
             };
@@ -746,18 +761,18 @@ impl Reader<'_> {
         }));
         if let Some(subscriptions) = granted_now.filter(|l| !l.is_empty()) {
             broker.events.fire(|| Event::Subscribed {
-                client_id: self.session.client_id.to_string(),
+                client_id: self.c.session.client_id.to_string(),
                 subscriptions,
             });
         }
         for (filter, granted) in retained {
-            broker.send_retained(self.session, &filter, &granted);
+            broker.send_retained(&self.c.session, &filter, &granted);
         }
         Ok(())
     }
 
     fn filter_failure(&self, rc: ReasonCode) -> ReasonCode {
-        if self.version.is_v5() {
+        if self.c.version.is_v5() {
             rc
         } else {
             ReasonCode::UNSPECIFIED_ERROR
@@ -765,14 +780,15 @@ impl Reader<'_> {
     }
 
     fn on_unsubscribe(&mut self, u: Unsubscribe) {
-        let mut removed = self.broker.events.listening().then(Vec::new);
+        let mut removed = self.c.broker.events.listening().then(Vec::new);
         let codes = u
             .filters
             .iter()
             .map(|f| {
                 if self
+                    .c
                     .broker
-                    .unsubscribe(self.session, &super::mounted(self.mount, f))
+                    .unsubscribe(&self.c.session, &super::mounted(self.c.mount(), f))
                 {
                     if let Some(list) = &mut removed {
                         list.push(f.clone());
@@ -784,8 +800,8 @@ impl Reader<'_> {
             })
             .collect();
         if let Some(filters) = removed.filter(|l| !l.is_empty()) {
-            self.broker.events.fire(|| Event::Unsubscribed {
-                client_id: self.session.client_id.to_string(),
+            self.c.broker.events.fire(|| Event::Unsubscribed {
+                client_id: self.c.session.client_id.to_string(),
                 filters,
             });
         }
@@ -798,7 +814,7 @@ impl Reader<'_> {
 
     fn on_disconnect(&mut self, d: Disconnect) -> Close {
         if let Some(expiry) = d.properties.session_expiry_interval {
-            let mut st = self.session.state.lock();
+            let mut st = self.c.session.state.lock();
             if st.expiry_interval == 0 && expiry != 0 {
                 drop(st);
                 return self.violation(

@@ -8,10 +8,9 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use super::{Close, LazyMap, IDLE_BUFFER_LIMIT};
-use crate::broker::BrokerState;
+use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT};
 use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
-use crate::link::{DisconnectReason, Link};
+use crate::link::DisconnectReason;
 use crate::session::{Delivery, Inflight, OutboundState, Session};
 use crate::stats::{DropCause, Stats};
 
@@ -26,7 +25,7 @@ const OUTBOUND_ALIAS_TOPIC: usize = 256;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ClientLimits {
     /// Outbound QoS 1/2 window: the lower of `max_inflight` and the client's Receive Maximum.
-    pub(super) inflight: usize,
+    pub(super) inflight: u16,
     /// The client's Maximum Packet Size, bytes.
     pub(super) max_packet_size: u32,
     /// The client's Topic Alias Maximum.
@@ -35,11 +34,8 @@ pub(super) struct ClientLimits {
 
 /// The outbound half: drains the control buffer and the session's queue.
 pub(super) struct Writer<'a> {
-    pub(super) broker: &'a Arc<BrokerState>,
-    pub(super) session: &'a Arc<Session>,
-    pub(super) link: &'a Arc<Link>,
-    pub(super) version: ProtocolVersion,
-    pub(super) limits: ClientLimits,
+    /// What the writer shares with the reader.
+    pub(super) c: &'a Shared,
     /// Topic aliases the broker set towards the client, topic -> alias.
     pub(super) aliases: LazyMap<String, u16>,
     /// Delivery properties built per message (5.0 only), allocated on first use.
@@ -47,41 +43,53 @@ pub(super) struct Writer<'a> {
     /// What is being written. What an interrupted write left stays here, so that the final
     /// packets of the connection go out after whole packets, never after half of one.
     pub(super) out: BytesMut,
-    /// The listener's `mount_point`, removed from the topics delivered.
-    pub(super) mount: Option<&'a str>,
 }
 
-impl Writer<'_> {
-    pub(super) async fn run<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) -> Close {
-        // The write buffer is released while the writer sleeps (an idle connection holds
-        // none) and given back the room it had at the next wake-up, in one allocation.
-        let mut room = 0;
-        loop {
-            self.link.wait_woken().await;
-            if self.out.capacity() == 0 {
-                self.out.reserve(room);
-            }
+impl<'a> Writer<'a> {
+    /// Writes what the link is woken for, until a write fails.
+    // Not an `async fn`: its future would keep room for its arguments twice (as arguments
+    // and as locals of its body), and an idle connection holds it all the time.
+    #[allow(clippy::manual_async_fn)] // the point: see above
+    pub(super) fn run<'w, W: AsyncWrite + Unpin>(
+        &'w mut self,
+        wr: &'w mut W,
+    ) -> impl std::future::Future<Output = Close> + use<'a, 'w, W> {
+        async move {
+            // The write buffer is released while the writer sleeps (an idle connection holds
+            // none) and given back the room it had at the next wake-up, in one allocation.
+            let mut room = 0;
             loop {
-                let mut out = std::mem::take(&mut self.out);
-                let (more, pubacks) = self.fill(&mut out);
-                self.out = out;
+                self.c.link.wait_woken().await;
+                if self.out.capacity() == 0 {
+                    self.out.reserve(room);
+                }
+                loop {
+                    // In a block: a moved-from variable in scope at the write's wait would
+                    // still take room in this future, which every connection holds.
+                    let (more, pubacks) = {
+                        let mut out = std::mem::take(&mut self.out);
+                        let filled = self.fill(&mut out);
+                        self.out = out;
+                        filled
+                    };
+                    if self.out.is_empty() {
+                        break;
+                    }
+                    let len = self.out.len() as u64;
+                    if let Err(e) = wr.write_all_buf(&mut self.out).await {
+                        return Close::lost(DisconnectReason::Io(e.to_string()));
+                    }
+                    Stats::add(&self.c.broker.stats.bytes_sent, len);
+                    self.out.clear();
+                    self.c.link.wrote(pubacks);
+                    if !more {
+                        break;
+                    }
+                }
                 if self.out.is_empty() {
-                    break;
+                    room = self.out.capacity().min(IDLE_BUFFER_LIMIT);
+                    self.out = BytesMut::new();
                 }
-                let len = self.out.len() as u64;
-                if let Err(e) = wr.write_all_buf(&mut self.out).await {
-                    return Close::lost(DisconnectReason::Io(e.to_string()));
-                }
-                Stats::add(&self.broker.stats.bytes_sent, len);
-                self.out.clear();
-                self.link.wrote(pubacks);
-                if !more {
-                    break;
-                }
-            }
-            if self.out.is_empty() {
-                room = self.out.capacity().min(IDLE_BUFFER_LIMIT);
-                self.out = BytesMut::new();
             }
         }
     }
@@ -92,10 +100,12 @@ impl Writer<'_> {
     /// PUBACKs it took from the control buffer. Records the client's progress (back pressure)
     /// and wakes the publishers waiting for room.
     fn fill(&mut self, buf: &mut BytesMut) -> (bool, usize) {
-        let pubacks = self.link.drain_control_into(buf);
-        let stats = &self.broker.stats;
+        let pubacks = self.c.link.drain_control_into(buf);
+        let stats = &self.c.broker.stats;
+        // Looked up once per fill, not per message.
+        let mount = self.c.mount();
         let now = Instant::now();
-        let mut st = self.session.state.lock();
+        let mut st = self.c.session.state.lock();
         let st = &mut *st;
         let mut sent = 0u64;
         // Resent PUBLISH packets count against this connection's window like new ones: a
@@ -108,7 +118,9 @@ impl Writer<'_> {
         // back with a smaller one): discarded as if sent and acknowledged [MQTT-3.1.2-25].
         let mut too_large = Vec::new();
         for f in st.inflight.iter_mut().filter(|f| !f.sent) {
-            if f.state != OutboundState::AwaitingPubComp && window >= self.limits.inflight {
+            if f.state != OutboundState::AwaitingPubComp
+                && window >= usize::from(self.c.limits.inflight)
+            {
                 continue;
             }
             f.sent = true;
@@ -119,19 +131,19 @@ impl Writer<'_> {
                         packet_id: f.packet_id,
                         ..PubAck::default()
                     });
-                    let _ = codec::encode(&rel, self.version, buf);
+                    let _ = codec::encode(&rel, self.c.version, buf);
                 }
                 _ => {
                     if encode_delivery_within(
-                        self.version,
-                        self.mount,
+                        self.c.version,
+                        mount,
                         &f.delivery,
                         f.packet_id,
                         true,
                         None,
                         now,
                         &mut self.scratch,
-                        self.limits.max_packet_size as usize,
+                        self.c.limits.max_packet_size as usize,
                         buf,
                     )
                     .is_err()
@@ -147,7 +159,7 @@ impl Writer<'_> {
         for packet_id in too_large {
             if let Some(i) = st.inflight_position(packet_id) {
                 st.inflight.remove(i);
-                st.persist_acked(&self.session.client_id, packet_id);
+                st.persist_acked(&self.c.session.client_id, packet_id);
                 stats.dropped(DropCause::TooLarge);
             }
         }
@@ -159,20 +171,22 @@ impl Writer<'_> {
                 break;
             }
             let Some(head) = st.queue.front() else { break };
-            if head.qos > QoS::AtMostOnce && st.inflight.len() >= self.limits.inflight {
+            if head.qos > QoS::AtMostOnce
+                && st.inflight.len() >= usize::from(self.c.limits.inflight)
+            {
                 break;
             }
-            let Some(q) = st.pop_queued(&self.session.client_id) else {
+            let Some(q) = st.pop_queued(&self.c.session.client_id) else {
                 break;
             };
             took += 1;
             if q.msg.is_expired(now) {
-                self.broker.dropped(
-                    Some(&self.session.client_id),
+                self.c.broker.dropped(
+                    Some(&self.c.session.client_id),
                     &q.msg.topic,
                     DropCause::Expired,
                 );
-                st.persist_dequeued(&self.session.client_id, &q);
+                st.persist_dequeued(&self.c.session.client_id, &q);
                 if q.qos > QoS::AtMostOnce {
                     // Its packet identifier is used up, as in mosquitto, which numbers a
                     // message when it queues it: the next message's number shows the gap.
@@ -195,15 +209,15 @@ impl Writer<'_> {
             };
             // Sized once, checked and written (an identifier taken for a packet that is then
             // dropped is simply skipped); or copied, when encoded already for another session.
-            let max_packet_size = self.limits.max_packet_size as usize;
-            let written = match self.shared_encoding(&q) {
+            let max_packet_size = self.c.limits.max_packet_size as usize;
+            let written = match self.shared_encoding(&q, mount.is_some()) {
                 Some(bytes) if bytes.len() <= max_packet_size => {
                     buf.extend_from_slice(bytes);
                     true
                 }
                 _ => encode_delivery_within(
-                    self.version,
-                    self.mount,
+                    self.c.version,
+                    mount,
                     &q,
                     packet_id,
                     false,
@@ -217,12 +231,12 @@ impl Writer<'_> {
             };
             if !written {
                 // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
-                self.broker.dropped(
-                    Some(&self.session.client_id),
+                self.c.broker.dropped(
+                    Some(&self.c.session.client_id),
                     &q.msg.topic,
                     DropCause::TooLarge,
                 );
-                st.persist_dequeued(&self.session.client_id, &q);
+                st.persist_dequeued(&self.c.session.client_id, &q);
                 continue;
             }
             let new_alias = alias.filter(|(_, known)| !known).is_some();
@@ -244,14 +258,14 @@ impl Writer<'_> {
                     delivery: q,
                     sent: true,
                 });
-                st.persist_sent(&self.session.client_id);
+                st.persist_sent(&self.c.session.client_id);
             }
         }
         if sent > 0 {
             Stats::add(&stats.messages_sent, sent);
         }
-        if Session::progressed(st, took, now, &self.broker.limits) {
-            self.session.release_waiters();
+        if Session::progressed(st, took, now, &self.c.broker.limits) {
+            self.c.session.release_waiters();
         }
         (more, pubacks)
     }
@@ -262,12 +276,8 @@ impl Writer<'_> {
     /// to others too (a fan-out: another holder, or encoded already). A message only this
     /// session holds (a fan-in) is encoded straight into the write buffer instead, and a
     /// retained one is never given a copy it would keep while it stays retained.
-    fn shared_encoding<'q>(&self, q: &'q Delivery) -> Option<&'q Bytes> {
-        if self.version.is_v5()
-            || q.qos != QoS::AtMostOnce
-            || q.retain
-            || q.msg.retain
-            || self.mount.is_some()
+    fn shared_encoding<'q>(&self, q: &'q Delivery, mounted: bool) -> Option<&'q Bytes> {
+        if self.c.version.is_v5() || q.qos != QoS::AtMostOnce || q.retain || q.msg.retain || mounted
         {
             return None;
         }
@@ -279,7 +289,7 @@ impl Writer<'_> {
 
     /// The topic alias to use for `topic`: (alias, already known to the client).
     fn alias_for(&self, topic: &str) -> Option<(u16, bool)> {
-        if !self.version.is_v5() || self.limits.topic_alias_maximum == 0 {
+        if !self.c.version.is_v5() || self.c.limits.topic_alias_maximum == 0 {
             return None;
         }
         if let Some(&a) = self.aliases.get(topic) {
@@ -288,7 +298,7 @@ impl Writer<'_> {
         // Bounded: the table holds the topics themselves. Counted in usize, so an alias
         // number never wraps to 0.
         let next = self.aliases.len() + 1;
-        let max = usize::from(self.limits.topic_alias_maximum.min(OUTBOUND_ALIASES));
+        let max = usize::from(self.c.limits.topic_alias_maximum.min(OUTBOUND_ALIASES));
         (next <= max && topic.len() <= OUTBOUND_ALIAS_TOPIC).then_some((next as u16, false))
     }
 }

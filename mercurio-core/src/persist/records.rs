@@ -160,7 +160,7 @@ pub(crate) fn session_record(client_id: &str, st: &SessionState) -> SessionRecor
         .collect();
     subs.sort_by(|a, b| a.filter.cmp(&b.filter));
     record.subscriptions = subs;
-    record.will = st.will.as_ref().map(will_record);
+    record.will = st.will.as_deref().map(will_record);
     record.queued = st
         .queue
         .iter()
