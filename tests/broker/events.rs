@@ -805,15 +805,30 @@ impl Lines {
 }
 
 /// The example binary, built by `cargo test` with the examples; built here when a filtered
-/// run (`cargo test --test events`) did not, or built it before this test binary.
+/// run (`cargo test --test broker events::`) did not, or when a source changed since.
 fn example_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().join("examples");
     let path = dir.join(name);
-    // Built after this test binary: from the same sources (or newer), nothing to do.
+    // Up to date when no source it is built from changed after it. (Comparing with this
+    // test binary would not do: a full `cargo test` may link the test after the example.)
     let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    if let (Some(example), Some(test)) = (modified(&path), modified(&exe)) {
-        if example >= test {
+    if let Some(example) = modified(&path) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let sources = [
+            "src",
+            "examples",
+            "mercurio-core/src",
+            "mercurio-storage/src",
+            "Cargo.toml",
+            "Cargo.lock",
+            "mercurio-core/Cargo.toml",
+            "mercurio-storage/Cargo.toml",
+        ];
+        if sources
+            .iter()
+            .all(|s| newest_modified(&root.join(s)).is_none_or(|m| m <= example))
+        {
             return path;
         }
     }
@@ -823,7 +838,8 @@ fn example_binary(name: &str) -> std::path::PathBuf {
     let mut build = std::process::Command::new(cargo);
     for (key, _) in std::env::vars_os() {
         let key_s = key.to_string_lossy();
-        if (key_s.starts_with("CARGO_") && key_s != "CARGO_HOME")
+        let kept = ["CARGO_HOME", "CARGO_INCREMENTAL", "CARGO_TARGET_DIR"];
+        if (key_s.starts_with("CARGO_") && !kept.contains(&key_s.as_ref()))
             || key_s == "LD_LIBRARY_PATH"
             || key_s == "OUT_DIR"
         {
@@ -838,4 +854,17 @@ fn example_binary(name: &str) -> std::path::PathBuf {
     assert!(status.success(), "cargo build --example {name}");
     assert!(path.exists(), "{} exists", path.display());
     path
+}
+
+/// The latest modification time of a file, or of any file under a directory.
+fn newest_modified(p: &std::path::Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(p).ok()?;
+    if !meta.is_dir() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(p)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| newest_modified(&e.path()))
+        .max()
 }
