@@ -151,6 +151,27 @@ impl Link {
                 .is_ok()
     }
 
+    /// The keep alive deadline as [`Link::arm_keep_alive`] took it (0: never armed,
+    /// `u64::MAX`: disarmed).
+    pub(crate) fn keep_alive_at(&self) -> u64 {
+        self.keep_alive.load(Ordering::Acquire)
+    }
+
+    /// Puts back a deadline read by [`Link::keep_alive_at`]: a parked connection's stays armed.
+    pub(crate) fn restore_keep_alive(&self, at: u64) {
+        self.keep_alive.store(at, Ordering::Release);
+    }
+
+    /// Makes `waker` the one a wake-up or a kill wakes (a parked connection's).
+    pub(crate) fn set_waker(&self, waker: &std::task::Waker) {
+        self.task.register(waker);
+    }
+
+    /// True when a wake-up or a kill is waiting to be taken.
+    pub(crate) fn signalled(&self) -> bool {
+        self.signals.load(Ordering::Acquire) & (WOKEN | KILLED) != 0
+    }
+
     /// True once the connection has closed and detached ([`Link::mark_closed`]).
     pub(crate) fn is_closed(&self) -> bool {
         self.is_closed.load(Ordering::Acquire)

@@ -111,8 +111,9 @@ pub(crate) async fn run(
         }
         let _ = stream.set_nodelay(true);
         on_listener.fetch_add(1, Ordering::Relaxed);
-        let broker = Arc::clone(&broker);
-        let on_listener = Arc::clone(&on_listener);
+        // Given back when the connection closes, by whichever task serves it then (a plain
+        // TCP connection's task ends while it is parked).
+        let slot = connection::Slot::new(Arc::clone(&broker), Arc::clone(&on_listener));
         let http = http.clone();
         let tls = tls.clone();
         // A task is as large as its future, which is as large as its largest branch: the
@@ -127,16 +128,20 @@ pub(crate) async fn run(
                     + std::time::Duration::from_secs(broker.config.server.connect_timeout)
             };
             match (tls, http) {
-                (None, None) => connection::serve(Arc::clone(&broker), stream, peer, index).await,
-                (None, Some(ep)) => Box::pin(websocket::serve(ep, stream, peer)).await,
+                (None, None) => connection::serve_tcp(slot, stream, peer, index).await,
+                (None, Some(ep)) => {
+                    Box::pin(websocket::serve(ep, stream, peer)).await;
+                    drop(slot);
+                }
                 (Some(tls), None) => {
+                    let broker = &slot.broker;
                     Box::pin(async {
                         let connect_deadline = connect_deadline(&broker);
                         if let Some((stream, identity)) =
                             tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
                             connection::serve_with(
-                                Arc::clone(&broker),
+                                Arc::clone(broker),
                                 stream,
                                 peer,
                                 Some(identity),
@@ -146,9 +151,11 @@ pub(crate) async fn run(
                             .await
                         }
                     })
-                    .await
+                    .await;
+                    drop(slot);
                 }
                 (Some(tls), Some(ep)) => {
+                    let broker = &slot.broker;
                     Box::pin(async {
                         let connect_deadline = connect_deadline(&broker);
                         if let Some((stream, _identity)) =
@@ -157,12 +164,10 @@ pub(crate) async fn run(
                             websocket::serve(ep, stream, peer).await
                         }
                     })
-                    .await
+                    .await;
+                    drop(slot);
                 }
             }
-            on_listener.fetch_sub(1, Ordering::Relaxed);
-            broker.open_connections.fetch_sub(1, Ordering::Relaxed);
-            broker.connection_closed.notify_waiters();
         });
     }
 }

@@ -7,11 +7,15 @@
 //! and one write (one system call for many messages is what keeps a busy broker fast).
 
 mod connect;
+pub(crate) mod park;
 mod reader;
 mod writer;
 
+pub(crate) use park::{Park, Parking, Slot};
+
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -77,7 +81,7 @@ pub(crate) fn serve<S>(
     listener: usize,
 ) -> impl std::future::Future<Output = ()> + Send
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + Park,
 {
     // Not an `async fn`: its future would hold its arguments beside `serve_with`'s.
     let deadline =
@@ -97,7 +101,7 @@ pub(crate) fn serve_with<S>(
     listener: usize,
 ) -> impl std::future::Future<Output = ()> + Send
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + Park,
 {
     // A future is as large as the largest state it can be in, and the connection's task holds
     // its own for the connection's whole life, idle ones too: so each phase is boxed, and
@@ -118,7 +122,34 @@ where
             Some(c) => Box::pin(run(c)),
             None => return,
         };
-        running.await
+        // Only a stream that parks (`serve_tcp`) ever gets a parked connection back.
+        if let Some(p) = running.await {
+            let close = Close::lost(DisconnectReason::Io("cannot park".into()));
+            detach(&p.shared, p.peer, &close);
+        }
+    }
+}
+
+/// [`serve`] for a plain TCP connection, which parks when idle (`park`): `slot`, its place
+/// in the connection counts, goes with it.
+pub(crate) fn serve_tcp(
+    slot: Slot,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    listener: usize,
+) -> impl std::future::Future<Output = ()> + Send {
+    let broker = Arc::clone(&slot.broker);
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_secs(broker.config.server.connect_timeout);
+    let handshake = Box::pin(handshake(broker, stream, peer, None, deadline, listener));
+    async move {
+        let running = match handshake.await {
+            Some(c) => Box::pin(run(c)),
+            None => return,
+        };
+        if let Some(p) = running.await {
+            park::park_or_resume(p, slot);
+        }
     }
 }
 
@@ -133,6 +164,11 @@ struct Connected<S> {
     /// The read buffer, with what the client sent after its CONNECT.
     buf: BytesMut,
     peer: SocketAddr,
+    /// The reader's and the writer's topic alias tables, kept while parked.
+    aliases_in: LazyMap<u16, String>,
+    aliases_out: LazyMap<String, u16>,
+    /// Served again after a park: the keep alive deadline armed before goes on.
+    resumed: bool,
 }
 
 /// What a connection's reader and writer share, fixed for the connection's life. Each holds
@@ -150,6 +186,33 @@ struct Shared {
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
     bridge: bool,
     keep_alive: u16,
+    /// Where the reader and the writer wait now (`READER_AT_REST`, `WRITER_AT_REST`): the
+    /// connection parks only when both wait with nothing in hand.
+    rest: AtomicU8,
+    /// Reads and writes done, counted (wrapping): unchanged for `park_after`, the connection
+    /// is idle.
+    activity: AtomicU32,
+}
+
+/// The reader waits in its socket read with an empty buffer.
+const READER_AT_REST: u8 = 1;
+/// The writer waits for a wake-up with nothing to write.
+const WRITER_AT_REST: u8 = 2;
+
+impl Shared {
+    /// Marks the reader or the writer (`bit`) at rest or not.
+    fn set_rest(&self, bit: u8, at_rest: bool) {
+        if at_rest {
+            self.rest.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            self.rest.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a read or a write.
+    fn active(&self) {
+        self.activity.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Shared {
@@ -244,80 +307,162 @@ where
             version,
             bridge,
             keep_alive,
+            rest: AtomicU8::new(0),
+            activity: AtomicU32::new(0),
         },
         stream: parking_lot::Mutex::new(stream),
         buf,
         peer,
+        aliases_in: LazyMap::new(),
+        aliases_out: LazyMap::new(),
+        resumed: false,
     })
 }
 
 /// The reader and the writer side by side, until one ends or the broker asks the connection
-/// to close; then the close.
+/// to close; then the close. Or, once the connection has been idle for `park_after` (a stream
+/// that parks only), what is left of it to park.
 // Not an `async fn`: an `async fn` moves its arguments into locals of its body, and its
 // future keeps room for both (the connection twice); an `async move` block uses its capture
 // in place.
 #[allow(clippy::manual_async_fn)] // the point: see above
-fn run<S>(mut c: Connected<S>) -> impl std::future::Future<Output = ()> + Send
+fn run<S>(mut c: Connected<S>) -> impl std::future::Future<Output = Option<park::Parked>> + Send
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + Park,
 {
     async move {
-        let shared = &c.shared;
-        let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
+        let kept = {
+            let shared = &c.shared;
+            let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
 
-        // 3. Reader and writer, until one ends or the broker asks the connection to close.
-        let mut reader = Reader {
-            c: shared,
-            aliases: LazyMap::new(),
-            congested: Vec::new(),
-        };
-        let mut writer = Writer {
-            c: shared,
-            aliases: LazyMap::new(),
-            scratch: None,
-            out: BytesMut::new(),
-        };
-        let link = &shared.link;
-        link.wake();
-        let close = {
-            let read = reader.run(&mut rd, &mut c.buf);
-            tokio::pin!(read);
-            let mut killed = false;
-            let mut write_failed = false;
-            let close = tokio::select! {
-                c = &mut read => c,
-                c = writer.run(&mut wr) => {
-                    write_failed = true;
-                    c
-                }
-                _ = link.wait_killed() => {
-                    killed = true;
-                    let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
-                    Close { reason, send: Some(rc), publish_will: true }
+            // 3. Reader and writer, until one ends or the broker asks the connection to close.
+            let mut reader = Reader {
+                c: shared,
+                aliases: std::mem::take(&mut c.aliases_in),
+                congested: Vec::new(),
+                resumed: c.resumed,
+            };
+            let mut writer = Writer {
+                c: shared,
+                aliases: std::mem::take(&mut c.aliases_out),
+                scratch: None,
+                out: BytesMut::new(),
+            };
+            let link = &shared.link;
+            shared.rest.store(0, Ordering::Relaxed);
+            link.wake();
+            // The keep alive deadline of a connection that parks: the read's end disarms it, so
+            // it is put back once the read is dropped (at the end of the block below).
+            let mut keep_alive_at = None;
+            // `None`: the connection parks.
+            let close = {
+                let read = reader.run(&mut rd, &mut c.buf);
+                tokio::pin!(read);
+                let mut killed = false;
+                let mut write_failed = false;
+                let close = tokio::select! {
+                    c = &mut read => Some(c),
+                    c = writer.run(&mut wr) => {
+                        write_failed = true;
+                        Some(c)
+                    }
+                    _ = link.wait_killed() => {
+                        killed = true;
+                        let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
+                        Some(Close { reason, send: Some(rc), publish_will: true })
+                    }
+                    _ = idle(shared, S::PARKS) => {
+                        keep_alive_at = Some(link.keep_alive_at());
+                        None
+                    }
+                };
+                match close {
+                    None => None,
+                    Some(close) if write_failed => {
+                        // The client closed without reading what we sent last (mosquitto_sub
+                        // -C does), but what it sent before closing is still to be read: its
+                        // PUBACKs, applied, and its DISCONNECT, which discards the will
+                        // [MQTT-3.14.4-3]. The reader's verdict wins when it reaches the end of
+                        // the input in time. Boxed, as below: rare, and a timer is large.
+                        match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
+                            Ok(c) => Some(c),
+                            Err(_) => Some(close),
+                        }
+                    }
+                    Some(close) => {
+                        // At shutdown, what the client sent just before is still handled: a
+                        // PUBACK on its way is applied (and stored), not answered by a
+                        // redelivery after the restart.
+                        if killed && matches!(close.reason, DisconnectReason::Shutdown) {
+                            let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
+                        }
+                        Some(close)
+                    }
                 }
             };
-            if write_failed {
-                // The client closed without reading what we sent last (mosquitto_sub -C does),
-                // but what it sent before closing is still to be read: its PUBACKs, applied, and
-                // its DISCONNECT, which discards the will [MQTT-3.14.4-3]. The reader's verdict
-                // wins when it reaches the end of the input in time.
-                // Boxed, as below: rare, and a timer is large.
-                match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
-                    Ok(c) => c,
-                    Err(_) => close,
+            if let Some(at) = keep_alive_at {
+                link.restore_keep_alive(at);
+            }
+            let last = std::mem::take(&mut writer.out);
+            let kept = (
+                std::mem::take(&mut reader.aliases),
+                std::mem::take(&mut writer.aliases),
+            );
+            drop((reader, writer));
+            match close {
+                Some(close) => {
+                    Box::pin(finish(shared, &mut rd, c.peer, close, last)).await;
+                    return None;
                 }
-            } else {
-                // At shutdown, what the client sent just before is still handled: a PUBACK on
-                // its way is applied (and stored), not answered by a redelivery after the restart.
-                if killed && matches!(close.reason, DisconnectReason::Shutdown) {
-                    let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
-                }
-                close
+                None => kept,
             }
         };
-        let last = std::mem::take(&mut writer.out);
-        drop((reader, writer));
-        Box::pin(finish(shared, &mut rd, c.peer, close, last)).await;
+        // Parking: nothing is in flight (`idle`), so the stream and what the halves keep
+        // are all there is.
+        let Connected {
+            shared,
+            stream,
+            peer,
+            ..
+        } = c;
+        match stream.into_inner().into_parked() {
+            Some(stream) => Some(park::Parked {
+                stream,
+                shared,
+                peer,
+                aliases_in: kept.0,
+                aliases_out: kept.1,
+            }),
+            None => {
+                let close = Close::lost(DisconnectReason::Io("cannot park".into()));
+                detach(&shared, peer, &close);
+                None
+            }
+        }
+    }
+}
+
+/// Resolves once the connection has been idle for `park_after` with its reader and writer
+/// both at rest and nothing signalled: then it parks. Never for a stream that does not park,
+/// with `park_after` 0, or without a parking.
+async fn idle(shared: &Shared, parks: bool) {
+    let after = shared.broker.config.server.park_after;
+    if !parks || after == 0 || Parking::of(&shared.broker).is_none() {
+        return std::future::pending().await;
+    }
+    let after = Duration::from_secs(after);
+    let mut seen = shared.activity.load(Ordering::Relaxed);
+    loop {
+        // Boxed: a timer is large, and every busy connection holds this one.
+        Box::pin(tokio::time::sleep(after)).await;
+        let now = shared.activity.load(Ordering::Relaxed);
+        if now == seen
+            && shared.rest.load(Ordering::Relaxed) == READER_AT_REST | WRITER_AT_REST
+            && !shared.link.signalled()
+        {
+            return;
+        }
+        seen = now;
     }
 }
 
@@ -333,13 +478,7 @@ async fn finish<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let Shared {
-        broker,
-        session,
-        link,
-        version,
-        ..
-    } = shared;
+    let Shared { link, version, .. } = shared;
     let version = *version;
     last.extend_from_slice(&link.take_control());
     if let (Some(rc), true) = (close.send, version.is_v5()) {
@@ -356,6 +495,21 @@ async fn finish<S>(
         })
         .await;
     }
+    detach(shared, peer, &close);
+    if close.send.is_some() {
+        linger(rw).await;
+    }
+}
+
+/// The session detached from a closed connection (the will published, unless `close` says
+/// not), counted and logged.
+fn detach(shared: &Shared, peer: SocketAddr, close: &Close) {
+    let Shared {
+        broker,
+        session,
+        link,
+        ..
+    } = shared;
     broker.stats.client_disconnected();
     let client_id = &session.client_id;
     broker.events.fire(|| Event::Disconnected {
@@ -366,9 +520,6 @@ async fn finish<S>(
     link.mark_closed();
     if broker.config.logging.connection_messages {
         tracing::info!(target: "mercurio::connections", %client_id, %peer, reason = %close.reason, "client disconnected");
-    }
-    if close.send.is_some() {
-        linger(rw).await;
     }
 }
 
