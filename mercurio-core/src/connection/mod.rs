@@ -15,7 +15,7 @@ pub(crate) use park::{Park, Parking, Slot};
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -164,11 +164,9 @@ struct Connected<S> {
     /// The read buffer, with what the client sent after its CONNECT.
     buf: BytesMut,
     peer: SocketAddr,
-    /// The reader's and the writer's topic alias tables, kept while parked.
-    aliases_in: LazyMap<u16, String>,
-    aliases_out: LazyMap<String, u16>,
-    /// Served again after a park: the keep alive deadline armed before goes on.
-    resumed: bool,
+    /// Served again after a park: the reader's and the writer's topic alias tables (one
+    /// pointer: only resumed connections have it).
+    resumed: Option<Box<park::Aliases>>,
 }
 
 /// What a connection's reader and writer share, fixed for the connection's life. Each holds
@@ -187,17 +185,21 @@ struct Shared {
     bridge: bool,
     keep_alive: u16,
     /// Where the reader and the writer wait now (`READER_AT_REST`, `WRITER_AT_REST`): the
-    /// connection parks only when both wait with nothing in hand.
+    /// connection parks only when both wait with nothing in hand. And `RESUMED`, for the
+    /// reader's start. (With `activity`, in what was padding: no room taken.)
     rest: AtomicU8,
     /// Reads and writes done, counted (wrapping): unchanged for `park_after`, the connection
     /// is idle.
-    activity: AtomicU32,
+    activity: AtomicU16,
 }
 
 /// The reader waits in its socket read with an empty buffer.
 const READER_AT_REST: u8 = 1;
 /// The writer waits for a wake-up with nothing to write.
 const WRITER_AT_REST: u8 = 2;
+/// The connection is served again after a park: the reader goes on with the keep alive
+/// deadline armed before (it moves only when packets come).
+const RESUMED: u8 = 4;
 
 impl Shared {
     /// Marks the reader or the writer (`bit`) at rest or not.
@@ -308,14 +310,12 @@ where
             bridge,
             keep_alive,
             rest: AtomicU8::new(0),
-            activity: AtomicU32::new(0),
+            activity: AtomicU16::new(0),
         },
         stream: parking_lot::Mutex::new(stream),
         buf,
         peer,
-        aliases_in: LazyMap::new(),
-        aliases_out: LazyMap::new(),
-        resumed: false,
+        resumed: None,
     })
 }
 
@@ -334,87 +334,93 @@ where
         let kept = {
             let shared = &c.shared;
             let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
+            let resumed = c.resumed.take().map(|a| *a);
+            shared.rest.store(
+                if resumed.is_some() { RESUMED } else { 0 },
+                Ordering::Relaxed,
+            );
+            let aliases = resumed.unwrap_or_default();
 
             // 3. Reader and writer, until one ends or the broker asks the connection to close.
             let mut reader = Reader {
                 c: shared,
-                aliases: std::mem::take(&mut c.aliases_in),
+                aliases: aliases.inbound,
                 congested: Vec::new(),
-                resumed: c.resumed,
             };
             let mut writer = Writer {
                 c: shared,
-                aliases: std::mem::take(&mut c.aliases_out),
+                aliases: aliases.outbound,
                 scratch: None,
                 out: BytesMut::new(),
             };
             let link = &shared.link;
-            shared.rest.store(0, Ordering::Relaxed);
             link.wake();
-            // The keep alive deadline of a connection that parks: the read's end disarms it, so
-            // it is put back once the read is dropped (at the end of the block below).
-            let mut keep_alive_at = None;
-            // `None`: the connection parks.
+            // Boxed, and only when the connection may park: a busy connection holds it (and
+            // its timer), an idle one parks; one that never parks holds a pointer.
+            let mut idle =
+                (S::PARKS && Parking::may_park(&shared.broker)).then(|| Box::pin(idle(shared)));
+            // `Err`: the connection parks, with its keep alive deadline (the read's end
+            // disarms it: put back once the read is dropped, at the end of the block below).
             let close = {
                 let read = reader.run(&mut rd, &mut c.buf);
                 tokio::pin!(read);
                 let mut killed = false;
                 let mut write_failed = false;
                 let close = tokio::select! {
-                    c = &mut read => Some(c),
+                    c = &mut read => Ok(c),
                     c = writer.run(&mut wr) => {
                         write_failed = true;
-                        Some(c)
+                        Ok(c)
                     }
                     _ = link.wait_killed() => {
                         killed = true;
                         let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
-                        Some(Close { reason, send: Some(rc), publish_will: true })
+                        Ok(Close { reason, send: Some(rc), publish_will: true })
                     }
-                    _ = idle(shared, S::PARKS) => {
-                        keep_alive_at = Some(link.keep_alive_at());
-                        None
-                    }
+                    _ = std::future::poll_fn(|cx| match idle.as_mut() {
+                        Some(idle) => std::future::Future::poll(idle.as_mut(), cx),
+                        None => Poll::Pending,
+                    }) => Err(link.keep_alive_at())
                 };
                 match close {
-                    None => None,
-                    Some(close) if write_failed => {
+                    Err(at) => Err(at),
+                    Ok(close) if write_failed => {
                         // The client closed without reading what we sent last (mosquitto_sub
                         // -C does), but what it sent before closing is still to be read: its
                         // PUBACKs, applied, and its DISCONNECT, which discards the will
                         // [MQTT-3.14.4-3]. The reader's verdict wins when it reaches the end of
                         // the input in time. Boxed, as below: rare, and a timer is large.
                         match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
-                            Ok(c) => Some(c),
-                            Err(_) => Some(close),
+                            Ok(c) => Ok(c),
+                            Err(_) => Ok(close),
                         }
                     }
-                    Some(close) => {
+                    Ok(close) => {
                         // At shutdown, what the client sent just before is still handled: a
                         // PUBACK on its way is applied (and stored), not answered by a
                         // redelivery after the restart.
                         if killed && matches!(close.reason, DisconnectReason::Shutdown) {
                             let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
                         }
-                        Some(close)
+                        Ok(close)
                     }
                 }
             };
-            if let Some(at) = keep_alive_at {
-                link.restore_keep_alive(at);
-            }
-            let last = std::mem::take(&mut writer.out);
-            let kept = (
-                std::mem::take(&mut reader.aliases),
-                std::mem::take(&mut writer.aliases),
-            );
-            drop((reader, writer));
+            drop(idle);
             match close {
-                Some(close) => {
+                Ok(close) => {
+                    let last = std::mem::take(&mut writer.out);
+                    drop((reader, writer));
                     Box::pin(finish(shared, &mut rd, c.peer, close, last)).await;
                     return None;
                 }
-                None => kept,
+                Err(at) => {
+                    link.restore_keep_alive(at);
+                    park::Aliases {
+                        inbound: std::mem::take(&mut reader.aliases),
+                        outbound: std::mem::take(&mut writer.aliases),
+                    }
+                }
             }
         };
         // Parking: nothing is in flight (`idle`), so the stream and what the halves keep
@@ -430,8 +436,7 @@ where
                 stream,
                 shared,
                 peer,
-                aliases_in: kept.0,
-                aliases_out: kept.1,
+                aliases: kept,
             }),
             None => {
                 let close = Close::lost(DisconnectReason::Io("cannot park".into()));
@@ -443,14 +448,9 @@ where
 }
 
 /// Resolves once the connection has been idle for `park_after` with its reader and writer
-/// both at rest and nothing signalled: then it parks. Never for a stream that does not park,
-/// with `park_after` 0, or without a parking.
-async fn idle(shared: &Shared, parks: bool) {
-    let after = shared.broker.config.server.park_after;
-    if !parks || after == 0 || Parking::of(&shared.broker).is_none() {
-        return std::future::pending().await;
-    }
-    let after = Duration::from_secs(after);
+/// both at rest and nothing signalled: then it parks.
+async fn idle(shared: &Shared) {
+    let after = Duration::from_secs(shared.broker.config.server.park_after);
     let mut seen = shared.activity.load(Ordering::Relaxed);
     loop {
         // Boxed: a timer is large, and every busy connection holds this one.

@@ -84,8 +84,15 @@ pub(super) struct Parked {
     pub(super) stream: std::net::TcpStream,
     pub(super) shared: Shared,
     pub(super) peer: SocketAddr,
-    pub(super) aliases_in: LazyMap<u16, String>,
-    pub(super) aliases_out: LazyMap<String, u16>,
+    pub(super) aliases: Aliases,
+}
+
+/// The topic alias tables of a connection's reader and writer, which last as long as the
+/// network connection (MQTT 5.0 section 3.3.2.3.4), parks included.
+#[derive(Default)]
+pub(super) struct Aliases {
+    pub(super) inbound: LazyMap<u16, String>,
+    pub(super) outbound: LazyMap<String, u16>,
 }
 
 /// The parked connections of a broker and the epoll set that watches their sockets.
@@ -128,6 +135,11 @@ impl Wake for Token {
 impl Parking {
     /// The broker's parking, started on first use (in a tokio runtime); `None` when it cannot
     /// be started (connections then never park).
+    /// Whether connections of `broker` may park: `park_after` is set and the parking runs.
+    pub(super) fn may_park(broker: &BrokerState) -> bool {
+        broker.config.server.park_after > 0 && Parking::of(broker).is_some()
+    }
+
     pub(super) fn of(broker: &BrokerState) -> Option<&Arc<Parking>> {
         broker
             .parking
@@ -233,8 +245,7 @@ async fn resume(p: Parked, slot: Slot) {
         stream,
         shared,
         peer,
-        aliases_in,
-        aliases_out,
+        aliases,
     } = p;
     let stream = match tokio::net::TcpStream::from_std(stream) {
         Ok(s) => s,
@@ -249,9 +260,7 @@ async fn resume(p: Parked, slot: Slot) {
         stream: parking_lot::Mutex::new(stream),
         buf: BytesMut::new(),
         peer,
-        aliases_in,
-        aliases_out,
-        resumed: true,
+        resumed: Some(Box::new(aliases)),
     };
     let running = Box::pin(super::run(c));
     if let Some(p) = running.await {

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,9 +76,6 @@ pub(super) struct Reader<'a> {
     /// Sessions the last PUBLISH left at their high-water mark: waited on before the next
     /// packet (back pressure).
     pub(super) congested: Vec<Arc<Session>>,
-    /// Served again after a park: the keep alive deadline armed before goes on (it moves
-    /// only when packets come).
-    pub(super) resumed: bool,
 }
 
 impl<'a> Reader<'a> {
@@ -93,7 +91,10 @@ impl<'a> Reader<'a> {
         async move {
             // Few locals: this future is held by every connection, idle ones too (the grace
             // and the packet size limit are looked up again, not kept).
-            let mut deadline = if self.resumed {
+            // Served again after a park: the deadline armed before goes on (it moves only
+            // when packets come).
+            let resumed = self.c.rest.fetch_and(!super::RESUMED, Ordering::Relaxed);
+            let mut deadline = if resumed & super::RESUMED != 0 {
                 self.c
                     .broker
                     .keep_alive
