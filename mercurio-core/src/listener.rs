@@ -114,11 +114,15 @@ pub(crate) async fn run(
         // Given back when the connection closes, by whichever task serves it then (a plain
         // TCP connection's task ends while it is parked).
         let slot = connection::Slot::new(Arc::clone(&broker), Arc::clone(&on_listener));
+        // A task is as large as its future: a plain MQTT connection, idle most of its life,
+        // gets a task of its own kind; the others share one whose TLS and WebSocket branches
+        // (TLS state, HTTP) are boxed.
+        if tls.is_none() && http.is_none() {
+            tokio::spawn(connection::serve_tcp(slot, stream, peer, index));
+            continue;
+        }
         let http = http.clone();
         let tls = tls.clone();
-        // A task is as large as its future, which is as large as its largest branch: the
-        // TLS and WebSocket ones (TLS state, HTTP) are boxed so that a plain MQTT connection,
-        // idle most of its life, does not carry their size.
         tokio::spawn(async move {
             // The TLS handshake and CONNECT share one connect_timeout, counted from the
             // task's start (`connect_deadline`, in the boxed branches: held by this task, it
