@@ -140,7 +140,7 @@ pub(crate) async fn run(
                 (Some(tls), None) => {
                     let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(&broker);
+                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, identity)) =
                             tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
@@ -161,7 +161,7 @@ pub(crate) async fn run(
                 (Some(tls), Some(ep)) => {
                     let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(&broker);
+                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, _identity)) =
                             tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
