@@ -110,7 +110,10 @@ pub(crate) struct Parking {
 #[derive(Default)]
 struct Records {
     next: u64,
-    map: HashMap<u64, (Parked, Slot)>,
+    /// Boxed: the table's slots stay 16 bytes, so growing it (thousands of connections
+    /// parking at once) moves and doubles little.
+    #[allow(clippy::type_complexity)]
+    map: HashMap<u64, Box<(Parked, Slot)>>,
 }
 
 /// The waker a parked connection's link holds: a delivery or a kill resumes the connection.
@@ -179,7 +182,7 @@ impl Parking {
         let mut records = self.parked.lock();
         let id = records.next;
         records.next += 1;
-        records.map.insert(id, (p, slot));
+        records.map.insert(id, Box::new((p, slot)));
         link.set_waker(&Waker::from(Arc::new(Token {
             parking: Arc::downgrade(self),
             id,
@@ -197,9 +200,10 @@ impl Parking {
 
     /// Takes a parked connection out and serves it again in a new task.
     fn resume(&self, id: u64) {
-        let Some((p, slot)) = self.parked.lock().map.remove(&id) else {
+        let Some(record) = self.parked.lock().map.remove(&id) else {
             return;
         };
+        let (p, slot) = *record;
         self.stats.clients_parked.fetch_sub(1, Ordering::Relaxed);
         // Fails harmlessly when it was never added.
         let _ = sys::del(self.epoll.get_ref().as_raw_fd(), p.stream.as_raw_fd());
