@@ -119,10 +119,10 @@ where
         // The connection is moved into its box within the one statement: held past it, it
         // would take room in this future too.
         let running = match handshake.await {
-            Some(c) => Box::pin(run(c)),
+            Some(c) => Box::pin(run(c, false)),
             None => return,
         };
-        // Only a stream that parks (`serve_tcp`) ever gets a parked connection back.
+        // Never parked: only `serve_tcp` lets a connection park (it has the slot to keep).
         if let Some(p) = running.await {
             let close = Close::lost(DisconnectReason::Io("cannot park".into()));
             detach(&p.shared, p.peer, &close);
@@ -144,7 +144,7 @@ pub(crate) fn serve_tcp(
     let handshake = Box::pin(handshake(broker, stream, peer, None, deadline, listener));
     async move {
         let running = match handshake.await {
-            Some(c) => Box::pin(run(c)),
+            Some(c) => Box::pin(run(c, true)),
             None => return,
         };
         if let Some(p) = running.await {
@@ -320,13 +320,16 @@ where
 }
 
 /// The reader and the writer side by side, until one ends or the broker asks the connection
-/// to close; then the close. Or, once the connection has been idle for `park_after` (a stream
-/// that parks only), what is left of it to park.
+/// to close; then the close. Or, with `parks` and a stream that can park (`Park`), once the
+/// connection has been idle for `park_after`, what is left of it to park.
 // Not an `async fn`: an `async fn` moves its arguments into locals of its body, and its
 // future keeps room for both (the connection twice); an `async move` block uses its capture
 // in place.
 #[allow(clippy::manual_async_fn)] // the point: see above
-fn run<S>(mut c: Connected<S>) -> impl std::future::Future<Output = Option<park::Parked>> + Send
+fn run<S>(
+    mut c: Connected<S>,
+    parks: bool,
+) -> impl std::future::Future<Output = Option<park::Parked>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + Park,
 {
@@ -357,8 +360,8 @@ where
             link.wake();
             // Boxed, and only when the connection may park: a busy connection holds it (and
             // its timer), an idle one parks; one that never parks holds a pointer.
-            let mut idle =
-                (S::PARKS && Parking::may_park(&shared.broker)).then(|| Box::pin(idle(shared)));
+            let mut idle = (parks && S::PARKS && Parking::may_park(&shared.broker))
+                .then(|| Box::pin(idle(shared)));
             // `Err`: the connection parks, with its keep alive deadline (the read's end
             // disarms it: put back once the read is dropped, at the end of the block below).
             let close = {

@@ -266,7 +266,7 @@ async fn resume(p: Parked, slot: Slot) {
         peer,
         resumed: Some(Box::new(aliases)),
     };
-    let running = Box::pin(super::run(c));
+    let running = Box::pin(super::run(c, true));
     if let Some(p) = running.await {
         park_or_resume(p, slot);
     }
