@@ -15,7 +15,6 @@ pub(crate) use park::{Park, Parking, Slot};
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -184,37 +183,6 @@ struct Shared {
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
     bridge: bool,
     keep_alive: u16,
-    /// Where the reader and the writer wait now (`READER_AT_REST`, `WRITER_AT_REST`): the
-    /// connection parks only when both wait with nothing in hand. And `RESUMED`, for the
-    /// reader's start. (With `activity`, in what was padding: no room taken.)
-    rest: AtomicU8,
-    /// Reads and writes done, counted (wrapping): unchanged for `park_after`, the connection
-    /// is idle.
-    activity: AtomicU16,
-}
-
-/// The reader waits in its socket read with an empty buffer.
-const READER_AT_REST: u8 = 1;
-/// The writer waits for a wake-up with nothing to write.
-const WRITER_AT_REST: u8 = 2;
-/// The connection is served again after a park: the reader goes on with the keep alive
-/// deadline armed before (it moves only when packets come).
-const RESUMED: u8 = 4;
-
-impl Shared {
-    /// Marks the reader or the writer (`bit`) at rest or not.
-    fn set_rest(&self, bit: u8, at_rest: bool) {
-        if at_rest {
-            self.rest.fetch_or(bit, Ordering::Relaxed);
-        } else {
-            self.rest.fetch_and(!bit, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts a read or a write.
-    fn active(&self) {
-        self.activity.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 impl Shared {
@@ -309,8 +277,6 @@ where
             version,
             bridge,
             keep_alive,
-            rest: AtomicU8::new(0),
-            activity: AtomicU16::new(0),
         },
         stream: parking_lot::Mutex::new(stream),
         buf,
@@ -338,10 +304,17 @@ where
             let shared = &c.shared;
             let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
             let resumed = c.resumed.take().map(|a| *a);
-            shared.rest.store(
-                if resumed.is_some() { RESUMED } else { 0 },
-                Ordering::Relaxed,
-            );
+            // Parks only where it can (see `run`'s doc), when the broker has it on.
+            let parking = (parks && S::PARKS)
+                .then(|| Parking::of(&shared.broker))
+                .flatten()
+                .filter(|_| shared.broker.config.server.park_after > 0);
+            if shared.link.serving(resumed.is_some()) {
+                if let Some(parking) = parking {
+                    parking.watch(&shared.link);
+                }
+            }
+            let may_park = parking.is_some();
             let aliases = resumed.unwrap_or_default();
 
             // 3. Reader and writer, until one ends or the broker asks the connection to close.
@@ -358,10 +331,6 @@ where
             };
             let link = &shared.link;
             link.wake();
-            // Boxed, and only when the connection may park: a busy connection holds it (and
-            // its timer), an idle one parks; one that never parks holds a pointer.
-            let mut idle = (parks && S::PARKS && Parking::may_park(&shared.broker))
-                .then(|| Box::pin(idle(shared)));
             // `Err`: the connection parks, with its keep alive deadline (the read's end
             // disarms it: put back once the read is dropped, at the end of the block below).
             let close = {
@@ -380,10 +349,7 @@ where
                         let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
                         Ok(Close { reason, send: Some(rc), publish_will: true })
                     }
-                    _ = std::future::poll_fn(|cx| match idle.as_mut() {
-                        Some(idle) => std::future::Future::poll(idle.as_mut(), cx),
-                        None => Poll::Pending,
-                    }) => Err(link.keep_alive_at())
+                    _ = idle(link), if may_park => Err(link.keep_alive_at())
                 };
                 match close {
                     Err(at) => Err(at),
@@ -409,7 +375,6 @@ where
                     }
                 }
             };
-            drop(idle);
             match close {
                 Ok(close) => {
                     let last = std::mem::take(&mut writer.out);
@@ -450,22 +415,15 @@ where
     }
 }
 
-/// Resolves once the connection has been idle for `park_after` with its reader and writer
-/// both at rest and nothing signalled: then it parks.
-async fn idle(shared: &Shared) {
-    let after = Duration::from_secs(shared.broker.config.server.park_after);
-    let mut seen = shared.activity.load(Ordering::Relaxed);
+/// Resolves once the parking's sweep found the connection idle (nothing read or written for
+/// `park_after`) and it still is at rest: then it parks. No timer of its own: the sweep asks
+/// through the link.
+async fn idle(link: &Link) {
     loop {
-        // Boxed: a timer is large, and every busy connection holds this one.
-        Box::pin(tokio::time::sleep(after)).await;
-        let now = shared.activity.load(Ordering::Relaxed);
-        if now == seen
-            && shared.rest.load(Ordering::Relaxed) == READER_AT_REST | WRITER_AT_REST
-            && !shared.link.signalled()
-        {
+        link.wait_park().await;
+        if link.at_rest() {
             return;
         }
-        seen = now;
     }
 }
 

@@ -15,6 +15,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Wake, Waker};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
@@ -24,7 +25,7 @@ use tokio::sync::Notify;
 
 use super::{Connected, LazyMap, Shared};
 use crate::broker::BrokerState;
-use crate::link::DisconnectReason;
+use crate::link::{DisconnectReason, Link};
 use crate::stats::Stats;
 
 /// A stream whose connection may be parked when idle. Only plain TCP can be (its socket
@@ -105,6 +106,10 @@ pub(crate) struct Parking {
     due: Mutex<Vec<u64>>,
     due_signal: Notify,
     stats: Arc<Stats>,
+    /// The links of the connections that may park, until closed (one pointer each): the
+    /// sweep asks those idle since its last look to park ([`Link::park_if_idle`]), instead
+    /// of a timer per connection.
+    watched: Mutex<Vec<Weak<Link>>>,
 }
 
 #[derive(Default)]
@@ -138,25 +143,26 @@ impl Wake for Token {
 impl Parking {
     /// The broker's parking, started on first use (in a tokio runtime); `None` when it cannot
     /// be started (connections then never park).
-    /// Whether connections of `broker` may park: `park_after` is set and the parking runs.
-    pub(super) fn may_park(broker: &BrokerState) -> bool {
-        broker.config.server.park_after > 0 && Parking::of(broker).is_some()
-    }
-
     pub(super) fn of(broker: &BrokerState) -> Option<&Arc<Parking>> {
         broker
             .parking
-            .get_or_init(|| match Parking::start(Arc::clone(&broker.stats)) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    tracing::warn!("idle connections will not be parked: {e}");
-                    None
+            .get_or_init(|| {
+                let after = broker.config.server.park_after;
+                if after == 0 {
+                    return None;
+                }
+                match Parking::start(Arc::clone(&broker.stats), after) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        tracing::warn!("idle connections will not be parked: {e}");
+                        None
+                    }
                 }
             })
             .as_ref()
     }
 
-    fn start(stats: Arc<Stats>) -> std::io::Result<Arc<Parking>> {
+    fn start(stats: Arc<Stats>, park_after: u64) -> std::io::Result<Arc<Parking>> {
         let fd = sys::create()?;
         // SAFETY: an `OwnedFd` returns the same open descriptor for as long as it lives.
         let epoll = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
@@ -167,9 +173,46 @@ impl Parking {
             due: Mutex::default(),
             due_signal: Notify::new(),
             stats,
+            watched: Mutex::default(),
         });
-        tokio::spawn(Arc::clone(&parking).watch());
+        tokio::spawn(Arc::clone(&parking).watch_sockets());
+        tokio::spawn(Parking::sweep(
+            Arc::downgrade(&parking),
+            Duration::from_secs(park_after),
+        ));
         Ok(parking)
+    }
+
+    /// Adds `link` to the sweep's list (once per link: see [`Link::serving`]).
+    pub(super) fn watch(&self, link: &Arc<Link>) {
+        self.watched.lock().push(Arc::downgrade(link));
+    }
+
+    /// Every `park_after`, asks the connections idle since the last look to park, and
+    /// forgets the closed ones. A connection thus parks after `park_after` to twice that
+    /// without a byte read or written.
+    async fn sweep(parking: Weak<Parking>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(parking) = parking.upgrade() else {
+                return;
+            };
+            let mut watched = parking.watched.lock();
+            watched.retain(|weak| match weak.upgrade() {
+                Some(link) if !link.is_closed() => {
+                    link.park_if_idle();
+                    true
+                }
+                _ => false,
+            });
+            let len = watched.len();
+            if len < watched.capacity() / 4 {
+                watched.shrink_to(len * 2);
+            }
+        }
     }
 
     /// Parks a connection: its socket watched, its link's waker a [`Token`]. Resumed at once
@@ -212,7 +255,7 @@ impl Parking {
 
     /// The parking task: resumes the connections whose socket is readable or whose link was
     /// woken.
-    async fn watch(self: Arc<Self>) {
+    async fn watch_sockets(self: Arc<Self>) {
         let mut events = vec![sys::EMPTY; 256];
         loop {
             tokio::select! {

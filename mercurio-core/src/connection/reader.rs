@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,8 +92,7 @@ impl<'a> Reader<'a> {
             // and the packet size limit are looked up again, not kept).
             // Served again after a park: the deadline armed before goes on (it moves only
             // when packets come).
-            let resumed = self.c.rest.fetch_and(!super::RESUMED, Ordering::Relaxed);
-            let mut deadline = if resumed & super::RESUMED != 0 {
+            let mut deadline = if self.c.link.take_resumed() {
                 self.c
                     .broker
                     .keep_alive
@@ -205,14 +203,14 @@ impl<'a> Reader<'a> {
                 let armed = deadline.map(|d| self.c.broker.keep_alive.arm(&self.c.link, d));
                 // At rest (the connection may park) only with nothing in hand.
                 let at_rest = buf.is_empty() && self.congested.is_empty();
-                self.c.set_rest(super::READER_AT_REST, at_rest);
+                self.c.link.set_rest(crate::link::READER_AT_REST, at_rest);
                 let read = read_lean(rd, buf, &mut room).await;
-                self.c.set_rest(super::READER_AT_REST, false);
+                self.c.link.set_rest(crate::link::READER_AT_REST, false);
                 drop(armed);
                 match read {
                     Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
                     Ok(n) => {
-                        self.c.active();
+                        self.c.link.active();
                         Stats::add(&self.c.broker.stats.bytes_received, n as u64);
                         // A read that filled all the room there was: the client sends more than
                         // reads of this size take in (a 256-byte buffer is about three small

@@ -60,9 +60,9 @@ impl<'a> Writer<'a> {
             let mut room = 0;
             loop {
                 // At rest (the connection may park): nothing is left to write.
-                self.c.set_rest(super::WRITER_AT_REST, true);
+                self.c.link.set_rest(crate::link::WRITER_AT_REST, true);
                 self.c.link.wait_woken().await;
-                self.c.set_rest(super::WRITER_AT_REST, false);
+                self.c.link.set_rest(crate::link::WRITER_AT_REST, false);
                 if self.out.capacity() == 0 {
                     self.out.reserve(room);
                 }
@@ -83,7 +83,7 @@ impl<'a> Writer<'a> {
                         return Close::lost(DisconnectReason::Io(e.to_string()));
                     }
                     Stats::add(&self.c.broker.stats.bytes_sent, len);
-                    self.c.active();
+                    self.c.link.active();
                     self.out.clear();
                     self.c.link.wrote(pubacks);
                     if !more {
