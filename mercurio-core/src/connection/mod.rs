@@ -303,31 +303,33 @@ where
         let kept = {
             let shared = &c.shared;
             let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
-            let resumed = c.resumed.take().map(|a| *a);
-            // Parks only where it can (see `run`'s doc), when the broker has it on.
-            let parking = (parks && S::PARKS)
-                .then(|| Parking::of(&shared.broker))
-                .flatten()
-                .filter(|_| shared.broker.config.server.park_after > 0);
-            if shared.link.serving(resumed.is_some()) {
-                if let Some(parking) = parking {
-                    parking.watch(&shared.link);
-                }
-            }
-            let may_park = parking.is_some();
-            let aliases = resumed.unwrap_or_default();
-
             // 3. Reader and writer, until one ends or the broker asks the connection to close.
-            let mut reader = Reader {
-                c: shared,
-                aliases: aliases.inbound,
-                congested: Vec::new(),
-            };
-            let mut writer = Writer {
-                c: shared,
-                aliases: aliases.outbound,
-                scratch: None,
-                out: BytesMut::new(),
+            // Made in a block: its locals, in scope at a wait, would take room in this future
+            // (which every connection holds), moved from or not.
+            let (mut reader, mut writer, may_park) = {
+                let resumed = c.resumed.take().map(|a| *a);
+                // Parks only where it can (see `run`'s doc), when the broker has it on.
+                let parking = (parks && S::PARKS)
+                    .then(|| Parking::of(&shared.broker))
+                    .flatten();
+                if shared.link.serving(resumed.is_some()) {
+                    if let Some(parking) = parking {
+                        parking.watch(&shared.link);
+                    }
+                }
+                let aliases = resumed.unwrap_or_default();
+                let reader = Reader {
+                    c: shared,
+                    aliases: aliases.inbound,
+                    congested: Vec::new(),
+                };
+                let writer = Writer {
+                    c: shared,
+                    aliases: aliases.outbound,
+                    scratch: None,
+                    out: BytesMut::new(),
+                };
+                (reader, writer, parking.is_some())
             };
             let link = &shared.link;
             link.wake();
