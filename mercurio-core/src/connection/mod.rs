@@ -386,6 +386,12 @@ where
                 }
                 Err(at) => {
                     link.restore_keep_alive(at);
+                    // Not at rest while parked: the sweep would ask again, and its signal,
+                    // through the parked connection's waker, would resume it.
+                    link.set_rest(
+                        crate::link::READER_AT_REST | crate::link::WRITER_AT_REST,
+                        false,
+                    );
                     park::Aliases {
                         inbound: std::mem::take(&mut reader.aliases),
                         outbound: std::mem::take(&mut writer.aliases),
