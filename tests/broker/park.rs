@@ -4,6 +4,7 @@
 //! as if nothing had happened.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use mercurio::codec::{Properties, ProtocolVersion, QoS, ReasonCode};
 use mercurio::BrokerHandle;
@@ -33,6 +34,14 @@ async fn a_parked_client_publishes_and_a_parked_subscriber_receives() {
     sub.subscribe("pk/#", QoS::AtMostOnce).await;
     let mut publisher = Client::connect(addr, ProtocolVersion::V311, "pk-pub").await;
     wait_parked(&broker, 2).await;
+    // Parked connections stay parked while nothing happens (over two looks of the sweep
+    // that asks idle connections to park).
+    sub.expect_nothing(Duration::from_millis(2500)).await;
+    assert_eq!(
+        parked(&broker),
+        2,
+        "a parked connection was resumed for nothing"
+    );
     publisher
         .publish("pk/a", b"hello", QoS::AtMostOnce, false)
         .await;
