@@ -74,6 +74,12 @@ impl KeepAlive {
         Armed(link)
     }
 
+    /// The deadline armed in `link` (a parked connection's, on resume), if one is.
+    pub(crate) fn armed_deadline(&self, link: &Link) -> Option<Instant> {
+        let at = link.keep_alive_at();
+        (at != 0 && at != u64::MAX).then(|| self.epoch + Duration::from_millis(at))
+    }
+
     /// Every [`SWEEP`], kills the links past their deadline and forgets the closed ones; ends
     /// when no link is left.
     async fn sweep(self: Arc<Self>) {

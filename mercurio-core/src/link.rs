@@ -6,7 +6,7 @@
 //! socket, so the session (which holds the link of its current connection) and the broker
 //! sit below the connection code.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -92,7 +92,25 @@ pub(crate) struct Link {
     /// The keep alive deadline, in the milliseconds of [`crate::keep_alive::KeepAlive`]: 0
     /// while never armed, `u64::MAX` while disarmed.
     keep_alive: AtomicU64,
+    /// Parking (`connection::park`): where the connection's reader and writer wait now
+    /// (`READER_AT_REST`, `WRITER_AT_REST`), `RESUMED` for the reader's start, `WATCHED` once
+    /// the parking's sweep looks at this link. (These three fields fit in what was padding.)
+    rest: AtomicU8,
+    /// Reads and writes done on the connection, counted (wrapping).
+    activity: AtomicU16,
+    /// `activity` when the parking's sweep looked last.
+    activity_seen: AtomicU16,
 }
+
+/// The reader waits in its socket read with an empty buffer.
+pub(crate) const READER_AT_REST: u8 = 1;
+/// The writer waits for a wake-up with nothing to write.
+pub(crate) const WRITER_AT_REST: u8 = 2;
+/// The connection is served again after a park: the reader goes on with the keep alive
+/// deadline armed before (it moves only when packets come).
+pub(crate) const RESUMED: u8 = 4;
+/// The parking's sweep has this link in its list.
+const WATCHED: u8 = 8;
 
 /// [`Link::wake`] was called and not waited for yet.
 const WOKEN: u8 = 1;
@@ -100,6 +118,8 @@ const WOKEN: u8 = 1;
 const KILLED: u8 = 2;
 /// [`Link::wrote`] found the reader waiting for room in the control buffer.
 const WRITTEN: u8 = 4;
+/// The parking's sweep found the connection idle: its task checks, and parks.
+const PARK: u8 = 8;
 
 /// The control buffer and how many PUBACKs it holds; and what is rarely used, each a
 /// pointer until then (an idle link is in memory for as long as its connection).
@@ -125,7 +145,63 @@ impl Link {
             reader_waits: AtomicBool::new(false),
             max_packet_size: AtomicUsize::new(usize::MAX),
             keep_alive: AtomicU64::new(0),
+            rest: AtomicU8::new(0),
+            activity: AtomicU16::new(0),
+            activity_seen: AtomicU16::new(0),
         }
+    }
+
+    /// A connection's serving starts (again, with `resumed`): nothing at rest yet, and the
+    /// sweep's next look does not find it idle. True when the sweep does not watch it yet (the
+    /// caller hands it over, once).
+    pub(crate) fn serving(&self, resumed: bool) -> bool {
+        let flags = if resumed { RESUMED } else { 0 };
+        let before = self.rest.swap(flags | WATCHED, Ordering::Relaxed);
+        let activity = self.activity.load(Ordering::Relaxed);
+        self.activity_seen
+            .store(activity.wrapping_sub(1), Ordering::Relaxed);
+        before & WATCHED == 0
+    }
+
+    /// Marks the reader or the writer (`bit`) at rest or not.
+    pub(crate) fn set_rest(&self, bit: u8, at_rest: bool) {
+        if at_rest {
+            self.rest.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            self.rest.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the `RESUMED` mark: true once after a resume.
+    pub(crate) fn take_resumed(&self) -> bool {
+        self.rest.fetch_and(!RESUMED, Ordering::Relaxed) & RESUMED != 0
+    }
+
+    /// Counts a read or a write.
+    pub(crate) fn active(&self) {
+        self.activity.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// True when both halves wait with nothing in hand and nothing is signalled: the
+    /// connection may park now.
+    pub(crate) fn at_rest(&self) -> bool {
+        let both = READER_AT_REST | WRITER_AT_REST;
+        self.rest.load(Ordering::Relaxed) & both == both && !self.signalled()
+    }
+
+    /// The parking's sweep: asks the connection to park when nothing was read or written
+    /// since the last look and it is at rest now.
+    pub(crate) fn park_if_idle(&self) {
+        let activity = self.activity.load(Ordering::Relaxed);
+        let seen = self.activity_seen.swap(activity, Ordering::Relaxed);
+        if activity == seen && self.at_rest() {
+            self.signal(PARK);
+        }
+    }
+
+    /// Waits for the sweep's [`Link::park_if_idle`] to ask (only the link's own task).
+    pub(crate) fn wait_park(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.wait(PARK)
     }
 
     /// Arms the keep alive deadline `at` (milliseconds, above 0); true the first time (the
@@ -149,6 +225,27 @@ impl Link {
                 .keep_alive
                 .compare_exchange(at, u64::MAX, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
+    }
+
+    /// The keep alive deadline as [`Link::arm_keep_alive`] took it (0: never armed,
+    /// `u64::MAX`: disarmed).
+    pub(crate) fn keep_alive_at(&self) -> u64 {
+        self.keep_alive.load(Ordering::Acquire)
+    }
+
+    /// Puts back a deadline read by [`Link::keep_alive_at`]: a parked connection's stays armed.
+    pub(crate) fn restore_keep_alive(&self, at: u64) {
+        self.keep_alive.store(at, Ordering::Release);
+    }
+
+    /// Makes `waker` the one a wake-up or a kill wakes (a parked connection's).
+    pub(crate) fn set_waker(&self, waker: &std::task::Waker) {
+        self.task.register(waker);
+    }
+
+    /// True when a wake-up or a kill is waiting to be taken.
+    pub(crate) fn signalled(&self) -> bool {
+        self.signals.load(Ordering::Acquire) & (WOKEN | KILLED) != 0
     }
 
     /// True once the connection has closed and detached ([`Link::mark_closed`]).

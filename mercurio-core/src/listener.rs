@@ -111,13 +111,18 @@ pub(crate) async fn run(
         }
         let _ = stream.set_nodelay(true);
         on_listener.fetch_add(1, Ordering::Relaxed);
-        let broker = Arc::clone(&broker);
-        let on_listener = Arc::clone(&on_listener);
+        // Given back when the connection closes, by whichever task serves it then (a plain
+        // TCP connection's task ends while it is parked).
+        let slot = connection::Slot::new(Arc::clone(&broker), Arc::clone(&on_listener));
+        // A task is as large as its future: a plain MQTT connection, idle most of its life,
+        // gets a task of its own kind; the others share one whose TLS and WebSocket branches
+        // (TLS state, HTTP) are boxed.
+        if tls.is_none() && http.is_none() {
+            tokio::spawn(connection::serve_tcp(slot, stream, peer, index));
+            continue;
+        }
         let http = http.clone();
         let tls = tls.clone();
-        // A task is as large as its future, which is as large as its largest branch: the
-        // TLS and WebSocket ones (TLS state, HTTP) are boxed so that a plain MQTT connection,
-        // idle most of its life, does not carry their size.
         tokio::spawn(async move {
             // The TLS handshake and CONNECT share one connect_timeout, counted from the
             // task's start (`connect_deadline`, in the boxed branches: held by this task, it
@@ -127,16 +132,20 @@ pub(crate) async fn run(
                     + std::time::Duration::from_secs(broker.config.server.connect_timeout)
             };
             match (tls, http) {
-                (None, None) => connection::serve(Arc::clone(&broker), stream, peer, index).await,
-                (None, Some(ep)) => Box::pin(websocket::serve(ep, stream, peer)).await,
+                (None, None) => connection::serve_tcp(slot, stream, peer, index).await,
+                (None, Some(ep)) => {
+                    Box::pin(websocket::serve(ep, stream, peer)).await;
+                    drop(slot);
+                }
                 (Some(tls), None) => {
+                    let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(&broker);
+                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, identity)) =
                             tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
                             connection::serve_with(
-                                Arc::clone(&broker),
+                                Arc::clone(broker),
                                 stream,
                                 peer,
                                 Some(identity),
@@ -146,23 +155,23 @@ pub(crate) async fn run(
                             .await
                         }
                     })
-                    .await
+                    .await;
+                    drop(slot);
                 }
                 (Some(tls), Some(ep)) => {
+                    let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(&broker);
+                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, _identity)) =
                             tls::handshake(&tls, stream, peer, connect_deadline).await
                         {
                             websocket::serve(ep, stream, peer).await
                         }
                     })
-                    .await
+                    .await;
+                    drop(slot);
                 }
             }
-            on_listener.fetch_sub(1, Ordering::Relaxed);
-            broker.open_connections.fetch_sub(1, Ordering::Relaxed);
-            broker.connection_closed.notify_waiters();
         });
     }
 }

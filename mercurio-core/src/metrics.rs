@@ -64,6 +64,7 @@ pub(crate) struct Snapshot {
     pub sessions_disconnected: u64,
     pub sessions_expired: u64,
     pub clients_stalled: u64,
+    pub clients_parked: u64,
     pub shared_passed_on: u64,
     pub messages_received: u64,
     pub messages_sent: u64,
@@ -97,6 +98,7 @@ impl Snapshot {
             sessions_disconnected: sessions - connected.min(sessions),
             sessions_expired: get(&s.sessions_expired),
             clients_stalled: get(&s.clients_stalled),
+            clients_parked: get(&s.clients_parked),
             shared_passed_on: get(&s.shared_passed_on),
             messages_received: get(&s.messages_received),
             messages_sent: get(&s.messages_sent),
@@ -309,6 +311,11 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
             "mercurio_clients_connected_max",
             "Most clients connected at once",
             s.clients_maximum,
+        ),
+        Family::gauge(
+            "mercurio_clients_parked",
+            "Connections parked now (idle for park_after, held without a task)",
+            s.clients_parked,
         ),
         Family::gauge(
             "mercurio_sessions",

@@ -64,6 +64,9 @@ pub struct Stats {
     /// Times a client with queued messages was found stalled (took none for `stall_time`)
     /// while publishers routed into its queue: from then on it held nobody back.
     pub clients_stalled: AtomicU64,
+    /// Connections parked now: idle for `park_after`, held as a socket and a small record
+    /// instead of a task (a gauge).
+    pub clients_parked: AtomicU64,
     /// Batches of session changes written again after a storage error.
     pub storage_batches_retried: AtomicU64,
     /// Batches of session changes storage refused for good.

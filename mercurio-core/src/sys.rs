@@ -129,6 +129,7 @@ impl SysPublisher {
                 "clients/expired".into(),
                 get(&s.sessions_expired).to_string(),
             ),
+            ("clients/parked".into(), get(&s.clients_parked).to_string()),
             (
                 "clients/stalled".into(),
                 get(&s.clients_stalled).to_string(),

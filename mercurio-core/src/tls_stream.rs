@@ -314,6 +314,9 @@ impl Inner {
     }
 }
 
+/// A TLS connection keeps its task: its session state lives in the stream.
+impl crate::connection::Park for TlsStream {}
+
 impl AsyncRead for TlsStream {
     fn poll_read(
         self: Pin<&mut Self>,

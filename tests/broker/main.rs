@@ -15,6 +15,7 @@ mod http;
 mod interop_rumqttc;
 mod limits;
 mod mosquitto_options;
+mod park;
 mod persistence_pressure;
 mod persistence_sqlite;
 mod persistence_writer;

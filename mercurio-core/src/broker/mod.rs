@@ -81,6 +81,9 @@ pub(crate) struct BrokerState {
     pub checks_access: bool,
     /// The connections' keep alive deadlines and their sweep (`keep_alive`).
     pub keep_alive: Arc<crate::keep_alive::KeepAlive>,
+    /// The parked connections and what resumes them (`connection::park`), started by the
+    /// first connection to park (`None` when it cannot be).
+    pub parking: OnceLock<Option<Arc<crate::connection::Parking>>>,
 }
 
 impl BrokerState {
@@ -123,6 +126,7 @@ impl BrokerState {
             listener_auth: Vec::new(),
             checks_access: false,
             keep_alive: Arc::default(),
+            parking: OnceLock::new(),
         }
     }
 

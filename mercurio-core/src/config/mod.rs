@@ -56,6 +56,10 @@ pub struct ServerConfig {
     pub max_connections: u32,
     /// Seconds a new connection has to send CONNECT (and finish TLS); default 10.
     pub connect_timeout: u64,
+    /// Seconds a plain TCP connection may stay idle (no byte read or written) before it is
+    /// parked: its task ends and the broker keeps only its socket and a small record until
+    /// the client sends, a message is due or the connection must close; 0 = never; default 10.
+    pub park_after: u64,
     /// Largest packet accepted, in bytes, 14 (the smallest CONNECT) to 268,435,455, or 0 for
     /// the protocol's limit (268,435,455); default 1,048,576.
     pub max_packet_size: u32,
@@ -126,6 +130,7 @@ impl Default for ServerConfig {
         ServerConfig {
             max_connections: 0,
             connect_timeout: 10,
+            park_after: 10,
             max_packet_size: 1_048_576,
             max_keepalive: 0,
             receive_maximum: 1024,

@@ -7,8 +7,11 @@
 //! and one write (one system call for many messages is what keeps a busy broker fast).
 
 mod connect;
+pub(crate) mod park;
 mod reader;
 mod writer;
+
+pub(crate) use park::{Park, Parking, Slot};
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -77,7 +80,7 @@ pub(crate) fn serve<S>(
     listener: usize,
 ) -> impl std::future::Future<Output = ()> + Send
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + Park,
 {
     // Not an `async fn`: its future would hold its arguments beside `serve_with`'s.
     let deadline =
@@ -97,7 +100,7 @@ pub(crate) fn serve_with<S>(
     listener: usize,
 ) -> impl std::future::Future<Output = ()> + Send
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + Park,
 {
     // A future is as large as the largest state it can be in, and the connection's task holds
     // its own for the connection's whole life, idle ones too: so each phase is boxed, and
@@ -115,10 +118,37 @@ where
         // The connection is moved into its box within the one statement: held past it, it
         // would take room in this future too.
         let running = match handshake.await {
-            Some(c) => Box::pin(run(c)),
+            Some(c) => Box::pin(run(c, false)),
             None => return,
         };
-        running.await
+        // Never parked: only `serve_tcp` lets a connection park (it has the slot to keep).
+        if let Some(p) = running.await {
+            let close = Close::lost(DisconnectReason::Io("cannot park".into()));
+            detach(&p.shared, p.peer, &close);
+        }
+    }
+}
+
+/// [`serve`] for a plain TCP connection, which parks when idle (`park`): `slot`, its place
+/// in the connection counts, goes with it.
+pub(crate) fn serve_tcp(
+    slot: Slot,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    listener: usize,
+) -> impl std::future::Future<Output = ()> + Send {
+    let broker = Arc::clone(&slot.broker);
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_secs(broker.config.server.connect_timeout);
+    let handshake = Box::pin(handshake(broker, stream, peer, None, deadline, listener));
+    async move {
+        let running = match handshake.await {
+            Some(c) => Box::pin(run(c, true)),
+            None => return,
+        };
+        if let Some(p) = running.await {
+            park::park_or_resume(p, slot);
+        }
     }
 }
 
@@ -133,6 +163,9 @@ struct Connected<S> {
     /// The read buffer, with what the client sent after its CONNECT.
     buf: BytesMut,
     peer: SocketAddr,
+    /// Served again after a park: the reader's and the writer's topic alias tables (one
+    /// pointer: only resumed connections have it).
+    resumed: Option<Box<park::Aliases>>,
 }
 
 /// What a connection's reader and writer share, fixed for the connection's life. Each holds
@@ -248,76 +281,157 @@ where
         stream: parking_lot::Mutex::new(stream),
         buf,
         peer,
+        resumed: None,
     })
 }
 
 /// The reader and the writer side by side, until one ends or the broker asks the connection
-/// to close; then the close.
+/// to close; then the close. Or, with `parks` and a stream that can park (`Park`), once the
+/// connection has been idle for `park_after`, what is left of it to park.
 // Not an `async fn`: an `async fn` moves its arguments into locals of its body, and its
 // future keeps room for both (the connection twice); an `async move` block uses its capture
 // in place.
 #[allow(clippy::manual_async_fn)] // the point: see above
-fn run<S>(mut c: Connected<S>) -> impl std::future::Future<Output = ()> + Send
+fn run<S>(
+    mut c: Connected<S>,
+    parks: bool,
+) -> impl std::future::Future<Output = Option<park::Parked>> + Send
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + Park,
 {
     async move {
-        let shared = &c.shared;
-        let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
-
-        // 3. Reader and writer, until one ends or the broker asks the connection to close.
-        let mut reader = Reader {
-            c: shared,
-            aliases: LazyMap::new(),
-            congested: Vec::new(),
-        };
-        let mut writer = Writer {
-            c: shared,
-            aliases: LazyMap::new(),
-            scratch: None,
-            out: BytesMut::new(),
-        };
-        let link = &shared.link;
-        link.wake();
-        let close = {
-            let read = reader.run(&mut rd, &mut c.buf);
-            tokio::pin!(read);
-            let mut killed = false;
-            let mut write_failed = false;
-            let close = tokio::select! {
-                c = &mut read => c,
-                c = writer.run(&mut wr) => {
-                    write_failed = true;
-                    c
+        let kept = {
+            let shared = &c.shared;
+            let (mut rd, mut wr) = (Half(&c.stream), Half(&c.stream));
+            // 3. Reader and writer, until one ends or the broker asks the connection to close.
+            // Made in a block: its locals, in scope at a wait, would take room in this future
+            // (which every connection holds), moved from or not.
+            let (mut reader, mut writer, may_park) = {
+                let resumed = c.resumed.take().map(|a| *a);
+                // Parks only where it can (see `run`'s doc), when the broker has it on.
+                let parking = (parks && S::PARKS)
+                    .then(|| Parking::of(&shared.broker))
+                    .flatten();
+                if shared.link.serving(resumed.is_some()) {
+                    if let Some(parking) = parking {
+                        parking.watch(&shared.link);
+                    }
                 }
-                _ = link.wait_killed() => {
-                    killed = true;
-                    let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
-                    Close { reason, send: Some(rc), publish_will: true }
+                let aliases = resumed.unwrap_or_default();
+                let reader = Reader {
+                    c: shared,
+                    aliases: aliases.inbound,
+                    congested: Vec::new(),
+                };
+                let writer = Writer {
+                    c: shared,
+                    aliases: aliases.outbound,
+                    scratch: None,
+                    out: BytesMut::new(),
+                };
+                (reader, writer, parking.is_some())
+            };
+            let link = &shared.link;
+            link.wake();
+            // `Err`: the connection parks, with its keep alive deadline (the read's end
+            // disarms it: put back once the read is dropped, at the end of the block below).
+            let close = {
+                let read = reader.run(&mut rd, &mut c.buf);
+                tokio::pin!(read);
+                let mut killed = false;
+                let mut write_failed = false;
+                let close = tokio::select! {
+                    c = &mut read => Ok(c),
+                    c = writer.run(&mut wr) => {
+                        write_failed = true;
+                        Ok(c)
+                    }
+                    _ = link.wait_killed() => {
+                        killed = true;
+                        let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
+                        Ok(Close { reason, send: Some(rc), publish_will: true })
+                    }
+                    _ = idle(link), if may_park => Err(link.keep_alive_at())
+                };
+                match close {
+                    Err(at) => Err(at),
+                    Ok(close) if write_failed => {
+                        // The client closed without reading what we sent last (mosquitto_sub
+                        // -C does), but what it sent before closing is still to be read: its
+                        // PUBACKs, applied, and its DISCONNECT, which discards the will
+                        // [MQTT-3.14.4-3]. The reader's verdict wins when it reaches the end of
+                        // the input in time. Boxed, as below: rare, and a timer is large.
+                        match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
+                            Ok(c) => Ok(c),
+                            Err(_) => Ok(close),
+                        }
+                    }
+                    Ok(close) => {
+                        // At shutdown, what the client sent just before is still handled: a
+                        // PUBACK on its way is applied (and stored), not answered by a
+                        // redelivery after the restart.
+                        if killed && matches!(close.reason, DisconnectReason::Shutdown) {
+                            let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
+                        }
+                        Ok(close)
+                    }
                 }
             };
-            if write_failed {
-                // The client closed without reading what we sent last (mosquitto_sub -C does),
-                // but what it sent before closing is still to be read: its PUBACKs, applied, and
-                // its DISCONNECT, which discards the will [MQTT-3.14.4-3]. The reader's verdict
-                // wins when it reaches the end of the input in time.
-                // Boxed, as below: rare, and a timer is large.
-                match Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await {
-                    Ok(c) => c,
-                    Err(_) => close,
+            match close {
+                Ok(close) => {
+                    let last = std::mem::take(&mut writer.out);
+                    drop((reader, writer));
+                    Box::pin(finish(shared, &mut rd, c.peer, close, last)).await;
+                    return None;
                 }
-            } else {
-                // At shutdown, what the client sent just before is still handled: a PUBACK on
-                // its way is applied (and stored), not answered by a redelivery after the restart.
-                if killed && matches!(close.reason, DisconnectReason::Shutdown) {
-                    let _ = Box::pin(tokio::time::timeout(LAST_READ, &mut read)).await;
+                Err(at) => {
+                    link.restore_keep_alive(at);
+                    // Not at rest while parked: the sweep would ask again, and its signal,
+                    // through the parked connection's waker, would resume it.
+                    link.set_rest(
+                        crate::link::READER_AT_REST | crate::link::WRITER_AT_REST,
+                        false,
+                    );
+                    park::Aliases {
+                        inbound: std::mem::take(&mut reader.aliases),
+                        outbound: std::mem::take(&mut writer.aliases),
+                    }
                 }
-                close
             }
         };
-        let last = std::mem::take(&mut writer.out);
-        drop((reader, writer));
-        Box::pin(finish(shared, &mut rd, c.peer, close, last)).await;
+        // Parking: nothing is in flight (`idle`), so the stream and what the halves keep
+        // are all there is.
+        let Connected {
+            shared,
+            stream,
+            peer,
+            ..
+        } = c;
+        match stream.into_inner().into_parked() {
+            Some(stream) => Some(park::Parked {
+                stream,
+                shared,
+                peer,
+                aliases: kept,
+            }),
+            None => {
+                let close = Close::lost(DisconnectReason::Io("cannot park".into()));
+                detach(&shared, peer, &close);
+                None
+            }
+        }
+    }
+}
+
+/// Resolves once the parking's sweep found the connection idle (nothing read or written for
+/// `park_after`) and it still is at rest: then it parks. No timer of its own: the sweep asks
+/// through the link.
+async fn idle(link: &Link) {
+    loop {
+        link.wait_park().await;
+        if link.at_rest() {
+            return;
+        }
     }
 }
 
@@ -333,13 +447,7 @@ async fn finish<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let Shared {
-        broker,
-        session,
-        link,
-        version,
-        ..
-    } = shared;
+    let Shared { link, version, .. } = shared;
     let version = *version;
     last.extend_from_slice(&link.take_control());
     if let (Some(rc), true) = (close.send, version.is_v5()) {
@@ -356,6 +464,21 @@ async fn finish<S>(
         })
         .await;
     }
+    detach(shared, peer, &close);
+    if close.send.is_some() {
+        linger(rw).await;
+    }
+}
+
+/// The session detached from a closed connection (the will published, unless `close` says
+/// not), counted and logged.
+fn detach(shared: &Shared, peer: SocketAddr, close: &Close) {
+    let Shared {
+        broker,
+        session,
+        link,
+        ..
+    } = shared;
     broker.stats.client_disconnected();
     let client_id = &session.client_id;
     broker.events.fire(|| Event::Disconnected {
@@ -366,9 +489,6 @@ async fn finish<S>(
     link.mark_closed();
     if broker.config.logging.connection_messages {
         tracing::info!(target: "mercurio::connections", %client_id, %peer, reason = %close.reason, "client disconnected");
-    }
-    if close.send.is_some() {
-        linger(rw).await;
     }
 }
 

@@ -90,7 +90,17 @@ impl<'a> Reader<'a> {
         async move {
             // Few locals: this future is held by every connection, idle ones too (the grace
             // and the packet size limit are looked up again, not kept).
-            let mut deadline = self.keep_alive_deadline();
+            // Served again after a park: the deadline armed before goes on (it moves only
+            // when packets come).
+            let mut deadline = if self.c.link.take_resumed() {
+                self.c
+                    .broker
+                    .keep_alive
+                    .armed_deadline(&self.c.link)
+                    .or_else(|| self.keep_alive_deadline())
+            } else {
+                self.keep_alive_deadline()
+            };
             let mut handled = 0u32;
             // The room the read buffer is given back when a read starts with it released.
             let mut room = READ_ROOM;
@@ -191,11 +201,16 @@ impl<'a> Reader<'a> {
                 // The deadline runs only while the read waits; past it, the broker's keep alive
                 // sweep kills the link (`keep_alive`: no timer per connection).
                 let armed = deadline.map(|d| self.c.broker.keep_alive.arm(&self.c.link, d));
+                // At rest (the connection may park) only with nothing in hand.
+                let at_rest = buf.is_empty() && self.congested.is_empty();
+                self.c.link.set_rest(crate::link::READER_AT_REST, at_rest);
                 let read = read_lean(rd, buf, &mut room).await;
+                self.c.link.set_rest(crate::link::READER_AT_REST, false);
                 drop(armed);
                 match read {
                     Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
                     Ok(n) => {
+                        self.c.link.active();
                         Stats::add(&self.c.broker.stats.bytes_received, n as u64);
                         // A read that filled all the room there was: the client sends more than
                         // reads of this size take in (a 256-byte buffer is about three small

@@ -59,7 +59,10 @@ impl<'a> Writer<'a> {
             // none) and given back the room it had at the next wake-up, in one allocation.
             let mut room = 0;
             loop {
+                // At rest (the connection may park): nothing is left to write.
+                self.c.link.set_rest(crate::link::WRITER_AT_REST, true);
                 self.c.link.wait_woken().await;
+                self.c.link.set_rest(crate::link::WRITER_AT_REST, false);
                 if self.out.capacity() == 0 {
                     self.out.reserve(room);
                 }
@@ -80,6 +83,7 @@ impl<'a> Writer<'a> {
                         return Close::lost(DisconnectReason::Io(e.to_string()));
                     }
                     Stats::add(&self.c.broker.stats.bytes_sent, len);
+                    self.c.link.active();
                     self.out.clear();
                     self.c.link.wrote(pubacks);
                     if !more {
