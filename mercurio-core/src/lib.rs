@@ -37,6 +37,7 @@ mod link;
 mod listener;
 pub mod message;
 mod metrics;
+mod parking;
 pub(crate) mod persist;
 pub mod router;
 mod session;

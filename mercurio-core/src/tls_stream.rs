@@ -315,7 +315,7 @@ impl Inner {
 }
 
 /// A TLS connection keeps its task: its session state lives in the stream.
-impl crate::connection::Park for TlsStream {}
+impl crate::parking::Park for TlsStream {}
 
 impl AsyncRead for TlsStream {
     fn poll_read(

@@ -320,7 +320,7 @@ fn io_err(e: WsError) -> io::Error {
 }
 
 /// A WebSocket connection keeps its task: its framing state lives in the stream.
-impl<S> crate::connection::Park for WsIo<S> {}
+impl<S> crate::parking::Park for WsIo<S> {}
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsIo<S> {
     fn poll_read(

@@ -81,9 +81,9 @@ pub(crate) struct BrokerState {
     pub checks_access: bool,
     /// The connections' keep alive deadlines and their sweep (`keep_alive`).
     pub keep_alive: Arc<crate::keep_alive::KeepAlive>,
-    /// The parked connections and what resumes them (`connection::park`), started by the
+    /// The parked connections and what resumes them (`parking`, `connection::park`), started by the
     /// first connection to park (`None` when it cannot be).
-    pub parking: OnceLock<Option<Arc<crate::connection::Parking>>>,
+    pub parking: OnceLock<Option<Arc<crate::parking::Parking>>>,
 }
 
 impl BrokerState {

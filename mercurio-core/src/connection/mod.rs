@@ -11,7 +11,8 @@ pub(crate) mod park;
 mod reader;
 mod writer;
 
-pub(crate) use park::{Park, Parking, Slot};
+use crate::parking::Park;
+pub(crate) use park::Slot;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -310,7 +311,7 @@ where
                 let resumed = c.resumed.take().map(|a| *a);
                 // Parks only where it can (see `run`'s doc), when the broker has it on.
                 let parking = (parks && S::PARKS)
-                    .then(|| Parking::of(&shared.broker))
+                    .then(|| park::parking_of(&shared.broker))
                     .flatten();
                 if shared.link.serving(resumed.is_some()) {
                     if let Some(parking) = parking {
