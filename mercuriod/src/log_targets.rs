@@ -23,6 +23,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::listener",
     "mercurio_core::message",
     "mercurio_core::metrics",
+    "mercurio_core::parking",
     "mercurio_core::persist",
     "mercurio_core::router",
     "mercurio_core::session",
