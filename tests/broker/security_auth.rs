@@ -353,11 +353,13 @@ async fn authentication_is_bounded_by_connect_timeout() {
 async fn an_unknown_user_costs_what_a_wrong_password_costs() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("passwd");
-    // mosquitto_passwd's sha512-crypt hash of "hunter2" (cheaper than argon2id in a debug
-    // build, still thousands of rounds).
+    // A PBKDF2-SHA512 hash (mosquitto_passwd's `$7$` format) of "hunter2" with 10,000
+    // iterations: tens of milliseconds in a debug build, so the check, not the round trip
+    // over loopback or a busy CI machine, sets both times. (A `$6$` hash is one SHA-512,
+    // microseconds, and its difference would drown in scheduling noise.)
     std::fs::write(
         &file,
-        "alice:$6$EY5EWi0kwhbYnp1q$WAG5ypL7rmY8C2Y6Z1xSmHwDu8ySXMmgi9LQ1qvZlHuvOPPX5/OuFvn9vtIxpsH67cTjRLv4/kQnNcpmYe1c2w==\n",
+        "alice:$7$10000$bWVyY3VyaW8tdGVzdC1zYWx0$ftWyQWjc24bHxEYLar3uElx5MdtWjFIVG9ROfdrQFFX9RTl1zXW/q04pOKEHLbN6rldJTl7AjWi853Oqt+N/jg==\n",
     )
     .unwrap();
     let mut config = test_config();
@@ -380,6 +382,7 @@ async fn an_unknown_user_costs_what_a_wrong_password_costs() {
     known.sort();
     unknown.sort();
     let (k, u) = (known[2], unknown[2]);
+    eprintln!("medians: unknown user {u:?}, wrong password {k:?}");
     assert!(
         u * 2 >= k,
         "unknown user refused in {u:?}, wrong password in {k:?}"
