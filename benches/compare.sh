@@ -291,6 +291,7 @@ SCENARIOS=(
     "pingflood|flood|--mib 256 --seconds 20"
     "lat-20k-q0|rate|-s fan-in -P 4 -q 0 -r 20000"
     "idle-5000|idle|-s idle -C 5000"
+    "idle-10000|idle|-s idle -C 10000"
     "persistent-q1|persist|-s persistent -q 1 --max-messages 50000"
     "sweep-fanin-q0|sweep|-s fan-in -P 4 -q 0 --sweep --sweep-step 2 --sweep-start 10000"
 )

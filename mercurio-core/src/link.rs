@@ -199,9 +199,10 @@ impl Link {
         }
     }
 
-    /// Waits for the sweep's [`Link::park_if_idle`] to ask (only the link's own task).
-    pub(crate) fn wait_park(&self) -> impl std::future::Future<Output = ()> + '_ {
-        self.wait(PARK)
+    /// Ready (once) when the sweep's [`Link::park_if_idle`] asked since the last call (only
+    /// the link's own task calls it).
+    pub(crate) fn poll_park(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        self.poll_signal(cx, PARK)
     }
 
     /// Arms the keep alive deadline `at` (milliseconds, above 0); true the first time (the
@@ -279,14 +280,17 @@ impl Link {
     /// Resolves once `bit` is set, and clears it. No waiter of its own: the task's waker is
     /// registered before the check, so a signal after it wakes the task.
     fn wait(&self, bit: u8) -> impl std::future::Future<Output = ()> + '_ {
-        std::future::poll_fn(move |cx| {
-            self.task.register(cx.waker());
-            if self.signals.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
+        std::future::poll_fn(move |cx| self.poll_signal(cx, bit))
+    }
+
+    /// [`Link::wait`]'s poll.
+    fn poll_signal(&self, cx: &mut std::task::Context<'_>, bit: u8) -> Poll<()> {
+        self.task.register(cx.waker());
+        if self.signals.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     /// Asks the connection to close, sending DISCONNECT `rc` to a 5.0 client.

@@ -215,3 +215,32 @@ async fn topic_aliases_survive_a_park() {
     assert_eq!(&second.payload[..], b"2");
     broker.shutdown().await;
 }
+
+/// A new connection parks as soon as it has answered its CONNECT, without waiting for
+/// `park_after` (a reconnecting fleet never holds a task per connection at once); once served
+/// again, it parks only after `park_after` of idleness.
+#[tokio::test]
+async fn a_new_connection_parks_at_once_then_only_after_park_after() {
+    let mut config = common::test_config();
+    config.server.park_after = 3600;
+    let (broker, addr) = common::start_with(config).await;
+    let mut sub = Client::connect(addr, ProtocolVersion::V5, "pk-fresh").await;
+    wait_parked(&broker, 1).await;
+    // Served again by its SUBSCRIBE; then busy, it stays a task (the sweep, an hour away,
+    // is what parks it now).
+    sub.subscribe("fresh/#", QoS::AtLeastOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V311, "pk-fresh-pub").await;
+    publisher
+        .publish("fresh/a", b"one", QoS::AtLeastOnce, false)
+        .await;
+    assert_eq!(&sub.expect_publish().await.payload[..], b"one");
+    // Both were served again (the publisher parked after its CONNACK too, and its PUBLISH
+    // woke it): neither parks again before park_after.
+    sub.expect_nothing(Duration::from_millis(1500)).await;
+    assert_eq!(
+        parked(&broker),
+        0,
+        "a connection served again parked before park_after"
+    );
+    broker.shutdown().await;
+}

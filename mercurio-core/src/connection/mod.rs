@@ -307,7 +307,7 @@ where
             // 3. Reader and writer, until one ends or the broker asks the connection to close.
             // Made in a block: its locals, in scope at a wait, would take room in this future
             // (which every connection holds), moved from or not.
-            let (mut reader, mut writer, may_park) = {
+            let (mut reader, mut writer, may_park, fresh) = {
                 let resumed = c.resumed.take().map(|a| *a);
                 // Parks only where it can (see `run`'s doc), when the broker has it on.
                 let parking = (parks && S::PARKS)
@@ -318,6 +318,7 @@ where
                         parking.watch(&shared.link);
                     }
                 }
+                let fresh = resumed.is_none();
                 let aliases = resumed.unwrap_or_default();
                 let reader = Reader {
                     c: shared,
@@ -330,7 +331,7 @@ where
                     scratch: None,
                     out: BytesMut::new(),
                 };
-                (reader, writer, parking.is_some())
+                (reader, writer, parking.is_some(), fresh)
             };
             let link = &shared.link;
             link.wake();
@@ -341,7 +342,10 @@ where
                 tokio::pin!(read);
                 let mut killed = false;
                 let mut write_failed = false;
+                // In this order: `idle` looks at where the reader and the writer rest, so it
+                // comes after both in every pass (it registers no waker for their moves).
                 let close = tokio::select! {
+                    biased;
                     c = &mut read => Ok(c),
                     c = writer.run(&mut wr) => {
                         write_failed = true;
@@ -352,7 +356,7 @@ where
                         let (reason, rc) = link.take_kill_reason().unwrap_or((DisconnectReason::Administrative, ReasonCode::ADMINISTRATIVE_ACTION));
                         Ok(Close { reason, send: Some(rc), publish_will: true })
                     }
-                    _ = idle(link), if may_park => Err(link.keep_alive_at())
+                    _ = idle(link, fresh), if may_park => Err(link.keep_alive_at())
                 };
                 match close {
                     Err(at) => Err(at),
@@ -424,16 +428,23 @@ where
     }
 }
 
-/// Resolves once the parking's sweep found the connection idle (nothing read or written for
-/// `park_after`) and it still is at rest: then it parks. No timer of its own: the sweep asks
-/// through the link.
-async fn idle(link: &Link) {
-    loop {
-        link.wait_park().await;
-        if link.at_rest() {
-            return;
+/// Resolves once the connection may park: when it is at rest (both halves wait with nothing
+/// in hand) and either the parking's sweep found it idle (nothing read or written for
+/// `park_after`: no timer of its own, the sweep asks through the link) or it is `fresh`, a
+/// new connection that has not rested yet. A new connection parks as soon as it has answered
+/// its CONNECT and what came with it: at a reconnect storm (a fleet coming back after a
+/// restart or a network cut) the memory of a serving task is taken one connection at a time
+/// and given back for the next, instead of by every connection at once until the sweep.
+fn idle(link: &Link, fresh: bool) -> impl std::future::Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| {
+        // Taken whatever comes next: an ask found not at rest waits for the next one.
+        let asked = link.poll_park(cx).is_ready();
+        if (asked || fresh) && link.at_rest() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
-    }
+    })
 }
 
 /// The close (step 4): the final bytes (what an interrupted write left, never half a packet
