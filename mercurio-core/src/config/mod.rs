@@ -58,7 +58,9 @@ pub struct ServerConfig {
     pub connect_timeout: u64,
     /// Seconds a plain TCP connection may stay idle (no byte read or written) before it is
     /// parked: its task ends and the broker keeps only its socket and a small record until
-    /// the client sends, a message is due or the connection must close; 0 = never; default 10.
+    /// the client sends, a message is due or the connection must close. A new connection
+    /// parks as soon as it has answered its CONNECT, without waiting. 0 = never (new
+    /// connections included); default 10.
     pub park_after: u64,
     /// Largest packet accepted, in bytes, 14 (the smallest CONNECT) to 268,435,455, or 0 for
     /// the protocol's limit (268,435,455); default 1,048,576.

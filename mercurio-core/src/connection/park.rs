@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
+use super::reader::READ_ROOM;
 use super::{Connected, LazyMap, Shared};
 use crate::broker::BrokerState;
 use crate::link::{DisconnectReason, Link};
@@ -64,6 +65,22 @@ async fn resume(p: Parked, slot: Slot) {
         peer,
         aliases,
     } = p;
+    // What the client sent while parked is read first, before anything else can happen to
+    // the connection: the runtime learns a socket's readiness only at its next turn, and a
+    // takeover or a kill that resumed the connection must not win over a DISCONNECT already
+    // here (which discards the will [MQTT-3.14.4-3]: a client that disconnects and connects
+    // again at once would otherwise have its will published). Nothing there, or an error or
+    // the end of the stream: the reader finds it again.
+    // (In a block: a local in scope at a wait would take room in this future, which the
+    // resumed connection's task holds for as long as it is served.)
+    let buf = {
+        let mut buf = BytesMut::new();
+        let mut first = [0u8; READ_ROOM];
+        if let Ok(n @ 1..) = std::io::Read::read(&mut &stream, &mut first) {
+            buf.extend_from_slice(&first[..n]);
+        }
+        buf
+    };
     let stream = match tokio::net::TcpStream::from_std(stream) {
         Ok(s) => s,
         Err(e) => {
@@ -75,7 +92,7 @@ async fn resume(p: Parked, slot: Slot) {
     let c = Connected {
         shared,
         stream: parking_lot::Mutex::new(stream),
-        buf: BytesMut::new(),
+        buf,
         peer,
         resumed: Some(Box::new(aliases)),
     };

@@ -29,7 +29,7 @@ use crate::topic;
 const READER_BATCH: u32 = 64;
 
 /// Bytes a read buffer gets when a read starts without one (more once it has grown).
-const READ_ROOM: usize = 256;
+pub(super) const READ_ROOM: usize = 256;
 
 /// Reads into `buf` as `read_buf` does, but an empty `buf` holds no memory while the read
 /// waits, so an idle connection holds no read buffer: each attempt gets `room` bytes (the
