@@ -56,7 +56,9 @@ pub(crate) trait Resume: Send {
     fn fd(&self) -> RawFd;
     /// The connection's link: its waker resumes the record while parked.
     fn link(&self) -> &Arc<Link>;
-    /// Serves the connection again (spawns its task).
+    /// Serves the connection again: first right here, in the parking task's turn (what the
+    /// client sent is handled before what others sent later), then in a task of its own.
+    /// Called with no lock of the parking held (the connection may park again at once).
     fn resume(self: Box<Self>);
 }
 
@@ -185,9 +187,10 @@ impl Parking {
         }
     }
 
-    /// Takes a parked connection out and serves it again in a new task.
+    /// Takes a parked connection out and serves it again ([`Resume::resume`]).
     fn resume(&self, id: u64) {
-        let Some(record) = self.parked.lock().map.remove(&id) else {
+        let record = self.parked.lock().map.remove(&id);
+        let Some(record) = record else {
             return;
         };
         self.stats.clients_parked.fetch_sub(1, Ordering::Relaxed);

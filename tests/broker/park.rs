@@ -6,7 +6,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use mercurio::codec::{Properties, ProtocolVersion, QoS, ReasonCode};
+use mercurio::codec::{
+    Packet, Properties, ProtocolVersion, QoS, ReasonCode, Subscribe, SubscribeFilter,
+};
 use mercurio::BrokerHandle;
 
 use crate::common::{self, connect_packet, Client, DEADLINE};
@@ -242,5 +244,51 @@ async fn a_new_connection_parks_at_once_then_only_after_park_after() {
         0,
         "a connection served again parked before park_after"
     );
+    broker.shutdown().await;
+}
+
+/// What a parked connection sent is handled before what a live connection sent after it.
+/// A subscriber parked since its CONNACK sends SUBSCRIBE, and another client, already served,
+/// publishes to that filter right after, without waiting for the SUBACK (Paho's
+/// interoperability tests do this). Both arrive in one turn of the runtime: resumed in a task
+/// of its own, queued behind the publisher's, the subscriber would subscribe too late and miss
+/// the message.
+#[tokio::test]
+async fn a_parked_subscribers_subscribe_is_handled_before_a_later_publish() {
+    let mut config = common::test_config();
+    config.server.park_after = 3600;
+    let (broker, addr) = common::start_with(config).await;
+    for round in 0..3 {
+        let mut publisher = Client::connect(addr, ProtocolVersion::V5, "order-pub").await;
+        // Served again by its SUBSCRIBE, the publisher stays a live task (see the test above).
+        publisher.subscribe("order/none", QoS::AtMostOnce).await;
+        let mut sub = Client::connect(addr, ProtocolVersion::V5, "order-sub").await;
+        wait_parked(&broker, 1).await;
+        let filter = format!("order/{round}");
+        let packet_id = sub.next_packet_id();
+        sub.send(Packet::Subscribe(Subscribe {
+            packet_id,
+            filters: vec![SubscribeFilter {
+                filter: filter.clone(),
+                options: common::opts(QoS::AtLeastOnce),
+            }],
+            properties: Properties::default(),
+        }))
+        .await;
+        publisher
+            .publish(&filter, b"after", QoS::AtMostOnce, false)
+            .await;
+        match sub.recv().await {
+            Some(Packet::SubAck(ack)) => assert_eq!(ack.packet_id, packet_id),
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+        let p = sub.expect_publish().await;
+        assert_eq!(
+            (p.topic.as_str(), &p.payload[..]),
+            (filter.as_str(), &b"after"[..])
+        );
+        sub.disconnect().await;
+        publisher.disconnect().await;
+    }
     broker.shutdown().await;
 }

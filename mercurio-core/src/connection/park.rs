@@ -3,10 +3,12 @@
 //! and how it is served again. The epoll set that holds parked records and resumes them is
 //! `crate::parking`.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use bytes::BytesMut;
 
@@ -128,7 +130,17 @@ impl Resume for Record {
 
     fn resume(self: Box<Self>) {
         let Record { p, slot } = *self;
-        drop(tokio::spawn(resume(p, slot)));
+        // Served a first time here, in the parking's turn, and only then, if not done, in a
+        // task of its own: a new task runs after every task woken before it, and what this
+        // client sent (a SUBSCRIBE, say) would be handled after what another client sent
+        // later in the same turn (a PUBLISH to that filter, which the subscriber would miss).
+        // Whatever this poll registers its (no-op) waker with, the task's first poll
+        // registers again.
+        let mut task = Box::pin(resume(p, slot));
+        let mut cx = Context::from_waker(Waker::noop());
+        if task.as_mut().poll(&mut cx).is_pending() {
+            drop(tokio::spawn(task));
+        }
     }
 }
 
