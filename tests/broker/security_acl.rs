@@ -359,6 +359,50 @@ async fn reload_drops_queued_messages_no_longer_readable() {
     broker.shutdown().await;
 }
 
+/// The same for messages in flight: sent, not acknowledged, and resent when the client comes
+/// back [MQTT-4.4.0-1]. A resend is a delivery: after the read permission is revoked, the
+/// message is not resent but dropped (counted `not_authorized`), and one still readable is.
+#[tokio::test]
+async fn reload_stops_resending_in_flight_messages_no_longer_readable() {
+    let (broker, addr, _dir, path) =
+        broker_with_acl("user u\ntopic read a/#\ntopic read b/#\n").await;
+    let persistent = || {
+        let mut c = connect_as(ProtocolVersion::V5, "in-flight", Some("u"), None);
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(300);
+        c
+    };
+    let (mut c, _) = Client::connect_with(addr, persistent()).await;
+    c.subscribe("a/#", QoS::AtLeastOnce).await;
+    c.subscribe("b/#", QoS::AtLeastOnce).await;
+    broker
+        .publish("b/1", "revoked", QoS::AtLeastOnce, false)
+        .unwrap();
+    broker
+        .publish("a/1", "allowed", QoS::AtLeastOnce, false)
+        .unwrap();
+    // Received, never acknowledged: both stay in flight.
+    assert_eq!(c.expect_publish().await.topic, "b/1");
+    assert_eq!(c.expect_publish().await.topic, "a/1");
+    c.drop_connection().await;
+    let before = broker.stats().dropped_count(DropCause::NotAuthorized);
+
+    std::fs::write(&path, "user u\ntopic read a/#\n").unwrap();
+    broker.reload().expect("reload");
+    let (mut c, ack) = Client::connect_with(addr, persistent()).await;
+    assert!(ack.session_present);
+    let p = c.expect_publish().await;
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("a/1", &b"allowed"[..]));
+    assert!(p.dup, "a resend carries DUP");
+    c.ack(&p).await;
+    c.expect_nothing(Duration::from_millis(300)).await;
+    assert_eq!(
+        broker.stats().dropped_count(DropCause::NotAuthorized),
+        before + 1
+    );
+    broker.shutdown().await;
+}
+
 #[tokio::test]
 async fn will_topic_must_be_writable() {
     let (broker, addr, _dir, _) = broker_with_acl("pattern write wills/%c\n").await;

@@ -121,10 +121,23 @@ impl<'a> Writer<'a> {
         // In-flight messages now larger than this connection's Maximum Packet Size (a client
         // back with a smaller one): discarded as if sent and acknowledged [MQTT-3.1.2-25].
         let mut too_large = Vec::new();
+        // And those its client may no longer read (the access rules were reloaded, or
+        // changed while the broker was down): a resend is a delivery, checked like one
+        // (`may_read`), and dropped as if acknowledged when refused.
+        let mut refused = Vec::new();
         for f in st.inflight.iter_mut().filter(|f| !f.sent) {
             if f.state != OutboundState::AwaitingPubComp
                 && window >= usize::from(self.c.limits.inflight)
             {
+                continue;
+            }
+            if f.state != OutboundState::AwaitingPubComp
+                && !self
+                    .c
+                    .broker
+                    .may_read(&self.c.session, &f.delivery.msg.topic)
+            {
+                refused.push(f.packet_id);
                 continue;
             }
             f.sent = true;
@@ -160,11 +173,15 @@ impl<'a> Writer<'a> {
                 }
             }
         }
-        for packet_id in too_large {
+        let dropped = too_large
+            .into_iter()
+            .map(|id| (id, DropCause::TooLarge))
+            .chain(refused.into_iter().map(|id| (id, DropCause::NotAuthorized)));
+        for (packet_id, cause) in dropped {
             if let Some(i) = st.inflight_position(packet_id) {
                 st.inflight.remove(i);
                 st.persist_acked(&self.c.session.client_id, packet_id);
-                stats.dropped(DropCause::TooLarge);
+                stats.dropped(cause);
             }
         }
         let mut more = false;
