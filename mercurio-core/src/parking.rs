@@ -216,16 +216,24 @@ impl Parking {
                     let n = sys::wait(self.epoll.get_ref().as_raw_fd(), &mut events);
                     if n == 0 {
                         guard.clear_ready();
+                        continue;
                     }
                     for e in &events[..n] {
                         self.resume(sys::token(e));
                     }
+                    drop(guard);
+                    // A resumed connection is first served in this task's turn, and one that
+                    // closes there gives back its registration with the runtime only at the
+                    // runtime's next look at its sockets: without a yield per batch, a fleet
+                    // disconnecting at once would hold every registration until the end.
+                    tokio::task::yield_now().await;
                 }
                 _ = self.due_signal.notified() => {
                     let due = std::mem::take(&mut *self.due.lock());
                     for id in due {
                         self.resume(id);
                     }
+                    tokio::task::yield_now().await;
                 }
             }
         }

@@ -101,7 +101,7 @@ pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config
             {
                 format!("write [[{k}]], not [{k}]: each entry is a table of its own")
             }
-            _ => e.message().to_string(),
+            _ => in_plain_words(e.message()),
         };
         error(e.span(), key, &message)
     })?;
@@ -364,6 +364,32 @@ fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
     best
 }
 
+/// serde's message with its Rust type names said in words: "invalid value: integer `-1`,
+/// expected u64" becomes "`-1` is out of range: expected a whole number, 0 or more".
+fn in_plain_words(message: &str) -> String {
+    const TYPES: [(&str, &str); 8] = [
+        ("u8", "a whole number from 0 to 255"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u32", "a whole number from 0 to 4294967295"),
+        ("u64", "a whole number, 0 or more"),
+        ("usize", "a whole number, 0 or more"),
+        ("i64", "a whole number"),
+        ("f64", "a number"),
+        ("a boolean", "true or false"),
+    ];
+    let Some((what, expected)) = message.rsplit_once(", expected ") else {
+        return message.to_string();
+    };
+    let expected = TYPES
+        .iter()
+        .find(|(t, _)| *t == expected)
+        .map_or(expected, |(_, words)| words);
+    match what.strip_prefix("invalid value: integer ") {
+        Some(value) => format!("{value} is out of range: expected {expected}"),
+        None => format!("{what}, expected {expected}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +431,22 @@ mod tests {
         let e = err("[server]\nmax_qos = \"two\"\n");
         assert_eq!(e.key.as_deref(), Some("server.max_qos"));
         assert_eq!(e.line, Some(2));
+    }
+
+    #[test]
+    fn rust_type_names_are_said_in_words() {
+        let e = err("[server]\npark_after = -1\n");
+        assert_eq!(e.key.as_deref(), Some("server.park_after"));
+        assert_eq!(
+            e.message,
+            "`-1` is out of range: expected a whole number, 0 or more"
+        );
+        let e = err("[server]\nmax_inflight = \"many\"\n");
+        assert!(
+            e.message
+                .ends_with("expected a whole number from 0 to 65535"),
+            "{e}"
+        );
     }
 
     #[test]

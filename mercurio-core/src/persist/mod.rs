@@ -27,7 +27,7 @@
 //! written whole ([`Change::SessionWritten`]) once storage takes writes again.
 //!
 //! With `durable_ack`, the reader hands each PUBACK / PUBREC to the writer
-//! ([`Persister::then`]), which sends it after the commit of every change emitted before it,
+//! ([`Persister::after_commit`]), which sends it after the commit of every change emitted before it,
 //! synced ([`Storage::apply_durable`]).
 //!
 //! With the memory backend there is no [`Persister`]: every mutation point checks an `Option`
