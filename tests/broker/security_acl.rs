@@ -313,6 +313,12 @@ async fn reload_removes_subscriptions_no_longer_allowed() {
     broker.shutdown().await;
 }
 
+/// `connect` made by user `u`.
+fn as_user_u(mut connect: mercurio::codec::Connect) -> mercurio::codec::Connect {
+    connect.username = Some("u".into());
+    connect
+}
+
 /// Messages queued for an offline session when the client's read permission is revoked
 /// are not delivered when it comes back: a reload drops them (counted `not_authorized`), as
 /// the check at routing would have (mosquitto's 09-acl-change).
@@ -320,12 +326,7 @@ async fn reload_removes_subscriptions_no_longer_allowed() {
 async fn reload_drops_queued_messages_no_longer_readable() {
     let (broker, addr, _dir, path) =
         broker_with_acl("user u\ntopic read a/#\ntopic read b/#\n").await;
-    let persistent = || {
-        let mut c = connect_as(ProtocolVersion::V5, "away", Some("u"), None);
-        c.clean_start = false;
-        c.properties.session_expiry_interval = Some(300);
-        c
-    };
+    let persistent = || as_user_u(persistent(ProtocolVersion::V5, "away", 300));
     let (mut c, _) = Client::connect_with(addr, persistent()).await;
     assert_eq!(
         c.subscribe("a/#", QoS::AtLeastOnce).await,
@@ -366,12 +367,7 @@ async fn reload_drops_queued_messages_no_longer_readable() {
 async fn reload_stops_resending_in_flight_messages_no_longer_readable() {
     let (broker, addr, _dir, path) =
         broker_with_acl("user u\ntopic read a/#\ntopic read b/#\n").await;
-    let persistent = || {
-        let mut c = connect_as(ProtocolVersion::V5, "in-flight", Some("u"), None);
-        c.clean_start = false;
-        c.properties.session_expiry_interval = Some(300);
-        c
-    };
+    let persistent = || as_user_u(persistent(ProtocolVersion::V5, "in-flight", 300));
     let (mut c, _) = Client::connect_with(addr, persistent()).await;
     c.subscribe("a/#", QoS::AtLeastOnce).await;
     c.subscribe("b/#", QoS::AtLeastOnce).await;
