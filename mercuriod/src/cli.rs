@@ -32,7 +32,7 @@ Logging: to standard output (the journal under systemd), or to [logging] file (a
 with logrotate's copytruncate) and/or syslog (/dev/log, facility daemon). [logging] level takes
 per-module directives, e.g. \"info,mercurio::connections=off\".
 
-Admin socket: [admin] socket, else $RUNTIME_DIRECTORY/mercuriod.sock under systemd,
+Admin socket: --admin-socket PATH, else [admin] socket, else $RUNTIME_DIRECTORY/mercuriod.sock under systemd,
 /run/mercurio/mercuriod.sock as root, $XDG_RUNTIME_DIR/mercurio/mercuriod.sock, or
 /tmp/mercurio-$UID/mercuriod.sock; mode 0600. See mercurioctl --help.
 
@@ -59,6 +59,11 @@ pub struct Cli {
     /// port, logged); may be repeated. With --config, only for a file without [[listeners]].
     #[arg(short, long, value_name = "PORT")]
     pub port: Vec<u16>,
+
+    /// Admin socket for mercurioctl (its --socket), over [admin] socket: a second broker on
+    /// the same host needs its own.
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
 
     /// Log at debug level, whatever [logging] level says.
     #[arg(short, long)]

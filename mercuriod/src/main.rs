@@ -96,6 +96,11 @@ fn main() -> ExitCode {
         }
     };
 
+    let mut config = config;
+    if let Some(path) = &cli.admin_socket {
+        config.admin.socket = Some(path.clone());
+    }
+
     if cli.check_config {
         return check_config(&config, cli.config.as_deref(), cli.verbose);
     }
@@ -200,7 +205,7 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
         None => match AdminSocket::bind(&socket_path::default_socket_path()) {
             Ok(admin) => Some(admin),
             Err(e) => {
-                warn!("{e}: running without an admin socket (set [admin] socket)");
+                warn!("{e}: running without an admin socket (give this broker its own: --admin-socket PATH or [admin] socket)");
                 None
             }
         },

@@ -310,6 +310,26 @@ fn admin_socket_path_refused() {
     );
 }
 
+/// A second broker on the same host, started with the first one's configuration file, gets
+/// its own admin socket from --admin-socket instead of finding the first one's taken.
+#[test]
+fn admin_socket_option_overrides_the_configuration() {
+    let mut first = start("");
+    first.wait_listening();
+    let text = config_text(&first.socket, "");
+    let dir = tempfile::tempdir().expect("dir");
+    let own = dir.path().join("second.sock");
+    let mut second = Daemon::with_config(&text)
+        .arg("--admin-socket")
+        .arg(&own)
+        .socket(&own)
+        .in_dir(dir)
+        .spawn();
+    second.wait_listening();
+    ok(&second.admin(r#"{"command":"broker.status"}"#));
+    ok(&first.admin(r#"{"command":"broker.status"}"#));
+}
+
 #[test]
 fn second_broker_on_the_same_socket_is_refused_and_stale_socket_replaced() {
     let mut first = start("");
