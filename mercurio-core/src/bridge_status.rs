@@ -60,10 +60,10 @@ impl BridgeStatus {
             Some(s) => {
                 let st = s.state.lock();
                 (
-                    st.queue.len(),
-                    st.inflight.len(),
-                    st.queue.bytes(),
-                    st.dropped,
+                    st.queue().len(),
+                    st.inflight().len(),
+                    st.queue().bytes(),
+                    st.dropped(),
                 )
             }
             None => (0, 0, 0, 0),

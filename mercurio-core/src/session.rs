@@ -201,44 +201,44 @@ impl Queue {
 /// The mutable part of a session.
 #[derive(Debug)]
 pub(crate) struct SessionState {
-    pub protocol: ProtocolVersion,
+    protocol: ProtocolVersion,
     /// Full filter (with `$share/...`) to what was granted.
-    pub subscriptions: LazyMap<String, Granted>,
+    subscriptions: LazyMap<String, Granted>,
     /// Deliveries waiting for the client, with the bytes they hold.
-    pub queue: Queue,
+    queue: Queue,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
-    pub inflight: VecDeque<Inflight>,
+    inflight: VecDeque<Inflight>,
     /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL (changed
     /// only through `receive_qos2` / `release_qos2`, which report it).
     inbound_qos2: LazyMap<u16, ()>,
     next_packet_id: u16,
     /// Session Expiry Interval in seconds; `u32::MAX` = never.
-    pub expiry_interval: u32,
+    expiry_interval: u32,
     /// Boxed: most clients set none, and a will is 24 bytes.
-    pub will: Option<Box<Will>>,
+    will: Option<Box<Will>>,
     /// The connection serving this session now, if any.
-    pub link: Option<Arc<Link>>,
+    link: Option<Arc<Link>>,
     /// Incremented at every connection: timers armed for an older one do nothing.
     generation: u32,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
-    pub ended: bool,
+    ended: bool,
     /// While the queue is dropping (to log once when it starts and once when it stops): the
     /// messages and payload bytes it must be back to (half its limits) for the "room again"
     /// line, checked as messages leave the queue, and the count dropped since it started.
     /// Boxed: most queues never drop.
     dropping: Option<Box<Dropping>>,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
-    pub dropped: u64,
+    dropped: u64,
     /// When the last connection ended; `None` while connected.
-    pub disconnected_at: Option<Instant>,
+    disconnected_at: Option<Instant>,
     /// The user name of the last connection, stored with the session so that access checks
     /// made while it is offline after a restart use it (`identity` is restored from it).
-    pub username: Option<Arc<str>>,
+    username: Option<Arc<str>>,
     /// The name of the client certificate of the last connection (`None`: none), stored with
     /// the session: with `username`, who the session belongs to.
-    pub certificate: Option<Arc<str>>,
+    certificate: Option<Arc<str>>,
     /// Where changes are reported for storage, for a broker with a storage backend.
-    pub changes: Option<Arc<dyn SessionChanges>>,
+    changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
     next_seq: u64,
     /// When the client last took a message from the queue, or was found with nothing to
@@ -596,9 +596,7 @@ impl Session {
         }
         st.link = None;
         st.disconnected_at = Some(Instant::now());
-        for f in st.inflight.iter_mut() {
-            f.sent = false;
-        }
+        st.mark_inflight_unsent();
         st.drop_qos0();
         let mut will_now = None;
         let mut will_delay = None;
@@ -793,7 +791,7 @@ impl SessionState {
     }
 
     /// Position of the in-flight message with this packet identifier.
-    pub(crate) fn inflight_position(&self, packet_id: u16) -> Option<usize> {
+    fn inflight_position(&self, packet_id: u16) -> Option<usize> {
         self.inflight.iter().position(|f| f.packet_id == packet_id)
     }
 
@@ -848,6 +846,204 @@ impl SessionState {
     }
 }
 
+/// Reading the session's state: what connections, storage, statistics and the
+/// administration API look at (changes go through the methods below).
+impl SessionState {
+    /// The protocol version of the last connection.
+    pub(crate) fn protocol(&self) -> ProtocolVersion {
+        self.protocol
+    }
+
+    /// The subscriptions, by full filter (with `$share/...`).
+    pub(crate) fn subscriptions(&self) -> &LazyMap<String, Granted> {
+        &self.subscriptions
+    }
+
+    /// The deliveries waiting for the client (changed through `pop_queued`,
+    /// `requeue_front`, `remove_queued`, so that storage and the drop log follow).
+    pub(crate) fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// The outbound QoS 1/2 messages in flight, oldest first.
+    pub(crate) fn inflight(&self) -> &VecDeque<Inflight> {
+        &self.inflight
+    }
+
+    /// Session Expiry Interval in seconds; `u32::MAX` = never.
+    pub(crate) fn expiry_interval(&self) -> u32 {
+        self.expiry_interval
+    }
+
+    /// The will waiting for the end of the connection (or for its delay), if any.
+    pub(crate) fn will(&self) -> Option<&Will> {
+        self.will.as_deref()
+    }
+
+    /// True while a connection serves the session.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// True once the session has ended (expired, cleaned, taken over by a clean start).
+    pub(crate) fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Messages this session's queue dropped since it was made (a bridge reports it).
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// When the last connection ended; `None` while connected.
+    pub(crate) fn disconnected_at(&self) -> Option<Instant> {
+        self.disconnected_at
+    }
+
+    /// The user name of the last connection.
+    pub(crate) fn username(&self) -> Option<&Arc<str>> {
+        self.username.as_ref()
+    }
+
+    /// The client certificate's name of the last connection.
+    pub(crate) fn certificate(&self) -> Option<&Arc<str>> {
+        self.certificate.as_ref()
+    }
+}
+
+/// Changing the session's state from outside this module: each method is one operation of
+/// the protocol, storage or restore, and reports to storage what it changes, if it must.
+impl SessionState {
+    /// Records who the connection that took the session belongs to (stored with the session
+    /// so that access checks made while it is offline use it).
+    pub(crate) fn set_owner(&mut self, username: Option<Arc<str>>, certificate: Option<Arc<str>>) {
+        self.username = username;
+        self.certificate = certificate;
+    }
+
+    /// DISCONNECT changed the Session Expiry Interval (MQTT 5.0).
+    pub(crate) fn set_expiry_interval(&mut self, expiry: u32) {
+        self.expiry_interval = expiry;
+    }
+
+    /// Drops the will without reporting it to storage: the session ends next, or a new
+    /// connection for its client identifier opened before its delay elapsed.
+    pub(crate) fn discard_will(&mut self) {
+        self.will = None;
+    }
+
+    /// Reports changes to `changes` from now on, unless a reporter is set already.
+    pub(crate) fn report_changes_to(&mut self, changes: Arc<dyn SessionChanges>) {
+        if self.changes.is_none() {
+            self.changes = Some(changes);
+        }
+    }
+
+    /// Puts back at the head of the queue a delivery just taken by `pop_queued` and not sent
+    /// (no packet identifier was free).
+    pub(crate) fn requeue_front(&mut self, q: Delivery) {
+        self.queue.push_front(q);
+    }
+
+    /// The state of the in-flight message with this packet identifier, if there is one.
+    pub(crate) fn inflight_state(&self, packet_id: u16) -> Option<OutboundState> {
+        self.inflight
+            .iter()
+            .find(|f| f.packet_id == packet_id)
+            .map(|f| f.state)
+    }
+
+    /// How many in-flight messages were sent on this connection (the window they take).
+    pub(crate) fn inflight_sent(&self) -> usize {
+        self.inflight.iter().filter(|f| f.sent).count()
+    }
+
+    /// A message taken from the queue was sent with `packet_id`: it is in flight, awaiting
+    /// PUBACK (QoS 1) or PUBREC (QoS 2), reported to storage (which dequeues it).
+    pub(crate) fn send_inflight(&mut self, client_id: &str, packet_id: u16, delivery: Delivery) {
+        let state = if delivery.qos == QoS::AtLeastOnce {
+            OutboundState::AwaitingPubAck
+        } else {
+            OutboundState::AwaitingPubRec
+        };
+        self.inflight.push_back(Inflight {
+            packet_id,
+            state,
+            delivery,
+            sent: true,
+        });
+        self.persist_sent(client_id);
+    }
+
+    /// Offers each in-flight message not yet sent on this connection to `resend`, oldest
+    /// first; those for which it returns true are marked sent.
+    pub(crate) fn resend_unsent(&mut self, mut resend: impl FnMut(&Inflight) -> bool) {
+        for f in self.inflight.iter_mut().filter(|f| !f.sent) {
+            if resend(f) {
+                f.sent = true;
+            }
+        }
+    }
+
+    /// The connection ended: every in-flight message is to be sent again on the next one.
+    pub(crate) fn mark_inflight_unsent(&mut self) {
+        for f in self.inflight.iter_mut() {
+            f.sent = false;
+        }
+    }
+
+    /// The in-flight message `packet_id` was acknowledged (or refused, or dropped): it leaves
+    /// flight, reported to storage. False when it was not in flight.
+    pub(crate) fn take_inflight(&mut self, client_id: &str, packet_id: u16) -> bool {
+        let Some(i) = self.inflight_position(packet_id) else {
+            return false;
+        };
+        self.inflight.remove(i);
+        self.persist_acked(client_id, packet_id);
+        true
+    }
+
+    /// PUBREC for the in-flight message `packet_id`: it now awaits PUBCOMP, reported to
+    /// storage. False when it was not in flight.
+    pub(crate) fn inflight_received(&mut self, client_id: &str, packet_id: u16) -> bool {
+        let Some(i) = self.inflight_position(packet_id) else {
+            return false;
+        };
+        self.inflight[i].state = OutboundState::AwaitingPubComp;
+        self.persist_inflight(client_id, i);
+        true
+    }
+}
+
+/// Restore: the state storage had, set before the session reports changes (not reported).
+impl SessionState {
+    /// The disconnection time and the owner of the stored session.
+    pub(crate) fn restore_header(
+        &mut self,
+        disconnected_at: Instant,
+        username: Option<Arc<str>>,
+        certificate: Option<Arc<str>>,
+    ) {
+        self.disconnected_at = Some(disconnected_at);
+        self.set_owner(username, certificate);
+    }
+
+    /// A queued delivery, at the end of the queue.
+    pub(crate) fn restore_queued(&mut self, q: Delivery) {
+        self.queue.push_back(q);
+    }
+
+    /// An in-flight message, after those restored already.
+    pub(crate) fn restore_inflight(&mut self, f: Inflight) {
+        self.inflight.push_back(f);
+    }
+
+    /// The will waiting for its delay.
+    pub(crate) fn restore_will(&mut self, will: Will) {
+        self.will = Some(Box::new(will));
+    }
+}
+
 /// The mutation points: each reports the change that mirrors it, when the session is stored
 /// (a storage writer, a session expiry interval above 0). Called with the session locked.
 impl SessionState {
@@ -876,7 +1072,7 @@ impl SessionState {
     }
 
     /// The last in-flight message was just sent, taken from the queue.
-    pub(crate) fn persist_sent(&self, client_id: &str) {
+    fn persist_sent(&self, client_id: &str) {
         let Some(c) = self.stored() else { return };
         let Some(f) = self.inflight.back() else {
             return;
@@ -886,7 +1082,7 @@ impl SessionState {
     }
 
     /// The in-flight message at `index` changed state (PUBREC received).
-    pub(crate) fn persist_inflight(&self, client_id: &str, index: usize) {
+    fn persist_inflight(&self, client_id: &str, index: usize) {
         let Some(c) = self.stored() else { return };
         if let Some(f) = self.inflight.get(index) {
             c.inflight_set(client_id, f);
@@ -894,7 +1090,7 @@ impl SessionState {
     }
 
     /// An in-flight message was acknowledged (or refused) and removed.
-    pub(crate) fn persist_acked(&self, client_id: &str, packet_id: u16) {
+    fn persist_acked(&self, client_id: &str, packet_id: u16) {
         if let Some(c) = self.stored() {
             c.inflight_removed(client_id, packet_id);
         }

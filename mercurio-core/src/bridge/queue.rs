@@ -14,7 +14,7 @@ use crate::codec::{
     self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS, SubscriptionOptions,
 };
 use crate::link::Link;
-use crate::session::{Delivery, Granted, Inflight, OutboundState, Session};
+use crate::session::{Delivery, Granted, OutboundState, Session};
 use crate::stats::DropCause;
 
 use super::topics::TopicMap;
@@ -77,7 +77,7 @@ impl Outgoing {
         let stale: Vec<String> = session
             .state
             .lock()
-            .subscriptions
+            .subscriptions()
             .keys()
             .filter(|f| !wanted.iter().any(|(w, _)| w == *f))
             .cloned()
@@ -96,7 +96,7 @@ impl Outgoing {
                 },
                 identifier: None,
             };
-            let same = session.state.lock().subscriptions.get(&filter) == Some(&granted);
+            let same = session.state.lock().subscriptions().get(&filter) == Some(&granted);
             if !same {
                 broker.subscribe(&session, &filter, granted);
             }
@@ -146,14 +146,12 @@ impl Outgoing {
 
     /// Messages this session's queue dropped so far.
     pub(crate) fn dropped(&self) -> u64 {
-        self.session.state.lock().dropped
+        self.session.state.lock().dropped()
     }
 
     /// The remote connection ended: everything in flight is sent again on the next one.
     pub(crate) fn unsent(&self) {
-        for f in self.session.state.lock().inflight.iter_mut() {
-            f.sent = false;
-        }
+        self.session.state.lock().mark_inflight_unsent();
     }
 
     /// Encodes into `buf` what can go to the remote now: in-flight messages not yet sent on
@@ -164,13 +162,12 @@ impl Outgoing {
         let mut st = self.session.state.lock();
         let st = &mut *st;
         let client_id = &self.session.client_id;
-        let mut window = st.inflight.iter().filter(|f| f.sent).count();
+        let mut window = st.inflight_sent();
         let mut gone = Vec::new();
-        for f in st.inflight.iter_mut().filter(|f| !f.sent) {
+        st.resend_unsent(|f| {
             if f.state != OutboundState::AwaitingPubComp && window >= out.window {
-                continue;
+                return false;
             }
-            f.sent = true;
             window += 1;
             if f.state == OutboundState::AwaitingPubComp {
                 let rel = Packet::PubRel(PubAck {
@@ -181,18 +178,18 @@ impl Outgoing {
             } else if !out.encode(&f.delivery, f.delivery.qos, f.packet_id, true, now, buf) {
                 gone.push(f.packet_id);
             }
-        }
+            true
+        });
         for id in gone {
-            if let Some(i) = st.inflight_position(id) {
-                st.inflight.remove(i);
-                st.persist_acked(client_id, id);
-            }
+            st.take_inflight(client_id, id);
         }
         let mut sent0 = 0;
         let mut took = 0;
         while buf.len() < 64 * 1024 {
-            let Some(head) = st.queue.front() else { break };
-            if head.qos > QoS::AtMostOnce && st.inflight.len() >= out.window {
+            let Some(head) = st.queue().front() else {
+                break;
+            };
+            if head.qos > QoS::AtMostOnce && st.inflight().len() >= out.window {
                 break;
             }
             let Some(mut q) = st.pop_queued(client_id) else {
@@ -222,7 +219,7 @@ impl Outgoing {
                 continue;
             }
             let Some(packet_id) = st.allocate_packet_id() else {
-                st.queue.push_front(q);
+                st.requeue_front(q);
                 took -= 1;
                 break;
             };
@@ -231,18 +228,7 @@ impl Outgoing {
                 st.persist_dequeued(client_id, &q);
                 continue;
             }
-            let state = if qos == QoS::AtLeastOnce {
-                OutboundState::AwaitingPubAck
-            } else {
-                OutboundState::AwaitingPubRec
-            };
-            st.inflight.push_back(Inflight {
-                packet_id,
-                state,
-                delivery: q,
-                sent: true,
-            });
-            st.persist_sent(client_id);
+            st.send_inflight(client_id, packet_id, q);
         }
         // Back pressure: publishers routing into the bridge wait while it takes messages.
         if Session::progressed(st, took, now, &out.broker.limits) {
@@ -255,26 +241,14 @@ impl Outgoing {
     /// True when it was in flight.
     pub(crate) fn acknowledged(&self, packet_id: u16) -> bool {
         let mut st = self.session.state.lock();
-        let Some(i) = st.inflight_position(packet_id) else {
-            return false;
-        };
-        st.inflight.remove(i);
-        st.persist_acked(&self.session.client_id, packet_id);
-        true
+        st.take_inflight(&self.session.client_id, packet_id)
     }
 
     /// PUBREC from the remote: the QoS 2 message waits for PUBCOMP; returns whether PUBREL
     /// is to be sent (the identifier is known).
     pub(crate) fn received(&self, packet_id: u16) -> bool {
         let mut st = self.session.state.lock();
-        let Some(i) = st.inflight_position(packet_id) else {
-            return false;
-        };
-        if let Some(f) = st.inflight.get_mut(i) {
-            f.state = OutboundState::AwaitingPubComp;
-        }
-        st.persist_inflight(&self.session.client_id, i);
-        true
+        st.inflight_received(&self.session.client_id, packet_id)
     }
 }
 

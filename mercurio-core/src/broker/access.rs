@@ -128,7 +128,7 @@ impl BrokerState {
     /// Removes from `session`'s queue the messages its client may no longer read.
     fn drop_unreadable_queued(&self, session: &Session) {
         let mut st = session.state.lock();
-        if st.queue.is_empty() {
+        if st.queue().is_empty() {
             return;
         }
         let mut topics = Vec::new();

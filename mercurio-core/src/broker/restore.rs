@@ -171,16 +171,18 @@ fn restore_session(
     let disconnected_ms = record.disconnected_at.unwrap_or(now_ms);
     {
         let mut st = session.state.lock();
-        st.disconnected_at = Some(unix_to_instant(disconnected_ms, now, now_ms));
-        st.username = username;
-        st.certificate = record.certificate.as_deref().map(Arc::from);
+        st.restore_header(
+            unix_to_instant(disconnected_ms, now, now_ms),
+            username,
+            record.certificate.as_deref().map(Arc::from),
+        );
         restore_queue(p, &record, &mut st, now, now_ms)?;
         for f in &record.inflight {
-            st.inflight.push_back(inflight_from(f, now, now_ms)?);
+            st.restore_inflight(inflight_from(f, now, now_ms)?);
         }
         st.restore_inbound_qos2(&record.inbound_qos2);
         if let Some(w) = &record.will {
-            st.will = Some(Box::new(will_from(w, now, now_ms)?));
+            st.restore_will(will_from(w, now, now_ms)?);
         }
     }
     // Before the storage writer is attached: what is restored is not written again.
@@ -193,13 +195,13 @@ fn restore_session(
     let mut will_due = None;
     {
         let mut st = session.state.lock();
-        st.changes = Some(Arc::clone(p) as Arc<dyn SessionChanges>);
+        st.report_changes_to(Arc::clone(p) as Arc<dyn SessionChanges>);
         if crashed {
             p.emit(Change::SessionSaved(header(&client_id, &st)));
         }
         // A will pending when the broker stopped: due after its delay, unless the session
         // ends first (then it goes out with the session's end).
-        if let Some(w) = &st.will {
+        if let Some(w) = st.will() {
             let due = disconnected_ms.saturating_add(u64::from(w.delay) * 1000);
             if expires_at.is_none_or(|e| due < e) {
                 if due <= now_ms {
@@ -245,7 +247,7 @@ fn restore_queue(
             });
             continue;
         }
-        st.queue.push_back(Delivery {
+        st.restore_queued(Delivery {
             retain: msg.retain,
             msg: Arc::new(msg),
             qos,

@@ -49,8 +49,8 @@ impl BrokerState {
             if let Some(old) = existing {
                 let foreign = {
                     let st = old.state.lock();
-                    st.username.as_deref() != owner.username
-                        || st.certificate.as_deref() != owner.certificate
+                    st.username().map(|u| &**u) != owner.username
+                        || st.certificate().map(|c| &**c) != owner.certificate
                 };
                 if foreign {
                     tracing::info!(%client_id, "session of another user or certificate: a new session replaces it");
@@ -65,7 +65,7 @@ impl BrokerState {
                     // alike. A session that ends here publishes it (detach, then end_session).
                     if !clean_start {
                         let mut st = old.state.lock();
-                        if st.expiry_interval > 0 && st.will.take().is_some() {
+                        if st.expiry_interval() > 0 && st.take_will().is_some() {
                             st.persist_will_cleared(&old.client_id);
                         }
                     }
@@ -74,7 +74,7 @@ impl BrokerState {
                     took_over = true;
                     continue;
                 }
-                if clean_start || old.state.lock().ended {
+                if clean_start || old.state.lock().ended() {
                     // Clean Start ends the old session. Its will, if still waiting for its Will
                     // Delay Interval: published now when this connection took over a connected
                     // client (the non-normative comment of section 3.1.4: "it will be sent
@@ -82,7 +82,7 @@ impl BrokerState {
                     // client was away, since a new connection for its client identifier opened
                     // before the delay elapsed [MQTT-3.1.2-8] (mosquitto 07-will-delay-recover).
                     if !took_over {
-                        old.state.lock().will = None;
+                        old.state.lock().discard_will();
                     }
                     self.end_session(&old);
                     continue;

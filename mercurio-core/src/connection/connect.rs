@@ -509,8 +509,7 @@ pub(super) async fn accept(
     // The identity first: the header stored next records the user name.
     {
         let mut st = session.state.lock();
-        st.username = username.clone();
-        st.certificate = certificate;
+        st.set_owner(username.clone(), certificate);
     }
     *session.identity.write() = crate::auth::Identity::Client {
         username,

@@ -625,16 +625,14 @@ impl<'a> Reader<'a> {
     /// duplicate) is ignored.
     fn on_ack(&self, packet_id: u16, expected: OutboundState) -> Result<(), Close> {
         let mut st = self.c.session.state.lock();
-        match st.inflight_position(packet_id) {
-            Some(i) if st.inflight[i].state == expected => {
-                st.inflight.remove(i);
-                st.persist_acked(&self.c.session.client_id, packet_id);
+        match st.inflight_state(packet_id) {
+            Some(state) if state == expected => {
+                st.take_inflight(&self.c.session.client_id, packet_id);
                 drop(st);
                 self.c.link.wake();
                 Ok(())
             }
-            Some(i) => {
-                let state = st.inflight[i].state;
+            Some(state) => {
                 drop(st);
                 let sent = if expected == OutboundState::AwaitingPubAck {
                     "PUBACK"
@@ -655,32 +653,28 @@ impl<'a> Reader<'a> {
 
     fn on_pubrec(&self, a: PubAck) -> Result<(), Close> {
         let mut st = self.c.session.state.lock();
-        if let Some(i) = st.inflight_position(a.packet_id) {
-            if st.inflight[i].state == OutboundState::AwaitingPubAck {
-                drop(st);
-                return Err(self.violation(
-                    ReasonCode::PROTOCOL_ERROR,
-                    &format!(
-                        "PUBREC for packet identifier {}, a QoS 1 message",
-                        a.packet_id
-                    ),
-                ));
-            }
+        if st.inflight_state(a.packet_id) == Some(OutboundState::AwaitingPubAck) {
+            drop(st);
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                &format!(
+                    "PUBREC for packet identifier {}, a QoS 1 message",
+                    a.packet_id
+                ),
+            ));
         }
-        let reason_code = match st.inflight_position(a.packet_id) {
-            Some(i) if a.reason_code.is_failure() => {
-                st.inflight.remove(i);
-                st.persist_acked(&self.c.session.client_id, a.packet_id);
+        let client_id = &self.c.session.client_id;
+        let reason_code = if a.reason_code.is_failure() {
+            if st.take_inflight(client_id, a.packet_id) {
                 drop(st);
                 self.c.link.wake();
                 return Ok(());
             }
-            Some(i) => {
-                st.inflight[i].state = OutboundState::AwaitingPubComp;
-                st.persist_inflight(&self.c.session.client_id, i);
-                ReasonCode::SUCCESS
-            }
-            None => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+            ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+        } else if st.inflight_received(client_id, a.packet_id) {
+            ReasonCode::SUCCESS
+        } else {
+            ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
         };
         drop(st);
         self.send(Packet::PubRel(PubAck {
@@ -830,14 +824,14 @@ impl<'a> Reader<'a> {
     fn on_disconnect(&mut self, d: Disconnect) -> Close {
         if let Some(expiry) = d.properties.session_expiry_interval {
             let mut st = self.c.session.state.lock();
-            if st.expiry_interval == 0 && expiry != 0 {
+            if st.expiry_interval() == 0 && expiry != 0 {
                 drop(st);
                 return self.violation(
                     ReasonCode::PROTOCOL_ERROR,
                     "session expiry set at DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]",
                 );
             }
-            st.expiry_interval = expiry;
+            st.set_expiry_interval(expiry);
         }
         // Only DISCONNECT with 0x04 keeps the will [MQTT-3.14.4-3].
         let publish_will = d.reason_code == ReasonCode::DISCONNECT_WITH_WILL_MESSAGE;

@@ -11,7 +11,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT};
 use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
 use crate::link::DisconnectReason;
-use crate::session::{Delivery, Inflight, OutboundState, Session};
+use crate::session::{Delivery, OutboundState, Session};
 use crate::stats::{DropCause, Stats};
 
 /// A writer writes at most about this many bytes per system call before draining again.
@@ -117,7 +117,7 @@ impl<'a> Writer<'a> {
         // QoS 1 and 2 PUBLISH packets than it allows [MQTT-3.3.4-9] [MQTT-4.9.0-2]; the rest
         // are resent as acknowledgements free the window. (PUBREL uses no send quota, but is
         // counted too: the window never overflows, whatever the mix.)
-        let mut window = st.inflight.iter().filter(|f| f.sent).count();
+        let mut window = st.inflight_sent();
         // In-flight messages now larger than this connection's Maximum Packet Size (a client
         // back with a smaller one): discarded as if sent and acknowledged [MQTT-3.1.2-25].
         let mut too_large = Vec::new();
@@ -125,11 +125,11 @@ impl<'a> Writer<'a> {
         // changed while the broker was down): a resend is a delivery, checked like one
         // (`may_read`), and dropped as if acknowledged when refused.
         let mut refused = Vec::new();
-        for f in st.inflight.iter_mut().filter(|f| !f.sent) {
+        st.resend_unsent(|f| {
             if f.state != OutboundState::AwaitingPubComp
                 && window >= usize::from(self.c.limits.inflight)
             {
-                continue;
+                return false;
             }
             if f.state != OutboundState::AwaitingPubComp
                 && !self
@@ -138,9 +138,8 @@ impl<'a> Writer<'a> {
                     .may_read(&self.c.session, &f.delivery.msg.topic)
             {
                 refused.push(f.packet_id);
-                continue;
+                return false;
             }
-            f.sent = true;
             window += 1;
             match f.state {
                 OutboundState::AwaitingPubComp => {
@@ -165,22 +164,22 @@ impl<'a> Writer<'a> {
                     )
                     .is_err()
                     {
+                        // Marked sent, and dropped below.
                         too_large.push(f.packet_id);
                         window -= 1;
-                        continue;
+                        return true;
                     }
                     sent += 1;
                 }
             }
-        }
+            true
+        });
         let dropped = too_large
             .into_iter()
             .map(|id| (id, DropCause::TooLarge))
             .chain(refused.into_iter().map(|id| (id, DropCause::NotAuthorized)));
         for (packet_id, cause) in dropped {
-            if let Some(i) = st.inflight_position(packet_id) {
-                st.inflight.remove(i);
-                st.persist_acked(&self.c.session.client_id, packet_id);
+            if st.take_inflight(&self.c.session.client_id, packet_id) {
                 stats.dropped(cause);
             }
         }
@@ -188,12 +187,14 @@ impl<'a> Writer<'a> {
         let mut took = 0;
         loop {
             if buf.len() >= WRITE_CHUNK {
-                more = !st.queue.is_empty();
+                more = !st.queue().is_empty();
                 break;
             }
-            let Some(head) = st.queue.front() else { break };
+            let Some(head) = st.queue().front() else {
+                break;
+            };
             if head.qos > QoS::AtMostOnce
-                && st.inflight.len() >= usize::from(self.c.limits.inflight)
+                && st.inflight().len() >= usize::from(self.c.limits.inflight)
             {
                 break;
             }
@@ -220,7 +221,7 @@ impl<'a> Writer<'a> {
                 match st.allocate_packet_id() {
                     Some(id) => id,
                     None => {
-                        st.queue.push_front(q);
+                        st.requeue_front(q);
                         took -= 1;
                         break;
                     }
@@ -268,18 +269,7 @@ impl<'a> Writer<'a> {
             }
             sent += 1;
             if q.qos > QoS::AtMostOnce {
-                let state = if q.qos == QoS::AtLeastOnce {
-                    OutboundState::AwaitingPubAck
-                } else {
-                    OutboundState::AwaitingPubRec
-                };
-                st.inflight.push_back(Inflight {
-                    packet_id,
-                    state,
-                    delivery: q,
-                    sent: true,
-                });
-                st.persist_sent(&self.c.session.client_id);
+                st.send_inflight(&self.c.session.client_id, packet_id, q);
             }
         }
         if sent > 0 {

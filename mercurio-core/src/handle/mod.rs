@@ -343,11 +343,11 @@ impl SessionInfo {
     fn of(session: &Session, st: &SessionState) -> SessionInfo {
         SessionInfo {
             client_id: session.client_id.to_string(),
-            connected: st.link.is_some(),
-            protocol_level: st.protocol.level(),
-            subscriptions: st.subscriptions.len(),
-            queued: st.queue.len(),
-            inflight: st.inflight.len(),
+            connected: st.is_connected(),
+            protocol_level: st.protocol().level(),
+            subscriptions: st.subscriptions().len(),
+            queued: st.queue().len(),
+            inflight: st.inflight().len(),
         }
     }
 }
@@ -614,10 +614,10 @@ impl BrokerHandle {
         if let Some(session) = session {
             {
                 let st = session.state.lock();
-                if st.link.is_some() {
+                if st.is_connected() {
                     return Ok(Some(false));
                 }
-                existed = !st.ended;
+                existed = !st.ended();
             }
             self.inner.end_session(&session);
             // A connection that took the session over between the check and its end holds
@@ -685,11 +685,11 @@ impl BrokerHandle {
         }
         let session = self.inner.sessions.lock().get(client_id).cloned()?;
         let st = session.state.lock();
-        if st.ended {
+        if st.ended() {
             return None;
         }
         let mut subscriptions: Vec<(String, QoS)> = st
-            .subscriptions
+            .subscriptions()
             .iter()
             .map(|(filter, granted)| (filter.clone(), granted.options.qos))
             .collect();
@@ -697,10 +697,10 @@ impl BrokerHandle {
         Some(SessionDetail {
             info: SessionInfo::of(&session, &st),
             subscriptions,
-            expiry_interval: st.expiry_interval,
-            queued_bytes: st.queue.bytes(),
-            will: st.will.is_some(),
-            disconnected_for: st.disconnected_at.map(|at| at.elapsed()),
+            expiry_interval: st.expiry_interval(),
+            queued_bytes: st.queue().bytes(),
+            will: st.will().is_some(),
+            disconnected_for: st.disconnected_at().map(|at| at.elapsed()),
         })
     }
 }

@@ -346,11 +346,9 @@ impl Persister {
     pub(crate) fn connected(self: &Arc<Self>, session: &Session, resumed: bool) {
         let p = self;
         let mut st = session.state.lock();
-        if st.changes.is_none() {
-            st.changes = Some(Arc::clone(p) as Arc<dyn SessionChanges>);
-        }
+        st.report_changes_to(Arc::clone(p) as Arc<dyn SessionChanges>);
         let client_id = session.client_id();
-        if st.expiry_interval == 0 {
+        if st.expiry_interval() == 0 {
             if resumed {
                 p.emit(Change::SessionDeleted {
                     client_id: client_id.to_string(),
@@ -360,7 +358,7 @@ impl Persister {
         }
         if resumed {
             p.emit(Change::SessionSaved(header(client_id, &st)));
-            p.emit(match &st.will {
+            p.emit(match st.will() {
                 Some(w) => Change::WillSet {
                     client_id: client_id.to_string(),
                     will: will_record(w),
@@ -508,7 +506,7 @@ impl SessionChanges for Persister {
 
     fn detached(&self, client_id: &str, st: &SessionState) {
         self.emit(Change::SessionSaved(header(client_id, st)));
-        if st.will.is_none() {
+        if st.will().is_none() {
             self.will_cleared(client_id);
         }
     }

@@ -140,13 +140,13 @@ pub(crate) fn will_record(will: &Will) -> WillRecord {
 pub(crate) fn header(client_id: &str, st: &SessionState) -> SessionHeader {
     SessionHeader {
         client_id: client_id.to_string(),
-        protocol_level: st.protocol.level(),
-        session_expiry_interval: st.expiry_interval,
+        protocol_level: st.protocol().level(),
+        session_expiry_interval: st.expiry_interval(),
         disconnected_at: st
-            .disconnected_at
+            .disconnected_at()
             .map(|at| instant_to_unix(at, Instant::now(), unix_ms())),
-        username: st.username.as_deref().map(str::to_string),
-        certificate: st.certificate.as_deref().map(str::to_string),
+        username: st.username().map(|u| u.to_string()),
+        certificate: st.certificate().map(|c| c.to_string()),
     }
 }
 
@@ -154,15 +154,15 @@ pub(crate) fn header(client_id: &str, st: &SessionState) -> SessionHeader {
 pub(crate) fn session_record(client_id: &str, st: &SessionState) -> SessionRecord {
     let mut record = SessionRecord::new(header(client_id, st));
     let mut subs: Vec<_> = st
-        .subscriptions
+        .subscriptions()
         .iter()
         .map(|(f, g)| subscription_record(f, g))
         .collect();
     subs.sort_by(|a, b| a.filter.cmp(&b.filter));
     record.subscriptions = subs;
-    record.will = st.will.as_deref().map(will_record);
+    record.will = st.will().map(will_record);
     record.queued = st
-        .queue
+        .queue()
         .iter()
         .filter(|q| q.qos > QoS::AtMostOnce)
         .map(|q| QueuedRecord {
@@ -170,7 +170,7 @@ pub(crate) fn session_record(client_id: &str, st: &SessionState) -> SessionRecor
             message: queued_record(q),
         })
         .collect();
-    record.inflight = st.inflight.iter().map(inflight_record).collect();
+    record.inflight = st.inflight().iter().map(inflight_record).collect();
     record.inbound_qos2 = st.inbound_qos2_ids();
     record
 }

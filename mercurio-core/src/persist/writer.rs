@@ -333,7 +333,7 @@ impl BatchWriter {
             let change = session
                 .and_then(|s| {
                     let st = s.state.lock();
-                    (!st.ended && st.expiry_interval > 0)
+                    (!st.ended() && st.expiry_interval() > 0)
                         .then(|| Change::SessionWritten(session_record(&client_id, &st)))
                 })
                 .unwrap_or(Change::SessionDeleted { client_id });
