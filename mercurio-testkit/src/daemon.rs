@@ -294,6 +294,17 @@ impl Daemon {
         self.proc.wait_for(what, pred)
     }
 
+    /// The first log line that satisfies `pred`, whether already read (by
+    /// [`Daemon::wait_ready`], say, which reads what follows the "listening on" line) or still
+    /// to come; panics after [`DEADLINE`] naming `what`. For an event that may be logged right
+    /// at start, where [`Daemon::wait_line`] (which waits for a new line) could miss it.
+    pub fn wait_logged(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        match self.proc.seen.iter().find(|l| pred(l)) {
+            Some(line) => line.clone(),
+            None => self.proc.wait_for(what, pred),
+        }
+    }
+
     /// [`Daemon::wait_line`] with a deadline of its own.
     pub fn wait_line_within(
         &mut self,

@@ -76,7 +76,7 @@ fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
         db.display()
     );
     let mut daemon = Daemon::start(&config);
-    daemon.wait_line("the bridge's connection", |l| {
+    daemon.wait_logged("the bridge's connection", |l| {
         l.contains("bridge connected")
     });
 
@@ -96,7 +96,7 @@ fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
     daemon.stop(libc::SIGKILL);
     remote.signal(libc::SIGCONT);
     let mut daemon = Daemon::start(&config);
-    daemon.wait_line("the bridge's connection", |l| {
+    daemon.wait_logged("the bridge's connection", |l| {
         l.contains("bridge connected")
     });
 
