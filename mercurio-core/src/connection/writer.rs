@@ -126,19 +126,18 @@ impl<'a> Writer<'a> {
         // (`may_read`), and dropped as if acknowledged when refused.
         let mut refused = Vec::new();
         st.resend_unsent(|f| {
-            if f.state != OutboundState::AwaitingPubComp
-                && window >= usize::from(self.c.limits.inflight)
-            {
-                return false;
-            }
-            if f.state != OutboundState::AwaitingPubComp
-                && !self
+            if f.state != OutboundState::AwaitingPubComp {
+                if window >= usize::from(self.c.limits.inflight) {
+                    return false;
+                }
+                if !self
                     .c
                     .broker
                     .may_read(&self.c.session, &f.delivery.msg.topic)
-            {
-                refused.push(f.packet_id);
-                return false;
+                {
+                    refused.push(f.packet_id);
+                    return false;
+                }
             }
             window += 1;
             match f.state {
