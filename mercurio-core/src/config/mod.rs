@@ -90,8 +90,9 @@ pub struct ServerConfig {
     pub max_queued_bytes: u64,
     /// Back pressure: a session with this many queued messages is over its high-water mark,
     /// and publishers routing into it wait (stop reading) until it is back under half of it,
-    /// unless it is stalled. Capped at half of `max_queued_messages` and of
-    /// `max_queued_qos0_messages`. At least 1; default 100.
+    /// unless it is stalled. QoS 0 messages count a quarter each (fewer when
+    /// `max_queued_qos0_messages` is below 8 times the mark). Capped at half of
+    /// `max_queued_messages` and of `max_queued_qos0_messages`. At least 1; default 100.
     pub queue_high_water: usize,
     /// Back pressure by size: the high-water mark in queued bytes (counted as for
     /// `max_queued_bytes`, and capped at half of it). At least 1; default 1 MiB.

@@ -335,7 +335,7 @@ impl Session {
             st.woken_unfilled = true;
         }
         let over = st.link.is_some()
-            && (len + 1 >= limits.high_water_messages
+            && (st.queue.pressure(limits.qos0_share) >= limits.high_water_messages
                 || st.queue.bytes() >= limits.high_water_bytes);
         let link = if was_empty { st.link.clone() } else { None };
         drop(st);

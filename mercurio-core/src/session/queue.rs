@@ -4,6 +4,14 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::Delivery;
+use crate::codec::QoS;
+
+/// QoS 0 deliveries that count as one message towards the high-water mark. They wait for no
+/// acknowledgement, so the writer takes all of them at each wake-up: a deeper QoS 0 queue
+/// makes fewer, larger writes (a fan-out to 10 subscribers delivered about half as much
+/// again at 4 as at 1; docs/BENCHMARKS.md, "Fewer, larger writes"), while QoS 1/2
+/// deliveries, paced by the client's window, gain nothing from waiting in a longer queue.
+const QOS0_SHARE: usize = 4;
 
 /// Limits applied when enqueueing (`max_queued_messages`, `max_queued_qos0_messages`,
 /// `max_queued_bytes`), and the marks of back pressure (ARCHITECTURE.md, "Flow control").
@@ -13,8 +21,12 @@ pub(crate) struct QueueLimits {
     pub max_qos0_messages: usize,
     /// 0 = unlimited.
     pub max_bytes: u64,
-    /// From this many queued messages on, publishers routing into the session wait.
+    /// From this many queued messages on ([`Queue::pressure`]), publishers routing into the
+    /// session wait.
     pub high_water_messages: usize,
+    /// How many QoS 0 deliveries count as one message towards `high_water_messages`: 4, or
+    /// fewer when `max_queued_qos0_messages` is small (the QoS 0 mark stays at half of it).
+    pub qos0_share: usize,
     /// From this many queued bytes on, publishers routing into the session wait.
     pub high_water_bytes: u64,
     /// A client with queued messages that takes none for this long is stalled.
@@ -29,15 +41,18 @@ impl QueueLimits {
             0 => u64::MAX,
             b => b / 2,
         };
+        let high_water_messages = server
+            .queue_high_water
+            .min(server.max_queued_messages / 2)
+            .min(server.max_queued_qos0_messages / 2)
+            .max(1);
         QueueLimits {
             max_messages: server.max_queued_messages,
             max_qos0_messages: server.max_queued_qos0_messages,
             max_bytes: server.max_queued_bytes,
-            high_water_messages: server
-                .queue_high_water
-                .min(server.max_queued_messages / 2)
-                .min(server.max_queued_qos0_messages / 2)
-                .max(1),
+            high_water_messages,
+            qos0_share: (server.max_queued_qos0_messages / 2 / high_water_messages)
+                .clamp(1, QOS0_SHARE),
             high_water_bytes: server.queue_high_water_bytes.min(half_bytes).max(1),
             stall_time: Duration::from_secs(server.stall_time.max(1)),
         }
@@ -51,6 +66,8 @@ impl QueueLimits {
 pub(crate) struct Queue {
     items: VecDeque<(Delivery, u64)>,
     bytes: u64,
+    /// How many of `items` are QoS 0.
+    qos0: usize,
 }
 
 impl Queue {
@@ -61,6 +78,12 @@ impl Queue {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// The queue's length as the high-water mark counts it: QoS 1/2 deliveries one each, QoS 0
+    /// ones `qos0_share` to a message (rounded up).
+    pub(crate) fn pressure(&self, qos0_share: usize) -> usize {
+        self.items.len() - self.qos0 + self.qos0.div_ceil(qos0_share.max(1))
     }
 
     /// Bytes of the queued deliveries ([`Delivery::cost`]).
@@ -85,21 +108,21 @@ impl Queue {
 
     /// Adds a delivery at the end, its [`Delivery::cost`] already computed.
     pub(super) fn push_back_costing(&mut self, q: Delivery, cost: u64) {
-        self.bytes += cost;
+        self.added(&q, cost);
         self.items.push_back((q, cost));
     }
 
     /// Puts back at the head a delivery just taken by [`Queue::pop_front`].
     pub(crate) fn push_front(&mut self, q: Delivery) {
         let cost = q.cost();
-        self.bytes += cost;
+        self.added(&q, cost);
         self.items.push_front((q, cost));
     }
 
     /// Takes the next delivery.
     pub(crate) fn pop_front(&mut self) -> Option<Delivery> {
         let (q, cost) = self.items.pop_front()?;
-        self.bytes = self.bytes.saturating_sub(cost);
+        self.removed(&q, cost);
         Some(q)
     }
 
@@ -110,10 +133,89 @@ impl Queue {
             if keep(&q) {
                 self.items.push_back((q, cost));
             } else {
-                self.bytes = self.bytes.saturating_sub(cost);
+                self.removed(&q, cost);
                 removed.push(q);
             }
         }
         removed
+    }
+
+    fn added(&mut self, q: &Delivery, cost: u64) {
+        self.bytes += cost;
+        self.qos0 += usize::from(q.qos == QoS::AtMostOnce);
+    }
+
+    fn removed(&mut self, q: &Delivery, cost: u64) {
+        self.bytes = self.bytes.saturating_sub(cost);
+        self.qos0 -= usize::from(q.qos == QoS::AtMostOnce);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, OnceLock};
+
+    use super::*;
+    use crate::config::ServerConfig;
+    use crate::message::Message;
+
+    fn delivery(qos: QoS) -> Delivery {
+        let msg = Message {
+            topic: "t".into(),
+            payload: bytes::Bytes::from_static(b"x"),
+            qos,
+            retain: false,
+            properties: Default::default(),
+            expires_at: None,
+            publisher: None,
+            encoded: OnceLock::new(),
+        };
+        Delivery {
+            msg: Arc::new(msg),
+            qos,
+            retain: false,
+            subscription_ids: Vec::new(),
+            seq: 0,
+            share: None,
+        }
+    }
+
+    #[test]
+    fn qos0_deliveries_weigh_a_share_of_a_message_on_the_high_water_mark() {
+        let mut q = Queue::default();
+        for _ in 0..5 {
+            q.push_back(delivery(QoS::AtMostOnce));
+        }
+        q.push_back(delivery(QoS::AtLeastOnce));
+        q.push_front(delivery(QoS::ExactlyOnce));
+        // 2 QoS 1/2, and 5 QoS 0 counted 4 to a message, rounded up.
+        assert_eq!(q.pressure(4), 4);
+        assert_eq!(q.pressure(1), 7);
+        let removed = q.retain(|d| d.qos != QoS::AtLeastOnce);
+        assert_eq!(removed.len(), 1);
+        while q.front().is_some_and(|d| d.qos != QoS::AtMostOnce) {
+            q.pop_front();
+        }
+        assert_eq!(q.pressure(4), 2);
+        while q.pop_front().is_some() {}
+        assert_eq!((q.pressure(4), q.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn the_qos0_mark_stays_at_half_of_max_queued_qos0_messages() {
+        let limits = |high_water, qos0| {
+            let server = ServerConfig {
+                queue_high_water: high_water,
+                max_queued_qos0_messages: qos0,
+                ..ServerConfig::default()
+            };
+            let l = QueueLimits::new(&server);
+            (l.high_water_messages, l.qos0_share)
+        };
+        // Defaults: a mark of 100, QoS 0 counted 4 to a message (400 <= 1,000 / 2).
+        assert_eq!(limits(100, 1_000), (100, 4));
+        assert_eq!(limits(100, 600), (100, 3));
+        assert_eq!(limits(100, 50), (25, 1));
+        assert_eq!(limits(100, usize::MAX), (100, 4));
     }
 }

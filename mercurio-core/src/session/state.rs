@@ -46,9 +46,10 @@ impl SessionState {
         }
     }
 
-    /// Back under the low-water mark: half the high-water mark, in messages and in bytes.
+    /// Back under the low-water mark: half the high-water mark, in messages (as
+    /// [`Queue::pressure`](super::queue::Queue::pressure) counts them) and in bytes.
     pub(super) fn under_low_water(&self, limits: &QueueLimits) -> bool {
-        self.queue.len() <= limits.high_water_messages / 2
+        self.queue.pressure(limits.qos0_share) <= limits.high_water_messages / 2
             && self.queue.bytes() <= limits.high_water_bytes / 2
     }
 
