@@ -68,11 +68,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => p.parse().map_err(|e| format!("port {p:?}: {e}"))?,
         None => 1883,
     };
-    let mut config = Config::default();
-    config.listeners = vec![ListenerConfig {
-        port,
-        ..ListenerConfig::default()
-    }];
+    let mut config = Config {
+        listeners: vec![ListenerConfig {
+            port,
+            ..ListenerConfig::default()
+        }],
+        ..Config::default()
+    };
     config.auth.allow_anonymous = Some(false);
     let tokens = [("acme", "acme-token"), ("globex", "globex-token")]
         .into_iter()

@@ -37,11 +37,13 @@ async fn run() -> Result<(), String> {
             .map_err(|_| format!("{p:?} is not a port (a number from 0 to 65535)."))?,
         None => 1883,
     };
-    let mut config = Config::default();
-    config.listeners = vec![ListenerConfig {
-        port,
-        ..ListenerConfig::default()
-    }];
+    let config = Config {
+        listeners: vec![ListenerConfig {
+            port,
+            ..ListenerConfig::default()
+        }],
+        ..Config::default()
+    };
     let broker = Broker::builder(config).start().await.map_err(|e| {
         format!(
             "cannot start the broker: {e}. Is another broker on port {port}? Pass another port: \

@@ -117,12 +117,14 @@ async fn run() -> Result<(), String> {
     let port: u16 = arg
         .parse()
         .map_err(|_| format!("{arg:?} is not a port number (0 to 65535)"))?;
-    let mut config = Config::default();
-    config.listeners = vec![ListenerConfig {
-        host: "127.0.0.1".into(),
-        port,
-        ..ListenerConfig::default()
-    }];
+    let mut config = Config {
+        listeners: vec![ListenerConfig {
+            host: "127.0.0.1".into(),
+            port,
+            ..ListenerConfig::default()
+        }],
+        ..Config::default()
+    };
     config.auth.allow_anonymous = Some(true);
     let broker = match Broker::builder(config)
         .interceptor(BlockAndMark)

@@ -219,35 +219,6 @@ impl Change {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::records::MessageRecord;
-
-    #[test]
-    fn client_id_accessor() {
-        let change = Change::MessageDequeued {
-            client_id: "a".into(),
-            seq: 1,
-        };
-        assert_eq!(change.client_id(), Some("a"));
-        assert_eq!(change.kind(), "message_dequeued");
-        assert!(!change.creates_session());
-        let retained = Change::RetainedSet(RetainedRecord::new(MessageRecord::new("t", "p", 0)));
-        assert_eq!(retained.client_id(), None);
-        let deleted = Change::RetainedDeleted { topic: "t".into() };
-        assert_eq!(deleted.client_id(), None);
-        assert_eq!(retained.size(), 2);
-        assert_eq!(deleted.size(), 1);
-        let queued = Change::MessageQueued {
-            client_id: "ab".into(),
-            seq: 1,
-            message: MessageRecord::new("topic", vec![0u8; 100], 1),
-        };
-        assert_eq!(queued.size(), 2 + 5 + 100);
-    }
-}
-
 /// The checks a database's constraints would make on the values of one change.
 pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
     match change {
@@ -358,4 +329,33 @@ pub(crate) fn refused(index: usize, change: &Change, reason: &str) -> crate::Sto
         "change {index} ({}) for {target} refused: {reason}",
         change.kind()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::MessageRecord;
+
+    #[test]
+    fn client_id_accessor() {
+        let change = Change::MessageDequeued {
+            client_id: "a".into(),
+            seq: 1,
+        };
+        assert_eq!(change.client_id(), Some("a"));
+        assert_eq!(change.kind(), "message_dequeued");
+        assert!(!change.creates_session());
+        let retained = Change::RetainedSet(RetainedRecord::new(MessageRecord::new("t", "p", 0)));
+        assert_eq!(retained.client_id(), None);
+        let deleted = Change::RetainedDeleted { topic: "t".into() };
+        assert_eq!(deleted.client_id(), None);
+        assert_eq!(retained.size(), 2);
+        assert_eq!(deleted.size(), 1);
+        let queued = Change::MessageQueued {
+            client_id: "ab".into(),
+            seq: 1,
+            message: MessageRecord::new("topic", vec![0u8; 100], 1),
+        };
+        assert_eq!(queued.size(), 2 + 5 + 100);
+    }
 }

@@ -239,7 +239,7 @@ impl PostgresStorage {
     ) -> Result<tokio::sync::MutexGuard<'_, Option<WriteConnection>>, StorageError> {
         self.check_open()?;
         let mut guard = self.writer.lock().await;
-        if guard.as_ref().map_or(true, |w| w.client.is_closed()) {
+        if guard.as_ref().is_none_or(|w| w.client.is_closed()) {
             *guard = None;
             let opened = open_writer(&self.config).await?;
             self.leadership.set_writer_pid(opened.pid).await;

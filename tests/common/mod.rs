@@ -21,12 +21,13 @@ pub const DEADLINE: Duration = Duration::from_secs(5);
 
 /// A configuration with one listener on 127.0.0.1, port 0, anonymous clients allowed.
 pub fn test_config() -> Config {
-    let mut config = Config::default();
-    config.listeners = vec![ListenerConfig {
-        port: 0,
-        ..ListenerConfig::default()
-    }];
-    config
+    Config {
+        listeners: vec![ListenerConfig {
+            port: 0,
+            ..ListenerConfig::default()
+        }],
+        ..Config::default()
+    }
 }
 
 /// Starts a broker with `config`; returns its handle and the address of its first listener.

@@ -283,7 +283,7 @@ impl Task {
                     }
                     *self.status.last_error.lock() = Some(line);
                     index += 1;
-                    let delay = if index % self.cfg.addresses.len() == 0 {
+                    let delay = if index.is_multiple_of(self.cfg.addresses.len()) {
                         backoff.next_delay()
                     } else {
                         Duration::ZERO

@@ -186,7 +186,7 @@ impl<'a> Reader<'a> {
                     // woken task in this worker's unstealable LIFO slot), or their
                     // queues fill up and drop while the consumers are idle.
                     handled += 1;
-                    if handled % READER_BATCH == 0 {
+                    if handled.is_multiple_of(READER_BATCH) {
                         tokio::task::yield_now().await;
                     }
                 }

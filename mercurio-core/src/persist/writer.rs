@@ -25,6 +25,8 @@ pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(super) type Callback = Box<dyn FnOnce(bool) + Send>;
 
 /// What the broker sends the writer.
+// Mostly `Change`s: boxing the large variant would cost an allocation per change.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Op {
     /// A change and who owes its bytes until it is stored.
     Change(Change, Charge),
@@ -62,7 +64,7 @@ pub(super) struct BatchWriter {
 
 /// What to do after the changes of a batch are committed.
 enum After {
-    AfterCommit(Callback),
+    Run(Callback),
     Flush(oneshot::Sender<()>),
     Delete(String, oneshot::Sender<Result<bool, StorageError>>),
     Close(oneshot::Sender<()>),
@@ -117,7 +119,7 @@ impl BatchWriter {
                         changes.charges.push(charge);
                     }
                 }
-                Op::AfterCommit(f) => after.push(After::AfterCommit(f)),
+                Op::AfterCommit(f) => after.push(After::Run(f)),
                 Op::Flush(tx) => {
                     after.push(After::Flush(tx));
                     closed |= self.finish(&mut changes, &mut after).await;
@@ -142,7 +144,7 @@ impl BatchWriter {
             return false;
         }
         let durable =
-            self.persister.durable_ack && after.iter().any(|a| matches!(a, After::AfterCommit(_)));
+            self.persister.durable_ack && after.iter().any(|a| matches!(a, After::Run(_)));
         let Batch {
             changes: batch,
             charges,
@@ -166,7 +168,7 @@ impl BatchWriter {
         for a in after.drain(..) {
             match a {
                 // Never an acknowledgement for what storage does not hold.
-                After::AfterCommit(f) => f(!self.fenced && !self.lost),
+                After::Run(f) => f(!self.fenced && !self.lost),
                 After::Flush(tx) => {
                     if let Err(e) = self.persister.storage.flush().await {
                         tracing::error!("storage flush failed: {e}");

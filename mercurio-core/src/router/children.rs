@@ -9,17 +9,12 @@ use ahash::RandomState;
 type Map<K, V> = HashMap<K, V, RandomState>;
 
 /// The children of one node.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) enum Children<N> {
+    #[default]
     None,
     One(Box<(Box<str>, N)>),
     Many(Box<Map<Box<str>, N>>),
-}
-
-impl<N> Default for Children<N> {
-    fn default() -> Self {
-        Children::None
-    }
 }
 
 impl<N: Default> Children<N> {

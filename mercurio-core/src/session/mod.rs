@@ -54,6 +54,7 @@ impl Delivery {
 
 /// Where an outbound QoS 1/2 message stands (MQTT 5.0 section 4.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)] // the states as MQTT names them: what each awaits
 pub(crate) enum OutboundState {
     /// QoS 1 PUBLISH sent, PUBACK awaited.
     AwaitingPubAck,

@@ -312,7 +312,7 @@ trait ClosedExt {
 
 impl ClosedExt for Option<&Client> {
     fn is_none_or_closed(&self) -> bool {
-        self.map_or(true, |c| c.is_closed())
+        self.is_none_or(|c| c.is_closed())
     }
 }
 

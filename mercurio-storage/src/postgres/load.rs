@@ -55,10 +55,10 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         client.query(&retained_sql, &[]),
     )?;
     let mut children = rows::Sessions {
-        subscriptions: per_client(&subs, |row| rows::subscription(row)),
-        queued: per_client(&queued, |row| rows::queued(row)),
-        inflight: per_client(&inflight, |row| rows::inflight(row)),
-        inbound: per_client(&inbound, |row| rows::inbound(row)),
+        subscriptions: per_client(&subs, rows::subscription),
+        queued: per_client(&queued, rows::queued),
+        inflight: per_client(&inflight, rows::inflight),
+        inbound: per_client(&inbound, rows::inbound),
     };
     let mut state = LoadedState::default();
     for row in &sessions {

@@ -77,8 +77,10 @@ fn wait_count(url: &str, sql: &str, want: i64) {
 }
 
 fn persistent(client_id: &str) -> Connect {
-    let mut properties = Properties::default();
-    properties.session_expiry_interval = Some(300);
+    let properties = Properties {
+        session_expiry_interval: Some(300),
+        ..Properties::default()
+    };
     Connect {
         protocol: ProtocolVersion::V5,
         clean_start: false,

@@ -376,7 +376,8 @@ async fn run(a: Args, target: Target) -> Report {
 async fn traffic_run(a: &Args, cfg: &RunConfig, report: &mut Report) {
     let t = &cfg.token;
     // (publisher topics, subscribers: (filters, publishers they hear))
-    let (topics, subs): (Vec<String>, Vec<(Vec<String>, Vec<u32>)>) = match a.scenario {
+    type Subscribers = Vec<(Vec<String>, Vec<u32>)>;
+    let (topics, subs): (Vec<String>, Subscribers) = match a.scenario {
         Scenario::FanIn => (
             (0..a.publishers)
                 .map(|i| format!("bench/{t}/in/{i}"))
