@@ -1,5 +1,5 @@
 //! The core's pure logic (codec, topic rules, router) tested through its public API: one
-//! test binary, one module per concern. `tests/topic_memory.rs` stays apart: it installs its
+//! test binary, one module per concern. `tests/router_memory.rs` stays apart: it installs its
 //! own counting allocator.
 
 mod codec_corpus;
