@@ -4,6 +4,7 @@
 //! - [`Daemon`]: mercuriod as a process, started from a configuration, ready when it logs its
 //!   listening address, with its ports, its admin socket, its log (printed when the test fails)
 //!   and its stop.
+//! - [`Mosquitto`]: mosquitto on a free port with a configuration of its own.
 //! - [`Proc`]: any other program (mosquitto, mosquitto_sub, python3 with paho), its output read
 //!   line by line with deadlines.
 //! - [`Client`]: a blocking MQTT client on the broker's codec; [`Mqtt`]: a few packets written
@@ -17,6 +18,7 @@
 
 mod client;
 mod daemon;
+mod mosquitto;
 mod mqtt;
 mod process;
 
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 
 pub use client::Client;
 pub use daemon::{admin, config_text, mercuriod_bin, parse_listening, Daemon, Launch};
+pub use mosquitto::Mosquitto;
 pub use mqtt::{publish_packet, Mqtt};
 pub use process::Proc;
 

@@ -5,77 +5,12 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 use mercurio_core::codec::{Packet, ProtocolVersion, Publish, QoS};
 use mercurio_core::config::{BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic, Config};
-use mercurio_testkit::{mosquitto_bin, prerequisite};
-use tokio::net::TcpStream;
-
-/// A mosquitto broker on a free port of 127.0.0.1, killed when dropped.
-struct Mosquitto {
-    child: tokio::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Mosquitto {
-    fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
-/// Starts mosquitto with `extra` configuration lines on `port` (0: a free one). `None`
-/// (after saying why) when mosquitto is not installed; a failure under `CI=true`.
-async fn mosquitto(port: u16, extra: &str) -> Option<Mosquitto> {
-    let Some(bin) = mosquitto_bin() else {
-        prerequisite("mosquitto", Err("mosquitto is not installed".into()));
-        return None;
-    };
-    let port = if port == 0 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        l.local_addr().expect("its address").port()
-    } else {
-        port
-    };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let conf = dir.path().join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!("listener {port} 127.0.0.1\nallow_anonymous true\n{extra}\n"),
-    )
-    .expect("write mosquitto.conf");
-    let child = tokio::process::Command::new(bin)
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn mosquitto");
-    let m = Mosquitto {
-        child,
-        port,
-        _dir: dir,
-    };
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while TcpStream::connect(m.addr()).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "mosquitto did not listen on {port}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Some(m)
-}
+use mercurio_testkit::Mosquitto;
 
 fn topic(
     pattern: &str,
@@ -143,7 +78,11 @@ async fn expect_state(c: &mut Client, want: &str) {
 
 #[tokio::test]
 async fn bridge_to_mosquitto_forwards_out_and_in_with_prefixes_and_reports_its_state() {
-    let Some(remote) = mosquitto(0, "").await else {
+    let Some(remote) = Mosquitto::start(
+        "bridge_to_mosquitto_forwards_out_and_in_with_prefixes_and_reports_its_state",
+        0,
+        "",
+    ) else {
         return;
     };
     let mut b = bridge(
@@ -228,7 +167,11 @@ async fn messages_queued_while_the_remote_is_down_reach_it_when_it_comes_back() 
             .await;
     }
     wait_until("50 queued", || handle.bridges()[0].queued == 50).await;
-    let Some(remote) = mosquitto(port, "").await else {
+    let Some(remote) = Mosquitto::start(
+        "messages_queued_while_the_remote_is_down_reach_it_when_it_comes_back",
+        port,
+        "",
+    ) else {
         return;
     };
     let mut far = Client::connect(remote.addr(), ProtocolVersion::V311, "far").await;
@@ -355,15 +298,14 @@ async fn a_mesh_of_three_mercurios_delivers_each_message_once_on_each() {
 async fn mosquitto_bridges_into_mercurio_both_ways_without_echo() {
     let (handle, addr) = start().await;
     // mosquitto's defaults: try_private, notifications on $SYS/broker/connection/<id>/state.
-    let Some(site) = mosquitto(
+    let Some(site) = Mosquitto::start(
+        "mosquitto_bridges_into_mercurio_both_ways_without_echo",
         0,
         &format!(
             "connection to-mercurio\naddress {addr}\nremote_clientid site-m\n\
              topic a/# both 1\nrestart_timeout 1\n"
         ),
-    )
-    .await
-    else {
+    ) else {
         return;
     };
     let mut state = Client::connect(addr, ProtocolVersion::V5, "state").await;
@@ -510,7 +452,11 @@ async fn retained_messages_and_deletes_made_while_down_are_in_step_after_the_rec
     p.publish("r/2", b"two", QoS::AtLeastOnce, true).await;
     p.publish("r/1", b"", QoS::AtLeastOnce, true).await;
     p.publish("r/3", b"three", QoS::AtMostOnce, true).await;
-    let Some(remote) = mosquitto(port, "").await else {
+    let Some(remote) = Mosquitto::start(
+        "retained_messages_and_deletes_made_while_down_are_in_step_after_the_reconnect",
+        port,
+        "",
+    ) else {
         return;
     };
     wait_until("the bridge connected and drained", || {

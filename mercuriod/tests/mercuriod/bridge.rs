@@ -5,55 +5,22 @@
 #![cfg(unix)]
 
 use std::collections::BTreeSet;
-use std::net::TcpStream;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mercurio_testkit::{mosquitto_bin, mosquitto_clients, prerequisite, Daemon, Proc, DEADLINE};
-
-/// mosquitto on `port` of 127.0.0.1, once it accepts connections.
-fn mosquitto(bin: &Path, dir: &Path, port: u16) -> Proc {
-    let conf = dir.join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!("listener {port} 127.0.0.1\nallow_anonymous true\n"),
-    )
-    .expect("write mosquitto.conf");
-    let proc = Proc::spawn("mosquitto", Command::new(bin).arg("-c").arg(&conf));
-    let deadline = Instant::now() + DEADLINE;
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "mosquitto does not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    proc
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("its address").port()
-}
+use mercurio_testkit::{mosquitto_clients, Daemon, Mosquitto, Proc};
 
 #[test]
 fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
     const TEST: &str = "messages_queued_while_the_remote_is_frozen_survive_a_sigkill";
-    let bin = mosquitto_bin();
-    let have = prerequisite(
-        TEST,
-        bin.clone()
-            .map(|_| ())
-            .ok_or_else(|| "mosquitto is not installed".to_string()),
-    );
-    if !have || !mosquitto_clients(TEST) {
+    if !mosquitto_clients(TEST) {
         return;
     }
-    let bin = bin.expect("checked");
+    let Some(remote) = Mosquitto::start(TEST, 0, "") else {
+        return;
+    };
+    let port = remote.port;
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let remote = mosquitto(&bin, dir.path(), port);
 
     // The far subscriber: a persistent QoS 1 session on the remote, connected throughout.
     let mut far = {
@@ -81,7 +48,7 @@ fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
     });
 
     // The remote freezes: its socket stays open, nothing is answered.
-    remote.signal(libc::SIGSTOP);
+    remote.proc.signal(libc::SIGSTOP);
     let mut publish = Command::new("sh");
     publish.arg("-c").arg(format!(
         "seq 0 199 | mosquitto_pub -h 127.0.0.1 -p {} -V mqttv311 -q 1 -t q/n -l",
@@ -94,7 +61,7 @@ fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
     // Every message was acknowledged (durable_ack: stored first). Kill the broker, thaw the
     // remote, start the broker again on the same database.
     daemon.stop(libc::SIGKILL);
-    remote.signal(libc::SIGCONT);
+    remote.proc.signal(libc::SIGCONT);
     let mut daemon = Daemon::start(&config);
     daemon.wait_logged("the bridge's connection", |l| {
         l.contains("bridge connected")

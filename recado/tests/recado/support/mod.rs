@@ -16,7 +16,7 @@ use tokio::process::{Child, ChildStderr, Command};
 #[path = "../../../../tests/common/mod.rs"]
 pub mod common;
 
-use mercurio_testkit::{mosquitto_bin, prerequisite};
+use mercurio_testkit::Mosquitto;
 
 /// How long a recado run may take before the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(20);
@@ -169,8 +169,7 @@ pub struct TestBroker {
     pub name: &'static str,
     pub addr: SocketAddr,
     mercurio: Option<BrokerHandle>,
-    mosquitto: Option<std::process::Child>,
-    _dir: Option<tempfile::TempDir>,
+    mosquitto: Option<Mosquitto>,
 }
 
 impl TestBroker {
@@ -193,7 +192,6 @@ impl TestBroker {
             addr,
             mercurio: Some(handle),
             mosquitto: None,
-            _dir: None,
         }
     }
 
@@ -206,54 +204,14 @@ impl TestBroker {
     /// second free port, e.g. for a WebSocket listener). `None` (the test skips) when
     /// mosquitto is not installed; a failure under CI=true.
     pub async fn mosquitto(test: &str, extra: &str) -> Option<(TestBroker, u16)> {
-        let Some(bin) = mosquitto_bin() else {
-            prerequisite(
-                &format!("{test} against mosquitto"),
-                Err("mosquitto is not installed".into()),
-            );
-            return None;
-        };
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
-        let extra_port = free_port();
-        let conf = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\n{}\n",
-            extra.replace("{port}", &extra_port.to_string())
-        );
-        let conf_path = dir.path().join("mosquitto.conf");
-        std::fs::write(&conf_path, conf).expect("write mosquitto.conf");
-        let child = std::process::Command::new(bin)
-            .arg("-c")
-            .arg(&conf_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn mosquitto");
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let m = Mosquitto::start(&format!("{test} against mosquitto"), 0, extra)?;
+        let extra_port = m.extra_port;
         let broker = TestBroker {
             name: "mosquitto",
-            addr,
+            addr: m.addr(),
             mercurio: None,
-            mosquitto: Some(child),
-            _dir: Some(dir),
+            mosquitto: Some(m),
         };
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        let mut ports = vec![port];
-        if extra.contains("{port}") {
-            ports.push(extra_port);
-        }
-        for p in ports {
-            let a: SocketAddr = ([127, 0, 0, 1], p).into();
-            // Polling for the listener: mosquitto says nothing when it is ready.
-            while tokio::net::TcpStream::connect(a).await.is_err() {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "mosquitto did not listen on {a}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
         Some((broker, extra_port))
     }
 
@@ -269,10 +227,7 @@ impl TestBroker {
 
 impl Drop for TestBroker {
     fn drop(&mut self) {
-        if let Some(mut c) = self.mosquitto.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        drop(self.mosquitto.take());
         drop(self.mercurio.take());
     }
 }
