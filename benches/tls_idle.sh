@@ -87,8 +87,9 @@ if [ "$(ulimit -n)" -lt $((CONNS + 100)) ]; then
 fi
 echo "ulimit -n $(ulimit -n) (hard limit $(ulimit -Hn))" >&2
 
-# Ephemeral ports: one port per run, so the TIME_WAIT sockets of a run (on the generator's
-# side: it closes first) never collide with the next one; the range must still hold C.
+# Ephemeral ports: one port per run, so the TIME_WAIT sockets of a run never collide with the
+# next one (the generator lets the broker close first, but gives up waiting after 2 s and
+# closes itself); the range must still hold C.
 read -r LO HI </proc/sys/net/ipv4/ip_local_port_range
 echo "net.ipv4.ip_local_port_range = $LO $HI ($((HI - LO + 1)) ports); net.ipv4.tcp_tw_reuse = $(cat /proc/sys/net/ipv4/tcp_tw_reuse); net.core.somaxconn = $(cat /proc/sys/net/core/somaxconn)" >&2
 if [ $((HI - LO + 1)) -lt $((CONNS + 1000)) ]; then

@@ -23,6 +23,7 @@ pub mod auth;
 mod bridge;
 mod bridge_status;
 mod broker;
+mod busy_poll;
 pub mod codec;
 pub mod config;
 mod connection;

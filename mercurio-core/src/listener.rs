@@ -85,6 +85,7 @@ pub(crate) async fn run(
         if broker.is_shutting_down() {
             break;
         }
+        broker.busy_poll.note();
         // Counted first, then checked, so two listeners accepting at once cannot both take
         // the last slot. Over the limit, the socket is closed as it is: nothing is read and
         // nothing allocated, so no CONNACK 0x97 either (reading a CONNECT to answer it would

@@ -84,6 +84,9 @@ pub(crate) struct BrokerState {
     /// The parked connections and what resumes them (`parking`, `connection::park`), started by the
     /// first connection to park (`None` when it cannot be).
     pub parking: OnceLock<Option<Arc<crate::parking::Parking>>>,
+    /// Network activity, and the task that polls instead of sleeping while it comes close
+    /// together (`busy_poll`); started by the builder.
+    pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
 }
 
 impl BrokerState {
@@ -127,6 +130,7 @@ impl BrokerState {
             checks_access: false,
             keep_alive: Arc::default(),
             parking: OnceLock::new(),
+            busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
         }
     }
 

@@ -216,6 +216,7 @@ impl<'a> Reader<'a> {
                     Ok(0) => return Close::lost(DisconnectReason::ConnectionLost),
                     Ok(n) => {
                         self.c.link.active();
+                        self.c.broker.busy_poll.note();
                         Stats::add(&self.c.broker.stats.bytes_received, n as u64);
                         // A read that filled all the room there was: the client sends more than
                         // reads of this size take in (a 256-byte buffer is about three small

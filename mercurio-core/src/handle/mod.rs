@@ -234,6 +234,7 @@ impl BrokerBuilder {
             tokio::spawn(listener::run(Arc::clone(&inner), l, index, cfg, http, tls));
         }
         *inner.local_addrs.lock() = addrs;
+        let _ = inner.busy_poll.start(inner.config.server.busy_poll);
         // sys_interval = 0 turns $SYS off, as in mosquitto.
         if inner.config.server.sys_interval > 0 {
             let mut sys = SysPublisher::new(Arc::clone(&inner));
@@ -307,6 +308,7 @@ fn spawn_failure_watch(
         if let Some(inner) = inner.upgrade() {
             inner.shutting_down.store(true, Ordering::Release);
             inner.stop_listeners.notify_waiters();
+            inner.busy_poll.stop();
             inner.close_all(DisconnectReason::Shutdown, ReasonCode::SERVER_UNAVAILABLE);
         }
         let _ = failure.send(Some(Arc::new(e)));
@@ -585,6 +587,7 @@ impl BrokerHandle {
             return self.wait_closed(SHUTDOWN_GRACE).await;
         }
         inner.stop_listeners.notify_waiters();
+        inner.busy_poll.stop();
         // Bridges first: their remotes get state 0 and DISCONNECT, their queues stay stored.
         self.bridges.stop_all().await;
         inner.close_all(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
