@@ -30,7 +30,11 @@ use tokio::task::JoinHandle;
 
 /// The shared half: activity counter and the spinner's wake-up.
 pub(crate) struct BusyPoll {
-    /// Network reads that returned data (wrapping; only its changes matter).
+    /// Whether the spinner was started: without it nothing is counted (on a multi-threaded
+    /// runtime the counter would be one cache line written by every thread).
+    started: AtomicBool,
+    /// Network reads that returned data and accepted connections (wrapping; only its
+    /// changes matter).
     activity: AtomicU64,
     /// Whether the spinner sleeps, waiting for [`BusyPoll::note`] to wake it.
     asleep: AtomicBool,
@@ -44,6 +48,7 @@ pub(crate) struct BusyPoll {
 impl BusyPoll {
     pub(crate) fn new() -> BusyPoll {
         BusyPoll {
+            started: AtomicBool::new(false),
             activity: AtomicU64::new(0),
             asleep: AtomicBool::new(false),
             wake: Notify::new(),
@@ -55,6 +60,9 @@ impl BusyPoll {
     /// Notes network activity (a read that returned data, an accepted connection).
     #[inline]
     pub(crate) fn note(&self) {
+        if !self.started.load(Ordering::Relaxed) {
+            return;
+        }
         self.activity.fetch_add(1, Ordering::Relaxed);
         if self.asleep.load(Ordering::Relaxed) {
             self.asleep.store(false, Ordering::Relaxed);
@@ -71,6 +79,7 @@ impl BusyPoll {
             return None;
         }
         let window = Duration::from_micros(u64::from(micros));
+        self.started.store(true, Ordering::Relaxed);
         Some(tokio::spawn(Arc::clone(self).run(window)))
     }
 
