@@ -130,7 +130,7 @@ pub struct ServerConfig {
     /// network activity that came within this long of the activity before (a busy stretch);
     /// 0 = always sleep at once. Trades CPU time while busy for latency: each round trip of a
     /// QoS 1/2 window then skips a CPU wake-up. Applies on the current-thread runtime
-    /// (mercuriod's default, `--threads 1`). Default 50.
+    /// (mercuriod's default, `--threads 1`). At most 1,000,000 (one second); default 50.
     pub busy_poll: u32,
 }
 
@@ -372,6 +372,10 @@ pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_455;
 /// identifier takes 14 bytes.
 pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
 
+/// Largest `busy_poll`, in microseconds: one second. Polling longer after the last packet only
+/// spends CPU; a larger value is taken for a unit mistake and refused.
+pub const MAX_BUSY_POLL: u32 = 1_000_000;
+
 impl ServerConfig {
     /// The limits with 0 ("unlimited") replaced by the largest value each can take:
     /// `max_packet_size` 268,435,455, `receive_maximum` and `max_inflight` 65,535,
@@ -444,6 +448,15 @@ impl Config {
         }
         if s.stall_time < 1 {
             return Err(ConfigError::new("server.stall_time", "must be at least 1"));
+        }
+        if s.busy_poll > MAX_BUSY_POLL {
+            return Err(ConfigError::new(
+                "server.busy_poll",
+                format!(
+                    "is in microseconds: at most {MAX_BUSY_POLL} (one second), not {}",
+                    s.busy_poll
+                ),
+            ));
         }
         if s.max_qos > 2 {
             return Err(ConfigError::new(
@@ -691,6 +704,7 @@ mod tests {
                 "server.queue_high_water_bytes",
             ),
             (|c| c.server.stall_time = 0, "server.stall_time"),
+            (|c| c.server.busy_poll = 1_000_001, "server.busy_poll"),
             (|c| c.server.connect_timeout = 0, "server.connect_timeout"),
         ] {
             let mut c = Config::default();
