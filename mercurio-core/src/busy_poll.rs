@@ -6,7 +6,7 @@
 //! CPU may idle; waking an idle CPU costs the sender an inter-processor interrupt and the
 //! broker the CPU's wake-up, tens to hundreds of microseconds on a virtual machine. That
 //! time, not the broker's work, then bounds how many messages a window carries per second
-//! (docs/BENCHMARKS.md, "Waking an idle CPU"). The Linux socket option of the same name
+//! (docs/BENCHMARKS.md, "Busy polling"). The Linux socket option of the same name
 //! (`net.core.busy_poll`) does this for network devices, not for the loopback or for an
 //! event loop: this is the event loop's.
 //!
@@ -75,9 +75,14 @@ impl BusyPoll {
     pub(crate) fn start(self: &Arc<Self>, micros: u32) -> Option<JoinHandle<()>> {
         let current_thread = Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread);
-        if micros == 0 || !current_thread {
+        if micros == 0 {
             return None;
         }
+        if !current_thread {
+            tracing::info!("busy_poll does not apply with more than one thread: nothing polls");
+            return None;
+        }
+        tracing::info!("busy polling: {micros} us after network activity (busy_poll)");
         let window = Duration::from_micros(u64::from(micros));
         self.started.store(true, Ordering::Relaxed);
         Some(tokio::spawn(Arc::clone(self).run(window)))

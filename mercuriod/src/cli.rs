@@ -20,6 +20,10 @@ adds users), acl_file a mosquitto ACL file. SIGHUP reloads the password file, th
 the certificates without disconnecting clients; a file that cannot be read keeps its previous
 contents and the error is logged.
 
+CPU: while packets come close together the event loop polls its sockets instead of sleeping
+([server] busy_poll, 50 microseconds; 0 turns it off), so under load it reads near 100 % of a
+core. See docs/operations.md, \"CPU\".
+
 Storage: [storage] backend = \"memory\" (default), \"sqlite\" (path) or \"postgres\" (url; one
 broker serves a database, standby = true waits and takes over when it stops).
 
@@ -44,7 +48,7 @@ restart; the others keep running).
 Under systemd (Type=notify) readiness is reported once the listeners are bound.
 
 Exit status: 0 after a clean stop or a valid --check-config, 1 when the broker cannot start
-(e.g. a port in use), 78 (EX_CONFIG) for a configuration error (including a password, ACL,
+(e.g. a port in use), 2 for a command line error, 78 (EX_CONFIG) for a configuration error (including a password, ACL,
 certificate or key file that cannot be used).";
 
 /// mercuriod, the Mercurio MQTT broker (MQTT 3.1, 3.1.1 and 5.0).
@@ -76,7 +80,7 @@ pub struct Cli {
     /// Threads serving clients. 1 (the default): one event loop, which handles sockets in the
     /// order their data arrived, as mosquitto does; more spreads connections over that many
     /// threads, where packets that arrive together on different connections may be handled
-    /// in either order.
+    /// in either order, and [server] busy_poll does not apply.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: u16,
 }

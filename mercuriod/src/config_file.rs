@@ -101,7 +101,7 @@ pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config
             {
                 format!("write [[{k}]], not [{k}]: each entry is a table of its own")
             }
-            _ => in_plain_words(e.message()),
+            _ => in_plain_words(e.message(), key.as_deref()),
         };
         error(e.span(), key, &message)
     })?;
@@ -364,9 +364,21 @@ fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
     best
 }
 
+/// Keys whose valid range is narrower than their type's: a type error names this range, the
+/// one `Config::validate` checks, so that fixing it does not lead to a second error.
+const RANGES: [(&str, &str); 6] = [
+    ("server.busy_poll", "a whole number of microseconds from 0 to 1000000"),
+    ("server.queue_high_water", "a whole number, 1 or more"),
+    ("server.queue_high_water_bytes", "a whole number, 1 or more"),
+    ("server.stall_time", "a whole number of seconds, 1 or more"),
+    ("server.connect_timeout", "a whole number of seconds, 1 or more"),
+    ("server.max_qos", "0, 1 or 2"),
+];
+
 /// serde's message with its Rust type names said in words: "invalid value: integer `-1`,
-/// expected u64" becomes "`-1` is out of range: expected a whole number, 0 or more".
-fn in_plain_words(message: &str) -> String {
+/// expected u64" becomes "`-1` is out of range: expected a whole number, 0 or more" (or the
+/// key's own range, `RANGES`).
+fn in_plain_words(message: &str, key: Option<&str>) -> String {
     const TYPES: [(&str, &str); 8] = [
         ("u8", "a whole number from 0 to 255"),
         ("u16", "a whole number from 0 to 65535"),
@@ -380,10 +392,14 @@ fn in_plain_words(message: &str) -> String {
     let Some((what, expected)) = message.rsplit_once(", expected ") else {
         return message.to_string();
     };
-    let expected = TYPES
-        .iter()
-        .find(|(t, _)| *t == expected)
-        .map_or(expected, |(_, words)| words);
+    let range = RANGES.iter().find(|(k, _)| Some(*k) == key);
+    let expected = match range {
+        Some((_, words)) => words,
+        None => TYPES
+            .iter()
+            .find(|(t, _)| *t == expected)
+            .map_or(expected, |(_, words)| words),
+    };
     match what.strip_prefix("invalid value: integer ") {
         Some(value) => format!("{value} is out of range: expected {expected}"),
         None => format!("{what}, expected {expected}"),
@@ -445,6 +461,20 @@ mod tests {
         assert!(
             e.message
                 .ends_with("expected a whole number from 0 to 65535"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_type_error_names_the_range_the_key_takes() {
+        let e = err("[server]\nbusy_poll = -1\n");
+        assert_eq!(
+            e.message,
+            "`-1` is out of range: expected a whole number of microseconds from 0 to 1000000"
+        );
+        let e = err("[server]\nqueue_high_water = \"deep\"\n");
+        assert!(
+            e.message.ends_with("expected a whole number, 1 or more"),
             "{e}"
         );
     }
