@@ -11,6 +11,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::bridge",
     "mercurio_core::bridge_status",
     "mercurio_core::broker",
+    "mercurio_core::busy_poll",
     "mercurio_core::codec",
     "mercurio_core::config",
     "mercurio_core::connection",
