@@ -6,12 +6,12 @@
 //! CPU may idle; waking an idle CPU costs the sender an inter-processor interrupt and the
 //! broker the CPU's wake-up, tens to hundreds of microseconds on a virtual machine. That
 //! time, not the broker's work, then bounds how many messages a window carries per second
-//! (docs/BENCHMARKS.md, "Busy polling"). The Linux socket option of the same name
-//! (`net.core.busy_poll`) does this for network devices, not for the loopback or for an
-//! event loop: this is the event loop's.
+//! (docs/BENCHMARKS.md, "Busy polling"). Linux's setting of the same name
+//! (`net.core.busy_poll`, `SO_BUSY_POLL`) polls network devices, not the loopback and not an
+//! event loop's sockets: this is the event loop's.
 //!
-//! How: one task, [`BusyPoll::run`], is the spinner. Network reads note their activity
-//! ([`BusyPoll::note`]: one relaxed atomic add). The spinner sleeps until an activity comes;
+//! How: one task, [`BusyPoll::run`], is the spinner. Network reads and accepted connections
+//! note their activity ([`BusyPoll::note`]: one relaxed atomic add). The spinner sleeps until an activity comes;
 //! when it comes within the window of the one before (events close together), the spinner
 //! yields in a loop (`tokio::task::yield_now`, which the current-thread scheduler answers by
 //! polling its sockets without blocking) until a whole window passes with no activity. An
