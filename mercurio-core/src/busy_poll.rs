@@ -73,8 +73,8 @@ impl BusyPoll {
     /// Starts the spinner with a window of `micros` microseconds, when that is above 0 and the
     /// runtime is the current-thread one (see the module's comment); `None` when not started.
     pub(crate) fn start(self: &Arc<Self>, micros: u32) -> Option<JoinHandle<()>> {
-        let current_thread = Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread);
+        let current_thread =
+            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread);
         if micros == 0 {
             return None;
         }

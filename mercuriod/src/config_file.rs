@@ -367,11 +367,17 @@ fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
 /// Keys whose valid range is narrower than their type's: a type error names this range, the
 /// one `Config::validate` checks, so that fixing it does not lead to a second error.
 const RANGES: [(&str, &str); 6] = [
-    ("server.busy_poll", "a whole number of microseconds from 0 to 1000000"),
+    (
+        "server.busy_poll",
+        "a whole number of microseconds from 0 to 1000000",
+    ),
     ("server.queue_high_water", "a whole number, 1 or more"),
     ("server.queue_high_water_bytes", "a whole number, 1 or more"),
     ("server.stall_time", "a whole number of seconds, 1 or more"),
-    ("server.connect_timeout", "a whole number of seconds, 1 or more"),
+    (
+        "server.connect_timeout",
+        "a whole number of seconds, 1 or more",
+    ),
     ("server.max_qos", "0, 1 or 2"),
 ];
 

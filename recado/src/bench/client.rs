@@ -183,7 +183,10 @@ impl Client {
                 }
             }
         };
-        if tokio::time::timeout(Duration::from_secs(2), broker_closed).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(2), broker_closed)
+            .await
+            .is_err()
+        {
             self.stream.shutdown().await?;
         }
         Ok(())
