@@ -316,7 +316,7 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 }
 
 /// The broker's start, behind one function: the daemon's only call into the broker's
-/// construction (the embedding API, README "Embedding").
+/// construction (the embedding API, docs/embedding.md).
 ///
 /// The broker always logs the connection lines: `connection_messages = false` turns their
 /// target off in the log filter instead, so that a level naming `mercurio::connections`, in the

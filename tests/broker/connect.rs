@@ -334,7 +334,7 @@ async fn pingreq_keeps_the_connection_alive() {
 }
 
 /// A network connection that sends no CONNECT within connect_timeout is closed (3.1.1
-/// section 3.1.4: "a reasonable amount of time"; README's connect_timeout).
+/// section 3.1.4: "a reasonable amount of time"; docs/configuration.md, connect_timeout).
 #[tokio::test]
 async fn no_connect_within_connect_timeout_is_closed() {
     let mut config = test_config();

@@ -1,4 +1,4 @@
-//! The embedding API (README, "Embedding"): in-process publish and subscribe, disconnecting a
+//! The embedding API (docs/embedding.md): in-process publish and subscribe, disconnecting a
 //! client, shutdown, and session queries, seen from MQTT clients.
 use crate::common;
 

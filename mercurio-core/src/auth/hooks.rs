@@ -1,4 +1,4 @@
-//! The authentication and authorization hooks of the embedding API (README, "Embedding").
+//! The authentication and authorization hooks of the embedding API (docs/embedding.md).
 //!
 //! An application adds its own with `Broker::builder(config).authenticator(..).authorizer(..)`.
 //! Hooks are asked in the order they were added, before the file-based ones (the password

@@ -1,5 +1,5 @@
 //! The broker's configuration, as the daemon reads it from TOML and as an embedding
-//! application builds it in code (README, "Configuration").
+//! application builds it in code (docs/configuration.md).
 //!
 //! Every struct denies unknown keys, so a misspelt key is an error naming it (the daemon adds
 //! the line). Defaults are those of the no-file mode: one MQTT listener on 127.0.0.1:1883 and

@@ -1,4 +1,4 @@
-//! The embedding API (README, "Embedding"): build a broker from a [`Config`], start it, and
+//! The embedding API (docs/embedding.md): build a broker from a [`Config`], start it, and
 //! drive it through a cloneable [`BrokerHandle`].
 
 use std::net::SocketAddr;
