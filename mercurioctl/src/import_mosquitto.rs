@@ -252,7 +252,7 @@ fn no_equivalent(key: &str) -> Option<&'static str> {
         }
         "user" => {
             "mercuriod does not change user: the systemd unit runs it as a dynamic user \
-             (docs/operations.md, "Run as a service")"
+             (docs/operations.md, \"Run as a service\")"
         }
         "set_tcp_nodelay" => "Mercurio always sets TCP_NODELAY",
         "memory_limit" => {

@@ -49,7 +49,9 @@ Under systemd (Type=notify) readiness is reported once the listeners are bound.
 
 Exit status: 0 after a clean stop or a valid --check-config, 1 when the broker cannot start
 (e.g. a port in use), 2 for a command line error, 78 (EX_CONFIG) for a configuration error (including a password, ACL,
-certificate or key file that cannot be used).";
+certificate or key file that cannot be used).
+
+Every configuration key: docs/configuration.md. Running the broker: docs/operations.md.";
 
 /// mercuriod, the Mercurio MQTT broker (MQTT 3.1, 3.1.1 and 5.0).
 #[derive(Debug, Parser)]
