@@ -47,6 +47,8 @@ fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig 
         try_private: true,
         notifications: true,
         notification_topic: None,
+        max_queued_messages: mercurio_core::config::DEFAULT_BRIDGE_QUEUED_MESSAGES,
+        max_queued_bytes: mercurio_core::config::DEFAULT_BRIDGE_QUEUED_BYTES,
         topics,
     }
 }
@@ -568,4 +570,74 @@ async fn messages_in_from_the_remote_with_sqlite_and_durable_ack() {
     wait_until("20 in", || a.bridges()[0].forwarded_in == 20).await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A free local port with nothing listening on it (a remote that is down).
+fn dead_address() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address")
+}
+
+#[tokio::test]
+async fn a_bridge_queue_has_its_own_limits_and_devices_keep_the_server_ones() {
+    // [server] max_queued_messages = 10 for every session; one bridge allows 5, the other
+    // 1,000 (an uplink sized for an outage), both with their remote down.
+    let dead = dead_address();
+    let mut small = bridge(
+        "small",
+        dead,
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    small.max_queued_messages = 5;
+    let mut big = bridge(
+        "big",
+        dead,
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    big.max_queued_messages = 1000;
+    let mut config = with_bridges(vec![small, big]);
+    config.server.max_queued_messages = 10;
+    config.server.sys_interval = 1;
+    let (handle, addr) = start_with(config).await;
+    // A device's persistent session, offline.
+    let (mut device, _) = connect_persistent(addr, ProtocolVersion::V311, "device").await;
+    device.subscribe("q/#", QoS::AtLeastOnce).await;
+    device.disconnect().await;
+
+    let mut p = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..20u32 {
+        p.publish(&format!("q/{i}"), b"x", QoS::AtLeastOnce, false)
+            .await;
+    }
+    let info = |name: &str| {
+        handle
+            .bridges()
+            .into_iter()
+            .find(|b| b.name == name)
+            .expect("the bridge")
+    };
+    wait_until("the queues took the 20 messages", || {
+        let (s, b) = (info("small"), info("big"));
+        s.queued as u64 + s.dropped == 20 && b.queued as u64 + b.dropped == 20
+    })
+    .await;
+    assert_eq!((info("small").queued, info("small").dropped), (5, 15));
+    assert_eq!((info("big").queued, info("big").dropped), (20, 0));
+    // The drops are in the bridge's $SYS counter.
+    let mut sys = Client::connect(addr, ProtocolVersion::V5, "sys").await;
+    sys.subscribe(
+        "$SYS/broker/connection/small/messages/dropped",
+        QoS::AtMostOnce,
+    )
+    .await;
+    expect_state(&mut sys, "15").await;
+
+    // The device session kept the [server] limit: the first 10.
+    let (mut device, present) = connect_persistent(addr, ProtocolVersion::V311, "device").await;
+    assert!(present);
+    for i in 0..10u32 {
+        assert_eq!(next(&mut device).await.topic, format!("q/{i}"));
+    }
+    device.expect_nothing(Duration::from_millis(300)).await;
+    handle.shutdown().await;
 }

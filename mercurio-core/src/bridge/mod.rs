@@ -33,7 +33,7 @@ use crate::codec::{
 };
 use crate::config::{BridgeConfig, BridgeProtocol};
 use crate::message::Message;
-use crate::session::Session;
+use crate::session::{QueueLimits, Session};
 
 use backoff::Backoff;
 use queue::{Outgoing, Sender};
@@ -223,6 +223,18 @@ async fn stopped(stop: &mut watch::Receiver<Stop>, link: &crate::link::Link) -> 
     }
 }
 
+/// The limits of a bridge's queue: `[server]`'s, with the bridge's `max_queued_messages`
+/// and `max_queued_bytes` (0: unlimited) in place of the broker-wide ones.
+fn queue_limits(server: &crate::config::ServerConfig, cfg: &BridgeConfig) -> QueueLimits {
+    let mut server = server.clone();
+    server.max_queued_messages = match cfg.max_queued_messages {
+        0 => usize::MAX,
+        n => n,
+    };
+    server.max_queued_bytes = cfg.max_queued_bytes;
+    QueueLimits::new(&server)
+}
+
 /// How one connection to the remote ended.
 enum Ended {
     Stop(Stop),
@@ -248,6 +260,10 @@ impl Task {
             return;
         }
         let out = Outgoing::attach(&self.broker, &self.cfg.name, &self.map);
+        out.session
+            .state
+            .lock()
+            .set_own_limits(Some(queue_limits(&self.broker.config.server, &self.cfg)));
         self.status.set_session(Some(Arc::clone(&out.session)));
         self.set_state(false);
         let mut backoff = Backoff::new();
@@ -647,6 +663,8 @@ pub(crate) mod tests {
             try_private: true,
             notifications: true,
             notification_topic: None,
+            max_queued_messages: crate::config::DEFAULT_BRIDGE_QUEUED_MESSAGES,
+            max_queued_bytes: crate::config::DEFAULT_BRIDGE_QUEUED_BYTES,
             topics: vec![BridgeTopic {
                 pattern: "a/#".into(),
                 direction: BridgeDirection::Out,

@@ -68,15 +68,24 @@ pub(crate) enum ConnectError {
     Io(String),
     /// Connected, then closed or unanswered before CONNACK.
     Closed(String),
-    /// CONNACK with a failure code.
-    Refused(ReasonCode),
+    /// CONNACK with a failure code: a 5.0 reason code, or (3.1.1) a return code 1 to 5 as
+    /// it came, which the codec keeps in a [`ReasonCode`].
+    Refused(ReasonCode, ProtocolVersion),
 }
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConnectError::Io(e) | ConnectError::Closed(e) => f.write_str(e),
-            ConnectError::Refused(rc) => write!(f, "refused by the remote: CONNACK {rc:?}"),
+            ConnectError::Refused(rc, v) if v.is_v5() => {
+                write!(f, "refused by the remote: CONNACK {rc:?}")
+            }
+            ConnectError::Refused(rc, _) => write!(
+                f,
+                "refused by the remote: CONNACK return code {} ({})",
+                rc.0,
+                ReasonCode::v3_connack_name(rc.0)
+            ),
         }
     }
 }
@@ -163,7 +172,7 @@ impl Remote {
             )));
         };
         if ack.reason_code != ReasonCode::SUCCESS {
-            return Err(ConnectError::Refused(ack.reason_code));
+            return Err(ConnectError::Refused(ack.reason_code, version));
         }
         remote.connack = ack;
         Ok(remote)
@@ -269,7 +278,10 @@ fn set_private_bit(connect: &mut [u8]) {
 /// attempt goes without it): the protocol version refused, or the connection closed.
 pub(crate) fn refuses_private(e: &ConnectError) -> bool {
     match e {
-        ConnectError::Refused(rc) => *rc == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION || rc.0 == 1,
+        ConnectError::Refused(rc, _) => {
+            *rc == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION
+                || rc.0 == ReasonCode::V3_UNACCEPTABLE_PROTOCOL_VERSION
+        }
         ConnectError::Closed(_) => true,
         ConnectError::Io(_) => false,
     }
@@ -286,5 +298,41 @@ mod tests {
         encode_connect(&cfg, ProtocolVersion::V311, true, &mut out).unwrap();
         assert_eq!(&out[4..8], b"MQTT");
         assert_eq!(out[8], 0x84);
+    }
+
+    /// A 3.1.1 remote refusing the CONNECT: the error names the return code as MQTT 3.1.1
+    /// section 3.2.2.3 does, not as a 5.0 reason code of the same value.
+    #[tokio::test]
+    async fn a_3_1_1_refusal_is_named() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for code in 1u8..=5 {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 256];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(&[0x20, 2, 0, code]).await;
+            }
+        });
+        let mut cfg = crate::bridge::tests::example();
+        cfg.addresses = vec![addr.to_string()];
+        let mut seen = Vec::new();
+        for _ in 1..=5 {
+            let e = Remote::connect(&cfg, None, &addr.to_string(), false, Duration::from_secs(5))
+                .await
+                .err()
+                .unwrap();
+            seen.push(e.to_string());
+        }
+        assert_eq!(
+            seen,
+            [
+                "refused by the remote: CONNACK return code 1 (unacceptable protocol version)",
+                "refused by the remote: CONNACK return code 2 (identifier rejected)",
+                "refused by the remote: CONNACK return code 3 (server unavailable)",
+                "refused by the remote: CONNACK return code 4 (bad user name or password)",
+                "refused by the remote: CONNACK return code 5 (not authorized)",
+            ]
+        );
     }
 }
