@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use mercurio_core::codec::{Packet, ProtocolVersion, Publish, QoS};
+use mercurio_core::codec::{Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use mercurio_core::config::{BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic, Config};
 use mercurio_testkit::Mosquitto;
 
@@ -639,5 +639,44 @@ async fn a_bridge_queue_has_its_own_limits_and_devices_keep_the_server_ones() {
         assert_eq!(next(&mut device).await.topic, format!("q/{i}"));
     }
     device.expect_nothing(Duration::from_millis(300)).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_local_client_with_the_bridge_client_id_cannot_set_the_bridge_state() {
+    let b = bridge(
+        "cloud",
+        dead_address(),
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    let (handle, addr) = start_with(with_bridges(vec![b])).await;
+    let state_topic = "$SYS/broker/connection/cloud/state";
+    let mut watch = Client::connect(addr, ProtocolVersion::V5, "watch").await;
+    watch.subscribe(state_topic, QoS::AtMostOnce).await;
+    expect_state(&mut watch, "0").await;
+
+    // A client taking the bridge's client id: its will and its publish on the state topic
+    // (what a remote bridge of that name may do) do not change this broker's own value.
+    let mut c = connect_packet(ProtocolVersion::V5, "cloud");
+    c.will = Some(will(state_topic, "1", QoS::AtLeastOnce, true));
+    let (mut fake, ack) = Client::connect_with(addr, c).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let rc = fake
+        .publish(state_topic, b"1", QoS::AtLeastOnce, true)
+        .await;
+    assert_eq!(rc, ReasonCode::NOT_AUTHORIZED);
+    fake.drop_connection().await;
+    wait_until("the fake client gone", || {
+        handle
+            .sessions()
+            .iter()
+            .all(|c| c.client_id != "cloud" || !c.connected)
+    })
+    .await;
+    watch.expect_nothing(Duration::from_millis(300)).await;
+    let mut late = Client::connect(addr, ProtocolVersion::V5, "late").await;
+    late.subscribe(state_topic, QoS::AtMostOnce).await;
+    let p = next(&mut late).await;
+    assert_eq!(p.payload.as_ref(), b"0");
     handle.shutdown().await;
 }

@@ -149,6 +149,12 @@ impl BrokerState {
         msg: Arc<Message>,
         congested: &mut Vec<Arc<Session>>,
     ) -> bool {
+        if msg.topic.starts_with("$SYS") && self.is_own_bridge_state(&msg.topic) {
+            // A client (or its will) on the state topic of a bridge this broker runs: the
+            // broker's value stays.
+            tracing::debug!(topic = %msg.topic, "a client's message on the state of one of this broker's bridges: dropped");
+            return false;
+        }
         if msg.retain {
             if msg.topic.starts_with("$SYS") {
                 // A bridge's state (the only `$SYS` topic a client may publish): in memory,
@@ -164,6 +170,19 @@ impl BrokerState {
             }
         }
         self.route_from(&msg, congested)
+    }
+
+    /// True when `topic` is `$SYS/broker/connection/<client id>/state` of a bridge this
+    /// broker runs (`[[bridges]]`): the broker's own value, which clients may not set even
+    /// when they connect with that client identifier.
+    pub(crate) fn is_own_bridge_state(&self, topic: &str) -> bool {
+        let Some(id) = topic
+            .strip_prefix("$SYS/broker/connection/")
+            .and_then(|t| t.strip_suffix("/state"))
+        else {
+            return false;
+        };
+        self.bridges.lock().iter().any(|b| b.client_id == id)
     }
 
     /// Publishes one of the broker's own `$SYS` messages: kept in the `$SYS` retained store,

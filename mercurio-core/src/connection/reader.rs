@@ -531,7 +531,8 @@ impl<'a> Reader<'a> {
             return Ok(false);
         }
         if p.topic.starts_with("$SYS")
-            && p.topic != super::connect::bridge_state_topic(&self.c.session.client_id)
+            && (p.topic != super::connect::bridge_state_topic(&self.c.session.client_id)
+                || self.c.broker.is_own_bridge_state(&p.topic))
         {
             tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
