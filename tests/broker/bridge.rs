@@ -680,3 +680,51 @@ async fn a_local_client_with_the_bridge_client_id_cannot_set_the_bridge_state() 
     assert_eq!(p.payload.as_ref(), b"0");
     handle.shutdown().await;
 }
+
+/// A raw remote that answers every CONNECT with CONNACK 0 and closes at once; counts the
+/// connections it accepted.
+async fn accept_then_close() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&count);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(&[0x20, 2, 0, 0]).await;
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test]
+async fn a_remote_that_accepts_then_drops_the_link_is_retried_ever_more_slowly() {
+    let logs = capture_logs();
+    let (remote, attempts) = accept_then_close().await;
+    let b = bridge(
+        "flap",
+        remote,
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    let (handle, _) = start_with(with_bridges(vec![b])).await;
+    // The pauses double from 0.5 s (each drawn in its upper half): within 6 s, at most
+    // 5 connections (0, 0.5, 1.5, 3.5 and 7.5 s at the latest), where a pause starting
+    // again from the shortest after each CONNACK made one every 0.25 to 0.5 s.
+    let window = tokio::time::Instant::now() + Duration::from_secs(6);
+    wait_until("a first connection", || {
+        attempts.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep_until(window).await;
+    let n = attempts.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((3..=6).contains(&n), "{n} connections in 6 s");
+    // One warning for the lost link, the repeats at debug level.
+    let lost = logs.matching(&["WARN", "bridge connection lost"]);
+    assert_eq!(lost.len(), 1, "{lost:#?}");
+    handle.shutdown().await;
+}

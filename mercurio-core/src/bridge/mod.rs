@@ -235,6 +235,10 @@ fn queue_limits(server: &crate::config::ServerConfig, cfg: &BridgeConfig) -> Que
     QueueLimits::new(&server)
 }
 
+/// How long a connection must stay up before the pause between attempts starts again from
+/// the shortest (and a lost connection is logged as a warning again): 30 s, the longest pause.
+const STABLE_LINK: Duration = Backoff::MAX;
+
 /// How one connection to the remote ended.
 enum Ended {
     Stop(Stop),
@@ -274,6 +278,8 @@ impl Task {
         let mut dropped_at_connect = 0u64;
         let timeout = Duration::from_secs(u64::from(self.cfg.keepalive).clamp(5, 30));
         let mut last_logged: Option<String> = None;
+        // Connections lost in a row, each (after the first) within STABLE_LINK of being made.
+        let mut lost_in_a_row = 0u64;
         let stop = loop {
             let stop = *self.stop.borrow();
             if stop != Stop::Run {
@@ -324,10 +330,14 @@ impl Task {
             }
             dropped_at_connect = dropped;
             last_logged = None;
-            backoff.reset();
-            tracing::info!(bridge = %self.cfg.name, %address, session_present = remote.connack.session_present, "bridge connected");
+            if lost_in_a_row <= 1 {
+                tracing::info!(bridge = %self.cfg.name, %address, session_present = remote.connack.session_present, "bridge connected");
+            } else {
+                tracing::debug!(bridge = %self.cfg.name, %address, lost_in_a_row, "bridge connected");
+            }
+            let connected_at = Instant::now();
             *self.status.address.lock() = Some(address.clone());
-            *self.status.since.lock() = Some(Instant::now());
+            *self.status.since.lock() = Some(connected_at);
             self.status.connected.store(true, Ordering::Relaxed);
             self.set_state(true);
             let ended = self.serve(&mut remote, &out).await;
@@ -341,7 +351,22 @@ impl Task {
                     break stop;
                 }
                 Ended::Lost(why) => {
-                    tracing::warn!(bridge = %self.cfg.name, %address, "bridge connection lost: {why}");
+                    // The pause starts again from the shortest only after a link that
+                    // stayed up for STABLE_LINK: a remote that accepts the bridge and then
+                    // drops it is retried ever more slowly, as one that refuses it is.
+                    if connected_at.elapsed() >= STABLE_LINK {
+                        backoff.reset();
+                        lost_in_a_row = 0;
+                    }
+                    lost_in_a_row += 1;
+                    if lost_in_a_row == 1 {
+                        tracing::warn!(bridge = %self.cfg.name, %address, "bridge connection lost: {why}");
+                    } else if [10, 100, 1000, 10_000].contains(&lost_in_a_row) {
+                        tracing::warn!(bridge = %self.cfg.name, %address, lost_in_a_row, "bridge connection lost {lost_in_a_row} times in a row, each within {} s of connecting: {why}", STABLE_LINK.as_secs());
+                    } else {
+                        // Lost again soon after connecting: one warning, then the count.
+                        tracing::debug!(bridge = %self.cfg.name, %address, lost_in_a_row, "bridge connection lost again within {} s of connecting: {why}", STABLE_LINK.as_secs());
+                    }
                     *self.status.last_error.lock() = Some(format!("{address}: {why}"));
                     if self.cfg.round_robin {
                         index += 1;
