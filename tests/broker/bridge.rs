@@ -728,3 +728,123 @@ async fn a_remote_that_accepts_then_drops_the_link_is_retried_ever_more_slowly()
     assert_eq!(lost.len(), 1, "{lost:#?}");
     handle.shutdown().await;
 }
+
+/// A bridge in MQTT 3.1.1 between two Mercurios, both ways on `mesh/#`.
+fn mesh_bridge_311(name: &str, to: SocketAddr) -> BridgeConfig {
+    bridge(
+        name,
+        to,
+        vec![topic("mesh/#", BridgeDirection::Both, 1, "", "")],
+    )
+}
+
+#[tokio::test]
+async fn two_mercurios_bridged_both_ways_at_3_1_1_deliver_each_message_once() {
+    let (b, b_addr) = start().await;
+    let (a, a_addr) = start_with(with_bridges(vec![mesh_bridge_311("a-b", b_addr)])).await;
+    wait_connected(&a).await;
+    exactly_once_everywhere(&[a_addr, b_addr], 20).await;
+    let info = a.bridges();
+    assert_eq!((info[0].forwarded_out, info[0].forwarded_in), (20, 20));
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Subscribes on `mesh/#` at each of `addrs`, then publishes one message on the first;
+/// returns how many copies each subscriber got, once nothing more came for 500 ms (a loop
+/// would go on sending).
+async fn copies_of_one_publish(addrs: &[SocketAddr]) -> Vec<usize> {
+    let mut subs = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let mut c = Client::connect(*addr, ProtocolVersion::V5, &format!("sub{i}")).await;
+        c.subscribe("mesh/#", QoS::AtLeastOnce).await;
+        subs.push(c);
+    }
+    let mut p = Client::connect(addrs[0], ProtocolVersion::V5, "p").await;
+    p.publish("mesh/x", b"once", QoS::AtLeastOnce, false).await;
+    let mut counts = Vec::new();
+    for c in subs.iter_mut() {
+        let mut n = 0;
+        loop {
+            match c.recv_within(Duration::from_millis(500)).await {
+                Ok(Some(Packet::Publish(m))) => {
+                    c.ack(&m).await;
+                    assert_eq!(m.payload.as_ref(), b"once");
+                    n += 1;
+                    assert!(n <= 10, "a loop: {n} copies");
+                }
+                Err(()) => break,
+                other => panic!("expected PUBLISH, got {other:?}"),
+            }
+        }
+        counts.push(n);
+    }
+    counts
+}
+
+#[tokio::test]
+async fn two_mercurios_each_bridged_to_the_other_at_3_1_1_do_not_loop() {
+    // a -> b and b -> a, both ways on the same topics: two links between one pair.
+    let (a, a_addr) = start().await;
+    let (b, b_addr) = start().await;
+    for (handle, name, to) in [(&a, "a-b", b_addr), (&b, "b-a", a_addr)] {
+        let (_, errors) = handle.reload_bridges(&[mesh_bridge_311(name, to)]).await;
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    wait_connected(&a).await;
+    wait_connected(&b).await;
+    // Once on a, and on b once by each link: no message crosses a second bridge.
+    assert_eq!(copies_of_one_publish(&[a_addr, b_addr]).await, [1, 2]);
+    for h in [&a, &b] {
+        let info = &h.bridges()[0];
+        assert_eq!(info.forwarded_out + info.forwarded_in, 1, "{info:?}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// a -> b -> c -> a over MQTT 3.1.1, every link `direction`.
+async fn ring_311(
+    direction: BridgeDirection,
+) -> (Vec<mercurio_core::BrokerHandle>, Vec<SocketAddr>) {
+    let mut handles = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let (h, a) = start().await;
+        handles.push(h);
+        addrs.push(a);
+    }
+    for i in 0..3 {
+        let b = bridge(
+            &format!("link{i}"),
+            addrs[(i + 1) % 3],
+            vec![topic("mesh/#", direction, 1, "", "")],
+        );
+        let (_, errors) = handles[i].reload_bridges(&[b]).await;
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    for h in &handles {
+        wait_connected(h).await;
+    }
+    (handles, addrs)
+}
+
+#[tokio::test]
+async fn a_ring_of_three_mercurios_at_3_1_1_linked_both_ways_delivers_once_on_each() {
+    let (handles, addrs) = ring_311(BridgeDirection::Both).await;
+    assert_eq!(copies_of_one_publish(&addrs).await, [1, 1, 1]);
+    for h in handles {
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_ring_of_three_mercurios_at_3_1_1_linked_out_only_crosses_one_bridge() {
+    // a -> b -> c -> a, each only `out`: a message crosses one bridge, so one published on
+    // a reaches b and stops there (it would otherwise go round for ever).
+    let (handles, addrs) = ring_311(BridgeDirection::Out).await;
+    assert_eq!(copies_of_one_publish(&addrs).await, [1, 1, 0]);
+    for h in handles {
+        h.shutdown().await;
+    }
+}

@@ -255,10 +255,21 @@ impl BrokerState {
         let size = msg.size() as u64;
         let matched =
             !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
+        // Brought in by one of this broker's bridges: not for other brokers' bridges.
+        let from_own_bridge = msg
+            .publisher
+            .as_deref()
+            .and_then(|p| p.strip_prefix(INTERNAL_PREFIX))
+            .is_some_and(|p| p.starts_with("bridge/"));
         for cm in &matches.clients {
             let Some(first) = cm.subscriptions.first() else {
                 continue;
             };
+            if from_own_bridge && first.session.state.lock().remote_bridge() {
+                // A message crosses at most one bridge (docs/bridges.md, Loops): over MQTT
+                // 3.1.1 the remote cannot tell, so it is not sent.
+                continue;
+            }
             let mut qos: Option<QoS> = None;
             let mut retain = false;
             let mut ids = Vec::new();

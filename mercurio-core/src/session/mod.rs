@@ -125,6 +125,9 @@ pub(crate) struct SessionState {
     /// Queue limits of this session in place of the broker's (a bridge's queue has its
     /// own); `None`: the broker's. Boxed: only bridges have them.
     own_limits: Option<Box<QueueLimits>>,
+    /// The client connected as another broker's bridge (mosquitto's `try_private`): what
+    /// this broker's own bridges bring in is not delivered to it (docs/bridges.md, Loops).
+    remote_bridge: bool,
     /// When the last connection ended; `None` while connected.
     disconnected_at: Option<Instant>,
     /// The user name of the last connection, stored with the session so that access checks
@@ -243,6 +246,7 @@ impl Session {
                 dropping: None,
                 dropped: 0,
                 own_limits: None,
+                remote_bridge: false,
                 disconnected_at: None,
                 username: None,
                 certificate: None,

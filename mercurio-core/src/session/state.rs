@@ -60,6 +60,17 @@ impl SessionState {
         self.own_limits = limits.map(Box::new);
     }
 
+    /// Records whether the connection serving the session is another broker's bridge
+    /// (mosquitto's `try_private`), at each CONNECT.
+    pub(crate) fn set_remote_bridge(&mut self, bridge: bool) {
+        self.remote_bridge = bridge;
+    }
+
+    /// Whether the last connection was another broker's bridge (`try_private`).
+    pub(crate) fn remote_bridge(&self) -> bool {
+        self.remote_bridge
+    }
+
     /// Removes the QoS 0 deliveries: they are not kept for a client that is away.
     pub(crate) fn drop_qos0(&mut self) {
         self.queue.retain(|q| q.qos != QoS::AtMostOnce);
