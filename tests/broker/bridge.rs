@@ -49,6 +49,7 @@ fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig 
         notification_topic: None,
         max_queued_messages: mercurio_core::config::DEFAULT_BRIDGE_QUEUED_MESSAGES,
         max_queued_bytes: mercurio_core::config::DEFAULT_BRIDGE_QUEUED_BYTES,
+        max_packet_size: None,
         topics,
     }
 }
@@ -847,4 +848,87 @@ async fn a_ring_of_three_mercurios_at_3_1_1_linked_out_only_crosses_one_bridge()
     for h in handles {
         h.shutdown().await;
     }
+}
+
+#[tokio::test]
+async fn a_remote_packet_over_max_packet_size_closes_the_link_before_its_body_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A raw remote: CONNACK, then a 16 MiB PUBLISH; `[server] max_packet_size` is 1 MiB.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let remote = listener.local_addr().expect("address");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Result<usize, String>>();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(&[0x20, 2, 0, 0]).await;
+            if !first {
+                let _ = tx.send(Ok(0));
+                continue;
+            }
+            first = false;
+            // PUBLISH QoS 0, topic "big/x": remaining length 16 MiB (4-byte varint).
+            let remaining: usize = 16 * 1024 * 1024;
+            let mut header = vec![0x30];
+            let mut n = remaining;
+            loop {
+                let mut b = (n % 128) as u8;
+                n /= 128;
+                if n > 0 {
+                    b |= 0x80;
+                }
+                header.push(b);
+                if n == 0 {
+                    break;
+                }
+            }
+            header.extend_from_slice(&[0, 5]);
+            header.extend_from_slice(b"big/x");
+            // What follows the fixed header so far: the topic's length and the topic.
+            let mut sent = 2 + 5;
+            let result = async {
+                s.write_all(&header).await.map_err(|e| e.to_string())?;
+                let chunk = vec![b'x'; 64 * 1024];
+                while sent < remaining {
+                    let n = chunk.len().min(remaining - sent);
+                    s.write_all(&chunk[..n]).await.map_err(|e| e.to_string())?;
+                    sent += n;
+                }
+                Ok(sent)
+            }
+            .await;
+            let _ = tx.send(result);
+        }
+    });
+    let b = bridge(
+        "big",
+        remote,
+        vec![topic("big/#", BridgeDirection::In, 0, "", "")],
+    );
+    let mut config = with_bridges(vec![b]);
+    config.server.max_packet_size = 1024 * 1024;
+    let (handle, _) = start_with(config).await;
+    // The bridge closed the link on the fixed header: the remote could not write the body.
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the first connection within 10 s")
+        .expect("a result");
+    assert!(first.is_err(), "the 16 MiB body was read whole: {first:?}");
+    // Counted, and connected again after the pause.
+    let again = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a second connection within 10 s");
+    assert_eq!(again, Some(Ok(0)));
+    let info = &handle.bridges()[0];
+    assert_eq!(info.packets_too_large, 1, "{info:?}");
+    assert!(
+        info.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("max_packet_size")),
+        "{info:?}"
+    );
+    handle.shutdown().await;
 }

@@ -278,6 +278,9 @@ impl Task {
         let mut dropped_at_connect = 0u64;
         let timeout = Duration::from_secs(u64::from(self.cfg.keepalive).clamp(5, 30));
         let mut last_logged: Option<String> = None;
+        let max_incoming = self
+            .cfg
+            .max_incoming_packet(self.broker.config.server.max_packet_size);
         // Connections lost in a row, each (after the first) within STABLE_LINK of being made.
         let mut lost_in_a_row = 0u64;
         let stop = loop {
@@ -287,7 +290,7 @@ impl Task {
             }
             let address = self.cfg.addresses[index % self.cfg.addresses.len()].clone();
             let attempt = tokio::select! {
-                r = Remote::connect(&self.cfg, self.tls.as_ref(), &address, private, timeout) => r,
+                r = Remote::connect(&self.cfg, self.tls.as_ref(), &address, private, timeout, max_incoming) => r,
                 stop = stopped(&mut self.stop, &out.link) => break stop,
             };
             let mut remote = match attempt {
@@ -345,6 +348,22 @@ impl Task {
             *self.status.since.lock() = None;
             out.unsent();
             self.set_state(false);
+            if remote.too_large {
+                self.status.too_large.fetch_add(1, Ordering::Relaxed);
+                if remote.version.is_v5() {
+                    // MQTT 5.0 section 4.13: DISCONNECT 0x95 (Packet too large), then close.
+                    let mut buf = BytesMut::new();
+                    let _ = codec::encode(
+                        &Packet::Disconnect(Disconnect {
+                            reason_code: ReasonCode::PACKET_TOO_LARGE,
+                            properties: Properties::default(),
+                        }),
+                        remote.version,
+                        &mut buf,
+                    );
+                    let _ = tokio::time::timeout(Duration::from_secs(1), remote.write(&buf)).await;
+                }
+            }
             match ended {
                 Ended::Stop(stop) => {
                     self.goodbye(&mut remote, &out).await;
@@ -690,6 +709,7 @@ pub(crate) mod tests {
             notification_topic: None,
             max_queued_messages: crate::config::DEFAULT_BRIDGE_QUEUED_MESSAGES,
             max_queued_bytes: crate::config::DEFAULT_BRIDGE_QUEUED_BYTES,
+            max_packet_size: None,
             topics: vec![BridgeTopic {
                 pattern: "a/#".into(),
                 direction: BridgeDirection::Out,

@@ -24,9 +24,6 @@ use crate::config::{parse_address, BridgeConfig, BridgeProtocol};
 pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// Largest packet accepted from the remote (the MQTT limit: the remote decides).
-const MAX_INCOMING: u32 = crate::config::MAX_PACKET_SIZE_LIMIT;
-
 /// The TLS client side of a bridge, loaded from its files.
 pub(crate) fn tls_connector(cfg: &BridgeConfig) -> Result<Option<TlsConnector>, FileError> {
     let Some(cafile) = &cfg.cafile else {
@@ -95,6 +92,11 @@ pub(crate) struct Remote {
     reader: ReadHalf<Box<dyn Io>>,
     writer: WriteHalf<Box<dyn Io>>,
     inbuf: BytesMut,
+    /// Largest packet accepted from the remote, bytes (fixed header included): a larger one
+    /// is refused from its fixed header, before its body is read.
+    max_incoming: u32,
+    /// Set when a packet over `max_incoming` ended the connection.
+    pub too_large: bool,
     pub version: ProtocolVersion,
     pub connack: ConnAck,
 }
@@ -102,14 +104,18 @@ pub(crate) struct Remote {
 impl Remote {
     /// Opens the connection to `address` and goes through CONNECT / CONNACK within `timeout`.
     /// `private` sets the protocol level's 0x80 bit (mosquitto's bridge convention).
+    /// `max_incoming` is the largest packet accepted from the remote, in bytes (told to an
+    /// MQTT 5 remote as Maximum Packet Size).
     pub(crate) async fn connect(
         cfg: &BridgeConfig,
         tls: Option<&TlsConnector>,
         address: &str,
         private: bool,
         timeout: Duration,
+        max_incoming: u32,
     ) -> Result<Remote, ConnectError> {
-        match tokio::time::timeout(timeout, Self::connect_inner(cfg, tls, address, private)).await {
+        let attempt = Self::connect_inner(cfg, tls, address, private, max_incoming);
+        match tokio::time::timeout(timeout, attempt).await {
             Ok(r) => r,
             Err(_) => Err(ConnectError::Closed(format!(
                 "no CONNACK within {} s",
@@ -123,6 +129,7 @@ impl Remote {
         tls: Option<&TlsConnector>,
         address: &str,
         private: bool,
+        max_incoming: u32,
     ) -> Result<Remote, ConnectError> {
         let default_port = if tls.is_some() { 8883 } else { 1883 };
         let (host, port) = parse_address(address, default_port).map_err(ConnectError::Io)?;
@@ -152,11 +159,13 @@ impl Remote {
             reader,
             writer,
             inbuf: BytesMut::with_capacity(8192),
+            max_incoming,
+            too_large: false,
             version,
             connack: ConnAck::default(),
         };
         let mut out = BytesMut::new();
-        encode_connect(cfg, version, private, &mut out)?;
+        encode_connect(cfg, version, private, max_incoming, &mut out)?;
         remote
             .write(&out)
             .await
@@ -180,17 +189,28 @@ impl Remote {
 
     /// The next packet already buffered, if any.
     pub(crate) fn buffered(&mut self) -> io::Result<Option<Packet>> {
-        codec::decode(&mut self.inbuf, self.version, MAX_INCOMING)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+        codec::decode(&mut self.inbuf, self.version, self.max_incoming)
+            .map_err(|e| self.undecodable(e))
+    }
+
+    /// The error for a packet that cannot be decoded; notes one over `max_incoming`, which
+    /// [`codec::check_frame`] finds from its fixed header.
+    fn undecodable(&mut self, e: codec::DecodeError) -> io::Error {
+        let mut why = e.to_string();
+        if let codec::DecodeError::PacketTooLarge { .. } = e {
+            self.too_large = true;
+            why.push_str(" (the bridge's max_packet_size)");
+        }
+        io::Error::new(io::ErrorKind::InvalidData, why)
     }
 
     /// The next whole packet. Cancel safe: bytes read stay in the buffer.
     pub(crate) async fn read(&mut self) -> io::Result<Packet> {
         loop {
-            match codec::decode(&mut self.inbuf, self.version, MAX_INCOMING) {
+            match codec::decode(&mut self.inbuf, self.version, self.max_incoming) {
                 Ok(Some(p)) => return Ok(p),
                 Ok(None) => {}
-                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+                Err(e) => return Err(self.undecodable(e)),
             }
             if self.reader.read_buf(&mut self.inbuf).await? == 0 {
                 return Err(io::Error::new(
@@ -227,12 +247,17 @@ fn encode_connect(
     cfg: &BridgeConfig,
     version: ProtocolVersion,
     private: bool,
+    max_incoming: u32,
     out: &mut BytesMut,
 ) -> Result<(), ConnectError> {
     let mut properties = Properties::default();
     if version.is_v5() && !cfg.clean_start {
         // Keep the session on the remote while the link is down [MQTT-3.1.2-23].
         properties.session_expiry_interval = Some(u32::MAX);
+    }
+    if version.is_v5() && max_incoming < crate::config::MAX_PACKET_SIZE_LIMIT {
+        // The remote must send nothing larger [MQTT-3.1.2-24].
+        properties.maximum_packet_size = Some(max_incoming);
     }
     let will = cfg.notifications.then(|| LastWill {
         topic: cfg.remote_state_topic(),
@@ -295,9 +320,23 @@ mod tests {
     fn private_bit_on_the_protocol_level() {
         let cfg = crate::bridge::tests::example();
         let mut out = BytesMut::new();
-        encode_connect(&cfg, ProtocolVersion::V311, true, &mut out).unwrap();
+        encode_connect(&cfg, ProtocolVersion::V311, true, 1 << 20, &mut out).unwrap();
         assert_eq!(&out[4..8], b"MQTT");
         assert_eq!(out[8], 0x84);
+    }
+
+    /// The bridge tells an MQTT 5 remote the largest packet it accepts [MQTT-3.1.2-24].
+    #[test]
+    fn maximum_packet_size_in_the_v5_connect() {
+        let mut cfg = crate::bridge::tests::example();
+        cfg.protocol_version = BridgeProtocol::Mqttv5;
+        let mut out = BytesMut::new();
+        encode_connect(&cfg, ProtocolVersion::V5, false, 1 << 20, &mut out).unwrap();
+        let Ok(Some(Packet::Connect(c))) = codec::decode(&mut out, ProtocolVersion::V5, 1 << 20)
+        else {
+            panic!("a CONNECT");
+        };
+        assert_eq!(c.properties.maximum_packet_size, Some(1 << 20));
     }
 
     /// A 3.1.1 remote refusing the CONNECT: the error names the return code as MQTT 3.1.1
@@ -318,10 +357,17 @@ mod tests {
         cfg.addresses = vec![addr.to_string()];
         let mut seen = Vec::new();
         for _ in 1..=5 {
-            let e = Remote::connect(&cfg, None, &addr.to_string(), false, Duration::from_secs(5))
-                .await
-                .err()
-                .unwrap();
+            let e = Remote::connect(
+                &cfg,
+                None,
+                &addr.to_string(),
+                false,
+                Duration::from_secs(5),
+                1 << 20,
+            )
+            .await
+            .err()
+            .unwrap();
             seen.push(e.to_string());
         }
         assert_eq!(

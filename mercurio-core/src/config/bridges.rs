@@ -144,6 +144,13 @@ pub struct BridgeConfig {
     /// bridge's own limit, in place of `[server] max_queued_bytes`.
     #[serde(default = "default_bridge_queued_bytes")]
     pub max_queued_bytes: u64,
+    /// Largest packet accepted from the remote, bytes, fixed header included: 14 to
+    /// 268,435,455, or 0 for the protocol's 268,435,455; default `[server] max_packet_size`.
+    /// A larger packet closes the link from its fixed header, before its body is read (and
+    /// the bridge connects again after its pause); an MQTT 5 remote is told the limit
+    /// (Maximum Packet Size in CONNECT).
+    #[serde(default)]
+    pub max_packet_size: Option<u32>,
     /// What crosses the bridge, at least one entry.
     pub topics: Vec<BridgeTopic>,
 }
@@ -174,6 +181,16 @@ fn default_true() -> bool {
 }
 
 impl BridgeConfig {
+    /// The largest packet accepted from the remote, bytes: `max_packet_size` (0: the
+    /// protocol's largest), or `server_max` (the broker's `[server] max_packet_size`, 0 read
+    /// the same way).
+    pub fn max_incoming_packet(&self, server_max: u32) -> u32 {
+        match self.max_packet_size.unwrap_or(server_max) {
+            0 => super::MAX_PACKET_SIZE_LIMIT,
+            m => m,
+        }
+    }
+
     /// The client identifier on the remote: `client_id`, or the bridge's name.
     pub fn remote_client_id(&self) -> &str {
         self.client_id.as_deref().unwrap_or(&self.name)
@@ -264,6 +281,19 @@ impl BridgeConfig {
         }
         if self.max_inflight < 1 {
             return Err(ConfigError::new(key("max_inflight"), "must be at least 1"));
+        }
+        if let Some(m) = self.max_packet_size {
+            if m != 0 && !(super::MIN_PACKET_SIZE_LIMIT..=super::MAX_PACKET_SIZE_LIMIT).contains(&m)
+            {
+                return Err(ConfigError::new(
+                    key("max_packet_size"),
+                    format!(
+                        "must be 0 or between {} and {}, not {m}",
+                        super::MIN_PACKET_SIZE_LIMIT,
+                        super::MAX_PACKET_SIZE_LIMIT
+                    ),
+                ));
+            }
         }
         if self.password.is_some() && self.username.is_none() {
             return Err(ConfigError::new(key("password"), "needs username as well"));
