@@ -52,6 +52,20 @@ impl BridgeStatus {
         }
     }
 
+    /// Takes over the counters of `old`, the status of the same bridge before a restart (a
+    /// reload that changed its settings): counters only grow while the process lives, as
+    /// `/metrics` counters must.
+    pub(crate) fn carry_counters(&self, old: &BridgeStatus) {
+        for (new, old) in [
+            (&self.forwarded_out, &old.forwarded_out),
+            (&self.forwarded_in, &old.forwarded_in),
+            (&self.reconnects, &old.reconnects),
+            (&self.too_large, &old.too_large),
+        ] {
+            new.store(old.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     /// Sets (or clears) the bridge's local session, whose queue `info` reports.
     pub(crate) fn set_session(&self, session: Option<Arc<Session>>) {
         *self.session.lock() = session;

@@ -121,6 +121,9 @@ impl Bridges {
         let status = Arc::new(BridgeStatus::new(&cfg));
         {
             let mut list = self.broker.bridges.lock();
+            if let Some(old) = list.iter().find(|s| s.name == cfg.name) {
+                status.carry_counters(old);
+            }
             list.retain(|s| s.name != cfg.name);
             list.push(Arc::clone(&status));
         }
