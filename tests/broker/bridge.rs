@@ -932,3 +932,92 @@ async fn a_remote_packet_over_max_packet_size_closes_the_link_before_its_body_is
     );
     handle.shutdown().await;
 }
+
+/// A self-signed certificate for localhost (a CA certificate, as `openssl req -x509` makes
+/// by default) and its key, as PEM files `{name}.pem` and `{name}.key` in `dir`.
+fn self_signed(dir: &std::path::Path, name: &str) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+    p.distinguished_name.push(DnType::CommonName, "localhost");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = p.self_signed(&key).expect("self-signed");
+    std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).expect("write");
+    std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).expect("write");
+}
+
+#[tokio::test]
+async fn a_self_signed_remote_certificate_in_cafile_is_pinned() {
+    let logs = capture_logs();
+    let dir = tempfile::tempdir().expect("temp dir");
+    self_signed(dir.path(), "remote");
+    self_signed(dir.path(), "other");
+    let mut remote_config = test_config();
+    remote_config
+        .listeners
+        .push(mercurio_core::config::ListenerConfig {
+            port: 0,
+            cert_file: Some(dir.path().join("remote.pem")),
+            key_file: Some(dir.path().join("remote.key")),
+            ..Default::default()
+        });
+    let (remote, remote_plain) = start_with(remote_config).await;
+    let tls_port = remote.local_addrs()[1].port();
+
+    let mut pinned = mesh_bridge("pinned", SocketAddr::from(([127, 0, 0, 1], tls_port)));
+    pinned.addresses = vec![format!("localhost:{tls_port}")];
+    pinned.cafile = Some(dir.path().join("remote.pem"));
+    // Another self-signed certificate in cafile: refused.
+    let mut other = pinned.clone();
+    other.name = "other".into();
+    other.cafile = Some(dir.path().join("other.pem"));
+    // The right certificate, the wrong name: refused too.
+    let mut wrong_name = pinned.clone();
+    wrong_name.name = "wrong-name".into();
+    wrong_name.tls_server_name = Some("elsewhere.example".into());
+    let (local, addr) = start_with(with_bridges(vec![pinned, other, wrong_name])).await;
+    let info = |name: &str| {
+        local
+            .bridges()
+            .into_iter()
+            .find(|b| b.name == name)
+            .expect("the bridge")
+    };
+    wait_until("the pinned bridge connected", || info("pinned").connected).await;
+    wait_until("the other two failed", || {
+        info("other").last_error.is_some() && info("wrong-name").last_error.is_some()
+    })
+    .await;
+    assert!(!info("other").connected && !info("wrong-name").connected);
+    let pinned_lines = logs.matching(&["remote certificate pinned", "bridge=pinned"]);
+    assert!(!pinned_lines.is_empty(), "{:#?}", logs.lines());
+
+    let mut far = Client::connect(remote_plain, ProtocolVersion::V5, "far").await;
+    far.subscribe("mesh/#", QoS::AtLeastOnce).await;
+    let mut p = Client::connect(addr, ProtocolVersion::V5, "p").await;
+    p.publish("mesh/pinned", b"s", QoS::AtLeastOnce, false)
+        .await;
+    assert_eq!(next(&mut far).await.payload.as_ref(), b"s");
+    local.shutdown().await;
+    remote.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_password_without_tls_is_warned_about_once() {
+    let logs = capture_logs();
+    let mut b = bridge(
+        "plain",
+        dead_address(),
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    b.username = Some("site".into());
+    b.password = Some("secret".into());
+    let (handle, _) = start_with(with_bridges(vec![b])).await;
+    wait_until("a failed attempt", || {
+        handle.bridges()[0].last_error.is_some()
+    })
+    .await;
+    let lines = logs.matching(&["WARN", "password without TLS", "bridge=plain"]);
+    assert_eq!(lines.len(), 1, "{:#?}", logs.lines());
+    handle.shutdown().await;
+}

@@ -266,6 +266,9 @@ impl Task {
             tracing::error!(bridge = %self.cfg.name, "bridge without addresses: not started");
             return;
         }
+        if self.cfg.password.is_some() && !self.cfg.tls() {
+            tracing::warn!(bridge = %self.cfg.name, "the bridge sends its password without TLS (no cafile): anyone on the way to the remote can read it");
+        }
         let out = Outgoing::attach(&self.broker, &self.cfg.name, &self.map);
         out.session
             .state

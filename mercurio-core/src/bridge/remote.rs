@@ -30,16 +30,29 @@ pub(crate) fn tls_connector(cfg: &BridgeConfig) -> Result<Option<TlsConnector>, 
         return Ok(None);
     };
     let mut roots = rustls::RootCertStore::empty();
-    for c in crate::tls::load_certs(cafile)? {
+    let certs = crate::tls::load_certs(cafile)?;
+    for c in &certs {
         roots
-            .add(c)
+            .add(c.clone())
             .map_err(|e| FileError::new(cafile, format!("bad CA certificate: {e}")))?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .build()
+    .map_err(|e| FileError::new(cafile, format!("TLS: {e}")))?;
+    let verifier = Arc::new(PinningVerifier {
+        webpki,
+        pinned: certs,
+        bridge: cfg.name.clone(),
+    });
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| FileError::new(cafile, format!("TLS: {e}")))?
-        .with_root_certificates(roots);
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
     let config = match (&cfg.certfile, &cfg.keyfile) {
         (Some(cert), Some(key)) => {
             let certs = crate::tls::load_certs(cert)?;
@@ -56,6 +69,102 @@ pub(crate) fn tls_connector(cfg: &BridgeConfig) -> Result<Option<TlsConnector>, 
         _ => builder.with_no_client_auth(),
     };
     Ok(Some(TlsConnector::from(Arc::new(config))))
+}
+
+/// The check of the remote's certificate: the CA certificates of `cafile` (rustls' WebPKI
+/// verifier), or, as mosquitto accepts, the remote's own self-signed certificate held in
+/// `cafile`. rustls refuses that one as its own issuer (a CA certificate used as an end
+/// entity, `CaUsedAsEndEntity`, or a chain to nothing else); it is accepted when the certificate
+/// presented is byte for byte (DER) one of `cafile`'s (pinned), within its validity dates and
+/// carrying the server name, and the handshake signed with its key (checked as for any
+/// certificate).
+#[derive(Debug)]
+struct PinningVerifier {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    /// Every certificate of `cafile`.
+    pinned: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// The bridge's name, for the log.
+    bridge: String,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinningVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let refused = match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if !self
+            .pinned
+            .iter()
+            .any(|p| p.as_ref() == end_entity.as_ref())
+        {
+            return Err(refused);
+        }
+        check_validity(end_entity, now)?;
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, server_name)?;
+        tracing::info!(bridge = %self.bridge, "remote certificate pinned: the cafile holds the remote's own self-signed certificate");
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// A pinned certificate's validity dates against `now` (RFC 5280 section 4.1.2.5).
+fn check_validity(
+    cert: &rustls::pki_types::CertificateDer<'_>,
+    now: rustls::pki_types::UnixTime,
+) -> Result<(), rustls::Error> {
+    use x509_cert::der::Decode;
+    let bad = || rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding);
+    let parsed = x509_cert::Certificate::from_der(cert.as_ref()).map_err(|_| bad())?;
+    let validity = &parsed.tbs_certificate.validity;
+    let secs = |t: &x509_cert::time::Time| t.to_unix_duration().as_secs();
+    let now = now.as_secs();
+    if now < secs(&validity.not_before) {
+        return Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidYet,
+        ));
+    }
+    if now > secs(&validity.not_after) {
+        return Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Expired,
+        ));
+    }
+    Ok(())
 }
 
 /// Why a connection attempt failed.
