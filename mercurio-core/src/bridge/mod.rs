@@ -135,7 +135,6 @@ impl Bridges {
             tls,
             status,
             stop: stop_rx,
-            inbound_qos2: HashSet::new(),
         };
         let task = tokio::spawn(task.run());
         Ok(Running { cfg, stop, task })
@@ -256,8 +255,6 @@ struct Task {
     tls: Option<tokio_rustls::TlsConnector>,
     status: Arc<BridgeStatus>,
     stop: watch::Receiver<Stop>,
-    /// QoS 2 packet identifiers from the remote awaiting PUBREL.
-    inbound_qos2: HashSet<u16>,
 }
 
 impl Task {
@@ -339,6 +336,15 @@ impl Task {
             }
             dropped_at_connect = dropped;
             last_logged = None;
+            if !remote.connack.session_present {
+                // A new session on the remote: nothing it sent before comes again, so the
+                // QoS 2 identifiers awaiting its PUBREL are free for new messages.
+                let id = &out.session.client_id;
+                let mut st = out.session.state.lock();
+                for packet_id in st.inbound_qos2_ids() {
+                    st.release_qos2(id, packet_id);
+                }
+            }
             if lost_in_a_row <= 1 {
                 tracing::info!(bridge = %self.cfg.name, %address, session_present = remote.connack.session_present, "bridge connected");
             } else {
@@ -558,7 +564,8 @@ impl Task {
             // Everything already buffered, then one fill and one write.
             let mut published = false;
             loop {
-                published |= matches!(packet, Packet::Publish(_));
+                // A PUBREL's release, like a message, is stored before its PUBCOMP goes.
+                published |= matches!(packet, Packet::Publish(_) | Packet::PubRel(_));
                 if let Err(why) = self.on_packet(packet, out, version, &mut buf) {
                     return Ended::Lost(why);
                 }
@@ -621,9 +628,17 @@ impl Task {
             }
             Packet::Publish(p) => {
                 let (qos, packet_id) = (p.qos, p.packet_id);
-                let duplicate = qos == QoS::ExactlyOnce && !self.inbound_qos2.insert(packet_id);
+                // The QoS 2 identifiers awaiting PUBREL are kept in the bridge's session,
+                // stored as a client's are: a PUBLISH sent again after a restart of this
+                // broker is recognised, and not delivered twice (MQTT 5.0 section 4.3.3).
+                let duplicate =
+                    qos == QoS::ExactlyOnce && out.session.state.lock().awaits_release(packet_id);
                 if !duplicate {
                     self.publish_locally(p, &out.session);
+                    if qos == QoS::ExactlyOnce {
+                        let id = &out.session.client_id;
+                        out.session.state.lock().receive_qos2(id, packet_id);
+                    }
                 }
                 match qos {
                     QoS::AtMostOnce => {}
@@ -632,7 +647,8 @@ impl Task {
                 }
             }
             Packet::PubRel(a) => {
-                self.inbound_qos2.remove(&a.packet_id);
+                let id = &out.session.client_id;
+                out.session.state.lock().release_qos2(id, a.packet_id);
                 ack(Packet::PubComp, a.packet_id, buf);
             }
             Packet::SubAck(s) => {
