@@ -176,7 +176,7 @@ fn a_qos2_message_from_the_remote_is_delivered_once_across_a_sigkill() {
     // (durable_ack: before the PUBREC).
     daemon.stop(libc::SIGKILL);
     drop(sub);
-    let mut daemon = Daemon::start(&config);
+    let daemon = Daemon::start(&config);
     let mut sub = subscriber(daemon.port());
     go.send(()).expect("the remote");
     assert_eq!(events.recv().expect("the remote"), "PUBCOMP");
