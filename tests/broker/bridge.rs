@@ -831,6 +831,25 @@ async fn ring_311(
 }
 
 #[tokio::test]
+async fn a_star_at_3_1_1_passes_a_site_message_on_to_the_other_sites_once() {
+    // Two sites, each with one bridge into the central broker, both ways: the central broker
+    // passes a site's message on from one site's bridge to the other's (one bridge into each
+    // broker), and nothing comes back.
+    let (hub, hub_addr) = start().await;
+    let (s1, s1_addr) = start_with(with_bridges(vec![mesh_bridge_311("s1", hub_addr)])).await;
+    let (s2, s2_addr) = start_with(with_bridges(vec![mesh_bridge_311("s2", hub_addr)])).await;
+    wait_connected(&s1).await;
+    wait_connected(&s2).await;
+    assert_eq!(
+        copies_of_one_publish(&[s1_addr, hub_addr, s2_addr]).await,
+        [1, 1, 1]
+    );
+    for h in [s1, s2, hub] {
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
 async fn a_ring_of_three_mercurios_at_3_1_1_linked_both_ways_delivers_once_on_each() {
     let (handles, addrs) = ring_311(BridgeDirection::Both).await;
     assert_eq!(copies_of_one_publish(&addrs).await, [1, 1, 1]);
