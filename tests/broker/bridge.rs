@@ -1040,3 +1040,41 @@ async fn a_password_without_tls_is_warned_about_once() {
     assert_eq!(lines.len(), 1, "{:#?}", logs.lines());
     handle.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_retained_message_brought_in_by_a_bridge_does_not_go_back_to_a_3_1_1_bridge() {
+    // b's bridge brings a's retained r/x = v1 in, then goes away; a's r/x becomes v2. When a
+    // then bridges to b, b must not hand it v1 back as a retained message (it came over a
+    // bridge into b), or a's retained value would go back to the stale v1.
+    let (a, a_addr) = start().await;
+    let (b, b_addr) = start().await;
+    let rule = |d| vec![topic("r/#", d, 1, "", "")];
+    let (_, errors) = b
+        .reload_bridges(&[bridge("b-a", a_addr, rule(BridgeDirection::In))])
+        .await;
+    assert!(errors.is_empty(), "{errors:?}");
+    wait_connected(&b).await;
+    let mut watch_b = Client::connect(b_addr, ProtocolVersion::V5, "watch-b").await;
+    watch_b.subscribe("r/#", QoS::AtLeastOnce).await;
+    let mut p = Client::connect(a_addr, ProtocolVersion::V5, "p").await;
+    p.publish("r/x", b"v1", QoS::AtLeastOnce, true).await;
+    assert_eq!(next(&mut watch_b).await.payload.as_ref(), b"v1");
+    let (report, _) = b.reload_bridges(&[]).await;
+    assert_eq!(report.removed, vec!["b-a".to_string()]);
+    p.publish("r/x", b"v2", QoS::AtLeastOnce, true).await;
+
+    let (_, errors) = a
+        .reload_bridges(&[bridge("a-b", b_addr, rule(BridgeDirection::In))])
+        .await;
+    assert!(errors.is_empty(), "{errors:?}");
+    wait_connected(&a).await;
+    let mut watch_a = Client::connect(a_addr, ProtocolVersion::V5, "watch-a").await;
+    watch_a.subscribe("r/#", QoS::AtLeastOnce).await;
+    assert_eq!(next(&mut watch_a).await.payload.as_ref(), b"v2");
+    watch_a.expect_nothing(Duration::from_millis(500)).await;
+    let mut late = Client::connect(a_addr, ProtocolVersion::V5, "late").await;
+    late.subscribe("r/#", QoS::AtLeastOnce).await;
+    assert_eq!(next(&mut late).await.payload.as_ref(), b"v2");
+    a.shutdown().await;
+    b.shutdown().await;
+}

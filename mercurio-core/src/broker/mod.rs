@@ -89,6 +89,17 @@ pub(crate) struct BrokerState {
     pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
 }
 
+/// True for a message one of this broker's bridges brought in (published by its session
+/// `$internal/bridge/<name>`): it is not sent to other brokers' bridges connected here
+/// (`try_private`), so that over MQTT 3.1.1 too a message crosses one bridge
+/// (docs/bridges.md, Loops).
+fn from_own_bridge(msg: &Message) -> bool {
+    msg.publisher
+        .as_deref()
+        .and_then(|p| p.strip_prefix(INTERNAL_PREFIX))
+        .is_some_and(|p| p.starts_with("bridge/"))
+}
+
 impl BrokerState {
     pub(crate) fn new(mut config: Config) -> BrokerState {
         // Every limit's 0 means unlimited: from here on each is its largest value.
@@ -256,11 +267,7 @@ impl BrokerState {
         let matched =
             !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
         // Brought in by one of this broker's bridges: not for other brokers' bridges.
-        let from_own_bridge = msg
-            .publisher
-            .as_deref()
-            .and_then(|p| p.strip_prefix(INTERNAL_PREFIX))
-            .is_some_and(|p| p.starts_with("bridge/"));
+        let from_own_bridge = from_own_bridge(msg);
         for cm in &matches.clients {
             let Some(first) = cm.subscriptions.first() else {
                 continue;
@@ -419,8 +426,9 @@ impl BrokerState {
         } else {
             self.retained.lock().matching(filter)
         };
+        let remote_bridge = session.state.lock().remote_bridge();
         for msg in found {
-            if msg.is_expired(now) {
+            if msg.is_expired(now) || (remote_bridge && from_own_bridge(&msg)) {
                 continue;
             }
             let q = Delivery {
