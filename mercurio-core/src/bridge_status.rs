@@ -29,6 +29,8 @@ pub(crate) struct BridgeStatus {
     pub forwarded_in: AtomicU64,
     /// Connections made after the first.
     pub reconnects: AtomicU64,
+    /// Connections closed for a packet from the remote over the bridge's `max_packet_size`.
+    pub too_large: AtomicU64,
     session: Mutex<Option<Arc<Session>>>,
 }
 
@@ -45,7 +47,22 @@ impl BridgeStatus {
             forwarded_out: AtomicU64::new(0),
             forwarded_in: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            too_large: AtomicU64::new(0),
             session: Mutex::new(None),
+        }
+    }
+
+    /// Takes over the counters of `old`, the status of the same bridge before a restart (a
+    /// reload that changed its settings): counters only grow while the process lives, as
+    /// `/metrics` counters must.
+    pub(crate) fn carry_counters(&self, old: &BridgeStatus) {
+        for (new, old) in [
+            (&self.forwarded_out, &old.forwarded_out),
+            (&self.forwarded_in, &old.forwarded_in),
+            (&self.reconnects, &old.reconnects),
+            (&self.too_large, &old.too_large),
+        ] {
+            new.store(old.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
 
@@ -83,6 +100,7 @@ impl BridgeStatus {
             queued_bytes,
             dropped,
             reconnects: get(&self.reconnects),
+            packets_too_large: get(&self.too_large),
         }
     }
 }
@@ -113,4 +131,7 @@ pub struct BridgeInfo {
     pub dropped: u64,
     /// Connections made after the first.
     pub reconnects: u64,
+    /// Connections closed because the remote sent a packet over the bridge's
+    /// `max_packet_size`.
+    pub packets_too_large: u64,
 }

@@ -17,7 +17,9 @@
 //! certificates and keys), sha2 + pbkdf2 + argon2 + password-hash (mosquitto_passwd's $6$, $7$
 //! and argon2id hashes; password-hash's getrandom for new salts), subtle (constant-time hash
 //! comparison), base64 (the salts and hashes of password files), libc (O_NOFOLLOW for the
-//! temporary file a password file is rewritten through).
+//! temporary file a password file is rewritten through), x509-cert (the validity dates of a
+//! bridge remote's self-signed certificate, pinned from `cafile`; already built for
+//! mercurio-storage's PostgreSQL TLS).
 
 pub mod auth;
 mod bridge;

@@ -247,7 +247,7 @@ fn bridge_families(bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<Family> 
         return Vec::new();
     }
     type Pick = fn(&crate::bridge_status::BridgeInfo) -> u64;
-    let families: [(&'static str, &'static str, bool, Pick); 6] = [
+    let families: [(&'static str, &'static str, bool, Pick); 7] = [
         (
             "mercurio_bridge_connected",
             "1 while the bridge is connected to its remote, else 0",
@@ -271,6 +271,12 @@ fn bridge_families(bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<Family> 
             "Connections to the remote made after the first",
             true,
             |b| b.reconnects,
+        ),
+        (
+            "mercurio_bridge_packets_too_large",
+            "Connections closed for a packet from the remote over the bridge's max_packet_size",
+            true,
+            |b| b.packets_too_large,
         ),
         (
             "mercurio_bridge_messages_forwarded_in",

@@ -221,6 +221,10 @@ impl SysPublisher {
                 format!("connection/{c}/reconnects"),
                 x.reconnects.to_string(),
             ));
+            v.push((
+                format!("connection/{c}/packets/too_large"),
+                x.packets_too_large.to_string(),
+            ));
         }
         for (topic, _) in v.iter_mut() {
             topic.insert_str(0, "$SYS/broker/");

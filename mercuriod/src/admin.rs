@@ -321,6 +321,7 @@ fn bridge(b: &mercurio_core::BridgeInfo) -> Value {
         "queued_bytes": b.queued_bytes,
         "dropped": b.dropped,
         "reconnects": b.reconnects,
+        "packets_too_large": b.packets_too_large,
     })
 }
 

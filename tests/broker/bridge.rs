@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use mercurio_core::codec::{Packet, ProtocolVersion, Publish, QoS};
+use mercurio_core::codec::{Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use mercurio_core::config::{BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic, Config};
 use mercurio_testkit::Mosquitto;
 
@@ -47,6 +47,9 @@ fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig 
         try_private: true,
         notifications: true,
         notification_topic: None,
+        max_queued_messages: mercurio_core::config::DEFAULT_BRIDGE_QUEUED_MESSAGES,
+        max_queued_bytes: mercurio_core::config::DEFAULT_BRIDGE_QUEUED_BYTES,
+        max_packet_size: None,
         topics,
     }
 }
@@ -566,6 +569,512 @@ async fn messages_in_from_the_remote_with_sqlite_and_durable_ack() {
         assert_eq!(next(&mut here).await.topic, format!("d/{i}"));
     }
     wait_until("20 in", || a.bridges()[0].forwarded_in == 20).await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A free local port with nothing listening on it (a remote that is down).
+fn dead_address() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address")
+}
+
+#[tokio::test]
+async fn a_bridge_queue_has_its_own_limits_and_devices_keep_the_server_ones() {
+    // [server] max_queued_messages = 10 for every session; one bridge allows 5, the other
+    // 1,000 (an uplink sized for an outage), both with their remote down.
+    let dead = dead_address();
+    let mut small = bridge(
+        "small",
+        dead,
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    small.max_queued_messages = 5;
+    let mut big = bridge(
+        "big",
+        dead,
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    big.max_queued_messages = 1000;
+    let mut config = with_bridges(vec![small, big]);
+    config.server.max_queued_messages = 10;
+    config.server.sys_interval = 1;
+    let (handle, addr) = start_with(config).await;
+    // A device's persistent session, offline.
+    let (mut device, _) = connect_persistent(addr, ProtocolVersion::V311, "device").await;
+    device.subscribe("q/#", QoS::AtLeastOnce).await;
+    device.disconnect().await;
+
+    let mut p = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..20u32 {
+        p.publish(&format!("q/{i}"), b"x", QoS::AtLeastOnce, false)
+            .await;
+    }
+    let info = |name: &str| {
+        handle
+            .bridges()
+            .into_iter()
+            .find(|b| b.name == name)
+            .expect("the bridge")
+    };
+    wait_until("the queues took the 20 messages", || {
+        let (s, b) = (info("small"), info("big"));
+        s.queued as u64 + s.dropped == 20 && b.queued as u64 + b.dropped == 20
+    })
+    .await;
+    assert_eq!((info("small").queued, info("small").dropped), (5, 15));
+    assert_eq!((info("big").queued, info("big").dropped), (20, 0));
+    // The drops are in the bridge's $SYS counter.
+    let mut sys = Client::connect(addr, ProtocolVersion::V5, "sys").await;
+    sys.subscribe(
+        "$SYS/broker/connection/small/messages/dropped",
+        QoS::AtMostOnce,
+    )
+    .await;
+    expect_state(&mut sys, "15").await;
+
+    // The device session kept the [server] limit: the first 10.
+    let (mut device, present) = connect_persistent(addr, ProtocolVersion::V311, "device").await;
+    assert!(present);
+    for i in 0..10u32 {
+        assert_eq!(next(&mut device).await.topic, format!("q/{i}"));
+    }
+    device.expect_nothing(Duration::from_millis(300)).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_local_client_with_the_bridge_client_id_cannot_set_the_bridge_state() {
+    let b = bridge(
+        "cloud",
+        dead_address(),
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    let (handle, addr) = start_with(with_bridges(vec![b])).await;
+    let state_topic = "$SYS/broker/connection/cloud/state";
+    let mut watch = Client::connect(addr, ProtocolVersion::V5, "watch").await;
+    watch.subscribe(state_topic, QoS::AtMostOnce).await;
+    expect_state(&mut watch, "0").await;
+
+    // A client taking the bridge's client id: its will and its publish on the state topic
+    // (what a remote bridge of that name may do) do not change this broker's own value.
+    let mut c = connect_packet(ProtocolVersion::V5, "cloud");
+    c.will = Some(will(state_topic, "1", QoS::AtLeastOnce, true));
+    let (mut fake, ack) = Client::connect_with(addr, c).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let rc = fake
+        .publish(state_topic, b"1", QoS::AtLeastOnce, true)
+        .await;
+    assert_eq!(rc, ReasonCode::NOT_AUTHORIZED);
+    fake.drop_connection().await;
+    wait_until("the fake client gone", || {
+        handle
+            .sessions()
+            .iter()
+            .all(|c| c.client_id != "cloud" || !c.connected)
+    })
+    .await;
+    watch.expect_nothing(Duration::from_millis(300)).await;
+    let mut late = Client::connect(addr, ProtocolVersion::V5, "late").await;
+    late.subscribe(state_topic, QoS::AtMostOnce).await;
+    let p = next(&mut late).await;
+    assert_eq!(p.payload.as_ref(), b"0");
+    handle.shutdown().await;
+}
+
+/// A raw remote that answers every CONNECT with CONNACK 0 and closes at once; counts the
+/// connections it accepted.
+async fn accept_then_close() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&count);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(&[0x20, 2, 0, 0]).await;
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test]
+async fn a_remote_that_accepts_then_drops_the_link_is_retried_ever_more_slowly() {
+    let logs = capture_logs();
+    let (remote, attempts) = accept_then_close().await;
+    let b = bridge(
+        "flap",
+        remote,
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    let (handle, _) = start_with(with_bridges(vec![b])).await;
+    // The pauses double from 0.5 s (each drawn in its upper half): within 6 s, at most
+    // 5 connections (0, 0.5, 1.5, 3.5 and 7.5 s at the latest), where a pause starting
+    // again from the shortest after each CONNACK made one every 0.25 to 0.5 s.
+    let window = tokio::time::Instant::now() + Duration::from_secs(6);
+    wait_until("a first connection", || {
+        attempts.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep_until(window).await;
+    let n = attempts.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((3..=6).contains(&n), "{n} connections in 6 s");
+    // One warning for the lost link, the repeats at debug level.
+    let lost = logs.matching(&["WARN", "bridge connection lost"]);
+    assert_eq!(lost.len(), 1, "{lost:#?}");
+    handle.shutdown().await;
+}
+
+/// A bridge in MQTT 3.1.1 between two Mercurios, both ways on `mesh/#`.
+fn mesh_bridge_311(name: &str, to: SocketAddr) -> BridgeConfig {
+    bridge(
+        name,
+        to,
+        vec![topic("mesh/#", BridgeDirection::Both, 1, "", "")],
+    )
+}
+
+#[tokio::test]
+async fn two_mercurios_bridged_both_ways_at_3_1_1_deliver_each_message_once() {
+    let (b, b_addr) = start().await;
+    let (a, a_addr) = start_with(with_bridges(vec![mesh_bridge_311("a-b", b_addr)])).await;
+    wait_connected(&a).await;
+    exactly_once_everywhere(&[a_addr, b_addr], 20).await;
+    let info = a.bridges();
+    assert_eq!((info[0].forwarded_out, info[0].forwarded_in), (20, 20));
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Subscribes on `mesh/#` at each of `addrs`, then publishes one message on the first;
+/// returns how many copies each subscriber got, once nothing more came for 500 ms (a loop
+/// would go on sending).
+async fn copies_of_one_publish(addrs: &[SocketAddr]) -> Vec<usize> {
+    let mut subs = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let mut c = Client::connect(*addr, ProtocolVersion::V5, &format!("sub{i}")).await;
+        c.subscribe("mesh/#", QoS::AtLeastOnce).await;
+        subs.push(c);
+    }
+    let mut p = Client::connect(addrs[0], ProtocolVersion::V5, "p").await;
+    p.publish("mesh/x", b"once", QoS::AtLeastOnce, false).await;
+    let mut counts = Vec::new();
+    for c in subs.iter_mut() {
+        let mut n = 0;
+        loop {
+            match c.recv_within(Duration::from_millis(500)).await {
+                Ok(Some(Packet::Publish(m))) => {
+                    c.ack(&m).await;
+                    assert_eq!(m.payload.as_ref(), b"once");
+                    n += 1;
+                    assert!(n <= 10, "a loop: {n} copies");
+                }
+                Err(()) => break,
+                other => panic!("expected PUBLISH, got {other:?}"),
+            }
+        }
+        counts.push(n);
+    }
+    counts
+}
+
+#[tokio::test]
+async fn two_mercurios_each_bridged_to_the_other_at_3_1_1_do_not_loop() {
+    // a -> b and b -> a, both ways on the same topics: two links between one pair.
+    let (a, a_addr) = start().await;
+    let (b, b_addr) = start().await;
+    for (handle, name, to) in [(&a, "a-b", b_addr), (&b, "b-a", a_addr)] {
+        let (_, errors) = handle.reload_bridges(&[mesh_bridge_311(name, to)]).await;
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    wait_connected(&a).await;
+    wait_connected(&b).await;
+    // Once on a, and on b once by each link: no message crosses a second bridge.
+    assert_eq!(copies_of_one_publish(&[a_addr, b_addr]).await, [1, 2]);
+    for h in [&a, &b] {
+        let info = &h.bridges()[0];
+        assert_eq!(info.forwarded_out + info.forwarded_in, 1, "{info:?}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// a -> b -> c -> a over MQTT 3.1.1, every link `direction`.
+async fn ring_311(
+    direction: BridgeDirection,
+) -> (Vec<mercurio_core::BrokerHandle>, Vec<SocketAddr>) {
+    let mut handles = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let (h, a) = start().await;
+        handles.push(h);
+        addrs.push(a);
+    }
+    for i in 0..3 {
+        let b = bridge(
+            &format!("link{i}"),
+            addrs[(i + 1) % 3],
+            vec![topic("mesh/#", direction, 1, "", "")],
+        );
+        let (_, errors) = handles[i].reload_bridges(&[b]).await;
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    for h in &handles {
+        wait_connected(h).await;
+    }
+    (handles, addrs)
+}
+
+#[tokio::test]
+async fn a_star_at_3_1_1_passes_a_site_message_on_to_the_other_sites_once() {
+    // Two sites, each with one bridge into the central broker, both ways: the central broker
+    // passes a site's message on from one site's bridge to the other's (one bridge into each
+    // broker), and nothing comes back.
+    let (hub, hub_addr) = start().await;
+    let (s1, s1_addr) = start_with(with_bridges(vec![mesh_bridge_311("s1", hub_addr)])).await;
+    let (s2, s2_addr) = start_with(with_bridges(vec![mesh_bridge_311("s2", hub_addr)])).await;
+    wait_connected(&s1).await;
+    wait_connected(&s2).await;
+    assert_eq!(
+        copies_of_one_publish(&[s1_addr, hub_addr, s2_addr]).await,
+        [1, 1, 1]
+    );
+    for h in [s1, s2, hub] {
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_ring_of_three_mercurios_at_3_1_1_linked_both_ways_delivers_once_on_each() {
+    let (handles, addrs) = ring_311(BridgeDirection::Both).await;
+    assert_eq!(copies_of_one_publish(&addrs).await, [1, 1, 1]);
+    for h in handles {
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_ring_of_three_mercurios_at_3_1_1_linked_out_only_crosses_one_bridge() {
+    // a -> b -> c -> a, each only `out`: a message crosses one bridge, so one published on
+    // a reaches b and stops there (it would otherwise go round for ever).
+    let (handles, addrs) = ring_311(BridgeDirection::Out).await;
+    assert_eq!(copies_of_one_publish(&addrs).await, [1, 1, 0]);
+    for h in handles {
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_remote_packet_over_max_packet_size_closes_the_link_before_its_body_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A raw remote: CONNACK, then a 16 MiB PUBLISH; `[server] max_packet_size` is 1 MiB.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let remote = listener.local_addr().expect("address");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Result<usize, String>>();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(&[0x20, 2, 0, 0]).await;
+            if !first {
+                let _ = tx.send(Ok(0));
+                continue;
+            }
+            first = false;
+            // PUBLISH QoS 0, topic "big/x": remaining length 16 MiB (4-byte varint).
+            let remaining: usize = 16 * 1024 * 1024;
+            let mut header = vec![0x30];
+            let mut n = remaining;
+            loop {
+                let mut b = (n % 128) as u8;
+                n /= 128;
+                if n > 0 {
+                    b |= 0x80;
+                }
+                header.push(b);
+                if n == 0 {
+                    break;
+                }
+            }
+            header.extend_from_slice(&[0, 5]);
+            header.extend_from_slice(b"big/x");
+            // What follows the fixed header so far: the topic's length and the topic.
+            let mut sent = 2 + 5;
+            let result = async {
+                s.write_all(&header).await.map_err(|e| e.to_string())?;
+                let chunk = vec![b'x'; 64 * 1024];
+                while sent < remaining {
+                    let n = chunk.len().min(remaining - sent);
+                    s.write_all(&chunk[..n]).await.map_err(|e| e.to_string())?;
+                    sent += n;
+                }
+                Ok(sent)
+            }
+            .await;
+            let _ = tx.send(result);
+        }
+    });
+    let b = bridge(
+        "big",
+        remote,
+        vec![topic("big/#", BridgeDirection::In, 0, "", "")],
+    );
+    let mut config = with_bridges(vec![b]);
+    config.server.max_packet_size = 1024 * 1024;
+    let (handle, _) = start_with(config).await;
+    // The bridge closed the link on the fixed header: the remote could not write the body.
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the first connection within 10 s")
+        .expect("a result");
+    assert!(first.is_err(), "the 16 MiB body was read whole: {first:?}");
+    // Counted, and connected again after the pause.
+    let again = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a second connection within 10 s");
+    assert_eq!(again, Some(Ok(0)));
+    let info = &handle.bridges()[0];
+    assert_eq!(info.packets_too_large, 1, "{info:?}");
+    assert!(
+        info.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("max_packet_size")),
+        "{info:?}"
+    );
+    handle.shutdown().await;
+}
+
+/// A self-signed certificate for localhost (a CA certificate, as `openssl req -x509` makes
+/// by default) and its key, as PEM files `{name}.pem` and `{name}.key` in `dir`.
+fn self_signed(dir: &std::path::Path, name: &str) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+    p.distinguished_name.push(DnType::CommonName, "localhost");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = p.self_signed(&key).expect("self-signed");
+    std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).expect("write");
+    std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).expect("write");
+}
+
+#[tokio::test]
+async fn a_self_signed_remote_certificate_in_cafile_is_pinned() {
+    let logs = capture_logs();
+    let dir = tempfile::tempdir().expect("temp dir");
+    self_signed(dir.path(), "remote");
+    self_signed(dir.path(), "other");
+    let mut remote_config = test_config();
+    remote_config
+        .listeners
+        .push(mercurio_core::config::ListenerConfig {
+            port: 0,
+            cert_file: Some(dir.path().join("remote.pem")),
+            key_file: Some(dir.path().join("remote.key")),
+            ..Default::default()
+        });
+    let (remote, remote_plain) = start_with(remote_config).await;
+    let tls_port = remote.local_addrs()[1].port();
+
+    let mut pinned = mesh_bridge("pinned", SocketAddr::from(([127, 0, 0, 1], tls_port)));
+    pinned.addresses = vec![format!("localhost:{tls_port}")];
+    pinned.cafile = Some(dir.path().join("remote.pem"));
+    // Another self-signed certificate in cafile: refused.
+    let mut other = pinned.clone();
+    other.name = "other".into();
+    other.cafile = Some(dir.path().join("other.pem"));
+    // The right certificate, the wrong name: refused too.
+    let mut wrong_name = pinned.clone();
+    wrong_name.name = "wrong-name".into();
+    wrong_name.tls_server_name = Some("elsewhere.example".into());
+    let (local, addr) = start_with(with_bridges(vec![pinned, other, wrong_name])).await;
+    let info = |name: &str| {
+        local
+            .bridges()
+            .into_iter()
+            .find(|b| b.name == name)
+            .expect("the bridge")
+    };
+    wait_until("the pinned bridge connected", || info("pinned").connected).await;
+    wait_until("the other two failed", || {
+        info("other").last_error.is_some() && info("wrong-name").last_error.is_some()
+    })
+    .await;
+    assert!(!info("other").connected && !info("wrong-name").connected);
+    let pinned_lines = logs.matching(&["remote certificate pinned", "bridge=pinned"]);
+    assert!(!pinned_lines.is_empty(), "{:#?}", logs.lines());
+
+    let mut far = Client::connect(remote_plain, ProtocolVersion::V5, "far").await;
+    far.subscribe("mesh/#", QoS::AtLeastOnce).await;
+    let mut p = Client::connect(addr, ProtocolVersion::V5, "p").await;
+    p.publish("mesh/pinned", b"s", QoS::AtLeastOnce, false)
+        .await;
+    assert_eq!(next(&mut far).await.payload.as_ref(), b"s");
+    local.shutdown().await;
+    remote.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_password_without_tls_is_warned_about_once() {
+    let logs = capture_logs();
+    let mut b = bridge(
+        "plain",
+        dead_address(),
+        vec![topic("q/#", BridgeDirection::Out, 1, "", "")],
+    );
+    b.username = Some("site".into());
+    b.password = Some("secret".into());
+    let (handle, _) = start_with(with_bridges(vec![b])).await;
+    wait_until("a failed attempt", || {
+        handle.bridges()[0].last_error.is_some()
+    })
+    .await;
+    let lines = logs.matching(&["WARN", "password without TLS", "bridge=plain"]);
+    assert_eq!(lines.len(), 1, "{:#?}", logs.lines());
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retained_message_brought_in_by_a_bridge_does_not_go_back_to_a_3_1_1_bridge() {
+    // b's bridge brings a's retained r/x = v1 in, then goes away; a's r/x becomes v2. When a
+    // then bridges to b, b must not hand it v1 back as a retained message (it came over a
+    // bridge into b), or a's retained value would go back to the stale v1.
+    let (a, a_addr) = start().await;
+    let (b, b_addr) = start().await;
+    let rule = |d| vec![topic("r/#", d, 1, "", "")];
+    let (_, errors) = b
+        .reload_bridges(&[bridge("b-a", a_addr, rule(BridgeDirection::In))])
+        .await;
+    assert!(errors.is_empty(), "{errors:?}");
+    wait_connected(&b).await;
+    let mut watch_b = Client::connect(b_addr, ProtocolVersion::V5, "watch-b").await;
+    watch_b.subscribe("r/#", QoS::AtLeastOnce).await;
+    let mut p = Client::connect(a_addr, ProtocolVersion::V5, "p").await;
+    p.publish("r/x", b"v1", QoS::AtLeastOnce, true).await;
+    assert_eq!(next(&mut watch_b).await.payload.as_ref(), b"v1");
+    let (report, _) = b.reload_bridges(&[]).await;
+    assert_eq!(report.removed, vec!["b-a".to_string()]);
+    p.publish("r/x", b"v2", QoS::AtLeastOnce, true).await;
+
+    let (_, errors) = a
+        .reload_bridges(&[bridge("a-b", b_addr, rule(BridgeDirection::In))])
+        .await;
+    assert!(errors.is_empty(), "{errors:?}");
+    wait_connected(&a).await;
+    let mut watch_a = Client::connect(a_addr, ProtocolVersion::V5, "watch-a").await;
+    watch_a.subscribe("r/#", QoS::AtLeastOnce).await;
+    assert_eq!(next(&mut watch_a).await.payload.as_ref(), b"v2");
+    watch_a.expect_nothing(Duration::from_millis(500)).await;
+    let mut late = Client::connect(a_addr, ProtocolVersion::V5, "late").await;
+    late.subscribe("r/#", QoS::AtLeastOnce).await;
+    assert_eq!(next(&mut late).await.payload.as_ref(), b"v2");
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -33,7 +33,7 @@ use crate::codec::{
 };
 use crate::config::{BridgeConfig, BridgeProtocol};
 use crate::message::Message;
-use crate::session::Session;
+use crate::session::{QueueLimits, Session};
 
 use backoff::Backoff;
 use queue::{Outgoing, Sender};
@@ -121,6 +121,9 @@ impl Bridges {
         let status = Arc::new(BridgeStatus::new(&cfg));
         {
             let mut list = self.broker.bridges.lock();
+            if let Some(old) = list.iter().find(|s| s.name == cfg.name) {
+                status.carry_counters(old);
+            }
             list.retain(|s| s.name != cfg.name);
             list.push(Arc::clone(&status));
         }
@@ -132,7 +135,6 @@ impl Bridges {
             tls,
             status,
             stop: stop_rx,
-            inbound_qos2: HashSet::new(),
         };
         let task = tokio::spawn(task.run());
         Ok(Running { cfg, stop, task })
@@ -223,6 +225,22 @@ async fn stopped(stop: &mut watch::Receiver<Stop>, link: &crate::link::Link) -> 
     }
 }
 
+/// The limits of a bridge's queue: `[server]`'s, with the bridge's `max_queued_messages`
+/// and `max_queued_bytes` (0: unlimited) in place of the broker-wide ones.
+fn queue_limits(server: &crate::config::ServerConfig, cfg: &BridgeConfig) -> QueueLimits {
+    let mut server = server.clone();
+    server.max_queued_messages = match cfg.max_queued_messages {
+        0 => usize::MAX,
+        n => n,
+    };
+    server.max_queued_bytes = cfg.max_queued_bytes;
+    QueueLimits::new(&server)
+}
+
+/// How long a connection must stay up before the pause between attempts starts again from
+/// the shortest (and a lost connection is logged as a warning again): 30 s, the longest pause.
+const STABLE_LINK: Duration = Backoff::MAX;
+
 /// How one connection to the remote ended.
 enum Ended {
     Stop(Stop),
@@ -237,8 +255,6 @@ struct Task {
     tls: Option<tokio_rustls::TlsConnector>,
     status: Arc<BridgeStatus>,
     stop: watch::Receiver<Stop>,
-    /// QoS 2 packet identifiers from the remote awaiting PUBREL.
-    inbound_qos2: HashSet<u16>,
 }
 
 impl Task {
@@ -247,7 +263,14 @@ impl Task {
             tracing::error!(bridge = %self.cfg.name, "bridge without addresses: not started");
             return;
         }
+        if self.cfg.password.is_some() && !self.cfg.tls() {
+            tracing::warn!(bridge = %self.cfg.name, "the bridge sends its password without TLS (no cafile): anyone on the way to the remote can read it");
+        }
         let out = Outgoing::attach(&self.broker, &self.cfg.name, &self.map);
+        out.session
+            .state
+            .lock()
+            .set_own_limits(Some(queue_limits(&self.broker.config.server, &self.cfg)));
         self.status.set_session(Some(Arc::clone(&out.session)));
         self.set_state(false);
         let mut backoff = Backoff::new();
@@ -258,6 +281,11 @@ impl Task {
         let mut dropped_at_connect = 0u64;
         let timeout = Duration::from_secs(u64::from(self.cfg.keepalive).clamp(5, 30));
         let mut last_logged: Option<String> = None;
+        let max_incoming = self
+            .cfg
+            .max_incoming_packet(self.broker.config.server.max_packet_size);
+        // Connections lost in a row, each (after the first) within STABLE_LINK of being made.
+        let mut lost_in_a_row = 0u64;
         let stop = loop {
             let stop = *self.stop.borrow();
             if stop != Stop::Run {
@@ -265,7 +293,7 @@ impl Task {
             }
             let address = self.cfg.addresses[index % self.cfg.addresses.len()].clone();
             let attempt = tokio::select! {
-                r = Remote::connect(&self.cfg, self.tls.as_ref(), &address, private, timeout) => r,
+                r = Remote::connect(&self.cfg, self.tls.as_ref(), &address, private, timeout, max_incoming) => r,
                 stop = stopped(&mut self.stop, &out.link) => break stop,
             };
             let mut remote = match attempt {
@@ -308,10 +336,23 @@ impl Task {
             }
             dropped_at_connect = dropped;
             last_logged = None;
-            backoff.reset();
-            tracing::info!(bridge = %self.cfg.name, %address, session_present = remote.connack.session_present, "bridge connected");
+            if !remote.connack.session_present {
+                // A new session on the remote: nothing it sent before comes again, so the
+                // QoS 2 identifiers awaiting its PUBREL are free for new messages.
+                let id = &out.session.client_id;
+                let mut st = out.session.state.lock();
+                for packet_id in st.inbound_qos2_ids() {
+                    st.release_qos2(id, packet_id);
+                }
+            }
+            if lost_in_a_row <= 1 {
+                tracing::info!(bridge = %self.cfg.name, %address, session_present = remote.connack.session_present, "bridge connected");
+            } else {
+                tracing::debug!(bridge = %self.cfg.name, %address, lost_in_a_row, "bridge connected");
+            }
+            let connected_at = Instant::now();
             *self.status.address.lock() = Some(address.clone());
-            *self.status.since.lock() = Some(Instant::now());
+            *self.status.since.lock() = Some(connected_at);
             self.status.connected.store(true, Ordering::Relaxed);
             self.set_state(true);
             let ended = self.serve(&mut remote, &out).await;
@@ -319,13 +360,44 @@ impl Task {
             *self.status.since.lock() = None;
             out.unsent();
             self.set_state(false);
+            if remote.too_large {
+                self.status.too_large.fetch_add(1, Ordering::Relaxed);
+                if remote.version.is_v5() {
+                    // MQTT 5.0 section 4.13: DISCONNECT 0x95 (Packet too large), then close.
+                    let mut buf = BytesMut::new();
+                    let _ = codec::encode(
+                        &Packet::Disconnect(Disconnect {
+                            reason_code: ReasonCode::PACKET_TOO_LARGE,
+                            properties: Properties::default(),
+                        }),
+                        remote.version,
+                        &mut buf,
+                    );
+                    let _ = tokio::time::timeout(Duration::from_secs(1), remote.write(&buf)).await;
+                }
+            }
             match ended {
                 Ended::Stop(stop) => {
                     self.goodbye(&mut remote, &out).await;
                     break stop;
                 }
                 Ended::Lost(why) => {
-                    tracing::warn!(bridge = %self.cfg.name, %address, "bridge connection lost: {why}");
+                    // The pause starts again from the shortest only after a link that
+                    // stayed up for STABLE_LINK: a remote that accepts the bridge and then
+                    // drops it is retried ever more slowly, as one that refuses it is.
+                    if connected_at.elapsed() >= STABLE_LINK {
+                        backoff.reset();
+                        lost_in_a_row = 0;
+                    }
+                    lost_in_a_row += 1;
+                    if lost_in_a_row == 1 {
+                        tracing::warn!(bridge = %self.cfg.name, %address, "bridge connection lost: {why}");
+                    } else if [10, 100, 1000, 10_000].contains(&lost_in_a_row) {
+                        tracing::warn!(bridge = %self.cfg.name, %address, lost_in_a_row, "bridge connection lost {lost_in_a_row} times in a row, each within {} s of connecting: {why}", STABLE_LINK.as_secs());
+                    } else {
+                        // Lost again soon after connecting: one warning, then the count.
+                        tracing::debug!(bridge = %self.cfg.name, %address, lost_in_a_row, "bridge connection lost again within {} s of connecting: {why}", STABLE_LINK.as_secs());
+                    }
                     *self.status.last_error.lock() = Some(format!("{address}: {why}"));
                     if self.cfg.round_robin {
                         index += 1;
@@ -492,7 +564,8 @@ impl Task {
             // Everything already buffered, then one fill and one write.
             let mut published = false;
             loop {
-                published |= matches!(packet, Packet::Publish(_));
+                // A PUBREL's release, like a message, is stored before its PUBCOMP goes.
+                published |= matches!(packet, Packet::Publish(_) | Packet::PubRel(_));
                 if let Err(why) = self.on_packet(packet, out, version, &mut buf) {
                     return Ended::Lost(why);
                 }
@@ -555,9 +628,17 @@ impl Task {
             }
             Packet::Publish(p) => {
                 let (qos, packet_id) = (p.qos, p.packet_id);
-                let duplicate = qos == QoS::ExactlyOnce && !self.inbound_qos2.insert(packet_id);
+                // The QoS 2 identifiers awaiting PUBREL are kept in the bridge's session,
+                // stored as a client's are: a PUBLISH sent again after a restart of this
+                // broker is recognised, and not delivered twice (MQTT 5.0 section 4.3.3).
+                let duplicate =
+                    qos == QoS::ExactlyOnce && out.session.state.lock().awaits_release(packet_id);
                 if !duplicate {
                     self.publish_locally(p, &out.session);
+                    if qos == QoS::ExactlyOnce {
+                        let id = &out.session.client_id;
+                        out.session.state.lock().receive_qos2(id, packet_id);
+                    }
                 }
                 match qos {
                     QoS::AtMostOnce => {}
@@ -566,7 +647,8 @@ impl Task {
                 }
             }
             Packet::PubRel(a) => {
-                self.inbound_qos2.remove(&a.packet_id);
+                let id = &out.session.client_id;
+                out.session.state.lock().release_qos2(id, a.packet_id);
                 ack(Packet::PubComp, a.packet_id, buf);
             }
             Packet::SubAck(s) => {
@@ -647,6 +729,9 @@ pub(crate) mod tests {
             try_private: true,
             notifications: true,
             notification_topic: None,
+            max_queued_messages: crate::config::DEFAULT_BRIDGE_QUEUED_MESSAGES,
+            max_queued_bytes: crate::config::DEFAULT_BRIDGE_QUEUED_BYTES,
+            max_packet_size: None,
             topics: vec![BridgeTopic {
                 pattern: "a/#".into(),
                 direction: BridgeDirection::Out,

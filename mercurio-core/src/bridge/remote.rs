@@ -24,25 +24,35 @@ use crate::config::{parse_address, BridgeConfig, BridgeProtocol};
 pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// Largest packet accepted from the remote (the MQTT limit: the remote decides).
-const MAX_INCOMING: u32 = crate::config::MAX_PACKET_SIZE_LIMIT;
-
 /// The TLS client side of a bridge, loaded from its files.
 pub(crate) fn tls_connector(cfg: &BridgeConfig) -> Result<Option<TlsConnector>, FileError> {
     let Some(cafile) = &cfg.cafile else {
         return Ok(None);
     };
     let mut roots = rustls::RootCertStore::empty();
-    for c in crate::tls::load_certs(cafile)? {
+    let certs = crate::tls::load_certs(cafile)?;
+    for c in &certs {
         roots
-            .add(c)
+            .add(c.clone())
             .map_err(|e| FileError::new(cafile, format!("bad CA certificate: {e}")))?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .build()
+    .map_err(|e| FileError::new(cafile, format!("TLS: {e}")))?;
+    let verifier = Arc::new(PinningVerifier {
+        webpki,
+        pinned: certs,
+        bridge: cfg.name.clone(),
+    });
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| FileError::new(cafile, format!("TLS: {e}")))?
-        .with_root_certificates(roots);
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
     let config = match (&cfg.certfile, &cfg.keyfile) {
         (Some(cert), Some(key)) => {
             let certs = crate::tls::load_certs(cert)?;
@@ -61,6 +71,102 @@ pub(crate) fn tls_connector(cfg: &BridgeConfig) -> Result<Option<TlsConnector>, 
     Ok(Some(TlsConnector::from(Arc::new(config))))
 }
 
+/// The check of the remote's certificate: the CA certificates of `cafile` (rustls' WebPKI
+/// verifier), or, as mosquitto accepts, the remote's own self-signed certificate held in
+/// `cafile`. rustls refuses that one as its own issuer (a CA certificate used as an end
+/// entity, `CaUsedAsEndEntity`, or a chain to nothing else); it is accepted when the certificate
+/// presented is byte for byte (DER) one of `cafile`'s (pinned), within its validity dates and
+/// carrying the server name, and the handshake signed with its key (checked as for any
+/// certificate).
+#[derive(Debug)]
+struct PinningVerifier {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    /// Every certificate of `cafile`.
+    pinned: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// The bridge's name, for the log.
+    bridge: String,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinningVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let refused = match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if !self
+            .pinned
+            .iter()
+            .any(|p| p.as_ref() == end_entity.as_ref())
+        {
+            return Err(refused);
+        }
+        check_validity(end_entity, now)?;
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, server_name)?;
+        tracing::info!(bridge = %self.bridge, "remote certificate pinned: the cafile holds the remote's own self-signed certificate");
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// A pinned certificate's validity dates against `now` (RFC 5280 section 4.1.2.5).
+fn check_validity(
+    cert: &rustls::pki_types::CertificateDer<'_>,
+    now: rustls::pki_types::UnixTime,
+) -> Result<(), rustls::Error> {
+    use x509_cert::der::Decode;
+    let bad = || rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding);
+    let parsed = x509_cert::Certificate::from_der(cert.as_ref()).map_err(|_| bad())?;
+    let validity = &parsed.tbs_certificate.validity;
+    let secs = |t: &x509_cert::time::Time| t.to_unix_duration().as_secs();
+    let now = now.as_secs();
+    if now < secs(&validity.not_before) {
+        return Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidYet,
+        ));
+    }
+    if now > secs(&validity.not_after) {
+        return Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Expired,
+        ));
+    }
+    Ok(())
+}
+
 /// Why a connection attempt failed.
 #[derive(Debug)]
 pub(crate) enum ConnectError {
@@ -68,15 +174,24 @@ pub(crate) enum ConnectError {
     Io(String),
     /// Connected, then closed or unanswered before CONNACK.
     Closed(String),
-    /// CONNACK with a failure code.
-    Refused(ReasonCode),
+    /// CONNACK with a failure code: a 5.0 reason code, or (3.1.1) a return code 1 to 5 as
+    /// it came, which the codec keeps in a [`ReasonCode`].
+    Refused(ReasonCode, ProtocolVersion),
 }
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConnectError::Io(e) | ConnectError::Closed(e) => f.write_str(e),
-            ConnectError::Refused(rc) => write!(f, "refused by the remote: CONNACK {rc:?}"),
+            ConnectError::Refused(rc, v) if v.is_v5() => {
+                write!(f, "refused by the remote: CONNACK {rc:?}")
+            }
+            ConnectError::Refused(rc, _) => write!(
+                f,
+                "refused by the remote: CONNACK return code {} ({})",
+                rc.0,
+                ReasonCode::v3_connack_name(rc.0)
+            ),
         }
     }
 }
@@ -86,6 +201,11 @@ pub(crate) struct Remote {
     reader: ReadHalf<Box<dyn Io>>,
     writer: WriteHalf<Box<dyn Io>>,
     inbuf: BytesMut,
+    /// Largest packet accepted from the remote, bytes (fixed header included): a larger one
+    /// is refused from its fixed header, before its body is read.
+    max_incoming: u32,
+    /// Set when a packet over `max_incoming` ended the connection.
+    pub too_large: bool,
     pub version: ProtocolVersion,
     pub connack: ConnAck,
 }
@@ -93,14 +213,18 @@ pub(crate) struct Remote {
 impl Remote {
     /// Opens the connection to `address` and goes through CONNECT / CONNACK within `timeout`.
     /// `private` sets the protocol level's 0x80 bit (mosquitto's bridge convention).
+    /// `max_incoming` is the largest packet accepted from the remote, in bytes (told to an
+    /// MQTT 5 remote as Maximum Packet Size).
     pub(crate) async fn connect(
         cfg: &BridgeConfig,
         tls: Option<&TlsConnector>,
         address: &str,
         private: bool,
         timeout: Duration,
+        max_incoming: u32,
     ) -> Result<Remote, ConnectError> {
-        match tokio::time::timeout(timeout, Self::connect_inner(cfg, tls, address, private)).await {
+        let attempt = Self::connect_inner(cfg, tls, address, private, max_incoming);
+        match tokio::time::timeout(timeout, attempt).await {
             Ok(r) => r,
             Err(_) => Err(ConnectError::Closed(format!(
                 "no CONNACK within {} s",
@@ -114,6 +238,7 @@ impl Remote {
         tls: Option<&TlsConnector>,
         address: &str,
         private: bool,
+        max_incoming: u32,
     ) -> Result<Remote, ConnectError> {
         let default_port = if tls.is_some() { 8883 } else { 1883 };
         let (host, port) = parse_address(address, default_port).map_err(ConnectError::Io)?;
@@ -143,11 +268,13 @@ impl Remote {
             reader,
             writer,
             inbuf: BytesMut::with_capacity(8192),
+            max_incoming,
+            too_large: false,
             version,
             connack: ConnAck::default(),
         };
         let mut out = BytesMut::new();
-        encode_connect(cfg, version, private, &mut out)?;
+        encode_connect(cfg, version, private, max_incoming, &mut out)?;
         remote
             .write(&out)
             .await
@@ -163,7 +290,7 @@ impl Remote {
             )));
         };
         if ack.reason_code != ReasonCode::SUCCESS {
-            return Err(ConnectError::Refused(ack.reason_code));
+            return Err(ConnectError::Refused(ack.reason_code, version));
         }
         remote.connack = ack;
         Ok(remote)
@@ -171,17 +298,28 @@ impl Remote {
 
     /// The next packet already buffered, if any.
     pub(crate) fn buffered(&mut self) -> io::Result<Option<Packet>> {
-        codec::decode(&mut self.inbuf, self.version, MAX_INCOMING)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+        codec::decode(&mut self.inbuf, self.version, self.max_incoming)
+            .map_err(|e| self.undecodable(e))
+    }
+
+    /// The error for a packet that cannot be decoded; notes one over `max_incoming`, which
+    /// [`codec::check_frame`] finds from its fixed header.
+    fn undecodable(&mut self, e: codec::DecodeError) -> io::Error {
+        let mut why = e.to_string();
+        if let codec::DecodeError::PacketTooLarge { .. } = e {
+            self.too_large = true;
+            why.push_str(" (the bridge's max_packet_size)");
+        }
+        io::Error::new(io::ErrorKind::InvalidData, why)
     }
 
     /// The next whole packet. Cancel safe: bytes read stay in the buffer.
     pub(crate) async fn read(&mut self) -> io::Result<Packet> {
         loop {
-            match codec::decode(&mut self.inbuf, self.version, MAX_INCOMING) {
+            match codec::decode(&mut self.inbuf, self.version, self.max_incoming) {
                 Ok(Some(p)) => return Ok(p),
                 Ok(None) => {}
-                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+                Err(e) => return Err(self.undecodable(e)),
             }
             if self.reader.read_buf(&mut self.inbuf).await? == 0 {
                 return Err(io::Error::new(
@@ -218,12 +356,17 @@ fn encode_connect(
     cfg: &BridgeConfig,
     version: ProtocolVersion,
     private: bool,
+    max_incoming: u32,
     out: &mut BytesMut,
 ) -> Result<(), ConnectError> {
     let mut properties = Properties::default();
     if version.is_v5() && !cfg.clean_start {
         // Keep the session on the remote while the link is down [MQTT-3.1.2-23].
         properties.session_expiry_interval = Some(u32::MAX);
+    }
+    if version.is_v5() && max_incoming < crate::config::MAX_PACKET_SIZE_LIMIT {
+        // The remote must send nothing larger [MQTT-3.1.2-24].
+        properties.maximum_packet_size = Some(max_incoming);
     }
     let will = cfg.notifications.then(|| LastWill {
         topic: cfg.remote_state_topic(),
@@ -269,7 +412,10 @@ fn set_private_bit(connect: &mut [u8]) {
 /// attempt goes without it): the protocol version refused, or the connection closed.
 pub(crate) fn refuses_private(e: &ConnectError) -> bool {
     match e {
-        ConnectError::Refused(rc) => *rc == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION || rc.0 == 1,
+        ConnectError::Refused(rc, _) => {
+            *rc == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION
+                || rc.0 == ReasonCode::V3_UNACCEPTABLE_PROTOCOL_VERSION
+        }
         ConnectError::Closed(_) => true,
         ConnectError::Io(_) => false,
     }
@@ -283,8 +429,65 @@ mod tests {
     fn private_bit_on_the_protocol_level() {
         let cfg = crate::bridge::tests::example();
         let mut out = BytesMut::new();
-        encode_connect(&cfg, ProtocolVersion::V311, true, &mut out).unwrap();
+        encode_connect(&cfg, ProtocolVersion::V311, true, 1 << 20, &mut out).unwrap();
         assert_eq!(&out[4..8], b"MQTT");
         assert_eq!(out[8], 0x84);
+    }
+
+    /// The bridge tells an MQTT 5 remote the largest packet it accepts [MQTT-3.1.2-24].
+    #[test]
+    fn maximum_packet_size_in_the_v5_connect() {
+        let mut cfg = crate::bridge::tests::example();
+        cfg.protocol_version = BridgeProtocol::Mqttv5;
+        let mut out = BytesMut::new();
+        encode_connect(&cfg, ProtocolVersion::V5, false, 1 << 20, &mut out).unwrap();
+        let Ok(Some(Packet::Connect(c))) = codec::decode(&mut out, ProtocolVersion::V5, 1 << 20)
+        else {
+            panic!("a CONNECT");
+        };
+        assert_eq!(c.properties.maximum_packet_size, Some(1 << 20));
+    }
+
+    /// A 3.1.1 remote refusing the CONNECT: the error names the return code as MQTT 3.1.1
+    /// section 3.2.2.3 does, not as a 5.0 reason code of the same value.
+    #[tokio::test]
+    async fn a_3_1_1_refusal_is_named() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for code in 1u8..=5 {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 256];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(&[0x20, 2, 0, code]).await;
+            }
+        });
+        let mut cfg = crate::bridge::tests::example();
+        cfg.addresses = vec![addr.to_string()];
+        let mut seen = Vec::new();
+        for _ in 1..=5 {
+            let e = Remote::connect(
+                &cfg,
+                None,
+                &addr.to_string(),
+                false,
+                Duration::from_secs(5),
+                1 << 20,
+            )
+            .await
+            .err()
+            .unwrap();
+            seen.push(e.to_string());
+        }
+        assert_eq!(
+            seen,
+            [
+                "refused by the remote: CONNACK return code 1 (unacceptable protocol version)",
+                "refused by the remote: CONNACK return code 2 (identifier rejected)",
+                "refused by the remote: CONNACK return code 3 (server unavailable)",
+                "refused by the remote: CONNACK return code 4 (bad user name or password)",
+                "refused by the remote: CONNACK return code 5 (not authorized)",
+            ]
+        );
     }
 }

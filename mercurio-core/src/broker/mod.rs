@@ -89,6 +89,17 @@ pub(crate) struct BrokerState {
     pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
 }
 
+/// True for a message one of this broker's bridges brought in (published by its session
+/// `$internal/bridge/<name>`): it is not sent to other brokers' bridges connected here
+/// (`try_private`), so that over MQTT 3.1.1 too a message crosses one bridge
+/// (docs/bridges.md, Loops).
+fn from_own_bridge(msg: &Message) -> bool {
+    msg.publisher
+        .as_deref()
+        .and_then(|p| p.strip_prefix(INTERNAL_PREFIX))
+        .is_some_and(|p| p.starts_with("bridge/"))
+}
+
 impl BrokerState {
     pub(crate) fn new(mut config: Config) -> BrokerState {
         // Every limit's 0 means unlimited: from here on each is its largest value.
@@ -149,6 +160,12 @@ impl BrokerState {
         msg: Arc<Message>,
         congested: &mut Vec<Arc<Session>>,
     ) -> bool {
+        if msg.topic.starts_with("$SYS") && self.is_own_bridge_state(&msg.topic) {
+            // A client (or its will) on the state topic of a bridge this broker runs: the
+            // broker's value stays.
+            tracing::debug!(topic = %msg.topic, "a client's message on the state of one of this broker's bridges: dropped");
+            return false;
+        }
         if msg.retain {
             if msg.topic.starts_with("$SYS") {
                 // A bridge's state (the only `$SYS` topic a client may publish): in memory,
@@ -164,6 +181,19 @@ impl BrokerState {
             }
         }
         self.route_from(&msg, congested)
+    }
+
+    /// True when `topic` is `$SYS/broker/connection/<client id>/state` of a bridge this
+    /// broker runs (`[[bridges]]`): the broker's own value, which clients may not set even
+    /// when they connect with that client identifier.
+    pub(crate) fn is_own_bridge_state(&self, topic: &str) -> bool {
+        let Some(id) = topic
+            .strip_prefix("$SYS/broker/connection/")
+            .and_then(|t| t.strip_suffix("/state"))
+        else {
+            return false;
+        };
+        self.bridges.lock().iter().any(|b| b.client_id == id)
     }
 
     /// Publishes one of the broker's own `$SYS` messages: kept in the `$SYS` retained store,
@@ -236,10 +266,17 @@ impl BrokerState {
         let size = msg.size() as u64;
         let matched =
             !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
+        // Brought in by one of this broker's bridges: not for other brokers' bridges.
+        let from_own_bridge = from_own_bridge(msg);
         for cm in &matches.clients {
             let Some(first) = cm.subscriptions.first() else {
                 continue;
             };
+            if from_own_bridge && first.session.state.lock().remote_bridge() {
+                // A message crosses at most one bridge (docs/bridges.md, Loops): over MQTT
+                // 3.1.1 the remote cannot tell, so it is not sent.
+                continue;
+            }
             let mut qos: Option<QoS> = None;
             let mut retain = false;
             let mut ids = Vec::new();
@@ -389,8 +426,9 @@ impl BrokerState {
         } else {
             self.retained.lock().matching(filter)
         };
+        let remote_bridge = session.state.lock().remote_bridge();
         for msg in found {
-            if msg.is_expired(now) {
+            if msg.is_expired(now) || (remote_bridge && from_own_bridge(&msg)) {
                 continue;
             }
             let q = Delivery {

@@ -79,6 +79,22 @@ impl ReasonCode {
         }
     }
 
+    /// The name of a 3.x CONNACK return code (MQTT 3.1.1 section 3.2.2.3, the table of
+    /// Connect Return code values), for logs: 1 "unacceptable protocol version", 2
+    /// "identifier rejected", 3 "server unavailable", 4 "bad user name or password", 5 "not
+    /// authorized"; 0 "accepted"; others "reserved return code".
+    pub fn v3_connack_name(code: u8) -> &'static str {
+        match code {
+            Self::V3_ACCEPTED => "accepted",
+            Self::V3_UNACCEPTABLE_PROTOCOL_VERSION => "unacceptable protocol version",
+            Self::V3_IDENTIFIER_REJECTED => "identifier rejected",
+            Self::V3_SERVER_UNAVAILABLE => "server unavailable",
+            Self::V3_BAD_USER_NAME_OR_PASSWORD => "bad user name or password",
+            Self::V3_NOT_AUTHORIZED => "not authorized",
+            _ => "reserved return code",
+        }
+    }
+
     /// The specification's name, for logs ("Session taken over", ...).
     pub fn name(self) -> &'static str {
         match self.0 {

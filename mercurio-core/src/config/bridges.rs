@@ -132,8 +132,40 @@ pub struct BridgeConfig {
     /// publishes needs another topic here). Locally the state is always on that `$SYS` topic.
     #[serde(default)]
     pub notification_topic: Option<String>,
+    /// Messages the bridge's outgoing queue holds (those in flight not counted) before any is
+    /// dropped (counted in the bridge's `dropped`); 0 = unlimited. Default 1,000,000: six
+    /// hours of an outage at 46 messages a second. The bridge's own limit, in place of
+    /// `[server] max_queued_messages`, which stays that of the other sessions.
+    #[serde(default = "default_bridge_queued_messages")]
+    pub max_queued_messages: usize,
+    /// Bytes the bridge's outgoing queue holds (topic, properties and payload of each
+    /// message, as `[server] max_queued_bytes` counts them) before any is dropped; 0 =
+    /// unlimited. Default 256 MiB: the default message count at about 270 bytes each. The
+    /// bridge's own limit, in place of `[server] max_queued_bytes`.
+    #[serde(default = "default_bridge_queued_bytes")]
+    pub max_queued_bytes: u64,
+    /// Largest packet accepted from the remote, bytes, fixed header included: 14 to
+    /// 268,435,455, or 0 for the protocol's 268,435,455; default `[server] max_packet_size`.
+    /// A larger packet closes the link from its fixed header, before its body is read (and
+    /// the bridge connects again after its pause); an MQTT 5 remote is told the limit
+    /// (Maximum Packet Size in CONNECT).
+    #[serde(default)]
+    pub max_packet_size: Option<u32>,
     /// What crosses the bridge, at least one entry.
     pub topics: Vec<BridgeTopic>,
+}
+
+/// Default of [`BridgeConfig::max_queued_messages`].
+pub const DEFAULT_BRIDGE_QUEUED_MESSAGES: usize = 1_000_000;
+/// Default of [`BridgeConfig::max_queued_bytes`], bytes.
+pub const DEFAULT_BRIDGE_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
+
+fn default_bridge_queued_messages() -> usize {
+    DEFAULT_BRIDGE_QUEUED_MESSAGES
+}
+
+fn default_bridge_queued_bytes() -> u64 {
+    DEFAULT_BRIDGE_QUEUED_BYTES
 }
 
 fn default_bridge_keepalive() -> u16 {
@@ -149,6 +181,16 @@ fn default_true() -> bool {
 }
 
 impl BridgeConfig {
+    /// The largest packet accepted from the remote, bytes: `max_packet_size` (0: the
+    /// protocol's largest), or `server_max` (the broker's `[server] max_packet_size`, 0 read
+    /// the same way).
+    pub fn max_incoming_packet(&self, server_max: u32) -> u32 {
+        match self.max_packet_size.unwrap_or(server_max) {
+            0 => super::MAX_PACKET_SIZE_LIMIT,
+            m => m,
+        }
+    }
+
     /// The client identifier on the remote: `client_id`, or the bridge's name.
     pub fn remote_client_id(&self) -> &str {
         self.client_id.as_deref().unwrap_or(&self.name)
@@ -239,6 +281,19 @@ impl BridgeConfig {
         }
         if self.max_inflight < 1 {
             return Err(ConfigError::new(key("max_inflight"), "must be at least 1"));
+        }
+        if let Some(m) = self.max_packet_size {
+            if m != 0 && !(super::MIN_PACKET_SIZE_LIMIT..=super::MAX_PACKET_SIZE_LIMIT).contains(&m)
+            {
+                return Err(ConfigError::new(
+                    key("max_packet_size"),
+                    format!(
+                        "must be 0 or between {} and {}, not {m}",
+                        super::MIN_PACKET_SIZE_LIMIT,
+                        super::MAX_PACKET_SIZE_LIMIT
+                    ),
+                ));
+            }
         }
         if self.password.is_some() && self.username.is_none() {
             return Err(ConfigError::new(key("password"), "needs username as well"));

@@ -10,7 +10,10 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 mod bridges;
-pub use bridges::{parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic};
+pub use bridges::{
+    parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic,
+    DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,
+};
 
 /// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[auth]`,
 /// `[storage]`, `[logging]`, `[admin]`.

@@ -260,6 +260,7 @@ where
         client_limits,
         connack,
     } = accepted;
+    session.state.lock().set_remote_bridge(bridge);
     broker.stats.client_connected();
     if let Err(e) = stream.write_all(&connack).await {
         tracing::debug!(client_id = %session.client_id, "cannot send CONNACK: {e}");

@@ -531,7 +531,8 @@ impl<'a> Reader<'a> {
             return Ok(false);
         }
         if p.topic.starts_with("$SYS")
-            && p.topic != super::connect::bridge_state_topic(&self.c.session.client_id)
+            && (p.topic != super::connect::bridge_state_topic(&self.c.session.client_id)
+                || self.c.broker.is_own_bridge_state(&p.topic))
         {
             tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, "PUBLISH to $SYS refused");
             self.ack_publish(p.qos, p.packet_id, ReasonCode::NOT_AUTHORIZED);
@@ -561,6 +562,15 @@ impl<'a> Reader<'a> {
         } = p;
         let expiry = properties.message_expiry_interval.take();
         properties.subscription_identifiers.clear();
+        if self.c.bridge && !crate::bridge::queue::is_bridged(&properties) {
+            // From another broker's bridge (try_private): it crossed a bridge already, so it
+            // crosses no other of this broker's, as a message with the hop marker
+            // (docs/bridges.md, Loops). MQTT 3.1.1 cannot carry the marker: it is added here.
+            properties.user_properties.push((
+                crate::bridge::HOP_PROPERTY.to_string(),
+                self.c.session.client_id.to_string(),
+            ));
+        }
         // The clock is read only for a message that expires.
         let expires_at = expiry.and_then(|_| Message::expiry_deadline(expiry, Instant::now()));
         let msg = Arc::new(Message {

@@ -122,6 +122,12 @@ pub(crate) struct SessionState {
     dropping: Option<Box<Dropping>>,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
     dropped: u64,
+    /// Queue limits of this session in place of the broker's (a bridge's queue has its
+    /// own); `None`: the broker's. Boxed: only bridges have them.
+    own_limits: Option<Box<QueueLimits>>,
+    /// The client connected as another broker's bridge (mosquitto's `try_private`): what
+    /// this broker's own bridges bring in is not delivered to it (docs/bridges.md, Loops).
+    remote_bridge: bool,
     /// When the last connection ended; `None` while connected.
     disconnected_at: Option<Instant>,
     /// The user name of the last connection, stored with the session so that access checks
@@ -239,6 +245,8 @@ impl Session {
                 ended: false,
                 dropping: None,
                 dropped: 0,
+                own_limits: None,
+                remote_bridge: false,
                 disconnected_at: None,
                 username: None,
                 certificate: None,
@@ -283,6 +291,8 @@ impl Session {
         if st.link.is_none() && delivery.qos == QoS::AtMostOnce {
             return Enqueued::Skipped;
         }
+        let own = st.own_limits.as_deref().copied();
+        let limits = own.as_ref().unwrap_or(limits);
         let len = st.queue.len();
         // The limit that refuses it, if any (named in the warning).
         let limit = if delivery.qos == QoS::AtMostOnce && len >= limits.max_qos0_messages {

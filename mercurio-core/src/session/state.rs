@@ -49,8 +49,26 @@ impl SessionState {
     /// Back under the low-water mark: half the high-water mark, in messages (as
     /// [`Queue::pressure`](super::queue::Queue::pressure) counts them) and in bytes.
     pub(super) fn under_low_water(&self, limits: &QueueLimits) -> bool {
+        let limits = self.own_limits.as_deref().unwrap_or(limits);
         self.queue.pressure(limits.qos0_share) <= limits.high_water_messages / 2
             && self.queue.bytes() <= limits.high_water_bytes / 2
+    }
+
+    /// Gives this session queue limits of its own in place of the broker's (`None`: the
+    /// broker's again). A bridge's queue uses it.
+    pub(crate) fn set_own_limits(&mut self, limits: Option<QueueLimits>) {
+        self.own_limits = limits.map(Box::new);
+    }
+
+    /// Records whether the connection serving the session is another broker's bridge
+    /// (mosquitto's `try_private`), at each CONNECT.
+    pub(crate) fn set_remote_bridge(&mut self, bridge: bool) {
+        self.remote_bridge = bridge;
+    }
+
+    /// Whether the last connection was another broker's bridge (`try_private`).
+    pub(crate) fn remote_bridge(&self) -> bool {
+        self.remote_bridge
     }
 
     /// Removes the QoS 0 deliveries: they are not kept for a client that is away.

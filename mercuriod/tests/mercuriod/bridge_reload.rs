@@ -83,3 +83,43 @@ fn sighup_starts_stops_and_restarts_only_the_bridges_that_changed() {
     drop(r1);
     drop(r2);
 }
+
+#[test]
+fn a_bridge_restarted_by_sighup_keeps_its_counters() {
+    const TEST: &str = "a_bridge_restarted_by_sighup_keeps_its_counters";
+    if !mercurio_testkit::mosquitto_clients(TEST) {
+        return;
+    }
+    let remote = Daemon::start("");
+    let port = remote.port();
+    let mut d = Daemon::start(&bridge("one", port));
+    wait_until("the bridge connected", || connected(&d, &["one"]));
+    let publish = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "seq 1 3 | mosquitto_pub -h 127.0.0.1 -p {} -V mqttv311 -q 1 -t one/n -l",
+            d.port()
+        ))
+        .status()
+        .expect("mosquitto_pub runs");
+    assert!(publish.success());
+    let out = |d: &Daemon| bridges(d)[0]["forwarded_out"].as_u64();
+    wait_until("3 forwarded", || out(&d) == Some(3));
+
+    // A changed setting restarts the bridge: its counters go on from where they were
+    // (what /metrics reports as `_total` counters must never go back).
+    std::fs::write(
+        &d.config,
+        config_text(
+            &d.socket,
+            &bridge("one", port).replace("protocol_version", "keepalive = 30\nprotocol_version"),
+        ),
+    )
+    .expect("rewrite config");
+    d.signal(libc::SIGHUP);
+    d.wait_line("one restarted", |l| {
+        l.contains("SIGHUP: bridge one restarted")
+    });
+    wait_until("connected again", || connected(&d, &["one"]));
+    assert_eq!(out(&d), Some(3), "{:?}", bridges(&d));
+}
