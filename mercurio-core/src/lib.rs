@@ -17,7 +17,8 @@
 //! certificates and keys), sha2 + pbkdf2 + argon2 + password-hash (mosquitto_passwd's $6$, $7$
 //! and argon2id hashes; password-hash's getrandom for new salts), subtle (constant-time hash
 //! comparison), base64 (the salts and hashes of password files), libc (O_NOFOLLOW for the
-//! temporary file a password file is rewritten through).
+//! temporary file a password file is rewritten through), getrandom (the operating system's
+//! random bytes behind assigned client identifiers, so that nobody can guess one).
 
 pub mod auth;
 mod bridge;

@@ -60,10 +60,8 @@ pub(crate) struct BrokerState {
     /// Signalled once when shutdown starts, to stop the listeners.
     pub stop_listeners: Notify,
     pub local_addrs: Mutex<Vec<SocketAddr>>,
+    /// Numbers the in-process subscriptions' client identifiers (`handle`).
     pub next_client_number: AtomicU64,
-    /// Random per broker start: the first part of assigned client identifiers, so that
-    /// those of one run do not meet the stored sessions of another.
-    pub client_id_salt: u64,
     /// The storage writer, when the broker has a storage backend (`persist`).
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
@@ -109,18 +107,6 @@ impl BrokerState {
             stop_listeners: Notify::new(),
             local_addrs: Mutex::new(Vec::new()),
             next_client_number: AtomicU64::new(1),
-            client_id_salt: {
-                use std::hash::{BuildHasher, Hasher};
-                // The standard library's randomly keyed hasher: random enough for a salt.
-                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-                h.write_u128(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_nanos())
-                        .unwrap_or_default(),
-                );
-                h.finish()
-            },
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),
             events: crate::events::Events::new(crate::events::DEFAULT_EVENT_CAPACITY),
