@@ -11,7 +11,8 @@
 //! trait and backends; its `sqlite` feature through ours).
 //! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body (response
 //! bodies), tokio-tungstenite (WebSocket framing after the upgrade),
-//! futures-util (its Stream/Sink traits), prometheus-client (`/metrics`, a registry per broker).
+//! futures-util (its Stream/Sink traits; `catch_unwind`, so that a panicking application hook
+//! costs only its answer), prometheus-client (`/metrics`, a registry per broker).
 //! rustls 0.23 with ring (pure Rust; TLS listeners on its unbuffered API, `tls_stream`) +
 //! tokio-rustls (bridges' TLS connections), rustls-pki-types (PEM
 //! certificates and keys), sha2 + pbkdf2 + argon2 + password-hash (mosquitto_passwd's $6$, $7$
@@ -19,7 +20,8 @@
 //! comparison), base64 (the salts and hashes of password files), libc (O_NOFOLLOW for the
 //! temporary file a password file is rewritten through), x509-cert (the validity dates of a
 //! bridge remote's self-signed certificate, pinned from `cafile`; already built for
-//! mercurio-storage's PostgreSQL TLS).
+//! mercurio-storage's PostgreSQL TLS), getrandom (the operating system's random bytes behind
+//! assigned client identifiers, so that nobody can guess one).
 
 pub mod auth;
 mod bridge;
@@ -32,6 +34,7 @@ mod connection;
 mod error;
 pub mod events;
 mod handle;
+mod hook;
 mod http;
 pub mod intercept;
 mod keep_alive;

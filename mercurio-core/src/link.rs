@@ -44,6 +44,9 @@ pub enum DisconnectReason {
     /// Storage did not commit what an acknowledgement owed to the client covers (durable_ack):
     /// the connection is closed instead, so the client sends it again.
     NotStored,
+    /// An application hook (a publish interceptor) panicked while handling the client's
+    /// packet, and the client had no other way to learn that the packet was lost.
+    HookPanicked,
 }
 
 impl std::fmt::Display for DisconnectReason {
@@ -60,6 +63,7 @@ impl std::fmt::Display for DisconnectReason {
             DisconnectReason::NotStored => {
                 write!(f, "storage did not commit what an acknowledgement covers")
             }
+            DisconnectReason::HookPanicked => write!(f, "an application hook panicked"),
         }
     }
 }

@@ -71,6 +71,9 @@ pub(crate) struct Snapshot {
     pub bytes_received: u64,
     pub bytes_sent: u64,
     pub retained_messages: u64,
+    pub retained_bytes: u64,
+    pub retained_not_kept_count: u64,
+    pub retained_not_kept_bytes: u64,
     pub subscriptions: u64,
     pub dropped: [(DropCause, u64); 6],
     pub storage_batches_retried: u64,
@@ -91,6 +94,10 @@ impl Snapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let (sessions, connected) = broker.session_counts();
         let (sessions, connected) = (sessions as u64, connected as u64);
+        let (retained_messages, retained_bytes) = {
+            let store = broker.retained.lock();
+            (store.len() as u64, store.bytes() as u64)
+        };
         Snapshot {
             clients_connected: connected,
             clients_maximum: get(&s.clients_maximum),
@@ -104,7 +111,10 @@ impl Snapshot {
             messages_sent: get(&s.messages_sent),
             bytes_received: get(&s.bytes_received),
             bytes_sent: get(&s.bytes_sent),
-            retained_messages: broker.retained.lock().len() as u64,
+            retained_messages,
+            retained_bytes,
+            retained_not_kept_count: get(&s.retained_not_kept_count),
+            retained_not_kept_bytes: get(&s.retained_not_kept_bytes),
             subscriptions: broker.index.read().len() as u64,
             dropped: DropCause::ALL.map(|c| (c, s.dropped_count(c))),
             storage_batches_retried: get(&s.storage_batches_retried),
@@ -369,6 +379,26 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
             "Retained messages stored, $SYS ones not counted",
             s.retained_messages,
         ),
+        Family::gauge(
+            "mercurio_retained_bytes",
+            "Bytes the retained messages take (topic, payload and properties), $SYS ones not counted",
+            s.retained_bytes,
+        ),
+        Family {
+            name: "mercurio_retained_not_kept",
+            help: "Retained messages delivered but not kept, by the limit they met",
+            counter: true,
+            samples: vec![
+                (
+                    Some(("limit", "max_retained_messages".to_string())),
+                    s.retained_not_kept_count,
+                ),
+                (
+                    Some(("limit", "max_retained_bytes".to_string())),
+                    s.retained_not_kept_bytes,
+                ),
+            ],
+        },
         Family::gauge("mercurio_subscriptions", "Subscriptions", s.subscriptions),
         Family {
             name: "mercurio_messages_dropped",

@@ -85,6 +85,12 @@ pub struct Stats {
     /// 1 while storage has taken no write for a second or more (a full disk, an unreachable
     /// database), else 0 (a gauge).
     pub storage_unwritable: AtomicU64,
+    /// Retained messages not kept because `max_retained_messages` was reached (delivered
+    /// to the subscribers all the same).
+    pub retained_not_kept_count: AtomicU64,
+    /// Retained messages not kept because they would have taken the retained messages'
+    /// total over `max_retained_bytes` (delivered to the subscribers all the same).
+    pub retained_not_kept_bytes: AtomicU64,
     dropped: [AtomicU64; 6],
 }
 

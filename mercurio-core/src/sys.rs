@@ -1,7 +1,7 @@
 //! `$SYS/broker/...` statistics (docs/operations.md, "$SYS"): published retained every
 //! `sys_interval` seconds with mosquitto's topic names, kept in memory only, in a retained
 //! store of their own so they never count as retained messages or against
-//! `max_retained_messages`.
+//! `max_retained_messages` and `max_retained_bytes`.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -106,6 +106,10 @@ impl SysPublisher {
             ("connections", get(&s.connections_total)),
         ];
         let (sessions, connected) = b.session_counts();
+        let (retained, retained_bytes) = {
+            let store = b.retained.lock();
+            (store.len(), store.bytes())
+        };
         let mut v: Vec<(String, String)> = vec![
             (
                 "version".into(),
@@ -138,9 +142,15 @@ impl SysPublisher {
                 "publish/messages/shared_passed_on".into(),
                 get(&s.shared_passed_on).to_string(),
             ),
+            ("retained messages/count".into(), retained.to_string()),
+            ("retained messages/bytes".into(), retained_bytes.to_string()),
             (
-                "retained messages/count".into(),
-                b.retained.lock().len().to_string(),
+                "retained messages/not kept/max_retained_messages".into(),
+                get(&s.retained_not_kept_count).to_string(),
+            ),
+            (
+                "retained messages/not kept/max_retained_bytes".into(),
+                get(&s.retained_not_kept_bytes).to_string(),
             ),
             (
                 "subscriptions/count".into(),

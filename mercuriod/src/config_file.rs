@@ -366,7 +366,7 @@ fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
 
 /// Keys whose valid range is narrower than their type's: a type error names this range, the
 /// one `Config::validate` checks, so that fixing it does not lead to a second error.
-const RANGES: [(&str, &str); 6] = [
+const RANGES: [(&str, &str); 7] = [
     (
         "server.busy_poll",
         "a whole number of microseconds from 0 to 1000000",
@@ -379,6 +379,10 @@ const RANGES: [(&str, &str); 6] = [
         "a whole number of seconds, 1 or more",
     ),
     ("server.max_qos", "0, 1 or 2"),
+    (
+        "server.max_retained_bytes",
+        "a whole number of bytes, 0 (unlimited) or 1024 or more",
+    ),
 ];
 
 /// serde's message with its Rust type names said in words: "invalid value: integer `-1`,
@@ -478,6 +482,11 @@ mod tests {
             e.message,
             "`-1` is out of range: expected a whole number of microseconds from 0 to 1000000"
         );
+        let e = err("[server]\nmax_retained_bytes = -1\n");
+        assert_eq!(
+            e.message,
+            "`-1` is out of range: expected a whole number of bytes, 0 (unlimited) or 1024 or more"
+        );
         let e = err("[server]\nqueue_high_water = \"deep\"\n");
         assert!(
             e.message.ends_with("expected a whole number, 1 or more"),
@@ -511,6 +520,23 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("listeners[0].require_certificate"));
         assert_eq!(e.line, Some(5));
         assert!(e.message.contains("needs ca_file"), "{e}");
+    }
+
+    #[test]
+    fn max_retained_bytes_is_read_and_checked() {
+        let c = parse(
+            Path::new("m.toml"),
+            "[server]\nmax_retained_bytes = 1048576\n",
+        )
+        .expect("parse");
+        assert_eq!(c.server.max_retained_bytes, 1_048_576);
+        let c = parse(Path::new("m.toml"), "[server]\nmax_retained_bytes = 0\n").expect("parse");
+        assert_eq!(c.server.max_retained_bytes, 0, "0 = unlimited");
+        let e = err("[server]\nsys_interval = 5\nmax_retained_bytes = 64\n");
+        assert_eq!(
+            e.to_string(),
+            "m.toml:3: server.max_retained_bytes: is in bytes: 0 (unlimited) or at least 1024, not 64"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::error",
     "mercurio_core::events",
     "mercurio_core::handle",
+    "mercurio_core::hook",
     "mercurio_core::http",
     "mercurio_core::intercept",
     "mercurio_core::link",

@@ -144,6 +144,74 @@ async fn v5_empty_client_id_is_assigned_one() {
     broker.shutdown().await;
 }
 
+/// The hexadecimal digits of an assigned client identifier (`auto-` and a UUID's layout).
+fn assigned_hex(id: &str) -> String {
+    let hex: String = id["auto-".len()..].chars().filter(|c| *c != '-').collect();
+    assert_eq!(hex.len(), 32, "{id}");
+    assert!(hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+    hex
+}
+
+/// Assigned client identifiers cannot be guessed: each holds 128 random bits, so the second
+/// client's identifier has nothing to do with the first one's, and a client that takes the
+/// first and adds one to its last part does not resume the second client's persistent
+/// session nor read the message queued for it (5.0: a zero-length identifier with a Session
+/// Expiry Interval keeps its session under the assigned one [MQTT-3.1.3-6] [MQTT-3.2.2-16]).
+#[tokio::test]
+async fn assigned_client_ids_cannot_be_guessed() {
+    let (broker, addr) = start().await;
+    // The attacker connects first and learns an identifier.
+    let (attacker, ack) =
+        Client::connect_with(addr, persistent(ProtocolVersion::V5, "", 300)).await;
+    let first = ack
+        .properties
+        .assigned_client_identifier
+        .expect("Assigned Client Identifier");
+    attacker.disconnect().await;
+    // The victim keeps a persistent session with a subscription, and goes away.
+    let (mut victim, ack) =
+        Client::connect_with(addr, persistent(ProtocolVersion::V5, "", 300)).await;
+    let second = ack
+        .properties
+        .assigned_client_identifier
+        .expect("Assigned Client Identifier");
+    victim.subscribe("victim/inbox", QoS::AtLeastOnce).await;
+    victim.disconnect().await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publisher
+        .publish("victim/inbox", b"secret", QoS::AtLeastOnce, false)
+        .await;
+
+    // 128 bits of hexadecimal: 32 digits, about 30 of them different between two random
+    // identifiers (fewer than 16 has a probability below 1e-15); a counter changes one or two.
+    let (a, b) = (assigned_hex(&first), assigned_hex(&second));
+    let differing = a.chars().zip(b.chars()).filter(|(x, y)| x != y).count();
+    assert!(
+        differing >= 16,
+        "{first} and {second} differ in {differing} digits"
+    );
+
+    // "The first identifier with its counter plus one": the last group, plus one.
+    let (head, last) = first.rsplit_once('-').expect("a UUID's layout");
+    let next = u64::from_str_radix(last, 16).expect("hex") + 1;
+    let guess = format!("{head}-{:012x}", next & 0xffff_ffff_ffff);
+    let (mut thief, ack) =
+        Client::connect_with(addr, persistent(ProtocolVersion::V5, &guess, 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    assert!(
+        !ack.session_present,
+        "{guess} resumed the session of {second}"
+    );
+    thief.expect_nothing(Duration::from_millis(300)).await;
+
+    // The victim still finds its message.
+    let (mut victim, ack) =
+        Client::connect_with(addr, persistent(ProtocolVersion::V5, &second, 300)).await;
+    assert!(ack.session_present);
+    assert_eq!(&victim.expect_publish().await.payload[..], b"secret");
+    broker.shutdown().await;
+}
+
 /// 3.1.1: a zero-length client identifier is allowed with clean session 1 [MQTT-3.1.3-6]
 /// [MQTT-3.1.3-7], refused with return code 2 otherwise, then closed [MQTT-3.1.3-8]
 /// [MQTT-3.2.2-4]. No Assigned Client Identifier exists in 3.1.1.

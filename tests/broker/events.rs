@@ -868,3 +868,105 @@ fn newest_modified(p: &std::path::Path) -> Option<std::time::SystemTime> {
         .filter_map(|e| newest_modified(&e.path()))
         .max()
 }
+
+/// Panics on every PUBLISH to `panic/...`; lets the rest through.
+struct PanickingInterceptor;
+
+#[async_trait::async_trait]
+impl PublishInterceptor for PanickingInterceptor {
+    async fn intercept(&self, p: &mut InterceptedPublish<'_>) -> Verdict {
+        tokio::task::yield_now().await;
+        if p.topic().starts_with("panic/") {
+            panic!("interceptor bug on {}", p.topic());
+        }
+        Verdict::Accept
+    }
+}
+
+/// Connects `client_id` with clean start 0 (a session that outlives the connection) and
+/// asserts the CONNACK comes within a second: nothing holds the client identifier.
+async fn reconnects_at_once(addr: std::net::SocketAddr, version: ProtocolVersion, id: &str) {
+    let (mut c, ack) = tokio::time::timeout(
+        Duration::from_secs(1),
+        Client::connect_with(addr, persistent(version, id, 60)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{id}: no CONNACK within a second"));
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}");
+    c.ping().await;
+    c.disconnect().await;
+}
+
+/// A panicking interceptor costs only that PUBLISH: an MQTT 5.0 QoS 1 / QoS 2 publisher gets
+/// PUBACK / PUBREC 0x80 Unspecified error and stays connected; a QoS 0 5.0 publisher gets
+/// DISCONNECT 0x80 and a 3.1.1 publisher is closed (it has no other way to learn that its
+/// message was lost). Each can connect again at once, and other clients are unaffected.
+#[tokio::test]
+async fn a_panicking_interceptor_costs_only_that_publish() {
+    let broker = Broker::builder(test_config())
+        .interceptor(PanickingInterceptor)
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let logs = capture_logs();
+    let mut sub = Client::connect(addr, ProtocolVersion::V5, "panic-sub").await;
+    sub.subscribe("#", QoS::AtLeastOnce).await;
+
+    // 5.0 at QoS 1 and 2: told, and still connected.
+    let (mut p5, _) =
+        Client::connect_with(addr, persistent(ProtocolVersion::V5, "panic-p5", 60)).await;
+    for qos in [QoS::AtLeastOnce, QoS::ExactlyOnce] {
+        let rc = p5.publish("panic/a", b"lost", qos, false).await;
+        assert_eq!(rc, ReasonCode::UNSPECIFIED_ERROR, "{qos:?}");
+    }
+    p5.publish("ok/a", b"fine", QoS::AtLeastOnce, false).await;
+    let got = sub.expect_publish().await;
+    assert_eq!(
+        (got.topic.as_str(), &got.payload[..]),
+        ("ok/a", &b"fine"[..])
+    );
+    sub.ack(&got).await;
+    // 5.0 at QoS 0: closed with DISCONNECT 0x80.
+    p5.publish("panic/b", b"lost", QoS::AtMostOnce, false).await;
+    assert_eq!(
+        p5.expect_disconnect().await,
+        Some(ReasonCode::UNSPECIFIED_ERROR)
+    );
+    reconnects_at_once(addr, ProtocolVersion::V5, "panic-p5").await;
+
+    // 3.1.1: closed, at any QoS.
+    for qos in [QoS::AtMostOnce, QoS::AtLeastOnce] {
+        let (mut p3, _) =
+            Client::connect_with(addr, persistent(ProtocolVersion::V311, "panic-p3", 60)).await;
+        p3.send(publish_packet(
+            "panic/c",
+            b"lost",
+            qos,
+            false,
+            u16::from(qos != QoS::AtMostOnce),
+            Properties::default(),
+        ))
+        .await;
+        assert_eq!(p3.expect_disconnect().await, None, "{qos:?}");
+        reconnects_at_once(addr, ProtocolVersion::V311, "panic-p3").await;
+    }
+
+    // Nothing of the lost messages reached anyone; the subscriber was never disturbed.
+    sub.ping().await;
+    let mut other = Client::connect(addr, ProtocolVersion::V311, "panic-other").await;
+    other
+        .publish("ok/b", b"still", QoS::AtLeastOnce, false)
+        .await;
+    let got = sub.expect_publish().await;
+    assert_eq!(got.topic, "ok/b");
+    sub.ack(&got).await;
+    sub.expect_nothing(Duration::from_millis(200)).await;
+    // Logged at error level, once per panic, with the client identifier.
+    let logged = logs.matching(&["ERROR", "publish interceptor panicked", "interceptor bug"]);
+    assert_eq!(logged.len(), 5, "{:?}", logs.lines());
+    assert!(logged
+        .iter()
+        .all(|l| l.contains("panic-p5") || l.contains("panic-p3")));
+    broker.shutdown().await;
+}

@@ -187,6 +187,21 @@ fn metric_table() -> Vec<(String, &'static str, String)> {
             "gauge",
             "retained messages/count",
         ),
+        (
+            "mercurio_retained_bytes",
+            "gauge",
+            "retained messages/bytes",
+        ),
+        (
+            "mercurio_retained_not_kept_total{limit=\"max_retained_messages\"}",
+            "counter",
+            "retained messages/not kept/max_retained_messages",
+        ),
+        (
+            "mercurio_retained_not_kept_total{limit=\"max_retained_bytes\"}",
+            "counter",
+            "retained messages/not kept/max_retained_bytes",
+        ),
         ("mercurio_subscriptions", "gauge", "subscriptions/count"),
         (
             "mercurio_storage_batches_retried_total",
@@ -339,6 +354,8 @@ async fn metrics_equal_sys_after_known_traffic() {
     assert_eq!(s["mercurio_messages_received_total"], 3.0);
     assert_eq!(s["mercurio_messages_sent_total"], 5.0);
     assert_eq!(s["mercurio_retained_messages"], 1.0);
+    // "m/0" and "payload": topic and payload, no properties in 3.1.1.
+    assert_eq!(s["mercurio_retained_bytes"], 10.0);
     assert_eq!(s["mercurio_clients_connected"], 3.0);
     assert_eq!(s["mercurio_clients_connected_max"], 3.0);
     assert_eq!(s["mercurio_sessions"], 4.0);

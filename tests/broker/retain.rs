@@ -334,3 +334,89 @@ async fn retained_matching_follows_the_wildcard_rules() {
     }
     broker.shutdown().await;
 }
+
+/// The retained topics under `filter` a new subscriber gets, sorted.
+async fn retained_topics(addr: std::net::SocketAddr, filter: &str) -> Vec<String> {
+    let mut c = Client::connect(addr, ProtocolVersion::V311, "retained-reader").await;
+    c.subscribe(filter, QoS::AtMostOnce).await;
+    let mut topics = Vec::new();
+    while let Ok(Some(mercurio::codec::Packet::Publish(p))) = c.recv_within(SHORT).await {
+        assert!(p.retain);
+        topics.push(p.topic);
+    }
+    c.disconnect().await;
+    topics.sort();
+    topics
+}
+
+/// `max_retained_bytes` bounds the bytes of all retained messages (topic, payload and
+/// properties of each). A retained PUBLISH that would go over it is still delivered to the
+/// current subscribers but not kept, so a new subscriber does not get it; it is counted in
+/// `$SYS` and logged once, not per message. Deleting a retained message [MQTT-3.3.1-6]
+/// frees its bytes; a replacement that does not fit is not kept and takes the message it
+/// replaced with it (no longer the topic's latest).
+#[tokio::test]
+async fn max_retained_bytes_bounds_the_retained_set() {
+    let mut config = test_config();
+    config.server.max_retained_bytes = 4096;
+    config.server.sys_interval = 1;
+    let (broker, addr) = start_with(config).await;
+    let logs = capture_logs();
+    let mut live = Client::connect(addr, ProtocolVersion::V311, "live").await;
+    live.subscribe("big/#", QoS::AtMostOnce).await;
+    let mut p = Client::connect(addr, ProtocolVersion::V311, "big-pub").await;
+    // Each message: a 5-byte topic and a 1,500-byte payload (3.1.1: no properties).
+    let payload = vec![b'x'; 1500];
+    for topic in ["big/a", "big/b", "big/c", "big/d"] {
+        p.publish(topic, &payload, QoS::AtLeastOnce, true).await;
+        let got = live.expect_publish().await;
+        assert_eq!(got.topic, topic, "delivered to the current subscriber");
+        assert_eq!(got.payload.len(), 1500);
+    }
+    assert_eq!(broker.retained_count(), 2);
+    assert_eq!(broker.retained_bytes(), 2 * 1505);
+    assert_eq!(retained_topics(addr, "big/#").await, ["big/a", "big/b"]);
+    assert_eq!(
+        logs.matching(&["big-pub", "max_retained_bytes"]).len(),
+        1,
+        "logged once for two messages not kept: {:?}",
+        logs.lines()
+    );
+    let mut sys = broker
+        .subscribe(
+            "$SYS/broker/retained messages/not kept/max_retained_bytes",
+            QoS::AtMostOnce,
+        )
+        .expect("$SYS subscription");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let m = tokio::time::timeout_at(deadline, sys.recv())
+            .await
+            .expect("$SYS counter within the deadline")
+            .expect("broker running");
+        if &m.payload[..] == b"2" {
+            break;
+        }
+    }
+
+    // Deleting one makes room.
+    p.publish("big/a", b"", QoS::AtLeastOnce, true).await;
+    live.expect_publish().await;
+    assert_eq!(broker.retained_bytes(), 1505);
+    p.publish("big/c", &payload, QoS::AtLeastOnce, true).await;
+    live.expect_publish().await;
+    assert_eq!(retained_topics(addr, "big/#").await, ["big/b", "big/c"]);
+    assert_eq!(broker.retained_bytes(), 2 * 1505);
+
+    // Replacing with a smaller message frees the difference; with one that does not fit,
+    // the topic keeps nothing.
+    p.publish("big/b", b"small", QoS::AtLeastOnce, true).await;
+    live.expect_publish().await;
+    assert_eq!(broker.retained_bytes(), 1505 + 10);
+    p.publish("big/c", &vec![b'y'; 4090], QoS::AtLeastOnce, true)
+        .await;
+    assert_eq!(live.expect_publish().await.payload.len(), 4090);
+    assert_eq!(retained_topics(addr, "big/#").await, ["big/b"]);
+    assert_eq!(broker.retained_bytes(), 10);
+    broker.shutdown().await;
+}

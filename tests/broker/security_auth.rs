@@ -5,6 +5,7 @@ use crate::common;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use mercurio::auth::password_file::set_password;
@@ -387,5 +388,94 @@ async fn an_unknown_user_costs_what_a_wrong_password_costs() {
         u * 2 >= k,
         "unknown user refused in {u:?}, wrong password in {k:?}"
     );
+    broker.shutdown().await;
+}
+
+/// Panics for user name "panic"; no opinion otherwise.
+struct PanickingAuth;
+
+#[async_trait::async_trait]
+impl Authenticator for PanickingAuth {
+    async fn authenticate(&self, info: &ConnectInfo) -> Authentication {
+        if info.username.as_deref() == Some("panic") {
+            panic!("authenticator bug");
+        }
+        Authentication::NoOpinion
+    }
+}
+
+/// Panics on topics under `panic/`, waiting first or at once; no opinion otherwise.
+struct PanickingAuthz;
+
+#[async_trait::async_trait]
+impl Authorizer for PanickingAuthz {
+    async fn authorize(&self, r: &AccessRequest<'_>) -> Decision {
+        tokio::task::yield_now().await;
+        if r.topic.starts_with("panic/wait") {
+            panic!("authorizer bug");
+        }
+        Decision::NoOpinion
+    }
+
+    fn authorize_now(&self, r: &AccessRequest<'_>) -> Option<Decision> {
+        if r.topic.starts_with("panic/now") {
+            panic!("authorizer bug");
+        }
+        None
+    }
+}
+
+/// A panicking authenticator refuses that CONNECT (not authorized) and a panicking
+/// authorizer denies that access; each is logged at error level with the client
+/// identifier, the client can connect again at once, and nobody else is affected.
+#[tokio::test]
+async fn panicking_hooks_refuse() {
+    let broker = Broker::builder(test_config())
+        .authenticator(PanickingAuth)
+        .authorizer(PanickingAuthz)
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let logs = capture_logs();
+    let v5 = ProtocolVersion::V5;
+    for version in [ProtocolVersion::V311, v5] {
+        let (mut c, ack) =
+            Client::connect_with(addr, connect_as(version, "panic-auth", Some("panic"), None))
+                .await;
+        let expected = if version.is_v5() {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            ReasonCode(5)
+        };
+        assert_eq!(ack.reason_code, expected, "{version:?}");
+        c.expect_closed().await;
+    }
+    let (mut c, ack) = tokio::time::timeout(
+        Duration::from_secs(1),
+        Client::connect_with(addr, connect_as(v5, "panic-auth", Some("fine"), None)),
+    )
+    .await
+    .expect("CONNACK within a second");
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    for topic in ["panic/wait", "panic/now"] {
+        assert_eq!(
+            c.subscribe(topic, QoS::AtLeastOnce).await,
+            ReasonCode::NOT_AUTHORIZED,
+            "{topic}"
+        );
+        assert_eq!(
+            c.publish(topic, b"x", QoS::AtLeastOnce, false).await,
+            ReasonCode::NOT_AUTHORIZED,
+            "{topic}"
+        );
+    }
+    c.ping().await;
+    assert_eq!(
+        c.subscribe("fine/t", QoS::AtLeastOnce).await,
+        ReasonCode::GRANTED_QOS_1
+    );
+    let logged = logs.matching(&["ERROR", "panicked", "panic-auth"]);
+    assert_eq!(logged.len(), 6, "{:?}", logs.lines());
     broker.shutdown().await;
 }

@@ -393,55 +393,146 @@ async fn will_on_a_dollar_topic() {
     broker.shutdown().await;
 }
 
-/// A takeover that continues a session which outlives its connection (3.x clean session 0,
-/// 5.0 Session Expiry Interval above 0, new connection with clean start 0) drops the old
-/// connection's will: a new network connection for the client identifier was opened before
-/// the will could be due [MQTT-3.1.2-8] [MQTT-3.1.3-9], as mosquitto does. A takeover with
-/// clean start 1 ends the session, and the will goes out.
+/// Connects `id` with a persistent session (3.x clean session 0, 5.0 Session Expiry
+/// Interval 60) and a will on `topic` with `payload` and Will Delay Interval `delay` (5.0).
+async fn persistent_with_will(
+    addr: SocketAddr,
+    version: ProtocolVersion,
+    id: &str,
+    topic: &str,
+    payload: &str,
+    delay: Option<u32>,
+) -> Client {
+    let mut connect = persistent(version, id, 60);
+    let mut w = will(topic, payload, QoS::AtLeastOnce, false);
+    w.properties.will_delay_interval = delay;
+    connect.will = Some(w);
+    let (c, ack) = Client::connect_with(addr, connect).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    c
+}
+
+/// 3.x: a takeover closes the old network connection without DISCONNECT, so its will is
+/// published [MQTT-3.1.2-8], whether the new connection continues the session (clean
+/// session 0 on both) or starts a new one (clean session 1). (mosquitto 2 drops the will
+/// when the session goes on.)
 #[tokio::test]
-async fn takeover_continuing_the_session_drops_the_will() {
+async fn v3_takeover_publishes_the_will() {
     let (broker, addr) = start().await;
-    let mut w = watcher(addr, "will/cont/+").await;
-    for version in VERSIONS {
-        let topic = format!("will/cont/{}", version.level());
-        let id = format!("cont-{}", version.level());
-        let mut connect = connect_packet(version, &id);
-        connect.clean_start = false;
-        if version.is_v5() {
-            connect.properties.session_expiry_interval = Some(60);
-        }
-        connect.will = Some(will(&topic, "gone", QoS::AtLeastOnce, false));
-        let (_old, ack) = Client::connect_with(addr, connect).await;
-        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let mut w = watcher(addr, "will/v3take/+").await;
+    for version in [ProtocolVersion::V31, ProtocolVersion::V311] {
+        let topic = format!("will/v3take/{}", version.level());
+        let id = format!("v3take-{}", version.level());
+        // Continued: the new connection resumes the session.
+        let mut old = persistent_with_will(addr, version, &id, &topic, "continued", None).await;
         let (mut new, present) = Client::connect_persistent(addr, version, &id).await;
         // 3.1 has no Session Present flag.
         assert!(
             present || version == ProtocolVersion::V31,
             "{version:?}: session present"
         );
+        assert_eq!(
+            old.expect_disconnect().await,
+            None,
+            "3.x: closed, no DISCONNECT"
+        );
+        let p = w.expect_publish().await;
+        assert_eq!(p.topic, topic, "{version:?}");
+        assert_eq!(&p.payload[..], b"continued", "{version:?}");
+        w.ack(&p).await;
         new.ping().await;
-        w.expect_nothing(SHORT).await;
-        // Taken over again, by a clean start: the session ends; the new connection set no
-        // will, so nothing is published either.
-        let mut clean = Client::connect(addr, version, &id).await;
-        clean.ping().await;
-        w.expect_nothing(SHORT).await;
-        // A will, then a clean start takeover: published.
+        // Clean session: the session ends, and the will goes out too.
         let mut connect = connect_packet(version, &id);
-        connect.clean_start = false;
-        if version.is_v5() {
-            connect.properties.session_expiry_interval = Some(60);
-        }
-        connect.will = Some(will(&topic, "ended", QoS::AtLeastOnce, false));
-        let (_old, ack) = Client::connect_with(addr, connect).await;
+        connect.will = Some(will(&topic, "clean", QoS::AtLeastOnce, false));
+        let (mut old, ack) = Client::connect_with(addr, connect).await;
         assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-        let mut clean = Client::connect(addr, version, &id).await;
+        let mut new = Client::connect(addr, version, &id).await;
+        assert_eq!(old.expect_disconnect().await, None);
+        let p = w.expect_publish().await;
+        assert_eq!(&p.payload[..], b"clean", "{version:?}");
+        w.ack(&p).await;
+        new.ping().await;
+        // The new connections set no will: nothing more.
+        w.expect_nothing(SHORT).await;
+    }
+    broker.shutdown().await;
+}
+
+/// 5.0: the existing connection's will is published as in section 3.1.2.5 on a takeover
+/// (section 3.1.4); with a Will Delay Interval of 0 it is sent because the network
+/// connection is closed, even when the new connection continues the session [MQTT-3.1.2-8].
+/// (mosquitto 2 drops the will when the session goes on.)
+#[tokio::test]
+async fn v5_takeover_publishes_a_will_without_delay() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "will/v5take/+").await;
+    for delay in [None, Some(0)] {
+        let id = format!("v5take-{delay:?}");
+        let topic = format!("will/v5take/{}", delay.is_some());
+        let mut old =
+            persistent_with_will(addr, ProtocolVersion::V5, &id, &topic, "continued", delay).await;
+        let (mut new, present) = Client::connect_persistent(addr, ProtocolVersion::V5, &id).await;
+        assert!(present, "the session goes on");
+        assert_eq!(
+            old.expect_disconnect().await,
+            Some(ReasonCode::SESSION_TAKEN_OVER)
+        );
         let p = w.expect_publish().await;
         assert_eq!(p.topic, topic);
-        assert_eq!(&p.payload[..], b"ended");
+        assert_eq!(&p.payload[..], b"continued");
         w.ack(&p).await;
-        clean.ping().await;
+        new.ping().await;
     }
+    broker.shutdown().await;
+}
+
+/// 5.0: a will with a Will Delay Interval above 0 is not sent when the new connection
+/// continues the session: it opened before the delay elapsed [MQTT-3.1.3-9] (as mosquitto).
+/// Not later either, once the delay has passed. A takeover with clean start 1 ends the
+/// session, and the will goes out (the non-normative comment of section 3.1.4).
+#[tokio::test]
+async fn v5_takeover_continuing_the_session_cancels_a_delayed_will() {
+    let (broker, addr) = start().await;
+    let mut w = watcher(addr, "will/v5delay/+").await;
+    let mut old = persistent_with_will(
+        addr,
+        ProtocolVersion::V5,
+        "v5delay",
+        "will/v5delay/continued",
+        "continued",
+        Some(1),
+    )
+    .await;
+    let (mut new, present) = Client::connect_persistent(addr, ProtocolVersion::V5, "v5delay").await;
+    assert!(present, "the session goes on");
+    assert_eq!(
+        old.expect_disconnect().await,
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    new.ping().await;
+    // Past the one-second delay: still nothing.
+    w.expect_nothing(Duration::from_millis(1500)).await;
+    new.ping().await;
+
+    // Clean start 1: the session ends with the takeover, and its will is published.
+    let mut old = persistent_with_will(
+        addr,
+        ProtocolVersion::V5,
+        "v5delay",
+        "will/v5delay/ended",
+        "ended",
+        Some(3600),
+    )
+    .await;
+    let mut new = Client::connect(addr, ProtocolVersion::V5, "v5delay").await;
+    assert_eq!(
+        old.expect_disconnect().await,
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    let p = w.expect_publish().await;
+    assert_eq!(p.topic, "will/v5delay/ended");
+    w.ack(&p).await;
+    new.ping().await;
     broker.shutdown().await;
 }
 

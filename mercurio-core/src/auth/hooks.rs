@@ -56,6 +56,13 @@ pub enum Authentication {
 }
 
 /// Decides whether a client may connect.
+///
+/// Asked from the client's connection task during CONNECT, on the broker's runtime threads:
+/// `authenticate` must not block the thread (a blocking call stalls every client that
+/// thread serves, not only this one); run blocking work (a synchronous database, a slow
+/// hash) with `tokio::task::spawn_blocking` and await it. A panic is caught and logged
+/// (error level, with the client identifier) and refuses the client as
+/// [`DenyReason::NotAuthorized`]; the client can connect again at once.
 #[async_trait]
 pub trait Authenticator: Send + Sync + 'static {
     async fn authenticate(&self, info: &ConnectInfo) -> Authentication;
@@ -99,6 +106,11 @@ pub enum Decision {
 /// nothing may wait: there only `authorize_now` is asked. An authorizer that can decide
 /// without waiting (the ACL file can) answers `authorize_now` with `Some`, and is then never
 /// awaited at all; `None` means "ask `authorize`" (and, at delivery, no opinion).
+///
+/// Both run on the broker's runtime threads and must not block the thread: a blocking call
+/// stalls every client that thread serves, not only the one asked about. Run blocking work
+/// with `tokio::task::spawn_blocking` inside `authorize` and await it. A panic in either is
+/// caught and logged (error level, with the client identifier) and denies the access.
 #[async_trait]
 pub trait Authorizer: Send + Sync + 'static {
     async fn authorize(&self, request: &AccessRequest<'_>) -> Decision;

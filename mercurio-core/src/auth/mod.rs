@@ -195,7 +195,11 @@ impl Auth {
             return Ok(info.username.clone());
         }
         for a in &self.authenticators {
-            match a.authenticate(info).await {
+            // A panic refuses the client, as not authorized (`hook`).
+            let answer = crate::hook::guard("authenticator", &info.client_id, a.authenticate(info))
+                .await
+                .unwrap_or(Authentication::Deny(DenyReason::NotAuthorized));
+            match answer {
                 Authentication::Allow { username } => {
                     return Ok(username.or_else(|| info.username.clone()))
                 }
@@ -215,9 +219,15 @@ impl Auth {
     /// Asks the authorizers in turn, awaiting those that cannot decide at once.
     pub(crate) async fn authorize(&self, req: &AccessRequest<'_>) -> bool {
         for a in &self.authorizers {
-            let d = match a.authorize_now(req) {
-                Some(d) => d,
-                None => a.authorize(req).await,
+            // A panic denies the access (`hook`).
+            let d = match crate::hook::guard_now("authorizer", req.client_id, || {
+                a.authorize_now(req)
+            }) {
+                Some(Some(d)) => d,
+                Some(None) => crate::hook::guard("authorizer", req.client_id, a.authorize(req))
+                    .await
+                    .unwrap_or(Decision::Deny),
+                None => Decision::Deny,
             };
             match d {
                 Decision::Allow => return true,
@@ -231,7 +241,10 @@ impl Auth {
     /// The decision without waiting: authorizers that cannot decide at once have no opinion.
     pub(crate) fn authorize_now(&self, req: &AccessRequest<'_>) -> bool {
         for a in &self.authorizers {
-            match a.authorize_now(req) {
+            // A panic denies the access (`hook`).
+            let d = crate::hook::guard_now("authorizer", req.client_id, || a.authorize_now(req))
+                .unwrap_or(Some(Decision::Deny));
+            match d {
                 Some(Decision::Allow) => return true,
                 Some(Decision::Deny) => return false,
                 _ => {}

@@ -46,7 +46,12 @@ pub(crate) struct BrokerState {
     /// Shared with the storage writer, which writes a session whole after a failure.
     pub sessions: Arc<SessionTable>,
     pub index: RwLock<SubscriptionIndex<SubEntry>>,
+    /// The retained messages, weighed by [`Message::size`] for `max_retained_bytes`.
     pub retained: Mutex<RetainedStore<Arc<Message>>>,
+    /// Set when a retained message was not kept for a limit (`max_retained_messages`,
+    /// `max_retained_bytes`), cleared once the retained set is back under half of both: the
+    /// warning is logged once per such episode, not per message.
+    retained_full: AtomicBool,
     /// Retained `$SYS` messages: in memory only, never counted as retained messages.
     pub sys_retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Shared with the storage writer, which counts its batches.
@@ -60,10 +65,8 @@ pub(crate) struct BrokerState {
     /// Signalled once when shutdown starts, to stop the listeners.
     pub stop_listeners: Notify,
     pub local_addrs: Mutex<Vec<SocketAddr>>,
+    /// Numbers the in-process subscriptions' client identifiers (`handle`).
     pub next_client_number: AtomicU64,
-    /// Random per broker start: the first part of assigned client identifiers, so that
-    /// those of one run do not meet the stored sessions of another.
-    pub client_id_salt: u64,
     /// The storage writer, when the broker has a storage backend (`persist`).
     pub persist: OnceLock<Arc<crate::persist::Persister>>,
     /// Authentication and access control (`auth` module); set by the builder.
@@ -110,7 +113,8 @@ impl BrokerState {
             limits,
             sessions: Arc::new(Mutex::new(HashMap::new())),
             index: RwLock::new(SubscriptionIndex::new()),
-            retained: Mutex::new(RetainedStore::new()),
+            retained: Mutex::new(RetainedStore::weighed(|m: &Arc<Message>| m.size())),
+            retained_full: AtomicBool::new(false),
             sys_retained: Mutex::new(RetainedStore::new()),
             stats: Arc::default(),
             started: Instant::now(),
@@ -120,18 +124,6 @@ impl BrokerState {
             stop_listeners: Notify::new(),
             local_addrs: Mutex::new(Vec::new()),
             next_client_number: AtomicU64::new(1),
-            client_id_salt: {
-                use std::hash::{BuildHasher, Hasher};
-                // The standard library's randomly keyed hasher: random enough for a salt.
-                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-                h.write_u128(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_nanos())
-                        .unwrap_or_default(),
-                );
-                h.finish()
-            },
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),
             events: crate::events::Events::new(crate::events::DEFAULT_EVENT_CAPACITY),
@@ -220,9 +212,16 @@ impl BrokerState {
 
     /// Applies the RETAIN flag of `msg` (MQTT 5.0 section 3.3.1.3): an empty payload deletes
     /// the retained message of its topic [MQTT-3.3.1-6], anything else replaces it
-    /// [MQTT-3.3.1-5]; `max_retained_messages` caps how many topics are kept; nothing is kept
-    /// with `retain_available = false` (clients cannot publish retained then; wills and
-    /// in-process publishes can still carry the flag).
+    /// [MQTT-3.3.1-5]; nothing is kept with `retain_available = false` (clients cannot
+    /// publish retained then; wills and in-process publishes can still carry the flag).
+    ///
+    /// Two limits bound the retained set: `max_retained_messages` (topics) and
+    /// `max_retained_bytes` (the sum of [`Message::size`]). A message over either is not
+    /// kept (the caller still routes it to the current subscribers), counted in
+    /// `retained_not_kept_*` and logged once per episode. Replacing a retained message
+    /// never counts against the topic limit, and against the byte limit only by what it
+    /// adds; a replacement that is not kept deletes the message it replaced, which is no
+    /// longer the topic's latest.
     fn retain(&self, msg: &Arc<Message>) {
         if !self.config.server.retain_available {
             return;
@@ -233,18 +232,83 @@ impl BrokerState {
                 if let Some(p) = self.persist.get() {
                     p.retained_deleted(&msg.topic);
                 }
+                self.retained_room(&store);
             }
             return;
         }
-        let max = self.config.server.max_retained_messages;
-        if max > 0 && store.len() >= max && store.get(&msg.topic).is_none() {
-            let client_id = msg.publisher.as_deref().unwrap_or("(in-process)");
-            tracing::warn!(client_id, topic = %msg.topic, max_retained_messages = max, "retained message not kept: max_retained_messages reached");
+        let s = &self.config.server;
+        let replaced = store.get(&msg.topic).map(|m| m.size() as u64);
+        let over = if replaced.is_none()
+            && s.max_retained_messages > 0
+            && store.len() >= s.max_retained_messages
+        {
+            Some((
+                "max_retained_messages",
+                s.max_retained_messages as u64,
+                &self.stats.retained_not_kept_count,
+            ))
+        } else if s.max_retained_bytes > 0
+            && store.bytes() as u64 - replaced.unwrap_or(0) + msg.size() as u64
+                > s.max_retained_bytes
+        {
+            Some((
+                "max_retained_bytes",
+                s.max_retained_bytes,
+                &self.stats.retained_not_kept_bytes,
+            ))
+        } else {
+            None
+        };
+        if let Some((limit, max, counter)) = over {
+            if replaced.is_some() && store.remove(&msg.topic).is_some() {
+                if let Some(p) = self.persist.get() {
+                    p.retained_deleted(&msg.topic);
+                }
+            }
+            let (len, bytes) = (store.len(), store.bytes());
+            drop(store);
+            Stats::add(counter, 1);
+            if !self.retained_full.swap(true, Ordering::Relaxed) {
+                let client_id = msg.publisher.as_deref().unwrap_or("(in-process)");
+                tracing::warn!(
+                    client_id,
+                    topic = %msg.topic,
+                    size = msg.size(),
+                    retained_messages = len,
+                    retained_bytes = bytes,
+                    "retained message not kept: {limit} = {max} reached; retained messages \
+                     over a limit are delivered but not kept, counted in $SYS/broker/retained \
+                     messages/not kept/{limit}, and logged again once the retained set is \
+                     back under half its limits"
+                );
+            }
             return;
         }
         store.insert(&msg.topic, Arc::clone(msg));
         if let Some(p) = self.persist.get() {
             p.retained_set(msg);
+        }
+        self.retained_room(&store);
+    }
+
+    /// After a change to the retained set: when a message was not kept for a limit, and the
+    /// set is now back under half of both limits, says so and lets the next refusal be
+    /// logged again. One atomic load while nothing was refused.
+    fn retained_room(&self, store: &RetainedStore<Arc<Message>>) {
+        if !self.retained_full.load(Ordering::Relaxed) {
+            return;
+        }
+        let s = &self.config.server;
+        let under = |used: u64, max: u64| max == 0 || used <= max / 2;
+        if under(store.len() as u64, s.max_retained_messages as u64)
+            && under(store.bytes() as u64, s.max_retained_bytes)
+            && self.retained_full.swap(false, Ordering::Relaxed)
+        {
+            tracing::info!(
+                retained_messages = store.len(),
+                retained_bytes = store.bytes(),
+                "retained messages are kept again: the retained set is back under half its limits"
+            );
         }
     }
 

@@ -58,14 +58,22 @@ impl BrokerState {
                 let clean_start = clean_start || foreign;
                 let old_link = old.link();
                 if let Some(old_link) = old_link {
-                    // The session goes on under the new connection (clean start 0, a session that
-                    // outlives its connection): the old connection's will is dropped, not published,
-                    // since a new connection for its client identifier opened before any will delay
-                    // could elapse [MQTT-3.1.2-8] [MQTT-3.1.3-9], as mosquitto does for 3.x and 5.0
-                    // alike. A session that ends here publishes it (detach, then end_session).
+                    // The old network connection closes without DISCONNECT, so its will is
+                    // published as for any such close (MQTT 5.0 section 3.1.4: "as specified
+                    // in section 3.1.2.5"): 3.x wills and 5.0 ones with a Will Delay Interval
+                    // of 0 at once, by the detach that closing the old connection runs
+                    // [MQTT-3.1.2-8]. With a delay above 0 and the session going on under the
+                    // new connection (clean start 0, a session that outlives its connection),
+                    // a new connection for the client identifier opened before the delay
+                    // elapsed: the will is not sent [MQTT-3.1.3-9]. (mosquitto 2 drops the
+                    // will in both cases when the session goes on.) A session that ends here
+                    // publishes it (detach, then end_session).
                     if !clean_start {
                         let mut st = old.state.lock();
-                        if st.expiry_interval() > 0 && st.take_will().is_some() {
+                        if st.expiry_interval() > 0
+                            && st.will().is_some_and(|w| w.delay > 0)
+                            && st.take_will().is_some()
+                        {
                             st.persist_will_cleared(&old.client_id);
                         }
                     }

@@ -110,6 +110,11 @@ pub struct ServerConfig {
     pub persistent_client_expiration: u64,
     /// Most retained messages kept; 0 = unlimited (default).
     pub max_retained_messages: usize,
+    /// Most bytes all retained messages take together (the topic, payload and properties of
+    /// each, as `max_queued_bytes` counts them); 0 = unlimited, else at least
+    /// [`MIN_RETAINED_BYTES`]. A retained message that would take the total over it is
+    /// delivered but not kept. Default 64 MiB.
+    pub max_retained_bytes: u64,
     /// Seconds between `$SYS` updates; 0 turns `$SYS` off (as in mosquitto); default 10.
     pub sys_interval: u64,
     /// Most levels in a topic name or filter (`a/b/c` has 3); 0 = unlimited; default 201, the
@@ -158,6 +163,7 @@ impl Default for ServerConfig {
             stall_time: 2,
             persistent_client_expiration: 0,
             max_retained_messages: 0,
+            max_retained_bytes: 64 * 1024 * 1024,
             sys_interval: 10,
             max_topic_levels: 201,
             max_subscriptions_per_client: 10_000,
@@ -375,6 +381,10 @@ pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_455;
 /// identifier takes 14 bytes.
 pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
 
+/// Smallest `max_retained_bytes` other than 0: 1 KiB. The limit is in bytes; a smaller value
+/// is taken for a unit mistake (64 meant as MiB) and refused.
+pub const MIN_RETAINED_BYTES: u64 = 1024;
+
 /// Largest `busy_poll`, in microseconds: one second. Polling longer after the last packet only
 /// spends CPU; a larger value is taken for a unit mistake and refused.
 pub const MAX_BUSY_POLL: u32 = 1_000_000;
@@ -385,7 +395,7 @@ impl ServerConfig {
     /// `max_queued_messages`, `max_queued_qos0_messages`, `max_topic_levels` and
     /// `max_subscriptions_per_client` `usize::MAX`. The limits whose 0
     /// the broker reads as such (`max_connections`, `max_keepalive`, `max_queued_bytes`,
-    /// `max_retained_messages`, `persistent_client_expiration`) and `sys_interval` (0: off)
+    /// `max_retained_messages`, `max_retained_bytes`, `persistent_client_expiration`) and `sys_interval` (0: off)
     /// are left as they are.
     pub fn resolved(mut self) -> ServerConfig {
         if self.max_packet_size == 0 {
@@ -458,6 +468,15 @@ impl Config {
                 format!(
                     "is in microseconds: at most {MAX_BUSY_POLL} (one second), not {}",
                     s.busy_poll
+                ),
+            ));
+        }
+        if s.max_retained_bytes != 0 && s.max_retained_bytes < MIN_RETAINED_BYTES {
+            return Err(ConfigError::new(
+                "server.max_retained_bytes",
+                format!(
+                    "is in bytes: 0 (unlimited) or at least {MIN_RETAINED_BYTES}, not {}",
+                    s.max_retained_bytes
                 ),
             ));
         }
@@ -695,6 +714,8 @@ mod tests {
         assert_eq!(err(&c).key, "server.max_packet_size");
         c.server.max_packet_size = MAX_PACKET_SIZE_LIMIT;
         assert_eq!(c.validate(), Ok(()));
+        c.server.max_retained_bytes = MIN_RETAINED_BYTES;
+        assert_eq!(c.validate(), Ok(()));
 
         for (f, key) in [
             (
@@ -709,6 +730,14 @@ mod tests {
             (|c| c.server.stall_time = 0, "server.stall_time"),
             (|c| c.server.busy_poll = 1_000_001, "server.busy_poll"),
             (|c| c.server.connect_timeout = 0, "server.connect_timeout"),
+            (
+                |c| c.server.max_retained_bytes = 64,
+                "server.max_retained_bytes",
+            ),
+            (
+                |c| c.server.max_retained_bytes = MIN_RETAINED_BYTES - 1,
+                "server.max_retained_bytes",
+            ),
         ] {
             let mut c = Config::default();
             f(&mut c);
@@ -730,6 +759,7 @@ mod tests {
         s.sys_interval = 0;
         s.max_topic_levels = 0;
         s.max_subscriptions_per_client = 0;
+        s.max_retained_bytes = 0;
         assert_eq!(c.validate(), Ok(()));
         let r = c.server.clone().resolved();
         assert_eq!(r.max_packet_size, MAX_PACKET_SIZE_LIMIT);
@@ -739,6 +769,10 @@ mod tests {
         assert_eq!((r.max_keepalive, r.sys_interval), (0, 0));
         assert_eq!(r.max_topic_levels, usize::MAX);
         assert_eq!(r.max_subscriptions_per_client, usize::MAX);
+        assert_eq!(
+            r.max_retained_bytes, 0,
+            "0 stays: the broker reads it as unlimited"
+        );
         // Values that are not 0 are kept.
         let d = ServerConfig::default();
         assert_eq!(d.clone().resolved(), d);

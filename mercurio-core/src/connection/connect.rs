@@ -3,7 +3,6 @@
 //! operation, [`BrokerState::take_session`]) and the CONNACK.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -152,6 +151,27 @@ fn encode_connack(
         tracing::error!("cannot encode CONNACK: {e}");
     }
     out.to_vec()
+}
+
+/// A client identifier for a client that sent an empty one [MQTT-3.1.3-6]: mosquitto's shape,
+/// `auto-` and 36 characters laid out as a UUID (some clients and tests expect the length),
+/// holding 128 random bits from the operating system, as mosquitto's do. Unpredictable, so
+/// that nobody can guess another client's identifier and resume its session; and with 128
+/// bits, an identifier meets no other, of this run or of the sessions stored by another.
+///
+/// Errors: the operating system's random source failed (the CONNECT is then refused).
+fn assigned_client_id() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)?;
+    let n = u128::from_be_bytes(bytes);
+    Ok(format!(
+        "auto-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        n >> 96,
+        (n >> 80) & 0xffff,
+        (n >> 64) & 0xffff,
+        (n >> 48) & 0xffff,
+        n & 0xffff_ffff_ffff
+    ))
 }
 
 /// The CONNECT checks of the authentication chain: authentication (with the TLS identity), then the will's
@@ -304,18 +324,15 @@ pub(super) async fn accept(
                 ))
             }
             _ => {
-                // mosquitto's shape, "auto-" and a UUID's 36 characters (some clients and
-                // tests expect the length): the salt, then a counter, so unique in a run.
-                let n = broker.next_client_number.fetch_add(1, Ordering::Relaxed);
-                let salt = broker.client_id_salt;
-                let id = format!(
-                    "auto-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-                    salt >> 32,
-                    (salt >> 16) & 0xffff,
-                    salt & 0xffff,
-                    (n >> 48) & 0xffff,
-                    n & 0xffff_ffff_ffff
-                );
+                let id = match assigned_client_id() {
+                    Ok(id) => id,
+                    Err(e) => {
+                        return Err(refuse(
+                            ReasonCode::SERVER_UNAVAILABLE,
+                            &format!("no random bytes for an assigned client identifier: {e}"),
+                        ))
+                    }
+                };
                 if version.is_v5() {
                     assigned = Some(id.clone());
                 }

@@ -422,14 +422,32 @@ impl<'a> Reader<'a> {
             return Ok(());
         }
         if !broker.interceptors.is_empty() {
-            if let Err(rc) = self.intercept(&mut p).await {
-                let rc = if self.c.version.is_v5() {
-                    rc
-                } else {
-                    ReasonCode::SUCCESS
-                };
-                self.ack_publish(p.qos, p.packet_id, rc);
-                return Ok(());
+            match self.intercept(&mut p).await {
+                Ok(()) => {}
+                Err(Some(rc)) => {
+                    let rc = if self.c.version.is_v5() {
+                        rc
+                    } else {
+                        ReasonCode::SUCCESS
+                    };
+                    self.ack_publish(p.qos, p.packet_id, rc);
+                    return Ok(());
+                }
+                // An interceptor panicked: that PUBLISH is lost, and the client must know. A
+                // 5.0 QoS 1/2 publisher is told in its PUBACK / PUBREC (0x80 Unspecified
+                // error); a 3.x or QoS 0 publisher has no way to be told but the close
+                // (5.0: DISCONNECT 0x80), and can connect again at once.
+                Err(None) if self.c.version.is_v5() && p.qos != QoS::AtMostOnce => {
+                    self.ack_publish(p.qos, p.packet_id, ReasonCode::UNSPECIFIED_ERROR);
+                    return Ok(());
+                }
+                Err(None) => {
+                    return Err(Close {
+                        reason: DisconnectReason::HookPanicked,
+                        send: Some(ReasonCode::UNSPECIFIED_ERROR),
+                        publish_will: true,
+                    });
+                }
             }
         }
         self.publish_accepted(p);
@@ -596,8 +614,9 @@ impl<'a> Reader<'a> {
     }
 
     /// Runs the publish interceptors on `p`, which they may change. `Err` carries the reason
-    /// code of a refusal.
-    async fn intercept(&self, p: &mut Publish) -> Result<(), ReasonCode> {
+    /// code of a refusal, `None` when an interceptor panicked (logged by `hook::guard`; `p`
+    /// is then left without its topic, payload and properties).
+    async fn intercept(&self, p: &mut Publish) -> Result<(), Option<ReasonCode>> {
         let username = match &*self.c.session.identity.read() {
             crate::auth::Identity::Client { username, .. } => username.clone(),
             crate::auth::Identity::Trusted => None,
@@ -613,7 +632,13 @@ impl<'a> Reader<'a> {
         };
         let mut verdict = Verdict::Accept;
         for i in &self.c.broker.interceptors {
-            verdict = i.intercept(&mut publish).await;
+            verdict = crate::hook::guard(
+                "publish interceptor",
+                &self.c.session.client_id,
+                i.intercept(&mut publish),
+            )
+            .await
+            .ok_or(None)?;
             if verdict != Verdict::Accept {
                 break;
             }
@@ -624,11 +649,11 @@ impl<'a> Reader<'a> {
         p.properties.topic_alias = None;
         if let Verdict::Refuse(rc) = verdict {
             tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, reason = %rc, "PUBLISH refused by an interceptor");
-            return Err(refusal_code(rc));
+            return Err(Some(refusal_code(rc)));
         }
         if topic::validate_topic_name(&p.topic).is_err() || p.topic.starts_with("$SYS") {
             tracing::warn!(client_id = %self.c.session.client_id, topic = %p.topic, "an interceptor set an invalid topic name: PUBLISH refused");
-            return Err(ReasonCode::TOPIC_NAME_INVALID);
+            return Err(Some(ReasonCode::TOPIC_NAME_INVALID));
         }
         Ok(())
     }

@@ -563,6 +563,12 @@ impl BrokerHandle {
         self.inner.retained.lock().len()
     }
 
+    /// Bytes the retained messages take together: the topic, payload and properties of
+    /// each, what `[server] max_retained_bytes` bounds.
+    pub fn retained_bytes(&self) -> usize {
+        self.inner.retained.lock().bytes()
+    }
+
     /// Resolves when the broker stopped at once because of its storage: another broker took
     /// the database over (PostgreSQL epoch fencing) or it was unreachable too long. The daemon
     /// then exits with an error. Never resolves with storage that cannot fail so.

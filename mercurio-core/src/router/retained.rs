@@ -47,11 +47,15 @@ impl<T> Drop for Node<T> {
 /// The retained messages of the broker, one per topic name.
 ///
 /// `T` is the stored message (typically a PUBLISH whose payload is a shared `Bytes`); it is
-/// cloned into [`matching`](Self::matching) results. Not internally locked: wrap it in a
-/// `parking_lot::RwLock`.
+/// cloned into [`matching`](Self::matching) results. A store made with
+/// [`weighed`](Self::weighed) also keeps the total size of its messages
+/// ([`bytes`](Self::bytes)). Not internally locked: wrap it in a `parking_lot::RwLock`.
 pub struct RetainedStore<T: Clone> {
     root: Node<T>,
     len: usize,
+    /// The sum of `weigh` over the stored messages.
+    bytes: usize,
+    weigh: fn(&T) -> usize,
 }
 
 impl<T: Clone> Default for RetainedStore<T> {
@@ -64,6 +68,7 @@ impl<T: Clone> std::fmt::Debug for RetainedStore<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetainedStore")
             .field("len", &self.len)
+            .field("bytes", &self.bytes)
             .finish_non_exhaustive()
     }
 }
@@ -76,12 +81,26 @@ enum Work<'n, 'f, T> {
 }
 
 impl<T: Clone> RetainedStore<T> {
-    /// An empty store.
+    /// An empty store that does not weigh its messages ([`bytes`](Self::bytes) stays 0).
     pub fn new() -> Self {
+        Self::weighed(|_| 0)
+    }
+
+    /// An empty store that keeps the total of `weigh` (a message's size in bytes) over the
+    /// messages it holds, for [`bytes`](Self::bytes).
+    pub fn weighed(weigh: fn(&T) -> usize) -> Self {
         RetainedStore {
             root: Node::default(),
             len: 0,
+            bytes: 0,
+            weigh,
         }
+    }
+
+    /// The total size of the retained messages, as the store's `weigh` function counts it
+    /// (0 for a store made with [`new`](Self::new)).
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// How many retained messages the store holds.
@@ -105,9 +124,11 @@ impl<T: Clone> RetainedStore<T> {
             node = node.children.get_or_insert(level);
             rest = next;
         }
+        self.bytes += (self.weigh)(&value);
         let old = node.value.replace(value);
-        if old.is_none() {
-            self.len += 1;
+        match &old {
+            Some(old) => self.bytes -= (self.weigh)(old),
+            None => self.len += 1,
         }
         old
     }
@@ -139,6 +160,7 @@ impl<T: Clone> RetainedStore<T> {
         }
         let old = node.value.take()?;
         self.len -= 1;
+        self.bytes -= (self.weigh)(&old);
         self.prune(topic);
         Some(old)
     }
@@ -258,6 +280,7 @@ impl<T: Clone> RetainedStore<T> {
     pub fn clear(&mut self) {
         self.root = Node::default();
         self.len = 0;
+        self.bytes = 0;
     }
 
     /// How many trie nodes exist, the root included: a measure of memory, and a way to check
@@ -270,5 +293,31 @@ impl<T: Clone> RetainedStore<T> {
             stack.extend(node.children.values());
         }
         count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RetainedStore;
+
+    /// A weighed store keeps the total of its messages' sizes through inserts, replacements,
+    /// removals and clear.
+    #[test]
+    fn bytes_follow_inserts_replacements_and_removals() {
+        let mut store = RetainedStore::<String>::weighed(String::len);
+        store.insert("a/b", "12345".to_string());
+        store.insert("a/c", "123".to_string());
+        assert_eq!(store.bytes(), 8);
+        store.insert("a/b", "1".to_string());
+        assert_eq!(store.bytes(), 4);
+        assert_eq!(store.remove("a/c").as_deref(), Some("123"));
+        assert_eq!(store.bytes(), 1);
+        assert_eq!(store.remove("a/c"), None);
+        assert_eq!(store.bytes(), 1);
+        store.clear();
+        assert_eq!((store.len(), store.bytes()), (0, 0));
+        let mut plain = RetainedStore::<String>::new();
+        plain.insert("t", "payload".to_string());
+        assert_eq!(plain.bytes(), 0);
     }
 }
