@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use mercurio_core::config::Config;
-use mercurio_testkit::{have, mercuriod_bin, mosquitto_clients, prerequisite, Daemon};
+use mercurio_testkit::{mercuriod_bin, mosquitto_clients, program, Daemon};
 
 /// The mercurioctl binary under test.
 const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
@@ -234,7 +234,10 @@ fn installed_example_files_convert() {
     ] {
         let path = Path::new(file);
         if !path.exists() {
-            eprintln!("installed_example_files_convert: no {file}, skipped");
+            mercurio_testkit::skip(
+                "installed_example_files_convert",
+                &format!("no {file} (it comes with Debian's mosquitto package)"),
+            );
             continue;
         }
         let (code, toml, err) = import(path);
@@ -468,12 +471,7 @@ fn invalid_values_name_their_line() {
 #[test]
 fn converted_configuration_serves_mosquitto_clients() {
     const TEST: &str = "converted_configuration_serves_mosquitto_clients";
-    let passwd_tool = if have("mosquitto_passwd") {
-        Ok(())
-    } else {
-        Err("no mosquitto_passwd (Debian: apt-get install mosquitto)".to_string())
-    };
-    if !mosquitto_clients(TEST) || !prerequisite(TEST, passwd_tool) {
+    if !mosquitto_clients(TEST) || !program(TEST, "mosquitto_passwd", "apt-get install mosquitto") {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
