@@ -99,11 +99,74 @@ pub fn named_files<'a>(config: &'a Config) -> Vec<(String, &'a Path, bool)> {
             ("cafile", &b.cafile),
             ("certfile", &b.certfile),
             ("keyfile", &b.keyfile),
+            ("password_file", &b.password_file),
         ] {
             add(format!("bridges[{i}].{name}"), path, false);
         }
     }
+    add("storage.url_file".into(), &config.storage.url_file, false);
     files
+}
+
+/// Credentials that users other than the broker's may read, one warning each: the
+/// configuration file `path` itself when it is readable by others (mode & 0o004) and holds a
+/// bridge's `password` or a `[storage] url` with a password, and each `password_file` or
+/// `url_file` readable by others. mercuriod logs them once at start; `--check-config` prints
+/// them.
+pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
+    use mercurio_core::credentials::readable_by_others;
+    let mut warnings = Vec::new();
+    let mut inline = Vec::new();
+    for (i, b) in config.bridges.iter().enumerate() {
+        if b.password.is_some() {
+            inline.push(format!("bridges[{i}].password"));
+        }
+    }
+    if config.storage.url.as_deref().is_some_and(url_has_password) {
+        inline.push("storage.url".to_string());
+    }
+    if !inline.is_empty() && readable_by_others(path) {
+        warnings.push(format!(
+            "{} is readable by every user and holds a credential ({}): move it to a file only \
+             the broker can read (password_file, url_file; chmod 600)",
+            path.display(),
+            inline.join(", ")
+        ));
+    }
+    let mut files = Vec::new();
+    for (i, b) in config.bridges.iter().enumerate() {
+        if let Some(f) = &b.password_file {
+            files.push((format!("bridges[{i}].password_file"), f));
+        }
+    }
+    if let Some(f) = &config.storage.url_file {
+        files.push(("storage.url_file".to_string(), f));
+    }
+    for (key, file) in files {
+        if readable_by_others(file) {
+            warnings.push(format!(
+                "{key}: {} is readable by every user: make it readable by the broker only \
+                 (chmod 600, owned by the broker's user)",
+                file.display()
+            ));
+        }
+    }
+    warnings
+}
+
+/// Whether a PostgreSQL connection string carries a password: `postgres://user:PASSWORD@...`
+/// or `password=...` in the key-value form.
+fn url_has_password(url: &str) -> bool {
+    match url.split_once("://") {
+        Some((_, rest)) => rest
+            .split(['/', '?'])
+            .next()
+            .and_then(|authority| authority.rsplit_once('@'))
+            .is_some_and(|(userinfo, _)| userinfo.contains(':')),
+        None => url
+            .split_whitespace()
+            .any(|pair| pair.trim_start().starts_with("password=")),
+    }
 }
 
 /// Each file of [`named_files`] can be opened (a directory read): an error names the key,
@@ -817,6 +880,20 @@ mod tests {
         assert_eq!(table_path("[server]\nx = 1\n").as_deref(), Some("server"));
         let text = "[[bridges]]\n[[bridges.topics]]\n[[bridges]]\n[[bridges.topics]]\n[[bridges.topics]]\n";
         assert_eq!(table_path(text).as_deref(), Some("bridges[1].topics[1]"));
+    }
+
+    #[test]
+    fn passwords_in_urls() {
+        assert!(url_has_password("postgres://u:p@db/mercurio"));
+        assert!(url_has_password(
+            "postgresql://u:p@db:5432/m?sslmode=require"
+        ));
+        assert!(!url_has_password("postgres://u@db/mercurio"));
+        assert!(!url_has_password(
+            "postgres://db/mercurio?application_name=a:b"
+        ));
+        assert!(url_has_password("host=db user=u password=p dbname=m"));
+        assert!(!url_has_password("host=db user=u dbname=m"));
     }
 
     #[test]
