@@ -823,7 +823,14 @@ impl Conversion {
             }
             "remote_clientid" | "clientid" => b.table.set("client_id", string(&line.value), f),
             "remote_username" | "username" => b.table.set("username", string(&line.value), f),
-            "remote_password" | "password" => b.table.set("password", string(&line.value), f),
+            "remote_password" | "password" => {
+                b.table.set("password", string(&line.value), f.clone());
+                self.cautions.push(format!(
+                    "{f}: the bridge password is written in this file, which the packaged \
+                     service leaves readable by every user: move it to a file of its own \
+                     (chmod 600) named by password_file"
+                ));
+            }
             "bridge_cafile" => b.table.set("cafile", string(&line.value), f),
             "bridge_certfile" => b.table.set("certfile", string(&line.value), f),
             "bridge_keyfile" => b.table.set("keyfile", string(&line.value), f),

@@ -798,6 +798,9 @@ fn bridge_tls_and_credentials_are_carried() {
     );
     assert_eq!(b.username.as_deref(), Some("bridge-user"));
     assert_eq!(b.password.as_deref(), Some("bridge-secret"));
+    // The secret is not repeated in comments, and where to move it is said.
+    assert_eq!(toml.matches("bridge-secret").count(), 1, "{toml}");
+    assert!(toml.contains("named by password_file"), "{toml}");
     for (line, key) in [
         (11, "bridge_insecure"),
         (12, "bridge_require_ocsp"),
