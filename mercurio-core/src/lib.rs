@@ -31,6 +31,7 @@ mod busy_poll;
 pub mod codec;
 pub mod config;
 mod connection;
+pub mod credentials;
 mod error;
 pub mod events;
 mod handle;

@@ -27,7 +27,10 @@ impl Mosquitto {
     /// or fails under `CI=true` ([`prerequisite`]).
     pub fn start(test: &str, port: u16, extra: &str) -> Option<Mosquitto> {
         let Some(bin) = mosquitto_bin() else {
-            prerequisite(test, Err("mosquitto is not installed".into()));
+            prerequisite(
+                test,
+                Err("mosquitto is not installed; install: apt-get install mosquitto".into()),
+            );
             return None;
         };
         let port = if port == 0 { free_port() } else { port };

@@ -7,7 +7,9 @@
 //! mosquitto's local-only mode (loopback, anonymous clients), and mosquitto's defaults are
 //! written out where a TOML file without the key would behave otherwise (`allow_anonymous`,
 //! bridges). Every key that cannot be carried over is listed in a comment at the top of the
-//! output with its file, line and the reason. The result is checked with mercuriod's own
+//! output with its file, line and the reason, except security settings: one that cannot be
+//! carried over fails the conversion (`refused`), since leaving it out would let in what
+//! mosquitto kept out. The result is checked with mercuriod's own
 //! configuration reader (`config_file`), so it passes `mercuriod --check-config` as long as
 //! the files it names exist.
 
@@ -191,6 +193,47 @@ fn invalid(line: &Line, what: &str) -> ImportError {
     ))
 }
 
+/// A security setting Mercurio cannot carry over: converting without it would let in what
+/// mosquitto kept out (a plaintext bridge from a TLS one, a revoked or unchecked certificate,
+/// clients an authentication plugin refused), so the import fails naming the line, why, and
+/// what to do instead.
+fn refused(line: &Line, why: &str) -> ImportError {
+    ImportError(format!(
+        "{} {}: cannot be carried over, and leaving it out would weaken security: {why}",
+        line.place(),
+        shown(line)
+    ))
+}
+
+/// Security keys with no Mercurio equivalent (see [`refused`]): the reason and what to do.
+/// `None` for keys whose value decides (see `Conversion::line`) and for every other key.
+fn refused_key(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "auth_plugin" | "plugin" | "global_plugin" => {
+            "mosquitto plugins are C libraries Mercurio cannot load, and without this one its \
+             clients' authentication or access control is lost; use password_file and \
+             acl_file, or an application embedding Mercurio with Rust Authenticator/Authorizer \
+             hooks (examples/auth_hook.rs), then remove the line"
+        }
+        "psk_file" | "psk_hint" => {
+            "TLS with pre-shared keys is not offered (rustls has no PSK cipher suites) and the \
+             listener would accept plain connections; give it certfile and keyfile instead, \
+             then remove the psk lines"
+        }
+        "bridge_identity" | "bridge_psk" => {
+            "TLS with pre-shared keys is not offered (rustls has no PSK cipher suites) and the \
+             bridge would connect in plaintext; give the remote's CA certificate in \
+             bridge_cafile instead, then remove the bridge_identity and bridge_psk lines"
+        }
+        "bridge_capath" => {
+            "Mercurio bridges have no CA directory and the bridge would connect in plaintext, \
+             sending its credentials in clear; put the CA certificates in one PEM file \
+             (cat DIR/*.crt > bridge-ca.pem) and name it with bridge_cafile instead"
+        }
+        _ => return None,
+    })
+}
+
 fn parse_bool(line: &Line) -> Result<bool, ImportError> {
     match line.words().first().copied() {
         Some("true") => Ok(true),
@@ -230,15 +273,7 @@ pub fn parse_duration(text: &str) -> Option<u64> {
 /// Keys with no Mercurio equivalent, and why.
 fn no_equivalent(key: &str) -> Option<&'static str> {
     Some(match key {
-        "auth_plugin" | "plugin" | "global_plugin" => {
-            "mosquitto plugins are C libraries; an application embedding Mercurio adds Rust \
-             Authenticator/Authorizer hooks instead (examples/auth_hook.rs)"
-        }
         "auth_plugin_deny_special_chars" => "no plugins (see auth_plugin)",
-        "psk_file" | "psk_hint" | "bridge_psk" | "bridge_identity" => {
-            "TLS with pre-shared keys is not offered (rustls has no PSK cipher suites); use \
-             certificates"
-        }
         "autosave_interval" | "autosave_on_changes" => {
             "Mercurio writes every change to its database within milliseconds (group commit), \
              there is no snapshot interval"
@@ -287,13 +322,8 @@ fn no_equivalent(key: &str) -> Option<&'static str> {
         "ciphers" | "ciphers_tls1.3" => {
             "rustls offers its own safe TLS 1.2 and 1.3 cipher suites, not configurable"
         }
-        "tls_version" => "TLS 1.2 and 1.3 are offered, older versions never",
-        "crlfile" => "certificate revocation lists are not read",
         "dhparamfile" => "rustls has no finite-field Diffie-Hellman; ECDHE is used",
         "tls_engine" | "tls_keyform" => "keys are read from PEM files only",
-        "use_subject_as_username" => {
-            "only the certificate's common name can be the user name (use_identity_as_username)"
-        }
         "use_username_as_clientid" => "not offered: a client keeps the identifier it sends",
         "max_topic_alias" => "Mercurio offers MQTT 5 clients 10 topic aliases, not configurable",
         "queue_qos0_messages" => {
@@ -322,10 +352,7 @@ fn bridge_no_equivalent(key: &str) -> Option<&'static str> {
             "not configurable"
         }
         "bridge_bind_address" => "outgoing connections use the system's source address",
-        "bridge_capath" => "give the CA certificates as one PEM file (bridge_cafile)",
-        "bridge_insecure" => "the remote certificate's host name is always checked",
-        "bridge_require_ocsp" => "OCSP is not checked",
-        "bridge_alpn" | "bridge_tls_version" => "rustls chooses (TLS 1.2 and 1.3)",
+        "bridge_alpn" => "rustls chooses (no ALPN is sent)",
         _ => return None,
     })
 }
@@ -349,6 +376,12 @@ fn is_bridge_key(key: &str) -> bool {
             | "bridge_cafile"
             | "bridge_certfile"
             | "bridge_keyfile"
+            | "bridge_capath"
+            | "bridge_insecure"
+            | "bridge_require_ocsp"
+            | "bridge_tls_version"
+            | "bridge_identity"
+            | "bridge_psk"
             | "notifications"
             | "notification_topic"
             | "try_private"
@@ -388,6 +421,9 @@ impl Conversion {
         let key = line.key.as_str();
         let words = line.words();
         let f = from(line);
+        if let Some(why) = refused_key(key) {
+            return Err(refused(line, why));
+        }
         if is_bridge_key(key) && key != "topic" || key == "topic" && self.current_bridge.is_some() {
             return self.bridge_line(line);
         }
@@ -539,6 +575,41 @@ impl Conversion {
                 l.capath = Some((line.value.clone(), f));
                 l.used = true;
             }
+            "crlfile" => {
+                if line.value.is_empty() {
+                    return Err(invalid(line, "empty path"));
+                }
+                let l = self.listener();
+                l.table.set("crl_file", string(&line.value), f);
+                l.used = true;
+            }
+            "use_subject_as_username" => {
+                if parse_bool(line)? {
+                    return Err(refused(
+                        line,
+                        "only the certificate's common name can be the user name in Mercurio \
+                         (use_identity_as_username); without it clients would be known by the \
+                         user name they send, not by their certificate's subject, which the \
+                         ACL and password file name; use use_identity_as_username true with \
+                         ACL and password entries by common name instead",
+                    ));
+                }
+                self.same(line, "the user name is never the certificate's subject");
+            }
+            "tls_version" => {
+                match words.first().copied() {
+                    Some("tlsv1.2") | Some("tlsv1.1") => self.same(
+                        line,
+                        "TLS 1.2 and 1.3 are offered, older versions never (a higher minimum)",
+                    ),
+                    Some("tlsv1.3") => return Err(refused(
+                        line,
+                        "Mercurio listeners offer TLS 1.2 and 1.3 and cannot be limited to 1.3; \
+                         remove the line to accept TLS 1.2 clients too",
+                    )),
+                    _ => return Err(invalid(line, "not tlsv1.3, tlsv1.2 or tlsv1.1")),
+                }
+            }
             "require_certificate" | "use_identity_as_username" => {
                 let v = parse_bool(line)?;
                 let l = self.listener();
@@ -554,18 +625,18 @@ impl Conversion {
                 self.server.set("receive_maximum", v.to_string(), f);
             }
             "max_queued_messages" => {
-                let n = parse_int(line)?;
-                if n <= 0 {
-                    self.note(
-                        line,
-                        "no unlimited queue: every queue is bounded; Mercurio's default \
-                         (10,000 messages, QoS 0 1,000) applies",
-                    );
-                } else {
-                    self.server.set(key, n.to_string(), f.clone());
-                    // One limit for every QoS in mosquitto.
-                    self.server
-                        .set("max_queued_qos0_messages", n.to_string(), f);
+                // 0 (or less, which mosquitto accepts alike): no count limit, in both
+                // (max_queued_bytes still bounds each queue).
+                let n = parse_int(line)?.max(0);
+                self.server.set(key, n.to_string(), f.clone());
+                // One limit for every QoS in mosquitto.
+                self.server
+                    .set("max_queued_qos0_messages", n.to_string(), f.clone());
+                if n == 0 {
+                    self.cautions.push(format!(
+                        "{f}: no limit on the number of queued messages (0, as in mosquitto); \
+                         max_queued_bytes (16 MiB by default) still bounds each queue"
+                    ));
                 }
             }
             "max_queued_bytes" => {
@@ -617,15 +688,11 @@ impl Conversion {
             }
             "sys_interval" => {
                 let n = parse_int(line)?;
-                if n <= 0 {
-                    self.note(
-                        line,
-                        "$SYS topics cannot be turned off; they are updated at most once a day",
-                    );
-                    self.server.set(key, "86400".into(), f);
-                } else {
-                    self.server.set(key, n.to_string(), f);
+                if !(0..=65_535).contains(&n) {
+                    return Err(invalid(line, "not from 0 to 65535"));
                 }
+                // 0 turns $SYS off, in both.
+                self.server.set(key, n.to_string(), f);
             }
             "clientid_prefixes" => {
                 self.server
@@ -677,6 +744,50 @@ impl Conversion {
             self.note(line, why);
             return Ok(());
         }
+        match key {
+            "bridge_insecure" => {
+                if parse_bool(line)? {
+                    return Err(refused(
+                        line,
+                        "a Mercurio bridge always checks that the remote's certificate names \
+                         the host it connects to; set the name the certificate carries with \
+                         tls_server_name in the converted [[bridges]] table, then remove the line",
+                    ));
+                }
+                self.same(line, "the remote certificate's host name is always checked");
+                return Ok(());
+            }
+            "bridge_require_ocsp" => {
+                if parse_bool(line)? {
+                    return Err(refused(
+                        line,
+                        "Mercurio bridges do not check the remote certificate's OCSP status; \
+                         remove the line to bridge without it",
+                    ));
+                }
+                self.same(line, "OCSP is not asked for");
+                return Ok(());
+            }
+            "bridge_tls_version" => {
+                match words.first().copied() {
+                    Some("tlsv1.2") => self.same(
+                        line,
+                        "the bridge speaks TLS 1.2 or 1.3, whichever the remote prefers",
+                    ),
+                    Some("tlsv1.3") | Some("tlsv1.1") => {
+                        return Err(refused(
+                            line,
+                            "a Mercurio bridge speaks TLS 1.2 or 1.3, whichever the remote \
+                             prefers, and cannot be held to one version; use tlsv1.2 or remove \
+                             the line",
+                        ))
+                    }
+                    _ => return Err(invalid(line, "not tlsv1.3, tlsv1.2 or tlsv1.1")),
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
         let b = &mut self.bridges[i];
         match key {
             "address" | "addresses" => {
@@ -712,7 +823,14 @@ impl Conversion {
             }
             "remote_clientid" | "clientid" => b.table.set("client_id", string(&line.value), f),
             "remote_username" | "username" => b.table.set("username", string(&line.value), f),
-            "remote_password" | "password" => b.table.set("password", string(&line.value), f),
+            "remote_password" | "password" => {
+                b.table.set("password", string(&line.value), f.clone());
+                self.cautions.push(format!(
+                    "{f}: the bridge password is written in this file, which the packaged \
+                     service leaves readable by every user: move it to a file of its own \
+                     (chmod 600) named by password_file"
+                ));
+            }
             "bridge_cafile" => b.table.set("cafile", string(&line.value), f),
             "bridge_certfile" => b.table.set("certfile", string(&line.value), f),
             "bridge_keyfile" => b.table.set("keyfile", string(&line.value), f),
@@ -1068,6 +1186,7 @@ impl Conversion {
                     "cert_file",
                     "key_file",
                     "ca_file",
+                    "crl_file",
                     "require_certificate",
                     "use_identity_as_username",
                 ] {

@@ -80,7 +80,9 @@ no running broker needed); then send mercuriod SIGHUP to reload it.
 
 mercurioctl config import-mosquitto /etc/mosquitto/mosquitto.conf > mercuriod.toml converts a
 mosquitto configuration (include_dir files too); lines it cannot carry over are listed, with
-the reason, in a comment at the top.";
+the reason, in a comment at the top, except security settings: one that cannot be carried over
+(it would make a TLS bridge plaintext, or let in clients mosquitto refused) fails the
+conversion, naming the line.";
 
 /// mercurioctl, the admin CLI of a running mercuriod (Mercurio MQTT broker).
 #[derive(Debug, Parser)]
@@ -131,7 +133,10 @@ enum ConfigCommand {
     /// Print a mosquitto.conf as an equivalent mercuriod TOML configuration, with a comment
     /// for each line that cannot be carried over and why. Exit status 0 when the result passes
     /// mercuriod --check-config (the files it names aside), 1 when it does not (printed
-    /// anyway), 78 when FILE cannot be read or holds a value mosquitto refuses too.
+    /// anyway), 78 when FILE cannot be read, holds a value mosquitto refuses too, or holds a
+    /// security setting that cannot be carried over (a TLS-PSK listener or bridge,
+    /// bridge_capath, an authentication plugin...: nothing is printed, the error names the
+    /// line and what to write instead).
     ImportMosquitto(config_import::ImportMosquitto),
 }
 

@@ -37,22 +37,167 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// Reads and checks the configuration file at `path`.
+/// Reads and checks the configuration file at `path`, for a SIGHUP reload: the files it
+/// names are not opened here (one that cannot be read keeps its previous contents in force,
+/// and the broker's reload says so).
 pub fn load(path: &Path) -> Result<Config, LoadError> {
-    load_with_ports(path, &[])
+    let text = read(path)?;
+    parse_with_ports(path, &text, &[])
 }
 
-/// Reads and checks the configuration file at `path`; `ports` (`mercuriod -p`), when not
-/// empty, replace the default listener of a file without `[[listeners]]` by one on 127.0.0.1
-/// per port, and are refused for a file with listeners.
+/// Reads and checks the configuration file at `path` to start the broker (or for
+/// `--check-config`); `ports` (`mercuriod -p`), when not empty, replace the default listener
+/// of a file without `[[listeners]]` by one on 127.0.0.1 per port, and are refused for a file
+/// with listeners. Each file the configuration names (see [`named_files`]) must be readable:
+/// one that is not is an error naming its key and line.
 pub fn load_with_ports(path: &Path, ports: &[u16]) -> Result<Config, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|e| LoadError {
+    let text = read(path)?;
+    let config = parse_with_ports(path, &text, ports)?;
+    check_named_files(path, &text, &config)?;
+    Ok(config)
+}
+
+fn read(path: &Path) -> Result<String, LoadError> {
+    std::fs::read_to_string(path).map_err(|e| LoadError {
         file: path.to_path_buf(),
         line: None,
         key: None,
         message: format!("cannot read: {e}"),
-    })?;
-    parse_with_ports(path, &text, ports)
+    })
+}
+
+/// The files a configuration names, with their key paths (`auth.password_file`,
+/// `listeners[1].cert_file`, `bridges[0].cafile`...), and whether each is a directory.
+pub fn named_files<'a>(config: &'a Config) -> Vec<(String, &'a Path, bool)> {
+    let mut files = Vec::new();
+    let mut add = |key: String, path: &'a Option<PathBuf>, dir: bool| {
+        if let Some(p) = path {
+            files.push((key, p.as_path(), dir));
+        }
+    };
+    add(
+        "auth.password_file".into(),
+        &config.auth.password_file,
+        false,
+    );
+    add("auth.acl_file".into(), &config.auth.acl_file, false);
+    for (i, l) in config.listeners.iter().enumerate() {
+        for (name, path) in [
+            ("cert_file", &l.cert_file),
+            ("key_file", &l.key_file),
+            ("ca_file", &l.ca_file),
+            ("crl_file", &l.crl_file),
+            ("password_file", &l.password_file),
+            ("acl_file", &l.acl_file),
+        ] {
+            add(format!("listeners[{i}].{name}"), path, false);
+        }
+        add(format!("listeners[{i}].http_dir"), &l.http_dir, true);
+    }
+    for (i, b) in config.bridges.iter().enumerate() {
+        for (name, path) in [
+            ("cafile", &b.cafile),
+            ("certfile", &b.certfile),
+            ("keyfile", &b.keyfile),
+            ("password_file", &b.password_file),
+        ] {
+            add(format!("bridges[{i}].{name}"), path, false);
+        }
+    }
+    add("storage.url_file".into(), &config.storage.url_file, false);
+    files
+}
+
+/// Credentials that users other than the broker's may read, one warning each: the
+/// configuration file `path` itself when it is readable by others (mode & 0o004) and holds a
+/// bridge's `password` or a `[storage] url` with a password, and each `password_file` or
+/// `url_file` readable by others. mercuriod logs them once at start; `--check-config` prints
+/// them.
+pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
+    use mercurio_core::credentials::readable_by_others;
+    let mut warnings = Vec::new();
+    let mut inline = Vec::new();
+    for (i, b) in config.bridges.iter().enumerate() {
+        if b.password.is_some() {
+            inline.push(format!("bridges[{i}].password"));
+        }
+    }
+    if config.storage.url.as_deref().is_some_and(url_has_password) {
+        inline.push("storage.url".to_string());
+    }
+    if !inline.is_empty() && readable_by_others(path) {
+        warnings.push(format!(
+            "{} is readable by every user and holds a credential ({}): move it to a file only \
+             the broker can read (password_file, url_file; chmod 600)",
+            path.display(),
+            inline.join(", ")
+        ));
+    }
+    let mut files = Vec::new();
+    for (i, b) in config.bridges.iter().enumerate() {
+        if let Some(f) = &b.password_file {
+            files.push((format!("bridges[{i}].password_file"), f));
+        }
+    }
+    if let Some(f) = &config.storage.url_file {
+        files.push(("storage.url_file".to_string(), f));
+    }
+    for (key, file) in files {
+        if readable_by_others(file) {
+            warnings.push(format!(
+                "{key}: {} is readable by every user: make it readable by the broker only \
+                 (chmod 600, owned by the broker's user)",
+                file.display()
+            ));
+        }
+    }
+    warnings
+}
+
+/// Whether a PostgreSQL connection string carries a password: `postgres://user:PASSWORD@...`
+/// or `password=...` in the key-value form.
+fn url_has_password(url: &str) -> bool {
+    match url.split_once("://") {
+        Some((_, rest)) => rest
+            .split(['/', '?'])
+            .next()
+            .and_then(|authority| authority.rsplit_once('@'))
+            .is_some_and(|(userinfo, _)| userinfo.contains(':')),
+        None => url
+            .split_whitespace()
+            .any(|pair| pair.trim_start().starts_with("password=")),
+    }
+}
+
+/// Each file of [`named_files`] can be opened (a directory read): an error names the key,
+/// its line in `text` and the file.
+fn check_named_files(path: &Path, text: &str, config: &Config) -> Result<(), LoadError> {
+    for (key, file, dir) in named_files(config) {
+        let opened = if dir {
+            std::fs::read_dir(file).map(drop)
+        } else {
+            std::fs::File::open(file).and_then(|f| {
+                if f.metadata()?.is_dir() {
+                    Err(std::io::Error::other("is a directory, not a file"))
+                } else {
+                    Ok(())
+                }
+            })
+        };
+        if let Err(e) = opened {
+            let root = match ImDocument::parse(text) {
+                Ok(doc) => locate(Node::Table(doc.as_table()), &key),
+                Err(_) => None,
+            };
+            return Err(LoadError {
+                file: path.to_path_buf(),
+                line: root.map(|s| line_of(text, s.start)),
+                key: Some(key),
+                message: format!("cannot read {}: {e}", file.display()),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Parses and checks `text`, the contents of the file `path` (used in messages only).
@@ -85,6 +230,10 @@ pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config
                     path.display()
                 ),
             }
+        } else if let Some((key, message)) =
+            e.span().and_then(|span| unquoted_word(text, span.start))
+        {
+            error(e.span(), Some(key), &message)
         } else {
             error(e.span(), None, e.message())
         }
@@ -101,7 +250,7 @@ pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config
             {
                 format!("write [[{k}]], not [{k}]: each entry is a table of its own")
             }
-            _ => in_plain_words(e.message(), key.as_deref()),
+            _ => with_suggestion(&in_plain_words(e.message(), key.as_deref())),
         };
         error(e.span(), key, &message)
     })?;
@@ -185,6 +334,128 @@ fn looks_like_mosquitto(text: &str) -> bool {
                 .next()
                 .is_some_and(|w| w != "=" && !w.starts_with('='))
     })
+}
+
+/// A value written without quotes on the line at `offset` (`allow_anonymous = True`,
+/// `protocol = websocket`), which TOML refuses with "invalid string; expected `"`, `'`":
+/// the key path and what to write instead.
+fn unquoted_word(text: &str, offset: usize) -> Option<(String, String)> {
+    let offset = offset.min(text.len());
+    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let (key, value) = line.split_once('=')?;
+    let key = key.trim();
+    let value = value.split('#').next()?.trim();
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.';
+    if key.is_empty()
+        || !value.starts_with(|c: char| c.is_ascii_alphabetic())
+        || !value.chars().all(word)
+    {
+        return None;
+    }
+    let path = match table_path(&text[..start]) {
+        Some(table) => format!("{table}.{key}"),
+        None => key.to_string(),
+    };
+    let message = match value.to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" => format!(
+            "`{value}` is not a TOML value: booleans are lowercase and unquoted, write {key} = true"
+        ),
+        "false" | "no" | "off" => format!(
+            "`{value}` is not a TOML value: booleans are lowercase and unquoted, write {key} = false"
+        ),
+        _ => format!("`{value}` is not a TOML value: a string is quoted, write {key} = \"{value}\""),
+    };
+    Some((path, message))
+}
+
+/// Path of the table the text `before` ends in (`server`, `listeners[1]`,
+/// `bridges[0].topics[2]`), from its `[table]` and `[[array]]` headers; `None` at the root.
+fn table_path(before: &str) -> Option<String> {
+    // Entries seen so far of each array of tables, by its dotted name.
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    let mut current = None;
+    for line in before.lines().map(str::trim) {
+        let (name, array) = if let Some(rest) = line.strip_prefix("[[") {
+            (rest.split("]]").next().unwrap_or("").trim(), true)
+        } else if let Some(rest) = line.strip_prefix('[') {
+            (rest.split(']').next().unwrap_or("").trim(), false)
+        } else {
+            continue;
+        };
+        if array {
+            let nested = format!("{name}.");
+            counts.retain(|(n, _)| !n.starts_with(&nested));
+            match counts.iter_mut().find(|(n, _)| n == name) {
+                Some((_, count)) => *count += 1,
+                None => counts.push((name.to_string(), 1)),
+            }
+        }
+        let mut path = String::new();
+        let mut prefix = String::new();
+        for part in name.split('.').map(str::trim) {
+            if !prefix.is_empty() {
+                prefix.push('.');
+                path.push('.');
+            }
+            prefix.push_str(part);
+            path.push_str(part);
+            if let Some((_, count)) = counts.iter().find(|(n, _)| *n == prefix) {
+                path.push_str(&format!("[{}]", count - 1));
+            }
+        }
+        current = Some(path);
+    }
+    current
+}
+
+/// The word of `candidates` closest to `word` (edit distance), when it is close enough to be a
+/// likely typo: at most a third of the word's length, and at least 1.
+fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let most = (word.chars().count() / 3).max(1);
+    candidates
+        .into_iter()
+        .map(|c| (edit_distance(word, c), c))
+        .filter(|&(d, _)| d <= most)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance between `a` and `b`, in characters (a small function rather than a
+/// dependency for the one "did you mean" hint).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitution = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown variant") with the
+/// closest expected word suggested: "unknown field `max_conections`; did you mean
+/// `max_connections`? expected one of ...".
+fn with_suggestion(message: &str) -> String {
+    let Some((what, expected)) = message.split_once(", expected ") else {
+        return message.to_string();
+    };
+    if !(what.starts_with("unknown field `") || what.starts_with("unknown variant `")) {
+        return message.to_string();
+    }
+    let Some(word) = what.split('`').nth(1) else {
+        return message.to_string();
+    };
+    let candidates = expected.split('`').skip(1).step_by(2);
+    match closest(word, candidates) {
+        Some(best) => format!("{what}; did you mean `{best}`? expected {expected}"),
+        None => message.to_string(),
+    }
 }
 
 /// Warnings about a valid configuration, one line each, for the log and `--check-config`.
@@ -615,6 +886,40 @@ mod tests {
             .expect_err("listeners and -p");
         assert_eq!((e.key.as_deref(), e.line), (Some("listeners"), Some(1)));
         assert!(e.message.contains("-p/--port"), "{e}");
+    }
+
+    #[test]
+    fn edit_distance_and_suggestions() {
+        assert_eq!(edit_distance("sever", "server"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(
+            closest("max_qoss", ["max_qos", "max_inflight"]),
+            Some("max_qos")
+        );
+        assert_eq!(closest("frobnicate", ["max_qos", "port"]), None);
+    }
+
+    #[test]
+    fn table_paths_of_headers() {
+        assert_eq!(table_path("a = 1\n"), None);
+        assert_eq!(table_path("[server]\nx = 1\n").as_deref(), Some("server"));
+        let text = "[[bridges]]\n[[bridges.topics]]\n[[bridges]]\n[[bridges.topics]]\n[[bridges.topics]]\n";
+        assert_eq!(table_path(text).as_deref(), Some("bridges[1].topics[1]"));
+    }
+
+    #[test]
+    fn passwords_in_urls() {
+        assert!(url_has_password("postgres://u:p@db/mercurio"));
+        assert!(url_has_password(
+            "postgresql://u:p@db:5432/m?sslmode=require"
+        ));
+        assert!(!url_has_password("postgres://u@db/mercurio"));
+        assert!(!url_has_password(
+            "postgres://db/mercurio?application_name=a:b"
+        ));
+        assert!(url_has_password("host=db user=u password=p dbname=m"));
+        assert!(!url_has_password("host=db user=u dbname=m"));
     }
 
     #[test]

@@ -115,6 +115,11 @@ fn main() -> ExitCode {
     for warning in config_file::warnings(&config) {
         warn!("{warning}");
     }
+    if let Some(path) = &cli.config {
+        for warning in config_file::credential_warnings(path, &config) {
+            warn!("{warning}");
+        }
+    }
     raise_open_files_limit();
 
     // One event loop by default: sockets are served in the order their data arrived (a
@@ -147,9 +152,11 @@ fn main() -> ExitCode {
 /// warnings and a one-line verdict.
 fn check_config(config: &Config, path: Option<&Path>, verbose: bool) -> ExitCode {
     let (_, level_warning) = logging::filter(&config.logging, verbose);
+    let credentials = path.map_or_else(Vec::new, |p| config_file::credential_warnings(p, config));
     for warning in level_warning
         .into_iter()
         .chain(config_file::warnings(config))
+        .chain(credentials)
     {
         eprintln!("mercuriod: warning: {warning}");
     }

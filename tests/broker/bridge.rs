@@ -40,6 +40,7 @@ fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig 
         max_inflight: 100,
         username: None,
         password: None,
+        password_file: None,
         cafile: None,
         certfile: None,
         keyfile: None,

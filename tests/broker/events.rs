@@ -695,7 +695,8 @@ async fn events_example_with_mosquitto_clients() {
     use tokio::io::BufReader;
     use tokio::process::Command;
 
-    if !have_program("mosquitto_pub") || !have_program("mosquitto_sub") {
+    const TEST: &str = "events_example_with_mosquitto_clients";
+    if !have_program(TEST, "mosquitto_pub") || !have_program(TEST, "mosquitto_sub") {
         return;
     }
     let example = example_binary("events");

@@ -240,7 +240,10 @@ fn family_of(sample: &str) -> &str {
 
 #[tokio::test]
 async fn metrics_equal_sys_after_known_traffic() {
-    let Some(python) = python_with(&["prometheus_client"]) else {
+    let Some(python) = python_with(
+        "metrics_equal_sys_after_known_traffic",
+        &["prometheus_client"],
+    ) else {
         return;
     };
     let mut c = config(false, true, None);
@@ -392,7 +395,10 @@ async fn metrics_equal_sys_after_known_traffic() {
 /// prometheus_client and carry the same families.
 #[tokio::test]
 async fn metrics_format_follows_the_accept_header() {
-    let Some(python) = python_with(&["prometheus_client"]) else {
+    let Some(python) = python_with(
+        "metrics_format_follows_the_accept_header",
+        &["prometheus_client"],
+    ) else {
         return;
     };
     let (handle, _tcp, http) = start_http(config(false, true, None)).await;

@@ -40,7 +40,7 @@ async fn code(
 /// code 5; 3.1.1 keeps 4 for malformed user name or password data, section 3.2.2.3).
 #[tokio::test]
 async fn mosquitto_passwd_file_works_unchanged() {
-    if !have_program("mosquitto_passwd") {
+    if !have_program("mosquitto_passwd_file_works_unchanged", "mosquitto_passwd") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

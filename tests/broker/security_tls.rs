@@ -539,7 +539,8 @@ fn mosquitto(program: &str, args: &[&str]) -> Command {
 
 #[tokio::test]
 async fn mosquitto_clients_over_tls() {
-    if !have_program("mosquitto_pub") || !have_program("mosquitto_sub") {
+    const TEST: &str = "mosquitto_clients_over_tls";
+    if !have_program(TEST, "mosquitto_pub") || !have_program(TEST, "mosquitto_sub") {
         return;
     }
     let pki = Pki::new();
@@ -712,7 +713,8 @@ async fn chopping_relay(to: SocketAddr, piece: usize) -> SocketAddr {
 /// receives all of them, whole and in order.
 #[tokio::test]
 async fn idle_tls_connections_take_bursts() {
-    if !have_program("mosquitto_pub") || !have_program("mosquitto_sub") {
+    const TEST: &str = "idle_tls_connections_take_bursts";
+    if !have_program(TEST, "mosquitto_pub") || !have_program(TEST, "mosquitto_sub") {
         return;
     }
     let pki = Pki::new();
@@ -855,7 +857,8 @@ print("OK" if ok and received == payloads else "FAILED %d %s" % (len(received), 
 /// 150,000 bytes (several TLS records and WebSocket frames), come back whole and in order.
 #[tokio::test]
 async fn paho_mqtt_over_websocket_over_tls() {
-    let Some(python) = python_with(&["paho.mqtt.client"]) else {
+    let Some(python) = python_with("paho_mqtt_over_websocket_over_tls", &["paho.mqtt.client"])
+    else {
         return;
     };
     let pki = Pki::new();

@@ -487,7 +487,7 @@ print(received[0].decode() if ok else "TIMEOUT")
 
 #[tokio::test]
 async fn paho_mqtt_over_websocket() {
-    let Some(python) = python_with(&["paho.mqtt.client"]) else {
+    let Some(python) = python_with("paho_mqtt_over_websocket", &["paho.mqtt.client"]) else {
         return;
     };
     let (handle, _tcp, ws) = start_ws(10).await;

@@ -565,28 +565,10 @@ pub async fn expect_eof(stream: &mut TcpStream, wait: Duration) -> Vec<u8> {
     }
 }
 
-/// The python3 to run a test script with, when it can import `modules`. Without it, prints
-/// why the test is skipped and returns `None`; under `CI=true` a missing prerequisite fails.
-pub fn python_with(modules: &[&str]) -> Option<&'static str> {
-    let imports = modules
-        .iter()
-        .map(|m| format!("import {m}"))
-        .collect::<Vec<_>>()
-        .join("; ");
-    let ok = std::process::Command::new("python3")
-        .args(["-c", &imports])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        return Some("python3");
-    }
-    let why = format!("python3 with {} is not installed", modules.join(", "));
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why} (CI=true: prerequisites must be installed by .ci/run)");
-    }
-    eprintln!("skipped: {why}");
-    None
+/// The python3 to run a test script with, when it can import `modules`; `None` when it
+/// cannot: `test` skips, or fails under `CI=true` (`mercurio_testkit::python_modules`).
+pub fn python_with(test: &str, modules: &[&str]) -> Option<&'static str> {
+    mercurio_testkit::python_modules(test, modules).then_some("python3")
 }
 
 /// Runs `python3 -c script args...` with `stdin`, returning its standard output; panics with
@@ -702,22 +684,16 @@ impl Client {
     }
 }
 
-/// Whether an external program (mosquitto_pub, mosquitto_passwd...) is installed. Missing, it
-/// prints why the test skips, or fails the test when `CI=true` (ARCHITECTURE.md, "Where a test goes").
-pub fn have_program(name: &str) -> bool {
-    let found = std::process::Command::new(name)
-        .arg("--help")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{name} is not installed (CI=true: a missing prerequisite is a failure)");
-        }
-        eprintln!("skipping: {name} is not installed");
-    }
-    found
+/// Whether an external program (mosquitto_pub, mosquitto_passwd...) is installed; missing,
+/// `test` skips, or fails under `CI=true` (`mercurio_testkit::program`, with the Debian
+/// package to install).
+pub fn have_program(test: &str, name: &str) -> bool {
+    let install = match name {
+        "mosquitto_pub" | "mosquitto_sub" => "apt-get install mosquitto-clients",
+        "mosquitto" | "mosquitto_passwd" => "apt-get install mosquitto",
+        _ => "install it with the system's package manager",
+    };
+    mercurio_testkit::program(test, name, install)
 }
 
 /// A CONNECT with a user name and password.

@@ -32,6 +32,7 @@ use crate::codec::{
     Subscribe, SubscribeFilter, SubscriptionOptions,
 };
 use crate::config::{BridgeConfig, BridgeProtocol};
+use crate::credentials;
 use crate::message::Message;
 use crate::session::{QueueLimits, Session};
 
@@ -83,10 +84,12 @@ impl Bridges {
         }
     }
 
-    /// Checks the TLS files of every bridge (what start and reload would load).
+    /// Checks the TLS files and password files of every bridge (what start and reload
+    /// would load).
     pub(crate) fn check(configs: &[BridgeConfig]) -> Result<(), FileError> {
         for c in configs {
             remote::tls_connector(c)?;
+            credentials::with_bridge_password(c)?;
         }
         Ok(())
     }
@@ -95,6 +98,12 @@ impl Bridges {
     /// configured (their queues would otherwise grow forever).
     pub(crate) async fn start(&self, configs: &[BridgeConfig]) -> Result<(), FileError> {
         Self::check(configs)?;
+        // Each password_file read once, here: the bridges run with what it held.
+        let configs = configs
+            .iter()
+            .map(credentials::with_bridge_password)
+            .collect::<Result<Vec<_>, _>>()?;
+        let configs = &configs[..];
         let wanted: HashSet<String> = configs.iter().map(|c| queue::session_id(&c.name)).collect();
         let prefix = queue::session_id("");
         let orphans: Vec<Arc<Session>> = self
@@ -160,6 +169,14 @@ impl Bridges {
             }
         }
         for c in configs {
+            // The password file read again: a changed password restarts the bridge.
+            let c = &match credentials::with_bridge_password(c) {
+                Ok(c) => c,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
             match running.get(&c.name) {
                 Some(r) if r.cfg == *c => report.unchanged.push(c.name.clone()),
                 Some(_) => {
@@ -722,6 +739,7 @@ pub(crate) mod tests {
             max_inflight: 100,
             username: None,
             password: None,
+            password_file: None,
             cafile: None,
             certfile: None,
             keyfile: None,

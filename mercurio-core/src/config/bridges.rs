@@ -105,6 +105,12 @@ pub struct BridgeConfig {
     /// Password on the remote broker; needs `username`.
     #[serde(default)]
     pub password: Option<String>,
+    /// A file holding the password on the remote broker instead (its contents without one
+    /// trailing newline), so that the main configuration file need not hold it; read with
+    /// the broker's permissions at start and at each SIGHUP reload. Needs `username`;
+    /// exclusive with `password`.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
     /// PEM CA certificates the remote's certificate is checked against; setting it turns TLS
     /// on.
     #[serde(default)]
@@ -297,6 +303,20 @@ impl BridgeConfig {
         }
         if self.password.is_some() && self.username.is_none() {
             return Err(ConfigError::new(key("password"), "needs username as well"));
+        }
+        if self.password_file.is_some() {
+            if self.password.is_some() {
+                return Err(ConfigError::new(
+                    key("password_file"),
+                    "set password or password_file, not both",
+                ));
+            }
+            if self.username.is_none() {
+                return Err(ConfigError::new(
+                    key("password_file"),
+                    "needs username as well",
+                ));
+            }
         }
         if self.cafile.is_none() {
             for (set, name) in [

@@ -286,6 +286,10 @@ pub struct StorageConfig {
     pub path: Option<PathBuf>,
     /// PostgreSQL connection URL.
     pub url: Option<String>,
+    /// A file holding the PostgreSQL connection URL instead (its contents without one
+    /// trailing newline), so that the main configuration file need not hold the database
+    /// password; read with the broker's permissions at start. Exclusive with `url`.
+    pub url_file: Option<PathBuf>,
     /// Wait as a standby for the serving broker (PostgreSQL); default false.
     pub standby: bool,
     /// Acknowledge QoS 1/2 only after the commit; default false.
@@ -309,6 +313,7 @@ impl Default for StorageConfig {
             backend: StorageBackend::Memory,
             path: None,
             url: None,
+            url_file: None,
             standby: false,
             durable_ack: false,
             max_pending_bytes: 8 * 1024 * 1024,
@@ -608,6 +613,12 @@ impl Config {
                         "is only used with backend = \"postgres\"",
                     ));
                 }
+                if st.url_file.is_some() {
+                    return Err(ConfigError::new(
+                        "storage.url_file",
+                        "is only used with backend = \"postgres\"",
+                    ));
+                }
                 if st.durable_ack {
                     return Err(ConfigError::new(
                         "storage.durable_ack",
@@ -628,12 +639,26 @@ impl Config {
                         "is only used with backend = \"postgres\"",
                     ));
                 }
+                if st.url_file.is_some() {
+                    return Err(ConfigError::new(
+                        "storage.url_file",
+                        "is only used with backend = \"postgres\"",
+                    ));
+                }
             }
             StorageBackend::Postgres => {
-                if !matches!(st.url.as_deref(), Some(u) if !u.trim().is_empty()) {
+                if st.url.is_some() && st.url_file.is_some() {
+                    return Err(ConfigError::new(
+                        "storage.url_file",
+                        "set url or url_file, not both",
+                    ));
+                }
+                if st.url_file.is_none()
+                    && !matches!(st.url.as_deref(), Some(u) if !u.trim().is_empty())
+                {
                     return Err(ConfigError::new(
                         "storage.backend",
-                        "backend = \"postgres\" needs url (the connection URL)",
+                        "backend = \"postgres\" needs url (the connection URL) or url_file",
                     ));
                 }
                 if st.path.is_some() {

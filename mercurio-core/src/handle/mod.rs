@@ -69,6 +69,9 @@ impl Broker {
 pub fn check_files(config: &Config) -> Result<(), Error> {
     Auth::from_config(config, Vec::new(), Vec::new())?;
     Bridges::check(&config.bridges)?;
+    if config.storage.backend == crate::config::StorageBackend::Postgres {
+        crate::credentials::storage_url(&config.storage)?;
+    }
     Auth::for_listeners(config, &[], &[])?;
     for l in &config.listeners {
         if l.cert_file.is_some() {
@@ -278,10 +281,9 @@ async fn open_configured(
         )),
         #[cfg(feature = "postgres")]
         StorageBackend::Postgres => {
-            let url = config
-                .url
-                .clone()
-                .ok_or_else(|| Error::Config("backend = \"postgres\" needs url".into()))?;
+            let url = crate::credentials::storage_url(config)?.ok_or_else(|| {
+                Error::Config("backend = \"postgres\" needs url or url_file".into())
+            })?;
             let mut options = mercurio_storage::postgres::PostgresOptions::new(url);
             options.standby = config.standby;
             let storage = mercurio_storage::postgres::PostgresStorage::open(options).await?;

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use mercurio_core::config::Config;
-use mercurio_testkit::{have, mercuriod_bin, mosquitto_clients, prerequisite, Daemon};
+use mercurio_testkit::{mercuriod_bin, mosquitto_clients, program, Daemon, Mosquitto};
 
 /// The mercurioctl binary under test.
 const MERCURIOCTL: &str = env!("CARGO_BIN_EXE_mercurioctl");
@@ -234,7 +234,10 @@ fn installed_example_files_convert() {
     ] {
         let path = Path::new(file);
         if !path.exists() {
-            eprintln!("installed_example_files_convert: no {file}, skipped");
+            mercurio_testkit::skip(
+                "installed_example_files_convert",
+                &format!("no {file} (it comes with Debian's mosquitto package)"),
+            );
             continue;
         }
         let (code, toml, err) = import(path);
@@ -256,7 +259,6 @@ fn every_option_of_the_manual_page_is_carried_or_explained() {
         "allow_anonymous false",
         "allow_duplicate_messages false",
         "allow_zero_length_clientid true",
-        "auth_plugin /usr/lib/auth.so",
         "auth_opt_db_host localhost",
         "auth_plugin_deny_special_chars true",
         "auto_id_prefix auto-",
@@ -283,7 +285,6 @@ fn every_option_of_the_manual_page_is_carried_or_explained() {
         &format!("persistence_location {d}/"),
         "persistent_client_expiration 1w",
         "pid_file /run/mosquitto.pid",
-        "psk_file /etc/mosquitto/psk",
         "retain_available true",
         "set_tcp_nodelay false",
         "sys_interval 10",
@@ -318,7 +319,6 @@ fn every_option_of_the_manual_page_is_carried_or_explained() {
         "use_identity_as_username true",
         "use_subject_as_username false",
         "listener 8884",
-        "psk_hint hint",
         "connection remote",
         "addresses remote.example.com:1883 backup.example.com",
         "bridge_attempt_unsubscribe true",
@@ -347,14 +347,11 @@ fn every_option_of_the_manual_page_is_carried_or_explained() {
         "try_private true",
         "bridge_alpn mqtt",
         "bridge_cafile /etc/mosquitto/bridge-ca.crt",
-        "bridge_capath /etc/mosquitto/bridge-ca",
         "bridge_certfile /etc/mosquitto/bridge.crt",
         "bridge_insecure false",
         "bridge_keyfile /etc/mosquitto/bridge.key",
         "bridge_require_ocsp false",
         "bridge_tls_version tlsv1.2",
-        "bridge_identity id",
-        "bridge_psk 0123",
     ];
     let main = dir.path().join("mosquitto.conf");
     write(&main, &(lines.join("\n") + "\n"));
@@ -468,12 +465,7 @@ fn invalid_values_name_their_line() {
 #[test]
 fn converted_configuration_serves_mosquitto_clients() {
     const TEST: &str = "converted_configuration_serves_mosquitto_clients";
-    let passwd_tool = if have("mosquitto_passwd") {
-        Ok(())
-    } else {
-        Err("no mosquitto_passwd (Debian: apt-get install mosquitto)".to_string())
-    };
-    if !mosquitto_clients(TEST) || !prerequisite(TEST, passwd_tool) {
+    if !mosquitto_clients(TEST) || !program(TEST, "mosquitto_passwd", "apt-get install mosquitto") {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -582,4 +574,457 @@ fn converted_configuration_serves_mosquitto_clients() {
     );
     let out = String::from_utf8_lossy(&denied.stdout);
     assert!(out.contains("Subscribed (mid: 1): 128"), "{out}");
+}
+
+/// The files of one TLS test, in a directory mosquitto can read once it has dropped root for
+/// its own user (a temp dir is 0700): ca.pem, server.pem and server.key (for 127.0.0.1), the
+/// client certificates good.pem/good.key (serial 1001) and revoked.pem/revoked.key (serial
+/// 1002), crl.pem (the CA revokes 1002), and empty passwd and acl files.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+            ExtendedKeyUsagePurpose, IsCa, KeyIdMethod, KeyPair, KeyUsagePurpose,
+            RevokedCertParams, SerialNumber,
+        };
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let pki = Pki { dir };
+        let ca_key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(DnType::CommonName, "import test CA");
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = p.self_signed(&ca_key).expect("CA");
+        pki.write("ca.pem", &ca.pem());
+        let leaf = |name: &str, cn: &str, server: bool, serial: u64| {
+            let key = KeyPair::generate().expect("key");
+            let names = if server {
+                vec!["localhost".to_string(), "127.0.0.1".to_string()]
+            } else {
+                Vec::new()
+            };
+            let mut p = CertificateParams::new(names).expect("params");
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.serial_number = Some(SerialNumber::from(serial));
+            p.extended_key_usages = vec![if server {
+                ExtendedKeyUsagePurpose::ServerAuth
+            } else {
+                ExtendedKeyUsagePurpose::ClientAuth
+            }];
+            let cert = p.signed_by(&key, &ca, &ca_key).expect("leaf");
+            pki.write(&format!("{name}.pem"), &cert.pem());
+            pki.write(&format!("{name}.key"), &key.serialize_pem());
+        };
+        leaf("server", "localhost", true, 1000);
+        leaf("good", "good-device", false, 1001);
+        leaf("revoked", "revoked-device", false, 1002);
+        let crl = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: vec![RevokedCertParams {
+                serial_number: SerialNumber::from(1002u64),
+                revocation_time: rcgen::date_time_ymd(2024, 6, 1),
+                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            }],
+            key_identifier_method: KeyIdMethod::Sha256,
+        }
+        .signed_by(&ca, &ca_key)
+        .expect("CRL");
+        pki.write("crl.pem", &crl.pem().expect("CRL PEM"));
+        pki.write("passwd", "");
+        pki.write("acl", "topic read public/#\n");
+        pki
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.path(name);
+        write(Path::new(&path), text);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// `text` with `{pki}` replaced by the directory.
+    fn fill(&self, text: &str) -> String {
+        text.replace("{pki}", &self.dir.path().display().to_string())
+    }
+}
+
+/// The start of each security test's mosquitto.conf: lines 1 and 2.
+const HEAD: &str = "listener 1883 127.0.0.1\nallow_anonymous true\n";
+
+/// Proves that the installed mosquitto runs with `HEAD` + `extra` (its `{port}` a free port):
+/// mosquitto exits on a configuration it refuses, and then never listens. False when
+/// mosquitto is not installed (`test` skips; a failure under CI=true).
+fn mosquitto_accepts(test: &str, extra: &str) -> bool {
+    Mosquitto::start(test, 0, extra).is_some()
+}
+
+/// Converts `HEAD` + `extra` (its `{port}` becoming 8883) from a file in `dir`: (status,
+/// TOML, standard error).
+fn convert(dir: &Path, extra: &str) -> (Option<i32>, String, String) {
+    let main = dir.join("mosquitto.conf");
+    write(&main, &format!("{HEAD}{}", extra.replace("{port}", "8883")));
+    import(&main)
+}
+
+/// A security line that cannot be carried over fails the import (status 78, no TOML), naming
+/// the file, the line and the key, and saying what to do.
+fn assert_refused(test: &str, extra: &str, line: usize, key: &str, words: &str) {
+    let pki = Pki::new();
+    let extra = pki.fill(extra);
+    if !mosquitto_accepts(test, &extra) {
+        return;
+    }
+    let (code, toml, err) = convert(pki.dir.path(), &extra);
+    assert_eq!(code, Some(78), "{test}: {err}\n{toml}");
+    assert!(toml.is_empty(), "{test}: {toml}");
+    assert_eq!(err.lines().count(), 1, "{test}: {err}");
+    let place = format!("mosquitto.conf:{line} `{key}");
+    assert!(err.contains(&place), "{test}: {place:?} not in {err}");
+    assert!(err.contains("would weaken security"), "{test}: {err}");
+    assert!(err.contains(words), "{test}: {words:?} not in {err}");
+}
+
+/// A TLS listener's certificate, key, CA, revocation list, client certificate requirement and
+/// certificate-name user names are carried over, each beside the line it came from; a
+/// minimum TLS version of 1.2 and a subject not used as user name need no key.
+#[test]
+fn tls_listener_security_is_carried() {
+    const TEST: &str = "tls_listener_security_is_carried";
+    let pki = Pki::new();
+    let extra = pki.fill(
+        "listener {port} 127.0.0.1\ncafile {pki}/ca.pem\ncertfile {pki}/server.pem\n\
+         keyfile {pki}/server.key\ncrlfile {pki}/crl.pem\nrequire_certificate true\n\
+         use_identity_as_username true\nuse_subject_as_username false\ntls_version tlsv1.2\n",
+    );
+    if !mosquitto_accepts(TEST, &extra) {
+        return;
+    }
+    let (code, toml, err) = convert(pki.dir.path(), &extra);
+    assert_eq!(code, Some(0), "{err}\n{toml}");
+    let config: Config = toml::from_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let tls = &config.listeners[1];
+    let path = |name: &str| Some(std::path::PathBuf::from(pki.path(name)));
+    assert_eq!(tls.port, 8883);
+    assert_eq!(tls.ca_file, path("ca.pem"));
+    assert_eq!(tls.cert_file, path("server.pem"));
+    assert_eq!(tls.key_file, path("server.key"));
+    assert_eq!(tls.crl_file, path("crl.pem"), "{toml}");
+    assert!(tls.require_certificate && tls.use_identity_as_username);
+    for (line, key) in [
+        (7, "crlfile"),
+        (8, "require_certificate"),
+        (9, "use_identity"),
+    ] {
+        assert!(
+            toml.contains(&format!("mosquitto.conf:{line} `{key}")),
+            "{key}: {toml}"
+        );
+    }
+    for (line, key) in [(10, "use_subject_as_username"), (11, "tls_version")] {
+        assert!(
+            toml.contains(&format!("mosquitto.conf:{line} `{key}")),
+            "{key}: {toml}"
+        );
+    }
+}
+
+/// password_file, acl_file and allow_anonymous are carried over.
+#[test]
+fn authentication_and_access_are_carried() {
+    const TEST: &str = "authentication_and_access_are_carried";
+    let pki = Pki::new();
+    let extra = pki.fill("password_file {pki}/passwd\nacl_file {pki}/acl\nallow_anonymous false\n");
+    if !mosquitto_accepts(TEST, &extra) {
+        return;
+    }
+    let (code, toml, err) = convert(pki.dir.path(), &extra);
+    assert_eq!(code, Some(0), "{err}\n{toml}");
+    let config: Config = toml::from_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert_eq!(
+        config.auth.password_file,
+        Some(std::path::PathBuf::from(pki.path("passwd")))
+    );
+    assert_eq!(
+        config.auth.acl_file,
+        Some(std::path::PathBuf::from(pki.path("acl")))
+    );
+    assert_eq!(config.auth.allow_anonymous, Some(false), "{toml}");
+}
+
+/// A TLS bridge stays a TLS bridge: its CA, certificate, key and credentials are carried over;
+/// the host name check (bridge_insecure false), no OCSP and TLS 1.2 need no key.
+#[test]
+fn bridge_tls_and_credentials_are_carried() {
+    const TEST: &str = "bridge_tls_and_credentials_are_carried";
+    let pki = Pki::new();
+    let extra = pki.fill(
+        "connection remote\naddress 127.0.0.1:1\ntopic a/# out 1\n\
+         bridge_cafile {pki}/ca.pem\nbridge_certfile {pki}/good.pem\nbridge_keyfile {pki}/good.key\n\
+         remote_username bridge-user\nremote_password bridge-secret\nbridge_insecure false\n\
+         bridge_require_ocsp false\nbridge_tls_version tlsv1.2\n",
+    );
+    if !mosquitto_accepts(TEST, &extra) {
+        return;
+    }
+    let (code, toml, err) = convert(pki.dir.path(), &extra);
+    assert_eq!(code, Some(0), "{err}\n{toml}");
+    let config: Config = toml::from_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let b = &config.bridges[0];
+    assert!(b.tls(), "{toml}");
+    assert_eq!(b.cafile, Some(std::path::PathBuf::from(pki.path("ca.pem"))));
+    assert_eq!(
+        b.certfile,
+        Some(std::path::PathBuf::from(pki.path("good.pem")))
+    );
+    assert_eq!(
+        b.keyfile,
+        Some(std::path::PathBuf::from(pki.path("good.key")))
+    );
+    assert_eq!(b.username.as_deref(), Some("bridge-user"));
+    assert_eq!(b.password.as_deref(), Some("bridge-secret"));
+    // The secret is not repeated in comments, and where to move it is said.
+    assert_eq!(toml.matches("bridge-secret").count(), 1, "{toml}");
+    assert!(toml.contains("named by password_file"), "{toml}");
+    for (line, key) in [
+        (11, "bridge_insecure"),
+        (12, "bridge_require_ocsp"),
+        (13, "bridge_tls_version"),
+    ] {
+        assert!(
+            toml.contains(&format!("mosquitto.conf:{line} `{key}")),
+            "{key}: {toml}"
+        );
+    }
+}
+
+/// bridge_capath: Mercurio bridges have no CA directory, and without it the bridge would
+/// connect in plaintext (sending remote_password in clear).
+#[test]
+fn bridge_capath_is_refused() {
+    assert_refused(
+        "bridge_capath_is_refused",
+        "connection remote\naddress 127.0.0.1:1\ntopic a/# out 1\nremote_username u\n\
+         remote_password p\nbridge_capath {pki}\n",
+        8,
+        "bridge_capath",
+        "put the CA certificates in one PEM file",
+    );
+}
+
+/// bridge_identity / bridge_psk: TLS-PSK bridges are not offered.
+#[test]
+fn bridge_psk_is_refused() {
+    assert_refused(
+        "bridge_psk_is_refused",
+        "connection remote\naddress 127.0.0.1:1\ntopic a/# out 1\nbridge_identity id\n\
+         bridge_psk 0123\n",
+        6,
+        "bridge_identity",
+        "bridge_cafile",
+    );
+}
+
+/// bridge_insecure true: the remote's host name is always checked.
+#[test]
+fn bridge_insecure_is_refused() {
+    assert_refused(
+        "bridge_insecure_is_refused",
+        "connection remote\naddress 127.0.0.1:1\ntopic a/# out 1\n\
+         bridge_cafile {pki}/ca.pem\nbridge_insecure true\n",
+        7,
+        "bridge_insecure",
+        "tls_server_name",
+    );
+}
+
+/// bridge_require_ocsp true: OCSP is not checked.
+#[test]
+fn bridge_require_ocsp_is_refused() {
+    assert_refused(
+        "bridge_require_ocsp_is_refused",
+        "connection remote\naddress 127.0.0.1:1\ntopic a/# out 1\n\
+         bridge_cafile {pki}/ca.pem\nbridge_require_ocsp true\n",
+        7,
+        "bridge_require_ocsp",
+        "OCSP",
+    );
+}
+
+/// bridge_tls_version tlsv1.3: a bridge cannot be held to one version.
+#[test]
+fn bridge_tls_version_1_3_is_refused() {
+    assert_refused(
+        "bridge_tls_version_1_3_is_refused",
+        "connection remote\naddress 127.0.0.1:1\ntopic a/# out 1\n\
+         bridge_cafile {pki}/ca.pem\nbridge_tls_version tlsv1.3\n",
+        7,
+        "bridge_tls_version",
+        "TLS 1.2 or 1.3",
+    );
+}
+
+/// tls_version tlsv1.3: a listener cannot be limited to TLS 1.3.
+#[test]
+fn tls_version_1_3_is_refused() {
+    assert_refused(
+        "tls_version_1_3_is_refused",
+        "listener {port} 127.0.0.1\ncertfile {pki}/server.pem\nkeyfile {pki}/server.key\n\
+         tls_version tlsv1.3\n",
+        6,
+        "tls_version",
+        "cannot be limited to 1.3",
+    );
+}
+
+/// use_subject_as_username true: only the common name can be the user name.
+#[test]
+fn use_subject_as_username_is_refused() {
+    assert_refused(
+        "use_subject_as_username_is_refused",
+        "listener {port} 127.0.0.1\ncertfile {pki}/server.pem\nkeyfile {pki}/server.key\n\
+         cafile {pki}/ca.pem\nrequire_certificate true\nuse_subject_as_username true\n",
+        8,
+        "use_subject_as_username",
+        "use_identity_as_username",
+    );
+}
+
+/// psk_hint / psk_file: a PSK listener would become a plaintext one.
+#[test]
+fn psk_listener_is_refused() {
+    assert_refused(
+        "psk_listener_is_refused",
+        "psk_file {pki}/passwd\nlistener {port} 127.0.0.1\npsk_hint hint\n",
+        3,
+        "psk_file",
+        "certfile and keyfile",
+    );
+    assert_refused(
+        "psk_listener_is_refused",
+        "listener {port} 127.0.0.1\npsk_hint hint\n",
+        4,
+        "psk_hint",
+        "certfile and keyfile",
+    );
+}
+
+/// plugin / auth_plugin: a mosquitto plugin (here the dynamic security plugin of Debian's
+/// package, when installed) cannot be loaded.
+#[test]
+fn authentication_plugins_are_refused() {
+    const PLUGIN: &str = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so";
+    let plugin = if Path::new(PLUGIN).exists() {
+        PLUGIN.to_string()
+    } else {
+        mercurio_testkit::skip(
+            "authentication_plugins_are_refused",
+            &format!("no {PLUGIN} (Debian's mosquitto package has it): checked without mosquitto"),
+        );
+        // The import refuses the line whatever the path.
+        let dir = tempfile::tempdir().expect("temp dir");
+        for key in ["plugin", "auth_plugin"] {
+            let (code, _, err) = convert(dir.path(), &format!("{key} /usr/lib/p.so\n"));
+            assert_eq!(code, Some(78), "{err}");
+            assert!(err.contains(&format!("mosquitto.conf:3 `{key} ")), "{err}");
+        }
+        return;
+    };
+    for key in ["plugin", "auth_plugin"] {
+        assert_refused(
+            "authentication_plugins_are_refused",
+            &format!("{key} {plugin}\n"),
+            3,
+            key,
+            "password_file",
+        );
+    }
+}
+
+/// `sys_interval 0` turns $SYS off and `max_queued_messages 0` lifts the count limit, in
+/// mosquitto as in Mercurio: both are carried over as 0.
+#[test]
+fn zero_sys_interval_and_unlimited_queues_are_carried() {
+    const TEST: &str = "zero_sys_interval_and_unlimited_queues_are_carried";
+    let extra = "sys_interval 0\nmax_queued_messages 0\n";
+    if !mosquitto_accepts(TEST, extra) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (code, toml, err) = convert(dir.path(), extra);
+    assert_eq!(code, Some(0), "{err}\n{toml}");
+    let config: Config = toml::from_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert_eq!(config.server.sys_interval, 0, "{toml}");
+    assert_eq!(config.server.max_queued_messages, 0, "{toml}");
+    assert_eq!(config.server.max_queued_qos0_messages, 0, "{toml}");
+    let resolved = config.server.clone().resolved();
+    assert_eq!(resolved.max_queued_messages, usize::MAX);
+    assert!(!toml.contains("86400"), "{toml}");
+}
+
+/// End to end: mosquitto with crlfile refuses a revoked client certificate; after the import,
+/// mercuriod with the converted configuration refuses it too, and still accepts a
+/// certificate the list does not name (mosquitto_pub over TLS, both times).
+#[test]
+fn a_revoked_certificate_stays_refused_after_the_import() {
+    const TEST: &str = "a_revoked_certificate_stays_refused_after_the_import";
+    if !mosquitto_clients(TEST) {
+        return;
+    }
+    let pki = Pki::new();
+    let extra = pki.fill(
+        "listener {port} 127.0.0.1\ncafile {pki}/ca.pem\ncertfile {pki}/server.pem\n\
+         keyfile {pki}/server.key\nrequire_certificate true\ncrlfile {pki}/crl.pem\n",
+    );
+    let publish = |port: u16, client: &str| -> Output {
+        Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-V", "mqttv311"])
+            .args(["--cafile", &pki.path("ca.pem")])
+            .args(["--cert", &pki.path(&format!("{client}.pem"))])
+            .args(["--key", &pki.path(&format!("{client}.key"))])
+            .args(["-i", client, "-t", "t", "-m", "x", "-q", "1"])
+            .output()
+            .expect("run mosquitto_pub")
+    };
+    // mosquitto itself, with this configuration.
+    let Some(mosquitto) = Mosquitto::start(TEST, 0, &extra) else {
+        return;
+    };
+    let good = publish(mosquitto.extra_port, "good");
+    assert!(good.status.success(), "mosquitto, good: {good:?}");
+    let revoked = publish(mosquitto.extra_port, "revoked");
+    assert!(!revoked.status.success(), "mosquitto, revoked: {revoked:?}");
+    drop(mosquitto);
+
+    let (code, toml, err) = convert(pki.dir.path(), &extra);
+    assert_eq!(code, Some(0), "{err}\n{toml}");
+    let socket = pki.dir.path().join("mercuriod.sock");
+    let text = toml
+        .replace("port = 1883", "port = 0")
+        .replace("port = 8883", "port = 0")
+        + &format!("\n[admin]\nsocket = {:?}\n", socket.display().to_string());
+    let mut daemon = Daemon::with_config(&text).socket(socket).start();
+    let tls_port = daemon.wait_listeners(2)[1].port();
+    let good = publish(tls_port, "good");
+    assert!(good.status.success(), "mercuriod, good: {good:?}\n{text}");
+    let revoked = publish(tls_port, "revoked");
+    assert!(
+        !revoked.status.success(),
+        "mercuriod accepted the revoked certificate: {revoked:?}\n{text}"
+    );
 }

@@ -23,7 +23,7 @@ struct SmallDisk {
 }
 
 impl SmallDisk {
-    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+    fn mount(test: &str, dir: &Path, size: &str) -> Option<SmallDisk> {
         std::fs::create_dir_all(dir).expect("mount point");
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -34,14 +34,17 @@ impl SmallDisk {
                 dir: dir.to_path_buf(),
             }),
             Ok(o) => {
-                eprintln!(
-                    "skipping: cannot mount a tmpfs (needs root): {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
+                mercurio_testkit::skip(
+                    test,
+                    &format!(
+                        "cannot mount a tmpfs (needs root): {}",
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    ),
                 );
                 None
             }
             Err(e) => {
-                eprintln!("skipping: cannot run mount: {e}");
+                mercurio_testkit::skip(test, &format!("cannot run mount: {e}"));
                 None
             }
         }
@@ -108,7 +111,11 @@ fn storage_line(d: &Daemon) -> String {
 #[test]
 fn a_full_disk_is_reported_and_what_needs_no_disk_goes_on() {
     let dir = tempfile::tempdir().expect("dir");
-    let Some(disk) = SmallDisk::mount(&dir.path().join("disk"), "2m") else {
+    let Some(disk) = SmallDisk::mount(
+        "a_full_disk_is_reported_and_what_needs_no_disk_goes_on",
+        &dir.path().join("disk"),
+        "2m",
+    ) else {
         return;
     };
     let socket = dir.path().join("run").join("mercuriod.sock");

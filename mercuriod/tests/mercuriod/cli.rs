@@ -275,3 +275,82 @@ fn check_config_reads_the_files_it_names() {
         assert!(stderr.contains(&names), "{text}: {stderr}");
     }
 }
+
+/// A capitalised or spelled-out boolean (`True`, `yes`) and an unquoted string are TOML syntax
+/// errors: the message names the key and line and says what to write.
+#[test]
+fn unquoted_values_say_what_to_write() {
+    assert_config_error(
+        "[auth]\nallow_anonymous = True\n",
+        2,
+        "auth.allow_anonymous",
+        "booleans are lowercase and unquoted, write allow_anonymous = true",
+    );
+    assert_config_error(
+        "[[listeners]]\nport = 1883\n\n[auth]\nallow_anonymous = no # off\n",
+        5,
+        "auth.allow_anonymous",
+        "`no` is not a TOML value: booleans are lowercase and unquoted, write allow_anonymous = false",
+    );
+    assert_config_error(
+        "[[listeners]]\nport = 1883\n[[listeners]]\nport = 8080\nprotocol = websocket\n",
+        5,
+        "listeners[1].protocol",
+        "a string is quoted, write protocol = \"websocket\"",
+    );
+}
+
+/// A mistyped key or value gets the closest known one of its table.
+#[test]
+fn a_mistyped_key_gets_a_suggestion() {
+    assert_config_error(
+        "[server]\nmax_inflights = 10\n",
+        2,
+        "server.max_inflights",
+        "unknown field `max_inflights`; did you mean `max_inflight`?",
+    );
+    assert_config_error(
+        "[auth]\nallow_anonymus = true\n",
+        2,
+        "auth.allow_anonymus",
+        "did you mean `allow_anonymous`?",
+    );
+    assert_config_error(
+        "[sever]\nmax_qos = 1\n",
+        1,
+        "sever",
+        "did you mean `server`?",
+    );
+    assert_config_error(
+        "[[listeners]]\nport = 1\nprotocol = \"websockets\"\n",
+        3,
+        "listeners[0].protocol",
+        "did you mean `websocket`?",
+    );
+    // Nothing close: no suggestion.
+    let (_, stderr, _, _dir) = check("[server]\nfrobnicate = 1\n");
+    assert!(!stderr.contains("did you mean"), "{stderr}");
+}
+
+/// A file the configuration names that cannot be read is an error naming the key and its
+/// line (then the file), for each key that names a file.
+#[test]
+fn an_unreadable_named_file_names_key_and_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pem = dir.path().join("present.pem");
+    std::fs::write(&pem, "").expect("write");
+    let pem = pem.display();
+    let missing = "/nonexistent/missing";
+    let cases = [
+        (format!("[auth]\nallow_anonymous = false\npassword_file = \"{missing}\"\n"), 3, "auth.password_file"),
+        (format!("[auth]\nallow_anonymous = true\n\nacl_file = \"{missing}\"\n"), 4, "auth.acl_file"),
+        (format!("[[listeners]]\nport = 1883\n[[listeners]]\nport = 8883\ncert_file = \"{missing}\"\nkey_file = \"{pem}\"\n"), 5, "listeners[1].cert_file"),
+        (format!("[[listeners]]\nport = 8883\ncert_file = \"{pem}\"\nkey_file = \"{missing}\"\n"), 4, "listeners[0].key_file"),
+        (format!("[[listeners]]\nport = 8883\ncert_file = \"{pem}\"\nkey_file = \"{pem}\"\nca_file = \"{missing}\"\n"), 5, "listeners[0].ca_file"),
+        (format!("[[listeners]]\nport = 8883\ncert_file = \"{pem}\"\nkey_file = \"{pem}\"\nca_file = \"{pem}\"\ncrl_file = \"{missing}\"\n"), 6, "listeners[0].crl_file"),
+        (format!("[[listeners]]\nport = 1883\npassword_file = \"{missing}\"\n"), 3, "listeners[0].password_file"),
+    ];
+    for (text, line, key) in cases {
+        assert_config_error(&text, line, key, &format!("cannot read {missing}: "));
+    }
+}

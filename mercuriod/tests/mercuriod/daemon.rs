@@ -7,7 +7,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use mercurio_testkit::{parse_listening, skip_note, Daemon, Mqtt, DEADLINE};
+use mercurio_testkit::{parse_listening, skip, Daemon, Mqtt, DEADLINE};
 
 /// Connects with MQTT `level` (clean start) and asserts a successful CONNACK.
 fn connect(addr: SocketAddr, level: u8, client_id: &str) -> Mqtt {
@@ -125,9 +125,10 @@ fn no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients() {
     match TcpListener::bind("127.0.0.1:1883") {
         Ok(probe) => drop(probe),
         Err(e) => {
-            skip_note(&format!(
-                "no_file_mode: SKIPPED: 127.0.0.1:1883 is not free ({e})"
-            ));
+            skip(
+                "no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients",
+                &format!("127.0.0.1:1883 is not free ({e})"),
+            );
             return;
         }
     }
@@ -147,9 +148,10 @@ fn no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients() {
                 // Lost the race for the port to another process between probe and bind.
                 let stderr = proc.stderr();
                 if stderr.contains("1883") {
-                    skip_note(&format!(
-                        "no_file_mode: SKIPPED: 1883 taken meanwhile: {stderr}"
-                    ));
+                    skip(
+                        "no_file_mode_listens_on_127_0_0_1_1883_for_anonymous_clients",
+                        &format!("1883 taken meanwhile: {stderr}"),
+                    );
                     return;
                 }
                 panic!("mercuriod exited: {stderr}; {:#?}", proc.seen);

@@ -73,10 +73,10 @@ fn every_key_is_shown() {
     assert_eq!(len("server"), 25);
     assert_eq!(len("listeners"), 17);
     assert_eq!(len("auth"), 3);
-    assert_eq!(len("storage"), 7);
+    assert_eq!(len("storage"), 8);
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);
-    assert_eq!(len("bridges"), 18);
+    assert_eq!(len("bridges"), 19);
     let bridges = table["bridges"].as_array().expect("bridges");
     let topics = bridges[0]["topics"].as_array().expect("bridges.topics");
     assert_eq!(topics[0].as_table().map(|t| t.len()), Some(5));

@@ -4,6 +4,7 @@
 mod bridge;
 mod bridge_reload;
 mod cli;
+mod credentials;
 mod daemon;
 mod example_config;
 mod interop_mosquitto;

@@ -57,8 +57,9 @@ fn rust_version_covers_the_locked_dependencies() {
         .map(|h| h.join("registry/src"))
         .and_then(|d| std::fs::read_dir(d).ok())
     else {
-        eprintln!(
-            "rust_version_covers_the_locked_dependencies: no cargo registry sources, skipped"
+        mercurio_testkit::skip(
+            "rust_version_covers_the_locked_dependencies",
+            "no cargo registry sources to read the dependencies' rust-version from",
         );
         return;
     };
