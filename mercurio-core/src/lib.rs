@@ -19,6 +19,7 @@
 //! comparison), base64 (the salts and hashes of password files), libc (O_NOFOLLOW for the
 //! temporary file a password file is rewritten through).
 
+mod admin_api;
 pub mod auth;
 mod bridge;
 mod bridge_status;
@@ -27,6 +28,7 @@ mod busy_poll;
 pub mod codec;
 pub mod config;
 mod connection;
+mod console;
 mod error;
 pub mod events;
 mod handle;
@@ -53,6 +55,7 @@ pub use auth::hooks::{
     AccessRequest, Action, Authentication, Authenticator, Authorizer, ConnectInfo, Decision,
     DenyReason,
 };
+pub use admin_api::{AdminHandler, ADMIN_ROUTES};
 pub use auth::FileError;
 pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};
 pub use error::Error;

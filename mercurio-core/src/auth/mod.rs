@@ -206,6 +206,15 @@ impl Auth {
         Err(DenyReason::NotAuthorized)
     }
 
+    /// Whether a user name's password is checked by something: a password file or an
+    /// application authenticator. Without either, any password is taken for any user name,
+    /// so the admin API refuses HTTP Basic (docs/admin-api.md).
+    pub(crate) fn checks_passwords(&self) -> bool {
+        let file = usize::from(self.file_authenticator.is_some());
+        self.authenticators.len() > file
+            || self.file_authenticator.as_ref().is_some_and(|f| f.has_file())
+    }
+
     /// True when any authorizer is configured; when false, every access is allowed.
     #[inline]
     pub(crate) fn checks_access(&self) -> bool {

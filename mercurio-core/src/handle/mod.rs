@@ -56,6 +56,7 @@ impl Broker {
             authorizers: Vec::new(),
             interceptors: Vec::new(),
             event_capacity: DEFAULT_EVENT_CAPACITY,
+            admin_handler: None,
         }
     }
 }
@@ -105,6 +106,7 @@ pub struct BrokerBuilder {
     authorizers: Vec<Arc<dyn Authorizer>>,
     interceptors: Vec<Arc<dyn PublishInterceptor>>,
     event_capacity: usize,
+    admin_handler: Option<Arc<dyn crate::AdminHandler>>,
 }
 
 impl BrokerBuilder {
@@ -127,6 +129,15 @@ impl BrokerBuilder {
     /// 32 responses at once, a minute per response).
     pub fn http_limits(mut self, limits: HttpLimits) -> Self {
         self.http_limits = limits;
+        self
+    }
+
+    /// Answers the remote admin API's operations (listeners with `admin_api = true`,
+    /// docs/admin-api.md): each route becomes a request that `handler` answers, as mercuriod's
+    /// admin socket does. Without one, only `GET /api/v1/stats` is answered and the other
+    /// routes get 404.
+    pub fn admin_handler(mut self, handler: impl crate::AdminHandler) -> Self {
+        self.admin_handler = Some(Arc::new(handler));
         self
     }
 
@@ -225,11 +236,17 @@ impl BrokerBuilder {
                     &cfg,
                     index,
                     self.http_limits,
+                    self.admin_handler.clone(),
                 )?)),
                 ListenerProtocol::Mqtt => None,
             };
             ready.push((index, l, cfg, http, tls));
         }
+        let admin_apis: Vec<Arc<Endpoint>> = ready
+            .iter()
+            .filter_map(|(_, _, _, http, _)| http.clone())
+            .filter(|ep| ep.admin.is_some())
+            .collect();
         for (index, l, cfg, http, tls) in ready {
             tokio::spawn(listener::run(Arc::clone(&inner), l, index, cfg, http, tls));
         }
@@ -243,12 +260,18 @@ impl BrokerBuilder {
         }
         let bridges = Arc::new(Bridges::new(Arc::clone(&inner)));
         bridges.start(&inner.config.bridges).await?;
-        Ok(BrokerHandle {
+        let handle = BrokerHandle {
             inner,
             bridges,
             tls: Arc::new(tls.into_iter().flatten().collect()),
             failure,
-        })
+        };
+        for ep in admin_apis {
+            if let Some(api) = &ep.admin {
+                api.set_handle(handle.clone());
+            }
+        }
+        Ok(handle)
     }
 }
 
