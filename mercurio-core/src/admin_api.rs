@@ -281,8 +281,7 @@ impl AdminApi {
         else {
             return Caller::Unauthenticated;
         };
-        let auth = self.broker.auth_of(Some(self.listener));
-        if user.is_empty() || !auth.checks_passwords() {
+        if user.is_empty() {
             return Caller::Unauthenticated;
         }
         let info = ConnectInfo {
@@ -294,10 +293,11 @@ impl AdminApi {
             certificate_cn: None,
             username_from_certificate: false,
         };
-        match auth.authenticate(&info).await {
-            Ok(Some(name)) if self.users.iter().any(|u| *u == name) => Caller::Admin,
-            Ok(Some(_)) => Caller::Forbidden,
-            _ => Caller::Unauthenticated,
+        let auth = self.broker.auth_of(Some(self.listener));
+        match auth.check_password(&info).await {
+            Some(name) if self.users.iter().any(|u| *u == name) => Caller::Admin,
+            Some(_) => Caller::Forbidden,
+            None => Caller::Unauthenticated,
         }
     }
 
@@ -316,7 +316,13 @@ impl AdminApi {
             queued += st.queue().len() as u64;
             queued_bytes += st.queue().bytes();
         }
-        let bridges: Vec<_> = self.broker.bridges.lock().iter().map(|b| b.info()).collect();
+        let bridges: Vec<_> = self
+            .broker
+            .bridges
+            .lock()
+            .iter()
+            .map(|b| b.info())
+            .collect();
         json!({
             "uptime_seconds": s.uptime_seconds,
             "clients_connected": s.clients_connected,
@@ -385,7 +391,8 @@ fn match_path(path: &str) -> Option<(&'static str, Vec<String>)> {
         let mut params = Vec::new();
         for (t, s) in parts.iter().zip(&segments) {
             if t.starts_with('{') {
-                let decoded = crate::http::percent_decode(s).and_then(|b| String::from_utf8(b).ok());
+                let decoded =
+                    crate::http::percent_decode(s).and_then(|b| String::from_utf8(b).ok());
                 match decoded {
                     Some(d) if !d.is_empty() => params.push(d),
                     _ => continue 'routes,
@@ -449,7 +456,10 @@ mod tests {
         );
         assert_eq!(
             match_path("/api/v1/clients/x/disconnect"),
-            Some(("/api/v1/clients/{client_id}/disconnect", vec!["x".to_string()]))
+            Some((
+                "/api/v1/clients/{client_id}/disconnect",
+                vec!["x".to_string()]
+            ))
         );
         assert_eq!(match_path("/api/v1/clients/"), None);
         assert_eq!(match_path("/api/v1/nothing"), None);

@@ -23,8 +23,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin_api::{AdminApi, AdminHandler};
 use crate::broker::BrokerState;
-use crate::console;
 use crate::config::ListenerConfig;
+use crate::console;
 use crate::error::Error;
 use crate::metrics::Metrics;
 

@@ -51,11 +51,11 @@ mod tls_stream;
 pub mod topic;
 mod websocket;
 
+pub use admin_api::{AdminHandler, ADMIN_ROUTES};
 pub use auth::hooks::{
     AccessRequest, Action, Authentication, Authenticator, Authorizer, ConnectInfo, Decision,
     DenyReason,
 };
-pub use admin_api::{AdminHandler, ADMIN_ROUTES};
 pub use auth::FileError;
 pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};
 pub use error::Error;

@@ -206,13 +206,29 @@ impl Auth {
         Err(DenyReason::NotAuthorized)
     }
 
-    /// Whether a user name's password is checked by something: a password file or an
-    /// application authenticator. Without either, any password is taken for any user name,
-    /// so the admin API refuses HTTP Basic (docs/admin-api.md).
-    pub(crate) fn checks_passwords(&self) -> bool {
-        let file = usize::from(self.file_authenticator.is_some());
-        self.authenticators.len() > file
-            || self.file_authenticator.as_ref().is_some_and(|f| f.has_file())
+    /// The user name `info` (a user name and a password) authenticates as when something
+    /// checked the password: an application authenticator's `Allow`, or the password file's
+    /// (when one is configured). `None` otherwise: a refusal, or nothing that checks passwords
+    /// (without a password file, `allow_anonymous` takes any password for any user name, which
+    /// an admin login must never do). For the admin API's HTTP Basic (docs/admin-api.md).
+    pub(crate) async fn check_password(&self, info: &ConnectInfo) -> Option<String> {
+        for a in &self.authenticators {
+            if let Some(file) = &self.file_authenticator {
+                let same =
+                    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(file) as *const ());
+                if same && !file.has_file() {
+                    return None;
+                }
+            }
+            match a.authenticate(info).await {
+                Authentication::Allow { username } => {
+                    return username.or_else(|| info.username.clone())
+                }
+                Authentication::Deny(_) => return None,
+                Authentication::NoOpinion => {}
+            }
+        }
+        None
     }
 
     /// True when any authorizer is configured; when false, every access is allowed.

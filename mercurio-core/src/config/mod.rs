@@ -793,6 +793,29 @@ mod tests {
     }
 
     #[test]
+    fn admin_api_keys() {
+        let mut c = Config::default();
+        c.listeners[0].admin_api = true;
+        assert_eq!(err(&c).key, "listeners[0].admin_api");
+        c.listeners[0].protocol = ListenerProtocol::Websocket;
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].admin_api");
+        assert!(e.message.contains("admin_token_file or admin_users"), "{e}");
+        c.admin.users = vec!["alice".into()];
+        assert_eq!(c.validate(), Ok(()));
+        // A listener's own empty list overrides [admin]'s.
+        c.listeners[0].admin_users = Some(Vec::new());
+        assert_eq!(err(&c).key, "listeners[0].admin_api");
+        c.listeners[0].admin_token_file = Some("/etc/mercurio/admin.token".into());
+        assert_eq!(c.validate(), Ok(()));
+        c.listeners[0].admin_api = false;
+        c.listeners[0].console = true;
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].console");
+        assert!(e.message.contains("admin_api"), "{e}");
+    }
+
+    #[test]
     fn http_keys_need_websocket() {
         let mut c = Config::default();
         c.listeners[0].metrics = true;

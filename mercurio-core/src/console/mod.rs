@@ -20,7 +20,11 @@ pub(crate) fn serves(path: &str) -> bool {
 /// Serves one of the console's files (GET and HEAD only).
 pub(crate) fn respond<B>(req: &Request<B>, guard: ResponseGuard) -> Response<HttpBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n", guard);
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed\n",
+            guard,
+        );
         r.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;

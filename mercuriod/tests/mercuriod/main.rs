@@ -1,6 +1,7 @@
 //! mercuriod run as a process (configuration, signals, admin socket, restarts, interoperability):
 //! one test binary, one module per concern, every daemon started through mercurio-testkit.
 
+mod admin_api;
 mod bridge;
 mod bridge_reload;
 mod cli;
