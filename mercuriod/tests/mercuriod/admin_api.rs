@@ -14,8 +14,13 @@ const TOKEN: &str = "0123456789abcdef-test-token";
 
 /// A daemon with an MQTT listener and a WebSocket listener serving the admin API, whose
 /// password file has alice (an admin) and bob (not one); its token file holds [`TOKEN`].
-/// `None` (skipped) without mosquitto_passwd.
-fn daemon(test: &str, extra: &str) -> Option<(Daemon, SocketAddr, SocketAddr)> {
+/// `listener` adds keys to the WebSocket listener, `extra` sections to the file. `None`
+/// (skipped) without mosquitto_passwd.
+pub(crate) fn daemon(
+    test: &str,
+    listener: &str,
+    extra: &str,
+) -> Option<(Daemon, SocketAddr, SocketAddr)> {
     let have = Command::new("mosquitto_passwd")
         .arg("-h")
         .output()
@@ -45,7 +50,7 @@ fn daemon(test: &str, extra: &str) -> Option<(Daemon, SocketAddr, SocketAddr)> {
     let config = format!(
         "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\n\
          admin_api = true\nadmin_token_file = {:?}\nadmin_users = [\"alice\"]\n\
-         password_file = {:?}\n\n{extra}",
+         password_file = {:?}\n{listener}\n\n{extra}",
         token.display().to_string(),
         passwd.display().to_string()
     );
@@ -69,7 +74,7 @@ fn call(api: SocketAddr, method: &str, path: &str, auth: &str, body: &str) -> Ht
 
 #[test]
 fn no_credentials_401_non_admin_403_token_and_admin_user_200() {
-    let Some((_d, mqtt, api)) = daemon("admin API authentication", "") else {
+    let Some((_d, mqtt, api)) = daemon("admin API authentication", "", "") else {
         return;
     };
     // A connected client whose identifier must not show in any refusal.
@@ -117,7 +122,7 @@ fn no_credentials_401_non_admin_403_token_and_admin_user_200() {
 
 #[test]
 fn disconnect_through_the_api_sends_administrative_action() {
-    let Some((mut d, mqtt, api)) = daemon("admin API disconnect", "") else {
+    let Some((mut d, mqtt, api)) = daemon("admin API disconnect", "", "") else {
         return;
     };
     let mut victim = Mqtt::connect(mqtt.port(), 5, "victim/1", false);
@@ -232,7 +237,7 @@ fn the_openapi_file_lists_exactly_the_routes_served() {
     // exists, a bridge that exists, the operations in an order that lets each succeed.
     let bridge = "[[bridges]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:9\"]\n\
                   [[bridges.topics]]\npattern = \"q/#\"\ndirection = \"out\"\n";
-    let Some((_d, mqtt, api)) = daemon("admin API routes", bridge) else {
+    let Some((_d, mqtt, api)) = daemon("admin API routes", "", bridge) else {
         return;
     };
     let _client = Mqtt::connect(mqtt.port(), 5, "probe", false);

@@ -5,6 +5,7 @@ mod admin_api;
 mod bridge;
 mod bridge_reload;
 mod cli;
+mod console;
 mod daemon;
 mod example_config;
 mod interop_mosquitto;
