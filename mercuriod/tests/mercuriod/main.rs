@@ -7,6 +7,7 @@ mod bridge_reload;
 mod cli;
 mod console;
 mod daemon;
+mod dashboards;
 mod example_config;
 mod interop_mosquitto;
 mod interop_paho;
