@@ -107,10 +107,8 @@ impl AdminApi {
         if !cfg.admin_api {
             return Ok(None);
         }
-        let token = match read_token(&broker.config, cfg, listener)? {
-            Some(t) => Some(Sha256::digest(t.as_bytes()).into()),
-            None => None,
-        };
+        let token = read_token(&broker.config, cfg, listener)?
+            .map(|t| <[u8; 32]>::from(Sha256::digest(t.as_bytes())));
         let users = cfg
             .admin_users
             .clone()
@@ -295,7 +293,7 @@ impl AdminApi {
         };
         let auth = self.broker.auth_of(Some(self.listener));
         match auth.check_password(&info).await {
-            Some(name) if self.users.iter().any(|u| *u == name) => Caller::Admin,
+            Some(name) if self.users.contains(&name) => Caller::Admin,
             Some(_) => Caller::Forbidden,
             None => Caller::Unauthenticated,
         }
@@ -356,7 +354,7 @@ impl AdminApi {
 
 /// The token of listener `listener`'s admin API: its `admin_token_file`, else `[admin]
 /// token_file`, trimmed.
-fn read_token(
+pub(crate) fn read_token(
     config: &Config,
     cfg: &ListenerConfig,
     listener: usize,

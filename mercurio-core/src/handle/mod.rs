@@ -62,7 +62,8 @@ impl Broker {
 }
 
 /// Checks what a configuration names outside itself without starting anything: the password
-/// and ACL files parse, every certificate and key loads, each `http_dir` is a directory, and a
+/// and ACL files parse, every certificate and key loads, each `http_dir` is a directory, each
+/// admin API's token file holds a token, and a
 /// SQLite database's directory exists (what `mercuriod --check-config` runs).
 ///
 /// Errors: [`Error::File`] (path, line, cause) or [`Error::Config`], as [`BrokerBuilder::start`]
@@ -71,9 +72,12 @@ pub fn check_files(config: &Config) -> Result<(), Error> {
     Auth::from_config(config, Vec::new(), Vec::new())?;
     Bridges::check(&config.bridges)?;
     Auth::for_listeners(config, &[], &[])?;
-    for l in &config.listeners {
+    for (i, l) in config.listeners.iter().enumerate() {
         if l.cert_file.is_some() {
             TlsListener::load(l)?;
+        }
+        if l.admin_api {
+            crate::admin_api::read_token(config, l, i)?;
         }
         if let Some(dir) = l.http_dir.as_ref().filter(|d| !d.is_dir()) {
             return Err(Error::Config(format!(
