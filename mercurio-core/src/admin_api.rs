@@ -434,6 +434,10 @@ fn json_response(status: StatusCode, body: &Value, guard: ResponseGuard) -> Resp
         HeaderValue::from_static("application/json"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     r
 }
 

@@ -20,6 +20,9 @@
     clients: [],
     sort: { key: "client_id", desc: false },
     timer: null,
+    // The message viewer: the MQTT credentials (a Basic login's), the socket, what it saw.
+    mqtt: null,
+    watch: { socket: null, state: "", messages: [], topics: {}, topicCount: 0 },
   };
   window.mercurioConsole = state;
 
@@ -72,17 +75,20 @@
     if (token) {
       state.auth = "Bearer " + token;
       state.who = "token";
+      state.mqtt = null;
     } else {
       // UTF-8, then base64 (btoa takes bytes as a binary string).
       const bytes = new TextEncoder().encode(user + ":" + password);
       state.auth = "Basic " + btoa(String.fromCharCode(...bytes));
       state.who = user;
+      state.mqtt = { user, password };
     }
     $("login-error").textContent = "";
     try {
       state.status = await api("GET", "/api/v1/status");
     } catch (e) {
       state.auth = null;
+      state.mqtt = null;
       $("login-error").textContent = e.message;
       return;
     }
@@ -100,7 +106,14 @@
   function logout(reason) {
     clearInterval(state.timer);
     state.timer = null;
+    stopWatch();
     state.auth = null;
+    state.mqtt = null;
+    state.watch.messages = [];
+    state.watch.topics = {};
+    state.watch.topicCount = 0;
+    $("messages-table").tBodies[0].replaceChildren();
+    $("topic-tree").replaceChildren();
     state.status = null;
     state.samples = [];
     for (const k of Object.keys(state.series)) state.series[k] = [];
@@ -134,6 +147,7 @@
     if (view === "sessions") loadSessions();
     if (view === "bridges") loadBridges();
     if (view === "overview") drawAll();
+    if (view === "messages") renderMessages(true);
   }
 
   // ---- overview: samples and graphs ----
@@ -430,6 +444,156 @@
     if (!bridges.length) say("No bridge is configured.");
   }
 
+  // ---- messages: a small MQTT 3.1.1 client over WebSocket ----
+
+  const MAX_MESSAGES = 200, MAX_TOPICS = 2000, MAX_SHOWN_PAYLOAD = 300;
+
+  function mqttString(text) {
+    const b = new TextEncoder().encode(text);
+    return [b.length >> 8, b.length & 255, ...b];
+  }
+
+  function mqttPacket(first, body) {
+    const len = [];
+    let n = body.length;
+    do {
+      let byte = n % 128;
+      n = Math.floor(n / 128);
+      if (n > 0) byte |= 128;
+      len.push(byte);
+    } while (n > 0);
+    return new Uint8Array([first, ...len, ...body]);
+  }
+
+  function setWatch(text) {
+    state.watch.state = text;
+    $("watch-state").textContent = text;
+  }
+
+  function startWatch() {
+    stopWatch();
+    if (!state.mqtt) {
+      setWatch("Log in with a user name to watch messages (the token is no MQTT user).");
+      return;
+    }
+    const filter = $("watch-filter").value.trim() || "#";
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    const socket = new WebSocket(`${scheme}//${location.host}/`, "mqtt");
+    socket.binaryType = "arraybuffer";
+    state.watch.socket = socket;
+    let buf = new Uint8Array(0), ping = null;
+    setWatch("connecting...");
+    socket.onopen = () => {
+      const id = "console-" + Math.random().toString(36).slice(2, 10);
+      const body = [...mqttString("MQTT"), 4, 0x80 | 0x40 | 0x02, 0, 60,
+        ...mqttString(id), ...mqttString(state.mqtt.user), ...mqttString(state.mqtt.password)];
+      socket.send(mqttPacket(0x10, body));
+    };
+    socket.onmessage = (ev) => {
+      const more = new Uint8Array(ev.data), joined = new Uint8Array(buf.length + more.length);
+      joined.set(buf);
+      joined.set(more, buf.length);
+      buf = joined;
+      for (;;) {
+        let len = 0, mul = 1, i = 1;
+        for (; i < buf.length && i < 5; i++) {
+          len += (buf[i] & 127) * mul;
+          mul *= 128;
+          if (!(buf[i] & 128)) break;
+        }
+        if (i >= buf.length || buf.length < i + 1 + len) break;
+        const first = buf[0], body = buf.subarray(i + 1, i + 1 + len);
+        buf = buf.slice(i + 1 + len);
+        packet(first, body);
+      }
+    };
+    function packet(first, body) {
+      const type = first >> 4;
+      if (type === 2) {
+        if (body[1] !== 0) {
+          setWatch(`refused by the broker (CONNACK ${body[1]})`);
+          socket.close();
+          return;
+        }
+        socket.send(mqttPacket(0x82, [0, 1, ...mqttString(filter), 0]));
+        ping = setInterval(() => socket.readyState === 1 && socket.send(new Uint8Array([0xc0, 0])), 30000);
+      } else if (type === 9) {
+        setWatch(body[2] >= 0x80 ? `subscription to ${filter} refused (not authorized)` : `watching ${filter}`);
+      } else if (type === 3) {
+        const qos = (first >> 1) & 3, tlen = (body[0] << 8) | body[1];
+        const topic = new TextDecoder().decode(body.subarray(2, 2 + tlen));
+        const payload = body.subarray(2 + tlen + (qos ? 2 : 0));
+        received(topic, qos, (first & 1) === 1, payload);
+      }
+    }
+    socket.onclose = () => {
+      clearInterval(ping);
+      if (state.watch.socket === socket) {
+        state.watch.socket = null;
+        if (!state.watch.state.startsWith("refused") && !state.watch.state.startsWith("subscription")) setWatch("stopped");
+        $("watch-start").disabled = false;
+        $("watch-stop").disabled = true;
+      }
+    };
+    $("watch-start").disabled = true;
+    $("watch-stop").disabled = false;
+  }
+
+  function stopWatch() {
+    const socket = state.watch.socket;
+    if (!socket) return;
+    state.watch.socket = null;
+    if (socket.readyState === 1) socket.send(new Uint8Array([0xe0, 0]));
+    socket.close();
+    setWatch("stopped");
+    $("watch-start").disabled = false;
+    $("watch-stop").disabled = true;
+  }
+
+  function received(topic, qos, retained, payload) {
+    const w = state.watch;
+    const text = new TextDecoder("utf-8", { fatal: false }).decode(payload.subarray(0, MAX_SHOWN_PAYLOAD));
+    w.messages.unshift({ at: new Date(), topic, qos, retained, payload: text + (payload.length > MAX_SHOWN_PAYLOAD ? "..." : "") });
+    w.messages.length = Math.min(w.messages.length, MAX_MESSAGES);
+    // The topic tree: one node per level, with the messages seen under it.
+    let node = w.topics, fresh = false;
+    for (const level of topic.split("/")) {
+      if (!node[level]) {
+        if (w.topicCount >= MAX_TOPICS) break;
+        node[level] = { count: 0, children: {} };
+        w.topicCount++;
+        fresh = true;
+      }
+      node[level].count++;
+      node = node[level].children;
+    }
+    w.treeChanged = w.treeChanged || fresh;
+    // Drawn at most four times a second, however fast messages come.
+    if (state.view === "messages" && !w.renderTimer) {
+      w.renderTimer = setTimeout(() => {
+        w.renderTimer = null;
+        const tree = w.treeChanged;
+        w.treeChanged = false;
+        if (state.view === "messages") renderMessages(tree);
+      }, 250);
+    }
+  }
+
+  function renderMessages(treeToo) {
+    $("messages-table").tBodies[0].replaceChildren(...state.watch.messages.map((m) => el("tr", {},
+      el("td", {}, m.at.toLocaleTimeString()),
+      el("td", {}, m.topic),
+      el("td", { class: "num" }, m.qos),
+      el("td", {}, m.retained ? "yes" : ""),
+      el("td", { class: "payload" }, m.payload))));
+    if (treeToo !== false) {
+      const tree = (nodes) => Object.keys(nodes).sort().map((k) => el("li", {},
+        k === "" ? "(empty)" : k, el("span", { class: "count" }, nodes[k].count),
+        ...(Object.keys(nodes[k].children).length ? [el("ul", { class: "tree" }, ...tree(nodes[k].children))] : [])));
+      $("topic-tree").replaceChildren(...tree(state.watch.topics));
+    }
+  }
+
   // ---- wiring ----
 
   document.addEventListener("DOMContentLoaded", () => {
@@ -439,6 +603,8 @@
     $("client-filter").addEventListener("input", renderClients);
     $("connected-only").addEventListener("change", renderClients);
     $("clients-refresh").addEventListener("click", loadClients);
+    $("watch-start").addEventListener("click", startWatch);
+    $("watch-stop").addEventListener("click", stopWatch);
     for (const th of $("clients-table").tHead.rows[0].cells) {
       if (!th.dataset.key) continue;
       th.addEventListener("click", () => {

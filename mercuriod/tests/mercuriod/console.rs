@@ -81,7 +81,12 @@ fn the_console_in_a_browser_logs_in_lists_disconnects_and_graphs() {
     }
     let bridge = "[[bridges]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:9\"]\n\
                   [[bridges.topics]]\npattern = \"q/#\"\ndirection = \"out\"\n";
-    let Some((_d, mqtt, api)) = daemon("console in a browser", "console = true", bridge) else {
+    // alice's ACL on the console's listener (the message viewer's MQTT connection).
+    let acl_dir = tempfile::tempdir().expect("temp dir");
+    let acl = acl_dir.path().join("acl");
+    std::fs::write(&acl, "user alice\ntopic read load/#\n").expect("acl file");
+    let listener = format!("console = true\nacl_file = {:?}", acl.display().to_string());
+    let Some((_d, mqtt, api)) = daemon("console in a browser", &listener, bridge) else {
         return;
     };
     let victim_id = "victim-in-the-table";
@@ -120,9 +125,11 @@ fn the_console_in_a_browser_logs_in_lists_disconnects_and_graphs() {
         let port = mqtt.port();
         std::thread::spawn(move || {
             let mut p = Mqtt::connect(port, 4, "console-load", true);
-            let packet = mercurio_testkit::publish_packet("load/x", 0, 0, b"tick");
+            let load = mercurio_testkit::publish_packet("load/x", 0, 0, b"tick");
+            let secret = mercurio_testkit::publish_packet("secret/x", 0, 0, b"hidden");
             while running.load(Ordering::Relaxed) {
-                p.send(&packet);
+                p.send(&load);
+                p.send(&secret);
                 // A steady rate, not a synchronisation: the graph needs messages over time.
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
@@ -130,6 +137,7 @@ fn the_console_in_a_browser_logs_in_lists_disconnects_and_graphs() {
         })
     };
     let moved = step(&mut browser, "GRAPH_MOVED");
+    step(&mut browser, "VIEWER_SAW");
     running.store(false, Ordering::Relaxed);
     publisher.join().expect("publisher");
     step(&mut browser, "DONE");
@@ -140,6 +148,7 @@ fn the_console_in_a_browser_logs_in_lists_disconnects_and_graphs() {
         "01-login-refused.png",
         "02-clients.png",
         "04-overview-under-load.png",
+        "05-messages.png",
     ] {
         assert!(shots.join(name).is_file(), "{name} missing");
     }

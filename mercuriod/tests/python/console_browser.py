@@ -9,6 +9,7 @@ Prints one line per step; the Rust test reacts to these lines:
   DISCONNECTED     the page disconnected it and said so
   PUBLISH_NOW      the messages/s graph sampled only zeros so far: start the publisher
   GRAPH_MOVED n    the graph's data (the page's state) has a rate above zero
+  VIEWER_SAW       the message viewer was refused secret/# (ACL) and shows load/x messages
 Exits 0 when every step passed; a failed step prints FAIL and exits 1.
 """
 
@@ -22,7 +23,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-DEADLINE = 30
+DEADLINE = 20
 
 
 def step(text):
@@ -157,11 +158,35 @@ def run(driver, base, shots, victim):
     shot(driver, shots, "04-overview-under-load.png")
     step("GRAPH_MOVED %.1f" % max(rates))
 
+    # The message viewer subscribes as alice over MQTT over WebSocket: her ACL refuses
+    # secret/#, lets her read load/#.
+    driver.find_element(By.CSS_SELECTOR, "nav button[data-view=messages]").click()
+    watch_filter = driver.find_element(By.ID, "watch-filter")
+    watch_filter.clear()
+    watch_filter.send_keys("secret/#")
+    driver.find_element(By.ID, "watch-start").click()
+    wait(driver, "the refused subscription",
+         lambda d: "refused (not authorized)" in d.find_element(By.ID, "watch-state").text)
+    driver.find_element(By.ID, "watch-stop").click()
+    watch_filter.clear()
+    watch_filter.send_keys("load/#")
+    driver.find_element(By.ID, "watch-start").click()
+    wait(driver, "the subscription",
+         lambda d: d.find_element(By.ID, "watch-state").text == "watching load/#")
+    wait(driver, "a load/x message in the table",
+         lambda d: "load/x" in d.find_element(By.ID, "messages-table").text)
+    tree = driver.find_element(By.ID, "topic-tree").text
+    assert "load" in tree and "secret" not in tree, tree
+    assert state(driver, "watch.messages.every(m => m.topic === 'load/x')"), "other topics shown"
+    shot(driver, shots, "05-messages.png")
+    driver.find_element(By.ID, "watch-stop").click()
+    step("VIEWER_SAW")
+
     # The other views render.
     for view in ["sessions", "bridges"]:
         driver.find_element(By.CSS_SELECTOR, "nav button[data-view=%s]" % view).click()
         wait(driver, view, lambda d: d.find_element(By.ID, view).is_displayed())
-    shot(driver, shots, "05-bridges.png")
+    shot(driver, shots, "06-bridges.png")
 
     # Logging out forgets everything.
     driver.find_element(By.ID, "logout").click()
