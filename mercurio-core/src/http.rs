@@ -21,8 +21,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::admin_api::{AdminApi, AdminHandler};
 use crate::broker::BrokerState;
 use crate::config::ListenerConfig;
+use crate::console;
 use crate::error::Error;
 use crate::metrics::Metrics;
 
@@ -63,6 +65,10 @@ pub(crate) struct Endpoint {
     /// Canonical path of `http_dir`.
     http_dir: Option<PathBuf>,
     responses: Arc<Semaphore>,
+    /// The admin API (`admin_api = true`).
+    pub(crate) admin: Option<AdminApi>,
+    /// Whether the web console is served (`console = true`).
+    console: bool,
 }
 
 impl Endpoint {
@@ -73,6 +79,7 @@ impl Endpoint {
         cfg: &ListenerConfig,
         listener: usize,
         limits: HttpLimits,
+        admin_handler: Option<Arc<dyn AdminHandler>>,
     ) -> Result<Endpoint, Error> {
         let http_dir = match &cfg.http_dir {
             None => None,
@@ -92,6 +99,7 @@ impl Endpoint {
             }
         };
         let metrics = cfg.metrics.then(|| Metrics::new(Arc::clone(&broker)));
+        let admin = AdminApi::new(Arc::clone(&broker), cfg, listener, admin_handler)?;
         Ok(Endpoint {
             broker,
             listener,
@@ -103,7 +111,37 @@ impl Endpoint {
             metrics,
             http_dir,
             responses: Arc::new(Semaphore::new(limits.max_responses)),
+            admin,
+            console: cfg.console,
         })
+    }
+
+    /// Whether `path` is the admin API's or the console's on this listener: those requests
+    /// go to [`Endpoint::respond_admin`].
+    pub(crate) fn serves_admin(&self, path: &str) -> bool {
+        (self.admin.is_some() && AdminApi::serves(path)) || (self.console && console::serves(path))
+    }
+
+    /// Answers a request of the admin API or the console (any method; the API reads the body).
+    pub(crate) async fn respond_admin<B>(
+        &self,
+        req: Request<B>,
+        peer: std::net::SocketAddr,
+        guard: ResponseGuard,
+    ) -> Response<HttpBody>
+    where
+        B: Body<Data = Bytes> + Unpin,
+    {
+        let head = req.method() == Method::HEAD;
+        let Ok(permit) = Arc::clone(&self.responses).try_acquire_owned() else {
+            return strip(head, text(StatusCode::SERVICE_UNAVAILABLE, "busy\n", guard));
+        };
+        let guard = guard.with_permit(permit);
+        let r = match &self.admin {
+            Some(api) if AdminApi::serves(req.uri().path()) => api.respond(req, peer, guard).await,
+            _ => console::respond(&req, guard),
+        };
+        strip(head, r)
     }
 
     /// Answers a plain HTTP request (not an upgrade). `guard` is held by the response body
@@ -222,7 +260,7 @@ impl HttpBody {
         }
     }
 
-    fn bytes(b: impl Into<Bytes>, guard: ResponseGuard) -> HttpBody {
+    pub(crate) fn bytes(b: impl Into<Bytes>, guard: ResponseGuard) -> HttpBody {
         HttpBody {
             kind: Kind::Bytes(Some(b.into())),
             _guard: Some(guard),
@@ -333,7 +371,7 @@ fn strip(head: bool, mut r: Response<HttpBody>) -> Response<HttpBody> {
 }
 
 /// Decodes `%XX` escapes; `None` for a malformed escape.
-fn percent_decode(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn percent_decode(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

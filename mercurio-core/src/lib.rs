@@ -23,6 +23,7 @@
 //! mercurio-storage's PostgreSQL TLS), getrandom (the operating system's random bytes behind
 //! assigned client identifiers, so that nobody can guess one).
 
+mod admin_api;
 pub mod auth;
 mod bridge;
 mod bridge_status;
@@ -31,6 +32,7 @@ mod busy_poll;
 pub mod codec;
 pub mod config;
 mod connection;
+mod console;
 pub mod credentials;
 mod error;
 pub mod events;
@@ -55,6 +57,7 @@ mod tls_stream;
 pub mod topic;
 mod websocket;
 
+pub use admin_api::{AdminHandler, ADMIN_ROUTES};
 pub use auth::hooks::{
     AccessRequest, Action, Authentication, Authenticator, Authorizer, ConnectInfo, Decision,
     DenyReason,

@@ -89,6 +89,8 @@ where
                 });
                 let mut r = if is_upgrade(&req) {
                     handshake(&ep, &mut req, &upgrade, guard)
+                } else if ep.serves_admin(req.uri().path()) {
+                    ep.respond_admin(req, peer, guard).await
                 } else {
                     ep.respond(&req, guard).await
                 };

@@ -9,6 +9,7 @@
 //!   line by line with deadlines.
 //! - [`Client`]: a blocking MQTT client on the broker's codec; [`Mqtt`]: a few packets written
 //!   by hand, for tests that check bytes.
+//! - [`http`]: a blocking HTTP/1.1 client (admin API, console, metrics).
 //! - [`prerequisite`]: the rule for a missing program or server: the test writes
 //!   `SKIPPED <test>: <why>; install ...` past the harness's capture, so that a plain
 //!   `cargo test` shows it, and fails instead under `CI=true` ([`program`],
@@ -21,6 +22,7 @@
 
 mod client;
 mod daemon;
+pub mod http;
 mod mosquitto;
 mod mqtt;
 mod process;

@@ -15,6 +15,11 @@
 //! | `{"command":"bridge.list"}` | `{"bridges":[{name, client_id, connected, queued, ...}]}` |
 //! | `{"command":"bridge.show","name":"x"}` | one bridge in detail |
 //!
+//! An error answer also carries a `"code"`: `"not_found"`, `"conflict"` (the client's state
+//! does not allow it), `"bad_request"` or `"failed"`; the remote admin API (docs/admin-api.md)
+//! turns it into the HTTP status. Both transports answer through [`answer`]: the admin API gets
+//! it as the broker's [`AdminHandler`] ([`Handler`]).
+//!
 //! A malformed request gets an error answer; a line over [`MAX_REQUEST`] bytes gets one and
 //! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
 //! [`MAX_CONNECTIONS`] are served at once.
@@ -26,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mercurio_core::config::StorageBackend;
-use mercurio_core::BrokerHandle;
+use mercurio_core::{AdminHandler, BrokerHandle};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -198,7 +203,10 @@ async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
         let answer = if too_long {
             error(format!("request longer than {MAX_REQUEST} bytes"))
         } else {
-            answer(&line, &handle, &log).await
+            match serde_json::from_slice(&line) {
+                Ok(request) => answer(request, &handle, &log, "mercurioctl").await,
+                Err(e) => error(format!("bad request: {e}")),
+            }
         };
         let mut out = answer.to_string().into_bytes();
         out.push(b'\n');
@@ -208,17 +216,36 @@ async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
     }
 }
 
+/// The broker's [`AdminHandler`]: the remote admin API's requests answered by the same code
+/// as the socket's.
+pub struct Handler {
+    pub log: LogControl,
+}
+
+#[async_trait::async_trait]
+impl AdminHandler for Handler {
+    async fn answer(&self, broker: &BrokerHandle, request: Value) -> Value {
+        answer(request, broker, &self.log, "the admin API").await
+    }
+}
+
 fn error(message: impl Into<String>) -> Value {
-    json!({"ok": false, "error": message.into()})
+    failure("bad_request", message)
+}
+
+/// An error answer with its `code`.
+fn failure(code: &str, message: impl Into<String>) -> Value {
+    json!({"ok": false, "error": message.into(), "code": code})
 }
 
 fn ok(result: Value) -> Value {
     json!({"ok": true, "result": result})
 }
 
-/// The answer to one request line.
-async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
-    let request = match parse(line) {
+/// The answer to one request; `by` names the transport in the log lines ("mercurioctl", "the
+/// admin API").
+pub async fn answer(request: Value, handle: &BrokerHandle, log: &LogControl, by: &str) -> Value {
+    let request = match parse(request) {
         Ok(r) => r,
         Err(e) => return error(format!("bad request: {e}")),
     };
@@ -230,7 +257,7 @@ async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
                 if let Some(w) = &warning {
                     tracing::warn!("{w}");
                 }
-                tracing::info!("log level set to {directives:?} by mercurioctl");
+                tracing::info!("log level set to {directives:?} by {by}");
                 match warning {
                     Some(w) => ok(json!({"level": directives, "warning": w})),
                     None => ok(json!({"level": directives})),
@@ -271,28 +298,28 @@ async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
                 "will": d.will,
                 "disconnected_secs": d.disconnected_for.map(|t| t.as_secs()),
             })),
-            None => error(format!("no such client: {client_id}")),
+            None => failure("not_found", format!("no such client: {client_id}")),
         },
         Request::ClientDisconnect { client_id } => {
             if handle.disconnect(&client_id) {
-                tracing::info!(%client_id, "disconnected by mercurioctl");
+                tracing::info!(%client_id, "disconnected by {by}");
                 ok(json!({}))
             } else if handle.session_detail(&client_id).is_some() {
-                error(format!("client {client_id} is not connected"))
+                failure("conflict", format!("client {client_id} is not connected"))
             } else {
-                error(format!("no such client: {client_id}"))
+                failure("not_found", format!("no such client: {client_id}"))
             }
         }
         Request::ClientDeleteSession { client_id } => match handle.delete_session(&client_id).await {
-            Err(e) => error(format!("cannot delete the session of {client_id}: {e}")),
+            Err(e) => failure("failed", format!("cannot delete the session of {client_id}: {e}")),
             Ok(Some(true)) => {
-                tracing::info!(%client_id, "session deleted by mercurioctl");
+                tracing::info!(%client_id, "session deleted by {by}");
                 ok(json!({}))
             }
-            Ok(Some(false)) => error(format!(
+            Ok(Some(false)) => failure("conflict", format!(
                 "client {client_id} is connected: disconnect it first (mercurioctl client disconnect {client_id})"
             )),
-            Ok(None) => error(format!("no such client: {client_id}")),
+            Ok(None) => failure("not_found", format!("no such client: {client_id}")),
         },
         Request::BridgeList => {
             let bridges: Vec<Value> = handle.bridges().iter().map(bridge).collect();
@@ -300,7 +327,7 @@ async fn answer(line: &[u8], handle: &BrokerHandle, log: &LogControl) -> Value {
         }
         Request::BridgeShow { name } => match handle.bridges().iter().find(|b| b.name == name) {
             Some(b) => ok(bridge(b)),
-            None => error(format!("no such bridge: {name}")),
+            None => failure("not_found", format!("no such bridge: {name}")),
         },
     }
 }
@@ -325,10 +352,9 @@ fn bridge(b: &mercurio_core::BridgeInfo) -> Value {
     })
 }
 
-/// A request line: a JSON object with a known command and exactly its arguments (serde's
+/// A request: a JSON object with a known command and exactly its arguments (serde's
 /// `deny_unknown_fields` does not apply to the unit variants of a tagged enum).
-fn parse(line: &[u8]) -> Result<Request, String> {
-    let value: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+fn parse(value: Value) -> Result<Request, String> {
     let Some(object) = value.as_object() else {
         return Err("a request is a JSON object".into());
     };

@@ -242,7 +242,7 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
         systemd::ready("standby: waiting for the serving broker");
     }
     let started = tokio::select! {
-        started = start_broker(config) => started,
+        started = start_broker(config, log.clone()) => started,
         signal = wait_stop(&mut signals) => {
             info!("{signal} received while starting: stopping");
             return ExitCode::SUCCESS;
@@ -323,14 +323,21 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 }
 
 /// The broker's start, behind one function: the daemon's only call into the broker's
-/// construction (the embedding API, docs/embedding.md).
+/// construction (the embedding API, docs/embedding.md). The remote admin API answers through
+/// the admin socket's code (`admin::Handler`).
 ///
 /// The broker always logs the connection lines: `connection_messages = false` turns their
 /// target off in the log filter instead, so that a level naming `mercurio::connections`, in the
 /// file or from `mercurioctl broker log-level`, turns them back on (docs/operations.md, "Logging").
-async fn start_broker(mut config: Config) -> Result<BrokerHandle, mercurio_core::Error> {
+async fn start_broker(
+    mut config: Config,
+    log: LogControl,
+) -> Result<BrokerHandle, mercurio_core::Error> {
     config.logging.connection_messages = true;
-    Broker::builder(config).start().await
+    Broker::builder(config)
+        .admin_handler(admin::Handler { log })
+        .start()
+        .await
 }
 
 /// Waits for SIGTERM or SIGINT (SIGHUP is ignored), naming it.

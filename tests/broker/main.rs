@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin_api;
 mod bad_input;
 mod bridge;
 mod connect;

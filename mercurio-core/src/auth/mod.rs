@@ -210,6 +210,31 @@ impl Auth {
         Err(DenyReason::NotAuthorized)
     }
 
+    /// The user name `info` (a user name and a password) authenticates as when something
+    /// checked the password: an application authenticator's `Allow`, or the password file's
+    /// (when one is configured). `None` otherwise: a refusal, or nothing that checks passwords
+    /// (without a password file, `allow_anonymous` takes any password for any user name, which
+    /// an admin login must never do). For the admin API's HTTP Basic (docs/admin-api.md).
+    pub(crate) async fn check_password(&self, info: &ConnectInfo) -> Option<String> {
+        for a in &self.authenticators {
+            if let Some(file) = &self.file_authenticator {
+                let same =
+                    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(file) as *const ());
+                if same && !file.has_file() {
+                    return None;
+                }
+            }
+            match a.authenticate(info).await {
+                Authentication::Allow { username } => {
+                    return username.or_else(|| info.username.clone())
+                }
+                Authentication::Deny(_) => return None,
+                Authentication::NoOpinion => {}
+            }
+        }
+        None
+    }
+
     /// True when any authorizer is configured; when false, every access is allowed.
     #[inline]
     pub(crate) fn checks_access(&self) -> bool {

@@ -296,6 +296,13 @@ pub struct FileAuthenticator {
     waiting: std::sync::atomic::AtomicUsize,
 }
 
+impl FileAuthenticator {
+    /// Whether a password file is configured (without one, a user name is taken unchecked).
+    pub(crate) fn has_file(&self) -> bool {
+        self.path.is_some()
+    }
+}
+
 /// Most password checks waiting for their turn.
 const MAX_WAITING_CHECKS: usize = 1024;
 

@@ -227,6 +227,16 @@ pub struct ListenerConfig {
     /// Topic prefix of this listener's clients (mosquitto's `mount_point`): prepended to the
     /// topics and filters they send, removed from the topics delivered to them.
     pub mount_point: Option<String>,
+    /// Serve the remote admin API under `/api/v1/` (websocket only; docs/admin-api.md);
+    /// default false. Needs `admin_token_file` or `admin_users` (here or in `[admin]`).
+    pub admin_api: bool,
+    /// Serve the web console under `/console/` (websocket only, needs `admin_api`;
+    /// docs/console.md); default false.
+    pub console: bool,
+    /// Overrides `[admin] token_file` for this listener's admin API.
+    pub admin_token_file: Option<PathBuf>,
+    /// Overrides `[admin] users` for this listener's admin API.
+    pub admin_users: Option<Vec<String>>,
 }
 
 impl Default for ListenerConfig {
@@ -249,6 +259,10 @@ impl Default for ListenerConfig {
             password_file: None,
             acl_file: None,
             mount_point: None,
+            admin_api: false,
+            console: false,
+            admin_token_file: None,
+            admin_users: None,
         }
     }
 }
@@ -353,6 +367,12 @@ impl Default for LoggingConfig {
 pub struct AdminConfig {
     /// Unix socket for mercurioctl.
     pub socket: Option<PathBuf>,
+    /// File holding the bearer token of the remote admin API (docs/admin-api.md): its
+    /// content, surrounding white space removed, at least 16 bytes. Read at start.
+    pub token_file: Option<PathBuf>,
+    /// Broker users (authenticated by the listener's password file or the application's
+    /// authenticator, over HTTP Basic) allowed to use the remote admin API and the console.
+    pub users: Vec<String>,
 }
 
 /// A configuration value that is out of range, a combination of keys that does not fit, or a
@@ -533,6 +553,8 @@ impl Config {
                     (l.health, "health"),
                     (l.metrics, "metrics"),
                     (l.http_dir.is_some(), "http_dir"),
+                    (l.admin_api, "admin_api"),
+                    (l.console, "console"),
                 ] {
                     if set {
                         return Err(ConfigError::new(
@@ -540,6 +562,22 @@ impl Config {
                             "needs protocol = \"websocket\"",
                         ));
                     }
+                }
+            }
+            if l.console && !l.admin_api {
+                return Err(ConfigError::new(
+                    key("console"),
+                    "needs admin_api = true (the console reads the admin API)",
+                ));
+            }
+            if l.admin_api {
+                let token = l.admin_token_file.is_some() || self.admin.token_file.is_some();
+                let users = l.admin_users.as_ref().unwrap_or(&self.admin.users);
+                if !token && users.is_empty() {
+                    return Err(ConfigError::new(
+                        key("admin_api"),
+                        "needs admin_token_file or admin_users (here or in [admin]): nobody could use it",
+                    ));
                 }
             }
             match (&l.cert_file, &l.key_file) {
@@ -814,6 +852,29 @@ mod tests {
         c.listeners[0].port = 0;
         c.listeners[1].port = 0;
         assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn admin_api_keys() {
+        let mut c = Config::default();
+        c.listeners[0].admin_api = true;
+        assert_eq!(err(&c).key, "listeners[0].admin_api");
+        c.listeners[0].protocol = ListenerProtocol::Websocket;
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].admin_api");
+        assert!(e.message.contains("admin_token_file or admin_users"), "{e}");
+        c.admin.users = vec!["alice".into()];
+        assert_eq!(c.validate(), Ok(()));
+        // A listener's own empty list overrides [admin]'s.
+        c.listeners[0].admin_users = Some(Vec::new());
+        assert_eq!(err(&c).key, "listeners[0].admin_api");
+        c.listeners[0].admin_token_file = Some("/etc/mercurio/admin.token".into());
+        assert_eq!(c.validate(), Ok(()));
+        c.listeners[0].admin_api = false;
+        c.listeners[0].console = true;
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].console");
+        assert!(e.message.contains("admin_api"), "{e}");
     }
 
     #[test]

@@ -56,12 +56,14 @@ impl Broker {
             authorizers: Vec::new(),
             interceptors: Vec::new(),
             event_capacity: DEFAULT_EVENT_CAPACITY,
+            admin_handler: None,
         }
     }
 }
 
 /// Checks what a configuration names outside itself without starting anything: the password
-/// and ACL files parse, every certificate and key loads, each `http_dir` is a directory, and a
+/// and ACL files parse, every certificate and key loads, each `http_dir` is a directory, each
+/// admin API's token file holds a token, and a
 /// SQLite database's directory exists (what `mercuriod --check-config` runs).
 ///
 /// Errors: [`Error::File`] (path, line, cause) or [`Error::Config`], as [`BrokerBuilder::start`]
@@ -73,9 +75,12 @@ pub fn check_files(config: &Config) -> Result<(), Error> {
         crate::credentials::storage_url(&config.storage)?;
     }
     Auth::for_listeners(config, &[], &[])?;
-    for l in &config.listeners {
+    for (i, l) in config.listeners.iter().enumerate() {
         if l.cert_file.is_some() {
             TlsListener::load(l)?;
+        }
+        if l.admin_api {
+            crate::admin_api::read_token(config, l, i)?;
         }
         if let Some(dir) = l.http_dir.as_ref().filter(|d| !d.is_dir()) {
             return Err(Error::Config(format!(
@@ -108,6 +113,7 @@ pub struct BrokerBuilder {
     authorizers: Vec<Arc<dyn Authorizer>>,
     interceptors: Vec<Arc<dyn PublishInterceptor>>,
     event_capacity: usize,
+    admin_handler: Option<Arc<dyn crate::AdminHandler>>,
 }
 
 impl BrokerBuilder {
@@ -130,6 +136,15 @@ impl BrokerBuilder {
     /// 32 responses at once, a minute per response).
     pub fn http_limits(mut self, limits: HttpLimits) -> Self {
         self.http_limits = limits;
+        self
+    }
+
+    /// Answers the remote admin API's operations (listeners with `admin_api = true`,
+    /// docs/admin-api.md): each route becomes a request that `handler` answers, as mercuriod's
+    /// admin socket does. Without one, only `GET /api/v1/stats` is answered and the other
+    /// routes get 404.
+    pub fn admin_handler(mut self, handler: impl crate::AdminHandler) -> Self {
+        self.admin_handler = Some(Arc::new(handler));
         self
     }
 
@@ -228,11 +243,17 @@ impl BrokerBuilder {
                     &cfg,
                     index,
                     self.http_limits,
+                    self.admin_handler.clone(),
                 )?)),
                 ListenerProtocol::Mqtt => None,
             };
             ready.push((index, l, cfg, http, tls));
         }
+        let admin_apis: Vec<Arc<Endpoint>> = ready
+            .iter()
+            .filter_map(|(_, _, _, http, _)| http.clone())
+            .filter(|ep| ep.admin.is_some())
+            .collect();
         for (index, l, cfg, http, tls) in ready {
             tokio::spawn(listener::run(Arc::clone(&inner), l, index, cfg, http, tls));
         }
@@ -246,12 +267,18 @@ impl BrokerBuilder {
         }
         let bridges = Arc::new(Bridges::new(Arc::clone(&inner)));
         bridges.start(&inner.config.bridges).await?;
-        Ok(BrokerHandle {
+        let handle = BrokerHandle {
             inner,
             bridges,
             tls: Arc::new(tls.into_iter().flatten().collect()),
             failure,
-        })
+        };
+        for ep in admin_apis {
+            if let Some(api) = &ep.admin {
+                api.set_handle(handle.clone());
+            }
+        }
+        Ok(handle)
     }
 }
 

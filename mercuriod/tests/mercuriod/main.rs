@@ -1,11 +1,14 @@
 //! mercuriod run as a process (configuration, signals, admin socket, restarts, interoperability):
 //! one test binary, one module per concern, every daemon started through mercurio-testkit.
 
+mod admin_api;
 mod bridge;
 mod bridge_reload;
 mod cli;
+mod console;
 mod credentials;
 mod daemon;
+mod dashboards;
 mod example_config;
 mod interop_mosquitto;
 mod interop_paho;
