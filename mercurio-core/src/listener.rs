@@ -66,6 +66,7 @@ pub(crate) async fn run(
     tls: Option<Arc<TlsListener>>,
 ) {
     let on_listener = Arc::new(AtomicUsize::new(0));
+    let _accepting = Accepting::new(&broker);
     let global_max = broker.config.server.max_connections as usize;
     let listener_max = cfg.max_connections as usize;
     loop {
@@ -174,6 +175,22 @@ pub(crate) async fn run(
                 }
             }
         });
+    }
+}
+
+/// Counts a listener's accept loop in `BrokerState::listeners_accepting` while it runs.
+struct Accepting(Arc<BrokerState>);
+
+impl Accepting {
+    fn new(broker: &Arc<BrokerState>) -> Accepting {
+        broker.listeners_accepting.fetch_add(1, Ordering::Relaxed);
+        Accepting(Arc::clone(broker))
+    }
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        self.0.listeners_accepting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

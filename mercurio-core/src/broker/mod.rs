@@ -60,6 +60,11 @@ pub(crate) struct BrokerState {
     /// Signalled once when shutdown starts, to stop the listeners.
     pub stop_listeners: Notify,
     pub local_addrs: Mutex<Vec<SocketAddr>>,
+    /// Listeners whose accept loop runs (`listener::run`), for `/readyz`.
+    pub listeners_accepting: AtomicUsize,
+    /// Why storage failed (`Storage::failed`: leadership lost, fenced, database gone), set
+    /// once by the failure watch in `handle`, for `/readyz`.
+    pub storage_failed: OnceLock<String>,
     pub next_client_number: AtomicU64,
     /// Random per broker start: the first part of assigned client identifiers, so that
     /// those of one run do not meet the stored sessions of another.
@@ -108,6 +113,8 @@ impl BrokerState {
             connection_closed: Notify::new(),
             stop_listeners: Notify::new(),
             local_addrs: Mutex::new(Vec::new()),
+            listeners_accepting: AtomicUsize::new(0),
+            storage_failed: OnceLock::new(),
             next_client_number: AtomicU64::new(1),
             client_id_salt: {
                 use std::hash::{BuildHasher, Hasher};
