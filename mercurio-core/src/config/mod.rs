@@ -255,6 +255,12 @@ pub struct AuthConfig {
     pub password_file: Option<PathBuf>,
     /// mosquitto ACL file.
     pub acl_file: Option<PathBuf>,
+    /// File holding the key of derived passwords (its bytes without one trailing newline;
+    /// readable by the broker only). Set together with `derived_user_pattern`.
+    pub derived_password_secret_file: Option<PathBuf>,
+    /// Glob over user names (`*` any run of characters, `?` one) whose password is derived:
+    /// lowercase hex of HMAC-SHA256(key, user name) (`auth::derived`).
+    pub derived_user_pattern: Option<String>,
 }
 
 /// Storage backends.
@@ -420,6 +426,30 @@ impl Config {
     }
 
     fn validate_values(&self) -> Result<(), ConfigError> {
+        match (
+            &self.auth.derived_password_secret_file,
+            &self.auth.derived_user_pattern,
+        ) {
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "auth.derived_password_secret_file",
+                    "needs derived_user_pattern (the user names whose password is derived)",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "auth.derived_user_pattern",
+                    "needs derived_password_secret_file (the key of derived passwords)",
+                ))
+            }
+            (Some(_), Some(p)) if p.is_empty() => {
+                return Err(ConfigError::new(
+                    "auth.derived_user_pattern",
+                    "must not be empty (\"*\" derives every user name)",
+                ))
+            }
+            _ => {}
+        }
         let s = &self.server;
         if s.max_packet_size != 0
             && (s.max_packet_size < MIN_PACKET_SIZE_LIMIT
