@@ -19,6 +19,7 @@
 //! comparison), base64 (the salts and hashes of password files), libc (O_NOFOLLOW for the
 //! temporary file a password file is rewritten through).
 
+mod admission;
 pub mod auth;
 mod bridge;
 mod bridge_status;

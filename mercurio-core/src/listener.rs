@@ -1,4 +1,6 @@
-//! TCP listeners: bind, accept, enforce `max_connections` (global and per listener) before
+//! TCP listeners: bind (with `admission::LISTEN_BACKLOG`), accept at most
+//! `max_connection_rate` per second (`admission::AcceptRate`), enforce `max_connections`
+//! (global and per listener) before
 //! anything is allocated for the connection, and hand the socket to `connection::serve`
 //! (MQTT over TCP) or `websocket::serve` (a WebSocket listener's HTTP and MQTT over WebSocket).
 
@@ -6,7 +8,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+
+use crate::admission::{AcceptRate, LISTEN_BACKLOG};
 
 use crate::broker::BrokerState;
 use crate::config::ListenerConfig;
@@ -33,7 +37,7 @@ pub(crate) async fn bind_all(
         let mut last_err = None;
         let mut listener = None;
         for a in addrs {
-            match TcpListener::bind(a).await {
+            match bind(a) {
                 Ok(l) => {
                     listener = Some(l);
                     break;
@@ -54,6 +58,20 @@ pub(crate) async fn bind_all(
     Ok(bound)
 }
 
+/// A listening socket on `a` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as
+/// `TcpListener::bind` sets it).
+fn bind(a: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if a.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(a)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Accepts connections until the broker stops. `http` is the HTTP side of a WebSocket
 /// listener (`None` for MQTT over TCP); with `tls`, each connection first completes a TLS
 /// handshake within `connect_timeout`.
@@ -69,6 +87,7 @@ pub(crate) async fn run(
     let _accepting = Accepting::new(&broker);
     let global_max = broker.config.server.max_connections as usize;
     let listener_max = cfg.max_connections as usize;
+    let mut rate = AcceptRate::new(cfg.max_connection_rate, cfg.max_connection_burst);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -85,6 +104,24 @@ pub(crate) async fn run(
         };
         if broker.is_shutting_down() {
             break;
+        }
+        // Over max_connection_rate: this socket waits its turn before it is served (its
+        // connect_timeout has not started), and the next ones wait in the listen backlog.
+        if let Some(wait) = rate
+            .as_mut()
+            .and_then(|r| r.take(tokio::time::Instant::now()))
+        {
+            broker
+                .stats
+                .connections_delayed
+                .fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = broker.stop_listeners.notified() => break,
+            }
+            if broker.is_shutting_down() {
+                break;
+            }
         }
         broker.busy_poll.note();
         // Counted first, then checked, so two listeners accepting at once cannot both take

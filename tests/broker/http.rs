@@ -203,6 +203,11 @@ fn metric_table() -> Vec<(String, &'static str, String)> {
             "gauge",
             "storage/clients/dirty",
         ),
+        (
+            "mercurio_connections_delayed_total",
+            "counter",
+            "connections/delayed",
+        ),
     ]
     .into_iter()
     .map(|(m, ty, s)| (m.to_string(), ty, s.to_string()))

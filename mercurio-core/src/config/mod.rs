@@ -187,6 +187,13 @@ pub struct ListenerConfig {
     pub protocol: ListenerProtocol,
     /// Most clients on this listener at once; 0 = unlimited (default).
     pub max_connections: u32,
+    /// Connections accepted per second on this listener (a token bucket in its accept loop,
+    /// `admission`); above it, accepting waits and sockets wait in the kernel's listen
+    /// backlog. 0 (default): unlimited.
+    pub max_connection_rate: u32,
+    /// Connections accepted at once above `max_connection_rate` after a quiet spell (the
+    /// bucket's size); 0 (default) means 1. Only with `max_connection_rate`.
+    pub max_connection_burst: u32,
     /// PEM certificate chain; setting it turns TLS on.
     pub cert_file: Option<PathBuf>,
     /// PEM private key for `cert_file`.
@@ -227,6 +234,8 @@ impl Default for ListenerConfig {
             port: 1883,
             protocol: ListenerProtocol::Mqtt,
             max_connections: 0,
+            max_connection_rate: 0,
+            max_connection_burst: 0,
             cert_file: None,
             key_file: None,
             ca_file: None,
@@ -521,6 +530,12 @@ impl Config {
                 return Err(ConfigError::new(
                     key("port"),
                     format!("{}:{} is already used by listeners[{j}]", l.host, l.port),
+                ));
+            }
+            if l.max_connection_burst > 0 && l.max_connection_rate == 0 {
+                return Err(ConfigError::new(
+                    key("max_connection_burst"),
+                    "needs max_connection_rate (connections accepted per second)",
                 ));
             }
             if let Some(mount) = &l.mount_point {
@@ -823,6 +838,20 @@ mod tests {
         let mut c = Config::default();
         c.storage.backend = StorageBackend::Postgres;
         assert!(err(&c).message.contains("needs url"));
+
+        let mut c = Config::default();
+        c.listeners[0].max_connection_burst = 10;
+        assert_eq!(err(&c).key, "listeners[0].max_connection_burst");
+        c.listeners[0].max_connection_rate = 100;
+        assert!(c.validate().is_ok());
+
+        let mut c = Config::default();
+        c.auth.derived_user_pattern = Some("tenant-*".into());
+        assert_eq!(err(&c).key, "auth.derived_user_pattern");
+        c.auth.derived_password_secret_file = Some("/etc/mercurio/secret".into());
+        assert!(c.validate().is_ok());
+        c.auth.derived_user_pattern = None;
+        assert_eq!(err(&c).key, "auth.derived_password_secret_file");
 
         let mut c = Config::default();
         c.storage.standby = true;
