@@ -41,6 +41,7 @@ pub mod message;
 mod metrics;
 mod parking;
 pub(crate) mod persist;
+mod proxy_protocol;
 pub mod router;
 mod session;
 pub mod stats;

@@ -17,7 +17,8 @@ use crate::config::ListenerConfig;
 use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
-use crate::tls::{self, TlsListener};
+use crate::proxy_protocol::{ProxyListener, Refused};
+use crate::tls::{self, TlsIdentity, TlsListener};
 use crate::websocket;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
@@ -88,6 +89,7 @@ pub(crate) async fn run(
     let global_max = broker.config.server.max_connections as usize;
     let listener_max = cfg.max_connections as usize;
     let mut rate = AcceptRate::new(cfg.max_connection_rate, cfg.max_connection_burst);
+    let proxy = ProxyListener::new(&cfg, listener.local_addr().ok()).map(Arc::new);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -156,22 +158,53 @@ pub(crate) async fn run(
         // A task is as large as its future: a plain MQTT connection, idle most of its life,
         // gets a task of its own kind; the others share one whose TLS and WebSocket branches
         // (TLS state, HTTP) are boxed.
-        if tls.is_none() && http.is_none() {
-            tokio::spawn(connection::serve_tcp(slot, stream, peer, index));
+        if tls.is_none() && http.is_none() && proxy.is_none() {
+            tokio::spawn(connection::serve_tcp(slot, stream, peer, None, index));
             continue;
         }
         let http = http.clone();
         let tls = tls.clone();
+        let proxy = proxy.clone();
+        let use_identity_as_username = cfg.use_identity_as_username;
         tokio::spawn(async move {
-            // The TLS handshake and CONNECT share one connect_timeout, counted from the
-            // task's start (`connect_deadline`, in the boxed branches: held by this task, it
-            // would make every plain connection larger).
+            // The PROXY header, the TLS handshake and CONNECT share one connect_timeout,
+            // counted from the task's start (`connect_deadline`, in the boxed branches: held
+            // by this task, it would make every plain connection larger).
             let connect_deadline = |broker: &BrokerState| {
                 tokio::time::Instant::now()
                     + std::time::Duration::from_secs(broker.config.server.connect_timeout)
             };
+            let mut stream = stream;
+            let mut peer = peer;
+            let mut balancer_identity = None;
+            let deadline = connect_deadline(&slot.broker);
+            if let Some(proxy) = &proxy {
+                match Box::pin(proxy.read(&mut stream, peer, deadline)).await {
+                    Ok(header) => {
+                        let header = header.unwrap_or_default();
+                        if let Some(source) = header.source {
+                            tracing::debug!(balancer = %peer, client = %source, "PROXY header");
+                            peer = source;
+                        }
+                        // TLS terminated at the balancer: the certificate it verified.
+                        if use_identity_as_username && tls.is_none() {
+                            balancer_identity = Some(TlsIdentity {
+                                certificate_cn: header.ssl_cn,
+                                use_as_username: true,
+                            });
+                        }
+                    }
+                    Err(Refused::Quiet) => return,
+                    Err(Refused::Warn(why)) => {
+                        proxy.warn(&why);
+                        return;
+                    }
+                }
+            }
             match (tls, http) {
-                (None, None) => connection::serve_tcp(slot, stream, peer, index).await,
+                (None, None) => {
+                    connection::serve_tcp(slot, stream, peer, balancer_identity, index).await
+                }
                 (None, Some(ep)) => {
                     Box::pin(websocket::serve(ep, stream, peer)).await;
                     drop(slot);
@@ -179,16 +212,15 @@ pub(crate) async fn run(
                 (Some(tls), None) => {
                     let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, identity)) =
-                            tls::handshake(&tls, stream, peer, connect_deadline).await
+                            tls::handshake(&tls, stream, peer, deadline).await
                         {
                             connection::serve_with(
                                 Arc::clone(broker),
                                 stream,
                                 peer,
                                 Some(identity),
-                                connect_deadline,
+                                deadline,
                                 index,
                             )
                             .await
@@ -198,11 +230,9 @@ pub(crate) async fn run(
                     drop(slot);
                 }
                 (Some(tls), Some(ep)) => {
-                    let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, _identity)) =
-                            tls::handshake(&tls, stream, peer, connect_deadline).await
+                            tls::handshake(&tls, stream, peer, deadline).await
                         {
                             websocket::serve(ep, stream, peer).await
                         }

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 mod bridges;
+mod cidr;
 pub use bridges::{parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic};
+pub use cidr::Cidr;
 
 /// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[auth]`,
 /// `[storage]`, `[logging]`, `[admin]`.
@@ -165,6 +167,18 @@ impl Default for ServerConfig {
     }
 }
 
+/// The PROXY protocol header a listener reads (its `proxy_protocol`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyProtocol {
+    /// The text header, version 1 (`PROXY TCP4 ...\r\n`), required.
+    V1,
+    /// The binary header, version 2, required.
+    V2,
+    /// Either version, or none (told apart by the first bytes).
+    Optional,
+}
+
 /// The protocol a listener speaks.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -194,6 +208,13 @@ pub struct ListenerConfig {
     /// Connections accepted at once above `max_connection_rate` after a quiet spell (the
     /// bucket's size); 0 (default) means 1. Only with `max_connection_rate`.
     pub max_connection_burst: u32,
+    /// The PROXY protocol header this listener reads before anything else (TLS, HTTP,
+    /// MQTT), from a load balancer: its client's address replaces the connection's
+    /// (`proxy_protocol` module). `None` (default): no header is read.
+    pub proxy_protocol: Option<ProxyProtocol>,
+    /// The peers allowed to send the PROXY header (`ADDRESS/PREFIX` blocks, or single
+    /// addresses); empty (default): loopback only (127.0.0.0/8, ::1).
+    pub proxy_from: Vec<String>,
     /// PEM certificate chain; setting it turns TLS on.
     pub cert_file: Option<PathBuf>,
     /// PEM private key for `cert_file`.
@@ -236,6 +257,8 @@ impl Default for ListenerConfig {
             max_connections: 0,
             max_connection_rate: 0,
             max_connection_burst: 0,
+            proxy_protocol: None,
+            proxy_from: Vec::new(),
             cert_file: None,
             key_file: None,
             ca_file: None,
@@ -532,6 +555,15 @@ impl Config {
                     format!("{}:{} is already used by listeners[{j}]", l.host, l.port),
                 ));
             }
+            for block in &l.proxy_from {
+                Cidr::parse(block).map_err(|e| ConfigError::new(key("proxy_from"), e))?;
+            }
+            if !l.proxy_from.is_empty() && l.proxy_protocol.is_none() {
+                return Err(ConfigError::new(
+                    key("proxy_from"),
+                    "needs proxy_protocol (\"v1\", \"v2\" or \"optional\")",
+                ));
+            }
             if l.max_connection_burst > 0 && l.max_connection_rate == 0 {
                 return Err(ConfigError::new(
                     key("max_connection_burst"),
@@ -588,10 +620,14 @@ impl Config {
                         "needs cert_file and key_file (TLS)",
                     ));
                 }
-                if l.use_identity_as_username {
+                let balancer_tls = matches!(
+                    l.proxy_protocol,
+                    Some(ProxyProtocol::V2 | ProxyProtocol::Optional)
+                ) && l.protocol == ListenerProtocol::Mqtt;
+                if l.use_identity_as_username && !balancer_tls {
                     return Err(ConfigError::new(
                         key("use_identity_as_username"),
-                        "needs cert_file and key_file (TLS)",
+                        "needs cert_file and key_file (TLS), or proxy_protocol = \"v2\" on an MQTT listener (the common name a load balancer verified)",
                     ));
                 }
             } else if l.crl_file.is_some() && l.ca_file.is_none() {
@@ -838,6 +874,21 @@ mod tests {
         let mut c = Config::default();
         c.storage.backend = StorageBackend::Postgres;
         assert!(err(&c).message.contains("needs url"));
+
+        let mut c = Config::default();
+        c.listeners[0].proxy_from = vec!["10.0.0.0/8".into()];
+        assert_eq!(err(&c).key, "listeners[0].proxy_from");
+        c.listeners[0].proxy_protocol = Some(ProxyProtocol::V2);
+        assert!(c.validate().is_ok());
+        c.listeners[0].proxy_from = vec!["10.0.0.0/40".into()];
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].proxy_from");
+        assert!(e.message.contains("10.0.0.0/40"), "{e}");
+        c.listeners[0].proxy_from = Vec::new();
+        c.listeners[0].use_identity_as_username = true;
+        assert!(c.validate().is_ok(), "the balancer's certificate name");
+        c.listeners[0].proxy_protocol = Some(ProxyProtocol::V1);
+        assert_eq!(err(&c).key, "listeners[0].use_identity_as_username");
 
         let mut c = Config::default();
         c.listeners[0].max_connection_burst = 10;

@@ -11,6 +11,7 @@ mod interop_paho;
 mod ops;
 mod packaging;
 mod persistence;
+mod proxy_protocol;
 mod run;
 mod security_reload;
 mod standby;
