@@ -1105,3 +1105,51 @@ async fn certificate_name_from_a_balancer_that_terminated_tls() {
     hap.signal(15); // SIGTERM
     let _ = hap.wait_exit_within(DEADLINE);
 }
+
+/// A TLS listener with `proxy_protocol = "v1"`: the header comes on the TCP connection before
+/// the TLS handshake, and its address is the client's.
+#[tokio::test]
+async fn proxy_header_before_the_tls_handshake() {
+    let pki = Pki::new();
+    let mut listener = pki.listener(false);
+    listener.proxy_protocol = Some(mercurio::config::ProxyProtocol::V1);
+    let broker = Broker::builder(config_with(listener))
+        .start()
+        .await
+        .unwrap();
+    let mut events = broker.events();
+    let addr = broker.local_addrs()[0];
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"PROXY TCP4 198.51.100.9 127.0.0.1 4711 8883\r\n")
+        .await
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(client_config(&pki.ca.cert, None, ALL));
+    let stream = connector
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .expect("TLS after the header");
+    let mut c = TlsClient {
+        stream,
+        buf: BytesMut::new(),
+        version: ProtocolVersion::V5,
+    };
+    c.send(Packet::Connect(Box::new(connect_packet(
+        ProtocolVersion::V5,
+        "behind",
+    ))))
+    .await
+    .unwrap();
+    match c.recv().await {
+        Some(Packet::ConnAck(a)) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    let peer = loop {
+        match tokio::time::timeout(DEADLINE, events.recv()).await {
+            Ok(Some(mercurio::Event::Connected { peer, .. })) => break peer,
+            Ok(Some(_)) => {}
+            other => panic!("no Connected event: {other:?}"),
+        }
+    };
+    assert_eq!(peer, "198.51.100.9:4711".parse::<SocketAddr>().unwrap());
+    broker.shutdown().await;
+}
