@@ -168,16 +168,14 @@ pub(crate) async fn run(
         let use_identity_as_username = cfg.use_identity_as_username;
         tokio::spawn(async move {
             // The PROXY header, the TLS handshake and CONNECT share one connect_timeout,
-            // counted from the task's start (`connect_deadline`, in the boxed branches: held
-            // by this task, it would make every plain connection larger).
-            let connect_deadline = |broker: &BrokerState| {
-                tokio::time::Instant::now()
-                    + std::time::Duration::from_secs(broker.config.server.connect_timeout)
-            };
+            // counted from the task's start (on a plain TCP listener, CONNECT gets its own
+            // after the header: `serve_tcp` counts it). Plain TCP connections without a
+            // PROXY header never come here: their task does not hold these.
+            let deadline = tokio::time::Instant::now()
+                + std::time::Duration::from_secs(slot.broker.config.server.connect_timeout);
             let mut stream = stream;
             let mut peer = peer;
             let mut balancer_identity = None;
-            let deadline = connect_deadline(&slot.broker);
             if let Some(proxy) = &proxy {
                 match Box::pin(proxy.read(&mut stream, peer, deadline)).await {
                     Ok(header) => {
