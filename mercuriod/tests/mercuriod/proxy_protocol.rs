@@ -211,6 +211,9 @@ fn haproxy_in_front_gives_the_clients_address() {
     // Warnings are limited per listener: one for the outside listener, one for the v2
     // listener's connection without a header; the silent v1 connection's is the first of
     // its listener.
+    d.wait_logged("the silent connection's warning", |l| {
+        l.contains("sent no PROXY header within connect_timeout")
+    });
     let warnings = d.seen(|l| l.contains("PROXY protocol:"));
     assert_eq!(warnings.len(), 3, "{warnings:#?}");
     hap.signal(libc::SIGTERM);
