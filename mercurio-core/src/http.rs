@@ -1,5 +1,5 @@
 //! The plain HTTP side of a WebSocket listener (docs/operations.md, "Health and
-//! metrics" and "Protecting the broker"): `GET /healthz`, `GET /metrics` and static files from `http_dir`, under the
+//! metrics" and "Protecting the broker"): `GET /healthz`, `/livez`, `/readyz`, `GET /metrics` and static files from `http_dir`, under the
 //! listener's HTTP limits. The WebSocket upgrade itself is in `websocket.rs`.
 //!
 //! Static files are served only from inside `http_dir`: the path is percent-decoded once, any
@@ -171,7 +171,15 @@ impl Endpoint {
         };
         let guard = guard.with_permit(permit);
         let path = req.uri().path();
-        let r = if self.health && path == "/healthz" {
+        let r = if self.health && path == "/livez" {
+            // The process serves: nothing else is asked (liveness must not depend on storage).
+            text(StatusCode::OK, "ok\n", guard)
+        } else if self.health && path == "/readyz" {
+            match not_ready(&self.broker) {
+                Some(reason) => text(StatusCode::SERVICE_UNAVAILABLE, reason, guard),
+                None => text(StatusCode::OK, "ok\n", guard),
+            }
+        } else if self.health && path == "/healthz" {
             let unwritable = self.broker.persist.get().and_then(|p| p.write_failure());
             if self.broker.is_shutting_down() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n", guard)
@@ -203,6 +211,36 @@ impl Endpoint {
         };
         strip(head, r)
     }
+}
+
+/// Why the broker should not be sent clients (`/readyz` 503's body, one line), or `None`
+/// when it is ready: storage has not failed (leadership held: a PostgreSQL standby's
+/// listeners are not bound until it leads, and one that loses the lead stops), it is not
+/// stopping, every listener accepts, and storage takes writes.
+fn not_ready(broker: &BrokerState) -> Option<String> {
+    if let Some(e) = broker.storage_failed.get() {
+        return Some(format!("storage failed, leadership not held: {e}\n"));
+    }
+    if broker.is_shutting_down() {
+        return Some("stopping\n".into());
+    }
+    let accepting = broker
+        .listeners_accepting
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let listeners = broker.config.listeners.len();
+    if accepting < listeners {
+        return Some(format!(
+            "listeners not up: {accepting} of {listeners} accepting\n"
+        ));
+    }
+    if let Some(f) = broker.persist.get().and_then(|p| p.write_failure()) {
+        return Some(format!(
+            "storage unwritable for {} s: {}\n",
+            f.duration.as_secs(),
+            f.error
+        ));
+    }
+    None
 }
 
 /// Ties a response to its connection's deadline and, for counted responses, to a permit of

@@ -24,6 +24,7 @@
 //! assigned client identifiers, so that nobody can guess one).
 
 mod admin_api;
+mod admission;
 pub mod auth;
 mod bridge;
 mod bridge_status;
@@ -48,6 +49,7 @@ pub mod message;
 mod metrics;
 mod parking;
 pub(crate) mod persist;
+mod proxy_protocol;
 pub mod router;
 mod session;
 pub mod stats;

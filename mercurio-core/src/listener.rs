@@ -1,4 +1,6 @@
-//! TCP listeners: bind, accept, enforce `max_connections` (global and per listener) before
+//! TCP listeners: bind (with `admission::LISTEN_BACKLOG`), accept at most
+//! `max_connection_rate` per second (`admission::AcceptRate`), enforce `max_connections`
+//! (global and per listener) before
 //! anything is allocated for the connection, and hand the socket to `connection::serve`
 //! (MQTT over TCP) or `websocket::serve` (a WebSocket listener's HTTP and MQTT over WebSocket).
 
@@ -6,14 +8,17 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+
+use crate::admission::{AcceptRate, LISTEN_BACKLOG};
 
 use crate::broker::BrokerState;
 use crate::config::ListenerConfig;
 use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
-use crate::tls::{self, TlsListener};
+use crate::proxy_protocol::{ProxyListener, Refused};
+use crate::tls::{self, TlsIdentity, TlsListener};
 use crate::websocket;
 
 /// Binds every configured listener. Fails on the first that cannot be bound.
@@ -33,7 +38,7 @@ pub(crate) async fn bind_all(
         let mut last_err = None;
         let mut listener = None;
         for a in addrs {
-            match TcpListener::bind(a).await {
+            match bind(a) {
                 Ok(l) => {
                     listener = Some(l);
                     break;
@@ -54,6 +59,20 @@ pub(crate) async fn bind_all(
     Ok(bound)
 }
 
+/// A listening socket on `a` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as
+/// `TcpListener::bind` sets it).
+fn bind(a: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if a.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(a)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Accepts connections until the broker stops. `http` is the HTTP side of a WebSocket
 /// listener (`None` for MQTT over TCP); with `tls`, each connection first completes a TLS
 /// handshake within `connect_timeout`.
@@ -66,8 +85,11 @@ pub(crate) async fn run(
     tls: Option<Arc<TlsListener>>,
 ) {
     let on_listener = Arc::new(AtomicUsize::new(0));
+    let _accepting = Accepting::new(&broker);
     let global_max = broker.config.server.max_connections as usize;
     let listener_max = cfg.max_connections as usize;
+    let mut rate = AcceptRate::new(cfg.max_connection_rate, cfg.max_connection_burst);
+    let proxy = ProxyListener::new(&cfg, listener.local_addr().ok()).map(Arc::new);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -84,6 +106,24 @@ pub(crate) async fn run(
         };
         if broker.is_shutting_down() {
             break;
+        }
+        // Over max_connection_rate: this socket waits its turn before it is served (its
+        // connect_timeout has not started), and the next ones wait in the listen backlog.
+        if let Some(wait) = rate
+            .as_mut()
+            .and_then(|r| r.take(tokio::time::Instant::now()))
+        {
+            broker
+                .stats
+                .connections_delayed
+                .fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = broker.stop_listeners.notified() => break,
+            }
+            if broker.is_shutting_down() {
+                break;
+            }
         }
         broker.busy_poll.note();
         // Counted first, then checked, so two listeners accepting at once cannot both take
@@ -118,22 +158,51 @@ pub(crate) async fn run(
         // A task is as large as its future: a plain MQTT connection, idle most of its life,
         // gets a task of its own kind; the others share one whose TLS and WebSocket branches
         // (TLS state, HTTP) are boxed.
-        if tls.is_none() && http.is_none() {
-            tokio::spawn(connection::serve_tcp(slot, stream, peer, index));
+        if tls.is_none() && http.is_none() && proxy.is_none() {
+            tokio::spawn(connection::serve_tcp(slot, stream, peer, None, index));
             continue;
         }
         let http = http.clone();
         let tls = tls.clone();
+        let proxy = proxy.clone();
+        let use_identity_as_username = cfg.use_identity_as_username;
         tokio::spawn(async move {
-            // The TLS handshake and CONNECT share one connect_timeout, counted from the
-            // task's start (`connect_deadline`, in the boxed branches: held by this task, it
-            // would make every plain connection larger).
-            let connect_deadline = |broker: &BrokerState| {
-                tokio::time::Instant::now()
-                    + std::time::Duration::from_secs(broker.config.server.connect_timeout)
-            };
+            // The PROXY header, the TLS handshake and CONNECT share one connect_timeout,
+            // counted from the task's start (on a plain TCP listener, CONNECT gets its own
+            // after the header: `serve_tcp` counts it). Plain TCP connections without a
+            // PROXY header never come here: their task does not hold these.
+            let deadline = tokio::time::Instant::now()
+                + std::time::Duration::from_secs(slot.broker.config.server.connect_timeout);
+            let mut stream = stream;
+            let mut peer = peer;
+            let mut balancer_identity = None;
+            if let Some(proxy) = &proxy {
+                match Box::pin(proxy.read(&mut stream, peer, deadline)).await {
+                    Ok(header) => {
+                        let header = header.unwrap_or_default();
+                        if let Some(source) = header.source {
+                            tracing::debug!(balancer = %peer, client = %source, "PROXY header");
+                            peer = source;
+                        }
+                        // TLS terminated at the balancer: the certificate it verified.
+                        if use_identity_as_username && tls.is_none() {
+                            balancer_identity = Some(TlsIdentity {
+                                certificate_cn: header.ssl_cn,
+                                use_as_username: true,
+                            });
+                        }
+                    }
+                    Err(Refused::Quiet) => return,
+                    Err(Refused::Warn(why)) => {
+                        proxy.warn(&why);
+                        return;
+                    }
+                }
+            }
             match (tls, http) {
-                (None, None) => connection::serve_tcp(slot, stream, peer, index).await,
+                (None, None) => {
+                    connection::serve_tcp(slot, stream, peer, balancer_identity, index).await
+                }
                 (None, Some(ep)) => {
                     Box::pin(websocket::serve(ep, stream, peer)).await;
                     drop(slot);
@@ -141,16 +210,15 @@ pub(crate) async fn run(
                 (Some(tls), None) => {
                     let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, identity)) =
-                            tls::handshake(&tls, stream, peer, connect_deadline).await
+                            tls::handshake(&tls, stream, peer, deadline).await
                         {
                             connection::serve_with(
                                 Arc::clone(broker),
                                 stream,
                                 peer,
                                 Some(identity),
-                                connect_deadline,
+                                deadline,
                                 index,
                             )
                             .await
@@ -160,11 +228,9 @@ pub(crate) async fn run(
                     drop(slot);
                 }
                 (Some(tls), Some(ep)) => {
-                    let broker = &slot.broker;
                     Box::pin(async {
-                        let connect_deadline = connect_deadline(broker);
                         if let Some((stream, _identity)) =
-                            tls::handshake(&tls, stream, peer, connect_deadline).await
+                            tls::handshake(&tls, stream, peer, deadline).await
                         {
                             websocket::serve(ep, stream, peer).await
                         }
@@ -174,6 +240,22 @@ pub(crate) async fn run(
                 }
             }
         });
+    }
+}
+
+/// Counts a listener's accept loop in `BrokerState::listeners_accepting` while it runs.
+struct Accepting(Arc<BrokerState>);
+
+impl Accepting {
+    fn new(broker: &Arc<BrokerState>) -> Accepting {
+        broker.listeners_accepting.fetch_add(1, Ordering::Relaxed);
+        Accepting(Arc::clone(broker))
+    }
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        self.0.listeners_accepting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

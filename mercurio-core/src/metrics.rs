@@ -64,6 +64,7 @@ pub(crate) struct Snapshot {
     pub sessions_disconnected: u64,
     pub sessions_expired: u64,
     pub clients_stalled: u64,
+    pub connections_delayed: u64,
     pub clients_parked: u64,
     pub shared_passed_on: u64,
     pub messages_received: u64,
@@ -105,6 +106,7 @@ impl Snapshot {
             sessions_disconnected: sessions - connected.min(sessions),
             sessions_expired: get(&s.sessions_expired),
             clients_stalled: get(&s.clients_stalled),
+            connections_delayed: get(&s.connections_delayed),
             clients_parked: get(&s.clients_parked),
             shared_passed_on: get(&s.shared_passed_on),
             messages_received: get(&s.messages_received),
@@ -352,6 +354,11 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
             "mercurio_clients_stalled",
             "Times a client with queued messages took none for stall_time and stopped holding publishers back",
             s.clients_stalled,
+        ),
+        Family::counter(
+            "mercurio_connections_delayed",
+            "Accepted connections that waited for their listener's max_connection_rate",
+            s.connections_delayed,
         ),
         Family::counter(
             "mercurio_shared_passed_on",

@@ -67,6 +67,8 @@ pub struct Stats {
     /// Connections parked now: idle for `park_after`, held as a socket and a small record
     /// instead of a task (a gauge).
     pub clients_parked: AtomicU64,
+    /// Accepted connections that waited for their listener's `max_connection_rate`.
+    pub connections_delayed: AtomicU64,
     /// Batches of session changes written again after a storage error.
     pub storage_batches_retried: AtomicU64,
     /// Batches of session changes storage refused for good.

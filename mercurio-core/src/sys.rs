@@ -139,6 +139,10 @@ impl SysPublisher {
                 get(&s.clients_stalled).to_string(),
             ),
             (
+                "connections/delayed".into(),
+                get(&s.connections_delayed).to_string(),
+            ),
+            (
                 "publish/messages/shared_passed_on".into(),
                 get(&s.shared_passed_on).to_string(),
             ),

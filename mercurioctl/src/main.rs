@@ -2,8 +2,9 @@
 //! (one JSON object per line, see mercuriod's `admin` module), the answer printed for people or,
 //! with `--json`, as JSON for scripts.
 //!
-//! `mercurioctl passwd FILE USER` works on a password file and `mercurioctl config
-//! import-mosquitto FILE` converts a mosquitto.conf; neither needs a running broker.
+//! `mercurioctl passwd FILE USER` works on a password file, `mercurioctl auth derive USER`
+//! prints a derived password and `mercurioctl config import-mosquitto FILE` converts a
+//! mosquitto.conf; none needs a running broker.
 //!
 //! Dependencies, and why:
 //! - `clap` (derive): the command line, usage errors, `--help` and `--version`.
@@ -18,6 +19,7 @@
 //!   what `config import-mosquitto` converts, with mercuriod's own messages.
 
 mod config_import;
+mod derive;
 mod import_mosquitto;
 mod mosquitto_conf;
 mod passwd;
@@ -78,6 +80,9 @@ Examples:
 mercurioctl passwd FILE USER adds a user to a password file or changes its password (argon2id;
 no running broker needed); then send mercuriod SIGHUP to reload it.
 
+mercurioctl auth derive USER prints USER's derived password ([auth] derived_user_pattern) from
+the secret file given with --secret-file FILE or named by -c FILE (no running broker needed).
+
 mercurioctl config import-mosquitto /etc/mosquitto/mosquitto.conf > mercuriod.toml converts a
 mosquitto configuration (include_dir files too); lines it cannot carry over are listed, with
 the reason, in a comment at the top, except security settings: one that cannot be carried over
@@ -126,6 +131,17 @@ enum Command {
     /// Configuration files (need no running broker).
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Authentication helpers (need no running broker).
+    #[command(subcommand)]
+    Auth(AuthCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuthCommand {
+    /// Print USER's derived password ([auth] derived_user_pattern): lowercase hex of
+    /// HMAC-SHA256 keyed with the secret file (--secret-file, else [auth]
+    /// derived_password_secret_file of -c FILE) without one trailing newline.
+    Derive(derive::Derive),
 }
 
 #[derive(Debug, Subcommand)]
@@ -200,6 +216,9 @@ fn main() -> ExitCode {
     if let Command::Config(ConfigCommand::ImportMosquitto(i)) = &cli.command {
         return i.run();
     }
+    if let Command::Auth(AuthCommand::Derive(d)) = &cli.command {
+        return d.run(cli.config.as_deref());
+    }
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, message)) => {
@@ -231,7 +250,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             json!({"command": "client.delete-session", "client_id": client_id})
         }
         // Handled in main: they need no broker.
-        Command::Passwd(_) | Command::Config(_) => return Ok(()),
+        Command::Passwd(_) | Command::Config(_) | Command::Auth(_) => return Ok(()),
     };
     let result = ask(&socket, &request)?;
     if cli.json {
@@ -362,7 +381,7 @@ fn human(command: &Command, result: &Value) -> String {
         Command::Client(ClientCommand::DeleteSession { client_id }) => {
             format!("deleted the session of {client_id}\n")
         }
-        Command::Passwd(_) | Command::Config(_) => String::new(),
+        Command::Passwd(_) | Command::Config(_) | Command::Auth(_) => String::new(),
     }
 }
 

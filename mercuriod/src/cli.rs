@@ -16,9 +16,16 @@ TLS: a listener with cert_file and key_file (PEM) speaks MQTT over TLS 1.2 and 1
 checks client certificates, require_certificate refuses clients without one, and
 use_identity_as_username makes the certificate's common name the user name. [auth]
 password_file is a mosquitto_passwd file ($6$, $7$ and argon2id hashes; mercurioctl passwd
-adds users), acl_file a mosquitto ACL file. SIGHUP reloads the password file, the ACL file and
-the certificates without disconnecting clients; a file that cannot be read keeps its previous
-contents and the error is logged.
+adds users), acl_file a mosquitto ACL file; derived_password_secret_file with
+derived_user_pattern accepts matching user names whose password is hex(HMAC-SHA256(secret,
+user)) (mercurioctl auth derive USER prints it). SIGHUP reloads the password file, the ACL
+file, the secret and the certificates without disconnecting clients; a file that cannot be read
+keeps its previous contents and the error is logged.
+
+Fleets: a listener's proxy_protocol (\"v1\", \"v2\", \"optional\") reads a load balancer's
+PROXY header (from proxy_from, default loopback) for the client's address;
+max_connection_rate and max_connection_burst pace reconnect storms. Health listeners answer
+/livez and /readyz for orchestrators' probes.
 
 CPU: while packets come close together the event loop polls its sockets instead of sleeping
 ([server] busy_poll, 50 microseconds; 0 turns it off), so under load it reads near 100 % of a

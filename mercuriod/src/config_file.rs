@@ -461,7 +461,10 @@ fn with_suggestion(message: &str) -> String {
 /// Warnings about a valid configuration, one line each, for the log and `--check-config`.
 pub fn warnings(config: &Config) -> Vec<String> {
     let mut warnings = Vec::new();
-    if config.auth.allow_anonymous != Some(true) && config.auth.password_file.is_none() {
+    if config.auth.allow_anonymous != Some(true)
+        && config.auth.password_file.is_none()
+        && config.auth.derived_password_secret_file.is_none()
+    {
         warnings.push(
             "auth.allow_anonymous is not true and there is no password file: every client will be \
              refused (set allow_anonymous = true in [auth] to accept clients)"

@@ -27,6 +27,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::metrics",
     "mercurio_core::parking",
     "mercurio_core::persist",
+    "mercurio_core::proxy_protocol",
     "mercurio_core::router",
     "mercurio_core::session",
     "mercurio_core::stats",

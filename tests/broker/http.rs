@@ -218,6 +218,11 @@ fn metric_table() -> Vec<(String, &'static str, String)> {
             "gauge",
             "storage/clients/dirty",
         ),
+        (
+            "mercurio_connections_delayed_total",
+            "counter",
+            "connections/delayed",
+        ),
     ]
     .into_iter()
     .map(|(m, ty, s)| (m.to_string(), ty, s.to_string()))
@@ -747,4 +752,81 @@ async fn a_response_that_takes_too_long_is_cut() {
     }
     assert!(total < 16 << 20, "the whole file came through");
     handle.shutdown().await;
+}
+
+/// `/livez` and `/readyz` for orchestrators (docs/http.md): both 200 while the broker serves;
+/// while storage takes no writes `/readyz` answers 503 with the reason and `/livez` stays 200
+/// (a database outage must not get the broker restarted), and `/readyz` is 200 again once
+/// storage recovers. Once stopping, `/readyz` is 503 `stopping`.
+#[tokio::test]
+async fn livez_and_readyz_follow_the_process_and_storage() {
+    use mercurio::storage::{ErrorKind, MemoryStorage};
+    let storage = MemoryStorage::new();
+    let broker = Broker::builder(config(true, false, None))
+        .storage(std::sync::Arc::new(storage.clone()))
+        .start()
+        .await
+        .expect("broker starts");
+    let tcp = broker.local_addrs()[0];
+    let http = broker.local_addrs()[1];
+    for path in ["/livez", "/readyz"] {
+        let r = http_get(http, path).await;
+        assert_eq!((r.status, r.text().as_str()), (200, "ok\n"), "{path}");
+    }
+    storage.fail_always(ErrorKind::Transient);
+    // A persistent session's CONNECT is a change to store: it fails, and keeps failing.
+    let (_c, _) = connect_persistent(tcp, ProtocolVersion::V5, "stored").await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut ready = http_get(http, "/readyz").await;
+    while ready.status != 503 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz still {} while storage fails",
+            ready.status
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ready = http_get(http, "/readyz").await;
+    }
+    assert!(
+        ready.text().starts_with("storage unwritable for ")
+            && ready.text().contains("injected failure"),
+        "{}",
+        ready.text()
+    );
+    let live = http_get(http, "/livez").await;
+    assert_eq!((live.status, live.text().as_str()), (200, "ok\n"));
+    storage.stop_failing();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while http_get(http, "/readyz").await.status != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz not 200 after storage recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A request whose head is still arriving when the broker starts stopping: /readyz 503.
+    let mut pending = TcpStream::connect(http).await.unwrap();
+    pending
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let stopper = {
+        let broker = broker.clone();
+        tokio::spawn(async move { broker.shutdown().await })
+    };
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while TcpStream::connect(http).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the listener still accepts"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pending.write_all(b"\r\n").await.unwrap();
+    let r = read_http_response(&mut pending, false)
+        .await
+        .expect("a response");
+    assert_eq!((r.status, r.text().as_str()), (503, "stopping\n"));
+    stopper.await.unwrap();
 }

@@ -986,3 +986,173 @@ async fn handshake_and_connect_share_connect_timeout() {
     );
     broker.shutdown().await;
 }
+
+/// TLS terminated at a load balancer: HAProxy verifies the client certificate and sends its
+/// common name in the PROXY protocol version 2 header (`send-proxy-v2-ssl-cn`,
+/// `PP2_SUBTYPE_SSL_CN`); a plain MQTT listener with `proxy_protocol = "v2"` and
+/// `use_identity_as_username` takes it as the user name, as if it had verified the
+/// certificate itself (the ACL's `user device-7` lines apply), and the client's address is
+/// the one HAProxy saw.
+#[tokio::test]
+async fn certificate_name_from_a_balancer_that_terminated_tls() {
+    let Some(haproxy) = ["/usr/sbin/haproxy", "haproxy"].into_iter().find(|p| {
+        Command::new(p)
+            .arg("-v")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        mercurio_testkit::prerequisite(
+            "certificate_name_from_a_balancer_that_terminated_tls",
+            Err("haproxy is not installed".into()),
+        );
+        return;
+    };
+    let pki = Pki::new();
+    let listener = ListenerConfig {
+        port: 0,
+        proxy_protocol: Some(mercurio::config::ProxyProtocol::V2),
+        use_identity_as_username: true,
+        ..ListenerConfig::default()
+    };
+    let mut config = config_with(listener);
+    config.auth.allow_anonymous = Some(false);
+    let acl = pki.path("acl");
+    std::fs::write(&acl, "user device-7\ntopic readwrite devices/device-7/#\n").unwrap();
+    config.auth.acl_file = Some(acl);
+    let broker = Broker::builder(config).start().await.unwrap();
+    let mut events = broker.events();
+    let addr = broker.local_addrs()[0];
+    // HAProxy: TLS with the broker's certificate, client certificates verified against the CA.
+    let crt = pki.path("haproxy.pem");
+    std::fs::write(
+        &crt,
+        std::fs::read_to_string(pki.path("server.pem")).unwrap()
+            + &std::fs::read_to_string(pki.path("server.key")).unwrap(),
+    )
+    .unwrap();
+    let front = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let cfg = pki.path("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\n\
+             listen mqtts\n  bind {front} ssl crt {} ca-file {} verify required\n  \
+             server broker {addr} send-proxy-v2 send-proxy-v2-ssl-cn\n",
+            crt.display(),
+            pki.path("ca.pem").display()
+        ),
+    )
+    .unwrap();
+    let mut hap = mercurio_testkit::Proc::spawn_merged(
+        "haproxy",
+        Command::new(haproxy).arg("-db").arg("-f").arg(&cfg),
+    );
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while TcpStream::connect(front).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "haproxy does not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tls = client_config(&pki.ca.cert, Some(&pki.client), ALL);
+    let connect = connect_as(ProtocolVersion::V5, "d7", None, None);
+    let (mut c, rc) = TlsClient::connect(front, Arc::clone(&tls), connect)
+        .await
+        .unwrap();
+    assert_eq!(rc, ReasonCode::SUCCESS);
+    assert_eq!(
+        c.subscribe("devices/device-7/#").await,
+        ReasonCode::GRANTED_QOS_0
+    );
+    assert_eq!(
+        c.subscribe("devices/device-8/#").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    loop {
+        let e = tokio::time::timeout(DEADLINE, events.recv())
+            .await
+            .expect("an event")
+            .expect("events open");
+        if let mercurio::Event::Connected {
+            client_id,
+            username,
+            peer,
+            ..
+        } = e
+        {
+            if client_id == "d7" {
+                assert_eq!(username.as_deref(), Some("device-7"));
+                assert_eq!(peer.ip(), std::net::IpAddr::from([127, 0, 0, 1]));
+                assert_ne!(peer, addr);
+                break;
+            }
+        }
+    }
+    // Straight to the listener, without the balancer: no header, closed without CONNACK.
+    let mut direct = TcpStream::connect(addr).await.unwrap();
+    direct
+        .write_all(b"\x10\x12\x00\x04MQTT\x04\x02\x00\x3c\x00\x06direct")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 8];
+    let n = tokio::time::timeout(DEADLINE, direct.read(&mut buf))
+        .await
+        .expect("closed in time")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "no CONNACK: {:?}", &buf[..n]);
+    broker.shutdown().await;
+    hap.signal(15); // SIGTERM
+    let _ = hap.wait_exit_within(DEADLINE);
+}
+
+/// A TLS listener with `proxy_protocol = "v1"`: the header comes on the TCP connection before
+/// the TLS handshake, and its address is the client's.
+#[tokio::test]
+async fn proxy_header_before_the_tls_handshake() {
+    let pki = Pki::new();
+    let mut listener = pki.listener(false);
+    listener.proxy_protocol = Some(mercurio::config::ProxyProtocol::V1);
+    let broker = Broker::builder(config_with(listener))
+        .start()
+        .await
+        .unwrap();
+    let mut events = broker.events();
+    let addr = broker.local_addrs()[0];
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"PROXY TCP4 198.51.100.9 127.0.0.1 4711 8883\r\n")
+        .await
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(client_config(&pki.ca.cert, None, ALL));
+    let stream = connector
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .expect("TLS after the header");
+    let mut c = TlsClient {
+        stream,
+        buf: BytesMut::new(),
+        version: ProtocolVersion::V5,
+    };
+    c.send(Packet::Connect(Box::new(connect_packet(
+        ProtocolVersion::V5,
+        "behind",
+    ))))
+    .await
+    .unwrap();
+    match c.recv().await {
+        Some(Packet::ConnAck(a)) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    let peer = loop {
+        match tokio::time::timeout(DEADLINE, events.recv()).await {
+            Ok(Some(mercurio::Event::Connected { peer, .. })) => break peer,
+            Ok(Some(_)) => {}
+            other => panic!("no Connected event: {other:?}"),
+        }
+    };
+    assert_eq!(peer, "198.51.100.9:4711".parse::<SocketAddr>().unwrap());
+    broker.shutdown().await;
+}

@@ -36,10 +36,20 @@ impl WsClient {
 
     /// Opens the WebSocket offering only `subprotocol`, and checks the broker chose it.
     async fn open_with(addr: SocketAddr, version: ProtocolVersion, subprotocol: &str) -> WsClient {
+        let tcp = TcpStream::connect(addr).await.expect("tcp connect");
+        WsClient::open_on(tcp, addr, version, subprotocol).await
+    }
+
+    /// [`WsClient::open_with`] on a TCP connection already open (a PROXY header sent on it).
+    async fn open_on(
+        tcp: TcpStream,
+        addr: SocketAddr,
+        version: ProtocolVersion,
+        subprotocol: &str,
+    ) -> WsClient {
         let mut req = format!("ws://{addr}/mqtt").into_client_request().unwrap();
         req.headers_mut()
             .insert("Sec-WebSocket-Protocol", subprotocol.parse().unwrap());
-        let tcp = TcpStream::connect(addr).await.expect("tcp connect");
         let (ws, resp) = tokio::time::timeout(DEADLINE, tokio_tungstenite::client_async(req, tcp))
             .await
             .expect("handshake before the deadline")
@@ -512,5 +522,48 @@ async fn paho_mqtt_over_websocket() {
         assert_eq!(m.topic, format!("paho/ws/{version}"));
     }
     let _ = Duration::ZERO;
+    handle.shutdown().await;
+}
+
+/// A WebSocket listener with `proxy_protocol = "v2"`: the binary header comes before the HTTP
+/// upgrade, and its address is the client's (`Connected` event).
+#[tokio::test]
+async fn proxy_header_before_the_upgrade() {
+    let mut config = tcp_and_websocket_config();
+    config.listeners[1].proxy_protocol = Some(mercurio::config::ProxyProtocol::V2);
+    let (handle, _tcp) = start_with(config).await;
+    let mut events = handle.events();
+    let ws = handle.local_addrs()[1];
+    let mut tcp = TcpStream::connect(ws).await.unwrap();
+    // Version 2, PROXY, TCP over IPv6: [2001:db8::42]:5151 to [::1]:80.
+    let mut header = b"\r\n\r\n\0\r\nQUIT\n\x21\x21\x00\x24".to_vec();
+    header.extend_from_slice(
+        &"2001:db8::42"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+    );
+    header.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+    header.extend_from_slice(&5151u16.to_be_bytes());
+    header.extend_from_slice(&80u16.to_be_bytes());
+    tcp.write_all(&header).await.unwrap();
+    let mut c = WsClient::open_on(tcp, ws, ProtocolVersion::V311, "mqtt").await;
+    c.send(Packet::Connect(Box::new(connect_packet(
+        ProtocolVersion::V311,
+        "ws-behind",
+    ))))
+    .await;
+    match c.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    let peer = loop {
+        match tokio::time::timeout(DEADLINE, events.recv()).await {
+            Ok(Some(mercurio::Event::Connected { peer, .. })) => break peer,
+            Ok(Some(_)) => {}
+            other => panic!("no Connected event: {other:?}"),
+        }
+    };
+    assert_eq!(peer, "[2001:db8::42]:5151".parse::<SocketAddr>().unwrap());
     handle.shutdown().await;
 }

@@ -1,13 +1,14 @@
 //! Authentication and access control: who may connect, and what each client may publish,
 //! subscribe to and receive.
 //!
-//! [`hooks`] holds the traits of the embedding API; [`password_file`] and [`acl`] are the
-//! file-based implementations the `[auth]` section configures. [`Auth`] is the chain the
+//! [`hooks`] holds the traits of the embedding API; [`password_file`], [`derived`] and
+//! [`acl`] are the file-based implementations the `[auth]` section configures. [`Auth`] is the chain the
 //! broker asks: the application's hooks first, then the file-based ones; the first opinion
 //! wins. Without any authorizer (no `acl_file`, no hook) access checks cost nothing: every
 //! check starts with `Auth::checks_access`, a plain field read.
 
 pub mod acl;
+pub mod derived;
 pub mod hooks;
 pub mod password_file;
 
@@ -64,6 +65,15 @@ impl fmt::Display for FileError {
 
 impl std::error::Error for FileError {}
 
+/// `[auth]`'s derived password settings: the secret file and the user name pattern, when set.
+fn derived_settings(config: &Config) -> Option<(PathBuf, String)> {
+    let a = &config.auth;
+    Some((
+        a.derived_password_secret_file.clone()?,
+        a.derived_user_pattern.clone()?,
+    ))
+}
+
 /// Who a session belongs to, for access checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Identity {
@@ -92,6 +102,7 @@ pub(crate) struct Auth {
     authenticators: Vec<Arc<dyn Authenticator>>,
     authorizers: Vec<Arc<dyn Authorizer>>,
     file_authenticator: Option<Arc<password_file::FileAuthenticator>>,
+    derived: Option<Arc<derived::DerivedAuthenticator>>,
     acl: Option<Arc<acl::AclAuthorizer>>,
     checks_access: bool,
     /// Serializes reloads.
@@ -105,6 +116,7 @@ impl Auth {
             authenticators: Vec::new(),
             authorizers: Vec::new(),
             file_authenticator: None,
+            derived: None,
             acl: None,
             checks_access: false,
             reloading: RwLock::new(()),
@@ -122,6 +134,7 @@ impl Auth {
             a.allow_anonymous.unwrap_or(false),
             a.password_file.clone(),
             a.acl_file.clone(),
+            derived_settings(config),
             authenticators,
             authorizers,
         )
@@ -148,6 +161,7 @@ impl Auth {
                     l.allow_anonymous.or(a.allow_anonymous).unwrap_or(false),
                     l.password_file.clone().or_else(|| a.password_file.clone()),
                     l.acl_file.clone().or_else(|| a.acl_file.clone()),
+                    derived_settings(config),
                     authenticators.to_vec(),
                     authorizers.to_vec(),
                 )
@@ -160,6 +174,7 @@ impl Auth {
         allow_anonymous: bool,
         password_file: Option<PathBuf>,
         acl_file: Option<PathBuf>,
+        derived: Option<(PathBuf, String)>,
         mut authenticators: Vec<Arc<dyn Authenticator>>,
         mut authorizers: Vec<Arc<dyn Authorizer>>,
     ) -> Result<Auth, FileError> {
@@ -167,6 +182,20 @@ impl Auth {
             allow_anonymous,
             password_file,
         )?);
+        // Derived passwords before the password file, which they consult (a listed user
+        // is the file's to check).
+        let derived = match derived {
+            Some((path, pattern)) => {
+                let d = Arc::new(derived::DerivedAuthenticator::new(
+                    path,
+                    pattern,
+                    Arc::clone(&file),
+                )?);
+                authenticators.push(Arc::clone(&d) as Arc<dyn Authenticator>);
+                Some(d)
+            }
+            None => None,
+        };
         authenticators.push(Arc::clone(&file) as Arc<dyn Authenticator>);
         let acl = match &acl_file {
             Some(p) => {
@@ -181,6 +210,7 @@ impl Auth {
             authenticators,
             authorizers,
             file_authenticator: Some(file),
+            derived,
             acl,
             reloading: RwLock::new(()),
         })
@@ -285,6 +315,11 @@ impl Auth {
         let mut errors = Vec::new();
         if let Some(f) = &self.file_authenticator {
             if let Err(e) = f.reload() {
+                errors.push(e);
+            }
+        }
+        if let Some(d) = &self.derived {
+            if let Err(e) = d.reload() {
                 errors.push(e);
             }
         }

@@ -65,6 +65,11 @@ pub(crate) struct BrokerState {
     /// Signalled once when shutdown starts, to stop the listeners.
     pub stop_listeners: Notify,
     pub local_addrs: Mutex<Vec<SocketAddr>>,
+    /// Listeners whose accept loop runs (`listener::run`), for `/readyz`.
+    pub listeners_accepting: AtomicUsize,
+    /// Why storage failed (`Storage::failed`: leadership lost, fenced, database gone), set
+    /// once by the failure watch in `handle`, for `/readyz`.
+    pub storage_failed: OnceLock<String>,
     /// Numbers the in-process subscriptions' client identifiers (`handle`).
     pub next_client_number: AtomicU64,
     /// The storage writer, when the broker has a storage backend (`persist`).
@@ -123,6 +128,8 @@ impl BrokerState {
             connection_closed: Notify::new(),
             stop_listeners: Notify::new(),
             local_addrs: Mutex::new(Vec::new()),
+            listeners_accepting: AtomicUsize::new(0),
+            storage_failed: OnceLock::new(),
             next_client_number: AtomicU64::new(1),
             persist: OnceLock::new(),
             auth: crate::auth::Auth::allow_all(),

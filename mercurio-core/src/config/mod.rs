@@ -10,10 +10,12 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 mod bridges;
+mod cidr;
 pub use bridges::{
     parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic,
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,
 };
+pub use cidr::Cidr;
 
 /// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[auth]`,
 /// `[storage]`, `[logging]`, `[admin]`.
@@ -174,6 +176,18 @@ impl Default for ServerConfig {
     }
 }
 
+/// The PROXY protocol header a listener reads (its `proxy_protocol`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyProtocol {
+    /// The text header, version 1 (`PROXY TCP4 ...\r\n`), required.
+    V1,
+    /// The binary header, version 2, required.
+    V2,
+    /// Either version, or none (told apart by the first bytes).
+    Optional,
+}
+
 /// The protocol a listener speaks.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -196,6 +210,20 @@ pub struct ListenerConfig {
     pub protocol: ListenerProtocol,
     /// Most clients on this listener at once; 0 = unlimited (default).
     pub max_connections: u32,
+    /// Connections accepted per second on this listener (a token bucket in its accept loop,
+    /// `admission`); above it, accepting waits and sockets wait in the kernel's listen
+    /// backlog. 0 (default): unlimited.
+    pub max_connection_rate: u32,
+    /// Connections accepted at once above `max_connection_rate` after a quiet spell (the
+    /// bucket's size); 0 (default) means 1. Only with `max_connection_rate`.
+    pub max_connection_burst: u32,
+    /// The PROXY protocol header this listener reads before anything else (TLS, HTTP,
+    /// MQTT), from a load balancer: its client's address replaces the connection's
+    /// (`proxy_protocol` module). `None` (default): no header is read.
+    pub proxy_protocol: Option<ProxyProtocol>,
+    /// The peers allowed to send the PROXY header (`ADDRESS/PREFIX` blocks, or single
+    /// addresses); empty (default): loopback only (127.0.0.0/8, ::1).
+    pub proxy_from: Vec<String>,
     /// PEM certificate chain; setting it turns TLS on.
     pub cert_file: Option<PathBuf>,
     /// PEM private key for `cert_file`.
@@ -246,6 +274,10 @@ impl Default for ListenerConfig {
             port: 1883,
             protocol: ListenerProtocol::Mqtt,
             max_connections: 0,
+            max_connection_rate: 0,
+            max_connection_burst: 0,
+            proxy_protocol: None,
+            proxy_from: Vec::new(),
             cert_file: None,
             key_file: None,
             ca_file: None,
@@ -278,6 +310,12 @@ pub struct AuthConfig {
     pub password_file: Option<PathBuf>,
     /// mosquitto ACL file.
     pub acl_file: Option<PathBuf>,
+    /// File holding the key of derived passwords (its bytes without one trailing newline;
+    /// readable by the broker only). Set together with `derived_user_pattern`.
+    pub derived_password_secret_file: Option<PathBuf>,
+    /// Glob over user names (`*` any run of characters, `?` one) whose password is derived:
+    /// lowercase hex of HMAC-SHA256(key, user name) (`auth::derived`).
+    pub derived_user_pattern: Option<String>,
 }
 
 /// Storage backends.
@@ -458,6 +496,30 @@ impl Config {
     }
 
     fn validate_values(&self) -> Result<(), ConfigError> {
+        match (
+            &self.auth.derived_password_secret_file,
+            &self.auth.derived_user_pattern,
+        ) {
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "auth.derived_password_secret_file",
+                    "needs derived_user_pattern (the user names whose password is derived)",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "auth.derived_user_pattern",
+                    "needs derived_password_secret_file (the key of derived passwords)",
+                ))
+            }
+            (Some(_), Some(p)) if p.is_empty() => {
+                return Err(ConfigError::new(
+                    "auth.derived_user_pattern",
+                    "must not be empty (\"*\" derives every user name)",
+                ))
+            }
+            _ => {}
+        }
         let s = &self.server;
         if s.max_packet_size != 0
             && (s.max_packet_size < MIN_PACKET_SIZE_LIMIT
@@ -540,6 +602,21 @@ impl Config {
                     format!("{}:{} is already used by listeners[{j}]", l.host, l.port),
                 ));
             }
+            for block in &l.proxy_from {
+                Cidr::parse(block).map_err(|e| ConfigError::new(key("proxy_from"), e))?;
+            }
+            if !l.proxy_from.is_empty() && l.proxy_protocol.is_none() {
+                return Err(ConfigError::new(
+                    key("proxy_from"),
+                    "needs proxy_protocol (\"v1\", \"v2\" or \"optional\")",
+                ));
+            }
+            if l.max_connection_burst > 0 && l.max_connection_rate == 0 {
+                return Err(ConfigError::new(
+                    key("max_connection_burst"),
+                    "needs max_connection_rate (connections accepted per second)",
+                ));
+            }
             if let Some(mount) = &l.mount_point {
                 if mount.is_empty() || mount.contains(['+', '#', '\0']) {
                     return Err(ConfigError::new(
@@ -608,10 +685,14 @@ impl Config {
                         "needs cert_file and key_file (TLS)",
                     ));
                 }
-                if l.use_identity_as_username {
+                let balancer_tls = matches!(
+                    l.proxy_protocol,
+                    Some(ProxyProtocol::V2 | ProxyProtocol::Optional)
+                ) && l.protocol == ListenerProtocol::Mqtt;
+                if l.use_identity_as_username && !balancer_tls {
                     return Err(ConfigError::new(
                         key("use_identity_as_username"),
-                        "needs cert_file and key_file (TLS)",
+                        "needs cert_file and key_file (TLS), or proxy_protocol = \"v2\" on an MQTT listener (the common name a load balancer verified)",
                     ));
                 }
             } else if l.crl_file.is_some() && l.ca_file.is_none() {
@@ -916,6 +997,35 @@ mod tests {
         let mut c = Config::default();
         c.storage.backend = StorageBackend::Postgres;
         assert!(err(&c).message.contains("needs url"));
+
+        let mut c = Config::default();
+        c.listeners[0].proxy_from = vec!["10.0.0.0/8".into()];
+        assert_eq!(err(&c).key, "listeners[0].proxy_from");
+        c.listeners[0].proxy_protocol = Some(ProxyProtocol::V2);
+        assert!(c.validate().is_ok());
+        c.listeners[0].proxy_from = vec!["10.0.0.0/40".into()];
+        let e = err(&c);
+        assert_eq!(e.key, "listeners[0].proxy_from");
+        assert!(e.message.contains("10.0.0.0/40"), "{e}");
+        c.listeners[0].proxy_from = Vec::new();
+        c.listeners[0].use_identity_as_username = true;
+        assert!(c.validate().is_ok(), "the balancer's certificate name");
+        c.listeners[0].proxy_protocol = Some(ProxyProtocol::V1);
+        assert_eq!(err(&c).key, "listeners[0].use_identity_as_username");
+
+        let mut c = Config::default();
+        c.listeners[0].max_connection_burst = 10;
+        assert_eq!(err(&c).key, "listeners[0].max_connection_burst");
+        c.listeners[0].max_connection_rate = 100;
+        assert!(c.validate().is_ok());
+
+        let mut c = Config::default();
+        c.auth.derived_user_pattern = Some("tenant-*".into());
+        assert_eq!(err(&c).key, "auth.derived_user_pattern");
+        c.auth.derived_password_secret_file = Some("/etc/mercurio/secret".into());
+        assert!(c.validate().is_ok());
+        c.auth.derived_user_pattern = None;
+        assert_eq!(err(&c).key, "auth.derived_password_secret_file");
 
         let mut c = Config::default();
         c.storage.standby = true;

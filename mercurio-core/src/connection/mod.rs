@@ -131,17 +131,19 @@ where
 }
 
 /// [`serve`] for a plain TCP connection, which parks when idle (`park`): `slot`, its place
-/// in the connection counts, goes with it.
+/// in the connection counts, goes with it. `tls`: what a load balancer that terminated TLS
+/// said of the client certificate (PROXY protocol version 2, `proxy_protocol`).
 pub(crate) fn serve_tcp(
     slot: Slot,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
+    tls: Option<TlsIdentity>,
     listener: usize,
 ) -> impl std::future::Future<Output = ()> + Send {
     let broker = Arc::clone(&slot.broker);
     let deadline =
         tokio::time::Instant::now() + Duration::from_secs(broker.config.server.connect_timeout);
-    let handshake = Box::pin(handshake(broker, stream, peer, None, deadline, listener));
+    let handshake = Box::pin(handshake(broker, stream, peer, tls, deadline, listener));
     async move {
         let running = match handshake.await {
             Some(c) => Box::pin(run(c, true)),

@@ -335,6 +335,7 @@ fn spawn_failure_watch(
         let e = storage.failed().await;
         tracing::error!("storage failed, stopping at once: {e}");
         if let Some(inner) = inner.upgrade() {
+            let _ = inner.storage_failed.set(e.to_string());
             inner.shutting_down.store(true, Ordering::Release);
             inner.stop_listeners.notify_waiters();
             inner.busy_poll.stop();

@@ -334,6 +334,90 @@ fn passwd_adds_and_changes_users() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("empty password"));
 }
 
+/// `auth derive USER` prints what python3's hmac module computes: lowercase hex of
+/// HMAC-SHA256(key = the secret file without one trailing newline, message = USER), from
+/// `--secret-file` or from the configuration given with `-c`, without a running broker.
+#[test]
+fn auth_derive_prints_the_hmac() {
+    let python = if mercurio_testkit::have("python3") {
+        Ok(())
+    } else {
+        Err("python3 (the independent HMAC) is not installed".to_string())
+    };
+    if !mercurio_testkit::prerequisite("auth_derive_prints_the_hmac", python) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"s3cret \xff bytes\n").unwrap();
+    let python = Command::new("python3")
+        .args([
+            "-c",
+            "import hmac, hashlib, sys\n\
+             k = open(sys.argv[1], 'rb').read()\n\
+             k = k[:-1] if k.endswith(b'\\n') else k\n\
+             print(hmac.new(k, sys.argv[2].encode(), hashlib.sha256).hexdigest())",
+            secret.to_str().unwrap(),
+            "tenant-42",
+        ])
+        .output()
+        .expect("run python3");
+    assert!(python.status.success(), "{python:?}");
+    let expected = String::from_utf8(python.stdout).unwrap();
+    assert_eq!(expected.trim().len(), 64, "{expected}");
+
+    let out = ctl(&[
+        "auth",
+        "derive",
+        "--secret-file",
+        secret.to_str().unwrap(),
+        "tenant-42",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+
+    let config = dir.path().join("mercuriod.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\nderived_password_secret_file = {:?}\nderived_user_pattern = \"tenant-*\"\n",
+            secret.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = ctl(&[
+        "-c",
+        config.to_str().unwrap(),
+        "auth",
+        "derive",
+        "tenant-42",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    assert!(out.stderr.is_empty(), "{out:?}");
+    // A name the pattern does not match: printed, with a warning that the broker will not
+    // derive it.
+    let out = ctl(&["-c", config.to_str().unwrap(), "auth", "derive", "device-1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not match derived_user_pattern"),
+        "{out:?}"
+    );
+    // Neither --secret-file nor -c; a missing file.
+    let out = ctl(&["auth", "derive", "tenant-42"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-file"));
+    let out = ctl(&[
+        "auth",
+        "derive",
+        "--secret-file",
+        "/nonexistent/secret",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/secret"));
+}
+
 /// The temporary file passwd writes through is created with O_EXCL and O_NOFOLLOW: a symbolic
 /// link planted at its name (by someone who can write the directory) is never followed, so
 /// the file it points to is left alone and the password file stays a regular file.

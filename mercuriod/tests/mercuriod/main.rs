@@ -15,6 +15,7 @@ mod interop_paho;
 mod ops;
 mod packaging;
 mod persistence;
+mod proxy_protocol;
 mod run;
 mod security_reload;
 mod standby;

@@ -1,6 +1,7 @@
 //! mercuriod and its security files as a process: SIGHUP reloads the ACL (a client whose
 //! permissions shrank loses what it may no longer read, and stays connected); a malformed file
 //! on SIGHUP keeps the old rules and logs the file and line; at start it exits with 78.
+//! Derived passwords: the secret file's mode is warned about, and SIGHUP reads a new secret.
 #![cfg(unix)]
 
 use std::process::Command;
@@ -113,4 +114,79 @@ fn malformed_password_file_exits_78_naming_file_and_line() {
         stderr.contains(&format!("{}:2: ", passwd.display())),
         "{stderr}"
     );
+}
+
+/// mosquitto_pub with `user` and `password` (QoS 1); true when the broker accepted it.
+fn publish_as(port: &str, user: &str, password: &str) -> bool {
+    Command::new("mosquitto_pub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-u",
+            user,
+            "-P",
+            password,
+            "-t",
+            "t",
+            "-m",
+            "m",
+            "-q",
+            "1",
+        ])
+        .output()
+        .expect("run mosquitto_pub")
+        .status
+        .success()
+}
+
+/// Derived passwords through mercuriod: the secret file readable by others is warned about
+/// at start; mosquitto_pub connects with the derived password; SIGHUP reads
+/// a new secret, after which the old password is refused and the new one accepted.
+#[test]
+fn derived_passwords_warn_connect_and_reload() {
+    if !mosquitto_clients("derived_passwords_warn_connect_and_reload") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "first secret\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut daemon = Daemon::with_config(&format!(
+        "[auth]\nallow_anonymous = false\nderived_password_secret_file = \"{}\"\nderived_user_pattern = \"tenant-*\"\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n",
+        secret.display()
+    ))
+    .start();
+    daemon.wait_logged("the mode warning", |l| {
+        l.contains("WARN") && l.contains("can be read by others")
+    });
+    let port = daemon.port().to_string();
+    // The derived password as python3's hmac module computes it (independent of the broker).
+    let derive = || {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import hmac, hashlib, sys\n\
+                 k = open(sys.argv[1], 'rb').read()\n\
+                 k = k[:-1] if k.endswith(b'\\n') else k\n\
+                 print(hmac.new(k, b'tenant-1', hashlib.sha256).hexdigest())",
+                secret.to_str().unwrap(),
+            ])
+            .output()
+            .expect("run python3");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let first = derive();
+    assert!(publish_as(&port, "tenant-1", &first));
+    assert!(!publish_as(&port, "tenant-1", "wrong"));
+    std::fs::write(&secret, "second secret\n").unwrap();
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_line("reloaded", |l| l.contains("certificates reloaded"));
+    let second = derive();
+    assert_ne!(first, second);
+    assert!(!publish_as(&port, "tenant-1", &first));
+    assert!(publish_as(&port, "tenant-1", &second));
 }
