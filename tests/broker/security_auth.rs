@@ -500,8 +500,8 @@ fn python_hmac(secret_file: &Path, user: &str) -> String {
 
 /// `[auth] derived_password_secret_file` and `derived_user_pattern`: a user matching the
 /// pattern connects with HMAC-SHA256(secret, user name) in lowercase hex and no table; a
-/// wrong or missing password gets "bad user name or password" (5.0 CONNACK 0x86, 3.1.1 return
-/// code 4); a user listed in the password file is checked against the file only; a name not
+/// wrong or missing password gets "not authorized" (5.0 CONNACK 0x87, 3.1.1 return code 5),
+/// as a wrong stored password does, so the answer does not tell which names are derived; a user listed in the password file is checked against the file only; a name not
 /// matching the pattern is not derived. The derived user's ACL comes from the ACL file (%u),
 /// and a wrong derived password costs what a wrong stored password costs.
 #[tokio::test]
@@ -541,24 +541,24 @@ async fn derived_passwords() {
             "{v:?}"
         );
     }
-    // [MQTT-3.2.2-14]/5.0 section 3.2.2.2: 0x86 Bad User Name or Password; 3.1.1 return code 4.
+    // The password file's answer (docs/protocol.md): 0x87 Not authorized; 3.1.1 return code 5.
     let wrong = python_hmac(&secret, "tenant-2");
     assert_eq!(
         code(addr, v5, Some("tenant-1"), Some(&wrong)).await,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+        ReasonCode::NOT_AUTHORIZED
     );
     assert_eq!(
         code(addr, v311, Some("tenant-1"), Some(&wrong)).await,
-        ReasonCode(4)
+        ReasonCode(5)
     );
     assert_eq!(
         code(addr, v5, Some("tenant-1"), Some(&derived.to_uppercase())).await,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+        ReasonCode::NOT_AUTHORIZED,
         "lowercase hex only"
     );
     assert_eq!(
         code(addr, v5, Some("tenant-1"), None).await,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+        ReasonCode::NOT_AUTHORIZED
     );
     // Not matching the pattern: not derived, the password file refuses it.
     let other = python_hmac(&secret, "device-1");
@@ -609,7 +609,7 @@ async fn derived_passwords() {
     let mut derived_wrong = Vec::new();
     for _ in 0..5 {
         stored.push(time("alice", ReasonCode::NOT_AUTHORIZED).await);
-        derived_wrong.push(time("tenant-9", ReasonCode::BAD_USER_NAME_OR_PASSWORD).await);
+        derived_wrong.push(time("tenant-9", ReasonCode::NOT_AUTHORIZED).await);
     }
     stored.sort();
     derived_wrong.sort();

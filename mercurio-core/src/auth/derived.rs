@@ -122,8 +122,9 @@ pub fn glob_matches(pattern: &str, name: &str) -> bool {
 ///
 /// - no user name, a user name from a certificate, a user listed in the password file, or a
 ///   name not matching the pattern: no opinion (the password file decides);
-/// - otherwise the password must be the derived one: allowed, else "bad user name or
-///   password" (MQTT 5 CONNACK 0x86, 3.x return code 4).
+/// - otherwise the password must be the derived one: allowed, else "not authorized" (MQTT 5
+///   CONNACK 0x87, 3.x return code 5), the password file's answer, so that a refusal does not
+///   tell a prober which user names are derived.
 pub struct DerivedAuthenticator {
     path: PathBuf,
     pattern: String,
@@ -178,7 +179,7 @@ impl Authenticator for DerivedAuthenticator {
             .await;
         match checked {
             Ok(true) => Authentication::Allow { username: None },
-            Ok(false) => Authentication::Deny(DenyReason::BadCredentials),
+            Ok(false) => Authentication::Deny(DenyReason::NotAuthorized),
             Err(reason) => Authentication::Deny(reason),
         }
     }
