@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use mercurio_storage::{Change, StorageError, REFUSED_ATTEMPTS};
 use tokio::sync::{mpsc, oneshot};
 
-use super::records::session_record;
 use super::{Charge, Persister, UNWRITABLE_AFTER};
 use crate::session::SessionTable;
 use crate::stats::Stats;
@@ -336,7 +335,7 @@ impl BatchWriter {
                 .and_then(|s| {
                     let st = s.state.lock();
                     (!st.ended() && st.expiry_interval() > 0)
-                        .then(|| Change::SessionWritten(session_record(&client_id, &st)))
+                        .then(|| self.persister.session_written(&client_id, &st))
                 })
                 .unwrap_or(Change::SessionDeleted { client_id });
             batch.push(change);
