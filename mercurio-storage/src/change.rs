@@ -208,7 +208,10 @@ impl Change {
                         .map(|s| s.filter.len())
                         .sum::<usize>()
                     + r.will.as_ref().map_or(0, |w| message(&w.message))
-                    + r.queued.iter().map(|q| delivery(&q.delivery)).sum::<usize>()
+                    + r.queued
+                        .iter()
+                        .map(|q| delivery(&q.delivery))
+                        .sum::<usize>()
                     + r.inflight
                         .iter()
                         .map(|f| delivery(&f.delivery))
@@ -359,7 +362,10 @@ fn validate_delivery(delivery: &DeliveryRecord) -> Result<(), String> {
         return Err(format!("message QoS {} is over 2", delivery.qos));
     }
     if delivery.message_id > MAX_ID {
-        return Err(format!("message id {} is over 2^63 - 1", delivery.message_id));
+        return Err(format!(
+            "message id {} is over 2^63 - 1",
+            delivery.message_id
+        ));
     }
     for &identifier in &delivery.subscription_ids {
         if identifier == 0 || identifier > MAX_SUBSCRIPTION_IDENTIFIER {

@@ -20,9 +20,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    Change, DeliveryRecord, ErrorKind, InflightRecord, InflightState, LoadedState,
-    MessageRecord, QueuedRecord, RetainedRecord, SessionHeader, SessionRecord, Storage,
-    StorageError, StoredMessage, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    Change, DeliveryRecord, ErrorKind, InflightRecord, InflightState, LoadedState, MessageRecord,
+    QueuedRecord, RetainedRecord, SessionHeader, SessionRecord, Storage, StorageError,
+    StoredMessage, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
 /// How the checks get storages of the backend under test.
@@ -1363,7 +1363,10 @@ pub async fn check_message_stored_once<S: Storage>(storage: &S) {
 
     // Released while referred to: kept.
     apply(storage, vec![released(1), dequeued("a", 1)]).await;
-    assert!(is_stored(storage, 1).await, "kept while b and c refer to it");
+    assert!(
+        is_stored(storage, 1).await,
+        "kept while b and c refer to it"
+    );
     apply(storage, vec![dequeued("b", 1), dequeued("c", 1)]).await;
     assert!(is_stored(storage, 1).await, "kept while in flight for c");
     apply(
@@ -1382,7 +1385,10 @@ pub async fn check_message_stored_once<S: Storage>(storage: &S) {
     apply(storage, vec![dequeued("a", 2)]).await;
     assert!(is_stored(storage, 2).await, "kept until released");
     apply(storage, vec![released(2)]).await;
-    assert!(!is_stored(storage, 2).await, "released without references: gone");
+    assert!(
+        !is_stored(storage, 2).await,
+        "released without references: gone"
+    );
     assert!(load(storage).await.messages.is_empty());
 }
 
@@ -1428,8 +1434,14 @@ pub async fn check_messages_of_deleted_sessions<S: Storage>(storage: &S) {
         delivery: DeliveryRecord::new(4, 1),
     }];
     apply(storage, vec![Change::SessionWritten(record, Vec::new())]).await;
-    assert!(!is_stored(storage, 3).await, "replaced by a written session: gone");
-    assert!(is_stored(storage, 4).await, "still referred to by the written session");
+    assert!(
+        !is_stored(storage, 3).await,
+        "replaced by a written session: gone"
+    );
+    assert!(
+        is_stored(storage, 4).await,
+        "still referred to by the written session"
+    );
     let state = load(storage).await;
     assert_eq!(state.messages.len(), 1);
     assert_eq!(state.messages[0].id, 4);
@@ -1438,7 +1450,11 @@ pub async fn check_messages_of_deleted_sessions<S: Storage>(storage: &S) {
 /// A refused batch stores no message and no reference; a reference to a message not stored
 /// is refused.
 pub async fn check_refused_batch_stores_nothing<S: Storage>(storage: &S) {
-    apply(storage, vec![saved("a"), stored(1, "t", b"1"), queue_ref("a", 1, 1)]).await;
+    apply(
+        storage,
+        vec![saved("a"), stored(1, "t", b"1"), queue_ref("a", 1, 1)],
+    )
+    .await;
     let before = load(storage).await;
     let result = storage
         .apply(&[
@@ -1450,9 +1466,16 @@ pub async fn check_refused_batch_stores_nothing<S: Storage>(storage: &S) {
         ])
         .await;
     expect_refused(result, "a message queued for a session not stored");
-    assert!(!is_stored(storage, 2).await, "the refused batch stored no message");
+    assert!(
+        !is_stored(storage, 2).await,
+        "the refused batch stored no message"
+    );
     assert!(is_stored(storage, 1).await, "nor released or dequeued any");
-    assert_eq!(load(storage).await, before, "a refused batch changes nothing");
+    assert_eq!(
+        load(storage).await,
+        before,
+        "a refused batch changes nothing"
+    );
     expect_refused(
         storage.apply(&[queue_ref("a", 3, 99)]).await,
         "a reference to a message not stored",
@@ -1470,7 +1493,11 @@ pub async fn check_refused_batch_stores_nothing<S: Storage>(storage: &S) {
             .await,
         "an in-flight reference to a message not stored",
     );
-    assert_eq!(load(storage).await, before, "refused references change nothing");
+    assert_eq!(
+        load(storage).await,
+        before,
+        "refused references change nothing"
+    );
 }
 
 /// After a reopen every referred message is loaded once and nothing else: a message stored
@@ -1502,7 +1529,10 @@ pub async fn check_messages_across_reopen<H: Harness>(harness: &mut H) {
     assert_eq!(state.sessions.len(), 2);
     // Held by the new broker: its last reference going does not delete it...
     apply(&storage, vec![dequeued("a", 1), dequeued("b", 1)]).await;
-    assert!(is_stored(&storage, 10).await, "held by the broker that loaded it");
+    assert!(
+        is_stored(&storage, 10).await,
+        "held by the broker that loaded it"
+    );
     // ...until that broker releases it.
     apply(&storage, vec![released(10)]).await;
     assert!(!is_stored(&storage, 10).await);

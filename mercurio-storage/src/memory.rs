@@ -171,8 +171,9 @@ impl State {
                 Change::MessageQueued { delivery, .. } => {
                     Some(delivery).filter(|d| !is_stored(&stored_now, d.message_id))
                 }
-                Change::InflightSet { inflight, .. } => Some(&inflight.delivery)
-                    .filter(|d| !is_stored(&stored_now, d.message_id)),
+                Change::InflightSet { inflight, .. } => {
+                    Some(&inflight.delivery).filter(|d| !is_stored(&stored_now, d.message_id))
+                }
                 _ => None,
             };
             if let Some(d) = missing {
@@ -574,5 +575,44 @@ mod tests {
     #[tokio::test]
     async fn memory_conforms() {
         conformance::run_all(&mut MemoryHarness).await;
+    }
+
+    /// A batch that fails (an injected failure) stores no message and no reference; the same
+    /// batch applied again stores each once.
+    #[tokio::test]
+    async fn a_failed_batch_leaves_no_message_and_no_reference() {
+        use crate::{Change, DeliveryRecord, ErrorKind, MessageRecord, SessionHeader, Storage};
+        use crate::{StorageError, StoredMessage};
+        let storage = MemoryStorage::new();
+        let mut batch = vec![Change::MessageStored {
+            message: StoredMessage {
+                id: 1,
+                message: MessageRecord::new("t", "m", 1),
+            },
+        }];
+        for client in ["a", "b"] {
+            batch.push(Change::SessionSaved(SessionHeader {
+                client_id: client.into(),
+                protocol_level: 5,
+                session_expiry_interval: 60,
+                disconnected_at: None,
+                username: None,
+                certificate: None,
+            }));
+            batch.push(Change::MessageQueued {
+                client_id: client.into(),
+                seq: 1,
+                delivery: DeliveryRecord::new(1, 1),
+            });
+        }
+        storage.fail_next(ErrorKind::Transient, 1);
+        let failed: Result<(), StorageError> = storage.apply(&batch).await;
+        assert!(failed.is_err());
+        let state = storage.snapshot();
+        assert!(state.messages.is_empty() && state.sessions.is_empty());
+        storage.apply(&batch).await.unwrap();
+        let state = storage.snapshot();
+        assert_eq!(state.messages.len(), 1);
+        assert_eq!(state.sessions.len(), 2);
     }
 }

@@ -241,7 +241,9 @@ pub(crate) fn attach_messages(
             }),
         }
     }
-    state.set_aside.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+    state
+        .set_aside
+        .sort_by(|a, b| a.client_id.cmp(&b.client_id));
     state.messages = messages.into_values().collect();
 }
 

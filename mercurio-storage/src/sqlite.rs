@@ -33,8 +33,7 @@ use crate::records::{
     DeliveryRecord, InflightRecord, StoredMessage, SubscriptionRecord, WillRecord,
 };
 use crate::rows::{
-    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
-    SUBSCRIPTION_COLUMNS,
+    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
 use crate::{LoadedState, SetAside, Storage};
 
@@ -123,7 +122,8 @@ const UPGRADES: &[&str] = &[
 /// with a transient error (which the broker's writer retries).
 const BUSY_TIMEOUT: Duration = Duration::from_millis(250);
 
-const SCHEMA: &str = concat!("
+const SCHEMA: &str = concat!(
+    "
 CREATE TABLE sessions (
     client_id TEXT PRIMARY KEY NOT NULL,
     protocol_level INTEGER NOT NULL,
@@ -150,7 +150,9 @@ CREATE TABLE subscriptions (
     subscription_identifier INTEGER,
     PRIMARY KEY (client_id, filter)
 ) WITHOUT ROWID;
-", message_store!(), "CREATE TABLE inbound_qos2 (
+",
+    message_store!(),
+    "CREATE TABLE inbound_qos2 (
     client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
     packet_id INTEGER NOT NULL,
     PRIMARY KEY (client_id, packet_id)
@@ -169,7 +171,8 @@ CREATE TABLE meta (
     key TEXT PRIMARY KEY NOT NULL,
     value
 ) WITHOUT ROWID;
-");
+"
+);
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
 
@@ -503,7 +506,9 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
         rows::retained(row, &mut retained);
     }
     state.retained = retained.into_values().collect();
-    let mut stmt = conn.prepare(&format!("SELECT {STORED_COLUMNS} FROM messages ORDER BY id"))?;
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {STORED_COLUMNS} FROM messages ORDER BY id"
+    ))?;
     let mut found = stmt.query([])?;
     let mut messages = Vec::new();
     while let Some(row) = found.next()? {
@@ -958,7 +963,7 @@ mod tests {
     use async_trait::async_trait;
 
     /// The schema of version 3 (before the message store), to build old databases.
-const SCHEMA_V3: &str = "
+    const SCHEMA_V3: &str = "
     CREATE TABLE sessions (
         client_id TEXT PRIMARY KEY NOT NULL,
         protocol_level INTEGER NOT NULL,
@@ -1206,10 +1211,7 @@ const SCHEMA_V3: &str = "
                 .message
         };
         let a = &state.sessions[0];
-        assert_eq!(
-            a.queued.iter().map(|q| q.seq).collect::<Vec<_>>(),
-            [1, 2]
-        );
+        assert_eq!(a.queued.iter().map(|q| q.seq).collect::<Vec<_>>(), [1, 2]);
         let second = &a.queued[1].delivery;
         assert_eq!((second.qos, second.retain), (2, true));
         assert_eq!(second.share.as_deref(), Some("$share/g/t/#"));
@@ -1218,7 +1220,12 @@ const SCHEMA_V3: &str = "
         assert_eq!(&m.payload[..], [2, 3]);
         assert_eq!(&m.properties[..], [0x0B, 0x01]);
         assert_eq!(m.expires_at, Some(1_700_000_000_000));
-        assert_eq!(message(a.queued[0].delivery.message_id).publisher.as_deref(), Some("pub"));
+        assert_eq!(
+            message(a.queued[0].delivery.message_id)
+                .publisher
+                .as_deref(),
+            Some("pub")
+        );
         assert_eq!(a.inflight.len(), 1);
         assert_eq!(a.inflight[0].packet_id, 9);
         assert_eq!(a.inflight[0].state, crate::InflightState::AwaitingPubRec);

@@ -13,15 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mercurio_storage::{
-    Change, InflightState, LoadedState, RetainedRecord, SessionRecord, StoredMessage,
-    NEVER_EXPIRES,
+    Change, InflightState, LoadedState, RetainedRecord, SessionRecord, StoredMessage, NEVER_EXPIRES,
 };
 
 use super::BrokerState;
 use crate::auth::Identity;
 use crate::persist::records::{
-    delivery_from, granted_from, header, inflight_from, message_from, protocol_from_level,
-    unix_ms, unix_to_instant, will_from, Restored,
+    delivery_from, granted_from, header, inflight_from, message_from, protocol_from_level, unix_ms,
+    unix_to_instant, will_from, Restored,
 };
 use crate::persist::Persister;
 use crate::session::{Delivery, Session, SessionChanges, Will};

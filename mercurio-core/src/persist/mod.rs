@@ -410,9 +410,8 @@ impl Persister {
 
     /// A restored message: already in the message store under `id`.
     pub(crate) fn restored_message(&self, msg: &Message, id: u64) {
-        let _ = msg
-            .stored
-            .set(Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>));
+        msg.stored
+            .get_or_init(|| Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>));
     }
 
     /// The whole session as stored (QoS 0 messages are not kept), with the messages it

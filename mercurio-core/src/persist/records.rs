@@ -208,7 +208,10 @@ pub(crate) fn delivery_from(
 }
 
 /// An in-flight message back from its stored form, to be resent (with DUP) on reconnect.
-pub(crate) fn inflight_from(messages: &Restored, record: &InflightRecord) -> Result<Inflight, String> {
+pub(crate) fn inflight_from(
+    messages: &Restored,
+    record: &InflightRecord,
+) -> Result<Inflight, String> {
     Ok(Inflight {
         packet_id: record.packet_id,
         state: match record.state {

@@ -212,12 +212,12 @@ impl Statements {
                 "DELETE FROM mercurio_messages WHERE released AND {UNREFERENCED}"
             ))
             .await?,
-            delete_unreferenced: p(format!("DELETE FROM mercurio_messages WHERE {UNREFERENCED}"))
-                .await?,
-            hold_all: p(
-                "UPDATE mercurio_messages SET released = false WHERE released".into(),
-            )
+            delete_unreferenced: p(format!(
+                "DELETE FROM mercurio_messages WHERE {UNREFERENCED}"
+            ))
             .await?,
+            hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
+                .await?,
         })
     }
 }

@@ -428,6 +428,10 @@ async fn a_standby_takes_over_the_message_store() {
         .apply(&[Change::MessageReleased { id: 1 }])
         .await
         .unwrap();
-    assert_eq!(pg.scalar(&url, count).await.as_deref(), Some("0"), "released");
+    assert_eq!(
+        pg.scalar(&url, count).await.as_deref(),
+        Some("0"),
+        "released"
+    );
     second.close().await.unwrap();
 }
