@@ -33,7 +33,7 @@ pub(crate) fn encode_ids(ids: &[u32]) -> Vec<u8> {
 }
 
 fn decode_ids(bytes: &[u8]) -> Result<Vec<u32>, String> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(format!(
             "subscription_ids: {} bytes is not a multiple of 4",
             bytes.len()
