@@ -267,3 +267,88 @@ fn restore_queue(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use mercurio_storage::{
+        DeliveryRecord, InflightRecord, InflightState, LoadedState, MemoryStorage, MessageRecord,
+        QueuedRecord, SessionHeader, SessionRecord, StoredMessage, NEVER_EXPIRES,
+    };
+
+    use super::super::BrokerState;
+    use crate::config::Config;
+    use crate::persist::{PendingLimits, Persister};
+
+    fn session(client_id: &str) -> SessionRecord {
+        SessionRecord::new(SessionHeader {
+            client_id: client_id.into(),
+            protocol_level: 5,
+            session_expiry_interval: NEVER_EXPIRES,
+            disconnected_at: Some(super::unix_ms()),
+            username: None,
+            certificate: None,
+        })
+    }
+
+    /// The deliveries of one stored message to several sessions, queued or in flight, share
+    /// one `Message` after the restore, as they did in the broker that stored them; and a
+    /// message stored next gets an id above every restored one.
+    #[tokio::test]
+    async fn restored_deliveries_share_one_message() {
+        let broker = Arc::new(BrokerState::new(Config::default()));
+        let p = Persister::start(
+            Arc::new(MemoryStorage::new()),
+            false,
+            PendingLimits {
+                per_client: usize::MAX,
+                total: usize::MAX,
+            },
+            Arc::clone(&broker.stats),
+            Arc::downgrade(&broker.sessions),
+        );
+        let _ = broker.persist.set(Arc::clone(&p));
+        let mut a = session("a");
+        a.queued = vec![QueuedRecord {
+            seq: 1,
+            delivery: DeliveryRecord::new(7, 1),
+        }];
+        let mut b = session("b");
+        b.inflight = vec![InflightRecord {
+            packet_id: 3,
+            delivery: DeliveryRecord::new(7, 1),
+            state: InflightState::AwaitingPubAck,
+        }];
+        let loaded = LoadedState {
+            sessions: vec![a, b],
+            messages: vec![StoredMessage {
+                id: 7,
+                message: MessageRecord::new("fleet/all", "m", 1),
+            }],
+            ..LoadedState::default()
+        };
+        super::restore(&broker, loaded);
+        let sessions = broker.sessions.lock();
+        let queued = sessions["a"]
+            .state
+            .lock()
+            .queue()
+            .iter()
+            .next()
+            .map(|q| Arc::clone(&q.msg));
+        let inflight = sessions["b"]
+            .state
+            .lock()
+            .inflight()
+            .front()
+            .map(|f| Arc::clone(&f.delivery.msg));
+        let (Some(queued), Some(inflight)) = (queued, inflight) else {
+            panic!("both deliveries restored");
+        };
+        assert!(Arc::ptr_eq(&queued, &inflight), "one Message for both");
+        assert_eq!(queued.stored.get().map(|s| s.id), Some(7));
+        let fresh = crate::message::Message::clone(&queued);
+        assert_eq!(p.message_id(&fresh), 8);
+    }
+}
