@@ -1,7 +1,7 @@
 //! The application message as the broker holds it: one allocation shared (through `Arc`) by
 //! every queue it is routed to, so a fan-out to N subscribers copies the payload zero times.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -31,11 +31,48 @@ pub struct Message {
     /// encoded by the first delivery that shares it with others ([`Message::shared_v3_qos0`]);
     /// empty until then. Not copied by `clone`.
     pub(crate) encoded: OnceLock<Bytes>,
+    /// Its place in storage's message store, set by the first delivery to a stored session
+    /// (which stores it, once, before any reference to it) or by the restore. Dropped with
+    /// the message, which then tells storage it holds the message no more. Not copied by
+    /// `clone`.
+    pub(crate) stored: OnceLock<Stored>,
+}
+
+/// Who a stored message tells that the broker holds it no more (the storage writer).
+pub(crate) trait ReleaseStored: Send + Sync {
+    /// Message `id` of the message store is held no more: no reference to it will be made.
+    fn release(&self, id: u64);
+}
+
+/// A message's identifier in storage's message store, released when the message is dropped.
+pub(crate) struct Stored {
+    pub(crate) id: u64,
+    release: Weak<dyn ReleaseStored>,
+}
+
+impl Stored {
+    pub(crate) fn new(id: u64, release: Weak<dyn ReleaseStored>) -> Stored {
+        Stored { id, release }
+    }
+}
+
+impl Drop for Stored {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.upgrade() {
+            r.release(self.id);
+        }
+    }
+}
+
+impl std::fmt::Debug for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Stored").field(&self.id).finish()
+    }
 }
 
 impl Clone for Message {
     /// A copy without the encoding kept by [`Message::shared_v3_qos0`] (a copy may be given
-    /// another topic or payload).
+    /// another topic or payload), and not stored.
     fn clone(&self) -> Message {
         Message {
             topic: self.topic.clone(),
@@ -46,6 +83,7 @@ impl Clone for Message {
             expires_at: self.expires_at,
             publisher: self.publisher.clone(),
             encoded: OnceLock::new(),
+            stored: OnceLock::new(),
         }
     }
 }

@@ -87,6 +87,7 @@ impl SysPublisher {
                 expires_at: None,
                 publisher: None,
                 encoded: Default::default(),
+                stored: Default::default(),
             });
         }
     }

@@ -12,8 +12,8 @@
 use std::collections::BTreeSet;
 
 use crate::records::{
-    InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SessionRecord,
-    SubscriptionRecord, WillRecord,
+    DeliveryRecord, InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SessionRecord,
+    StoredMessage, SubscriptionRecord, WillRecord,
 };
 
 /// Largest MQTT 5 Subscription Identifier (a variable byte integer).
@@ -26,8 +26,10 @@ pub enum Change {
     /// keeping its subscriptions, will and messages.
     SessionSaved(SessionHeader),
     /// Replace the whole session, collections included, by this record (creating it if
-    /// needed). Used to write a "dirty" client again after a change was given up.
-    SessionWritten(SessionRecord),
+    /// needed), after storing each of the messages it refers to that is not stored yet
+    /// (as [`Change::MessageStored`] would). Used to write a "dirty" client again after a
+    /// change was given up.
+    SessionWritten(SessionRecord, Vec<StoredMessage>),
     /// Delete the session and everything it holds. Nothing if it is not stored.
     SessionDeleted {
         /// The client whose session ends.
@@ -59,15 +61,31 @@ pub enum Change {
         /// The client whose will is cleared.
         client_id: String,
     },
-    /// Queue a message for the client at position `seq`, replacing a message already queued
-    /// at that position.
+    /// Store a message once for all its deliveries, under `id`, unless a message is stored
+    /// under `id` already. Sent before the first reference to it
+    /// ([`Change::MessageQueued`], [`Change::InflightSet`]). Belongs to no client.
+    MessageStored {
+        /// The message, as published.
+        message: StoredMessage,
+    },
+    /// The broker holds message `id` no more (and will make no new reference to it): it is
+    /// deleted as soon as nothing refers to it, now or when its last reference goes. A
+    /// message is deleted only once released, so that the broker can still refer to a
+    /// message whose references all went (a shared subscription's message given to another
+    /// member). Belongs to no client; nothing if `id` is not stored.
+    MessageReleased {
+        /// The [`StoredMessage::id`].
+        id: u64,
+    },
+    /// Queue a delivery of a stored message for the client at position `seq`, replacing a
+    /// delivery already queued at that position. Refused if the message is not stored.
     MessageQueued {
         /// The client the message waits for.
         client_id: String,
         /// Its position in the queue, see [`QueuedRecord::seq`](crate::QueuedRecord::seq).
         seq: u64,
-        /// The message, at its delivery QoS.
-        message: MessageRecord,
+        /// The delivery: the stored message and its delivery QoS.
+        delivery: DeliveryRecord,
     },
     /// Remove the message queued at `seq` (sent, expired or dropped).
     MessageDequeued {
@@ -78,7 +96,7 @@ pub enum Change {
     },
     /// Record an in-flight message, or update the one with the same packet identifier
     /// (e.g. to [`InflightState::AwaitingPubComp`](crate::InflightState::AwaitingPubComp)),
-    /// which keeps its place in the in-flight order.
+    /// which keeps its place in the in-flight order. Refused if its message is not stored.
     InflightSet {
         /// The client the message was sent to.
         client_id: String,
@@ -120,7 +138,7 @@ impl Change {
     pub fn client_id(&self) -> Option<&str> {
         match self {
             Change::SessionSaved(header) => Some(&header.client_id),
-            Change::SessionWritten(record) => Some(&record.client_id),
+            Change::SessionWritten(record, _) => Some(&record.client_id),
             Change::SessionDeleted { client_id }
             | Change::SubscriptionAdded { client_id, .. }
             | Change::SubscriptionRemoved { client_id, .. }
@@ -132,7 +150,10 @@ impl Change {
             | Change::InflightRemoved { client_id, .. }
             | Change::InboundQos2Added { client_id, .. }
             | Change::InboundQos2Removed { client_id, .. } => Some(client_id),
-            Change::RetainedSet(_) | Change::RetainedDeleted { .. } => None,
+            Change::RetainedSet(_)
+            | Change::RetainedDeleted { .. }
+            | Change::MessageStored { .. }
+            | Change::MessageReleased { .. } => None,
         }
     }
 
@@ -140,12 +161,14 @@ impl Change {
     pub fn kind(&self) -> &'static str {
         match self {
             Change::SessionSaved(_) => "session_saved",
-            Change::SessionWritten(_) => "session_written",
+            Change::SessionWritten(..) => "session_written",
             Change::SessionDeleted { .. } => "session_deleted",
             Change::SubscriptionAdded { .. } => "subscription_added",
             Change::SubscriptionRemoved { .. } => "subscription_removed",
             Change::WillSet { .. } => "will_set",
             Change::WillCleared { .. } => "will_cleared",
+            Change::MessageStored { .. } => "message_stored",
+            Change::MessageReleased { .. } => "message_released",
             Change::MessageQueued { .. } => "message_queued",
             Change::MessageDequeued { .. } => "message_dequeued",
             Change::InflightSet { .. } => "inflight_set",
@@ -159,11 +182,16 @@ impl Change {
 
     /// Bytes this change holds, as the core counts them for its back pressure: the topic,
     /// payload and properties of each message in it, plus its strings (client identifier,
-    /// filters, user name). Fixed-size fields are not counted: a change without a message is
-    /// a few bytes, which the core's own per-change overhead covers.
+    /// filters, user name, shared subscription) and subscription identifiers (4 bytes each).
+    /// A reference to a stored message counts its own fields, not the message. Fixed-size
+    /// fields are not counted: a change without a message is a few bytes, which the core's
+    /// own per-change overhead covers.
     pub fn size(&self) -> usize {
         fn message(m: &MessageRecord) -> usize {
             m.topic.len() + m.payload.len() + m.properties.len()
+        }
+        fn delivery(d: &DeliveryRecord) -> usize {
+            d.share.as_ref().map_or(0, String::len) + 4 * d.subscription_ids.len()
         }
         fn id(client_id: &str) -> usize {
             client_id.len()
@@ -172,7 +200,7 @@ impl Change {
             Change::SessionSaved(h) => {
                 id(&h.client_id) + h.username.as_ref().map_or(0, String::len)
             }
-            Change::SessionWritten(r) => {
+            Change::SessionWritten(r, messages) => {
                 id(&r.client_id)
                     + r.username.as_ref().map_or(0, String::len)
                     + r.subscriptions
@@ -180,11 +208,15 @@ impl Change {
                         .map(|s| s.filter.len())
                         .sum::<usize>()
                     + r.will.as_ref().map_or(0, |w| message(&w.message))
-                    + r.queued.iter().map(|q| message(&q.message)).sum::<usize>()
+                    + r.queued
+                        .iter()
+                        .map(|q| delivery(&q.delivery))
+                        .sum::<usize>()
                     + r.inflight
                         .iter()
-                        .map(|f| message(&f.message))
+                        .map(|f| delivery(&f.delivery))
                         .sum::<usize>()
+                    + messages.iter().map(|m| message(&m.message)).sum::<usize>()
             }
             Change::SubscriptionAdded {
                 client_id,
@@ -192,15 +224,17 @@ impl Change {
             } => id(client_id) + subscription.filter.len(),
             Change::SubscriptionRemoved { client_id, filter } => id(client_id) + filter.len(),
             Change::WillSet { client_id, will } => id(client_id) + message(&will.message),
+            Change::MessageStored { message: m } => message(&m.message),
+            Change::MessageReleased { .. } => 0,
             Change::MessageQueued {
                 client_id,
-                message: m,
+                delivery: d,
                 ..
-            } => id(client_id) + message(m),
+            } => id(client_id) + delivery(d),
             Change::InflightSet {
                 client_id,
                 inflight,
-            } => id(client_id) + message(&inflight.message),
+            } => id(client_id) + delivery(&inflight.delivery),
             Change::SessionDeleted { client_id }
             | Change::WillCleared { client_id }
             | Change::MessageDequeued { client_id, .. }
@@ -215,7 +249,7 @@ impl Change {
     /// Whether this change creates or replaces a session, so that later additions to it
     /// in the same batch are accepted.
     pub fn creates_session(&self) -> bool {
-        matches!(self, Change::SessionSaved(_) | Change::SessionWritten(_))
+        matches!(self, Change::SessionSaved(_) | Change::SessionWritten(..))
     }
 }
 
@@ -223,11 +257,17 @@ impl Change {
 pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
     match change {
         Change::SessionSaved(header) => validate_header(header),
-        Change::SessionWritten(record) => validate_record(record),
+        Change::SessionWritten(record, messages) => {
+            for m in messages {
+                validate_stored(m)?;
+            }
+            validate_record(record)
+        }
+        Change::MessageStored { message } => validate_stored(message),
         Change::SubscriptionAdded { subscription, .. } => validate_subscription(subscription),
         Change::WillSet { will, .. } => validate_message(&will.message),
-        Change::MessageQueued { message, .. } => validate_message(message),
-        Change::InflightSet { inflight, .. } => validate_message(&inflight.message),
+        Change::MessageQueued { delivery, .. } => validate_delivery(delivery),
+        Change::InflightSet { inflight, .. } => validate_delivery(&inflight.delivery),
         Change::RetainedSet(record) => validate_message(&record.message),
         Change::SessionDeleted { .. }
         | Change::SubscriptionRemoved { .. }
@@ -236,7 +276,8 @@ pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
         | Change::InflightRemoved { .. }
         | Change::InboundQos2Added { .. }
         | Change::InboundQos2Removed { .. }
-        | Change::RetainedDeleted { .. } => Ok(()),
+        | Change::RetainedDeleted { .. }
+        | Change::MessageReleased { .. } => Ok(()),
     }
 }
 
@@ -264,14 +305,14 @@ fn validate_record(record: &SessionRecord) -> Result<(), String> {
     }
     let mut seqs = BTreeSet::new();
     for queued in &record.queued {
-        validate_message(&queued.message)?;
+        validate_delivery(&queued.delivery)?;
         if !seqs.insert(queued.seq) {
             return Err(format!("queued seq {} appears twice", queued.seq));
         }
     }
     let mut packet_ids = BTreeSet::new();
     for inflight in &record.inflight {
-        validate_message(&inflight.message)?;
+        validate_delivery(&inflight.delivery)?;
         if !packet_ids.insert(inflight.packet_id) {
             return Err(format!(
                 "in-flight packet id {} appears twice",
@@ -306,6 +347,36 @@ fn validate_subscription(subscription: &SubscriptionRecord) -> Result<(), String
     Ok(())
 }
 
+/// Largest message id and queue position: SQL backends store them as signed 64-bit integers.
+const MAX_ID: u64 = i64::MAX as u64;
+
+fn validate_stored(stored: &StoredMessage) -> Result<(), String> {
+    if stored.id > MAX_ID {
+        return Err(format!("message id {} is over 2^63 - 1", stored.id));
+    }
+    validate_message(&stored.message)
+}
+
+fn validate_delivery(delivery: &DeliveryRecord) -> Result<(), String> {
+    if delivery.qos > 2 {
+        return Err(format!("message QoS {} is over 2", delivery.qos));
+    }
+    if delivery.message_id > MAX_ID {
+        return Err(format!(
+            "message id {} is over 2^63 - 1",
+            delivery.message_id
+        ));
+    }
+    for &identifier in &delivery.subscription_ids {
+        if identifier == 0 || identifier > MAX_SUBSCRIPTION_IDENTIFIER {
+            return Err(format!(
+                "subscription identifier {identifier} is out of range"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn validate_message(message: &MessageRecord) -> Result<(), String> {
     if message.qos > 2 {
         return Err(format!("message QoS {} is over 2", message.qos));
@@ -324,7 +395,10 @@ pub(crate) fn validate_batch(batch: &[Change]) -> Result<(), crate::StorageError
 
 /// Change `index` of a batch, refused for `reason`: names the change and its client.
 pub(crate) fn refused(index: usize, change: &Change, reason: &str) -> crate::StorageError {
-    let target = change.client_id().unwrap_or("the retained set");
+    let target = match change {
+        Change::MessageStored { .. } | Change::MessageReleased { .. } => "the message store",
+        _ => change.client_id().unwrap_or("the retained set"),
+    };
     crate::StorageError::refused(format!(
         "change {index} ({}) for {target} refused: {reason}",
         change.kind()
@@ -351,11 +425,23 @@ mod tests {
         assert_eq!(deleted.client_id(), None);
         assert_eq!(retained.size(), 2);
         assert_eq!(deleted.size(), 1);
+        let stored = Change::MessageStored {
+            message: StoredMessage {
+                id: 7,
+                message: MessageRecord::new("topic", vec![0u8; 100], 1),
+            },
+        };
+        assert_eq!(stored.client_id(), None);
+        assert_eq!(stored.size(), 5 + 100);
+        // A reference counts its own fields, not the message it refers to.
+        let mut delivery = DeliveryRecord::new(7, 1);
+        delivery.share = Some("$share/g/t".into());
+        delivery.subscription_ids = vec![1, 2];
         let queued = Change::MessageQueued {
             client_id: "ab".into(),
             seq: 1,
-            message: MessageRecord::new("topic", vec![0u8; 100], 1),
+            delivery,
         };
-        assert_eq!(queued.size(), 2 + 5 + 100);
+        assert_eq!(queued.size(), 2 + 10 + 8);
     }
 }

@@ -12,15 +12,17 @@
 //! }
 //! ```
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Mutex, OnceLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    Change, ErrorKind, InflightRecord, InflightState, LoadedState, MessageRecord, QueuedRecord,
-    RetainedRecord, SessionHeader, SessionRecord, Storage, StorageError, SubscriptionRecord,
-    WillRecord, NEVER_EXPIRES,
+    Change, DeliveryRecord, ErrorKind, InflightRecord, InflightState, LoadedState, MessageRecord,
+    QueuedRecord, RetainedRecord, SessionHeader, SessionRecord, Storage, StorageError,
+    StoredMessage, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
 /// How the checks get storages of the backend under test.
@@ -64,6 +66,10 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_delete_session(&harness.fresh().await).await;
     check_reopen(harness).await;
     check_set_aside(harness).await;
+    check_message_stored_once(&harness.fresh().await).await;
+    check_messages_of_deleted_sessions(&harness.fresh().await).await;
+    check_refused_batch_stores_nothing(&harness.fresh().await).await;
+    check_messages_across_reopen(harness).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -79,8 +85,98 @@ where
     }
 }
 
+/// The messages the checks refer to, by id (the id is a hash of the message, see
+/// [`delivery_of`]), so that [`apply`] can store each before the batch refers to it.
+fn registry() -> &'static Mutex<HashMap<u64, MessageRecord>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<u64, MessageRecord>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The id of a message: a hash of what is stored of it (FNV-1a), below 2^63.
+fn id_of(m: &MessageRecord) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes.iter().chain([&0xff]) {
+            hash = (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(m.topic.as_bytes());
+    eat(&m.payload);
+    eat(&m.properties);
+    eat(&m.expires_at.unwrap_or(u64::MAX).to_be_bytes());
+    eat(m.publisher.as_deref().unwrap_or("\u{0}").as_bytes());
+    hash >> 1
+}
+
+/// A delivery of `m` (at its QoS, RETAIN flag and shared subscription), its message
+/// registered for [`apply`] to store.
+fn delivery_of(m: &MessageRecord) -> DeliveryRecord {
+    let id = id_of(m);
+    let mut stored = m.clone();
+    stored.share = None;
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(id)
+        .or_insert(stored);
+    DeliveryRecord {
+        message_id: id,
+        qos: m.qos,
+        retain: m.retain,
+        subscription_ids: Vec::new(),
+        share: m.share.clone(),
+    }
+}
+
+/// The message a delivery of `state` gives the client: the stored message at the
+/// delivery's QoS, RETAIN flag and shared subscription.
+fn delivered(state: &LoadedState, d: &DeliveryRecord) -> MessageRecord {
+    let Some(stored) = state.messages.iter().find(|m| m.id == d.message_id) else {
+        panic!("message {} is referred to but not loaded", d.message_id);
+    };
+    MessageRecord {
+        qos: d.qos,
+        retain: d.retain,
+        share: d.share.clone(),
+        ..stored.message.clone()
+    }
+}
+
+/// `batch` after a `MessageStored` of each message it refers to that the checks registered.
+fn with_messages(batch: Vec<Change>) -> Vec<Change> {
+    let mut ids = Vec::new();
+    for change in &batch {
+        match change {
+            Change::MessageQueued { delivery, .. } => ids.push(delivery.message_id),
+            Change::InflightSet { inflight, .. } => ids.push(inflight.delivery.message_id),
+            Change::SessionWritten(record, _) => {
+                ids.extend(record.queued.iter().map(|q| q.delivery.message_id));
+                ids.extend(record.inflight.iter().map(|f| f.delivery.message_id));
+            }
+            _ => {}
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let registry = registry().lock().unwrap_or_else(|e| e.into_inner());
+    let mut out: Vec<Change> = ids
+        .into_iter()
+        .filter_map(|id| {
+            registry.get(&id).map(|m| Change::MessageStored {
+                message: StoredMessage {
+                    id,
+                    message: m.clone(),
+                },
+            })
+        })
+        .collect();
+    out.extend(batch);
+    out
+}
+
+/// Applies `batch`, storing first the messages it refers to.
 async fn apply<S: Storage>(storage: &S, batch: Vec<Change>) {
-    must("apply", storage.apply(&batch)).await;
+    must("apply", storage.apply(&with_messages(batch))).await;
 }
 
 async fn load<S: Storage>(storage: &S) -> LoadedState {
@@ -122,7 +218,7 @@ fn queued(client_id: &str, seq: u64, payload: &'static [u8]) -> Change {
     Change::MessageQueued {
         client_id: client_id.to_string(),
         seq,
-        message: message("q/t", payload, 1),
+        delivery: delivery_of(&message("q/t", payload, 1)),
     }
 }
 
@@ -145,7 +241,7 @@ fn inflight(client_id: &str, packet_id: u16, state: InflightState) -> Change {
         client_id: client_id.to_string(),
         inflight: InflightRecord {
             packet_id,
-            message: message("i/t", b"in flight", 2),
+            delivery: delivery_of(&message("i/t", b"in flight", 2)),
             state,
         },
     }
@@ -360,15 +456,23 @@ pub async fn check_queue<S: Storage>(storage: &S) {
         ],
     )
     .await;
-    let loaded = session(storage, "a").await;
-    assert_eq!(seqs(&loaded), [2, 4, 1 << 40]);
-    assert_eq!(loaded.queued[0].message.payload, Bytes::from_static(b"two"));
+    let state = load(storage).await;
+    let loaded = &state.sessions[0];
+    assert_eq!(seqs(loaded), [2, 4, 1 << 40]);
+    assert_eq!(
+        delivered(&state, &loaded.queued[0].delivery).payload,
+        Bytes::from_static(b"two")
+    );
     assert_eq!(
         loaded.queued[1],
         QueuedRecord {
             seq: 4,
-            message: message("q/t", b"four again", 1),
+            delivery: delivery_of(&message("q/t", b"four again", 1)),
         }
+    );
+    assert_eq!(
+        delivered(&state, &loaded.queued[1].delivery),
+        message("q/t", b"four again", 1)
     );
 }
 
@@ -413,9 +517,10 @@ pub async fn check_inflight<S: Storage>(storage: &S) {
     )
     .await;
     apply(storage, vec![inflight("a", 2, AwaitingPubAck)]).await;
-    let loaded = session(storage, "a").await;
+    let state = load(storage).await;
+    let loaded = &state.sessions[0];
     assert_eq!(
-        packet_ids(&loaded),
+        packet_ids(loaded),
         [
             (9, AwaitingPubComp),
             (65535, AwaitingPubRec),
@@ -423,7 +528,10 @@ pub async fn check_inflight<S: Storage>(storage: &S) {
             (2, AwaitingPubAck)
         ]
     );
-    assert_eq!(loaded.inflight[0].message, message("i/t", b"in flight", 2));
+    assert_eq!(
+        delivered(&state, &loaded.inflight[0].delivery),
+        message("i/t", b"in flight", 2)
+    );
 }
 
 /// Inbound QoS 2 packet ids: a set, listed ascending.
@@ -565,43 +673,60 @@ pub async fn check_session_written<S: Storage>(storage: &S) {
     record.queued = vec![
         QueuedRecord {
             seq: 2,
-            message: message("q", b"new two", 1),
+            delivery: delivery_of(&message("q", b"new two", 1)),
         },
         QueuedRecord {
             seq: 10,
-            message: message("q", b"new ten", 0),
+            delivery: delivery_of(&message("q", b"new ten", 0)),
         },
     ];
     record.inflight = vec![
         InflightRecord {
             packet_id: 40,
-            message: message("i", b"x", 2),
+            delivery: delivery_of(&message("i", b"x", 2)),
             state: InflightState::AwaitingPubComp,
         },
         InflightRecord {
             packet_id: 4,
-            message: MessageRecord {
+            delivery: delivery_of(&MessageRecord {
                 share: Some("$share/g/i".to_string()),
                 ..message("i", b"y", 1)
-            },
+            }),
             state: InflightState::AwaitingPubAck,
         },
     ];
-    record.queued[0].message.share = Some("$share/g/q".to_string());
+    record.queued[0].delivery.share = Some("$share/g/q".to_string());
+    record.queued[0].delivery.subscription_ids = vec![1, 268_435_455];
     record.inbound_qos2 = vec![8, 9];
-    apply(storage, vec![Change::SessionWritten(record.clone())]).await;
+    // The messages it refers to come with it.
+    let messages: Vec<StoredMessage> = [("q", &b"new two"[..], 1), ("q", b"new ten", 0)]
+        .into_iter()
+        .chain([("i", &b"x"[..], 2), ("i", b"y", 1)])
+        .map(|(topic, payload, qos)| {
+            let m = MessageRecord::new(topic, Bytes::copy_from_slice(payload), qos);
+            StoredMessage {
+                id: id_of(&m),
+                message: m,
+            }
+        })
+        .collect();
+    must(
+        "apply",
+        storage.apply(&[Change::SessionWritten(record.clone(), messages)]),
+    )
+    .await;
     assert_eq!(session(storage, "a").await, record);
 
     // Written whole, then changed in the same batch; also creates a session not stored.
     let mut fresh = SessionRecord::new(header("b"));
     fresh.queued.push(QueuedRecord {
         seq: 1,
-        message: message("q", b"one", 1),
+        delivery: delivery_of(&message("q", b"one", 1)),
     });
     apply(
         storage,
         vec![
-            Change::SessionWritten(fresh.clone()),
+            Change::SessionWritten(fresh.clone(), Vec::new()),
             queued("b", 2, b"two"),
         ],
     )
@@ -676,23 +801,23 @@ pub async fn check_message_fields<S: Storage>(storage: &S) {
             Change::MessageQueued {
                 client_id: "client-ñ".to_string(),
                 seq: 0,
-                message: binary.clone(),
+                delivery: delivery_of(&binary),
             },
             Change::MessageQueued {
                 client_id: "client-ñ".to_string(),
                 seq: 1,
-                message: empty.clone(),
+                delivery: delivery_of(&empty),
             },
             Change::MessageQueued {
                 client_id: "client-ñ".to_string(),
                 seq: 2,
-                message: shared.clone(),
+                delivery: delivery_of(&shared),
             },
             Change::InflightSet {
                 client_id: "client-ñ".to_string(),
                 inflight: InflightRecord {
                     packet_id: 7,
-                    message: shared.clone(),
+                    delivery: delivery_of(&shared),
                     state: InflightState::AwaitingPubRec,
                 },
             },
@@ -706,11 +831,14 @@ pub async fn check_message_fields<S: Storage>(storage: &S) {
     assert_eq!(loaded.protocol_level, 3);
     assert_eq!(loaded.disconnected_at, Some(0));
     assert!(loaded.is_expired(0));
-    assert_eq!(loaded.queued[0].message, binary);
-    assert_eq!(loaded.queued[1].message, empty);
+    assert_eq!(delivered(&state, &loaded.queued[0].delivery), binary);
+    assert_eq!(delivered(&state, &loaded.queued[1].delivery), empty);
     // The shared subscription of a delivery is kept, queued and in flight.
-    assert_eq!(loaded.queued[2].message, shared);
-    assert_eq!(loaded.inflight[0].message, shared);
+    assert_eq!(delivered(&state, &loaded.queued[2].delivery), shared);
+    assert_eq!(delivered(&state, &loaded.inflight[0].delivery), shared);
+    // One message queued twice (once through a shared subscription) and in flight is
+    // stored once.
+    assert_eq!(state.messages.len(), 2);
     assert_eq!(state.retained, [RetainedRecord::new(binary)]);
 }
 
@@ -846,7 +974,7 @@ pub async fn check_cancelled_within_batch<H: Harness>(harness: &mut H) {
         let a = &state.sessions[0];
         assert_eq!(seqs(a), [2], "{when}: queued");
         assert_eq!(
-            a.queued[0].message.payload,
+            delivered(state, &a.queued[0].delivery).payload,
             Bytes::from_static(b"two again"),
             "{when}: queued again"
         );
@@ -910,7 +1038,7 @@ pub async fn check_cancelled_within_batch<H: Harness>(harness: &mut H) {
                     client_id: "nobody".to_string(),
                     inflight: InflightRecord {
                         packet_id: 1,
-                        message: message("i/t", b"x", 1),
+                        delivery: delivery_of(&message("i/t", b"x", 1)),
                         state: AwaitingPubAck,
                     },
                 },
@@ -1050,7 +1178,10 @@ pub async fn check_invalid_values_refused<S: Storage>(storage: &S) {
             Change::MessageQueued {
                 client_id: "a".to_string(),
                 seq: 1,
-                message: message("t", b"x", 3),
+                delivery: DeliveryRecord {
+                    qos: 3,
+                    ..delivery_of(&message("t", b"x", 1))
+                },
             },
         ),
         (
@@ -1065,15 +1196,20 @@ pub async fn check_invalid_values_refused<S: Storage>(storage: &S) {
     duplicated.queued = vec![
         QueuedRecord {
             seq: 1,
-            message: message("t", b"x", 0),
+            delivery: delivery_of(&message("t", b"x", 0)),
         },
         QueuedRecord {
             seq: 1,
-            message: message("t", b"y", 0),
+            delivery: delivery_of(&message("t", b"y", 0)),
         },
     ];
     expect_refused(
-        storage.apply(&[Change::SessionWritten(duplicated)]).await,
+        storage
+            .apply(&with_messages(vec![Change::SessionWritten(
+                duplicated,
+                Vec::new(),
+            )]))
+            .await,
         "a written session with a seq twice",
     );
     assert_eq!(
@@ -1121,18 +1257,18 @@ pub async fn check_reopen<H: Harness>(harness: &mut H) {
     });
     record.queued = vec![QueuedRecord {
         seq: 7,
-        message: message("t/x", b"queued", 1),
+        delivery: delivery_of(&message("t/x", b"queued", 1)),
     }];
     record.inflight = vec![InflightRecord {
         packet_id: 12,
-        message: message("t/y", b"in flight", 2),
+        delivery: delivery_of(&message("t/y", b"in flight", 2)),
         state: InflightState::AwaitingPubRec,
     }];
     record.inbound_qos2 = vec![3];
     apply(
         &storage,
         vec![
-            Change::SessionWritten(record.clone()),
+            Change::SessionWritten(record.clone(), Vec::new()),
             Change::RetainedSet(retained("r", b"x", Some("a"))),
         ],
     )
@@ -1149,6 +1285,257 @@ pub async fn check_reopen<H: Harness>(harness: &mut H) {
 
     apply(&storage, vec![dequeued("a", 7)]).await;
     assert!(session(&storage, "a").await.queued.is_empty());
+}
+
+fn stored(id: u64, topic: &str, payload: &'static [u8]) -> Change {
+    Change::MessageStored {
+        message: StoredMessage {
+            id,
+            message: message(topic, payload, 1),
+        },
+    }
+}
+
+fn queue_ref(client_id: &str, seq: u64, id: u64) -> Change {
+    Change::MessageQueued {
+        client_id: client_id.to_string(),
+        seq,
+        delivery: DeliveryRecord::new(id, 1),
+    }
+}
+
+fn released(id: u64) -> Change {
+    Change::MessageReleased { id }
+}
+
+/// Whether message `id` is stored: a reference to it is accepted (then removed again, and
+/// the probe's session deleted). Does not load (a load starts a new broker).
+async fn is_stored<S: Storage>(storage: &S, id: u64) -> bool {
+    let probe = vec![saved("probe"), queue_ref("probe", 1, id)];
+    match storage.apply(&probe).await {
+        Ok(()) => {
+            let cleanup = vec![Change::SessionDeleted {
+                client_id: "probe".to_string(),
+            }];
+            must("apply", storage.apply(&cleanup)).await;
+            true
+        }
+        Err(error) => {
+            assert_eq!(
+                error.kind(),
+                ErrorKind::Refused,
+                "a reference to message {id}: {error}"
+            );
+            false
+        }
+    }
+}
+
+/// A message queued for N sessions is stored once; it stays while one of them refers to it
+/// (queued or in flight), and goes with the last reference once released, not before.
+pub async fn check_message_stored_once<S: Storage>(storage: &S) {
+    let mut batch = vec![stored(1, "t/fan", b"to everyone")];
+    for client in ["a", "b", "c"] {
+        batch.push(saved(client));
+        batch.push(queue_ref(client, 1, 1));
+    }
+    batch.push(Change::InflightSet {
+        client_id: "c".to_string(),
+        inflight: InflightRecord {
+            packet_id: 4,
+            delivery: DeliveryRecord::new(1, 1),
+            state: InflightState::AwaitingPubAck,
+        },
+    });
+    apply(storage, batch).await;
+    let state = load(storage).await;
+    assert_eq!(
+        state.messages,
+        [StoredMessage {
+            id: 1,
+            message: message("t/fan", b"to everyone", 1),
+        }],
+        "a message queued for three sessions is stored once"
+    );
+    for session in &state.sessions {
+        assert_eq!(session.queued[0].delivery, DeliveryRecord::new(1, 1));
+    }
+
+    // Released while referred to: kept.
+    apply(storage, vec![released(1), dequeued("a", 1)]).await;
+    assert!(
+        is_stored(storage, 1).await,
+        "kept while b and c refer to it"
+    );
+    apply(storage, vec![dequeued("b", 1), dequeued("c", 1)]).await;
+    assert!(is_stored(storage, 1).await, "kept while in flight for c");
+    apply(
+        storage,
+        vec![Change::InflightRemoved {
+            client_id: "c".to_string(),
+            packet_id: 4,
+        }],
+    )
+    .await;
+    assert!(!is_stored(storage, 1).await, "gone with its last reference");
+
+    // Not released: kept without references (the broker may still refer to it), until
+    // released.
+    apply(storage, vec![stored(2, "t", b"x"), queue_ref("a", 2, 2)]).await;
+    apply(storage, vec![dequeued("a", 2)]).await;
+    assert!(is_stored(storage, 2).await, "kept until released");
+    apply(storage, vec![released(2)]).await;
+    assert!(
+        !is_stored(storage, 2).await,
+        "released without references: gone"
+    );
+    assert!(load(storage).await.messages.is_empty());
+}
+
+/// A session deleted (by a change or by `delete_session`) or written whole takes its
+/// references with it, and the released messages they kept.
+pub async fn check_messages_of_deleted_sessions<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![
+            saved("a"),
+            saved("b"),
+            saved("c"),
+            stored(1, "t", b"1"),
+            stored(2, "t", b"2"),
+            stored(3, "t", b"3"),
+            stored(4, "t", b"4"),
+            queue_ref("a", 1, 1),
+            queue_ref("a", 2, 4),
+            queue_ref("b", 1, 2),
+            queue_ref("c", 1, 3),
+            queue_ref("c", 2, 4),
+            released(1),
+            released(2),
+            released(3),
+            released(4),
+        ],
+    )
+    .await;
+    apply(
+        storage,
+        vec![Change::SessionDeleted {
+            client_id: "a".to_string(),
+        }],
+    )
+    .await;
+    assert!(!is_stored(storage, 1).await, "a's own message goes with a");
+    assert!(is_stored(storage, 4).await, "c still refers to message 4");
+    assert!(must("delete_session", storage.delete_session("b")).await);
+    assert!(!is_stored(storage, 2).await, "b's message goes with b");
+    let mut record = SessionRecord::new(header("c"));
+    record.queued = vec![QueuedRecord {
+        seq: 5,
+        delivery: DeliveryRecord::new(4, 1),
+    }];
+    apply(storage, vec![Change::SessionWritten(record, Vec::new())]).await;
+    assert!(
+        !is_stored(storage, 3).await,
+        "replaced by a written session: gone"
+    );
+    assert!(
+        is_stored(storage, 4).await,
+        "still referred to by the written session"
+    );
+    let state = load(storage).await;
+    assert_eq!(state.messages.len(), 1);
+    assert_eq!(state.messages[0].id, 4);
+}
+
+/// A refused batch stores no message and no reference; a reference to a message not stored
+/// is refused.
+pub async fn check_refused_batch_stores_nothing<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![saved("a"), stored(1, "t", b"1"), queue_ref("a", 1, 1)],
+    )
+    .await;
+    let before = load(storage).await;
+    let result = storage
+        .apply(&[
+            stored(2, "t", b"2"),
+            queue_ref("a", 2, 2),
+            released(1),
+            dequeued("a", 1),
+            queued("nobody", 1, b"lost"),
+        ])
+        .await;
+    expect_refused(result, "a message queued for a session not stored");
+    assert!(
+        !is_stored(storage, 2).await,
+        "the refused batch stored no message"
+    );
+    assert!(is_stored(storage, 1).await, "nor released or dequeued any");
+    assert_eq!(
+        load(storage).await,
+        before,
+        "a refused batch changes nothing"
+    );
+    expect_refused(
+        storage.apply(&[queue_ref("a", 3, 99)]).await,
+        "a reference to a message not stored",
+    );
+    expect_refused(
+        storage
+            .apply(&[Change::InflightSet {
+                client_id: "a".to_string(),
+                inflight: InflightRecord {
+                    packet_id: 1,
+                    delivery: DeliveryRecord::new(99, 1),
+                    state: InflightState::AwaitingPubAck,
+                },
+            }])
+            .await,
+        "an in-flight reference to a message not stored",
+    );
+    assert_eq!(
+        load(storage).await,
+        before,
+        "refused references change nothing"
+    );
+}
+
+/// After a reopen every referred message is loaded once and nothing else: a message stored
+/// but never referred to (its references given up) is gone; the new broker holds every
+/// loaded message until it releases it.
+pub async fn check_messages_across_reopen<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    apply(
+        &storage,
+        vec![
+            saved("a"),
+            saved("b"),
+            stored(10, "t/kept", b"kept"),
+            stored(11, "t/orphan", b"orphan"),
+            queue_ref("a", 1, 10),
+            queue_ref("b", 1, 10),
+            released(10),
+        ],
+    )
+    .await;
+    must("flush", storage.flush()).await;
+    let storage = harness.reopen(storage).await;
+    let state = load(&storage).await;
+    assert_eq!(
+        state.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [10],
+        "referred messages are loaded once, orphans are gone"
+    );
+    assert_eq!(state.sessions.len(), 2);
+    // Held by the new broker: its last reference going does not delete it...
+    apply(&storage, vec![dequeued("a", 1), dequeued("b", 1)]).await;
+    assert!(
+        is_stored(&storage, 10).await,
+        "held by the broker that loaded it"
+    );
+    // ...until that broker releases it.
+    apply(&storage, vec![released(10)]).await;
+    assert!(!is_stored(&storage, 10).await);
 }
 
 /// A session that can't be read is set aside (the rest loads), and `delete_session` clears

@@ -7,6 +7,8 @@
 //!
 //! Modules:
 //! - [`records`]: sessions, subscriptions, messages, wills, in-flight and retained messages;
+//!   a message queued for many sessions is stored once ([`StoredMessage`]) and each queue
+//!   or in-flight list holds a reference to it ([`DeliveryRecord`]);
 //! - [`change`]: the [`Change`] enum, one small ordered mutation each;
 //! - [`error`]: [`StorageError`] and the [`ErrorKind`] that tells the writer how to react;
 //! - [`memory`]: [`MemoryStorage`], the default backend and the reference semantics;
@@ -61,8 +63,8 @@ pub use change::Change;
 pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
 pub use memory::MemoryStorage;
 pub use records::{
-    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord,
+    SessionHeader, SessionRecord, StoredMessage, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
 /// Everything a broker reads from storage when it starts.
@@ -73,6 +75,11 @@ pub struct LoadedState {
     pub sessions: Vec<SessionRecord>,
     /// Every retained message, sorted by topic.
     pub retained: Vec<RetainedRecord>,
+    /// Every stored message some stored session refers to (its queue or in-flight messages,
+    /// set-aside sessions included), each once, sorted by id. Loading starts a new broker:
+    /// messages nothing refers to are deleted first, and every loaded one is held by the new
+    /// broker until it sends [`Change::MessageReleased`].
+    pub messages: Vec<StoredMessage>,
     /// Sessions that could not be read. They stay in storage untouched; their clients are
     /// refused until [`Storage::delete_session`] removes them.
     pub set_aside: Vec<SetAside>,

@@ -1,7 +1,7 @@
 //! [`MemoryStorage`]: the default backend, which keeps everything in memory (lost when the
 //! process ends), and the reference semantics every other backend must match.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,8 +11,8 @@ use tokio::sync::Notify;
 use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
-    InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader, SessionRecord,
-    SubscriptionRecord, WillRecord,
+    DeliveryRecord, InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
+    SessionRecord, StoredMessage, SubscriptionRecord, WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
 
@@ -36,6 +36,8 @@ struct Shared {
 #[derive(Default)]
 struct State {
     sessions: BTreeMap<String, StoredSession>,
+    /// The message store: each message once, with how many deliveries refer to it.
+    messages: BTreeMap<u64, Stored>,
     retained: BTreeMap<String, RetainedRecord>,
     /// Clients whose session is reported as unreadable, with the cause.
     set_aside: BTreeMap<String, String>,
@@ -47,11 +49,20 @@ struct State {
     applied_batches: u64,
 }
 
+/// A stored message and what keeps it.
+struct Stored {
+    message: MessageRecord,
+    /// Queued and in-flight deliveries that refer to it.
+    references: usize,
+    /// The broker released it: it goes with its last reference.
+    released: bool,
+}
+
 struct StoredSession {
     header: SessionHeader,
     subscriptions: BTreeMap<String, SubscriptionRecord>,
     will: Option<WillRecord>,
-    queued: BTreeMap<u64, MessageRecord>,
+    queued: BTreeMap<u64, DeliveryRecord>,
     /// In the order their packet identifier was first set.
     inflight: Vec<InflightRecord>,
     inbound_qos2: BTreeSet<u16>,
@@ -78,7 +89,7 @@ impl StoredSession {
         }
         stored.will = record.will.clone();
         for queued in &record.queued {
-            stored.queued.insert(queued.seq, queued.message.clone());
+            stored.queued.insert(queued.seq, queued.delivery.clone());
         }
         stored.inflight = record.inflight.clone();
         stored.inbound_qos2 = record.inbound_qos2.iter().copied().collect();
@@ -92,9 +103,9 @@ impl StoredSession {
         record.queued = self
             .queued
             .iter()
-            .map(|(seq, message)| QueuedRecord {
+            .map(|(seq, delivery)| QueuedRecord {
                 seq: *seq,
-                message: message.clone(),
+                delivery: delivery.clone(),
             })
             .collect();
         record.inflight = self.inflight.clone();
@@ -113,6 +124,14 @@ impl State {
                 .map(|(_, stored)| stored.to_record())
                 .collect(),
             retained: self.retained.values().cloned().collect(),
+            messages: self
+                .messages
+                .iter()
+                .map(|(id, stored)| StoredMessage {
+                    id: *id,
+                    message: stored.message.clone(),
+                })
+                .collect(),
             set_aside: self
                 .set_aside
                 .iter()
@@ -129,7 +148,41 @@ impl State {
         validate_batch(batch)?;
         // Whether each client touched so far in the batch has a session after its changes.
         let mut exists: HashMap<&str, bool> = HashMap::new();
+        // Messages stored by the batch before the change at hand.
+        let mut stored_now: HashSet<u64> = HashSet::new();
+        let is_stored = |stored_now: &HashSet<u64>, id: u64| {
+            stored_now.contains(&id) || self.messages.contains_key(&id)
+        };
         for (index, change) in batch.iter().enumerate() {
+            let missing = match change {
+                Change::MessageStored { message } => {
+                    stored_now.insert(message.id);
+                    None
+                }
+                Change::SessionWritten(record, messages) => {
+                    stored_now.extend(messages.iter().map(|m| m.id));
+                    record
+                        .queued
+                        .iter()
+                        .map(|q| &q.delivery)
+                        .chain(record.inflight.iter().map(|f| &f.delivery))
+                        .find(|d| !is_stored(&stored_now, d.message_id))
+                }
+                Change::MessageQueued { delivery, .. } => {
+                    Some(delivery).filter(|d| !is_stored(&stored_now, d.message_id))
+                }
+                Change::InflightSet { inflight, .. } => {
+                    Some(&inflight.delivery).filter(|d| !is_stored(&stored_now, d.message_id))
+                }
+                _ => None,
+            };
+            if let Some(d) = missing {
+                return Err(refused(
+                    index,
+                    change,
+                    &format!("message {} is not stored", d.message_id),
+                ));
+            }
             let Some(client_id) = change.client_id() else {
                 continue;
             };
@@ -137,7 +190,7 @@ impl State {
                 .entry(client_id)
                 .or_insert_with(|| self.sessions.contains_key(client_id));
             match change {
-                Change::SessionSaved(_) | Change::SessionWritten(_) => {
+                Change::SessionSaved(_) | Change::SessionWritten(..) => {
                     exists.insert(client_id, true);
                 }
                 Change::SessionDeleted { .. } => {
@@ -162,6 +215,55 @@ impl State {
         Ok(())
     }
 
+    /// One more delivery refers to message `id`.
+    fn refer(&mut self, id: u64) {
+        if let Some(stored) = self.messages.get_mut(&id) {
+            stored.references += 1;
+        }
+    }
+
+    /// A delivery of message `id` went: the message goes too if it was the last one and the
+    /// broker released it.
+    fn unrefer(&mut self, id: u64) {
+        if let Some(stored) = self.messages.get_mut(&id) {
+            stored.references = stored.references.saturating_sub(1);
+            if stored.references == 0 && stored.released {
+                self.messages.remove(&id);
+            }
+        }
+    }
+
+    fn store(&mut self, message: &StoredMessage) {
+        self.messages.entry(message.id).or_insert_with(|| Stored {
+            message: message.message.clone(),
+            references: 0,
+            released: false,
+        });
+    }
+
+    /// Removes the session of `client_id` and its references. Whether there was one.
+    fn remove_session(&mut self, client_id: &str) -> bool {
+        let Some(stored) = self.sessions.remove(client_id) else {
+            return false;
+        };
+        for d in stored.queued.values() {
+            self.unrefer(d.message_id);
+        }
+        for f in &stored.inflight {
+            self.unrefer(f.delivery.message_id);
+        }
+        true
+    }
+
+    /// A new broker loads the storage: messages nothing refers to go, and every other one is
+    /// held by it (not released).
+    fn start_broker(&mut self) {
+        self.messages.retain(|_, stored| stored.references > 0);
+        for stored in self.messages.values_mut() {
+            stored.released = false;
+        }
+    }
+
     /// Apply one validated change.
     fn apply(&mut self, change: &Change) {
         match change {
@@ -172,12 +274,31 @@ impl State {
                         .insert(header.client_id.clone(), StoredSession::new(header.clone()));
                 }
             },
-            Change::SessionWritten(record) => {
-                self.sessions
-                    .insert(record.client_id.clone(), StoredSession::from_record(record));
+            Change::SessionWritten(record, messages) => {
+                for m in messages {
+                    self.store(m);
+                }
+                let stored = StoredSession::from_record(record);
+                for d in stored.queued.values() {
+                    self.refer(d.message_id);
+                }
+                for f in &stored.inflight {
+                    self.refer(f.delivery.message_id);
+                }
+                self.remove_session(&record.client_id);
+                self.sessions.insert(record.client_id.clone(), stored);
             }
             Change::SessionDeleted { client_id } => {
-                self.sessions.remove(client_id);
+                self.remove_session(client_id);
+            }
+            Change::MessageStored { message } => self.store(message),
+            Change::MessageReleased { id } => {
+                if let Some(stored) = self.messages.get_mut(id) {
+                    stored.released = true;
+                    if stored.references == 0 {
+                        self.messages.remove(id);
+                    }
+                }
             }
             Change::SubscriptionAdded {
                 client_id,
@@ -207,15 +328,23 @@ impl State {
             Change::MessageQueued {
                 client_id,
                 seq,
-                message,
+                delivery,
             } => {
                 if let Some(stored) = self.sessions.get_mut(client_id) {
-                    stored.queued.insert(*seq, message.clone());
+                    let replaced = stored.queued.insert(*seq, delivery.clone());
+                    self.refer(delivery.message_id);
+                    if let Some(old) = replaced {
+                        self.unrefer(old.message_id);
+                    }
                 }
             }
             Change::MessageDequeued { client_id, seq } => {
-                if let Some(stored) = self.sessions.get_mut(client_id) {
-                    stored.queued.remove(seq);
+                if let Some(old) = self
+                    .sessions
+                    .get_mut(client_id)
+                    .and_then(|stored| stored.queued.remove(seq))
+                {
+                    self.unrefer(old.message_id);
                 }
             }
             Change::InflightSet {
@@ -223,13 +352,20 @@ impl State {
                 inflight,
             } => {
                 if let Some(stored) = self.sessions.get_mut(client_id) {
-                    match stored
+                    let replaced = match stored
                         .inflight
                         .iter_mut()
                         .find(|existing| existing.packet_id == inflight.packet_id)
                     {
-                        Some(existing) => *existing = inflight.clone(),
-                        None => stored.inflight.push(inflight.clone()),
+                        Some(existing) => Some(std::mem::replace(existing, inflight.clone())),
+                        None => {
+                            stored.inflight.push(inflight.clone());
+                            None
+                        }
+                    };
+                    self.refer(inflight.delivery.message_id);
+                    if let Some(old) = replaced {
+                        self.unrefer(old.delivery.message_id);
                     }
                 }
             }
@@ -237,10 +373,18 @@ impl State {
                 client_id,
                 packet_id,
             } => {
+                let mut removed = Vec::new();
                 if let Some(stored) = self.sessions.get_mut(client_id) {
-                    stored
-                        .inflight
-                        .retain(|existing| existing.packet_id != *packet_id);
+                    stored.inflight.retain(|existing| {
+                        let keep = existing.packet_id != *packet_id;
+                        if !keep {
+                            removed.push(existing.delivery.message_id);
+                        }
+                        keep
+                    });
+                }
+                for id in removed {
+                    self.unrefer(id);
                 }
             }
             Change::InboundQos2Added {
@@ -357,7 +501,9 @@ impl Storage for MemoryStorage {
     }
 
     async fn load(&self) -> Result<LoadedState, StorageError> {
-        Ok(self.snapshot())
+        let mut state = self.shared.state.lock();
+        state.start_broker();
+        Ok(state.snapshot())
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {
@@ -382,7 +528,7 @@ impl Storage for MemoryStorage {
     async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError> {
         let deleted = {
             let mut state = self.shared.state.lock();
-            let session = state.sessions.remove(client_id).is_some();
+            let session = state.remove_session(client_id);
             let set_aside = state.set_aside.remove(client_id).is_some();
             session || set_aside
         };
@@ -429,5 +575,44 @@ mod tests {
     #[tokio::test]
     async fn memory_conforms() {
         conformance::run_all(&mut MemoryHarness).await;
+    }
+
+    /// A batch that fails (an injected failure) stores no message and no reference; the same
+    /// batch applied again stores each once.
+    #[tokio::test]
+    async fn a_failed_batch_leaves_no_message_and_no_reference() {
+        use crate::{Change, DeliveryRecord, ErrorKind, MessageRecord, SessionHeader, Storage};
+        use crate::{StorageError, StoredMessage};
+        let storage = MemoryStorage::new();
+        let mut batch = vec![Change::MessageStored {
+            message: StoredMessage {
+                id: 1,
+                message: MessageRecord::new("t", "m", 1),
+            },
+        }];
+        for client in ["a", "b"] {
+            batch.push(Change::SessionSaved(SessionHeader {
+                client_id: client.into(),
+                protocol_level: 5,
+                session_expiry_interval: 60,
+                disconnected_at: None,
+                username: None,
+                certificate: None,
+            }));
+            batch.push(Change::MessageQueued {
+                client_id: client.into(),
+                seq: 1,
+                delivery: DeliveryRecord::new(1, 1),
+            });
+        }
+        storage.fail_next(ErrorKind::Transient, 1);
+        let failed: Result<(), StorageError> = storage.apply(&batch).await;
+        assert!(failed.is_err());
+        let state = storage.snapshot();
+        assert!(state.messages.is_empty() && state.sessions.is_empty());
+        storage.apply(&batch).await.unwrap();
+        let state = storage.snapshot();
+        assert_eq!(state.messages.len(), 1);
+        assert_eq!(state.sessions.len(), 2);
     }
 }

@@ -258,13 +258,13 @@ impl PostgresStorage {
         StorageError::fenced(message)
     }
 
-    async fn write(&self, batch: &[Change]) -> Result<(), StorageError> {
+    async fn write(&self, batch: &[Change], start: bool) -> Result<(), StorageError> {
         validate_batch(batch)?;
         let mut guard = self.writer().await?;
         let Some(writer) = guard.as_mut() else {
             return Err(StorageError::fatal("the PostgreSQL storage is closed"));
         };
-        let result = write_batch(writer, batch, self.epoch()).await;
+        let result = write_batch(writer, batch, self.epoch(), start).await;
         match result {
             Err(WriteError::Fenced(epoch)) => Err(self.fenced(epoch)),
             Err(WriteError::Storage(e)) => {
@@ -307,6 +307,8 @@ impl Storage for PostgresStorage {
     }
 
     async fn load(&self) -> Result<LoadedState, StorageError> {
+        // A new broker starts: what nothing refers to goes, and it holds the rest.
+        self.write(&[], true).await?;
         let guard = self.writer().await?;
         let writer = guard.as_ref().expect("open");
         load_all(&writer.client)
@@ -318,7 +320,7 @@ impl Storage for PostgresStorage {
         if batch.is_empty() {
             return Ok(());
         }
-        self.write(batch).await
+        self.write(batch, false).await
     }
 
     async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError> {
@@ -335,9 +337,12 @@ impl Storage for PostgresStorage {
                 .map_err(|e| classify(e, "cannot read the session"))?
                 .is_some()
         };
-        self.write(&[Change::SessionDeleted {
-            client_id: client_id.to_string(),
-        }])
+        self.write(
+            &[Change::SessionDeleted {
+                client_id: client_id.to_string(),
+            }],
+            false,
+        )
         .await?;
         Ok(existed)
     }

@@ -76,7 +76,8 @@ pub struct SessionRecord {
     pub subscriptions: Vec<SubscriptionRecord>,
     /// The will to publish when the session's connection ends abnormally, if any.
     pub will: Option<WillRecord>,
-    /// Messages waiting to be sent to the client, sorted by `seq`.
+    /// Messages waiting to be sent to the client, sorted by `seq`: references to stored
+    /// messages.
     pub queued: Vec<QueuedRecord>,
     /// Outbound QoS 1 and 2 messages sent and not yet acknowledged, in the order first sent.
     pub inflight: Vec<InflightRecord>,
@@ -164,15 +165,15 @@ impl SubscriptionRecord {
     }
 }
 
-/// An application message, as queued, in flight, retained or set as a will.
+/// An application message, as stored once for its deliveries ([`StoredMessage`]), retained
+/// or set as a will.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageRecord {
     /// The topic name (never an alias: the core resolves topic aliases before storing).
     pub topic: String,
     /// The payload, shared with every other copy of the message.
     pub payload: Bytes,
-    /// QoS: the delivery QoS for a queued or in-flight message, the published QoS for a
-    /// retained message or a will. 0, 1 or 2.
+    /// QoS as published (for a stored, retained or will message). 0, 1 or 2.
     pub qos: u8,
     /// The RETAIN flag.
     pub retain: bool,
@@ -185,10 +186,8 @@ pub struct MessageRecord {
     /// The client that published the message; `None` for messages published by the broker
     /// itself or by the embedding application.
     pub publisher: Option<String>,
-    /// For a queued or in-flight message delivered through a shared subscription, the
-    /// group's full filter (`$share/{ShareName}/{filter}`): if the session ends before the
-    /// client acknowledges it, the broker gives it to another member of the group (MQTT 5.0
-    /// section 4.8.2). `None` otherwise, and always for retained messages and wills.
+    /// Always `None` now (a delivery's shared subscription is
+    /// [`DeliveryRecord::share`]); kept for the `share` column of retained messages.
     pub share: Option<String>,
 }
 
@@ -223,14 +222,62 @@ pub struct WillRecord {
     pub delay_interval: u32,
 }
 
+/// A message as published, stored once however many sessions it waits for: what
+/// [`Change::MessageStored`](crate::Change::MessageStored) writes and
+/// [`LoadedState::messages`](crate::LoadedState::messages) holds. Queued and in-flight
+/// deliveries refer to it by `id` ([`DeliveryRecord::message_id`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// The message's identifier, given by the broker (unique among stored messages).
+    /// Below 2^63: SQL backends store it as a signed 64-bit integer.
+    pub id: u64,
+    /// The message with the QoS and RETAIN flag it was published with; `share` is `None`
+    /// (a delivery's shared subscription is on the [`DeliveryRecord`]).
+    pub message: MessageRecord,
+}
+
+/// One delivery of a stored message to one session: a reference to the message, with what
+/// differs per delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    /// The [`StoredMessage::id`] of the message delivered.
+    pub message_id: u64,
+    /// The delivery QoS (the lower of the published QoS and the subscription's): 0, 1 or 2.
+    pub qos: u8,
+    /// The RETAIN flag of the delivery (Retain As Published, or a retained message sent on
+    /// subscribe).
+    pub retain: bool,
+    /// MQTT 5 Subscription Identifiers of the subscriptions that matched, in order; empty
+    /// for none. (A message migrated from schema 3 has them in its properties instead.)
+    pub subscription_ids: Vec<u32>,
+    /// For a delivery through a shared subscription, the group's full filter
+    /// (`$share/{ShareName}/{filter}`): if the session ends before the client acknowledges
+    /// it, the broker gives it to another member of the group (MQTT 5.0 section 4.8.2).
+    pub share: Option<String>,
+}
+
+impl DeliveryRecord {
+    /// A delivery of message `message_id` at `qos`, without RETAIN, subscription
+    /// identifiers or shared subscription.
+    pub fn new(message_id: u64, qos: u8) -> DeliveryRecord {
+        DeliveryRecord {
+            message_id,
+            qos,
+            retain: false,
+            subscription_ids: Vec::new(),
+            share: None,
+        }
+    }
+}
+
 /// A message waiting in a session's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuedRecord {
     /// Position in the session's queue, assigned by the core, increasing; unique per session.
     /// Below 2^63: SQL backends store it as a signed 64-bit integer.
     pub seq: u64,
-    /// The message, at its delivery QoS.
-    pub message: MessageRecord,
+    /// The delivery: which stored message, at which QoS.
+    pub delivery: DeliveryRecord,
 }
 
 /// Where an outbound QoS 1 or 2 message stands in its acknowledgement flow.
@@ -271,8 +318,8 @@ impl InflightState {
 pub struct InflightRecord {
     /// The packet identifier it was sent with; unique among a session's in-flight messages.
     pub packet_id: u16,
-    /// The message, at its delivery QoS (1 or 2).
-    pub message: MessageRecord,
+    /// The delivery: which stored message, at which QoS (1 or 2).
+    pub delivery: DeliveryRecord,
     /// Where its acknowledgement stands.
     pub state: InflightState,
 }

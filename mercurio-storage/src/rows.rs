@@ -10,14 +10,40 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 
+use crate::{LoadedState, SetAside};
+
 use crate::records::{
-    InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord, SessionRecord,
-    SubscriptionRecord, WillRecord,
+    DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord,
+    SessionRecord, StoredMessage, SubscriptionRecord, WillRecord,
 };
 
-/// The columns of a message, in this order, in every table that stores one.
+/// The columns of a retained message, in this order.
 pub(crate) const MESSAGE_COLUMNS: &str =
     "topic, payload, qos, retain, properties, expires_at, publisher, share";
+/// The columns of a stored message (the message store's table), in this order.
+pub(crate) const STORED_COLUMNS: &str =
+    "id, topic, payload, qos, retain, properties, expires_at, publisher";
+/// The columns of a delivery (a reference to a stored message) in the queued and in-flight
+/// tables, in this order.
+pub(crate) const DELIVERY_COLUMNS: &str = "message_id, qos, retain, subscription_ids, share";
+
+/// Subscription identifiers as stored: 4 bytes each, big-endian.
+pub(crate) fn encode_ids(ids: &[u32]) -> Vec<u8> {
+    ids.iter().flat_map(|id| id.to_be_bytes()).collect()
+}
+
+fn decode_ids(bytes: &[u8]) -> Result<Vec<u32>, String> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(format!(
+            "subscription_ids: {} bytes is not a multiple of 4",
+            bytes.len()
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
 /// What [`subscription`] reads, after the client id.
 pub(crate) const SUBSCRIPTION_COLUMNS: &str =
     "filter, qos, no_local, retain_as_published, retain_handling, subscription_identifier";
@@ -88,8 +114,8 @@ pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord,
     Ok(message)
 }
 
-/// A will's message: the [`MESSAGE_COLUMNS`] but `share` (a will has none), starting at
-/// column `at`.
+/// A will's or a stored message: the [`MESSAGE_COLUMNS`] but `share` (neither has one),
+/// starting at column `at`.
 fn will_message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
     Ok(MessageRecord {
         topic: row.text(at)?,
@@ -121,22 +147,45 @@ pub(crate) fn subscription(row: &impl Columns) -> Result<SubscriptionRecord, Str
     })
 }
 
-/// A queued message: client id, seq, then the [`MESSAGE_COLUMNS`].
-pub(crate) fn queued(row: &impl Columns) -> Result<QueuedRecord, String> {
-    Ok(QueuedRecord {
-        seq: unsigned(row.int(1)?, "seq")?,
-        message: message_at(row, 2)?,
+/// A delivery from the [`DELIVERY_COLUMNS`] starting at column `at`.
+fn delivery_at(row: &impl Columns, at: usize) -> Result<DeliveryRecord, String> {
+    Ok(DeliveryRecord {
+        message_id: unsigned(row.int(at)?, "message_id")?,
+        qos: qos(row.int(at + 1)?, "delivery")?,
+        retain: row.boolean(at + 2)?,
+        subscription_ids: decode_ids(&row.bytes(at + 3)?)?,
+        share: row.opt_text(at + 4)?,
     })
 }
 
-/// An in-flight message: client id, packet id, state, then the [`MESSAGE_COLUMNS`].
+/// A stored message: the [`STORED_COLUMNS`]; an error names the id when it can be read.
+pub(crate) fn stored(row: &impl Columns) -> Result<StoredMessage, (Option<u64>, String)> {
+    let id = row
+        .int(0)
+        .and_then(|v| unsigned(v, "id"))
+        .map_err(|e| (None, e))?;
+    Ok(StoredMessage {
+        id,
+        message: will_message_at(row, 1).map_err(|e| (Some(id), e))?,
+    })
+}
+
+/// A queued message: client id, seq, then the [`DELIVERY_COLUMNS`].
+pub(crate) fn queued(row: &impl Columns) -> Result<QueuedRecord, String> {
+    Ok(QueuedRecord {
+        seq: unsigned(row.int(1)?, "seq")?,
+        delivery: delivery_at(row, 2)?,
+    })
+}
+
+/// An in-flight message: client id, packet id, state, then the [`DELIVERY_COLUMNS`].
 pub(crate) fn inflight(row: &impl Columns) -> Result<InflightRecord, String> {
     let state = row.text(2)?;
     Ok(InflightRecord {
         packet_id: small(row.int(1)?, "packet identifier")?,
         state: InflightState::parse(&state)
             .ok_or_else(|| format!("unknown in-flight state {state:?}"))?,
-        message: message_at(row, 3)?,
+        delivery: delivery_at(row, 3)?,
     })
 }
 
@@ -151,6 +200,51 @@ pub(crate) fn retained(row: &impl Columns, into: &mut BTreeMap<String, RetainedR
     if let Ok(message) = message_at(row, 0) {
         into.insert(message.topic.clone(), RetainedRecord::new(message));
     }
+}
+
+/// The stored messages of `rows` (read with [`stored`]) into `state.messages`, sorted by id;
+/// then each session referring to a message that cannot be read, or is not stored, is set
+/// aside (its rows stay as they are).
+pub(crate) fn attach_messages(
+    state: &mut LoadedState,
+    rows: impl IntoIterator<Item = Result<StoredMessage, (Option<u64>, String)>>,
+) {
+    let mut unreadable: HashMap<u64, String> = HashMap::new();
+    let mut messages = BTreeMap::new();
+    for row in rows {
+        match row {
+            Ok(m) => {
+                messages.insert(m.id, m);
+            }
+            Err((Some(id), cause)) => {
+                unreadable.insert(id, cause);
+            }
+            Err((None, _)) => {}
+        }
+    }
+    let sessions = std::mem::take(&mut state.sessions);
+    for session in sessions {
+        let missing = session
+            .queued
+            .iter()
+            .map(|q| q.delivery.message_id)
+            .chain(session.inflight.iter().map(|f| f.delivery.message_id))
+            .find(|id| !messages.contains_key(id));
+        match missing {
+            None => state.sessions.push(session),
+            Some(id) => state.set_aside.push(SetAside {
+                client_id: session.client_id,
+                cause: match unreadable.get(&id) {
+                    Some(cause) => format!("message {id}: {cause}"),
+                    None => format!("message {id} is not stored"),
+                },
+            }),
+        }
+    }
+    state
+        .set_aside
+        .sort_by(|a, b| a.client_id.cmp(&b.client_id));
+    state.messages = messages.into_values().collect();
 }
 
 /// Rows of one kind, per client; a client whose row cannot be read holds the error.

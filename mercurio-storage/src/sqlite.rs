@@ -29,29 +29,101 @@ use tokio::sync::oneshot;
 
 use crate::change::{refused, validate_batch, Change};
 use crate::error::StorageError;
-use crate::records::{InflightRecord, MessageRecord, SubscriptionRecord, WillRecord};
-use crate::rows::{self, MESSAGE_COLUMNS, SESSION_COLUMNS, SUBSCRIPTION_COLUMNS};
+use crate::records::{
+    DeliveryRecord, InflightRecord, StoredMessage, SubscriptionRecord, WillRecord,
+};
+use crate::rows::{
+    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
+};
 use crate::{LoadedState, SetAside, Storage};
 
 /// The schema version this build writes and reads (`PRAGMA user_version`).
 ///
 /// 2: `sessions.username`; 3: `sessions.certificate`, and `share` (a queued or in-flight
-/// message's shared subscription) in `queued`, `inflight` and `retained`. An older database
-/// is upgraded when opened.
-pub const SCHEMA_VERSION: i64 = 3;
+/// message's shared subscription) in `queued`, `inflight` and `retained`; 4: the message
+/// store: each message once in `messages`, and `queued` / `inflight` rows refer to it
+/// (`message_id`) with the delivery's QoS, RETAIN flag, subscription identifiers and shared
+/// subscription. An older database is upgraded when opened (from 3 to 4, each queued or
+/// in-flight row becomes one message and one reference).
+pub const SCHEMA_VERSION: i64 = 4;
+
+/// The message store and the tables that refer to it (schema 4), shared by [`SCHEMA`] and
+/// the upgrade from 3.
+macro_rules! message_store {
+    () => {
+        "
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    properties BLOB NOT NULL,
+    expires_at INTEGER,
+    publisher TEXT,
+    released INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX messages_released ON messages (id) WHERE released = 1;
+CREATE TABLE queued (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    message_id INTEGER NOT NULL REFERENCES messages (id),
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    subscription_ids BLOB NOT NULL,
+    share TEXT,
+    PRIMARY KEY (client_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX queued_message ON queued (message_id);
+CREATE TABLE inflight (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    packet_id INTEGER NOT NULL,
+    ord INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    message_id INTEGER NOT NULL REFERENCES messages (id),
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    subscription_ids BLOB NOT NULL,
+    share TEXT,
+    PRIMARY KEY (client_id, packet_id)
+) WITHOUT ROWID;
+CREATE INDEX inflight_message ON inflight (message_id);
+"
+    };
+}
 
 /// From each older schema version to the next, in order (index 0: from 1 to 2).
 const UPGRADES: &[&str] = &[
     "ALTER TABLE sessions ADD COLUMN username TEXT;",
     "ALTER TABLE sessions ADD COLUMN certificate TEXT; ALTER TABLE queued ADD COLUMN share TEXT; ALTER TABLE inflight ADD COLUMN share TEXT; \
      ALTER TABLE retained ADD COLUMN share TEXT;",
+    concat!(
+        "ALTER TABLE queued RENAME TO queued_v3; ALTER TABLE inflight RENAME TO inflight_v3; \
+         DROP INDEX IF EXISTS queued_message; DROP INDEX IF EXISTS inflight_message;",
+        message_store!(),
+        "INSERT INTO messages (id, topic, payload, qos, retain, properties, expires_at, publisher) \
+         SELECT row_number() OVER (ORDER BY client_id, seq), topic, payload, qos, retain, \
+         properties, expires_at, publisher FROM queued_v3; \
+         INSERT INTO queued (client_id, seq, message_id, qos, retain, subscription_ids, share) \
+         SELECT client_id, seq, row_number() OVER (ORDER BY client_id, seq), qos, retain, X'', \
+         share FROM queued_v3; \
+         INSERT INTO messages (id, topic, payload, qos, retain, properties, expires_at, publisher) \
+         SELECT (SELECT count(*) FROM queued_v3) + row_number() OVER (ORDER BY client_id, ord), \
+         topic, payload, qos, retain, properties, expires_at, publisher FROM inflight_v3; \
+         INSERT INTO inflight (client_id, packet_id, ord, state, message_id, qos, retain, \
+         subscription_ids, share) SELECT client_id, packet_id, ord, state, \
+         (SELECT count(*) FROM queued_v3) + row_number() OVER (ORDER BY client_id, ord), qos, \
+         retain, X'', share FROM inflight_v3; \
+         DROP TABLE queued_v3; DROP TABLE inflight_v3;"
+    ),
 ];
 
 /// How long a statement waits for a lock held by another connection before the call fails
 /// with a transient error (which the broker's writer retries).
 const BUSY_TIMEOUT: Duration = Duration::from_millis(250);
 
-const SCHEMA: &str = "
+const SCHEMA: &str = concat!(
+    "
 CREATE TABLE sessions (
     client_id TEXT PRIMARY KEY NOT NULL,
     protocol_level INTEGER NOT NULL,
@@ -78,35 +150,9 @@ CREATE TABLE subscriptions (
     subscription_identifier INTEGER,
     PRIMARY KEY (client_id, filter)
 ) WITHOUT ROWID;
-CREATE TABLE queued (
-    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    qos INTEGER NOT NULL,
-    retain INTEGER NOT NULL,
-    properties BLOB NOT NULL,
-    expires_at INTEGER,
-    publisher TEXT,
-    share TEXT,
-    PRIMARY KEY (client_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE inflight (
-    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
-    packet_id INTEGER NOT NULL,
-    ord INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    qos INTEGER NOT NULL,
-    retain INTEGER NOT NULL,
-    properties BLOB NOT NULL,
-    expires_at INTEGER,
-    publisher TEXT,
-    share TEXT,
-    PRIMARY KEY (client_id, packet_id)
-) WITHOUT ROWID;
-CREATE TABLE inbound_qos2 (
+",
+    message_store!(),
+    "CREATE TABLE inbound_qos2 (
     client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
     packet_id INTEGER NOT NULL,
     PRIMARY KEY (client_id, packet_id)
@@ -125,7 +171,8 @@ CREATE TABLE meta (
     key TEXT PRIMARY KEY NOT NULL,
     value
 ) WITHOUT ROWID;
-";
+"
+);
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
 
@@ -378,7 +425,26 @@ fn per_client<T>(
     Ok(out)
 }
 
-fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
+/// Deletes the messages the broker released that nothing refers to any more.
+const DELETE_RELEASED: &str = "DELETE FROM messages WHERE released = 1 \
+    AND NOT EXISTS (SELECT 1 FROM queued WHERE message_id = messages.id) \
+    AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id)";
+
+/// A new broker starts: messages nothing refers to go, and it holds every other one.
+fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute(
+        "DELETE FROM messages \
+         WHERE NOT EXISTS (SELECT 1 FROM queued WHERE message_id = messages.id) \
+         AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id)",
+        [],
+    )?;
+    tx.execute("UPDATE messages SET released = 0 WHERE released = 1", [])?;
+    tx.commit()
+}
+
+fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
+    start_broker(conn)?;
     let mut sessions = rows::Sessions {
         subscriptions: per_client(
             conn,
@@ -391,14 +457,14 @@ fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
         queued: per_client(
             conn,
             &format!(
-                "SELECT client_id, seq, {MESSAGE_COLUMNS} FROM queued ORDER BY client_id, seq"
+                "SELECT client_id, seq, {DELIVERY_COLUMNS} FROM queued ORDER BY client_id, seq"
             ),
             |row| rows::queued(row),
         )?,
         inflight: per_client(
             conn,
             &format!(
-                "SELECT client_id, packet_id, state, {MESSAGE_COLUMNS} FROM inflight \
+                "SELECT client_id, packet_id, state, {DELIVERY_COLUMNS} FROM inflight \
                  ORDER BY client_id, ord"
             ),
             |row| rows::inflight(row),
@@ -440,55 +506,26 @@ fn load_all(conn: &Connection) -> rusqlite::Result<LoadedState> {
         rows::retained(row, &mut retained);
     }
     state.retained = retained.into_values().collect();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {STORED_COLUMNS} FROM messages ORDER BY id"
+    ))?;
+    let mut found = stmt.query([])?;
+    let mut messages = Vec::new();
+    while let Some(row) = found.next()? {
+        messages.push(rows::stored(row));
+    }
+    rows::attach_messages(&mut state, messages);
     Ok(state)
 }
 
-fn insert_message(
-    tx: &Transaction<'_>,
-    sql: &str,
-    client_id: &str,
-    key: i64,
-    message: &MessageRecord,
-) -> rusqlite::Result<usize> {
-    tx.prepare_cached(sql)?.execute(params![
-        client_id,
-        key,
-        message.topic,
-        &message.payload[..],
-        message.qos,
-        message.retain,
-        &message.properties[..],
-        message.expires_at.map(to_i64),
-        message.publisher,
-        message.share,
-    ])
-}
-
-const INSERT_QUEUED: &str = "INSERT OR REPLACE INTO queued (client_id, seq, topic, payload, qos, \
-    retain, properties, expires_at, publisher, share) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
-
-fn set_inflight(
-    tx: &Transaction<'_>,
-    client_id: &str,
-    inflight: &InflightRecord,
-) -> rusqlite::Result<usize> {
-    let m = &inflight.message;
+fn store_message(tx: &Transaction<'_>, stored: &StoredMessage) -> rusqlite::Result<usize> {
+    let m = &stored.message;
     tx.prepare_cached(
-        "INSERT INTO inflight (client_id, packet_id, ord, state, topic, payload, qos, retain, \
-         properties, expires_at, publisher, share) VALUES (?1, ?2, \
-         (SELECT COALESCE(MAX(ord), 0) + 1 FROM inflight WHERE client_id = ?1), \
-         ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
-         ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
-         topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
-         retain = excluded.retain, properties = excluded.properties, \
-         expires_at = excluded.expires_at, publisher = excluded.publisher, \
-         share = excluded.share",
+        "INSERT OR IGNORE INTO messages (id, topic, payload, qos, retain, properties, \
+         expires_at, publisher) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
-        client_id,
-        inflight.packet_id,
-        inflight.state.as_str(),
+        to_i64(stored.id),
         m.topic,
         &m.payload[..],
         m.qos,
@@ -496,7 +533,70 @@ fn set_inflight(
         &m.properties[..],
         m.expires_at.map(to_i64),
         m.publisher,
-        m.share,
+    ])
+}
+
+fn release_message(tx: &Transaction<'_>, id: u64) -> rusqlite::Result<()> {
+    let id = to_i64(id);
+    let deleted = tx
+        .prepare_cached(
+            "DELETE FROM messages WHERE id = ?1 \
+             AND NOT EXISTS (SELECT 1 FROM queued WHERE message_id = ?1) \
+             AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = ?1)",
+        )?
+        .execute([id])?;
+    if deleted == 0 {
+        tx.prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1")?
+            .execute([id])?;
+    }
+    Ok(())
+}
+
+fn queue(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    seq: u64,
+    d: &DeliveryRecord,
+) -> rusqlite::Result<usize> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO queued (client_id, seq, message_id, qos, retain, \
+         subscription_ids, share) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        client_id,
+        to_i64(seq),
+        to_i64(d.message_id),
+        d.qos,
+        d.retain,
+        rows::encode_ids(&d.subscription_ids),
+        d.share,
+    ])
+}
+
+fn set_inflight(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    inflight: &InflightRecord,
+) -> rusqlite::Result<usize> {
+    let d = &inflight.delivery;
+    tx.prepare_cached(
+        "INSERT INTO inflight (client_id, packet_id, ord, state, message_id, qos, retain, \
+         subscription_ids, share) VALUES (?1, ?2, \
+         (SELECT COALESCE(MAX(ord), 0) + 1 FROM inflight WHERE client_id = ?1), \
+         ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
+         message_id = excluded.message_id, qos = excluded.qos, retain = excluded.retain, \
+         subscription_ids = excluded.subscription_ids, share = excluded.share",
+    )?
+    .execute(params![
+        client_id,
+        inflight.packet_id,
+        inflight.state.as_str(),
+        to_i64(d.message_id),
+        d.qos,
+        d.retain,
+        rows::encode_ids(&d.subscription_ids),
+        d.share,
     ])
 }
 
@@ -578,7 +678,10 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
             )?;
             true
         }
-        Change::SessionWritten(r) => {
+        Change::SessionWritten(r, messages) => {
+            for m in messages {
+                store_message(tx, m)?;
+            }
             delete_session_rows(tx, &r.client_id)?;
             save_header(
                 tx,
@@ -594,7 +697,7 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 add_subscription(tx, &r.client_id, s)?;
             }
             for q in &r.queued {
-                insert_message(tx, INSERT_QUEUED, &r.client_id, to_i64(q.seq), &q.message)?;
+                queue(tx, &r.client_id, q.seq, &q.delivery)?;
             }
             for f in &r.inflight {
                 set_inflight(tx, &r.client_id, f)?;
@@ -622,17 +725,19 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
             set_will(tx, client_id, None)?;
             true
         }
+        Change::MessageStored { message } => {
+            store_message(tx, message)?;
+            true
+        }
+        Change::MessageReleased { id } => {
+            release_message(tx, *id)?;
+            true
+        }
         Change::MessageQueued {
             client_id,
             seq,
-            message,
-        } => not_stored(insert_message(
-            tx,
-            INSERT_QUEUED,
-            client_id,
-            to_i64(*seq),
-            message,
-        )?),
+            delivery,
+        } => not_stored(queue(tx, client_id, *seq, delivery)?),
         Change::MessageDequeued { client_id, seq } => {
             tx.prepare_cached("DELETE FROM queued WHERE client_id = ?1 AND seq = ?2")?
                 .execute(params![client_id, to_i64(*seq)])?;
@@ -717,6 +822,19 @@ fn add_inbound(tx: &Transaction<'_>, client_id: &str, packet_id: u16) -> rusqlit
         .map(|_| 1)
 }
 
+/// Whether `change` may remove the last reference to a released message.
+fn removes_references(change: &Change) -> bool {
+    matches!(
+        change,
+        Change::SessionWritten(..)
+            | Change::SessionDeleted { .. }
+            | Change::MessageQueued { .. }
+            | Change::MessageDequeued { .. }
+            | Change::InflightSet { .. }
+            | Change::InflightRemoved { .. }
+    )
+}
+
 fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result<(), StorageError> {
     validate_batch(batch)?;
     if durable {
@@ -745,6 +863,11 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
                     ));
                 }
             }
+        }
+        if batch.iter().any(removes_references) {
+            tx.prepare_cached(DELETE_RELEASED)
+                .and_then(|mut s| s.execute([]))
+                .map_err(classify)?;
         }
         tx.commit().map_err(classify)
     })();
@@ -788,6 +911,7 @@ impl Storage for SqliteStorage {
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(classify)?;
             let n = delete_session_rows(&tx, &client_id).map_err(classify)?;
+            tx.execute(DELETE_RELEASED, []).map_err(classify)?;
             tx.commit().map_err(classify)?;
             Ok(n > 0)
         })
@@ -837,6 +961,83 @@ impl Drop for SqliteStorage {
 #[cfg(test)]
 mod tests {
     use async_trait::async_trait;
+
+    /// The schema of version 3 (before the message store), to build old databases.
+    const SCHEMA_V3: &str = "
+    CREATE TABLE sessions (
+        client_id TEXT PRIMARY KEY NOT NULL,
+        protocol_level INTEGER NOT NULL,
+        session_expiry_interval INTEGER NOT NULL,
+        disconnected_at INTEGER,
+        will_topic TEXT,
+        will_payload BLOB,
+        will_qos INTEGER,
+        will_retain INTEGER,
+        will_properties BLOB,
+        will_expires_at INTEGER,
+        will_publisher TEXT,
+        will_delay_interval INTEGER,
+        username TEXT,
+        certificate TEXT
+    );
+    CREATE TABLE subscriptions (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        filter TEXT NOT NULL,
+        qos INTEGER NOT NULL,
+        no_local INTEGER NOT NULL,
+        retain_as_published INTEGER NOT NULL,
+        retain_handling INTEGER NOT NULL,
+        subscription_identifier INTEGER,
+        PRIMARY KEY (client_id, filter)
+    ) WITHOUT ROWID;
+    CREATE TABLE queued (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        topic TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        qos INTEGER NOT NULL,
+        retain INTEGER NOT NULL,
+        properties BLOB NOT NULL,
+        expires_at INTEGER,
+        publisher TEXT,
+        share TEXT,
+        PRIMARY KEY (client_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE inflight (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        packet_id INTEGER NOT NULL,
+        ord INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        qos INTEGER NOT NULL,
+        retain INTEGER NOT NULL,
+        properties BLOB NOT NULL,
+        expires_at INTEGER,
+        publisher TEXT,
+        share TEXT,
+        PRIMARY KEY (client_id, packet_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE inbound_qos2 (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        packet_id INTEGER NOT NULL,
+        PRIMARY KEY (client_id, packet_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE retained (
+        topic TEXT PRIMARY KEY NOT NULL,
+        payload BLOB NOT NULL,
+        qos INTEGER NOT NULL,
+        retain INTEGER NOT NULL,
+        properties BLOB NOT NULL,
+        expires_at INTEGER,
+        publisher TEXT,
+        share TEXT
+    ) WITHOUT ROWID;
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY NOT NULL,
+        value
+    ) WITHOUT ROWID;
+    ";
 
     use super::*;
     use crate::conformance::{self, Harness};
@@ -927,21 +1128,28 @@ mod tests {
         assert!(err.to_string().contains("99"), "{err}");
     }
 
+    /// A database of schema `version` built with the SQL of version 3 (and, below 3, without
+    /// the columns added since).
+    fn old_database(path: &Path, version: i64, extra: &str) {
+        let conn = Connection::open(path).unwrap();
+        let downgrade = if version < 3 {
+            "ALTER TABLE sessions DROP COLUMN username; \
+             ALTER TABLE sessions DROP COLUMN certificate; ALTER TABLE queued DROP COLUMN share; \
+             ALTER TABLE inflight DROP COLUMN share; ALTER TABLE retained DROP COLUMN share;"
+        } else {
+            ""
+        };
+        conn.execute_batch(&format!(
+            "{SCHEMA_V3} {extra} {downgrade} PRAGMA user_version = {version};"
+        ))
+        .unwrap();
+    }
+
     #[tokio::test]
     async fn version_1_database_is_upgraded() {
         let h = SqliteHarness::new("upgrade");
         let path = h.dir.join("m.db");
-        SqliteStorage::open(&path).unwrap().close().await.unwrap();
-        // What version 1 had: no user name column.
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch(
-                "ALTER TABLE sessions DROP COLUMN username; \
-                 ALTER TABLE sessions DROP COLUMN certificate; ALTER TABLE queued DROP COLUMN share; \
-                 ALTER TABLE inflight DROP COLUMN share; ALTER TABLE retained DROP COLUMN share; \
-                 PRAGMA user_version = 1",
-            )
-            .unwrap();
+        old_database(&path, 1, "");
         let storage = SqliteStorage::open(&path).unwrap();
         let header = crate::SessionHeader {
             client_id: "up".into(),
@@ -967,6 +1175,82 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    /// A stored queue and in-flight list of schema 3 (one copy of the message per row) come
+    /// back after the upgrade to the message store: each row one message and one reference.
+    #[tokio::test]
+    async fn version_3_queues_survive_the_upgrade() {
+        let h = SqliteHarness::new("upgrade3");
+        let path = h.dir.join("m.db");
+        old_database(
+            &path,
+            3,
+            "INSERT INTO sessions (client_id, protocol_level, session_expiry_interval) \
+             VALUES ('a', 5, 3600), ('b', 4, 60); \
+             INSERT INTO queued (client_id, seq, topic, payload, qos, retain, properties, \
+             expires_at, publisher, share) VALUES \
+             ('a', 1, 't/1', X'01', 1, 0, X'', NULL, 'pub', NULL), \
+             ('a', 2, 't/2', X'0203', 2, 1, X'0B01', 1700000000000, NULL, '$share/g/t/#'), \
+             ('b', 7, 't/1', X'01', 1, 0, X'', NULL, 'pub', NULL); \
+             INSERT INTO inflight (client_id, packet_id, ord, state, topic, payload, qos, \
+             retain, properties, expires_at, publisher, share) VALUES \
+             ('a', 9, 1, 'awaiting_pubrec', 't/i', X'FF', 2, 0, X'', NULL, 'pub', NULL);",
+        );
+        let storage = SqliteStorage::open(&path).unwrap();
+        let state = storage.load().await.unwrap();
+        assert!(state.set_aside.is_empty(), "{:?}", state.set_aside);
+        assert_eq!(state.sessions.len(), 2);
+        assert_eq!(state.messages.len(), 4, "one message per old row");
+        let message = |id: u64| {
+            &state
+                .messages
+                .iter()
+                .find(|m| m.id == id)
+                .expect("referred message loaded")
+                .message
+        };
+        let a = &state.sessions[0];
+        assert_eq!(a.queued.iter().map(|q| q.seq).collect::<Vec<_>>(), [1, 2]);
+        let second = &a.queued[1].delivery;
+        assert_eq!((second.qos, second.retain), (2, true));
+        assert_eq!(second.share.as_deref(), Some("$share/g/t/#"));
+        let m = message(second.message_id);
+        assert_eq!(m.topic, "t/2");
+        assert_eq!(&m.payload[..], [2, 3]);
+        assert_eq!(&m.properties[..], [0x0B, 0x01]);
+        assert_eq!(m.expires_at, Some(1_700_000_000_000));
+        assert_eq!(
+            message(a.queued[0].delivery.message_id)
+                .publisher
+                .as_deref(),
+            Some("pub")
+        );
+        assert_eq!(a.inflight.len(), 1);
+        assert_eq!(a.inflight[0].packet_id, 9);
+        assert_eq!(a.inflight[0].state, crate::InflightState::AwaitingPubRec);
+        assert_eq!(message(a.inflight[0].delivery.message_id).topic, "t/i");
+        assert_eq!(state.sessions[1].queued[0].seq, 7);
+        // The upgraded store takes new messages after the old ones.
+        let next = state.messages.iter().map(|m| m.id).max().unwrap() + 1;
+        storage
+            .apply(&[
+                Change::MessageStored {
+                    message: crate::StoredMessage {
+                        id: next,
+                        message: crate::MessageRecord::new("t/new", "n", 1),
+                    },
+                },
+                Change::MessageQueued {
+                    client_id: "b".into(),
+                    seq: 8,
+                    delivery: DeliveryRecord::new(next, 1),
+                },
+            ])
+            .await
+            .unwrap();
+        assert_eq!(storage.load().await.unwrap().messages.len(), 5);
+        storage.close().await.unwrap();
     }
 
     #[tokio::test]

@@ -54,8 +54,9 @@ fn publish(packet_id: u16, topic: &str, payload: Vec<u8>) -> Packet {
     })
 }
 
-/// A publisher whose messages are queued for 20 offline persistent sessions owes storage 20
-/// copies of each: once that is over `max_pending_bytes` it is not read and its PUBACKs stop,
+/// A publisher whose messages are queued for 20 offline persistent sessions owes storage each
+/// message once and 20 references to it: once that is over `max_pending_bytes` it is not read
+/// and its PUBACKs stop,
 /// although no subscriber owes anything and each session holds only a few changes (counted
 /// per changed session, as before, nobody waited and memory grew with the offline sessions).
 /// Storage back, every acknowledged message reaches every session.
@@ -70,7 +71,7 @@ async fn a_publisher_feeding_offline_sessions_waits_for_the_bytes_it_owes_storag
     // Storage takes nothing: what the publisher owes only grows.
     storage.fail_always(ErrorKind::Transient);
     let mut publisher = Client::connect(addr, ProtocolVersion::V5, "fan-pub").await;
-    // 100 messages of 1 KiB: 20 copies each, about 2 MB owed if all were read.
+    // 100 messages of 1 KiB: 100 KiB and 2,000 references owed if all were read.
     for id in 1..=MESSAGES {
         publisher
             .send(publish(id, "fan/t", vec![id as u8; 1024]))

@@ -396,8 +396,8 @@ async fn sessions_expired_while_down_are_discarded_and_their_wills_published() {
         use mercurio::storage::Storage;
         storage
             .apply(&[
-                Change::SessionWritten(watcher),
-                Change::SessionWritten(gone),
+                Change::SessionWritten(watcher, Vec::new()),
+                Change::SessionWritten(gone, Vec::new()),
             ])
             .await
             .unwrap();
@@ -664,7 +664,9 @@ async fn shared_deliveries_keep_their_group_across_a_restart() {
 /// shared subscription (queued, and in flight unacknowledged) on to another member at start.
 #[tokio::test]
 async fn shared_deliveries_of_a_session_expired_while_down_go_to_another_member() {
-    use mercurio::storage::{InflightRecord, InflightState, QueuedRecord, Storage};
+    use mercurio::storage::{
+        DeliveryRecord, InflightRecord, InflightState, QueuedRecord, Storage, StoredMessage,
+    };
     let db = db();
     let ago = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -679,10 +681,21 @@ async fn shared_deliveries_of_a_session_expired_while_down_go_to_another_member(
         username: None,
         certificate: None,
     };
-    let shared = |payload: &'static str| MessageRecord {
+    let shared = |id: u64| DeliveryRecord {
         share: Some("$share/g/jobs".into()),
-        ..MessageRecord::new("jobs", payload, 1)
+        ..DeliveryRecord::new(id, 1)
     };
+    let messages: Vec<StoredMessage> = [
+        (1, "jobs", "sent"),
+        (2, "jobs", "queued"),
+        (3, "own", "own"),
+    ]
+    .into_iter()
+    .map(|(id, topic, payload)| StoredMessage {
+        id,
+        message: MessageRecord::new(topic, payload, 1),
+    })
+    .collect();
     {
         let storage = mercurio::storage::sqlite::SqliteStorage::open(&db.path).unwrap();
         let mut stays = SessionRecord::new(header("member-b", mercurio::storage::NEVER_EXPIRES));
@@ -691,22 +704,25 @@ async fn shared_deliveries_of_a_session_expired_while_down_go_to_another_member(
         gone.subscriptions = vec![SubscriptionRecord::new("$share/g/jobs", 1)];
         gone.inflight = vec![InflightRecord {
             packet_id: 1,
-            message: shared("sent"),
+            delivery: shared(1),
             state: InflightState::AwaitingPubAck,
         }];
         gone.queued = vec![
             QueuedRecord {
                 seq: 1,
-                message: shared("queued"),
+                delivery: shared(2),
             },
             // Not through a shared subscription: it ends with the session.
             QueuedRecord {
                 seq: 2,
-                message: MessageRecord::new("own", "own", 1),
+                delivery: DeliveryRecord::new(3, 1),
             },
         ];
         storage
-            .apply(&[Change::SessionWritten(stays), Change::SessionWritten(gone)])
+            .apply(&[
+                Change::SessionWritten(stays, Vec::new()),
+                Change::SessionWritten(gone, messages),
+            ])
             .await
             .unwrap();
         storage.close().await.unwrap();
@@ -775,4 +791,77 @@ async fn restored_queues_are_checked_against_the_access_rules_of_the_restart() {
     sub.ack(&p).await;
     sub.expect_nothing(Duration::from_millis(300)).await;
     broker.shutdown().await;
+}
+
+/// A message published to many offline persistent sessions is stored once, with one small
+/// reference per session; after a restart each session gets it, and once every session has
+/// acknowledged it, its row is gone with its last reference.
+#[tokio::test]
+async fn a_broadcast_to_offline_sessions_is_stored_once() {
+    const SESSIONS: usize = 20;
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    for i in 0..SESSIONS {
+        let (mut s, _) = Client::connect_with(
+            addr,
+            persistent(ProtocolVersion::V5, &format!("fleet-{i}"), 3600),
+        )
+        .await;
+        s.subscribe("fleet/all", QoS::AtLeastOnce).await;
+        s.disconnect().await;
+    }
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for n in 0..3 {
+        publisher
+            .publish(
+                "fleet/all",
+                format!("m{n}").as_bytes(),
+                QoS::AtLeastOnce,
+                false,
+            )
+            .await;
+    }
+    publisher.disconnect().await;
+    broker.shutdown().await;
+    let count = |sql: &str| -> i64 {
+        rusqlite::Connection::open(&db.path)
+            .unwrap()
+            .query_row(sql, [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM messages"),
+        3,
+        "each message once"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM queued"),
+        3 * SESSIONS as i64,
+        "one reference per delivery"
+    );
+
+    let (broker, addr) = start_on(&db).await;
+    for i in 0..SESSIONS {
+        let (mut s, present) = Client::connect_with(
+            addr,
+            persistent(ProtocolVersion::V5, &format!("fleet-{i}"), 3600),
+        )
+        .await;
+        assert!(present.session_present);
+        for n in 0..3 {
+            let p = s.expect_publish().await;
+            assert_eq!(&p.payload[..], format!("m{n}").as_bytes());
+            s.ack(&p).await;
+        }
+        settle(&mut s).await;
+        s.disconnect().await;
+    }
+    broker.shutdown().await;
+    assert_eq!(count("SELECT count(*) FROM queued"), 0);
+    assert_eq!(count("SELECT count(*) FROM inflight"), 0);
+    assert_eq!(
+        count("SELECT count(*) FROM messages"),
+        0,
+        "delivered to every session: gone"
+    );
 }

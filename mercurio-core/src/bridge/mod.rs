@@ -449,6 +449,7 @@ impl Task {
             expires_at: None,
             publisher: None,
             encoded: Default::default(),
+            stored: Default::default(),
         });
     }
 
@@ -717,6 +718,7 @@ impl Task {
             expires_at: Message::expiry_deadline(expiry, Instant::now()),
             publisher: Some(Arc::clone(&session.client_id)),
             encoded: Default::default(),
+            stored: Default::default(),
         });
         self.status.forwarded_in.fetch_add(1, Ordering::Relaxed);
     }

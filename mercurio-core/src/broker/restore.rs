@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mercurio_storage::{
-    Change, InflightState, LoadedState, RetainedRecord, SessionRecord, NEVER_EXPIRES,
+    Change, InflightState, LoadedState, RetainedRecord, SessionRecord, StoredMessage, NEVER_EXPIRES,
 };
 
 use super::BrokerState;
 use crate::auth::Identity;
 use crate::persist::records::{
-    granted_from, header, inflight_from, message_from, protocol_from_level, unix_ms,
-    unix_to_instant, will_from,
+    delivery_from, granted_from, header, inflight_from, message_from, protocol_from_level, unix_ms,
+    unix_to_instant, will_from, Restored,
 };
 use crate::persist::Persister;
 use crate::session::{Delivery, Session, SessionChanges, Will};
@@ -32,6 +32,9 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     };
     let (now, now_ms) = (Instant::now(), unix_ms());
     restore_retained(broker, p, &loaded.retained, now, now_ms);
+    // Each stored message once, shared by every delivery that refers to it (dropped at the
+    // end of the restore: those no restored session holds are then released).
+    let messages = restore_messages(p, &loaded.messages, now, now_ms);
     for s in &loaded.set_aside {
         tracing::error!(
             client_id = %s.client_id,
@@ -62,10 +65,10 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
             if let Some(Ok(will)) = record.will.as_ref().map(|w| will_from(w, now, now_ms)) {
                 wills_now.push((client_id.clone(), will));
             }
-            left_shared.push((client_id, shared_left(&record, now, now_ms)));
+            left_shared.push((client_id, shared_left(&messages, &record)));
             continue;
         }
-        match restore_session(broker, p, record, now, now_ms) {
+        match restore_session(broker, p, &messages, record, now, now_ms) {
             Ok(Some(will)) => wills_now.push((client_id, will)),
             Ok(None) => {}
             Err(cause) => {
@@ -82,6 +85,7 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     }
     tracing::info!(
         sessions = restored,
+        messages = messages.len(),
         retained = loaded.retained.len(),
         set_aside = p.set_aside_count(),
         "restored from {} storage",
@@ -96,30 +100,42 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     }
 }
 
+/// The stored messages, each once, marked as stored under their id (and the message ids
+/// seeded above them).
+fn restore_messages(
+    p: &Persister,
+    stored: &[StoredMessage],
+    now: Instant,
+    now_ms: u64,
+) -> Restored {
+    let next = stored.iter().map(|m| m.id).max().map_or(1, |id| id + 1);
+    p.seed_message_ids(next);
+    stored
+        .iter()
+        .map(|m| {
+            let restored = message_from(&m.message, now, now_ms).map(|(msg, ids)| {
+                p.restored_message(&msg, m.id);
+                (Arc::new(msg), ids)
+            });
+            (m.id, restored)
+        })
+        .collect()
+}
+
 /// The deliveries an expired stored session held through shared subscriptions, oldest first:
 /// in flight without an acknowledgement (a QoS 2 message whose PUBREC came back was
 /// received), then queued. Those that cannot be read are left out.
-fn shared_left(record: &SessionRecord, now: Instant, now_ms: u64) -> Vec<Delivery> {
-    let queued = record.queued.iter().map(|q| &q.message);
+fn shared_left(messages: &Restored, record: &SessionRecord) -> Vec<Delivery> {
+    let queued = record.queued.iter().map(|q| &q.delivery);
     let inflight = record
         .inflight
         .iter()
         .filter(|f| f.state != InflightState::AwaitingPubComp)
-        .map(|f| &f.message);
+        .map(|f| &f.delivery);
     inflight
         .chain(queued)
-        .filter(|m| m.share.is_some())
-        .filter_map(|m| {
-            let (msg, ids) = message_from(m, now, now_ms).ok()?;
-            Some(Delivery {
-                retain: msg.retain,
-                qos: msg.qos,
-                msg: Arc::new(msg),
-                subscription_ids: ids,
-                seq: 0,
-                share: m.share.as_deref().map(Arc::from),
-            })
-        })
+        .filter(|d| d.share.is_some())
+        .filter_map(|d| delivery_from(messages, d, 0).ok())
         .collect()
 }
 
@@ -150,6 +166,7 @@ fn restore_retained(
 fn restore_session(
     broker: &Arc<BrokerState>,
     p: &Arc<Persister>,
+    messages: &Restored,
     record: SessionRecord,
     now: Instant,
     now_ms: u64,
@@ -176,9 +193,9 @@ fn restore_session(
             username,
             record.certificate.as_deref().map(Arc::from),
         );
-        restore_queue(p, &record, &mut st, now, now_ms)?;
+        restore_queue(p, messages, &record, &mut st, now)?;
         for f in &record.inflight {
-            st.restore_inflight(inflight_from(f, now, now_ms)?);
+            st.restore_inflight(inflight_from(messages, f)?);
         }
         st.restore_inbound_qos2(&record.inbound_qos2);
         if let Some(w) = &record.will {
@@ -231,30 +248,107 @@ fn restore_session(
 /// from storage.
 fn restore_queue(
     p: &Persister,
+    messages: &Restored,
     record: &SessionRecord,
     st: &mut crate::session::SessionState,
     now: Instant,
-    now_ms: u64,
 ) -> Result<(), String> {
-    for (seq, q) in record.queued.iter().map(|q| (q.seq, &q.message)) {
-        let (msg, ids) = message_from(q, now, now_ms)?;
-        let qos = msg.qos;
-        st.restored_seq(seq);
-        if msg.is_expired(now) {
+    for q in &record.queued {
+        let delivery = delivery_from(messages, &q.delivery, q.seq)?;
+        st.restored_seq(q.seq);
+        if delivery.msg.is_expired(now) {
             p.emit(Change::MessageDequeued {
                 client_id: record.client_id.clone(),
-                seq,
+                seq: q.seq,
             });
             continue;
         }
-        st.restore_queued(Delivery {
-            retain: msg.retain,
-            msg: Arc::new(msg),
-            qos,
-            subscription_ids: ids,
-            seq,
-            share: q.share.as_deref().map(Arc::from),
-        });
+        st.restore_queued(delivery);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use mercurio_storage::{
+        DeliveryRecord, InflightRecord, InflightState, LoadedState, MemoryStorage, MessageRecord,
+        QueuedRecord, SessionHeader, SessionRecord, StoredMessage, NEVER_EXPIRES,
+    };
+
+    use super::super::BrokerState;
+    use crate::config::Config;
+    use crate::persist::{PendingLimits, Persister};
+
+    fn session(client_id: &str) -> SessionRecord {
+        SessionRecord::new(SessionHeader {
+            client_id: client_id.into(),
+            protocol_level: 5,
+            session_expiry_interval: NEVER_EXPIRES,
+            disconnected_at: Some(super::unix_ms()),
+            username: None,
+            certificate: None,
+        })
+    }
+
+    /// The deliveries of one stored message to several sessions, queued or in flight, share
+    /// one `Message` after the restore, as they did in the broker that stored them; and a
+    /// message stored next gets an id above every restored one.
+    #[tokio::test]
+    async fn restored_deliveries_share_one_message() {
+        let broker = Arc::new(BrokerState::new(Config::default()));
+        let p = Persister::start(
+            Arc::new(MemoryStorage::new()),
+            false,
+            PendingLimits {
+                per_client: usize::MAX,
+                total: usize::MAX,
+            },
+            Arc::clone(&broker.stats),
+            Arc::downgrade(&broker.sessions),
+        );
+        let _ = broker.persist.set(Arc::clone(&p));
+        let mut a = session("a");
+        a.queued = vec![QueuedRecord {
+            seq: 1,
+            delivery: DeliveryRecord::new(7, 1),
+        }];
+        let mut b = session("b");
+        b.inflight = vec![InflightRecord {
+            packet_id: 3,
+            delivery: DeliveryRecord::new(7, 1),
+            state: InflightState::AwaitingPubAck,
+        }];
+        let loaded = LoadedState {
+            sessions: vec![a, b],
+            messages: vec![StoredMessage {
+                id: 7,
+                message: MessageRecord::new("fleet/all", "m", 1),
+            }],
+            ..LoadedState::default()
+        };
+        super::restore(&broker, loaded);
+        let sessions = broker.sessions.lock();
+        let queued = sessions["a"]
+            .state
+            .lock()
+            .queue()
+            .iter()
+            .next()
+            .map(|q| Arc::clone(&q.msg));
+        let inflight = sessions["b"]
+            .state
+            .lock()
+            .inflight()
+            .front()
+            .map(|f| Arc::clone(&f.delivery.msg));
+        let (Some(queued), Some(inflight)) = (queued, inflight) else {
+            panic!("both deliveries restored");
+        };
+        assert!(Arc::ptr_eq(&queued, &inflight), "one Message for both");
+        assert_eq!(queued.stored.get().map(|s| s.id), Some(7));
+        let fresh = crate::message::Message::clone(&queued);
+        assert_eq!(p.message_id(&fresh), 8);
+    }
 }

@@ -448,6 +448,7 @@ pub(super) async fn accept(
                 expires_at: None,
                 publisher: Some(Arc::clone(&client_id)),
                 encoded: Default::default(),
+                stored: Default::default(),
             }),
         });
     }

@@ -600,6 +600,7 @@ impl<'a> Reader<'a> {
             expires_at,
             publisher: Some(Arc::clone(&self.c.session.client_id)),
             encoded: Default::default(),
+            stored: Default::default(),
         });
         let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching

@@ -46,6 +46,7 @@ pub(super) fn publish_as(
         expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
         publisher,
         encoded: Default::default(),
+        stored: Default::default(),
     });
     Ok(())
 }

@@ -37,21 +37,23 @@ pub(crate) mod records;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use mercurio_storage::{Change, RetainedRecord, Storage, StorageError};
+use mercurio_storage::{
+    Change, QueuedRecord, RetainedRecord, SessionRecord, Storage, StorageError, StoredMessage,
+};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use records::{
-    header, inflight_record, message_record, queued_record, session_record, subscription_record,
-    will_record,
+    delivery_record, header, inflight_record, message_record, subscription_record, will_record,
 };
 use writer::{BatchWriter, Callback, Op};
 
-use crate::message::Message;
+use crate::codec::QoS;
+use crate::message::{Message, ReleaseStored, Stored};
 use crate::session::{
     Delivery, Granted, Inflight, Session, SessionChanges, SessionState, SessionTable,
 };
@@ -143,6 +145,10 @@ pub(crate) struct Persister {
     set_aside: Mutex<HashSet<String>>,
     /// Set by the writer while storage takes no writes: the last error and since when.
     failure: Mutex<Option<(String, Instant)>>,
+    /// The id the next message stored gets (seeded by the restore above every stored one).
+    next_message_id: AtomicU64,
+    /// This persister, for the messages it stores to release themselves when dropped.
+    me: Weak<Persister>,
 }
 
 impl std::fmt::Debug for Persister {
@@ -164,7 +170,7 @@ impl Persister {
         sessions: Weak<SessionTable>,
     ) -> Arc<Persister> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let persister = Arc::new(Persister {
+        let persister = Arc::new_cyclic(|me| Persister {
             tx,
             storage,
             durable_ack,
@@ -175,6 +181,8 @@ impl Persister {
             progress: Notify::new(),
             set_aside: Mutex::new(HashSet::new()),
             failure: Mutex::new(None),
+            next_message_id: AtomicU64::new(1),
+            me: me.clone(),
         });
         let writer = BatchWriter {
             persister: Arc::clone(&persister),
@@ -370,8 +378,81 @@ impl Persister {
         } else {
             // A new session: written whole (it may already hold subscriptions or messages if
             // it was made before this call).
-            p.emit(Change::SessionWritten(session_record(client_id, &st)));
+            p.emit(p.session_written(client_id, &st));
         }
+    }
+
+    /// Message ids from `next` on are free: the restore's seed, above every stored one.
+    pub(crate) fn seed_message_ids(&self, next: u64) {
+        self.next_message_id.fetch_max(next, Ordering::Relaxed);
+    }
+
+    /// The id of `msg` in the message store. The first call stores it (`MessageStored`,
+    /// owed by its publisher) before returning; any other caller waits for that, so no
+    /// reference to a message reaches storage before the message.
+    pub(crate) fn message_id(&self, msg: &Message) -> u64 {
+        msg.stored
+            .get_or_init(|| {
+                let id = self.next_message_id.fetch_add(1, Ordering::Relaxed);
+                self.emit_paid(
+                    Change::MessageStored {
+                        message: StoredMessage {
+                            id,
+                            message: message_record(msg, msg.qos, msg.retain, &[]),
+                        },
+                    },
+                    publisher(msg),
+                );
+                Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>)
+            })
+            .id
+    }
+
+    /// A restored message: already in the message store under `id`.
+    pub(crate) fn restored_message(&self, msg: &Message, id: u64) {
+        msg.stored
+            .get_or_init(|| Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>));
+    }
+
+    /// The whole session as stored (QoS 0 messages are not kept), with the messages it
+    /// refers to.
+    pub(crate) fn session_written(&self, client_id: &str, st: &SessionState) -> Change {
+        let mut record = SessionRecord::new(header(client_id, st));
+        let mut subs: Vec<_> = st
+            .subscriptions()
+            .iter()
+            .map(|(f, g)| subscription_record(f, g))
+            .collect();
+        subs.sort_by(|a, b| a.filter.cmp(&b.filter));
+        record.subscriptions = subs;
+        record.will = st.will().map(will_record);
+        let mut messages: HashMap<u64, StoredMessage> = HashMap::new();
+        let mut stored = |msg: &Message| {
+            let id = self.message_id(msg);
+            messages.entry(id).or_insert_with(|| StoredMessage {
+                id,
+                message: message_record(msg, msg.qos, msg.retain, &[]),
+            });
+            id
+        };
+        record.queued = st
+            .queue()
+            .iter()
+            .filter(|q| q.qos > QoS::AtMostOnce)
+            .map(|q| QueuedRecord {
+                seq: q.seq,
+                delivery: delivery_record(stored(&q.msg), q),
+            })
+            .collect();
+        record.inflight = st
+            .inflight()
+            .iter()
+            .map(|f| inflight_record(stored(&f.delivery.msg), f))
+            .collect();
+        record.inbound_qos2 = st.inbound_qos2_ids();
+        let mut messages: Vec<StoredMessage> = messages.into_values().collect();
+        messages.sort_by_key(|m| m.id);
+        Change::SessionWritten(record, messages)
     }
 
     /// Whether the stored session of `client_id` was set aside (its client is refused).
@@ -434,15 +515,25 @@ impl Persister {
     }
 }
 
+/// A stored message dropped by the broker: storage deletes it with its last reference.
+impl ReleaseStored for Persister {
+    fn release(&self, id: u64) {
+        self.emit_paid(Change::MessageReleased { id }, Payer::Broker);
+    }
+}
+
 /// The session changes, as storage changes.
 impl SessionChanges for Persister {
-    /// Owed by the message's publisher, not by the (often offline) session it waits in.
+    /// Owed by the message's publisher, not by the (often offline) session it waits in: the
+    /// message once (its first delivery to a stored session stores it), then a reference
+    /// per delivery.
     fn queued(&self, client_id: &str, q: &Delivery) {
+        let id = self.message_id(&q.msg);
         self.emit_paid(
             Change::MessageQueued {
                 client_id: client_id.to_string(),
                 seq: q.seq,
-                message: queued_record(q),
+                delivery: delivery_record(id, q),
             },
             publisher(&q.msg),
         );
@@ -456,9 +547,10 @@ impl SessionChanges for Persister {
     }
 
     fn inflight_set(&self, client_id: &str, f: &Inflight) {
+        let id = self.message_id(&f.delivery.msg);
         self.emit(Change::InflightSet {
             client_id: client_id.to_string(),
-            inflight: inflight_record(f),
+            inflight: inflight_record(id, f),
         });
     }
 

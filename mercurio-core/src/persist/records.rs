@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+
 use mercurio_storage::{
-    InflightRecord, InflightState, MessageRecord, QueuedRecord, SessionHeader, SessionRecord,
+    DeliveryRecord, InflightRecord, InflightState, MessageRecord, SessionHeader,
     SubscriptionRecord, WillRecord,
 };
 
@@ -90,22 +92,28 @@ pub(crate) fn message_from(
             expires_at: record.expires_at.map(|ms| unix_to_instant(ms, now, now_ms)),
             publisher: record.publisher.as_deref().map(Arc::from),
             encoded: Default::default(),
+            stored: Default::default(),
         },
         ids,
     ))
 }
 
-/// The stored form of a queued or in-flight delivery, with its shared subscription.
-pub(crate) fn queued_record(q: &Delivery) -> MessageRecord {
-    let mut record = message_record(&q.msg, q.qos, q.retain, &q.subscription_ids);
-    record.share = q.share.as_deref().map(str::to_string);
-    record
+/// The stored form of a queued or in-flight delivery of the stored message `id`.
+pub(crate) fn delivery_record(id: u64, q: &Delivery) -> DeliveryRecord {
+    DeliveryRecord {
+        message_id: id,
+        qos: q.qos as u8,
+        retain: q.retain,
+        subscription_ids: q.subscription_ids.clone(),
+        share: q.share.as_deref().map(str::to_string),
+    }
 }
 
-pub(crate) fn inflight_record(f: &Inflight) -> InflightRecord {
+/// The stored form of an in-flight delivery of the stored message `id`.
+pub(crate) fn inflight_record(id: u64, f: &Inflight) -> InflightRecord {
     InflightRecord {
         packet_id: f.packet_id,
-        message: queued_record(&f.delivery),
+        delivery: delivery_record(id, &f.delivery),
         state: match f.state {
             OutboundState::AwaitingPubAck => InflightState::AwaitingPubAck,
             OutboundState::AwaitingPubRec => InflightState::AwaitingPubRec,
@@ -150,31 +158,6 @@ pub(crate) fn header(client_id: &str, st: &SessionState) -> SessionHeader {
     }
 }
 
-/// The whole session as stored (QoS 0 messages are not kept).
-pub(crate) fn session_record(client_id: &str, st: &SessionState) -> SessionRecord {
-    let mut record = SessionRecord::new(header(client_id, st));
-    let mut subs: Vec<_> = st
-        .subscriptions()
-        .iter()
-        .map(|(f, g)| subscription_record(f, g))
-        .collect();
-    subs.sort_by(|a, b| a.filter.cmp(&b.filter));
-    record.subscriptions = subs;
-    record.will = st.will().map(will_record);
-    record.queued = st
-        .queue()
-        .iter()
-        .filter(|q| q.qos > QoS::AtMostOnce)
-        .map(|q| QueuedRecord {
-            seq: q.seq,
-            message: queued_record(q),
-        })
-        .collect();
-    record.inflight = st.inflight().iter().map(inflight_record).collect();
-    record.inbound_qos2 = st.inbound_qos2_ids();
-    record
-}
-
 pub(crate) fn protocol_from_level(level: u8) -> ProtocolVersion {
     match level {
         3 => ProtocolVersion::V31,
@@ -194,13 +177,41 @@ pub(crate) fn will_from(record: &WillRecord, now: Instant, now_ms: u64) -> Resul
     })
 }
 
+/// The stored messages back, each once, by id: shared by every delivery that refers to it.
+/// A message migrated from schema 3 has its delivery's subscription identifiers in its
+/// properties: they come with it. One that cannot be read holds why.
+pub(crate) type Restored = HashMap<u64, Result<(Arc<Message>, Vec<u32>), String>>;
+
+/// A delivery back from its stored form, sharing the restored message it refers to.
+pub(crate) fn delivery_from(
+    messages: &Restored,
+    d: &DeliveryRecord,
+    seq: u64,
+) -> Result<Delivery, String> {
+    let (msg, ids) = match messages.get(&d.message_id) {
+        Some(Ok(m)) => m,
+        Some(Err(e)) => return Err(format!("message {}: {e}", d.message_id)),
+        None => return Err(format!("message {} is not stored", d.message_id)),
+    };
+    Ok(Delivery {
+        msg: Arc::clone(msg),
+        qos: QoS::from_u8(d.qos).ok_or_else(|| format!("delivery QoS {}", d.qos))?,
+        retain: d.retain,
+        subscription_ids: if d.subscription_ids.is_empty() {
+            ids.clone()
+        } else {
+            d.subscription_ids.clone()
+        },
+        seq,
+        share: d.share.as_deref().map(Arc::from),
+    })
+}
+
 /// An in-flight message back from its stored form, to be resent (with DUP) on reconnect.
 pub(crate) fn inflight_from(
+    messages: &Restored,
     record: &InflightRecord,
-    now: Instant,
-    now_ms: u64,
 ) -> Result<Inflight, String> {
-    let (msg, ids) = message_from(&record.message, now, now_ms)?;
     Ok(Inflight {
         packet_id: record.packet_id,
         state: match record.state {
@@ -208,14 +219,7 @@ pub(crate) fn inflight_from(
             InflightState::AwaitingPubRec => OutboundState::AwaitingPubRec,
             InflightState::AwaitingPubComp => OutboundState::AwaitingPubComp,
         },
-        delivery: Delivery {
-            retain: msg.retain,
-            qos: msg.qos,
-            msg: Arc::new(msg),
-            subscription_ids: ids,
-            seq: 0,
-            share: record.message.share.as_deref().map(Arc::from),
-        },
+        delivery: delivery_from(messages, &record.delivery, 0)?,
         sent: false,
     })
 }

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use mercurio_storage::{Change, StorageError, REFUSED_ATTEMPTS};
 use tokio::sync::{mpsc, oneshot};
 
-use super::records::session_record;
 use super::{Charge, Persister, UNWRITABLE_AFTER};
 use crate::session::SessionTable;
 use crate::stats::Stats;
@@ -251,15 +250,27 @@ impl BatchWriter {
 
     /// A refused batch: split per client, each part retried with the `left` attempts; a
     /// single client's part with none left is given up.
+    ///
+    /// The messages the batch stores go first, as a part of their own (the references to
+    /// them, in the clients' parts, are refused without them), and its releases last.
     async fn give_up(&mut self, batch: &[Change], durable: bool, e: &StorageError, left: u32) {
-        let mut groups: Vec<(Option<&str>, Vec<Change>)> = Vec::new();
+        let mut groups: Vec<(Part<'_>, Vec<Change>)> = Vec::new();
         for c in batch {
-            let key = c.client_id();
+            let key = match c {
+                Change::MessageStored { .. } => Part::Stored,
+                Change::MessageReleased { .. } => Part::Released,
+                _ => Part::Client(c.client_id()),
+            };
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, list)) => list.push(c.clone()),
                 None => groups.push((key, vec![c.clone()])),
             }
         }
+        groups.sort_by_key(|(k, _)| match k {
+            Part::Stored => 0,
+            Part::Client(_) => 1,
+            Part::Released => 2,
+        });
         if groups.len() > 1 {
             for (_, part) in groups {
                 if left > 0 {
@@ -279,7 +290,7 @@ impl BatchWriter {
             .map(str::to_string);
         self.lost = true;
         tracing::error!(
-            client_id = client.as_deref().unwrap_or("(retained messages)"),
+            client_id = client.as_deref().unwrap_or("(retained or stored messages)"),
             changes = batch.len(),
             "storage refused changes {REFUSED_ATTEMPTS} times, giving them up: {e}"
         );
@@ -336,7 +347,7 @@ impl BatchWriter {
                 .and_then(|s| {
                     let st = s.state.lock();
                     (!st.ended() && st.expiry_interval() > 0)
-                        .then(|| Change::SessionWritten(session_record(&client_id, &st)))
+                        .then(|| self.persister.session_written(&client_id, &st))
                 })
                 .unwrap_or(Change::SessionDeleted { client_id });
             batch.push(change);
@@ -349,6 +360,17 @@ impl BatchWriter {
             .storage_clients_dirty
             .store(self.dirty.len() as u64, Ordering::Relaxed);
     }
+}
+
+/// The parts a refused batch is split into.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part<'a> {
+    /// The messages it stores.
+    Stored,
+    /// One client's changes (`None`: the retained set's).
+    Client(Option<&'a str>),
+    /// The messages it releases.
+    Released,
 }
 
 /// Changes to commit together, with what each one costs its payer.

@@ -169,6 +169,7 @@ mod tests {
             expires_at: None,
             publisher: None,
             encoded: OnceLock::new(),
+            stored: OnceLock::new(),
         };
         Delivery {
             msg: Arc::new(msg),

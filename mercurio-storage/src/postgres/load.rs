@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use tokio_postgres::{Client, Row};
 
-use crate::rows::{self, Columns, MESSAGE_COLUMNS, SESSION_COLUMNS, SUBSCRIPTION_COLUMNS};
+use crate::rows::{
+    self, Columns, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
+    SUBSCRIPTION_COLUMNS,
+};
 use crate::{LoadedState, SetAside};
 
 fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, String> {
@@ -33,16 +36,17 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
          ORDER BY client_id, filter"
     );
     let queued_sql = format!(
-        "SELECT client_id, seq, {MESSAGE_COLUMNS} FROM mercurio_queued ORDER BY client_id, seq"
+        "SELECT client_id, seq, {DELIVERY_COLUMNS} FROM mercurio_queued ORDER BY client_id, seq"
     );
     let inflight_sql = format!(
-        "SELECT client_id, packet_id, state, {MESSAGE_COLUMNS} FROM mercurio_inflight \
+        "SELECT client_id, packet_id, state, {DELIVERY_COLUMNS} FROM mercurio_inflight \
          ORDER BY client_id, ord"
     );
     let sessions_sql =
         format!("SELECT {SESSION_COLUMNS} FROM mercurio_sessions ORDER BY client_id");
     let retained_sql = format!("SELECT {MESSAGE_COLUMNS} FROM mercurio_retained ORDER BY topic");
-    let (subs, queued, inflight, inbound, sessions, retained) = tokio::try_join!(
+    let messages_sql = format!("SELECT {STORED_COLUMNS} FROM mercurio_messages ORDER BY id");
+    let (subs, queued, inflight, inbound, sessions, retained, messages) = tokio::try_join!(
         client.query(&subscriptions_sql, &[]),
         client.query(&queued_sql, &[]),
         client.query(&inflight_sql, &[]),
@@ -53,6 +57,7 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         ),
         client.query(&sessions_sql, &[]),
         client.query(&retained_sql, &[]),
+        client.query(&messages_sql, &[]),
     )?;
     let mut children = rows::Sessions {
         subscriptions: per_client(&subs, rows::subscription),
@@ -82,5 +87,6 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         rows::retained(row, &mut by_topic);
     }
     state.retained = by_topic.into_values().collect();
+    rows::attach_messages(&mut state, messages.iter().map(rows::stored));
     Ok(state)
 }

@@ -12,8 +12,10 @@ use super::{classify, WriteConnection};
 use crate::change::{refused, Change};
 use crate::error::StorageError;
 use crate::records::{
-    InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SubscriptionRecord, WillRecord,
+    DeliveryRecord, InflightRecord, MessageRecord, RetainedRecord, SessionHeader, StoredMessage,
+    SubscriptionRecord, WillRecord,
 };
+use crate::rows::encode_ids;
 
 type Param = Box<dyn ToSql + Sync + Send>;
 
@@ -36,19 +38,6 @@ fn big(v: u64) -> i64 {
 
 fn text(v: &str) -> Param {
     Box::new(v.to_string())
-}
-
-fn message_params(m: &MessageRecord) -> Vec<Param> {
-    vec![
-        text(&m.topic),
-        Box::new(m.payload.to_vec()),
-        int(m.qos),
-        Box::new(m.retain),
-        Box::new(m.properties.to_vec()),
-        Box::new(m.expires_at.map(big)),
-        Box::new(m.publisher.clone()),
-        Box::new(m.share.clone()),
-    ]
 }
 
 fn header_params(h: &SessionHeader) -> Vec<Param> {
@@ -89,32 +78,71 @@ fn subscription_params(id: &str, s: &SubscriptionRecord) -> Vec<Param> {
     ]
 }
 
-fn queued_params(id: &str, seq: u64, m: &MessageRecord) -> Vec<Param> {
+fn delivery_params(d: &DeliveryRecord) -> Vec<Param> {
+    vec![
+        Box::new(big(d.message_id)),
+        int(d.qos),
+        Box::new(d.retain),
+        Box::new(encode_ids(&d.subscription_ids)),
+        Box::new(d.share.clone()),
+    ]
+}
+
+fn queued_params(id: &str, seq: u64, d: &DeliveryRecord) -> Vec<Param> {
     let mut params = vec![text(id), Box::new(big(seq)) as Param];
-    params.extend(message_params(m));
+    params.extend(delivery_params(d));
     params
 }
 
 fn inflight_params(id: &str, f: &InflightRecord) -> Vec<Param> {
     let mut params = vec![text(id), int(f.packet_id), text(f.state.as_str())];
-    params.extend(message_params(&f.message));
+    params.extend(delivery_params(&f.delivery));
     params
+}
+
+/// The statement storing `messages` (ids stored already are left as they are).
+fn store_op<'a>(
+    s: &'a Statements,
+    index: usize,
+    messages: &[&StoredMessage],
+    out: &mut Vec<Op<'a>>,
+) {
+    if messages.is_empty() {
+        return;
+    }
+    let mut c = StoredColumns::default();
+    for m in messages {
+        c.push(m);
+    }
+    out.push(Op {
+        index,
+        statement: &s.store_many,
+        params: c.into_params(),
+        must_touch: false,
+    });
 }
 
 /// The statements of a session change (`SessionSaved`, `SessionWritten`, `SessionDeleted`),
 /// in order.
 fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op<'a>>) {
-    let mut push = |statement: &'a Statement, params: Vec<Param>, must_touch: bool| {
-        out.push(Op {
-            index,
-            statement,
-            params,
-            must_touch,
-        })
-    };
     match change {
-        Change::SessionSaved(h) => push(&s.save_header, header_params(h), false),
-        Change::SessionWritten(r) => {
+        Change::SessionSaved(h) => out.push(Op {
+            index,
+            statement: &s.save_header,
+            params: header_params(h),
+            must_touch: false,
+        }),
+        Change::SessionWritten(r, messages) => {
+            let messages: Vec<&StoredMessage> = messages.iter().collect();
+            store_op(s, index, &messages, out);
+            let mut push = |statement: &'a Statement, params: Vec<Param>, must_touch: bool| {
+                out.push(Op {
+                    index,
+                    statement,
+                    params,
+                    must_touch,
+                })
+            };
             for statement in &s.delete_children {
                 push(statement, vec![text(&r.client_id)], false);
             }
@@ -135,7 +163,7 @@ fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op
             for q in &r.queued {
                 push(
                     &s.queue,
-                    queued_params(&r.client_id, q.seq, &q.message),
+                    queued_params(&r.client_id, q.seq, &q.delivery),
                     false,
                 );
             }
@@ -147,10 +175,14 @@ fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op
             }
         }
         Change::SessionDeleted { client_id } => {
-            for statement in &s.delete_children {
-                push(statement, vec![text(client_id)], false);
+            for statement in s.delete_children.iter().chain([&s.delete_session]) {
+                out.push(Op {
+                    index,
+                    statement,
+                    params: vec![text(client_id)],
+                    must_touch: false,
+                });
             }
-            push(&s.delete_session, vec![text(client_id)], false);
         }
         _ => unreachable!("planned with the other changes of its run, see `plan`"),
     }
@@ -174,10 +206,45 @@ fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op
 /// even when a later change of the run cancels it (a `SELECT` that must find the session),
 /// and the batch is one transaction as before.
 fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
+    // The messages stored by the batch go first: the references to them come later in the
+    // batch (a message is stored before its first reference). Releases go last: nothing
+    // refers to a message again once it is released.
+    let stored: Vec<(usize, &StoredMessage)> = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(index, change)| match change {
+            Change::MessageStored { message } => Some((index, message)),
+            _ => None,
+        })
+        .collect();
+    if let Some((first, _)) = stored.first() {
+        let messages: Vec<&StoredMessage> = stored.iter().map(|(_, m)| *m).collect();
+        store_op(s, *first, &messages, out);
+    }
+    let mut released: Vec<i64> = Vec::new();
+    let mut first_release = None;
+    let mut removes = None;
     // Each client's changes (None: the retained set), in order of first appearance.
     let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
     let mut position: HashMap<Option<&str>, usize> = HashMap::new();
     for (index, change) in batch.iter().enumerate() {
+        match change {
+            Change::MessageStored { .. } => continue,
+            Change::MessageReleased { id } => {
+                released.push(big(*id));
+                first_release.get_or_insert(index);
+                continue;
+            }
+            Change::SessionWritten(..)
+            | Change::SessionDeleted { .. }
+            | Change::MessageQueued { .. }
+            | Change::MessageDequeued { .. }
+            | Change::InflightSet { .. }
+            | Change::InflightRemoved { .. } => {
+                removes.get_or_insert(index);
+            }
+            _ => {}
+        }
         let key = change.client_id();
         let at = *position.entry(key).or_insert_with(|| {
             groups.push((key, Vec::new()));
@@ -197,7 +264,7 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             let change = &batch[index];
             match change {
                 Change::SessionSaved(_)
-                | Change::SessionWritten(_)
+                | Change::SessionWritten(..)
                 | Change::SessionDeleted { .. } => {
                     std::mem::take(&mut run).plan(s, client_id, created, out);
                     ops_of(s, index, change, out);
@@ -207,6 +274,24 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             }
         }
         run.plan(s, client_id, created, out);
+    }
+    if let Some(index) = first_release {
+        for statement in [&s.release_unreferenced, &s.mark_released] {
+            out.push(Op {
+                index,
+                statement,
+                params: vec![Box::new(released.clone())],
+                must_touch: false,
+            });
+        }
+    }
+    if let Some(index) = removes {
+        out.push(Op {
+            index,
+            statement: &s.delete_released,
+            params: Vec::new(),
+            must_touch: false,
+        });
     }
 }
 
@@ -221,7 +306,7 @@ struct Run<'c> {
     first_addition: Option<usize>,
     will: Option<Last<'c, WillRecord>>,
     subscriptions: BTreeMap<&'c str, Last<'c, SubscriptionRecord>>,
-    queued: BTreeMap<u64, Last<'c, MessageRecord>>,
+    queued: BTreeMap<u64, Last<'c, DeliveryRecord>>,
     inflight: BTreeMap<u16, InflightLast<'c>>,
     inbound: BTreeMap<u16, Last<'c, ()>>,
 }
@@ -273,8 +358,8 @@ impl<'c> Run<'c> {
                 let first = self.will.map_or(index, |(first, _)| first);
                 self.will = Some((first, None));
             }
-            Change::MessageQueued { seq, message, .. } => {
-                keep(&mut self.queued, *seq, index, Some(message))
+            Change::MessageQueued { seq, delivery, .. } => {
+                keep(&mut self.queued, *seq, index, Some(delivery))
             }
             Change::MessageDequeued { seq, .. } => keep(&mut self.queued, *seq, index, None),
             Change::InflightSet { inflight, .. } => {
@@ -309,10 +394,12 @@ impl<'c> Run<'c> {
                 keep(&mut self.inbound, *packet_id, index, None)
             }
             Change::SessionSaved(_)
-            | Change::SessionWritten(_)
+            | Change::SessionWritten(..)
             | Change::SessionDeleted { .. }
             | Change::RetainedSet(_)
-            | Change::RetainedDeleted { .. } => unreachable!("not part of a run"),
+            | Change::RetainedDeleted { .. }
+            | Change::MessageStored { .. }
+            | Change::MessageReleased { .. } => unreachable!("not part of a run"),
         }
     }
 
@@ -374,10 +461,10 @@ impl<'c> Run<'c> {
         if !set.is_empty() {
             let index = first_set;
             let mut seqs = Vec::with_capacity(set.len());
-            let mut c = MessageColumns::default();
-            for (seq, message) in &set {
+            let mut c = DeliveryColumns::default();
+            for (seq, delivery) in &set {
                 seqs.push(big(**seq));
-                c.push(message);
+                c.push(delivery);
             }
             let mut params = vec![text(client_id), Box::new(seqs) as Param];
             params.extend(c.into_params());
@@ -407,11 +494,11 @@ impl<'c> Run<'c> {
         if let Some(index) = set.iter().map(|(_, index, _)| *index).min() {
             let mut ids = Vec::with_capacity(set.len());
             let mut states = Vec::with_capacity(set.len());
-            let mut c = MessageColumns::default();
+            let mut c = DeliveryColumns::default();
             for (_, _, f) in &set {
                 ids.push(i64::from(f.packet_id));
                 states.push(f.state.as_str().to_string());
-                c.push(&f.message);
+                c.push(&f.delivery);
             }
             let mut params = vec![text(client_id), Box::new(ids) as Param, Box::new(states)];
             params.extend(c.into_params());
@@ -556,6 +643,76 @@ impl MessageColumns {
     }
 }
 
+/// Deliveries as one array per column, for `unnest`.
+#[derive(Default)]
+struct DeliveryColumns {
+    message_id: Vec<i64>,
+    qos: Vec<i64>,
+    retain: Vec<bool>,
+    subscription_ids: Vec<Vec<u8>>,
+    share: Vec<Option<String>>,
+}
+
+impl DeliveryColumns {
+    fn push(&mut self, d: &DeliveryRecord) {
+        self.message_id.push(big(d.message_id));
+        self.qos.push(i64::from(d.qos));
+        self.retain.push(d.retain);
+        self.subscription_ids.push(encode_ids(&d.subscription_ids));
+        self.share.push(d.share.clone());
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.message_id),
+            Box::new(self.qos),
+            Box::new(self.retain),
+            Box::new(self.subscription_ids),
+            Box::new(self.share),
+        ]
+    }
+}
+
+/// Stored messages as one array per column, for `unnest`.
+#[derive(Default)]
+struct StoredColumns {
+    id: Vec<i64>,
+    topic: Vec<String>,
+    payload: Vec<Vec<u8>>,
+    qos: Vec<i64>,
+    retain: Vec<bool>,
+    properties: Vec<Vec<u8>>,
+    expires_at: Vec<Option<i64>>,
+    publisher: Vec<Option<String>>,
+}
+
+impl StoredColumns {
+    fn push(&mut self, stored: &StoredMessage) {
+        let m = &stored.message;
+        self.id.push(big(stored.id));
+        self.topic.push(m.topic.clone());
+        self.payload.push(m.payload.to_vec());
+        self.qos.push(i64::from(m.qos));
+        self.retain.push(m.retain);
+        self.properties.push(m.properties.to_vec());
+        self.expires_at.push(m.expires_at.map(big));
+        self.publisher.push(m.publisher.clone());
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.id),
+            Box::new(self.topic),
+            Box::new(self.payload),
+            Box::new(self.qos),
+            Box::new(self.retain),
+            Box::new(self.properties),
+            Box::new(self.expires_at),
+            Box::new(self.publisher),
+        ]
+    }
+}
+
 /// Subscriptions as one array per column, for `unnest`.
 #[derive(Default)]
 struct SubscriptionColumns {
@@ -604,10 +761,14 @@ impl From<StorageError> for WriteError {
 
 /// One transaction: the epoch check, then every change, pipelined; committed only when the
 /// epoch is ours and every statement succeeded.
+///
+/// `start`: a new broker starts serving (before it loads): the messages nothing refers to
+/// are deleted, and it holds every other one (none is released).
 pub(super) async fn write_batch(
     writer: &mut WriteConnection,
     batch: &[Change],
     epoch: i64,
+    start: bool,
 ) -> Result<(), WriteError> {
     if writer.statements.is_none() {
         let prepared = Statements::prepare(&writer.client)
@@ -623,6 +784,16 @@ pub(super) async fn write_batch(
         .map_err(|e| classify(e, "cannot begin a transaction"))?;
     let mut ops = Vec::new();
     plan(statements, batch, &mut ops);
+    if start {
+        for statement in [&statements.delete_unreferenced, &statements.hold_all] {
+            ops.push(Op {
+                index: 0,
+                statement,
+                params: Vec::new(),
+                must_touch: false,
+            });
+        }
+    }
     let refs: Vec<Vec<&(dyn ToSql + Sync)>> = ops
         .iter()
         .map(|op| {
@@ -651,7 +822,11 @@ pub(super) async fn write_batch(
         return Err(WriteError::Fenced(current));
     }
     for (op, result) in ops.iter().zip(results) {
-        let change = &batch[op.index];
+        let Some(change) = batch.get(op.index) else {
+            // The start's statements.
+            result.map_err(|e| classify(e, "cannot clean the message store"))?;
+            continue;
+        };
         match result {
             Ok(0) if op.must_touch => {
                 return Err(refused(op.index, change, "no session is stored for the client").into())
@@ -665,7 +840,11 @@ pub(super) async fn write_batch(
                         "change {} ({}) for {}{}",
                         op.index,
                         change.kind(),
-                        change.client_id().unwrap_or("the retained set"),
+                        match change {
+                            Change::MessageStored { .. } | Change::MessageReleased { .. } =>
+                                "the message store",
+                            _ => change.client_id().unwrap_or("the retained set"),
+                        },
                         e.message()
                     ),
                 )

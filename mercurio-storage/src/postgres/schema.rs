@@ -13,10 +13,14 @@ use crate::error::StorageError;
 /// broker, which fences differently, must not serve these tables; and
 /// `mercurio_sessions.username`. 3: `mercurio_sessions.certificate`, and `share` (a queued
 /// or in-flight message's shared subscription) in `mercurio_queued`, `mercurio_inflight` and
-/// `mercurio_retained`.
-pub const SCHEMA_VERSION: i64 = 3;
+/// `mercurio_retained`. 4: the message store: each message once in `mercurio_messages`, and
+/// `mercurio_queued` / `mercurio_inflight` rows refer to it (`message_id`) with the
+/// delivery's QoS, RETAIN flag, subscription identifiers and shared subscription; from 3, each
+/// queued or in-flight row becomes one message and one reference.
+pub const SCHEMA_VERSION: i64 = 4;
 
-const SCHEMA: &str = "
+/// The tables up to version 3 (created if missing, completed if older); [`TO_4`] follows.
+pub(crate) const SCHEMA_V3: &str = "
 CREATE TABLE IF NOT EXISTS mercurio_meta (
     key text PRIMARY KEY,
     value text NOT NULL
@@ -112,6 +116,68 @@ ALTER TABLE mercurio_inflight ADD COLUMN IF NOT EXISTS share text;
 ALTER TABLE mercurio_retained ADD COLUMN IF NOT EXISTS share text;
 ";
 
+/// From version 3 to 4: the message store, and the queued and in-flight tables as
+/// references to it.
+const TO_4: &str = r"CREATE TABLE mercurio_messages (
+    id bigint PRIMARY KEY,
+    topic text NOT NULL,
+    payload bytea NOT NULL,
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    properties bytea NOT NULL,
+    expires_at bigint,
+    publisher text,
+    released boolean NOT NULL DEFAULT false
+);
+CREATE INDEX mercurio_messages_released ON mercurio_messages (id) WHERE released;
+ALTER TABLE mercurio_queued RENAME TO mercurio_queued_v3;
+ALTER TABLE mercurio_queued_v3 RENAME CONSTRAINT mercurio_queued_pkey TO mercurio_queued_v3_pkey;
+ALTER TABLE mercurio_inflight RENAME TO mercurio_inflight_v3;
+ALTER TABLE mercurio_inflight_v3
+    RENAME CONSTRAINT mercurio_inflight_pkey TO mercurio_inflight_v3_pkey;
+CREATE TABLE mercurio_queued (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    message_id bigint NOT NULL REFERENCES mercurio_messages (id),
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    subscription_ids bytea NOT NULL,
+    share text,
+    PRIMARY KEY (client_id, seq)
+);
+CREATE INDEX mercurio_queued_message ON mercurio_queued (message_id);
+CREATE TABLE mercurio_inflight (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    packet_id bigint NOT NULL,
+    ord bigint NOT NULL,
+    state text NOT NULL,
+    message_id bigint NOT NULL REFERENCES mercurio_messages (id),
+    qos bigint NOT NULL,
+    retain boolean NOT NULL,
+    subscription_ids bytea NOT NULL,
+    share text,
+    PRIMARY KEY (client_id, packet_id)
+);
+CREATE INDEX mercurio_inflight_message ON mercurio_inflight (message_id);
+INSERT INTO mercurio_messages (id, topic, payload, qos, retain, properties, expires_at, publisher)
+    SELECT row_number() OVER (ORDER BY client_id, seq), topic, payload, qos, retain, properties,
+    expires_at, publisher FROM mercurio_queued_v3;
+INSERT INTO mercurio_queued (client_id, seq, message_id, qos, retain, subscription_ids, share)
+    SELECT client_id, seq, row_number() OVER (ORDER BY client_id, seq), qos, retain, '\x'::bytea,
+    share FROM mercurio_queued_v3;
+INSERT INTO mercurio_messages (id, topic, payload, qos, retain, properties, expires_at, publisher)
+    SELECT (SELECT count(*) FROM mercurio_queued_v3)
+    + row_number() OVER (ORDER BY client_id, ord), topic, payload, qos, retain, properties,
+    expires_at, publisher FROM mercurio_inflight_v3;
+INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, message_id, qos, retain,
+    subscription_ids, share)
+    SELECT client_id, packet_id, ord, state, (SELECT count(*) FROM mercurio_queued_v3)
+    + row_number() OVER (ORDER BY client_id, ord), qos, retain, '\x'::bytea, share
+    FROM mercurio_inflight_v3;
+DROP TABLE mercurio_queued_v3;
+DROP TABLE mercurio_inflight_v3;
+";
+
 /// The schema version recorded in the database, `None` when it has no Mercurio tables.
 pub(crate) async fn schema_version(
     client: &impl tokio_postgres::GenericClient,
@@ -161,9 +227,12 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
     let version = schema_version(&tx).await?;
     check_version(version)?;
     if version != Some(SCHEMA_VERSION) {
-        tx.batch_execute(SCHEMA)
+        tx.batch_execute(SCHEMA_V3)
             .await
             .map_err(|e| classify(e, "cannot create the schema"))?;
+        tx.batch_execute(TO_4)
+            .await
+            .map_err(|e| classify(e, "cannot upgrade the schema to version 4"))?;
         tx.execute(
             "INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', $1) \
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",

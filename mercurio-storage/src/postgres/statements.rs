@@ -4,7 +4,7 @@
 use tokio_postgres::{Client, Statement};
 
 use super::leader;
-use crate::rows::MESSAGE_COLUMNS;
+use crate::rows::{DELIVERY_COLUMNS, MESSAGE_COLUMNS, STORED_COLUMNS};
 
 /// The statements a write connection prepares once.
 pub(super) struct Statements {
@@ -31,15 +31,34 @@ pub(super) struct Statements {
     pub(super) remove_inbound_many: Statement,
     pub(super) set_retained_many: Statement,
     pub(super) delete_retained_many: Statement,
+    /// The message store: insert (ignoring ids stored already), release, and delete what
+    /// is released and referred to by nothing.
+    pub(super) store_many: Statement,
+    pub(super) release_unreferenced: Statement,
+    pub(super) mark_released: Statement,
+    pub(super) delete_released: Statement,
+    /// A new broker starts: messages nothing refers to go, the others are held by it.
+    pub(super) delete_unreferenced: Statement,
+    pub(super) hold_all: Statement,
 }
 
-/// The array parameters of [`MessageColumns`], numbered from 1, 3 or 4.
+/// Whether nothing refers to the message `mercurio_messages.id`.
+const UNREFERENCED: &str = "NOT EXISTS (SELECT 1 FROM mercurio_queued q \
+     WHERE q.message_id = mercurio_messages.id) AND NOT EXISTS (SELECT 1 \
+     FROM mercurio_inflight f WHERE f.message_id = mercurio_messages.id)";
+
+/// The array parameters of a retained message's columns, numbered from 1.
 const MESSAGE_ARRAYS_FROM_1: &str = "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], \
      $5::bytea[], $6::bigint[], $7::text[], $8::text[]";
-const MESSAGE_ARRAYS_FROM_3: &str = "$3::text[], $4::bytea[], $5::bigint[], $6::boolean[], \
-     $7::bytea[], $8::bigint[], $9::text[], $10::text[]";
-const MESSAGE_ARRAYS_FROM_4: &str = "$4::text[], $5::bytea[], $6::bigint[], $7::boolean[], \
-     $8::bytea[], $9::bigint[], $10::text[], $11::text[]";
+/// The array parameters of the [`DELIVERY_COLUMNS`], numbered from 3 or 4.
+const DELIVERY_ARRAYS_FROM_3: &str =
+    "$3::bigint[], $4::bigint[], $5::boolean[], $6::bytea[], $7::text[]";
+const DELIVERY_ARRAYS_FROM_4: &str =
+    "$4::bigint[], $5::bigint[], $6::boolean[], $7::bytea[], $8::text[]";
+/// A delivery replaced at the same key.
+const DELIVERY_UPDATE: &str = "message_id = excluded.message_id, qos = excluded.qos, \
+     retain = excluded.retain, subscription_ids = excluded.subscription_ids, \
+     share = excluded.share";
 
 impl Statements {
     pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
@@ -87,24 +106,18 @@ impl Statements {
             )
             .await?,
             queue: p(format!(
-                "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (client_id, seq) \
-                 DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
-                 qos = excluded.qos, retain = excluded.retain, \
-                 properties = excluded.properties, expires_at = excluded.expires_at, \
-                 publisher = excluded.publisher, share = excluded.share"
+                "INSERT INTO mercurio_queued (client_id, seq, {DELIVERY_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (client_id, seq) \
+                 DO UPDATE SET {DELIVERY_UPDATE}"
             ))
             .await?,
             set_inflight: p(format!(
                 "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
-                 {MESSAGE_COLUMNS}) VALUES ($1, $2, \
+                 {DELIVERY_COLUMNS}) VALUES ($1, $2, \
                  (SELECT COALESCE(MAX(ord), 0) + 1 FROM mercurio_inflight WHERE client_id = $1), \
-                 $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                 $3, $4, $5, $6, $7, $8) \
                  ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
-                 topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
-                 retain = excluded.retain, properties = excluded.properties, \
-                 expires_at = excluded.expires_at, publisher = excluded.publisher, \
-                 share = excluded.share"
+                 {DELIVERY_UPDATE}"
             ))
             .await?,
             add_inbound: p("INSERT INTO mercurio_inbound_qos2 (client_id, packet_id) \
@@ -113,13 +126,9 @@ impl Statements {
             .await?,
             exists: p("SELECT 1 FROM mercurio_sessions WHERE client_id = $1".into()).await?,
             queue_many: p(format!(
-                "INSERT INTO mercurio_queued (client_id, seq, {MESSAGE_COLUMNS}) \
-                 SELECT $1::text, u.* FROM unnest($2::bigint[], {MESSAGE_ARRAYS_FROM_3}) AS u \
-                 ON CONFLICT (client_id, seq) \
-                 DO UPDATE SET topic = excluded.topic, payload = excluded.payload, \
-                 qos = excluded.qos, retain = excluded.retain, \
-                 properties = excluded.properties, expires_at = excluded.expires_at, \
-                 publisher = excluded.publisher, share = excluded.share"
+                "INSERT INTO mercurio_queued (client_id, seq, {DELIVERY_COLUMNS}) \
+                 SELECT $1::text, u.* FROM unnest($2::bigint[], {DELIVERY_ARRAYS_FROM_3}) AS u \
+                 ON CONFLICT (client_id, seq) DO UPDATE SET {DELIVERY_UPDATE}"
             ))
             .await?,
             dequeue_many: p(
@@ -131,18 +140,15 @@ impl Statements {
             // arrays; an entry already stored keeps its place (`ord` is not updated).
             set_inflight_many: p(format!(
                 "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
-                 {MESSAGE_COLUMNS}) \
-                 SELECT $1::text, u.packet_id, b.max_ord + u.n, u.state, u.topic, u.payload, \
-                 u.qos, u.retain, u.properties, u.expires_at, u.publisher, u.share \
-                 FROM unnest($2::bigint[], $3::text[], {MESSAGE_ARRAYS_FROM_4}) \
-                 WITH ORDINALITY AS u (packet_id, state, {MESSAGE_COLUMNS}, n), \
+                 {DELIVERY_COLUMNS}) \
+                 SELECT $1::text, u.packet_id, b.max_ord + u.n, u.state, u.message_id, u.qos, \
+                 u.retain, u.subscription_ids, u.share \
+                 FROM unnest($2::bigint[], $3::text[], {DELIVERY_ARRAYS_FROM_4}) \
+                 WITH ORDINALITY AS u (packet_id, state, {DELIVERY_COLUMNS}, n), \
                  (SELECT COALESCE(MAX(ord), 0) AS max_ord FROM mercurio_inflight \
                  WHERE client_id = $1) AS b \
                  ON CONFLICT (client_id, packet_id) DO UPDATE SET state = excluded.state, \
-                 topic = excluded.topic, payload = excluded.payload, qos = excluded.qos, \
-                 retain = excluded.retain, properties = excluded.properties, \
-                 expires_at = excluded.expires_at, publisher = excluded.publisher, \
-                 share = excluded.share"
+                 {DELIVERY_UPDATE}"
             ))
             .await?,
             remove_inflight_many: p("DELETE FROM mercurio_inflight WHERE client_id = $1 \
@@ -187,6 +193,31 @@ impl Statements {
                 "DELETE FROM mercurio_retained WHERE topic = ANY($1::text[])".into(),
             )
             .await?,
+            store_many: p(format!(
+                "INSERT INTO mercurio_messages ({STORED_COLUMNS}) \
+                 SELECT u.* FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], \
+                 $5::boolean[], $6::bytea[], $7::bigint[], $8::text[]) AS u \
+                 ON CONFLICT (id) DO NOTHING"
+            ))
+            .await?,
+            release_unreferenced: p(format!(
+                "DELETE FROM mercurio_messages WHERE id = ANY($1::bigint[]) AND {UNREFERENCED}"
+            ))
+            .await?,
+            mark_released: p(
+                "UPDATE mercurio_messages SET released = true WHERE id = ANY($1::bigint[])".into(),
+            )
+            .await?,
+            delete_released: p(format!(
+                "DELETE FROM mercurio_messages WHERE released AND {UNREFERENCED}"
+            ))
+            .await?,
+            delete_unreferenced: p(format!(
+                "DELETE FROM mercurio_messages WHERE {UNREFERENCED}"
+            ))
+            .await?,
+            hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
+                .await?,
         })
     }
 }

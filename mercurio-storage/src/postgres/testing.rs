@@ -299,3 +299,7 @@ impl Drop for TestPostgres {
         }
     }
 }
+
+/// The SQL of schema version 3 (before the message store), to build a database as an older
+/// broker left it and check its upgrade.
+pub const SCHEMA_VERSION_3_SQL: &str = super::schema::SCHEMA_V3;

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use mercurio_storage::conformance::{self, Harness};
 use mercurio_storage::postgres::testing::TestPostgres;
 use mercurio_storage::postgres::{PostgresOptions, PostgresStorage};
-use mercurio_storage::{Change, ErrorKind, SessionHeader, Storage};
+use mercurio_storage::{
+    Change, DeliveryRecord, ErrorKind, MessageRecord, SessionHeader, Storage, StoredMessage,
+};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -274,56 +276,77 @@ async fn newer_schema_is_refused() {
     assert_eq!(err.kind(), ErrorKind::Incompatible, "{err}");
 }
 
-/// A version 2 database (no client certificate with sessions, no shared subscription with
-/// messages) is upgraded to the current version by the broker that serves it, keeping its
-/// rows; the new columns then hold what is written.
+/// A version 3 database (each queued or in-flight row holding its own copy of the message),
+/// built with that version's SQL, is upgraded to the message store by the broker that serves
+/// it: every stored queue and in-flight list comes back, each old row one message and one
+/// reference, and new messages are stored after them.
 #[tokio::test]
-async fn version_2_schema_is_upgraded() {
-    let Some(pg) = TestPostgres::start("upgrade_2") else {
+async fn version_3_schema_is_upgraded() {
+    let Some(pg) = TestPostgres::start("upgrade_3") else {
         return;
     };
     let url = pg.url(&pg.database("upgrade", None).await);
-    let storage = open(&url).await;
-    storage.apply(&[saved("kept")]).await.unwrap();
-    storage.close().await.unwrap();
     pg.execute(
         &url,
-        "ALTER TABLE mercurio_sessions DROP COLUMN certificate; \
-         ALTER TABLE mercurio_queued DROP COLUMN share; \
-         ALTER TABLE mercurio_inflight DROP COLUMN share; \
-         ALTER TABLE mercurio_retained DROP COLUMN share; \
-         UPDATE mercurio_meta SET value = '2' WHERE key = 'schema_version'",
+        &format!(
+            "{} INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', '3'); \
+             INSERT INTO mercurio_sessions (client_id, protocol_level, session_expiry_interval) \
+             VALUES ('a', 5, 3600), ('b', 4, 60); \
+             INSERT INTO mercurio_queued (client_id, seq, topic, payload, qos, retain, \
+             properties, expires_at, publisher, share) VALUES \
+             ('a', 1, 't/1', '\\x01', 1, false, '\\x', NULL, 'pub', NULL), \
+             ('a', 2, 't/2', '\\x0203', 2, true, '\\x0b01', 1700000000000, NULL, \
+             '$share/g/t/#'), ('b', 7, 't/1', '\\x01', 1, false, '\\x', NULL, 'pub', NULL); \
+             INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, topic, payload, \
+             qos, retain, properties, expires_at, publisher, share) VALUES \
+             ('a', 9, 1, 'awaiting_pubrec', 't/i', '\\xff', 2, false, '\\x', NULL, 'pub', NULL);",
+            mercurio_storage::postgres::testing::SCHEMA_VERSION_3_SQL
+        ),
     )
     .await;
     let storage = open(&url).await;
-    let mut message = mercurio_storage::MessageRecord::new("jobs", "j", 1);
-    message.share = Some("$share/g/jobs".into());
+    let state = storage.load().await.unwrap();
+    assert!(state.set_aside.is_empty(), "{:?}", state.set_aside);
+    assert_eq!(state.sessions.len(), 2);
+    assert_eq!(state.messages.len(), 4, "one message per old row");
+    let message = |id: u64| {
+        &state
+            .messages
+            .iter()
+            .find(|m| m.id == id)
+            .expect("referred message loaded")
+            .message
+    };
+    let a = &state.sessions[0];
+    assert_eq!(a.queued.iter().map(|q| q.seq).collect::<Vec<_>>(), [1, 2]);
+    let second = &a.queued[1].delivery;
+    assert_eq!((second.qos, second.retain), (2, true));
+    assert_eq!(second.share.as_deref(), Some("$share/g/t/#"));
+    let m = message(second.message_id);
+    assert_eq!((m.topic.as_str(), &m.payload[..]), ("t/2", &[2u8, 3][..]));
+    assert_eq!(&m.properties[..], [0x0b, 0x01]);
+    assert_eq!(m.expires_at, Some(1_700_000_000_000));
+    assert_eq!(a.inflight[0].packet_id, 9);
+    assert_eq!(message(a.inflight[0].delivery.message_id).topic, "t/i");
+    assert_eq!(state.sessions[1].queued[0].seq, 7);
+    let next = state.messages.iter().map(|m| m.id).max().unwrap() + 1;
     storage
         .apply(&[
-            Change::SessionSaved(SessionHeader {
-                certificate: Some("device-7".into()),
-                ..match saved("new") {
-                    Change::SessionSaved(h) => h,
-                    _ => unreachable!(),
-                }
-            }),
+            Change::MessageStored {
+                message: StoredMessage {
+                    id: next,
+                    message: MessageRecord::new("t/new", "n", 1),
+                },
+            },
             Change::MessageQueued {
-                client_id: "new".into(),
-                seq: 1,
-                message: message.clone(),
+                client_id: "b".into(),
+                seq: 8,
+                delivery: DeliveryRecord::new(next, 1),
             },
         ])
         .await
         .unwrap();
-    let loaded = storage.load().await.unwrap();
-    let ids: Vec<&str> = loaded
-        .sessions
-        .iter()
-        .map(|s| s.client_id.as_str())
-        .collect();
-    assert_eq!(ids, ["kept", "new"]);
-    assert_eq!(loaded.sessions[1].certificate.as_deref(), Some("device-7"));
-    assert_eq!(loaded.sessions[1].queued[0].message, message);
+    assert_eq!(storage.load().await.unwrap().messages.len(), 5);
     storage.close().await.unwrap();
     let version = pg
         .scalar(
@@ -335,4 +358,80 @@ async fn version_2_schema_is_upgraded() {
         version,
         Some(mercurio_storage::postgres::SCHEMA_VERSION.to_string())
     );
+}
+
+/// A standby that takes over loads every message its sessions refer to, once, and none that
+/// nothing refers to; it holds them until it releases them itself.
+#[tokio::test]
+async fn a_standby_takes_over_the_message_store() {
+    let Some(pg) = TestPostgres::start("takeover_messages") else {
+        return;
+    };
+    let url = pg.url(&pg.database("takeover", None).await);
+    let first = open(&url).await;
+    let stored = |id: u64| Change::MessageStored {
+        message: StoredMessage {
+            id,
+            message: MessageRecord::new("fan/out", format!("m{id}"), 1),
+        },
+    };
+    let queued = |client_id: &str, id: u64| Change::MessageQueued {
+        client_id: client_id.into(),
+        seq: id,
+        delivery: DeliveryRecord::new(id, 1),
+    };
+    first
+        .apply(&[
+            saved("a"),
+            saved("b"),
+            stored(1),
+            stored(2),
+            queued("a", 1),
+            queued("b", 1),
+            Change::MessageReleased { id: 1 },
+        ])
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(PostgresStorage::open(standby(&url)));
+    first.close().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("the standby takes over")
+        .unwrap()
+        .unwrap();
+    let loaded = second.load().await.unwrap();
+    assert_eq!(
+        loaded.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [1],
+        "the referred message once, the unreferred one gone"
+    );
+    assert!(loaded
+        .sessions
+        .iter()
+        .all(|s| s.queued[0].delivery.message_id == 1));
+    let count = "SELECT count(*) FROM mercurio_messages";
+    second
+        .apply(&[
+            Change::MessageDequeued {
+                client_id: "a".into(),
+                seq: 1,
+            },
+            Change::MessageDequeued {
+                client_id: "b".into(),
+                seq: 1,
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(pg.scalar(&url, count).await.as_deref(), Some("1"), "held");
+    second
+        .apply(&[Change::MessageReleased { id: 1 }])
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.scalar(&url, count).await.as_deref(),
+        Some("0"),
+        "released"
+    );
+    second.close().await.unwrap();
 }
