@@ -130,7 +130,10 @@ pub struct ServerConfig {
     /// network activity that came within this long of the activity before (a busy stretch);
     /// 0 = always sleep at once. Trades CPU time while busy for latency: each round trip of a
     /// QoS 1/2 window then skips a CPU wake-up. Applies on the current-thread runtime
-    /// (mercuriod's default, `--threads 1`). At most 1,000,000 (one second); default 50.
+    /// (mercuriod's default, `--threads 1`). At most 1,000,000 (one second). Default 0 for
+    /// an embedding application (its runtime does not spin unless it asks); mercuriod's
+    /// configuration file and its default configuration set 50 when the key is absent
+    /// ([`DAEMON_BUSY_POLL`]).
     pub busy_poll: u32,
 }
 
@@ -160,7 +163,7 @@ impl Default for ServerConfig {
             max_subscriptions_per_client: 10_000,
             allow_zero_length_clientid: true,
             message_size_limit: 0,
-            busy_poll: 50,
+            busy_poll: 0,
         }
     }
 }
@@ -371,6 +374,10 @@ pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_455;
 /// Smallest `max_packet_size` that lets a client connect: a 3.1.1 CONNECT with an empty client
 /// identifier takes 14 bytes.
 pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
+
+/// mercuriod's `busy_poll` when its configuration does not set one, in microseconds (the
+/// library's own default is 0).
+pub const DAEMON_BUSY_POLL: u32 = 50;
 
 /// Largest `busy_poll`, in microseconds: one second. Polling longer after the last packet only
 /// spends CPU; a larger value is taken for a unit mistake and refused.
