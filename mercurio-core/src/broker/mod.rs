@@ -3,6 +3,7 @@
 //! session over at CONNECT, ending it at DISCONNECT or expiry, and wills.
 
 pub(crate) mod access;
+pub(crate) mod drain;
 pub(crate) mod restore;
 mod shared;
 mod takeover;

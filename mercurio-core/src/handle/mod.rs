@@ -471,10 +471,10 @@ impl BrokerHandle {
             .insert(Arc::clone(&id), Arc::clone(&session));
         let (tx, rx) = mpsc::channel(64);
         let pump = tokio::spawn(pump(
+            Arc::clone(&self.inner),
             Arc::clone(&session),
             Arc::clone(&link),
             tx,
-            self.inner.limits,
         ));
         let sub = Subscription {
             rx,

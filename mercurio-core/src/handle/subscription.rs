@@ -8,12 +8,13 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::broker::drain::{Outlet, Unsent};
 use crate::broker::BrokerState;
 use crate::codec::{Properties, QoS, SubscriptionOptions};
 use crate::error::Error;
 use crate::link::Link;
 use crate::message::Message;
-use crate::session::{Granted, Session};
+use crate::session::{Delivery, Granted, Session};
 use crate::topic;
 
 /// Publishes for the application: `publisher` is the in-process subscription's client
@@ -85,12 +86,15 @@ pub(super) fn check_subscription(
     Ok(())
 }
 
-/// Moves messages from an in-process subscription's session queue to its channel.
+/// Moves messages from an in-process subscription's session queue to its channel, through
+/// the session's drain ([`BrokerState::drain`]): expired messages are dropped there, and
+/// what waits in the queue while the channel is full holds publishers back as a slow
+/// network client would.
 pub(super) async fn pump(
+    broker: Arc<BrokerState>,
     session: Arc<Session>,
     link: Arc<Link>,
     tx: mpsc::Sender<Delivered>,
-    limits: crate::session::QueueLimits,
 ) {
     loop {
         // Shutdown kills every link: hand over what is queued, then end the stream.
@@ -99,32 +103,50 @@ pub(super) async fn pump(
             _ = link.wait_killed() => true,
         };
         loop {
-            let (next, release) = {
-                let mut st = session.state.lock();
-                let next = st.pop_queued(&session.client_id);
-                let took = usize::from(next.is_some());
-                let release =
-                    Session::progressed(&mut st, took, std::time::Instant::now(), &limits);
-                (next, release)
-            };
-            if release {
-                session.release_waiters();
+            let drained = broker.drain(&session, &mut Channel { tx: &tx });
+            if !drained.more {
+                break;
             }
-            let Some(q) = next else { break };
-            let delivered = Delivered {
-                message: q.msg,
-                qos: q.qos,
-                retain: q.retain,
-                subscription_ids: q.subscription_ids,
-            };
-            if tx.send(delivered).await.is_err() {
-                return;
+            // The channel is full: drain again once the application has taken one.
+            match tx.reserve().await {
+                Ok(permit) => drop(permit),
+                Err(_) => return,
             }
         }
-        if killed {
+        if killed || tx.is_closed() {
             return;
         }
     }
+}
+
+/// An in-process subscription's channel as the drain's [`Outlet`]: it acknowledges nothing,
+/// so every message leaves the session as it is handed over.
+struct Channel<'a> {
+    tx: &'a mpsc::Sender<Delivered>,
+}
+
+impl Outlet for Channel<'_> {
+    fn window(&self) -> Option<usize> {
+        None
+    }
+
+    fn has_room(&self) -> bool {
+        self.tx.capacity() > 0
+    }
+
+    fn send(&mut self, q: &Delivery, _: u16, _: bool, _: Instant) -> Result<(), Unsent> {
+        let delivered = Delivered {
+            message: Arc::clone(&q.msg),
+            qos: q.qos,
+            retain: q.retain,
+            subscription_ids: q.subscription_ids.clone(),
+        };
+        // The pump is the only sender, and `has_room` was true: only a dropped receiver
+        // (the subscription is going away) refuses it.
+        self.tx.try_send(delivered).map_err(|_| Unsent::NotHere)
+    }
+
+    fn release(&mut self, _: u16) {}
 }
 
 /// One message as an in-process [`Subscription`] receives it: the message, and what this
