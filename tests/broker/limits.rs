@@ -833,6 +833,7 @@ async fn retain_not_available() {
     assert_eq!(ack.reason_code, ReasonCode::RETAIN_NOT_SUPPORTED);
     broker
         .publish("r", "in-process", QoS::AtMostOnce, true)
+        .await
         .unwrap();
     assert_eq!(broker.retained_count(), 0);
     bystander.ping().await;

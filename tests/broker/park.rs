@@ -69,6 +69,7 @@ async fn deliveries_to_a_parked_subscriber_qos0_and_qos1() {
     // From the broker itself: only the subscriber's link resumes it.
     broker
         .publish("pd/zero", &b"0"[..], QoS::AtMostOnce, false)
+        .await
         .expect("publish");
     let p = sub.expect_publish().await;
     assert_eq!((p.topic.as_str(), p.qos), ("pd/zero", QoS::AtMostOnce));
@@ -90,6 +91,7 @@ async fn deliveries_to_a_parked_subscriber_qos0_and_qos1() {
     wait_parked(&broker, 2).await;
     broker
         .publish("pd/two", &b"2"[..], QoS::AtLeastOnce, false)
+        .await
         .expect("publish");
     let q = sub.expect_publish().await;
     assert_eq!((q.topic.as_str(), q.dup), ("pd/two", false));
@@ -150,6 +152,7 @@ async fn a_parked_connection_is_taken_over() {
     // The session went on: the new connection has the subscription.
     broker
         .publish("to/x", &b"x"[..], QoS::AtMostOnce, false)
+        .await
         .expect("publish");
     assert_eq!(second.expect_publish().await.topic, "to/x");
     broker.shutdown().await;

@@ -201,6 +201,7 @@ async fn puback_sent_as_shutdown_begins_is_applied() {
     sub.subscribe("ack/#", QoS::AtLeastOnce).await;
     broker
         .publish("ack/1", "once", QoS::AtLeastOnce, false)
+        .await
         .unwrap();
     let p = sub.expect_publish().await;
     // The acknowledgement and the shutdown together: the broker reads it before closing.

@@ -446,6 +446,9 @@ impl Task {
         tick.tick().await;
         let mut last_in = Instant::now();
         let hop = self.cfg.remote_client_id().to_string();
+        // The local sessions messages from the remote went to that are at their high-water
+        // mark, waited for before the remote is read again.
+        let mut congested = Vec::new();
         loop {
             {
                 let map = &self.map;
@@ -493,8 +496,15 @@ impl Task {
             let mut published = false;
             loop {
                 published |= matches!(packet, Packet::Publish(_));
-                if let Err(why) = self.on_packet(packet, out, version, &mut buf) {
+                if let Err(why) = self
+                    .on_packet(packet, out, version, &mut buf, &mut congested)
+                    .await
+                {
                     return Ended::Lost(why);
+                }
+                if !congested.is_empty() {
+                    // Back pressure: the rest waits in the buffer, read after the wait.
+                    break;
                 }
                 match remote.buffered() {
                     Ok(Some(p)) => packet = p,
@@ -503,10 +513,14 @@ impl Task {
                 }
             }
             // Messages from the remote: with durable_ack, acknowledged once stored, as a
-            // client's are; and the next ones wait while storage is too far behind.
+            // client's are. Then the entry's back pressure (ARCHITECTURE.md, "One entry for
+            // every message"): nothing more is read from the remote while a local session
+            // these messages went to is over its high-water mark and its client takes
+            // messages, nor while storage is too far behind.
             if published {
-                if let Some(p) = self.broker.persist.get() {
-                    if p.durable_ack() {
+                let persist = self.broker.persist.get();
+                if persist.is_some_and(|p| p.durable_ack()) || !congested.is_empty() {
+                    if let Some(p) = persist.filter(|p| p.durable_ack()) {
                         p.flush().await;
                     }
                     if !buf.is_empty() {
@@ -515,18 +529,24 @@ impl Task {
                         }
                         buf.clear();
                     }
+                }
+                self.broker
+                    .wait_congested(Some(&out.session), &mut congested)
+                    .await;
+                if let Some(p) = persist {
                     p.wait_room(&out.session.client_id).await;
                 }
             }
         }
     }
 
-    fn on_packet(
+    async fn on_packet(
         &mut self,
         packet: Packet,
         out: &Outgoing,
         version: ProtocolVersion,
         buf: &mut BytesMut,
+        congested: &mut Vec<Arc<Session>>,
     ) -> Result<(), String> {
         let ack = |p: fn(PubAck) -> Packet, packet_id: u16, buf: &mut BytesMut| {
             let _ = codec::encode(
@@ -556,13 +576,32 @@ impl Task {
             Packet::Publish(p) => {
                 let (qos, packet_id) = (p.qos, p.packet_id);
                 let duplicate = qos == QoS::ExactlyOnce && !self.inbound_qos2.insert(packet_id);
+                let mut reason_code = ReasonCode::SUCCESS;
                 if !duplicate {
-                    self.publish_locally(p, &out.session);
+                    reason_code = self.publish_locally(p, &out.session, congested).await;
                 }
+                // A refusal is told to an MQTT 5 remote (3.x has no way to say it).
+                let answer = |packet_id| PubAck {
+                    packet_id,
+                    reason_code: if version.is_v5() {
+                        reason_code
+                    } else {
+                        ReasonCode::SUCCESS
+                    },
+                    ..PubAck::default()
+                };
                 match qos {
                     QoS::AtMostOnce => {}
-                    QoS::AtLeastOnce => ack(Packet::PubAck, packet_id, buf),
-                    QoS::ExactlyOnce => ack(Packet::PubRec, packet_id, buf),
+                    QoS::AtLeastOnce => {
+                        let _ = codec::encode(&Packet::PubAck(answer(packet_id)), version, buf);
+                    }
+                    QoS::ExactlyOnce => {
+                        if reason_code.0 >= 0x80 {
+                            // No PUBREL follows a refusing PUBREC (5.0 section 4.3.3).
+                            self.inbound_qos2.remove(&packet_id);
+                        }
+                        let _ = codec::encode(&Packet::PubRec(answer(packet_id)), version, buf);
+                    }
                 }
             }
             Packet::PubRel(a) => {
@@ -587,39 +626,56 @@ impl Task {
     }
 
     /// A message from the remote, published here under its local topic as the bridge's
-    /// session, marked as bridged.
-    fn publish_locally(&self, p: Publish, session: &Session) {
+    /// session, marked as bridged, through the entry every message takes (ARCHITECTURE.md,
+    /// "One entry for every message"): the publish interceptors, then routing; the sessions
+    /// now at their high-water mark are added to `congested`, waited for by the caller
+    /// before the remote is read again. Returns the reason code of a refusal (else success).
+    async fn publish_locally(
+        &self,
+        mut p: Publish,
+        session: &Session,
+        congested: &mut Vec<Arc<Session>>,
+    ) -> ReasonCode {
         let Some((topic, _)) = self.map.incoming(&p.topic) else {
             tracing::debug!(bridge = %self.cfg.name, topic = %p.topic, "message from the remote matches no in rule: dropped");
-            return;
+            return ReasonCode::SUCCESS;
         };
         if topic.starts_with("$SYS") {
-            return;
+            return ReasonCode::SUCCESS;
         }
-        let mut properties = p.properties;
-        if queue::is_bridged(&properties) {
+        if queue::is_bridged(&p.properties) {
             // It crossed a bridge into the remote already: in a mesh, it reaches this broker
             // over the link from where it was published.
-            return;
+            return ReasonCode::SUCCESS;
         }
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
+        p.topic = topic;
+        p.properties.topic_alias = None;
+        p.properties.subscription_identifiers.clear();
+        if let Err(rc) = self.broker.admit(Some(session), &mut p).await {
+            tracing::debug!(bridge = %self.cfg.name, topic = %p.topic, reason = %rc, "message from the remote refused");
+            return rc;
+        }
+        let mut properties = p.properties;
         let expiry = properties.message_expiry_interval.take();
         properties.user_properties.push((
             HOP_PROPERTY.to_string(),
             self.cfg.remote_client_id().to_string(),
         ));
-        self.broker.publish(Message {
-            topic,
-            payload: p.payload,
-            qos: p.qos,
-            retain: p.retain,
-            properties,
-            expires_at: Message::expiry_deadline(expiry, Instant::now()),
-            publisher: Some(Arc::clone(&session.client_id)),
-            encoded: Default::default(),
-        });
+        self.broker.publish_from(
+            Arc::new(Message {
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                retain: p.retain,
+                properties,
+                expires_at: Message::expiry_deadline(expiry, Instant::now()),
+                publisher: Some(Arc::clone(&session.client_id)),
+                encoded: Default::default(),
+            }),
+            congested,
+        );
         self.status.forwarded_in.fetch_add(1, Ordering::Relaxed);
+        ReasonCode::SUCCESS
     }
 }
 

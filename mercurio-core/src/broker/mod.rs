@@ -4,6 +4,7 @@
 
 pub(crate) mod access;
 pub(crate) mod drain;
+mod entry;
 pub(crate) mod restore;
 mod shared;
 mod takeover;
@@ -26,7 +27,7 @@ use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{
-    Delivery, Detached, Ended, Enqueued, Granted, QueueLimits, Session, SessionTable, Will,
+    Delivery, Detached, Ended, Enqueued, Granted, QueueLimits, Session, SessionTable,
 };
 use crate::stats::{DropCause, Stats};
 
@@ -88,6 +89,9 @@ pub(crate) struct BrokerState {
     /// Network activity, and the task that polls instead of sleeping while it comes close
     /// together (`busy_poll`); started by the builder.
     pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
+    /// This state's own `Arc`, for the work it hands to a task of its own (a will to
+    /// intercept); set where the `Arc` is made (`Arc::new_cyclic`), empty before.
+    pub this: std::sync::Weak<BrokerState>,
 }
 
 impl BrokerState {
@@ -132,6 +136,7 @@ impl BrokerState {
             keep_alive: Arc::default(),
             parking: OnceLock::new(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
+            this: std::sync::Weak::new(),
         }
     }
 
@@ -438,19 +443,6 @@ impl BrokerState {
         if let Some(will) = will {
             self.publish_will(&session.client_id, will);
         }
-    }
-
-    pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
-        tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
-        self.events.fire(|| Event::WillPublished {
-            client_id: client_id.to_string(),
-            topic: will.msg.topic.clone(),
-            qos: will.msg.qos,
-            retain: will.msg.retain,
-        });
-        let mut msg = Arc::unwrap_or_clone(will.msg);
-        msg.expires_at = Message::expiry_deadline(will.expiry, Instant::now());
-        self.publish(msg);
     }
 
     /// Called when a session's connection has ended. `publish_will` is false after a normal

@@ -18,7 +18,6 @@ use crate::codec::{
     Subscribe, UnsubAck, Unsubscribe,
 };
 use crate::events::{Event, SubscribedFilter};
-use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
 use crate::link::DisconnectReason;
 use crate::message::Message;
 use crate::session::{Granted, OutboundState, Session};
@@ -160,7 +159,9 @@ impl<'a> Reader<'a> {
                     // takes messages; nor while the answers owed to this client are over
                     // their limit (it does not read its socket).
                     if !self.congested.is_empty() {
-                        Box::pin(self.wait_congested()).await;
+                        let broker = &self.c.broker;
+                        Box::pin(broker.wait_congested(Some(&self.c.session), &mut self.congested))
+                            .await;
                         deadline = self.keep_alive_deadline();
                     }
                     // Storage back pressure, per packet: a PUBLISH can queue copies
@@ -267,17 +268,6 @@ impl<'a> Reader<'a> {
 
     fn send(&self, packet: Packet) {
         self.c.link.send(&packet, self.c.version);
-    }
-
-    /// Waits for each congested session but this connection's own (only its own reader,
-    /// which would be the one waiting, reads the acknowledgements that drain it).
-    async fn wait_congested(&mut self) {
-        let limits = self.c.broker.limits;
-        for s in std::mem::take(&mut self.congested) {
-            if !Arc::ptr_eq(&s, &self.c.session) {
-                s.wait_room(&limits, &self.c.broker.stats).await;
-            }
-        }
     }
 
     fn violation(&self, rc: ReasonCode, why: &str) -> Close {
@@ -405,32 +395,21 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// A PUBLISH that may wait: the checks, then the entry's authorizers and interceptors
+    /// ([`BrokerState::admit`](crate::broker::BrokerState::admit)), then routing.
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
         if !self.publish_checks(&mut p)? {
             return Ok(());
         }
-        let broker = &self.c.broker;
-        if broker.checks_access() && !broker.may(&self.c.session, &p.topic, Action::Write).await {
-            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
-            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, "PUBLISH not authorized");
+        if let Err(rc) = self.c.broker.admit(Some(&self.c.session), &mut p).await {
+            // 3.x has no way to say it: acknowledged and dropped.
             let rc = if self.c.version.is_v5() {
-                ReasonCode::NOT_AUTHORIZED
+                rc
             } else {
                 ReasonCode::SUCCESS
             };
             self.ack_publish(p.qos, p.packet_id, rc);
             return Ok(());
-        }
-        if !broker.interceptors.is_empty() {
-            if let Err(rc) = self.intercept(&mut p).await {
-                let rc = if self.c.version.is_v5() {
-                    rc
-                } else {
-                    ReasonCode::SUCCESS
-                };
-                self.ack_publish(p.qos, p.packet_id, rc);
-                return Ok(());
-            }
         }
         self.publish_accepted(p);
         Ok(())
@@ -583,44 +562,6 @@ impl<'a> Reader<'a> {
             ReasonCode::SUCCESS
         };
         self.ack_publish(qos, packet_id, rc);
-    }
-
-    /// Runs the publish interceptors on `p`, which they may change. `Err` carries the reason
-    /// code of a refusal.
-    async fn intercept(&self, p: &mut Publish) -> Result<(), ReasonCode> {
-        let username = match &*self.c.session.identity.read() {
-            crate::auth::Identity::Client { username, .. } => username.clone(),
-            crate::auth::Identity::Trusted => None,
-        };
-        let mut publish = InterceptedPublish {
-            client_id: &self.c.session.client_id,
-            username: username.as_deref(),
-            qos: p.qos,
-            retain: p.retain,
-            topic: std::mem::take(&mut p.topic),
-            payload: std::mem::take(&mut p.payload),
-            properties: std::mem::take(&mut p.properties),
-        };
-        let mut verdict = Verdict::Accept;
-        for i in &self.c.broker.interceptors {
-            verdict = i.intercept(&mut publish).await;
-            if verdict != Verdict::Accept {
-                break;
-            }
-        }
-        p.topic = publish.topic;
-        p.payload = publish.payload;
-        p.properties = publish.properties;
-        p.properties.topic_alias = None;
-        if let Verdict::Refuse(rc) = verdict {
-            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, reason = %rc, "PUBLISH refused by an interceptor");
-            return Err(refusal_code(rc));
-        }
-        if topic::validate_topic_name(&p.topic).is_err() || p.topic.starts_with("$SYS") {
-            tracing::warn!(client_id = %self.c.session.client_id, topic = %p.topic, "an interceptor set an invalid topic name: PUBLISH refused");
-            return Err(ReasonCode::TOPIC_NAME_INVALID);
-        }
-        Ok(())
     }
 
     /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.

@@ -39,7 +39,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// ```no_run
 /// # async fn f() -> Result<(), mercurio_core::Error> {
 /// let handle = mercurio_core::Broker::builder(mercurio_core::config::Config::default()).start().await?;
-/// handle.publish("greetings", "hello", mercurio_core::codec::QoS::AtMostOnce, false)?;
+/// handle.publish("greetings", "hello", mercurio_core::codec::QoS::AtMostOnce, false).await?;
 /// handle.shutdown().await;
 /// # Ok(()) }
 /// ```
@@ -198,7 +198,10 @@ impl BrokerBuilder {
         inner.events = Events::new(self.event_capacity);
         inner.interceptors = self.interceptors;
         inner.listener_auth = listener_auth;
-        let inner = Arc::new(inner);
+        let inner = Arc::new_cyclic(|this| {
+            inner.this = this.clone();
+            inner
+        });
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
             let persister = Persister::start(
@@ -385,10 +388,16 @@ impl BrokerHandle {
         self.inner.started.elapsed()
     }
 
-    /// Publishes a message as if a client had, with no properties.
+    /// Publishes a message as if a client had, with no properties, through the entry every
+    /// message takes (ARCHITECTURE.md, "One entry for every message"): the publish
+    /// interceptors (which see an empty client identifier), routing, then back pressure: the
+    /// future resolves once every subscriber it fed that is over its high-water mark and
+    /// still taking messages is back under its low-water mark (or stalled, or gone), as a
+    /// network publisher is held.
     ///
-    /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
-    pub fn publish(
+    /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, or a refusal
+    /// by a publish interceptor.
+    pub async fn publish(
         &self,
         topic: &str,
         payload: impl Into<Bytes>,
@@ -396,11 +405,14 @@ impl BrokerHandle {
         retain: bool,
     ) -> Result<(), Error> {
         self.publish_with(topic, payload, qos, retain, Properties::default(), None)
+            .await
     }
 
     /// Publishes with MQTT 5.0 properties (user properties, content type, response topic...)
-    /// and an optional Message Expiry Interval in seconds.
-    pub fn publish_with(
+    /// and an optional Message Expiry Interval in seconds; as [`BrokerHandle::publish`].
+    ///
+    /// Errors: as [`BrokerHandle::publish`].
+    pub async fn publish_with(
         &self,
         topic: &str,
         payload: impl Into<Bytes>,
@@ -419,6 +431,7 @@ impl BrokerHandle {
             properties,
             expiry_secs,
         )
+        .await
     }
 
     /// Subscribes in-process. The returned [`Subscription`] yields matching messages, retained

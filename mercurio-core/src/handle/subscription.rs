@@ -10,19 +10,21 @@ use tokio::sync::mpsc;
 
 use crate::broker::drain::{Outlet, Unsent};
 use crate::broker::BrokerState;
-use crate::codec::{Properties, QoS, SubscriptionOptions};
+use crate::codec::{Properties, Publish, QoS, SubscriptionOptions};
 use crate::error::Error;
 use crate::link::Link;
 use crate::message::Message;
 use crate::session::{Delivery, Granted, Session};
 use crate::topic;
 
-/// Publishes for the application: `publisher` is the in-process subscription's client
-/// identifier (for its No Local subscriptions), `None` for the handle's own publishes.
+/// Publishes for the application through the entry every message takes
+/// ([`BrokerState::enter`]): `from` is the in-process subscription's session (for its No
+/// Local subscriptions), `None` for the handle's own publishes. Resolves once the message is
+/// routed and the back pressure it met is over.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn publish_as(
+pub(super) async fn publish_as(
     broker: &BrokerState,
-    publisher: Option<Arc<str>>,
+    from: Option<&Arc<Session>>,
     topic: &str,
     payload: Bytes,
     qos: QoS,
@@ -35,20 +37,21 @@ pub(super) fn publish_as(
     if topic.starts_with("$SYS") {
         return Err(Error::Refused("$SYS topics are the broker's own".into()));
     }
-    properties.topic_alias = None;
-    properties.subscription_identifiers.clear();
-    properties.message_expiry_interval = None;
-    broker.publish(Message {
-        topic: topic.to_string(),
-        payload,
+    properties.message_expiry_interval = expiry_secs;
+    let p = Publish {
+        dup: false,
         qos,
         retain,
+        topic: topic.to_string(),
+        packet_id: 0,
         properties,
-        expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
-        publisher,
-        encoded: Default::default(),
-    });
-    Ok(())
+        payload,
+    };
+    broker
+        .enter(from, p)
+        .await
+        .map(|_| ())
+        .map_err(|rc| Error::Refused(format!("refused by a publish interceptor: {rc}")))
 }
 
 /// Checks an in-process subscription's filter, options and identifier as the broker checks
@@ -214,11 +217,14 @@ impl Subscription {
         self.broker.unsubscribe(&self.session, filter)
     }
 
-    /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`], but
-    /// its own No Local subscriptions do not receive the message [MQTT-3.8.3-3].
+    /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`] (the
+    /// publish interceptors see this subscription's client identifier; the future waits
+    /// out the back pressure of full subscribers), but its own No Local subscriptions do not
+    /// receive the message [MQTT-3.8.3-3].
     ///
-    /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
-    pub fn publish_with(
+    /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, or a refusal
+    /// by a publish interceptor.
+    pub async fn publish_with(
         &self,
         topic: &str,
         payload: impl Into<Bytes>,
@@ -229,7 +235,7 @@ impl Subscription {
     ) -> Result<(), Error> {
         publish_as(
             &self.broker,
-            Some(Arc::clone(&self.session.client_id)),
+            Some(&self.session),
             topic,
             payload.into(),
             qos,
@@ -237,6 +243,7 @@ impl Subscription {
             properties,
             expiry_secs,
         )
+        .await
     }
 
     pub(super) fn add(

@@ -1,0 +1,207 @@
+//! One entry for every message (ARCHITECTURE.md, "One entry for every message"): a network
+//! client's PUBLISH, a message a bridge brings in from its remote, an application's
+//! in-process publish and a will all go through the same steps, in this order:
+//!
+//! 1. the authorizers' write check ([`BrokerState::admit`]; the broker's own sessions, a
+//!    bridge's and in-process subscriptions', are trusted; a will was checked when its
+//!    CONNECT set it);
+//! 2. the publish interceptors ([`BrokerState::admit`]), which may change or refuse it;
+//! 3. the RETAIN flag and routing ([`BrokerState::publish_from`]), which collects the
+//!    receiving sessions now at their high-water mark;
+//! 4. back pressure for the entering side ([`BrokerState::wait_congested`]): the publisher
+//!    waits while a session it fed is over its high-water mark and its client takes
+//!    messages (a network reader stops reading its socket, a bridge its remote, an
+//!    in-process `publish` future does not resolve); a will has no publisher left to slow;
+//! 5. storage back pressure ([`Persister::wait_room`](crate::persist::Persister::wait_room)).
+//!
+//! The network reader runs the steps itself, around its packet loop (it acknowledges after
+//! step 3 and waits before it decodes the next packet); the bridge and the embedding API
+//! call [`BrokerState::enter`]. `$SYS` messages of the broker's own
+//! ([`BrokerState::publish_sys`]) are the one exception: routed directly.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::BrokerState;
+use crate::auth::hooks::Action;
+use crate::codec::{Publish, ReasonCode};
+use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
+use crate::message::Message;
+use crate::session::{Session, Will};
+use crate::topic;
+
+impl BrokerState {
+    /// Steps 1 and 2 of the entry: the authorizers' write check, then the publish
+    /// interceptors, for a PUBLISH from `from` (`None`: the application's own publish). The
+    /// interceptors may change `p`'s topic, payload and properties. `Err` carries the reason
+    /// code of a refusal (0x87 Not authorized for the authorizers').
+    pub(crate) async fn admit(
+        &self,
+        from: Option<&Session>,
+        p: &mut Publish,
+    ) -> Result<(), ReasonCode> {
+        if let Some(session) = from {
+            if self.checks_access() && !self.may(session, &p.topic, Action::Write).await {
+                tracing::debug!(client_id = %session.client_id, topic = %p.topic, "PUBLISH not authorized");
+                return Err(ReasonCode::NOT_AUTHORIZED);
+            }
+        }
+        if self.interceptors.is_empty() {
+            return Ok(());
+        }
+        let username = from.and_then(|s| match &*s.identity.read() {
+            crate::auth::Identity::Client { username, .. } => username.clone(),
+            crate::auth::Identity::Trusted => None,
+        });
+        self.intercept(from.map_or("", |s| &s.client_id), username.as_deref(), p)
+            .await
+    }
+
+    /// Step 2 alone: the publish interceptors, in the order they were added, each seeing the
+    /// changes of those before; the first refusal stops the chain.
+    async fn intercept(
+        &self,
+        client_id: &str,
+        username: Option<&str>,
+        p: &mut Publish,
+    ) -> Result<(), ReasonCode> {
+        let mut publish = InterceptedPublish {
+            client_id,
+            username,
+            qos: p.qos,
+            retain: p.retain,
+            topic: std::mem::take(&mut p.topic),
+            payload: std::mem::take(&mut p.payload),
+            properties: std::mem::take(&mut p.properties),
+        };
+        let mut verdict = Verdict::Accept;
+        for i in &self.interceptors {
+            verdict = i.intercept(&mut publish).await;
+            if verdict != Verdict::Accept {
+                break;
+            }
+        }
+        p.topic = publish.topic;
+        p.payload = publish.payload;
+        p.properties = publish.properties;
+        p.properties.topic_alias = None;
+        if let Verdict::Refuse(rc) = verdict {
+            tracing::debug!(client_id, topic = %p.topic, reason = %rc, "PUBLISH refused by an interceptor");
+            return Err(refusal_code(rc));
+        }
+        if topic::validate_topic_name(&p.topic).is_err() || p.topic.starts_with("$SYS") {
+            tracing::warn!(client_id, topic = %p.topic, "an interceptor set an invalid topic name: PUBLISH refused");
+            return Err(ReasonCode::TOPIC_NAME_INVALID);
+        }
+        Ok(())
+    }
+
+    /// Step 4 of the entry: waits for each session in `congested` but `own` (the publisher's
+    /// own session, which only the publisher's side drains) until it is back under its
+    /// low-water mark, stalled, gone or ended ([`Session::wait_room`]). Empties `congested`.
+    pub(crate) async fn wait_congested(
+        &self,
+        own: Option<&Session>,
+        congested: &mut Vec<Arc<Session>>,
+    ) {
+        for s in std::mem::take(congested) {
+            if !own.is_some_and(|own| std::ptr::eq(own, &*s)) {
+                s.wait_room(&self.limits, &self.stats).await;
+            }
+        }
+    }
+
+    /// Every step of the entry for a message that does not come from a network client's
+    /// reader: a bridge's (`from` its session) or the application's (`from` an in-process
+    /// subscription's session, or `None`). `p`'s QoS, RETAIN, topic, payload and properties
+    /// make the message (its Message Expiry Interval counted from now); the Topic Alias and
+    /// Subscription Identifiers are not kept. Returns whether any subscription matched, once
+    /// the back pressure it met is over; `Err` with the reason code of a refusal.
+    pub(crate) async fn enter(
+        &self,
+        from: Option<&Arc<Session>>,
+        mut p: Publish,
+    ) -> Result<bool, ReasonCode> {
+        let from_session = from.map(|s| &**s);
+        self.admit(from_session, &mut p).await?;
+        let mut properties = p.properties;
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+        let expiry = properties.message_expiry_interval.take();
+        let msg = Arc::new(Message {
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            properties,
+            expires_at: Message::expiry_deadline(expiry, Instant::now()),
+            publisher: from.map(|s| Arc::clone(&s.client_id)),
+            encoded: Default::default(),
+        });
+        let mut congested = Vec::new();
+        let matched = self.publish_from(msg, &mut congested);
+        self.wait_congested(from_session, &mut congested).await;
+        if let (Some(p), Some(s)) = (self.persist.get(), from) {
+            p.wait_room(&s.client_id).await;
+        }
+        Ok(matched)
+    }
+
+    /// A will, through the entry: its write access was checked when its CONNECT set it;
+    /// with publish interceptors it is handed to them (as its client's, without a user
+    /// name) on a task of its own, since the callers cannot wait, then routed; nobody waits
+    /// for back pressure (its publisher is gone).
+    pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
+        tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
+        self.events.fire(|| crate::events::Event::WillPublished {
+            client_id: client_id.to_string(),
+            topic: will.msg.topic.clone(),
+            qos: will.msg.qos,
+            retain: will.msg.retain,
+        });
+        let mut msg = Arc::unwrap_or_clone(will.msg);
+        msg.expires_at = Message::expiry_deadline(will.expiry, Instant::now());
+        let broker = match self.this.upgrade() {
+            Some(broker) if !self.interceptors.is_empty() => broker,
+            _ => {
+                self.publish(msg);
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            let Message {
+                topic,
+                payload,
+                qos,
+                retain,
+                properties,
+                expires_at,
+                publisher,
+                ..
+            } = msg;
+            let mut p = Publish {
+                dup: false,
+                qos,
+                retain,
+                topic,
+                packet_id: 0,
+                properties,
+                payload,
+            };
+            let client_id = publisher.as_deref().unwrap_or_default();
+            if broker.intercept(client_id, None, &mut p).await.is_err() {
+                return;
+            }
+            broker.publish(Message {
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                retain: p.retain,
+                properties: p.properties,
+                expires_at,
+                publisher,
+                encoded: Default::default(),
+            });
+        });
+    }
+}
