@@ -247,3 +247,24 @@ async fn an_in_process_publish_waits_for_a_full_subscriber_instead_of_dropping()
     assert_eq!(broker.stats().dropped_total(), 0, "held back, not dropped");
     broker.shutdown().await;
 }
+
+/// `BrokerHandle::stats` is a snapshot of plain values: it reflects the activity up to the
+/// call, a later call sees more, and changing a copy changes nothing in the broker (its
+/// counters, storage back pressure's among them, are the broker's own).
+#[tokio::test]
+async fn stats_are_a_snapshot_that_reflects_activity() {
+    let (broker, addr) = start().await;
+    let before = broker.stats();
+    let mut c = Client::connect(addr, ProtocolVersion::V5, "stats-pub").await;
+    c.publish("stats/t", b"x", QoS::AtLeastOnce, false).await;
+    wait_until("the PUBLISH counted", || {
+        broker.stats().messages_received > before.messages_received
+    })
+    .await;
+    let mut copy = broker.stats();
+    assert_eq!(copy.connections_total, before.connections_total + 1);
+    assert_eq!(copy.clients_connected, 1);
+    copy.storage_pending_bytes = u64::MAX;
+    assert_eq!(broker.stats().storage_pending_bytes, 0);
+    broker.shutdown().await;
+}

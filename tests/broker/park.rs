@@ -3,7 +3,6 @@
 //! connections are parked (the `clients/parked` gauge), then checks that the client is served
 //! as if nothing had happened.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mercurio::codec::{
@@ -21,7 +20,7 @@ async fn start_parking() -> (BrokerHandle, std::net::SocketAddr) {
 }
 
 fn parked(broker: &BrokerHandle) -> u64 {
-    broker.stats().clients_parked.load(Ordering::Relaxed)
+    broker.stats().clients_parked
 }
 
 /// Waits until at least `n` connections are parked.

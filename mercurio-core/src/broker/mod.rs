@@ -29,7 +29,7 @@ use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{
     Delivery, Detached, Ended, Enqueued, Granted, QueueLimits, Session, SessionTable,
 };
-use crate::stats::{DropCause, Stats};
+use crate::stats::{Counters, DropCause};
 
 /// Client identifier prefix of in-process subscriptions' sessions.
 pub(crate) const INTERNAL_PREFIX: &str = "$internal/";
@@ -52,7 +52,7 @@ pub(crate) struct BrokerState {
     /// Retained `$SYS` messages: in memory only, never counted as retained messages.
     pub sys_retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Shared with the storage writer, which counts its batches.
-    pub stats: Arc<Stats>,
+    pub stats: Arc<Counters>,
     pub started: Instant,
     pub shutting_down: AtomicBool,
     /// Open network connections (accepted sockets not yet closed).

@@ -21,7 +21,7 @@ use crate::events::{Event, SubscribedFilter};
 use crate::link::DisconnectReason;
 use crate::message::Message;
 use crate::session::{Granted, OutboundState, Session};
-use crate::stats::Stats;
+use crate::stats::Counters;
 use crate::topic;
 
 /// Packets a reader handles before it yields to the scheduler, so that the writers its
@@ -218,7 +218,7 @@ impl<'a> Reader<'a> {
                     Ok(n) => {
                         self.c.link.active();
                         self.c.broker.busy_poll.note();
-                        Stats::add(&self.c.broker.stats.bytes_received, n as u64);
+                        Counters::add(&self.c.broker.stats.bytes_received, n as u64);
                         // A read that filled all the room there was: the client sends more than
                         // reads of this size take in (a 256-byte buffer is about three small
                         // PUBLISH packets per system call). The buffer doubles, up to
@@ -419,7 +419,7 @@ impl<'a> Reader<'a> {
     /// here and goes no further, `Err` when it closes the connection.
     fn publish_checks(&mut self, p: &mut Publish) -> Result<bool, Close> {
         let broker = &self.c.broker;
-        Stats::add(&broker.stats.messages_received, 1);
+        Counters::add(&broker.stats.messages_received, 1);
         let server = &broker.config.server;
         if p.qos as u8 > server.max_qos {
             return Err(self.violation(

@@ -13,7 +13,7 @@ use crate::broker::drain::{Outlet, Unsent, WRITE_CHUNK};
 use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
 use crate::link::DisconnectReason;
 use crate::session::Delivery;
-use crate::stats::Stats;
+use crate::stats::Counters;
 
 /// Most topic aliases the broker sets towards a client, whatever its Topic Alias Maximum.
 const OUTBOUND_ALIASES: u16 = 100;
@@ -81,7 +81,7 @@ impl<'a> Writer<'a> {
                     if let Err(e) = wr.write_all_buf(&mut self.out).await {
                         return Close::lost(DisconnectReason::Io(e.to_string()));
                     }
-                    Stats::add(&self.c.broker.stats.bytes_sent, len);
+                    Counters::add(&self.c.broker.stats.bytes_sent, len);
                     self.c.link.active();
                     self.out.clear();
                     self.c.link.wrote(pubacks);
@@ -115,7 +115,7 @@ impl<'a> Writer<'a> {
         };
         let drained = c.broker.drain(&c.session, &mut outlet);
         if drained.sent > 0 {
-            Stats::add(&c.broker.stats.messages_sent, drained.sent);
+            Counters::add(&c.broker.stats.messages_sent, drained.sent);
         }
         (drained.more, pubacks)
     }

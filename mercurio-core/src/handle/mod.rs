@@ -378,9 +378,10 @@ impl BrokerHandle {
         &self.inner.config
     }
 
-    /// The broker's counters.
-    pub fn stats(&self) -> &Stats {
-        &self.inner.stats
+    /// The broker's counters now: a snapshot of plain values (what `$SYS` and `/metrics`
+    /// report), taken at each call; read it again to see later activity.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats.snapshot()
     }
 
     /// Seconds since start.

@@ -357,7 +357,7 @@ impl Session {
     /// stalled (took nothing for `stall_time`), gone or ended. Wakes on the writer's
     /// notification; the only timer is the stall deadline. The first waiter to find the
     /// client stalled logs it and counts it.
-    pub(crate) async fn wait_room(&self, limits: &QueueLimits, stats: &crate::stats::Stats) {
+    pub(crate) async fn wait_room(&self, limits: &QueueLimits, stats: &crate::stats::Counters) {
         loop {
             let notified = self.room.get_or_init(|| Box::new(Notify::new())).notified();
             tokio::pin!(notified);
@@ -379,7 +379,7 @@ impl Session {
                         st.stall_reported = true;
                         let queued = st.queue.len();
                         drop(st);
-                        crate::stats::Stats::add(&stats.clients_stalled, 1);
+                        crate::stats::Counters::add(&stats.clients_stalled, 1);
                         tracing::warn!(client_id = %self.client_id, queued, stall_time = limits.stall_time.as_secs(), "client stalled: it took no message for stall_time; publishers no longer wait for it");
                     }
                     return;
