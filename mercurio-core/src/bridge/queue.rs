@@ -48,20 +48,7 @@ impl Outgoing {
     /// that QoS 0 messages queue too, and makes its subscriptions those of `map`.
     pub(crate) fn attach(broker: &Arc<BrokerState>, name: &str, map: &TopicMap) -> Outgoing {
         let id: Arc<str> = Arc::from(session_id(name));
-        let existing = broker.sessions.lock().get(&id).cloned();
-        let resumed = existing.is_some();
-        let session = match existing {
-            Some(s) => s,
-            None => {
-                let s = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
-                broker
-                    .sessions
-                    .lock()
-                    .insert(Arc::clone(&id), Arc::clone(&s));
-                s
-            }
-        };
-        *session.identity.write() = crate::auth::Identity::Trusted;
+        let (session, resumed) = broker.internal_session(&id);
         let link = Arc::new(Link::new());
         if !session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None) {
             // Held by an older task of this bridge (a reload in progress): take it over.

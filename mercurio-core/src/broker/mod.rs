@@ -46,10 +46,20 @@ pub(crate) struct BrokerState {
     pub config: Config,
     pub limits: QueueLimits,
     /// Shared with the storage writer, which writes a session whole after a failure.
+    /// Lock: first in the lock order, taken with no other lock held; a session's `state`
+    /// and `identity` may be taken under it (ARCHITECTURE.md, "Concurrency model and lock
+    /// order").
     pub sessions: Arc<SessionTable>,
+    /// Lock: taken with no session lock held (routing collects its matches and releases it
+    /// before delivering; `subscribe` and `end_session` change the session first); only
+    /// leaf locks may be taken under it.
     pub index: RwLock<SubscriptionIndex<SubEntry>>,
+    /// Lock: taken with no session lock held; held while its change is emitted to storage
+    /// (`Persister::emit`, which takes only leaf locks), to keep the retained set's changes
+    /// in order.
     pub retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Retained `$SYS` messages: in memory only, never counted as retained messages.
+    /// Lock: a leaf, taken with no session lock held and nothing taken under it.
     pub sys_retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Shared with the storage writer, which counts its batches.
     pub stats: Arc<Counters>,
@@ -61,6 +71,7 @@ pub(crate) struct BrokerState {
     pub connection_closed: Notify,
     /// Signalled once when shutdown starts, to stop the listeners.
     pub stop_listeners: Notify,
+    /// Lock: a leaf (nothing is taken under it; any lock may be held).
     pub local_addrs: Mutex<Vec<SocketAddr>>,
     pub next_client_number: AtomicU64,
     /// Random per broker start: the first part of assigned client identifiers, so that
@@ -75,6 +86,7 @@ pub(crate) struct BrokerState {
     /// Publish interceptors (`intercept`), in the order they were added; set by the builder.
     pub interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
     /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
+    /// Lock: a leaf (nothing is taken under it; any lock may be held).
     pub bridges: Mutex<Vec<Arc<crate::bridge_status::BridgeStatus>>>,
     /// The chains of listeners with their own authentication settings, by listener index
     /// (`None`: `auth` applies); set by the builder.

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::auth::hooks::{Authenticator, Authorizer};
-use crate::auth::{Auth, FileError, Identity};
+use crate::auth::{Auth, FileError};
 use crate::bridge::{BridgeInfo, BridgeReload, Bridges};
 use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
@@ -475,14 +475,9 @@ impl BrokerHandle {
             .next_client_number
             .fetch_add(1, Ordering::Relaxed);
         let id: Arc<str> = Arc::from(format!("{INTERNAL_PREFIX}{n}"));
-        let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
-        *session.identity.write() = Identity::Trusted;
+        let (session, _) = self.inner.internal_session(&id);
         let link = Arc::new(Link::new());
         session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
-        self.inner
-            .sessions
-            .lock()
-            .insert(Arc::clone(&id), Arc::clone(&session));
         let (tx, rx) = mpsc::channel(64);
         let pump = tokio::spawn(pump(
             Arc::clone(&self.inner),

@@ -188,6 +188,10 @@ pub(crate) type SessionTable = Mutex<HashMap<Arc<str>, Arc<Session>>>;
 #[derive(Debug)]
 pub struct Session {
     pub(crate) client_id: Arc<str>,
+    /// Lock: taken with at most the session table (`BrokerState::sessions`) held, never
+    /// another session's `state`, and never held across an `.await`; under it only leaf
+    /// locks are taken (`identity`, a `Link`'s, the `Persister`'s); storage reports and,
+    /// for a resend, the authorizers' `authorize_now` run under it.
     pub(crate) state: Mutex<SessionState>,
     /// Publishers waiting for this queue to drain (back pressure) wait on it. Made by the
     /// first wait (a `Notify` is 32 bytes, and most sessions are never waited for); it is
@@ -195,6 +199,8 @@ pub struct Session {
     /// the mark sees it.
     room: std::sync::OnceLock<Box<Notify>>,
     /// Who the session belongs to, for access checks (set at each CONNECT).
+    /// Lock: a leaf (nothing is taken under it); may be taken while holding the session
+    /// table or this session's `state`.
     pub(crate) identity: parking_lot::RwLock<crate::auth::Identity>,
 }
 
