@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::FileError;
-use crate::broker::BrokerState;
+use crate::broker::{message_of, BrokerState};
 use crate::codec::{
     self, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
     Subscribe, SubscribeFilter, SubscriptionOptions,
@@ -649,31 +649,16 @@ impl Task {
             return ReasonCode::SUCCESS;
         }
         p.topic = topic;
-        p.properties.topic_alias = None;
-        p.properties.subscription_identifiers.clear();
         if let Err(rc) = self.broker.admit(Some(session), &mut p).await {
             tracing::debug!(bridge = %self.cfg.name, topic = %p.topic, reason = %rc, "message from the remote refused");
             return rc;
         }
-        let mut properties = p.properties;
-        let expiry = properties.message_expiry_interval.take();
-        properties.user_properties.push((
+        p.properties.user_properties.push((
             HOP_PROPERTY.to_string(),
             self.cfg.remote_client_id().to_string(),
         ));
-        self.broker.publish_from(
-            Arc::new(Message {
-                topic: p.topic,
-                payload: p.payload,
-                qos: p.qos,
-                retain: p.retain,
-                properties,
-                expires_at: Message::expiry_deadline(expiry, Instant::now()),
-                publisher: Some(Arc::clone(&session.client_id)),
-                encoded: Default::default(),
-            }),
-            congested,
-        );
+        let msg = message_of(p, Some(Arc::clone(&session.client_id)));
+        self.broker.publish_from(Arc::new(msg), congested);
         self.status.forwarded_in.fetch_add(1, Ordering::Relaxed);
         ReasonCode::SUCCESS
     }

@@ -9,11 +9,9 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use crate::broker::drain::{Outlet, Unsent, WRITE_CHUNK};
+use crate::broker::drain::{encode_pubrel, Outlet, Unsent, WRITE_CHUNK};
 use crate::broker::{BrokerState, INTERNAL_PREFIX};
-use crate::codec::{
-    self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS, SubscriptionOptions,
-};
+use crate::codec::{self, Properties, ProtocolVersion, PublishRef, QoS, SubscriptionOptions};
 use crate::link::Link;
 use crate::session::{Delivery, Granted, Session};
 
@@ -205,22 +203,12 @@ impl Outlet for ToRemote<'_, '_, '_> {
         Ok(q.qos.min(ceiling))
     }
 
-    fn send(
-        &mut self,
-        q: &Delivery,
-        packet_id: u16,
-        dup: bool,
-        now: Instant,
-    ) -> Result<(), Unsent> {
-        self.out.encode(q, packet_id, dup, now, self.buf)
+    fn send(&mut self, q: &Delivery, id: u16, dup: bool, now: Instant) -> Result<(), Unsent> {
+        self.out.encode(q, id, dup, now, self.buf)
     }
 
     fn release(&mut self, packet_id: u16) {
-        let rel = Packet::PubRel(PubAck {
-            packet_id,
-            ..PubAck::default()
-        });
-        let _ = codec::encode(&rel, self.out.version, self.buf);
+        encode_pubrel(packet_id, self.out.version, self.buf);
     }
 }
 

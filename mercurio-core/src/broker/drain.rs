@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::BrokerState;
-use crate::codec::QoS;
+use bytes::BytesMut;
+
+use crate::codec::{self, Packet, ProtocolVersion, PubAck, QoS};
 use crate::message::Message;
 use crate::session::{Delivery, OutboundState, Session};
 use crate::stats::DropCause;
@@ -20,6 +22,15 @@ use crate::stats::DropCause;
 /// An outlet that writes to a socket encodes at most about this many bytes per system call
 /// before draining again (the network writer and a bridge alike).
 pub(crate) const WRITE_CHUNK: usize = 64 * 1024;
+
+/// Encodes PUBREL for `packet_id` (what [`Outlet::release`] sends on a connection).
+pub(crate) fn encode_pubrel(packet_id: u16, version: ProtocolVersion, buf: &mut BytesMut) {
+    let rel = Packet::PubRel(PubAck {
+        packet_id,
+        ..PubAck::default()
+    });
+    let _ = codec::encode(&rel, version, buf);
+}
 
 /// Why an outlet did not send a message it was handed: it leaves the session either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,11 +61,10 @@ pub(crate) trait Outlet {
         Ok(q.qos)
     }
 
-    /// Puts `q` on its way at `q.qos` with `packet_id` (0 for QoS 0), `dup` for a resend of
+    /// Puts `q` on its way at `q.qos` with packet identifier `id` (0 for QoS 0), `dup` for a resend of
     /// an in-flight message [MQTT-4.4.0-1]. `now` is the drain's clock (the remaining
     /// Message Expiry Interval is counted from it [MQTT-3.3.2-6]).
-    fn send(&mut self, q: &Delivery, packet_id: u16, dup: bool, now: Instant)
-        -> Result<(), Unsent>;
+    fn send(&mut self, q: &Delivery, id: u16, dup: bool, now: Instant) -> Result<(), Unsent>;
 
     /// Sends PUBREL again for a QoS 2 message whose PUBREC came on an earlier connection.
     fn release(&mut self, packet_id: u16);

@@ -14,9 +14,9 @@
 //!    in-process `publish` future does not resolve); a will has no publisher left to slow;
 //! 5. storage back pressure ([`Persister::wait_room`](crate::persist::Persister::wait_room)).
 //!
-//! The network reader runs the steps itself, around its packet loop (it acknowledges after
-//! step 3 and waits before it decodes the next packet); the bridge and the embedding API
-//! call [`BrokerState::enter`]. `$SYS` messages of the broker's own
+//! The network reader and a bridge run the steps themselves, around their packet loops (they
+//! acknowledge after step 3 and wait before they decode the next packet); the embedding API
+//! calls [`BrokerState::enter`], which runs them all. `$SYS` messages of the broker's own
 //! ([`BrokerState::publish_sys`]) are the one exception: routed directly.
 
 use std::sync::Arc;
@@ -29,6 +29,36 @@ use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
 use crate::message::Message;
 use crate::session::{Session, Will};
 use crate::topic;
+
+/// The message a PUBLISH brings in, from `publisher`: its Message Expiry Interval becomes a
+/// deadline counted from now (the clock is read only for a message that expires); its Topic
+/// Alias and Subscription Identifiers, which belong to one connection, are not kept.
+#[inline]
+pub(crate) fn message_of(p: Publish, publisher: Option<Arc<str>>) -> Message {
+    // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
+    let Publish {
+        topic,
+        payload,
+        qos,
+        retain,
+        mut properties,
+        ..
+    } = p;
+    let expiry = properties.message_expiry_interval.take();
+    properties.topic_alias = None;
+    properties.subscription_identifiers.clear();
+    let expires_at = expiry.and_then(|_| Message::expiry_deadline(expiry, Instant::now()));
+    Message {
+        topic,
+        payload,
+        qos,
+        retain,
+        properties,
+        expires_at,
+        publisher,
+        encoded: Default::default(),
+    }
+}
 
 impl BrokerState {
     /// Steps 1 and 2 of the entry: the authorizers' write check, then the publish
@@ -111,9 +141,8 @@ impl BrokerState {
         }
     }
 
-    /// Every step of the entry for a message that does not come from a network client's
-    /// reader: a bridge's (`from` its session) or the application's (`from` an in-process
-    /// subscription's session, or `None`). `p`'s QoS, RETAIN, topic, payload and properties
+    /// Every step of the entry, for the application's messages (`from` an in-process
+    /// subscription's session, or `None` for the handle's own). `p`'s QoS, RETAIN, topic, payload and properties
     /// make the message (its Message Expiry Interval counted from now); the Topic Alias and
     /// Subscription Identifiers are not kept. Returns whether any subscription matched, once
     /// the back pressure it met is over; `Err` with the reason code of a refusal.
@@ -124,20 +153,7 @@ impl BrokerState {
     ) -> Result<bool, ReasonCode> {
         let from_session = from.map(|s| &**s);
         self.admit(from_session, &mut p).await?;
-        let mut properties = p.properties;
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
-        let expiry = properties.message_expiry_interval.take();
-        let msg = Arc::new(Message {
-            topic: p.topic,
-            payload: p.payload,
-            qos: p.qos,
-            retain: p.retain,
-            properties,
-            expires_at: Message::expiry_deadline(expiry, Instant::now()),
-            publisher: from.map(|s| Arc::clone(&s.client_id)),
-            encoded: Default::default(),
-        });
+        let msg = Arc::new(message_of(p, from.map(|s| Arc::clone(&s.client_id))));
         let mut congested = Vec::new();
         let matched = self.publish_from(msg, &mut congested);
         self.wait_congested(from_session, &mut congested).await;
@@ -169,39 +185,25 @@ impl BrokerState {
             }
         };
         tokio::spawn(async move {
-            let Message {
-                topic,
-                payload,
-                qos,
-                retain,
-                properties,
-                expires_at,
-                publisher,
-                ..
-            } = msg;
             let mut p = Publish {
                 dup: false,
-                qos,
-                retain,
-                topic,
+                qos: msg.qos,
+                retain: msg.retain,
+                topic: msg.topic,
                 packet_id: 0,
-                properties,
-                payload,
+                properties: msg.properties,
+                payload: msg.payload,
             };
-            let client_id = publisher.as_deref().unwrap_or_default();
+            let client_id = msg.publisher.as_deref().unwrap_or_default();
             if broker.intercept(client_id, None, &mut p).await.is_err() {
                 return;
             }
-            broker.publish(Message {
-                topic: p.topic,
-                payload: p.payload,
-                qos: p.qos,
-                retain: p.retain,
-                properties: p.properties,
-                expires_at,
-                publisher,
-                encoded: Default::default(),
-            });
+            // The deadline counts from the will's publication, not from the interceptors'
+            // answer.
+            p.properties.message_expiry_interval = None;
+            let mut will = message_of(p, msg.publisher);
+            will.expires_at = msg.expires_at;
+            broker.publish(will);
         });
     }
 }

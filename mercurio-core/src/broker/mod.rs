@@ -9,6 +9,7 @@ pub(crate) mod restore;
 mod shared;
 mod takeover;
 
+pub(crate) use entry::message_of;
 pub(crate) use takeover::Owner;
 
 use std::collections::HashMap;

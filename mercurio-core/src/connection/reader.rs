@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -13,13 +13,13 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::Action;
 use crate::broker::access::subscription_topic;
+use crate::broker::message_of;
 use crate::codec::{
     self, DecodeError, Disconnect, Packet, Properties, PubAck, Publish, QoS, ReasonCode, SubAck,
     Subscribe, UnsubAck, Unsubscribe,
 };
 use crate::events::{Event, SubscribedFilter};
 use crate::link::DisconnectReason;
-use crate::message::Message;
 use crate::session::{Granted, OutboundState, Session};
 use crate::stats::Counters;
 use crate::topic;
@@ -528,30 +528,8 @@ impl<'a> Reader<'a> {
     /// Builds the message of an accepted PUBLISH, routes it and acknowledges it.
     fn publish_accepted(&mut self, p: Publish) {
         let broker = &self.c.broker;
-        // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
-        let Publish {
-            topic,
-            payload,
-            qos,
-            retain,
-            packet_id,
-            mut properties,
-            ..
-        } = p;
-        let expiry = properties.message_expiry_interval.take();
-        properties.subscription_identifiers.clear();
-        // The clock is read only for a message that expires.
-        let expires_at = expiry.and_then(|_| Message::expiry_deadline(expiry, Instant::now()));
-        let msg = Arc::new(Message {
-            topic,
-            payload,
-            qos,
-            retain,
-            properties,
-            expires_at,
-            publisher: Some(Arc::clone(&self.c.session.client_id)),
-            encoded: Default::default(),
-        });
+        let (qos, packet_id) = (p.qos, p.packet_id);
+        let msg = Arc::new(message_of(p, Some(Arc::clone(&self.c.session.client_id))));
         let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;

@@ -9,8 +9,8 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT};
-use crate::broker::drain::{Outlet, Unsent, WRITE_CHUNK};
-use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
+use crate::broker::drain::{encode_pubrel, Outlet, Unsent, WRITE_CHUNK};
+use crate::codec::{self, Properties, ProtocolVersion, PublishRef, QoS};
 use crate::link::DisconnectReason;
 use crate::session::Delivery;
 use crate::stats::Counters;
@@ -141,13 +141,7 @@ impl Outlet for Socket<'_, '_> {
         self.buf.len() < WRITE_CHUNK
     }
 
-    fn send(
-        &mut self,
-        q: &Delivery,
-        packet_id: u16,
-        dup: bool,
-        now: Instant,
-    ) -> Result<(), Unsent> {
+    fn send(&mut self, q: &Delivery, id: u16, dup: bool, now: Instant) -> Result<(), Unsent> {
         let max_packet_size = self.c.limits.max_packet_size as usize;
         if dup {
             // A resend names its topic in full: aliases belong to one connection.
@@ -155,7 +149,7 @@ impl Outlet for Socket<'_, '_> {
                 self.c.version,
                 self.mount,
                 q,
-                packet_id,
+                id,
                 true,
                 None,
                 now,
@@ -179,7 +173,7 @@ impl Outlet for Socket<'_, '_> {
             self.c.version,
             self.mount,
             q,
-            packet_id,
+            id,
             false,
             alias,
             now,
@@ -195,11 +189,7 @@ impl Outlet for Socket<'_, '_> {
     }
 
     fn release(&mut self, packet_id: u16) {
-        let rel = Packet::PubRel(PubAck {
-            packet_id,
-            ..PubAck::default()
-        });
-        let _ = codec::encode(&rel, self.c.version, self.buf);
+        encode_pubrel(packet_id, self.c.version, self.buf);
     }
 }
 
