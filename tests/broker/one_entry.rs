@@ -265,6 +265,7 @@ async fn stats_are_a_snapshot_that_reflects_activity() {
     assert_eq!(copy.connections_total, before.connections_total + 1);
     assert_eq!(copy.clients_connected, 1);
     copy.storage_pending_bytes = u64::MAX;
+    assert_ne!(copy, broker.stats(), "a copy, not the broker's counters");
     assert_eq!(broker.stats().storage_pending_bytes, 0);
     broker.shutdown().await;
 }

@@ -70,6 +70,9 @@ pub(crate) trait Outlet {
     fn release(&mut self, packet_id: u16);
 }
 
+/// Why an in-flight message was dropped at its resend, and which message it was.
+type Dropped = (DropCause, Arc<Message>);
+
 /// What one [`BrokerState::drain`] did.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Drained {
@@ -108,7 +111,7 @@ impl BrokerState {
             let mut taken = st.inflight_sent();
             // Leaving flight after the walk (it holds the in-flight list), with the cause
             // and message of those counted as dropped.
-            let mut gone: Vec<(u16, Option<(DropCause, Arc<Message>)>)> = Vec::new();
+            let mut gone: Vec<(u16, Option<Dropped>)> = Vec::new();
             st.resend_unsent(|f| {
                 if f.state == OutboundState::AwaitingPubComp {
                     // PUBREL uses no send quota, but is counted too: the window never
