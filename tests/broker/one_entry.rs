@@ -7,12 +7,13 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bridge::{bridge, topic, wait_connected};
 use async_trait::async_trait;
 use common::*;
 use mercurio::codec::{Properties, ProtocolVersion, QoS, ReasonCode};
 use mercurio::message::Message;
 use mercurio::{Broker, InterceptedPublish, PublishInterceptor, Subscription, Verdict};
-use mercurio_core::config::{BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic, Config};
+use mercurio_core::config::{BridgeConfig, BridgeDirection, Config};
 use mercurio_core::stats::DropCause;
 use mercurio_testkit::Mosquitto;
 
@@ -25,39 +26,15 @@ async fn next(sub: &mut Subscription) -> Arc<Message> {
 
 /// A bridge to `to` that brings `in/#` in at QoS 1, under the same topic.
 fn bridge_in(to: std::net::SocketAddr) -> BridgeConfig {
-    BridgeConfig {
-        name: "in".into(),
-        addresses: vec![to.to_string()],
-        round_robin: false,
-        client_id: Some("entry-bridge".into()),
-        protocol_version: BridgeProtocol::Mqttv311,
-        clean_start: false,
-        keepalive: 60,
-        max_inflight: 20,
-        username: None,
-        password: None,
-        cafile: None,
-        certfile: None,
-        keyfile: None,
-        tls_server_name: None,
-        try_private: true,
-        notifications: false,
-        notification_topic: None,
-        topics: vec![BridgeTopic {
-            pattern: "in/#".into(),
-            direction: BridgeDirection::In,
-            qos: 1,
-            local_prefix: String::new(),
-            remote_prefix: String::new(),
-        }],
-    }
-}
-
-async fn wait_connected(handle: &mercurio::BrokerHandle) {
-    wait_until("bridge connected", || {
-        handle.bridges().iter().all(|b| b.connected)
-    })
-    .await;
+    let mut b = bridge(
+        "in",
+        to,
+        vec![topic("in/#", BridgeDirection::In, 1, "", "")],
+    );
+    b.client_id = Some("entry-bridge".into());
+    b.max_inflight = 20;
+    b.notifications = false;
+    b
 }
 
 /// A message whose Message Expiry Interval passed while it waited in an in-process
