@@ -46,6 +46,7 @@ fn bench_queue(c: &mut Criterion) {
                             for _ in 0..BATCH {
                                 broker
                                     .publish(&topic, payload.clone(), qos, false)
+                                    .await
                                     .expect("publishes");
                             }
                             for sub in subs.iter_mut() {

@@ -88,7 +88,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("listening on {:?}", broker.local_addrs());
     // The application itself is trusted: its in-process publishes and subscriptions are
     // never checked.
-    broker.publish("tenants/acme/welcome", "hello acme", QoS::AtLeastOnce, true)?;
+    broker
+        .publish("tenants/acme/welcome", "hello acme", QoS::AtLeastOnce, true)
+        .await?;
     tokio::signal::ctrl_c().await?;
     broker.shutdown().await;
     Ok(())

@@ -69,14 +69,14 @@ async fn run() -> Result<(), String> {
                 beats += 1;
                 broker
                     .publish("app/heartbeat", beats.to_string(), QoS::AtMostOnce, true)
-                    .map_err(refused)?;
+                    .await.map_err(refused)?;
             }
             Some(msg) = commands.recv() => {
                 let text = String::from_utf8_lossy(&msg.payload).into_owned();
                 println!("command: {text}");
                 broker
                     .publish("app/replies", format!("done: {text}"), QoS::AtLeastOnce, false)
-                    .map_err(refused)?;
+                    .await.map_err(refused)?;
             }
             _ = tokio::signal::ctrl_c() => break,
         }

@@ -177,7 +177,7 @@ fn an_idle_connection_holds_no_buffers_after_a_burst() {
     }
     // Parked once idle for park_after (to twice that): waited for, with a deadline.
     let deadline = Instant::now() + 3 * common::DEADLINE;
-    let parked = || handle.stats().clients_parked.load(Ordering::Relaxed);
+    let parked = || handle.stats().clients_parked;
     while parked() < CONNECTIONS as u64 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -1,11 +1,13 @@
-//! Publish interception: an application's hook that sees every PUBLISH a client sends, after
-//! the authorizers allowed it and before it is retained and routed, and may let it through,
-//! change its topic, payload or properties, or refuse it with a reason code.
+//! Publish interception: an application's hook that sees every message entering the broker
+//! (ARCHITECTURE.md, "One entry for every message": a client's PUBLISH, a message a bridge
+//! brings in from its remote, the application's own
+//! [`BrokerHandle::publish`](crate::BrokerHandle::publish), a will), after the authorizers
+//! allowed it and before it is retained and routed, and may let it through, change its topic,
+//! payload or properties, or refuse it with a reason code. The broker's own `$SYS` messages
+//! are not intercepted.
 //!
 //! Installed with [`BrokerBuilder::interceptor`](crate::BrokerBuilder::interceptor). Without
-//! one, a PUBLISH pays one length check: nothing is built and nothing awaited. The
-//! application's own publishes ([`BrokerHandle::publish`](crate::BrokerHandle::publish)) and
-//! wills are not intercepted.
+//! one, a PUBLISH pays one length check: nothing is built and nothing awaited.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -26,12 +28,16 @@ pub struct InterceptedPublish<'a> {
 }
 
 impl InterceptedPublish<'_> {
-    /// The publisher's client identifier.
+    /// The publisher's client identifier: a network client's; `$internal/bridge/<name>` for
+    /// a message a bridge brings in; `$internal/N` for a publish through an in-process
+    /// [`Subscription`](crate::Subscription); empty for
+    /// [`BrokerHandle::publish`](crate::BrokerHandle::publish); a will's client for a will.
     pub fn client_id(&self) -> &str {
         self.client_id
     }
 
-    /// The user name the publisher authenticated as; `None` when anonymous.
+    /// The user name the publisher authenticated as; `None` when anonymous, for the broker's
+    /// own sessions (bridges, in-process) and for a will.
     pub fn username(&self) -> Option<&str> {
         self.username
     }
@@ -93,10 +99,11 @@ pub enum Verdict {
     Refuse(ReasonCode),
 }
 
-/// Sees every PUBLISH from a network client after authorization and before routing.
+/// Sees every message entering the broker after authorization and before routing.
 ///
-/// Asked from the publisher's connection task, which awaits the answer (the client's next
-/// packets wait too). The task runs on the broker's runtime threads, so `intercept` must not
+/// Asked from the publisher's task, which awaits the answer (a client's or a bridge's next
+/// packets wait too, an in-process `publish` future does not resolve; a will is asked on a
+/// task of its own). The task runs on the broker's runtime threads, so `intercept` must not
 /// block the thread: a blocking call (synchronous I/O, `std::thread::sleep`, a lock held
 /// long) stalls every client that thread serves (all of them with one event loop), not only
 /// this publisher. Run blocking work with `tokio::task::spawn_blocking` and await it; an

@@ -5,7 +5,7 @@
 //! `Accept` header prefers it ([`wants_openmetrics`]), as Prometheus itself asks.
 //!
 //! The values come from the same sources as `$SYS/broker/...` ([`Snapshot::take`]): the
-//! [`Stats`](crate::stats::Stats) counters and the session, subscription and retained stores.
+//! [`Stats`](crate::stats::Counters) counters and the session, subscription and retained stores.
 //! Each broker has a [`prometheus_client`] registry of its own (nothing global, so several
 //! embedded brokers never mix their numbers) holding one collector that takes a snapshot per
 //! scrape.

@@ -21,7 +21,7 @@ use tokio::io::Interest;
 use tokio::sync::Notify;
 
 use crate::link::Link;
-use crate::stats::Stats;
+use crate::stats::Counters;
 
 /// A stream whose connection may be parked when idle. Only plain TCP can be (its socket
 /// holds no state of its own); TLS and WebSocket streams keep the default.
@@ -71,7 +71,7 @@ pub(crate) struct Parking {
     /// Tokens whose link was woken or killed, for the parking task to resume.
     due: Mutex<Vec<u64>>,
     due_signal: Notify,
-    stats: Arc<Stats>,
+    stats: Arc<Counters>,
     /// The links of the connections that may park, until closed (one pointer each): the
     /// sweep asks those idle since its last look to park ([`Link::park_if_idle`]), instead
     /// of a timer per connection.
@@ -108,7 +108,7 @@ impl Wake for Token {
 impl Parking {
     /// Starts the parking of a broker (in a tokio runtime): its socket watcher and its sweep
     /// (every `park_after` seconds). Errors: the epoll set cannot be made (not Linux).
-    pub(crate) fn start(stats: Arc<Stats>, park_after: u64) -> std::io::Result<Arc<Parking>> {
+    pub(crate) fn start(stats: Arc<Counters>, park_after: u64) -> std::io::Result<Arc<Parking>> {
         let fd = sys::create()?;
         // SAFETY: an `OwnedFd` returns the same open descriptor for as long as it lives.
         let epoll = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
@@ -176,7 +176,7 @@ impl Parking {
             parking: Arc::downgrade(self),
             id,
         })));
-        Stats::add(&self.stats.clients_parked, 1);
+        Counters::add(&self.stats.clients_parked, 1);
         if let Err(e) = sys::add(self.epoll.get_ref().as_raw_fd(), fd, id) {
             tracing::warn!("cannot watch a parked connection: {e}");
             self.due.lock().push(id);

@@ -26,7 +26,6 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -388,8 +387,8 @@ fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
     // The writer's counters ($SYS/broker/storage/...): clients waiting to be written whole
     // again after a refused change, and sessions set aside at start because unreadable.
     // And storage that takes no writes at all (a full disk, a database down).
-    let dirty = stats.storage_clients_dirty.load(Ordering::Relaxed);
-    let set_aside = stats.storage_sessions_set_aside.load(Ordering::Relaxed);
+    let dirty = stats.storage_clients_dirty;
+    let set_aside = stats.storage_sessions_set_aside;
     let unwritable = handle.storage_write_failure();
     let state = match (config.storage.backend, unwritable) {
         (StorageBackend::Memory, _) => "in memory: lost when the broker stops".to_string(),
@@ -406,15 +405,15 @@ fn status(handle: &BrokerHandle, log: &LogControl) -> Value {
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": handle.uptime().as_secs(),
-        "clients_connected": stats.clients_connected.load(Ordering::Relaxed),
-        "clients_maximum": stats.clients_maximum.load(Ordering::Relaxed),
+        "clients_connected": stats.clients_connected,
+        "clients_maximum": stats.clients_maximum,
         "sessions": sessions.len(),
         "sessions_disconnected": disconnected,
         "storage": {
             "backend": backend,
             "state": state,
-            "pending_bytes": stats.storage_pending_bytes.load(Ordering::Relaxed),
-            "writes_failed": stats.storage_writes_failed.load(Ordering::Relaxed),
+            "pending_bytes": stats.storage_pending_bytes,
+            "writes_failed": stats.storage_writes_failed,
         },
         "log_level": log.level(),
         "listeners": handle.local_addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>(),

@@ -9,7 +9,7 @@ use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use mercurio_core::config::{Config, ListenerConfig};
+use mercurio_core::config::{Config, ListenerConfig, DAEMON_BUSY_POLL};
 use toml_edit::{Array, ArrayOfTables, ImDocument, Item, TableLike, Value};
 
 /// A configuration that cannot be used. Its `Display` is one line:
@@ -202,7 +202,8 @@ fn check_named_files(path: &Path, text: &str, config: &Config) -> Result<(), Loa
 
 /// Parses and checks `text`, the contents of the file `path` (used in messages only).
 ///
-/// Rules of the file mode: `[auth] allow_anonymous` unset means false, and a file without
+/// Rules of the file mode: `[auth] allow_anonymous` unset means false, `[server] busy_poll`
+/// unset means [`DAEMON_BUSY_POLL`] (50; the library's default is 0), and a file without
 /// `[[listeners]]` gets the default listener (127.0.0.1:1883). Then [`Config::validate`].
 #[allow(dead_code)] // mercurioctl's config import-mosquitto and the tests use it
 pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
@@ -257,6 +258,9 @@ pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config
 
     if locate(root, "auth.allow_anonymous").is_none() {
         config.auth.allow_anonymous = Some(false);
+    }
+    if locate(root, "server.busy_poll").is_none() {
+        config.server.busy_poll = DAEMON_BUSY_POLL;
     }
     if !ports.is_empty() {
         if let Some(span) = locate(root, "listeners") {
@@ -708,6 +712,16 @@ mod tests {
         assert_eq!(c.auth.allow_anonymous, Some(false));
         let c = parse(Path::new("m.toml"), "[auth]\nallow_anonymous = true\n").expect("parse");
         assert_eq!(c.auth.allow_anonymous, Some(true));
+    }
+
+    #[test]
+    fn busy_poll_is_the_daemons_own_default_unless_set() {
+        assert_eq!(Config::default().server.busy_poll, 0);
+        let c = parse(Path::new("m.toml"), "").expect("empty file");
+        assert_eq!(c.server.busy_poll, DAEMON_BUSY_POLL);
+        assert_eq!(DAEMON_BUSY_POLL, 50);
+        let c = parse(Path::new("m.toml"), "[server]\nbusy_poll = 0\n").expect("parse");
+        assert_eq!(c.server.busy_poll, 0);
     }
 
     #[test]

@@ -78,6 +78,8 @@ fn main() -> ExitCode {
         },
         None => {
             let mut config = Config::default();
+            // The daemon polls by default; an embedding application's runtime does not.
+            config.server.busy_poll = mercurio_core::config::DAEMON_BUSY_POLL;
             if !cli.port.is_empty() {
                 config.listeners = cli
                     .port

@@ -12,7 +12,7 @@ use mercurio_core::codec::{Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use mercurio_core::config::{BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic, Config};
 use mercurio_testkit::Mosquitto;
 
-fn topic(
+pub(super) fn topic(
     pattern: &str,
     direction: BridgeDirection,
     qos: u8,
@@ -28,7 +28,7 @@ fn topic(
     }
 }
 
-fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig {
+pub(super) fn bridge(name: &str, to: SocketAddr, topics: Vec<BridgeTopic>) -> BridgeConfig {
     BridgeConfig {
         name: name.into(),
         addresses: vec![to.to_string()],
@@ -253,7 +253,7 @@ async fn exactly_once_everywhere(addrs: &[SocketAddr], n: usize) {
     }
 }
 
-async fn wait_connected(handle: &mercurio_core::BrokerHandle) {
+pub(super) async fn wait_connected(handle: &mercurio_core::BrokerHandle) {
     wait_until("bridges connected", || {
         handle.bridges().iter().all(|b| b.connected)
     })

@@ -31,6 +31,7 @@ async fn handle_publish_reaches_mqtt_subscribers() {
     }
     broker
         .publish("emb/t", "from the app", QoS::ExactlyOnce, false)
+        .await
         .unwrap();
     let props = Properties {
         user_properties: vec![("source".into(), "app".into())],
@@ -46,6 +47,7 @@ async fn handle_publish_reaches_mqtt_subscribers() {
             props.clone(),
             Some(60),
         )
+        .await
         .unwrap();
     for c in &mut subs {
         let p = c.expect_publish().await;
@@ -73,11 +75,21 @@ async fn handle_publish_reaches_mqtt_subscribers() {
 #[tokio::test]
 async fn handle_publish_refuses_bad_topics() {
     let (broker, _addr) = start().await;
-    assert!(broker.publish("a/+", "x", QoS::AtMostOnce, false).is_err());
-    assert!(broker.publish("a/#", "x", QoS::AtMostOnce, false).is_err());
-    assert!(broker.publish("", "x", QoS::AtMostOnce, false).is_err());
+    assert!(broker
+        .publish("a/+", "x", QoS::AtMostOnce, false)
+        .await
+        .is_err());
+    assert!(broker
+        .publish("a/#", "x", QoS::AtMostOnce, false)
+        .await
+        .is_err());
+    assert!(broker
+        .publish("", "x", QoS::AtMostOnce, false)
+        .await
+        .is_err());
     assert!(broker
         .publish("$SYS/x", "x", QoS::AtMostOnce, false)
+        .await
         .is_err());
     assert!(broker.subscribe("a/#/b", QoS::AtMostOnce).is_err());
     broker.shutdown().await;
@@ -147,6 +159,7 @@ async fn dropping_the_subscription_unsubscribes() {
     for i in 0..5u8 {
         broker
             .publish("drop/t", vec![i], QoS::AtLeastOnce, false)
+            .await
             .unwrap();
         let p = mqtt.expect_publish().await;
         mqtt.ack(&p).await;
@@ -158,6 +171,7 @@ async fn dropping_the_subscription_unsubscribes() {
     for i in 0..100u8 {
         broker
             .publish("drop/t", vec![i], QoS::AtLeastOnce, false)
+            .await
             .unwrap();
         let p = mqtt.expect_publish().await;
         mqtt.ack(&p).await;
@@ -305,6 +319,7 @@ async fn subscription_ends_after_shutdown() {
     let mut sub = broker.subscribe("end/#", QoS::AtMostOnce).unwrap();
     broker
         .publish("end/t", "last", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     assert_eq!(&next(&mut sub).await.payload[..], b"last");
     broker.shutdown().await;
@@ -342,6 +357,7 @@ async fn internal_client_ids_cannot_be_taken_over() {
     }
     broker
         .publish("int/t", "still", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     assert_eq!(&next(&mut sub).await.payload[..], b"still");
     broker.shutdown().await;

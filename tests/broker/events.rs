@@ -262,6 +262,7 @@ async fn message_dropped_names_client_topic_and_cause() {
     next_event(&mut events).await;
     broker
         .publish("ev/big", vec![b'x'; 500], QoS::AtMostOnce, false)
+        .await
         .unwrap();
     assert_eq!(
         next_event(&mut events).await,
@@ -281,6 +282,7 @@ async fn message_dropped_names_client_topic_and_cause() {
     for i in 0..2u8 {
         broker
             .publish("ev/q", vec![i], QoS::AtLeastOnce, false)
+            .await
             .unwrap();
     }
     assert_eq!(
@@ -672,12 +674,14 @@ async fn in_process_no_local() {
         Properties::default(),
         None,
     )
+    .await
     .unwrap();
     let p = mqtt.expect_publish().await;
     assert_eq!(p.topic, "nl/own", "network subscribers receive it");
     mqtt.ack(&p).await;
     broker
         .publish("nl/app", "from the handle", QoS::AtLeastOnce, false)
+        .await
         .unwrap();
     let d = next_delivery(&mut sub).await;
     assert_eq!(

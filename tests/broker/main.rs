@@ -16,6 +16,7 @@ mod http;
 mod interop_rumqttc;
 mod limits;
 mod mosquitto_options;
+mod one_entry;
 mod park;
 mod persistence_pressure;
 mod persistence_sqlite;

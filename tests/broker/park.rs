@@ -3,7 +3,6 @@
 //! connections are parked (the `clients/parked` gauge), then checks that the client is served
 //! as if nothing had happened.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mercurio::codec::{
@@ -21,7 +20,7 @@ async fn start_parking() -> (BrokerHandle, std::net::SocketAddr) {
 }
 
 fn parked(broker: &BrokerHandle) -> u64 {
-    broker.stats().clients_parked.load(Ordering::Relaxed)
+    broker.stats().clients_parked
 }
 
 /// Waits until at least `n` connections are parked.
@@ -69,6 +68,7 @@ async fn deliveries_to_a_parked_subscriber_qos0_and_qos1() {
     // From the broker itself: only the subscriber's link resumes it.
     broker
         .publish("pd/zero", &b"0"[..], QoS::AtMostOnce, false)
+        .await
         .expect("publish");
     let p = sub.expect_publish().await;
     assert_eq!((p.topic.as_str(), p.qos), ("pd/zero", QoS::AtMostOnce));
@@ -90,6 +90,7 @@ async fn deliveries_to_a_parked_subscriber_qos0_and_qos1() {
     wait_parked(&broker, 2).await;
     broker
         .publish("pd/two", &b"2"[..], QoS::AtLeastOnce, false)
+        .await
         .expect("publish");
     let q = sub.expect_publish().await;
     assert_eq!((q.topic.as_str(), q.dup), ("pd/two", false));
@@ -150,6 +151,7 @@ async fn a_parked_connection_is_taken_over() {
     // The session went on: the new connection has the subscription.
     broker
         .publish("to/x", &b"x"[..], QoS::AtMostOnce, false)
+        .await
         .expect("publish");
     assert_eq!(second.expect_publish().await.topic, "to/x");
     broker.shutdown().await;

@@ -6,7 +6,6 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::*;
@@ -78,17 +77,17 @@ async fn a_publisher_feeding_offline_sessions_waits_for_the_bytes_it_owes_storag
             .await;
     }
     wait_until("the publisher is held for storage", || {
-        stats().storage_clients_waiting.load(Ordering::Relaxed) == 1
+        stats().storage_clients_waiting == 1
     })
     .await;
     // While it waits nothing more of it is read: only a few of the 100 PUBLISH were handled,
     // so only a few PUBACKs can come (each was owed as soon as its message was routed).
-    let read = stats().messages_received.load(Ordering::Relaxed);
+    let read = stats().messages_received;
     assert!(
         read < u64::from(MESSAGES) / 2,
         "{read} of {MESSAGES} PUBLISH read while the publisher owes storage"
     );
-    let pending = stats().storage_pending_bytes.load(Ordering::Relaxed);
+    let pending = stats().storage_pending_bytes;
     assert!(
         (64 * 1024..512 * 1024).contains(&pending),
         "owed {pending} bytes: over the bound by about one PUBLISH's copies"
@@ -114,11 +113,11 @@ async fn a_publisher_feeding_offline_sessions_waits_for_the_bytes_it_owes_storag
             other => panic!("expected PUBACK, got {other:?}"),
         }
     }
-    assert_eq!(stats().storage_clients_waiting.load(Ordering::Relaxed), 0);
+    assert_eq!(stats().storage_clients_waiting, 0);
     // Every acknowledged message is delivered to every session [MQTT-4.3.2-1]... once the
     // writer has caught up, and from storage too.
     broker.flush_storage().await;
-    assert_eq!(stats().storage_pending_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(stats().storage_pending_bytes, 0);
     let stored = storage.snapshot();
     for i in 0..SUBSCRIBERS {
         let id = format!("offline-{i}");
@@ -169,11 +168,7 @@ async fn storage_that_takes_no_writes_is_reported_and_the_rest_goes_on() {
         .publish("keep/t", b"kept", QoS::AtLeastOnce, false)
         .await;
     wait_until("the publisher owing storage is held", || {
-        broker
-            .stats()
-            .storage_clients_waiting
-            .load(Ordering::Relaxed)
-            == 1
+        broker.stats().storage_clients_waiting == 1
     })
     .await;
     let mut answer = http_get(http, "/healthz").await;
@@ -194,9 +189,9 @@ async fn storage_that_takes_no_writes_is_reported_and_the_rest_goes_on() {
     );
     let failure = broker.storage_write_failure().expect("reported");
     assert!(failure.error.contains("injected failure"), "{failure:?}");
-    let stats = broker.stats();
-    assert_eq!(stats.storage_unwritable.load(Ordering::Relaxed), 1);
-    assert!(stats.storage_writes_failed.load(Ordering::Relaxed) >= 2);
+    let stats = || broker.stats();
+    assert_eq!(stats().storage_unwritable, 1);
+    assert!(stats().storage_writes_failed >= 2);
     // What needs no storage is served: QoS 0 and QoS 1 between non-persistent sessions.
     let mut sub = Client::connect(addr, ProtocolVersion::V5, "live-sub").await;
     sub.subscribe("live/#", QoS::AtLeastOnce).await;
@@ -226,9 +221,9 @@ async fn storage_that_takes_no_writes_is_reported_and_the_rest_goes_on() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(broker.storage_write_failure().is_none());
-    assert_eq!(stats.storage_unwritable.load(Ordering::Relaxed), 0);
+    assert_eq!(stats().storage_unwritable, 0);
     wait_until("the publisher is read again", || {
-        stats.storage_clients_waiting.load(Ordering::Relaxed) == 0
+        stats().storage_clients_waiting == 0
     })
     .await;
     publisher

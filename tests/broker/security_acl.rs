@@ -207,9 +207,11 @@ pattern read inbox/%u/+
     let before = broker.stats().dropped_count(DropCause::NotAuthorized);
     broker
         .publish("public/secret", "s", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     broker
         .publish("public/news", "n", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     let p = anon.expect_publish().await;
     assert_eq!(p.topic, "public/news");
@@ -283,6 +285,7 @@ async fn reload_removes_subscriptions_no_longer_allowed() {
     );
     broker
         .publish("b/1", "still", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     assert_eq!(c.expect_publish().await.topic, "b/1");
 
@@ -300,9 +303,11 @@ async fn reload_removes_subscriptions_no_longer_allowed() {
     );
     broker
         .publish("b/1", "gone", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     broker
         .publish("a/1", "kept", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     let p = c.expect_publish().await;
     assert_eq!(p.topic, "a/1");
@@ -339,9 +344,11 @@ async fn reload_drops_queued_messages_no_longer_readable() {
     c.disconnect().await;
     broker
         .publish("b/1", "revoked", QoS::AtLeastOnce, false)
+        .await
         .unwrap();
     broker
         .publish("a/1", "allowed", QoS::AtLeastOnce, false)
+        .await
         .unwrap();
     let before = broker.stats().dropped_count(DropCause::NotAuthorized);
 
@@ -373,9 +380,11 @@ async fn reload_stops_resending_in_flight_messages_no_longer_readable() {
     c.subscribe("b/#", QoS::AtLeastOnce).await;
     broker
         .publish("b/1", "revoked", QoS::AtLeastOnce, false)
+        .await
         .unwrap();
     broker
         .publish("a/1", "allowed", QoS::AtLeastOnce, false)
+        .await
         .unwrap();
     // Received, never acknowledged: both stay in flight.
     assert_eq!(c.expect_publish().await.topic, "b/1");

@@ -477,6 +477,8 @@ async fn panicking_hooks_refuse() {
     );
     let logged = logs.matching(&["ERROR", "panicked", "panic-auth"]);
     assert_eq!(logged.len(), 6, "{:?}", logs.lines());
+    broker.shutdown().await;
+}
 
 /// What python3's hmac module makes of `secret_file` and `user`: the derived password
 /// computed independently of the broker (the key is the file's bytes without one trailing
@@ -501,12 +503,13 @@ fn python_hmac(secret_file: &Path, user: &str) -> String {
 /// `[auth] derived_password_secret_file` and `derived_user_pattern`: a user matching the
 /// pattern connects with HMAC-SHA256(secret, user name) in lowercase hex and no table; a
 /// wrong or missing password gets "not authorized" (5.0 CONNACK 0x87, 3.1.1 return code 5),
-/// as a wrong stored password does, so the answer does not tell which names are derived; a user listed in the password file is checked against the file only; a name not
-/// matching the pattern is not derived. The derived user's ACL comes from the ACL file (%u),
+/// as a wrong stored password does, so the answer does not tell which names are derived; a
+/// user listed in the password file is checked against the file only; a name not matching
+/// the pattern is not derived. The derived user's ACL comes from the ACL file (%u),
 /// and a wrong derived password costs what a wrong stored password costs.
 #[tokio::test]
 async fn derived_passwords() {
-    if !have_program("python3") {
+    if !have_program("derived_passwords", "python3") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

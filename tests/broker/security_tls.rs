@@ -245,6 +245,7 @@ async fn tls12_and_tls13_handshakes() {
         assert_eq!(c.subscribe("tls/#").await, ReasonCode::GRANTED_QOS_0);
         broker
             .publish("tls/x", "over tls", QoS::AtMostOnce, false)
+            .await
             .unwrap();
         match c.recv().await {
             Some(Packet::Publish(p)) => assert_eq!(&p.payload[..], b"over tls"),
@@ -510,6 +511,7 @@ async fn reload_swaps_certificates_and_keeps_clients() {
     // The connected client is still there.
     broker
         .publish("r/1", "still here", QoS::AtMostOnce, false)
+        .await
         .unwrap();
     match kept.recv().await {
         Some(Packet::Publish(p)) => assert_eq!(&p.payload[..], b"still here"),
@@ -658,6 +660,7 @@ async fn tls13_key_updates_keep_the_connection() {
         );
         broker
             .publish("ku/x", format!("after update {i}"), QoS::AtMostOnce, false)
+            .await
             .unwrap();
         match c.recv().await {
             Some(Packet::Publish(p)) => assert_eq!(p.payload, format!("after update {i}")),

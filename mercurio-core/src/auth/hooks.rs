@@ -116,6 +116,13 @@ pub trait Authorizer: Send + Sync + 'static {
     async fn authorize(&self, request: &AccessRequest<'_>) -> Decision;
 
     /// The decision without waiting, when this authorizer can give one.
+    ///
+    /// Asked at delivery (`Action::Read`) on the publisher's task, and, when a message in
+    /// flight is resent to a client back from a disconnection, while the broker holds that
+    /// subscriber's session lock; also after a reload of the access rules. It must answer at
+    /// once, without blocking the thread, and must not call back into the broker (a
+    /// [`BrokerHandle`](crate::BrokerHandle) method that reads or changes sessions could
+    /// wait for that very lock). Keep what it needs in the authorizer itself.
     fn authorize_now(&self, _request: &AccessRequest<'_>) -> Option<Decision> {
         None
     }

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::FileError;
-use crate::broker::BrokerState;
+use crate::broker::{message_of, BrokerState};
 use crate::codec::{
     self, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
     Subscribe, SubscribeFilter, SubscriptionOptions,
@@ -536,6 +536,9 @@ impl Task {
         tick.tick().await;
         let mut last_in = Instant::now();
         let hop = self.cfg.remote_client_id().to_string();
+        // The local sessions messages from the remote went to that are at their high-water
+        // mark, waited for before the remote is read again.
+        let mut congested = Vec::new();
         loop {
             {
                 let map = &self.map;
@@ -584,8 +587,15 @@ impl Task {
             loop {
                 // A PUBREL's release, like a message, is stored before its PUBCOMP goes.
                 published |= matches!(packet, Packet::Publish(_) | Packet::PubRel(_));
-                if let Err(why) = self.on_packet(packet, out, version, &mut buf) {
+                if let Err(why) = self
+                    .on_packet(packet, out, version, &mut buf, &mut congested)
+                    .await
+                {
                     return Ended::Lost(why);
+                }
+                if !congested.is_empty() {
+                    // Back pressure: the rest waits in the buffer, read after the wait.
+                    break;
                 }
                 match remote.buffered() {
                     Ok(Some(p)) => packet = p,
@@ -594,10 +604,14 @@ impl Task {
                 }
             }
             // Messages from the remote: with durable_ack, acknowledged once stored, as a
-            // client's are; and the next ones wait while storage is too far behind.
+            // client's are. Then the entry's back pressure (ARCHITECTURE.md, "One entry for
+            // every message"): nothing more is read from the remote while a local session
+            // these messages went to is over its high-water mark and its client takes
+            // messages, nor while storage is too far behind.
             if published {
-                if let Some(p) = self.broker.persist.get() {
-                    if p.durable_ack() {
+                let persist = self.broker.persist.get();
+                if persist.is_some_and(|p| p.durable_ack()) || !congested.is_empty() {
+                    if let Some(p) = persist.filter(|p| p.durable_ack()) {
                         p.flush().await;
                     }
                     if !buf.is_empty() {
@@ -606,18 +620,24 @@ impl Task {
                         }
                         buf.clear();
                     }
+                }
+                self.broker
+                    .wait_congested(Some(&out.session), &mut congested)
+                    .await;
+                if let Some(p) = persist {
                     p.wait_room(&out.session.client_id).await;
                 }
             }
         }
     }
 
-    fn on_packet(
+    async fn on_packet(
         &mut self,
         packet: Packet,
         out: &Outgoing,
         version: ProtocolVersion,
         buf: &mut BytesMut,
+        congested: &mut Vec<Arc<Session>>,
     ) -> Result<(), String> {
         let ack = |p: fn(PubAck) -> Packet, packet_id: u16, buf: &mut BytesMut| {
             let _ = codec::encode(
@@ -651,17 +671,33 @@ impl Task {
                 // broker is recognised, and not delivered twice (MQTT 5.0 section 4.3.3).
                 let duplicate =
                     qos == QoS::ExactlyOnce && out.session.state.lock().awaits_release(packet_id);
+                let mut reason_code = ReasonCode::SUCCESS;
                 if !duplicate {
-                    self.publish_locally(p, &out.session);
-                    if qos == QoS::ExactlyOnce {
+                    reason_code = self.publish_locally(p, &out.session, congested).await;
+                    // No PUBREL follows a refusing PUBREC (5.0 section 4.3.3): nothing to keep.
+                    if qos == QoS::ExactlyOnce && reason_code.0 < 0x80 {
                         let id = &out.session.client_id;
                         out.session.state.lock().receive_qos2(id, packet_id);
                     }
                 }
+                // A refusal is told to an MQTT 5 remote (3.x has no way to say it).
+                let answer = |packet_id| PubAck {
+                    packet_id,
+                    reason_code: if version.is_v5() {
+                        reason_code
+                    } else {
+                        ReasonCode::SUCCESS
+                    },
+                    ..PubAck::default()
+                };
                 match qos {
                     QoS::AtMostOnce => {}
-                    QoS::AtLeastOnce => ack(Packet::PubAck, packet_id, buf),
-                    QoS::ExactlyOnce => ack(Packet::PubRec, packet_id, buf),
+                    QoS::AtLeastOnce => {
+                        let _ = codec::encode(&Packet::PubAck(answer(packet_id)), version, buf);
+                    }
+                    QoS::ExactlyOnce => {
+                        let _ = codec::encode(&Packet::PubRec(answer(packet_id)), version, buf);
+                    }
                 }
             }
             Packet::PubRel(a) => {
@@ -687,40 +723,43 @@ impl Task {
     }
 
     /// A message from the remote, published here under its local topic as the bridge's
-    /// session, marked as bridged.
-    fn publish_locally(&self, p: Publish, session: &Session) {
+    /// session, marked as bridged, through the entry every message takes (ARCHITECTURE.md,
+    /// "One entry for every message"): the publish interceptors, then routing; the sessions
+    /// now at their high-water mark are added to `congested`, waited for by the caller
+    /// before the remote is read again. Returns the reason code of a refusal (else success).
+    async fn publish_locally(
+        &self,
+        mut p: Publish,
+        session: &Session,
+        congested: &mut Vec<Arc<Session>>,
+    ) -> ReasonCode {
         let Some((topic, _)) = self.map.incoming(&p.topic) else {
             tracing::debug!(bridge = %self.cfg.name, topic = %p.topic, "message from the remote matches no in rule: dropped");
-            return;
+            return ReasonCode::SUCCESS;
         };
         if topic.starts_with("$SYS") {
-            return;
+            return ReasonCode::SUCCESS;
         }
-        let mut properties = p.properties;
-        if queue::is_bridged(&properties) {
+        if queue::is_bridged(&p.properties) {
             // It crossed a bridge into the remote already: in a mesh, it reaches this broker
             // over the link from where it was published.
-            return;
+            return ReasonCode::SUCCESS;
         }
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
-        let expiry = properties.message_expiry_interval.take();
-        properties.user_properties.push((
+        p.topic = topic;
+        if let Err(rc) = self.broker.admit(Some(session), &mut p).await {
+            // A panicking interceptor (logged) loses the message: 0x80 Unspecified error.
+            let rc = rc.unwrap_or(ReasonCode::UNSPECIFIED_ERROR);
+            tracing::debug!(bridge = %self.cfg.name, topic = %p.topic, reason = %rc, "message from the remote refused");
+            return rc;
+        }
+        p.properties.user_properties.push((
             HOP_PROPERTY.to_string(),
             self.cfg.remote_client_id().to_string(),
         ));
-        self.broker.publish(Message {
-            topic,
-            payload: p.payload,
-            qos: p.qos,
-            retain: p.retain,
-            properties,
-            expires_at: Message::expiry_deadline(expiry, Instant::now()),
-            publisher: Some(Arc::clone(&session.client_id)),
-            encoded: Default::default(),
-            stored: Default::default(),
-        });
+        let msg = message_of(p, Some(Arc::clone(&session.client_id)));
+        self.broker.publish_from(Arc::new(msg), congested);
         self.status.forwarded_in.fetch_add(1, Ordering::Relaxed);
+        ReasonCode::SUCCESS
     }
 }
 

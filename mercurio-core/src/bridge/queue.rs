@@ -9,13 +9,11 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
+use crate::broker::drain::{encode_pubrel, Outlet, Unsent, WRITE_CHUNK};
 use crate::broker::{BrokerState, INTERNAL_PREFIX};
-use crate::codec::{
-    self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS, SubscriptionOptions,
-};
+use crate::codec::{self, Properties, ProtocolVersion, PublishRef, QoS, SubscriptionOptions};
 use crate::link::Link;
-use crate::session::{Delivery, Granted, OutboundState, Session};
-use crate::stats::DropCause;
+use crate::session::{Delivery, Granted, Session};
 
 use super::topics::TopicMap;
 
@@ -48,20 +46,7 @@ impl Outgoing {
     /// that QoS 0 messages queue too, and makes its subscriptions those of `map`.
     pub(crate) fn attach(broker: &Arc<BrokerState>, name: &str, map: &TopicMap) -> Outgoing {
         let id: Arc<str> = Arc::from(session_id(name));
-        let existing = broker.sessions.lock().get(&id).cloned();
-        let resumed = existing.is_some();
-        let session = match existing {
-            Some(s) => s,
-            None => {
-                let s = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
-                broker
-                    .sessions
-                    .lock()
-                    .insert(Arc::clone(&id), Arc::clone(&s));
-                s
-            }
-        };
-        *session.identity.write() = crate::auth::Identity::Trusted;
+        let (session, resumed) = broker.internal_session(&id);
         let link = Arc::new(Link::new());
         if !session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None) {
             // Held by an older task of this bridge (a reload in progress): take it over.
@@ -154,87 +139,16 @@ impl Outgoing {
         self.session.state.lock().mark_inflight_unsent();
     }
 
-    /// Encodes into `buf` what can go to the remote now: in-flight messages not yet sent on
-    /// this connection (DUP), then queued messages while fewer than `window` are in flight.
-    /// Returns the QoS 0 messages sent (forwarded already: nothing acknowledges them).
+    /// Encodes into `buf` what can go to the remote now, through the session's drain
+    /// ([`BrokerState::drain`]): in-flight messages not yet sent on this connection (DUP),
+    /// then queued messages while fewer than `window` are in flight, up to
+    /// [`WRITE_CHUNK`] bytes. Returns the QoS 0 messages sent (forwarded already: nothing
+    /// acknowledges them).
     pub(crate) fn fill(&self, out: &mut Sender<'_>, buf: &mut BytesMut) -> u64 {
-        let now = Instant::now();
-        let mut st = self.session.state.lock();
-        let st = &mut *st;
-        let client_id = &self.session.client_id;
-        let mut window = st.inflight_sent();
-        let mut gone = Vec::new();
-        st.resend_unsent(|f| {
-            if f.state != OutboundState::AwaitingPubComp && window >= out.window {
-                return false;
-            }
-            window += 1;
-            if f.state == OutboundState::AwaitingPubComp {
-                let rel = Packet::PubRel(PubAck {
-                    packet_id: f.packet_id,
-                    ..PubAck::default()
-                });
-                let _ = codec::encode(&rel, out.version, buf);
-            } else if !out.encode(&f.delivery, f.delivery.qos, f.packet_id, true, now, buf) {
-                gone.push(f.packet_id);
-            }
-            true
-        });
-        for id in gone {
-            st.take_inflight(client_id, id);
-        }
-        let mut sent0 = 0;
-        let mut took = 0;
-        while buf.len() < 64 * 1024 {
-            let Some(head) = st.queue().front() else {
-                break;
-            };
-            if head.qos > QoS::AtMostOnce && st.inflight().len() >= out.window {
-                break;
-            }
-            let Some(mut q) = st.pop_queued(client_id) else {
-                break;
-            };
-            took += 1;
-            if q.msg.is_expired(now) {
-                out.broker.stats.dropped(DropCause::Expired);
-                st.persist_dequeued(client_id, &q);
-                continue;
-            }
-            if is_bridged(&q.msg.properties) {
-                // Came over a bridge: it is not sent over another one.
-                st.persist_dequeued(client_id, &q);
-                continue;
-            }
-            let Some(ceiling) = out.map.outgoing(&q.msg.topic).map(|(_, qos)| qos) else {
-                st.persist_dequeued(client_id, &q);
-                continue;
-            };
-            let qos = q.qos.min(ceiling);
-            if qos == QoS::AtMostOnce {
-                if out.encode(&q, QoS::AtMostOnce, 0, false, now, buf) {
-                    sent0 += 1;
-                }
-                st.persist_dequeued(client_id, &q);
-                continue;
-            }
-            let Some(packet_id) = st.allocate_packet_id() else {
-                st.requeue_front(q);
-                took -= 1;
-                break;
-            };
-            q.qos = qos;
-            if !out.encode(&q, qos, packet_id, false, now, buf) {
-                st.persist_dequeued(client_id, &q);
-                continue;
-            }
-            st.send_inflight(client_id, packet_id, q);
-        }
-        // Back pressure: publishers routing into the bridge wait while it takes messages.
-        if Session::progressed(st, took, now, &out.broker.limits) {
-            self.session.release_waiters();
-        }
-        sent0
+        let broker = out.broker;
+        broker
+            .drain(&self.session, &mut ToRemote { out, buf })
+            .sent_qos0
     }
 
     /// PUBACK (QoS 1) or PUBCOMP (QoS 2) from the remote: the message leaves the session.
@@ -264,20 +178,53 @@ pub(crate) struct Sender<'a> {
     pub hop: &'a str,
 }
 
+/// The remote connection as the drain's [`Outlet`].
+struct ToRemote<'s, 'a, 'b> {
+    out: &'s Sender<'a>,
+    buf: &'b mut BytesMut,
+}
+
+impl Outlet for ToRemote<'_, '_, '_> {
+    fn window(&self) -> Option<usize> {
+        Some(self.out.window)
+    }
+
+    fn has_room(&self) -> bool {
+        self.buf.len() < WRITE_CHUNK
+    }
+
+    /// At the lower of the delivery's QoS and its rule's; a message that came over a bridge
+    /// is not sent over another one, nor one whose rule is gone (a reload).
+    fn admit(&mut self, q: &Delivery) -> Result<QoS, Unsent> {
+        if is_bridged(&q.msg.properties) {
+            return Err(Unsent::NotHere);
+        }
+        let (_, ceiling) = self.out.map.outgoing(&q.msg.topic).ok_or(Unsent::NotHere)?;
+        Ok(q.qos.min(ceiling))
+    }
+
+    fn send(&mut self, q: &Delivery, id: u16, dup: bool, now: Instant) -> Result<(), Unsent> {
+        self.out.encode(q, id, dup, now, self.buf)
+    }
+
+    fn release(&mut self, packet_id: u16) {
+        encode_pubrel(packet_id, self.out.version, self.buf);
+    }
+}
+
 impl Sender<'_> {
-    /// Encodes one PUBLISH under its remote topic. False when it cannot go (its rule is gone,
-    /// it is too large for the remote): dropped then.
+    /// Encodes one PUBLISH under its remote topic, at `q.qos`. `Err` when it cannot go: its
+    /// rule is gone (a reload), or it is too large for the remote.
     fn encode(
         &self,
         q: &Delivery,
-        qos: QoS,
         packet_id: u16,
         dup: bool,
         now: Instant,
         buf: &mut BytesMut,
-    ) -> bool {
+    ) -> Result<(), Unsent> {
         let Some((topic, _)) = self.map.outgoing(&q.msg.topic) else {
-            return false;
+            return Err(Unsent::NotHere);
         };
         let mut properties = if self.version.is_v5() {
             let mut p = q.msg.properties.clone();
@@ -298,18 +245,14 @@ impl Sender<'_> {
         }
         let publish = PublishRef {
             dup,
-            qos,
+            qos: q.qos,
             retain: q.retain,
             topic: &topic,
             packet_id,
             properties: &properties,
             payload: &q.msg.payload,
         };
-        if codec::encode_publish_within(&publish, self.version, self.max_packet_size, buf).is_err()
-        {
-            self.broker.stats.dropped(DropCause::TooLarge);
-            return false;
-        }
-        true
+        codec::encode_publish_within(&publish, self.version, self.max_packet_size, buf)
+            .map_err(|_| Unsent::TooLarge)
     }
 }

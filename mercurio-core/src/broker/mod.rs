@@ -3,10 +3,13 @@
 //! session over at CONNECT, ending it at DISCONNECT or expiry, and wills.
 
 pub(crate) mod access;
+pub(crate) mod drain;
+mod entry;
 pub(crate) mod restore;
 mod shared;
 mod takeover;
 
+pub(crate) use entry::message_of;
 pub(crate) use takeover::Owner;
 
 use std::collections::HashMap;
@@ -25,9 +28,9 @@ use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
 use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{
-    Delivery, Detached, Ended, Enqueued, Granted, QueueLimits, Session, SessionTable, Will,
+    Delivery, Detached, Ended, Enqueued, Granted, QueueLimits, Session, SessionTable,
 };
-use crate::stats::{DropCause, Stats};
+use crate::stats::{Counters, DropCause};
 
 /// Client identifier prefix of in-process subscriptions' sessions.
 pub(crate) const INTERNAL_PREFIX: &str = "$internal/";
@@ -44,18 +47,28 @@ pub(crate) struct BrokerState {
     pub config: Config,
     pub limits: QueueLimits,
     /// Shared with the storage writer, which writes a session whole after a failure.
+    /// Lock: first in the lock order, taken with no other lock held; a session's `state`
+    /// and `identity` may be taken under it (ARCHITECTURE.md, "Concurrency model and lock
+    /// order").
     pub sessions: Arc<SessionTable>,
+    /// Lock: taken with no session lock held (routing collects its matches and releases it
+    /// before delivering; `subscribe` and `end_session` change the session first); only
+    /// leaf locks may be taken under it.
     pub index: RwLock<SubscriptionIndex<SubEntry>>,
     /// The retained messages, weighed by [`Message::size`] for `max_retained_bytes`.
+    /// Lock: taken with no session lock held; held while its change is emitted to storage
+    /// (`Persister::emit`, which takes only leaf locks), to keep the retained set's changes
+    /// in order.
     pub retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Set when a retained message was not kept for a limit (`max_retained_messages`,
     /// `max_retained_bytes`), cleared once the retained set is back under half of both: the
     /// warning is logged once per such episode, not per message.
     retained_full: AtomicBool,
     /// Retained `$SYS` messages: in memory only, never counted as retained messages.
+    /// Lock: a leaf, taken with no session lock held and nothing taken under it.
     pub sys_retained: Mutex<RetainedStore<Arc<Message>>>,
     /// Shared with the storage writer, which counts its batches.
-    pub stats: Arc<Stats>,
+    pub stats: Arc<Counters>,
     pub started: Instant,
     pub shutting_down: AtomicBool,
     /// Open network connections (accepted sockets not yet closed).
@@ -64,6 +77,7 @@ pub(crate) struct BrokerState {
     pub connection_closed: Notify,
     /// Signalled once when shutdown starts, to stop the listeners.
     pub stop_listeners: Notify,
+    /// Lock: a leaf (nothing is taken under it; any lock may be held).
     pub local_addrs: Mutex<Vec<SocketAddr>>,
     /// Listeners whose accept loop runs (`listener::run`), for `/readyz`.
     pub listeners_accepting: AtomicUsize,
@@ -81,6 +95,7 @@ pub(crate) struct BrokerState {
     /// Publish interceptors (`intercept`), in the order they were added; set by the builder.
     pub interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
     /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
+    /// Lock: a leaf (nothing is taken under it; any lock may be held).
     pub bridges: Mutex<Vec<Arc<crate::bridge_status::BridgeStatus>>>,
     /// The chains of listeners with their own authentication settings, by listener index
     /// (`None`: `auth` applies); set by the builder.
@@ -95,6 +110,9 @@ pub(crate) struct BrokerState {
     /// Network activity, and the task that polls instead of sleeping while it comes close
     /// together (`busy_poll`); started by the builder.
     pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
+    /// This state's own `Arc`, for the work it hands to a task of its own (a will to
+    /// intercept); set where the `Arc` is made (`Arc::new_cyclic`), empty before.
+    pub this: std::sync::Weak<BrokerState>,
 }
 
 /// True for a message one of this broker's bridges brought in (published by its session
@@ -141,6 +159,7 @@ impl BrokerState {
             keep_alive: Arc::default(),
             parking: OnceLock::new(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
+            this: std::sync::Weak::new(),
         }
     }
 
@@ -274,7 +293,7 @@ impl BrokerState {
             }
             let (len, bytes) = (store.len(), store.bytes());
             drop(store);
-            Stats::add(counter, 1);
+            crate::stats::Counters::add(counter, 1);
             if !self.retained_full.swap(true, Ordering::Relaxed) {
                 let client_id = msg.publisher.as_deref().unwrap_or("(in-process)");
                 tracing::warn!(
@@ -546,19 +565,6 @@ impl BrokerState {
         if let Some(will) = will {
             self.publish_will(&session.client_id, will);
         }
-    }
-
-    pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
-        tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
-        self.events.fire(|| Event::WillPublished {
-            client_id: client_id.to_string(),
-            topic: will.msg.topic.clone(),
-            qos: will.msg.qos,
-            retain: will.msg.retain,
-        });
-        let mut msg = Arc::unwrap_or_clone(will.msg);
-        msg.expires_at = Message::expiry_deadline(will.expiry, Instant::now());
-        self.publish(msg);
     }
 
     /// Called when a session's connection has ended. `publish_will` is false after a normal

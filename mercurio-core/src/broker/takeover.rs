@@ -21,6 +21,28 @@ pub(crate) struct Owner<'a> {
 }
 
 impl BrokerState {
+    /// The broker's own session `id` (a bridge's `$internal/bridge/<name>`, an in-process
+    /// subscription's `$internal/N`, which clients cannot take): the one the session table
+    /// holds (restored from storage, say), or a new one (MQTT 5, never expiring) put there
+    /// under the same hold of the table's lock, as [`BrokerState::take_session`] re-checks
+    /// under it, so that two callers never make two sessions for one identifier. Either way
+    /// it is trusted (the broker's own: no access check applies). Returns it and whether it
+    /// was there already.
+    pub(crate) fn internal_session(&self, id: &Arc<str>) -> (Arc<Session>, bool) {
+        let mut sessions = self.sessions.lock();
+        let (session, existed) = match sessions.get(id) {
+            Some(s) => (Arc::clone(s), true),
+            None => {
+                let s = Arc::new(Session::new(Arc::clone(id), ProtocolVersion::V5, u32::MAX));
+                sessions.insert(Arc::clone(id), Arc::clone(&s));
+                (s, false)
+            }
+        };
+        // A leaf lock, taken under the table's (lock order, ARCHITECTURE.md).
+        *session.identity.write() = crate::auth::Identity::Trusted;
+        (session, existed)
+    }
+
     /// Gives the connection of `client_id` its session: with `clean_start`, or when none is
     /// kept, a new one; otherwise the one kept, taken over from a connection still serving
     /// it [MQTT-3.1.4-3]. Returns the session, the link of the new connection, and whether

@@ -140,7 +140,10 @@ pub struct ServerConfig {
     /// network activity that came within this long of the activity before (a busy stretch);
     /// 0 = always sleep at once. Trades CPU time while busy for latency: each round trip of a
     /// QoS 1/2 window then skips a CPU wake-up. Applies on the current-thread runtime
-    /// (mercuriod's default, `--threads 1`). At most 1,000,000 (one second); default 50.
+    /// (mercuriod's default, `--threads 1`). At most 1,000,000 (one second). Default 0 for
+    /// an embedding application (its runtime does not spin unless it asks); mercuriod's
+    /// configuration file and its default configuration set 50 when the key is absent
+    /// ([`DAEMON_BUSY_POLL`]).
     pub busy_poll: u32,
 }
 
@@ -171,7 +174,7 @@ impl Default for ServerConfig {
             max_subscriptions_per_client: 10_000,
             allow_zero_length_clientid: true,
             message_size_limit: 0,
-            busy_poll: 50,
+            busy_poll: 0,
         }
     }
 }
@@ -447,6 +450,10 @@ pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
 /// Smallest `max_retained_bytes` other than 0: 1 KiB. The limit is in bytes; a smaller value
 /// is taken for a unit mistake (64 meant as MiB) and refused.
 pub const MIN_RETAINED_BYTES: u64 = 1024;
+
+/// mercuriod's `busy_poll` when its configuration does not set one, in microseconds (the
+/// library's own default is 0).
+pub const DAEMON_BUSY_POLL: u32 = 50;
 
 /// Largest `busy_poll`, in microseconds: one second. Polling longer after the last packet only
 /// spends CPU; a larger value is taken for a unit mistake and refused.

@@ -19,7 +19,7 @@ use crate::events::Event;
 use crate::link::Link;
 use crate::message::Message;
 use crate::session::{Session, Will};
-use crate::stats::Stats;
+use crate::stats::Counters;
 use crate::tls::TlsIdentity;
 use crate::topic;
 
@@ -64,7 +64,7 @@ pub(super) async fn read_connect<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     max_packet_size: u32,
-    stats: &Stats,
+    stats: &Counters,
 ) -> Result<(Box<Connect>, bool), ConnectError> {
     let mut bridge = false;
     loop {
@@ -115,7 +115,7 @@ pub(super) async fn read_connect<R: AsyncRead + Unpin>(
         }
         match rd.read_buf(buf).await {
             Ok(0) | Err(_) => return Err(ConnectError::Closed),
-            Ok(n) => Stats::add(&stats.bytes_received, n as u64),
+            Ok(n) => Counters::add(&stats.bytes_received, n as u64),
         }
     }
 }

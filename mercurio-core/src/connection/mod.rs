@@ -28,7 +28,7 @@ use crate::codec::{self, Disconnect, Packet, Properties, ProtocolVersion, Reason
 use crate::events::Event;
 use crate::link::{DisconnectReason, Link};
 use crate::session::Session;
-use crate::stats::Stats;
+use crate::stats::Counters;
 use crate::tls::TlsIdentity;
 use connect::{accept, read_connect, Accepted, ConnectError};
 use reader::Reader;
@@ -267,7 +267,7 @@ where
     if let Err(e) = stream.write_all(&connack).await {
         tracing::debug!(client_id = %session.client_id, "cannot send CONNACK: {e}");
     }
-    Stats::add(&broker.stats.bytes_sent, connack.len() as u64);
+    Counters::add(&broker.stats.bytes_sent, connack.len() as u64);
     if broker.config.logging.connection_messages {
         tracing::info!(target: "mercurio::connections", client_id = %session.client_id, %peer, protocol = version.level(), keep_alive, "client connected");
     }

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -13,16 +13,15 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::Action;
 use crate::broker::access::subscription_topic;
+use crate::broker::message_of;
 use crate::codec::{
     self, DecodeError, Disconnect, Packet, Properties, PubAck, Publish, QoS, ReasonCode, SubAck,
     Subscribe, UnsubAck, Unsubscribe,
 };
 use crate::events::{Event, SubscribedFilter};
-use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
 use crate::link::DisconnectReason;
-use crate::message::Message;
 use crate::session::{Granted, OutboundState, Session};
-use crate::stats::Stats;
+use crate::stats::Counters;
 use crate::topic;
 
 /// Packets a reader handles before it yields to the scheduler, so that the writers its
@@ -160,7 +159,9 @@ impl<'a> Reader<'a> {
                     // takes messages; nor while the answers owed to this client are over
                     // their limit (it does not read its socket).
                     if !self.congested.is_empty() {
-                        Box::pin(self.wait_congested()).await;
+                        let broker = &self.c.broker;
+                        Box::pin(broker.wait_congested(Some(&self.c.session), &mut self.congested))
+                            .await;
                         deadline = self.keep_alive_deadline();
                     }
                     // Storage back pressure, per packet: a PUBLISH can queue copies
@@ -217,7 +218,7 @@ impl<'a> Reader<'a> {
                     Ok(n) => {
                         self.c.link.active();
                         self.c.broker.busy_poll.note();
-                        Stats::add(&self.c.broker.stats.bytes_received, n as u64);
+                        Counters::add(&self.c.broker.stats.bytes_received, n as u64);
                         // A read that filled all the room there was: the client sends more than
                         // reads of this size take in (a 256-byte buffer is about three small
                         // PUBLISH packets per system call). The buffer doubles, up to
@@ -267,17 +268,6 @@ impl<'a> Reader<'a> {
 
     fn send(&self, packet: Packet) {
         self.c.link.send(&packet, self.c.version);
-    }
-
-    /// Waits for each congested session but this connection's own (only its own reader,
-    /// which would be the one waiting, reads the acknowledgements that drain it).
-    async fn wait_congested(&mut self) {
-        let limits = self.c.broker.limits;
-        for s in std::mem::take(&mut self.congested) {
-            if !Arc::ptr_eq(&s, &self.c.session) {
-                s.wait_room(&limits, &self.c.broker.stats).await;
-            }
-        }
     }
 
     fn violation(&self, rc: ReasonCode, why: &str) -> Close {
@@ -405,49 +395,38 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// A PUBLISH that may wait: the checks, then the entry's authorizers and interceptors
+    /// ([`BrokerState::admit`](crate::broker::BrokerState::admit)), then routing.
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
         if !self.publish_checks(&mut p)? {
             return Ok(());
         }
-        let broker = &self.c.broker;
-        if broker.checks_access() && !broker.may(&self.c.session, &p.topic, Action::Write).await {
-            // 5.0: 0x87; 3.x has no way to say it: acknowledged and dropped.
-            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, "PUBLISH not authorized");
-            let rc = if self.c.version.is_v5() {
-                ReasonCode::NOT_AUTHORIZED
-            } else {
-                ReasonCode::SUCCESS
-            };
-            self.ack_publish(p.qos, p.packet_id, rc);
-            return Ok(());
-        }
-        if !broker.interceptors.is_empty() {
-            match self.intercept(&mut p).await {
-                Ok(()) => {}
-                Err(Some(rc)) => {
-                    let rc = if self.c.version.is_v5() {
-                        rc
-                    } else {
-                        ReasonCode::SUCCESS
-                    };
-                    self.ack_publish(p.qos, p.packet_id, rc);
-                    return Ok(());
-                }
-                // An interceptor panicked: that PUBLISH is lost, and the client must know. A
-                // 5.0 QoS 1/2 publisher is told in its PUBACK / PUBREC (0x80 Unspecified
-                // error); a 3.x or QoS 0 publisher has no way to be told but the close
-                // (5.0: DISCONNECT 0x80), and can connect again at once.
-                Err(None) if self.c.version.is_v5() && p.qos != QoS::AtMostOnce => {
-                    self.ack_publish(p.qos, p.packet_id, ReasonCode::UNSPECIFIED_ERROR);
-                    return Ok(());
-                }
-                Err(None) => {
-                    return Err(Close {
-                        reason: DisconnectReason::HookPanicked,
-                        send: Some(ReasonCode::UNSPECIFIED_ERROR),
-                        publish_will: true,
-                    });
-                }
+        match self.c.broker.admit(Some(&self.c.session), &mut p).await {
+            Ok(()) => {}
+            Err(Some(rc)) => {
+                // 3.x has no way to say it: acknowledged and dropped.
+                let rc = if self.c.version.is_v5() {
+                    rc
+                } else {
+                    ReasonCode::SUCCESS
+                };
+                self.ack_publish(p.qos, p.packet_id, rc);
+                return Ok(());
+            }
+            // An interceptor panicked: that PUBLISH is lost, and the client must know. A 5.0
+            // QoS 1/2 publisher is told in its PUBACK / PUBREC (0x80 Unspecified error); a
+            // 3.x or QoS 0 publisher has no way to be told but the close (5.0: DISCONNECT
+            // 0x80), and can connect again at once.
+            Err(None) if self.c.version.is_v5() && p.qos != QoS::AtMostOnce => {
+                self.ack_publish(p.qos, p.packet_id, ReasonCode::UNSPECIFIED_ERROR);
+                return Ok(());
+            }
+            Err(None) => {
+                return Err(Close {
+                    reason: DisconnectReason::HookPanicked,
+                    send: Some(ReasonCode::UNSPECIFIED_ERROR),
+                    publish_will: true,
+                });
             }
         }
         self.publish_accepted(p);
@@ -458,7 +437,7 @@ impl<'a> Reader<'a> {
     /// here and goes no further, `Err` when it closes the connection.
     fn publish_checks(&mut self, p: &mut Publish) -> Result<bool, Close> {
         let broker = &self.c.broker;
-        Stats::add(&broker.stats.messages_received, 1);
+        Counters::add(&broker.stats.messages_received, 1);
         let server = &broker.config.server;
         if p.qos as u8 > server.max_qos {
             return Err(self.violation(
@@ -568,40 +547,18 @@ impl<'a> Reader<'a> {
     /// Builds the message of an accepted PUBLISH, routes it and acknowledges it.
     fn publish_accepted(&mut self, p: Publish) {
         let broker = &self.c.broker;
-        // Moved out whole (no `mem::take`: no default `Properties` built, then dropped).
-        let Publish {
-            topic,
-            payload,
-            qos,
-            retain,
-            packet_id,
-            mut properties,
-            ..
-        } = p;
-        let expiry = properties.message_expiry_interval.take();
-        properties.subscription_identifiers.clear();
-        if self.c.bridge && !crate::bridge::queue::is_bridged(&properties) {
+        let (qos, packet_id) = (p.qos, p.packet_id);
+        let mut msg = message_of(p, Some(Arc::clone(&self.c.session.client_id)));
+        if self.c.bridge && !crate::bridge::queue::is_bridged(&msg.properties) {
             // From another broker's bridge (try_private): it crossed a bridge already, so it
             // crosses no other of this broker's, as a message with the hop marker
             // (docs/bridges.md, Loops). MQTT 3.1.1 cannot carry the marker: it is added here.
-            properties.user_properties.push((
+            msg.properties.user_properties.push((
                 crate::bridge::HOP_PROPERTY.to_string(),
                 self.c.session.client_id.to_string(),
             ));
         }
-        // The clock is read only for a message that expires.
-        let expires_at = expiry.and_then(|_| Message::expiry_deadline(expiry, Instant::now()));
-        let msg = Arc::new(Message {
-            topic,
-            payload,
-            qos,
-            retain,
-            properties,
-            expires_at,
-            publisher: Some(Arc::clone(&self.c.session.client_id)),
-            encoded: Default::default(),
-            stored: Default::default(),
-        });
+        let msg = Arc::new(msg);
         let matched = broker.publish_from(msg, &mut self.congested);
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
@@ -612,51 +569,6 @@ impl<'a> Reader<'a> {
             ReasonCode::SUCCESS
         };
         self.ack_publish(qos, packet_id, rc);
-    }
-
-    /// Runs the publish interceptors on `p`, which they may change. `Err` carries the reason
-    /// code of a refusal, `None` when an interceptor panicked (logged by `hook::guard`; `p`
-    /// is then left without its topic, payload and properties).
-    async fn intercept(&self, p: &mut Publish) -> Result<(), Option<ReasonCode>> {
-        let username = match &*self.c.session.identity.read() {
-            crate::auth::Identity::Client { username, .. } => username.clone(),
-            crate::auth::Identity::Trusted => None,
-        };
-        let mut publish = InterceptedPublish {
-            client_id: &self.c.session.client_id,
-            username: username.as_deref(),
-            qos: p.qos,
-            retain: p.retain,
-            topic: std::mem::take(&mut p.topic),
-            payload: std::mem::take(&mut p.payload),
-            properties: std::mem::take(&mut p.properties),
-        };
-        let mut verdict = Verdict::Accept;
-        for i in &self.c.broker.interceptors {
-            verdict = crate::hook::guard(
-                "publish interceptor",
-                &self.c.session.client_id,
-                i.intercept(&mut publish),
-            )
-            .await
-            .ok_or(None)?;
-            if verdict != Verdict::Accept {
-                break;
-            }
-        }
-        p.topic = publish.topic;
-        p.payload = publish.payload;
-        p.properties = publish.properties;
-        p.properties.topic_alias = None;
-        if let Verdict::Refuse(rc) = verdict {
-            tracing::debug!(client_id = %self.c.session.client_id, topic = %p.topic, reason = %rc, "PUBLISH refused by an interceptor");
-            return Err(Some(refusal_code(rc)));
-        }
-        if topic::validate_topic_name(&p.topic).is_err() || p.topic.starts_with("$SYS") {
-            tracing::warn!(client_id = %self.c.session.client_id, topic = %p.topic, "an interceptor set an invalid topic name: PUBLISH refused");
-            return Err(Some(ReasonCode::TOPIC_NAME_INVALID));
-        }
-        Ok(())
     }
 
     /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.

@@ -9,13 +9,12 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT};
-use crate::codec::{self, Packet, Properties, ProtocolVersion, PubAck, PublishRef, QoS};
+use crate::broker::drain::{encode_pubrel, Outlet, Unsent, WRITE_CHUNK};
+use crate::codec::{self, Properties, ProtocolVersion, PublishRef, QoS};
 use crate::link::DisconnectReason;
-use crate::session::{Delivery, OutboundState, Session};
-use crate::stats::{DropCause, Stats};
+use crate::session::Delivery;
+use crate::stats::Counters;
 
-/// A writer writes at most about this many bytes per system call before draining again.
-const WRITE_CHUNK: usize = 64 * 1024;
 /// Most topic aliases the broker sets towards a client, whatever its Topic Alias Maximum.
 const OUTBOUND_ALIASES: u16 = 100;
 /// Longest topic the broker gives an alias to (the alias table holds the topics).
@@ -82,7 +81,7 @@ impl<'a> Writer<'a> {
                     if let Err(e) = wr.write_all_buf(&mut self.out).await {
                         return Close::lost(DisconnectReason::Io(e.to_string()));
                     }
-                    Stats::add(&self.c.broker.stats.bytes_sent, len);
+                    Counters::add(&self.c.broker.stats.bytes_sent, len);
                     self.c.link.active();
                     self.out.clear();
                     self.c.link.wrote(pubacks);
@@ -98,195 +97,111 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// Encodes into `buf` the pending control packets, then in-flight messages not yet sent on
-    /// this connection (resent with DUP [MQTT-4.4.0-1]), then queued messages while the window
-    /// allows. Returns whether more is waiting (the chunk limit was reached) and how many
-    /// PUBACKs it took from the control buffer. Records the client's progress (back pressure)
-    /// and wakes the publishers waiting for room.
+    /// Encodes into `buf` the pending control packets, then what the session's drain
+    /// ([`BrokerState::drain`](crate::broker::BrokerState::drain)) hands over: in-flight
+    /// messages not yet sent on this connection (resent with DUP), then queued messages while
+    /// the window allows, up to [`WRITE_CHUNK`] bytes. Returns whether more is waiting (the
+    /// chunk limit was reached) and how many PUBACKs it took from the control buffer.
     fn fill(&mut self, buf: &mut BytesMut) -> (bool, usize) {
         let pubacks = self.c.link.drain_control_into(buf);
-        let stats = &self.c.broker.stats;
-        // Looked up once per fill, not per message.
-        let mount = self.c.mount();
-        let now = Instant::now();
-        let mut st = self.c.session.state.lock();
-        let st = &mut *st;
-        let mut sent = 0u64;
-        // Resent PUBLISH packets count against this connection's window like new ones: a
-        // client that reconnects with a smaller Receive Maximum gets no more unacknowledged
-        // QoS 1 and 2 PUBLISH packets than it allows [MQTT-3.3.4-9] [MQTT-4.9.0-2]; the rest
-        // are resent as acknowledgements free the window. (PUBREL uses no send quota, but is
-        // counted too: the window never overflows, whatever the mix.)
-        let mut window = st.inflight_sent();
-        // In-flight messages now larger than this connection's Maximum Packet Size (a client
-        // back with a smaller one): discarded as if sent and acknowledged [MQTT-3.1.2-25].
-        let mut too_large = Vec::new();
-        // And those its client may no longer read (the access rules were reloaded, or
-        // changed while the broker was down): a resend is a delivery, checked like one
-        // (`may_read`), and dropped as if acknowledged when refused.
-        let mut refused = Vec::new();
-        st.resend_unsent(|f| {
-            if f.state != OutboundState::AwaitingPubComp {
-                if window >= usize::from(self.c.limits.inflight) {
-                    return false;
-                }
-                if !self
-                    .c
-                    .broker
-                    .may_read(&self.c.session, &f.delivery.msg.topic)
-                {
-                    refused.push(f.packet_id);
-                    return false;
-                }
-            }
-            window += 1;
-            match f.state {
-                OutboundState::AwaitingPubComp => {
-                    let rel = Packet::PubRel(PubAck {
-                        packet_id: f.packet_id,
-                        ..PubAck::default()
-                    });
-                    let _ = codec::encode(&rel, self.c.version, buf);
-                }
-                _ => {
-                    if encode_delivery_within(
-                        self.c.version,
-                        mount,
-                        &f.delivery,
-                        f.packet_id,
-                        true,
-                        None,
-                        now,
-                        &mut self.scratch,
-                        self.c.limits.max_packet_size as usize,
-                        buf,
-                    )
-                    .is_err()
-                    {
-                        // Marked sent, and dropped below.
-                        too_large.push(f.packet_id);
-                        window -= 1;
-                        return true;
-                    }
-                    sent += 1;
-                }
-            }
-            true
-        });
-        let dropped = too_large
-            .into_iter()
-            .map(|id| (id, DropCause::TooLarge))
-            .chain(refused.into_iter().map(|id| (id, DropCause::NotAuthorized)));
-        for (packet_id, cause) in dropped {
-            if st.take_inflight(&self.c.session.client_id, packet_id) {
-                stats.dropped(cause);
-            }
+        let c = self.c;
+        let mut outlet = Socket {
+            c,
+            // Looked up once per fill, not per message.
+            mount: c.mount(),
+            aliases: &mut self.aliases,
+            scratch: &mut self.scratch,
+            buf,
+        };
+        let drained = c.broker.drain(&c.session, &mut outlet);
+        if drained.sent > 0 {
+            Counters::add(&c.broker.stats.messages_sent, drained.sent);
         }
-        let mut more = false;
-        let mut took = 0;
-        loop {
-            if buf.len() >= WRITE_CHUNK {
-                more = !st.queue().is_empty();
-                break;
-            }
-            let Some(head) = st.queue().front() else {
-                break;
-            };
-            if head.qos > QoS::AtMostOnce
-                && st.inflight().len() >= usize::from(self.c.limits.inflight)
-            {
-                break;
-            }
-            let Some(q) = st.pop_queued(&self.c.session.client_id) else {
-                break;
-            };
-            took += 1;
-            if q.msg.is_expired(now) {
-                self.c.broker.dropped(
-                    Some(&self.c.session.client_id),
-                    &q.msg.topic,
-                    DropCause::Expired,
-                );
-                st.persist_dequeued(&self.c.session.client_id, &q);
-                if q.qos > QoS::AtMostOnce {
-                    // Its packet identifier is used up, as in mosquitto, which numbers a
-                    // message when it queues it: the next message's number shows the gap.
-                    let _ = st.allocate_packet_id();
-                }
-                continue;
-            }
-            let alias = self.alias_for(&q.msg.topic);
-            let packet_id = if q.qos > QoS::AtMostOnce {
-                match st.allocate_packet_id() {
-                    Some(id) => id,
-                    None => {
-                        st.requeue_front(q);
-                        took -= 1;
-                        break;
-                    }
-                }
-            } else {
-                0
-            };
-            // Sized once, checked and written (an identifier taken for a packet that is then
-            // dropped is simply skipped); or copied, when encoded already for another session.
-            let max_packet_size = self.c.limits.max_packet_size as usize;
-            let written = match self.shared_encoding(&q, mount.is_some()) {
-                Some(bytes) if bytes.len() <= max_packet_size => {
-                    buf.extend_from_slice(bytes);
-                    true
-                }
-                _ => encode_delivery_within(
-                    self.c.version,
-                    mount,
-                    &q,
-                    packet_id,
-                    false,
-                    alias,
-                    now,
-                    &mut self.scratch,
-                    max_packet_size,
-                    buf,
-                )
-                .is_ok(),
-            };
-            if !written {
-                // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
-                self.c.broker.dropped(
-                    Some(&self.c.session.client_id),
-                    &q.msg.topic,
-                    DropCause::TooLarge,
-                );
-                st.persist_dequeued(&self.c.session.client_id, &q);
-                continue;
-            }
-            let new_alias = alias.filter(|(_, known)| !known).is_some();
-            if new_alias {
-                if let Some((a, _)) = alias {
-                    self.aliases.insert(q.msg.topic.clone(), a);
-                }
-            }
-            sent += 1;
-            if q.qos > QoS::AtMostOnce {
-                st.send_inflight(&self.c.session.client_id, packet_id, q);
-            }
-        }
-        if sent > 0 {
-            Stats::add(&stats.messages_sent, sent);
-        }
-        if Session::progressed(st, took, now, &self.c.broker.limits) {
-            self.c.session.release_waiters();
-        }
-        (more, pubacks)
+        (drained.more, pubacks)
+    }
+}
+
+/// The network connection as the drain's [`Outlet`]: PUBLISH packets encoded into the write
+/// buffer (a 3.x QoS 0 delivery of a fan-out copied from the encoding its message shares),
+/// within the client's Maximum Packet Size, with the topic aliases the broker set.
+struct Socket<'w, 'c> {
+    c: &'c Shared,
+    mount: Option<&'c str>,
+    aliases: &'w mut LazyMap<String, u16>,
+    scratch: &'w mut Option<Box<Properties>>,
+    buf: &'w mut BytesMut,
+}
+
+impl Outlet for Socket<'_, '_> {
+    fn window(&self) -> Option<usize> {
+        Some(usize::from(self.c.limits.inflight))
     }
 
+    fn has_room(&self) -> bool {
+        self.buf.len() < WRITE_CHUNK
+    }
+
+    fn send(&mut self, q: &Delivery, id: u16, dup: bool, now: Instant) -> Result<(), Unsent> {
+        let max_packet_size = self.c.limits.max_packet_size as usize;
+        if dup {
+            // A resend names its topic in full: aliases belong to one connection.
+            return encode_delivery_within(
+                self.c.version,
+                self.mount,
+                q,
+                id,
+                true,
+                None,
+                now,
+                self.scratch,
+                max_packet_size,
+                self.buf,
+            )
+            .map_err(|_| Unsent::TooLarge);
+        }
+        // Sized once, checked and written (an identifier taken for a packet that is then
+        // dropped is simply skipped); or copied, when encoded already for another session.
+        if let Some(bytes) = self.shared_encoding(q) {
+            if bytes.len() <= max_packet_size {
+                self.buf.extend_from_slice(bytes);
+                return Ok(());
+            }
+        }
+        let alias = self.alias_for(&q.msg.topic);
+        // [MQTT-3.1.2-25]: never send a packet above the client's Maximum Packet Size.
+        encode_delivery_within(
+            self.c.version,
+            self.mount,
+            q,
+            id,
+            false,
+            alias,
+            now,
+            self.scratch,
+            max_packet_size,
+            self.buf,
+        )
+        .map_err(|_| Unsent::TooLarge)?;
+        if let Some((a, false)) = alias {
+            self.aliases.insert(q.msg.topic.clone(), a);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, packet_id: u16) {
+        encode_pubrel(packet_id, self.c.version, self.buf);
+    }
+}
+
+impl Socket<'_, '_> {
     /// The encoding `q` shares with the other deliveries of its message
     /// ([`Message::shared_v3_qos0`](crate::message::Message::shared_v3_qos0)), when the client
     /// gets that form (3.x, QoS 0, no RETAIN, no mount point to remove) and the message goes
     /// to others too (a fan-out: another holder, or encoded already). A message only this
     /// session holds (a fan-in) is encoded straight into the write buffer instead, and a
     /// retained one is never given a copy it would keep while it stays retained.
-    fn shared_encoding<'q>(&self, q: &'q Delivery, mounted: bool) -> Option<&'q Bytes> {
+    fn shared_encoding<'q>(&self, q: &'q Delivery) -> Option<&'q Bytes> {
+        let mounted = self.mount.is_some();
         if self.c.version.is_v5() || q.qos != QoS::AtMostOnce || q.retain || q.msg.retain || mounted
         {
             return None;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::auth::hooks::{Authenticator, Authorizer};
-use crate::auth::{Auth, FileError, Identity};
+use crate::auth::{Auth, FileError};
 use crate::bridge::{BridgeInfo, BridgeReload, Bridges};
 use crate::broker::{BrokerState, INTERNAL_PREFIX};
 use crate::codec::{Properties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
@@ -39,7 +39,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// ```no_run
 /// # async fn f() -> Result<(), mercurio_core::Error> {
 /// let handle = mercurio_core::Broker::builder(mercurio_core::config::Config::default()).start().await?;
-/// handle.publish("greetings", "hello", mercurio_core::codec::QoS::AtMostOnce, false)?;
+/// handle.publish("greetings", "hello", mercurio_core::codec::QoS::AtMostOnce, false).await?;
 /// handle.shutdown().await;
 /// # Ok(()) }
 /// ```
@@ -216,7 +216,10 @@ impl BrokerBuilder {
         inner.events = Events::new(self.event_capacity);
         inner.interceptors = self.interceptors;
         inner.listener_auth = listener_auth;
-        let inner = Arc::new(inner);
+        let inner = Arc::new_cyclic(|this| {
+            inner.this = this.clone();
+            inner
+        });
         if let (Some(storage), Some(loaded)) = (storage, loaded) {
             spawn_failure_watch(Arc::clone(&storage), Arc::downgrade(&inner), failure_tx);
             let persister = Persister::start(
@@ -405,9 +408,10 @@ impl BrokerHandle {
         &self.inner.config
     }
 
-    /// The broker's counters.
-    pub fn stats(&self) -> &Stats {
-        &self.inner.stats
+    /// The broker's counters now: a snapshot of plain values (what `$SYS` and `/metrics`
+    /// report), taken at each call; read it again to see later activity.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats.snapshot()
     }
 
     /// Seconds since start.
@@ -415,10 +419,16 @@ impl BrokerHandle {
         self.inner.started.elapsed()
     }
 
-    /// Publishes a message as if a client had, with no properties.
+    /// Publishes a message as if a client had, with no properties, through the entry every
+    /// message takes (ARCHITECTURE.md, "One entry for every message"): the publish
+    /// interceptors (which see an empty client identifier), routing, then back pressure: the
+    /// future resolves once every subscriber it fed that is over its high-water mark and
+    /// still taking messages is back under its low-water mark (or stalled, or gone), as a
+    /// network publisher is held.
     ///
-    /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
-    pub fn publish(
+    /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, or a refusal
+    /// by a publish interceptor.
+    pub async fn publish(
         &self,
         topic: &str,
         payload: impl Into<Bytes>,
@@ -426,11 +436,14 @@ impl BrokerHandle {
         retain: bool,
     ) -> Result<(), Error> {
         self.publish_with(topic, payload, qos, retain, Properties::default(), None)
+            .await
     }
 
     /// Publishes with MQTT 5.0 properties (user properties, content type, response topic...)
-    /// and an optional Message Expiry Interval in seconds.
-    pub fn publish_with(
+    /// and an optional Message Expiry Interval in seconds; as [`BrokerHandle::publish`].
+    ///
+    /// Errors: as [`BrokerHandle::publish`].
+    pub async fn publish_with(
         &self,
         topic: &str,
         payload: impl Into<Bytes>,
@@ -449,6 +462,7 @@ impl BrokerHandle {
             properties,
             expiry_secs,
         )
+        .await
     }
 
     /// Subscribes in-process. The returned [`Subscription`] yields matching messages, retained
@@ -491,20 +505,15 @@ impl BrokerHandle {
             .next_client_number
             .fetch_add(1, Ordering::Relaxed);
         let id: Arc<str> = Arc::from(format!("{INTERNAL_PREFIX}{n}"));
-        let session = Arc::new(Session::new(Arc::clone(&id), ProtocolVersion::V5, u32::MAX));
-        *session.identity.write() = Identity::Trusted;
+        let (session, _) = self.inner.internal_session(&id);
         let link = Arc::new(Link::new());
         session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
-        self.inner
-            .sessions
-            .lock()
-            .insert(Arc::clone(&id), Arc::clone(&session));
         let (tx, rx) = mpsc::channel(64);
         let pump = tokio::spawn(pump(
+            Arc::clone(&self.inner),
             Arc::clone(&session),
             Arc::clone(&link),
             tx,
-            self.inner.limits,
         ));
         let sub = Subscription {
             rx,

@@ -8,20 +8,23 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::broker::drain::{Outlet, Unsent};
 use crate::broker::BrokerState;
-use crate::codec::{Properties, QoS, SubscriptionOptions};
+use crate::codec::{Properties, Publish, QoS, SubscriptionOptions};
 use crate::error::Error;
 use crate::link::Link;
 use crate::message::Message;
-use crate::session::{Granted, Session};
+use crate::session::{Delivery, Granted, Session};
 use crate::topic;
 
-/// Publishes for the application: `publisher` is the in-process subscription's client
-/// identifier (for its No Local subscriptions), `None` for the handle's own publishes.
+/// Publishes for the application through the entry every message takes
+/// ([`BrokerState::enter`]): `from` is the in-process subscription's session (for its No
+/// Local subscriptions), `None` for the handle's own publishes. Resolves once the message is
+/// routed and the back pressure it met is over.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn publish_as(
+pub(super) async fn publish_as(
     broker: &BrokerState,
-    publisher: Option<Arc<str>>,
+    from: Option<&Arc<Session>>,
     topic: &str,
     payload: Bytes,
     qos: QoS,
@@ -34,21 +37,21 @@ pub(super) fn publish_as(
     if topic.starts_with("$SYS") {
         return Err(Error::Refused("$SYS topics are the broker's own".into()));
     }
-    properties.topic_alias = None;
-    properties.subscription_identifiers.clear();
-    properties.message_expiry_interval = None;
-    broker.publish(Message {
-        topic: topic.to_string(),
-        payload,
+    properties.message_expiry_interval = expiry_secs;
+    let p = Publish {
+        dup: false,
         qos,
         retain,
+        topic: topic.to_string(),
+        packet_id: 0,
         properties,
-        expires_at: Message::expiry_deadline(expiry_secs, Instant::now()),
-        publisher,
-        encoded: Default::default(),
-        stored: Default::default(),
-    });
-    Ok(())
+        payload,
+    };
+    broker
+        .enter(from, p)
+        .await
+        .map(|_| ())
+        .map_err(|rc| Error::Refused(format!("refused by a publish interceptor: {rc}")))
 }
 
 /// Checks an in-process subscription's filter, options and identifier as the broker checks
@@ -86,12 +89,15 @@ pub(super) fn check_subscription(
     Ok(())
 }
 
-/// Moves messages from an in-process subscription's session queue to its channel.
+/// Moves messages from an in-process subscription's session queue to its channel, through
+/// the session's drain ([`BrokerState::drain`]): expired messages are dropped there, and
+/// what waits in the queue while the channel is full holds publishers back as a slow
+/// network client would.
 pub(super) async fn pump(
+    broker: Arc<BrokerState>,
     session: Arc<Session>,
     link: Arc<Link>,
     tx: mpsc::Sender<Delivered>,
-    limits: crate::session::QueueLimits,
 ) {
     loop {
         // Shutdown kills every link: hand over what is queued, then end the stream.
@@ -100,32 +106,50 @@ pub(super) async fn pump(
             _ = link.wait_killed() => true,
         };
         loop {
-            let (next, release) = {
-                let mut st = session.state.lock();
-                let next = st.pop_queued(&session.client_id);
-                let took = usize::from(next.is_some());
-                let release =
-                    Session::progressed(&mut st, took, std::time::Instant::now(), &limits);
-                (next, release)
-            };
-            if release {
-                session.release_waiters();
+            let drained = broker.drain(&session, &mut Channel { tx: &tx });
+            if !drained.more {
+                break;
             }
-            let Some(q) = next else { break };
-            let delivered = Delivered {
-                message: q.msg,
-                qos: q.qos,
-                retain: q.retain,
-                subscription_ids: q.subscription_ids,
-            };
-            if tx.send(delivered).await.is_err() {
-                return;
+            // The channel is full: drain again once the application has taken one.
+            match tx.reserve().await {
+                Ok(permit) => drop(permit),
+                Err(_) => return,
             }
         }
-        if killed {
+        if killed || tx.is_closed() {
             return;
         }
     }
+}
+
+/// An in-process subscription's channel as the drain's [`Outlet`]: it acknowledges nothing,
+/// so every message leaves the session as it is handed over.
+struct Channel<'a> {
+    tx: &'a mpsc::Sender<Delivered>,
+}
+
+impl Outlet for Channel<'_> {
+    fn window(&self) -> Option<usize> {
+        None
+    }
+
+    fn has_room(&self) -> bool {
+        self.tx.capacity() > 0
+    }
+
+    fn send(&mut self, q: &Delivery, _: u16, _: bool, _: Instant) -> Result<(), Unsent> {
+        let delivered = Delivered {
+            message: Arc::clone(&q.msg),
+            qos: q.qos,
+            retain: q.retain,
+            subscription_ids: q.subscription_ids.clone(),
+        };
+        // The pump is the only sender, and `has_room` was true: only a dropped receiver
+        // (the subscription is going away) refuses it.
+        self.tx.try_send(delivered).map_err(|_| Unsent::NotHere)
+    }
+
+    fn release(&mut self, _: u16) {}
 }
 
 /// One message as an in-process [`Subscription`] receives it: the message, and what this
@@ -193,11 +217,14 @@ impl Subscription {
         self.broker.unsubscribe(&self.session, filter)
     }
 
-    /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`], but
-    /// its own No Local subscriptions do not receive the message [MQTT-3.8.3-3].
+    /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`] (the
+    /// publish interceptors see this subscription's client identifier; the future waits
+    /// out the back pressure of full subscribers), but its own No Local subscriptions do not
+    /// receive the message [MQTT-3.8.3-3].
     ///
-    /// Errors: [`Error::Refused`] for an invalid topic name or a `$SYS` topic.
-    pub fn publish_with(
+    /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, or a refusal
+    /// by a publish interceptor.
+    pub async fn publish_with(
         &self,
         topic: &str,
         payload: impl Into<Bytes>,
@@ -208,7 +235,7 @@ impl Subscription {
     ) -> Result<(), Error> {
         publish_as(
             &self.broker,
-            Some(Arc::clone(&self.session.client_id)),
+            Some(&self.session),
             topic,
             payload.into(),
             qos,
@@ -216,6 +243,7 @@ impl Subscription {
             properties,
             expiry_secs,
         )
+        .await
     }
 
     pub(super) fn add(

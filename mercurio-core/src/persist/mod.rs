@@ -57,7 +57,7 @@ use crate::message::{Message, ReleaseStored, Stored};
 use crate::session::{
     Delivery, Granted, Inflight, Session, SessionChanges, SessionState, SessionTable,
 };
-use crate::stats::Stats;
+use crate::stats::Counters;
 
 /// Bytes a change costs beyond [`Change::size`]: its own footprint while it waits in the
 /// writer's channel.
@@ -133,7 +133,7 @@ pub(crate) struct Persister {
     durable_ack: bool,
     limits: PendingLimits,
     /// The broker's counters: `storage_pending_bytes` is the total owed.
-    stats: Arc<Stats>,
+    stats: Arc<Counters>,
     /// Bytes sent and not yet stored, per paying client.
     pending: Mutex<HashMap<Box<str>, usize>>,
     /// Paying clients over `limits.per_client` now, so that a connection under no pressure
@@ -166,7 +166,7 @@ impl Persister {
         storage: Arc<dyn Storage>,
         durable_ack: bool,
         limits: PendingLimits,
-        stats: Arc<Stats>,
+        stats: Arc<Counters>,
         sessions: Weak<SessionTable>,
     ) -> Arc<Persister> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -230,7 +230,7 @@ impl Persister {
                 self.over.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Stats::add(&self.stats.storage_pending_bytes, charge.bytes as u64);
+        Counters::add(&self.stats.storage_pending_bytes, charge.bytes as u64);
         if let Err(mpsc::error::SendError(Op::Change(change, charge))) =
             self.tx.send(Op::Change(change, charge))
         {
@@ -481,11 +481,11 @@ impl Persister {
 
 /// One connection waiting for storage, counted in `storage_clients_waiting` while it lives
 /// (a waiting reader can be cancelled when its connection closes).
-struct Waiting<'a>(&'a Stats);
+struct Waiting<'a>(&'a Counters);
 
 impl<'a> Waiting<'a> {
-    fn new(stats: &'a Stats) -> Waiting<'a> {
-        Stats::add(&stats.storage_clients_waiting, 1);
+    fn new(stats: &'a Counters) -> Waiting<'a> {
+        Counters::add(&stats.storage_clients_waiting, 1);
         Waiting(stats)
     }
 }

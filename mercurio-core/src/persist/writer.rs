@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Charge, Persister, UNWRITABLE_AFTER};
 use crate::session::SessionTable;
-use crate::stats::Stats;
+use crate::stats::Counters;
 
 /// Most changes applied in one transaction.
 const MAX_BATCH: usize = 4_096;
@@ -44,7 +44,7 @@ pub(super) enum Op {
 pub(super) struct BatchWriter {
     pub(super) persister: Arc<Persister>,
     /// The broker's counters (`storage/...`).
-    pub(super) stats: Arc<Stats>,
+    pub(super) stats: Arc<Counters>,
     /// The broker's sessions, to write a dirty client's live session whole.
     pub(super) sessions: Weak<SessionTable>,
     /// Clients whose changes were given up: their changes are skipped until their session
@@ -330,7 +330,7 @@ impl BatchWriter {
         }
     }
 
-    fn count(&self, counter: impl Fn(&Stats) -> &std::sync::atomic::AtomicU64) {
+    fn count(&self, counter: impl Fn(&Counters) -> &std::sync::atomic::AtomicU64) {
         counter(&self.stats).fetch_add(1, Ordering::Relaxed);
     }
 
@@ -397,7 +397,7 @@ mod tests {
     use mercurio_storage::{Change, ErrorKind, MemoryStorage};
 
     use super::super::{PendingLimits, Persister};
-    use crate::stats::Stats;
+    use crate::stats::Counters;
 
     const LIMITS: PendingLimits = PendingLimits {
         per_client: 1 << 20,
@@ -417,7 +417,7 @@ mod tests {
     async fn a_refused_batch_of_several_clients_gets_five_attempts_in_all() {
         let storage = MemoryStorage::new();
         storage.fail_next(ErrorKind::Refused, 9);
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Counters::default());
         let p = Persister::start(
             Arc::new(storage.clone()),
             false,
@@ -435,7 +435,7 @@ mod tests {
         // the second part then goes through at its first attempt.
         let storage = MemoryStorage::new();
         storage.fail_next(ErrorKind::Refused, 5);
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Counters::default());
         let p = Persister::start(
             Arc::new(storage.clone()),
             false,

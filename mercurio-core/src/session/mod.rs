@@ -194,6 +194,10 @@ pub(crate) type SessionTable = Mutex<HashMap<Arc<str>, Arc<Session>>>;
 #[derive(Debug)]
 pub struct Session {
     pub(crate) client_id: Arc<str>,
+    /// Lock: taken with at most the session table (`BrokerState::sessions`) held, never
+    /// another session's `state`, and never held across an `.await`; under it only leaf
+    /// locks are taken (`identity`, a `Link`'s, the `Persister`'s); storage reports and,
+    /// for a resend, the authorizers' `authorize_now` run under it.
     pub(crate) state: Mutex<SessionState>,
     /// Publishers waiting for this queue to drain (back pressure) wait on it. Made by the
     /// first wait (a `Notify` is 32 bytes, and most sessions are never waited for); it is
@@ -201,6 +205,8 @@ pub struct Session {
     /// the mark sees it.
     room: std::sync::OnceLock<Box<Notify>>,
     /// Who the session belongs to, for access checks (set at each CONNECT).
+    /// Lock: a leaf (nothing is taken under it); may be taken while holding the session
+    /// table or this session's `state`.
     pub(crate) identity: parking_lot::RwLock<crate::auth::Identity>,
 }
 
@@ -367,7 +373,7 @@ impl Session {
     /// stalled (took nothing for `stall_time`), gone or ended. Wakes on the writer's
     /// notification; the only timer is the stall deadline. The first waiter to find the
     /// client stalled logs it and counts it.
-    pub(crate) async fn wait_room(&self, limits: &QueueLimits, stats: &crate::stats::Stats) {
+    pub(crate) async fn wait_room(&self, limits: &QueueLimits, stats: &crate::stats::Counters) {
         loop {
             let notified = self.room.get_or_init(|| Box::new(Notify::new())).notified();
             tokio::pin!(notified);
@@ -389,7 +395,7 @@ impl Session {
                         st.stall_reported = true;
                         let queued = st.queue.len();
                         drop(st);
-                        crate::stats::Stats::add(&stats.clients_stalled, 1);
+                        crate::stats::Counters::add(&stats.clients_stalled, 1);
                         tracing::warn!(client_id = %self.client_id, queued, stall_time = limits.stall_time.as_secs(), "client stalled: it took no message for stall_time; publishers no longer wait for it");
                     }
                     return;
