@@ -110,9 +110,10 @@ impl BrokerState {
         };
         let mut verdict = Verdict::Accept;
         for i in &self.interceptors {
-            verdict = crate::hook::guard("publish interceptor", client_id, i.intercept(&mut publish))
-                .await
-                .ok_or(None)?;
+            verdict =
+                crate::hook::guard("publish interceptor", client_id, i.intercept(&mut publish))
+                    .await
+                    .ok_or(None)?;
             if verdict != Verdict::Accept {
                 break;
             }
