@@ -90,9 +90,9 @@ fn bridge_password_file_authenticates_and_a_readable_one_is_warned_about() {
     write_with_mode(&secret, "wrong\n", 0o600);
     let mut daemon = Daemon::start(&bridge_config(remote.port, &secret));
     let line = daemon.wait_logged("the refusal", |l| l.contains("cannot connect"));
-    // 3.1.1: 0x05, not authorized.
+    // 3.1.1: return code 5, not authorized.
     assert!(
-        line.contains("refused by the remote: CONNACK 0x05"),
+        line.contains("refused by the remote: CONNACK return code 5 (not authorized)"),
         "{line}"
     );
 

@@ -29,7 +29,12 @@ fn uncommented() -> String {
 fn commented_values_are_the_defaults() {
     let text = uncommented();
     let config: Config = toml::from_str(&text).expect("uncommented example parses");
-    assert_eq!(config.server, ServerConfig::default());
+    // mercuriod's own default for busy_poll (the library's is 0).
+    let daemon_default = ServerConfig {
+        busy_poll: mercurio_core::config::DAEMON_BUSY_POLL,
+        ..ServerConfig::default()
+    };
+    assert_eq!(config.server, daemon_default);
 
     assert_eq!(config.listeners.len(), 1);
     let l = &config.listeners[0];
