@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 mod bridges;
+pub mod log_targets;
 pub use bridges::{
     parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic,
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,

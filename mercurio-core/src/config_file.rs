@@ -3,13 +3,13 @@
 //! The file is parsed twice: by `toml` into the typed [`Config`] (unknown keys, wrong types and
 //! bad enum values are refused there) and by `toml_edit` into a document that keeps the spans,
 //! which turns an error's byte offset into a key path and a line, and a
-//! [`mercurio_core::config::ConfigError`]'s key path into a line.
+//! [`ConfigError`](crate::config::ConfigError)'s key path into a line.
 
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use mercurio_core::config::{Config, ListenerConfig};
+use crate::config::{Config, ListenerConfig};
 use toml_edit::{Array, ArrayOfTables, ImDocument, Item, TableLike, Value};
 
 /// A configuration that cannot be used. Its `Display` is one line:
@@ -114,7 +114,7 @@ pub fn named_files<'a>(config: &'a Config) -> Vec<(String, &'a Path, bool)> {
 /// `url_file` readable by others. mercuriod logs them once at start; `--check-config` prints
 /// them.
 pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
-    use mercurio_core::credentials::readable_by_others;
+    use crate::credentials::readable_by_others;
     let mut warnings = Vec::new();
     let mut inline = Vec::new();
     for (i, b) in config.bridges.iter().enumerate() {
@@ -204,7 +204,6 @@ fn check_named_files(path: &Path, text: &str, config: &Config) -> Result<(), Loa
 ///
 /// Rules of the file mode: `[auth] allow_anonymous` unset means false, and a file without
 /// `[[listeners]]` gets the default listener (127.0.0.1:1883). Then [`Config::validate`].
-#[allow(dead_code)] // mercurioctl's config import-mosquitto and the tests use it
 pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     parse_with_ports(path, text, &[])
 }
