@@ -1,11 +1,11 @@
 //! The remote admin API (docs/admin-api.md): JSON over HTTP under `/api/v1/` on a WebSocket
 //! listener with `admin_api = true`.
 //!
-//! The operations are not implemented here: each route becomes a request value in the admin
-//! socket's shape (`{"command":"client.show","client_id":"x"}`) that the embedder's
-//! [`AdminHandler`] answers, so that mercuriod's admin socket and this API share one
-//! implementation. Only `GET /api/v1/stats` (the `$SYS` counters) is answered by the library
-//! itself; without a handler every other route answers 404.
+//! The operations are not implemented here: each route becomes an admin [`Request`] (the
+//! admin socket's, [`crate::admin`]) that the embedder's [`AdminHandler`] answers, so that
+//! mercuriod's admin socket and this API share one implementation. Only `GET /api/v1/stats`
+//! (the `$SYS` counters) is answered by the library itself; without a handler every other
+//! route answers 404.
 //!
 //! Every request must be authenticated: `Authorization: Bearer <token>` with the content of
 //! `admin_token_file` (compared in constant time, through SHA-256 so that not even its
@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::admin::{self, Answer, ErrorCode};
 use crate::auth::hooks::ConnectInfo;
 use crate::broker::BrokerState;
 use crate::codec::ProtocolVersion;
@@ -58,18 +59,15 @@ pub const ADMIN_ROUTES: &[(&str, &str)] = &[
 /// Answers the admin API's operations: given to
 /// [`BrokerBuilder::admin_handler`](crate::BrokerBuilder::admin_handler).
 ///
-/// A request is a JSON object naming its `command` and its arguments, as the admin socket of
-/// mercuriod takes them: `broker.status`, `broker.log-level` (`level`), `client.list`,
-/// `client.show` / `client.disconnect` / `client.delete-session` (`client_id`),
-/// `bridge.list`, `bridge.show` (`name`). The answer is `{"ok":true,"result":...}` (the
-/// result is the HTTP body, 200) or `{"ok":false,"error":"one line","code":...}` where `code`
-/// chooses the HTTP status: `"not_found"` 404, `"conflict"` 409, `"unsupported"` 404,
-/// `"failed"` 500, anything else (or none) 400. The body of an error is
+/// Each route is one [`admin::Request`] (the table of [`crate::admin`]). An [`Answer::Ok`]'s
+/// result is the HTTP body (200); an [`Answer::Refused`]'s code chooses the HTTP status:
+/// [`ErrorCode::NotFound`] and [`ErrorCode::Unsupported`] 404, [`ErrorCode::Conflict`] 409,
+/// [`ErrorCode::Failed`] 500, [`ErrorCode::BadRequest`] 400. The body of an error is
 /// `{"error":"one line"}`.
 #[async_trait]
 pub trait AdminHandler: Send + Sync + 'static {
     /// The answer to one request (already authenticated as an admin's).
-    async fn answer(&self, broker: &BrokerHandle, request: Value) -> Value;
+    async fn answer(&self, broker: &BrokerHandle, request: admin::Request) -> Answer;
 }
 
 /// The admin API of one WebSocket listener.
@@ -184,19 +182,19 @@ impl AdminApi {
         let param = |i: usize| params.get(i).cloned().unwrap_or_default();
         let request = match template {
             "/api/v1/stats" => return json_response(StatusCode::OK, &self.stats(), guard),
-            "/api/v1/status" => json!({"command": "broker.status"}),
-            "/api/v1/clients" => json!({"command": "client.list"}),
-            "/api/v1/clients/{client_id}" => {
-                json!({"command": "client.show", "client_id": param(0)})
-            }
-            "/api/v1/clients/{client_id}/disconnect" => {
-                json!({"command": "client.disconnect", "client_id": param(0)})
-            }
-            "/api/v1/sessions/{client_id}" => {
-                json!({"command": "client.delete-session", "client_id": param(0)})
-            }
-            "/api/v1/bridges" => json!({"command": "bridge.list"}),
-            "/api/v1/bridges/{name}" => json!({"command": "bridge.show", "name": param(0)}),
+            "/api/v1/status" => admin::Request::Status,
+            "/api/v1/clients" => admin::Request::ClientList,
+            "/api/v1/clients/{client_id}" => admin::Request::ClientShow {
+                client_id: param(0),
+            },
+            "/api/v1/clients/{client_id}/disconnect" => admin::Request::ClientDisconnect {
+                client_id: param(0),
+            },
+            "/api/v1/sessions/{client_id}" => admin::Request::ClientDeleteSession {
+                client_id: param(0),
+            },
+            "/api/v1/bridges" => admin::Request::BridgeList,
+            "/api/v1/bridges/{name}" => admin::Request::BridgeShow { name: param(0) },
             "/api/v1/log-level" => {
                 let body = match read_body(req.into_body()).await {
                     Ok(b) => b,
@@ -206,7 +204,7 @@ impl AdminApi {
                     .ok()
                     .and_then(|v| v.get("level").and_then(Value::as_str).map(str::to_string));
                 match level {
-                    Some(level) => json!({"command": "broker.log-level", "level": level}),
+                    Some(level) => admin::Request::LogLevel { level },
                     None => {
                         return error(
                             StatusCode::BAD_REQUEST,
@@ -225,22 +223,21 @@ impl AdminApi {
                 guard,
             );
         };
-        let answer = handler.answer(handle, request).await;
-        if answer.get("ok") == Some(&Value::Bool(true)) {
-            let result = answer.get("result").cloned().unwrap_or(json!({}));
-            return json_response(StatusCode::OK, &result, guard);
+        match handler.answer(handle, request).await {
+            Answer::Ok(result) => json_response(StatusCode::OK, &result, guard),
+            Answer::Refused {
+                error: message,
+                code,
+            } => {
+                let status = match code {
+                    ErrorCode::NotFound | ErrorCode::Unsupported => StatusCode::NOT_FOUND,
+                    ErrorCode::Conflict => StatusCode::CONFLICT,
+                    ErrorCode::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+                    ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+                };
+                error(status, &message, guard)
+            }
         }
-        let message = answer
-            .get("error")
-            .and_then(Value::as_str)
-            .unwrap_or("failed");
-        let status = match answer.get("code").and_then(Value::as_str) {
-            Some("not_found" | "unsupported") => StatusCode::NOT_FOUND,
-            Some("conflict") => StatusCode::CONFLICT,
-            Some("failed") => StatusCode::INTERNAL_SERVER_ERROR,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        error(status, message, guard)
     }
 
     /// Checks the request's `Authorization` header.

@@ -21,8 +21,11 @@
 //! temporary file a password file is rewritten through), x509-cert (the validity dates of a
 //! bridge remote's self-signed certificate, pinned from `cafile`; already built for
 //! mercurio-storage's PostgreSQL TLS), getrandom (the operating system's random bytes behind
-//! assigned client identifiers, so that nobody can guess one).
+//! assigned client identifiers, so that nobody can guess one), toml + toml_edit (the
+//! configuration file reader, `config_file`: the typed parse, then the document with spans that
+//! names an error's key and line; shared by mercuriod and mercurioctl).
 
+pub mod admin;
 mod admin_api;
 mod admission;
 pub mod auth;
@@ -32,6 +35,7 @@ mod broker;
 mod busy_poll;
 pub mod codec;
 pub mod config;
+pub mod config_file;
 mod connection;
 mod console;
 pub mod credentials;

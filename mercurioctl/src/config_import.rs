@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::config_file;
 use crate::import_mosquitto;
 use crate::mosquitto_conf;
+use mercurio_core::config_file;
 
 /// The input cannot be used: unreadable, or a value mosquitto refuses too (EX_CONFIG).
 const EXIT_INPUT: u8 = 78;

@@ -39,7 +39,7 @@ impl Derive {
         let (path, pattern) = match (&self.secret_file, config) {
             (Some(f), _) => (f.clone(), None),
             (None, Some(c)) => {
-                let cfg = crate::config_file::load(c).map_err(|e| e.to_string())?;
+                let cfg = mercurio_core::config_file::load(c).map_err(|e| e.to_string())?;
                 let path = cfg.auth.derived_password_secret_file.ok_or_else(|| {
                     format!(
                         "{}: [auth] has no derived_password_secret_file",

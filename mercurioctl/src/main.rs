@@ -1,6 +1,6 @@
 //! `mercurioctl`, the admin CLI of a running mercuriod: one request over the admin Unix socket
-//! (one JSON object per line, see mercuriod's `admin` module), the answer printed for people or,
-//! with `--json`, as JSON for scripts.
+//! (one JSON object per line: `mercurio_core::admin`'s `Request`, serialised), the answer printed
+//! for people or, with `--json`, as JSON for scripts.
 //!
 //! `mercurioctl passwd FILE USER` works on a password file, `mercurioctl auth derive USER`
 //! prints a derived password and `mercurioctl config import-mosquitto FILE` converts a
@@ -8,32 +8,22 @@
 //!
 //! Dependencies, and why:
 //! - `clap` (derive): the command line, usage errors, `--help` and `--version`.
-//! - `serde`, `serde_json`: the admin socket's JSON requests and answers.
+//! - `serde_json`: the admin socket's JSON answers.
 //! - `toml`: `-c FILE` reads `[admin] socket` from the broker's configuration file.
-//! - `libc`: `geteuid`, for the default socket path and the socket owner check (shared with
-//!   mercuriod: `socket_path.rs` is compiled into both).
+//! - `libc` (tests only): signals to the test's broker.
 //! - `tempfile` (tests only): sockets and configuration files in temp dirs.
-//! - `mercurio-core`: the password file format and its argon2id hashing (`passwd`).
+//! - `mercurio-core`: the admin protocol (`admin::Request`, `admin::Answer`) and the default
+//!   socket path with its owner check (`admin::socket_path`), shared with mercuriod; the
+//!   password file format and its argon2id hashing (`passwd`); mercuriod's configuration reader
+//!   (`config_file`), which checks what `config import-mosquitto` converts with mercuriod's own
+//!   messages; the log targets `broker log-level --help` lists (`config::log_targets`).
 //! - `rpassword`: reads a password from the terminal without echo (`passwd`).
-//! - `toml_edit`: mercuriod's configuration reader (`config_file.rs`, compiled into both) checks
-//!   what `config import-mosquitto` converts, with mercuriod's own messages.
 
 mod config_import;
 mod derive;
 mod import_mosquitto;
 mod mosquitto_conf;
 mod passwd;
-
-#[path = "../../mercuriod/src/config_file.rs"]
-#[allow(dead_code)] // load(): mercurioctl checks text it made, not a file
-mod config_file;
-#[path = "../../mercuriod/src/log_targets.rs"]
-#[allow(dead_code)]
-mod log_targets;
-
-#[path = "../../mercuriod/src/socket_path.rs"]
-#[allow(dead_code)]
-mod socket_path;
 
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::os::unix::net::UnixStream;
@@ -42,7 +32,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use serde_json::{json, Value};
+use mercurio_core::admin::{socket_path, Answer, Request};
+use mercurio_core::config::log_targets;
+use serde_json::Value;
 
 /// How long to wait for the broker's answer.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -231,23 +223,23 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<(), Failure> {
     let socket = socket(cli)?;
     let request = match &cli.command {
-        Command::Broker(BrokerCommand::Status) => json!({"command": "broker.status"}),
-        Command::Broker(BrokerCommand::LogLevel { level }) => {
-            json!({"command": "broker.log-level", "level": level})
-        }
-        Command::Client(ClientCommand::List) => json!({"command": "client.list"}),
-        Command::Bridge(BridgeCommand::List) => json!({"command": "bridge.list"}),
-        Command::Bridge(BridgeCommand::Show { name }) => {
-            json!({"command": "bridge.show", "name": name})
-        }
-        Command::Client(ClientCommand::Show { client_id }) => {
-            json!({"command": "client.show", "client_id": client_id})
-        }
-        Command::Client(ClientCommand::Disconnect { client_id }) => {
-            json!({"command": "client.disconnect", "client_id": client_id})
-        }
+        Command::Broker(BrokerCommand::Status) => Request::Status,
+        Command::Broker(BrokerCommand::LogLevel { level }) => Request::LogLevel {
+            level: level.clone(),
+        },
+        Command::Client(ClientCommand::List) => Request::ClientList,
+        Command::Bridge(BridgeCommand::List) => Request::BridgeList,
+        Command::Bridge(BridgeCommand::Show { name }) => Request::BridgeShow { name: name.clone() },
+        Command::Client(ClientCommand::Show { client_id }) => Request::ClientShow {
+            client_id: client_id.clone(),
+        },
+        Command::Client(ClientCommand::Disconnect { client_id }) => Request::ClientDisconnect {
+            client_id: client_id.clone(),
+        },
         Command::Client(ClientCommand::DeleteSession { client_id }) => {
-            json!({"command": "client.delete-session", "client_id": client_id})
+            Request::ClientDeleteSession {
+                client_id: client_id.clone(),
+            }
         }
         // Handled in main: they need no broker.
         Command::Passwd(_) | Command::Config(_) | Command::Auth(_) => return Ok(()),
@@ -290,7 +282,7 @@ fn socket_from_config(file: &Path) -> Result<PathBuf, String> {
 }
 
 /// Sends one request, returns the answer's result or the broker's reason as a failure.
-fn ask(path: &Path, request: &Value) -> Result<Value, Failure> {
+fn ask(path: &Path, request: &Request) -> Result<Value, Failure> {
     let shown = path.display();
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -334,7 +326,7 @@ fn ask(path: &Path, request: &Value) -> Result<Value, Failure> {
     stream
         .set_write_timeout(Some(TIMEOUT))
         .map_err(unavailable)?;
-    let mut line = request.to_string();
+    let mut line = request.to_line();
     line.push('\n');
     (&stream).write_all(line.as_bytes()).map_err(unavailable)?;
     let mut answer = String::new();
@@ -353,13 +345,9 @@ fn ask(path: &Path, request: &Value) -> Result<Value, Failure> {
             format!("mercuriod on {shown}: unreadable answer: {e}"),
         )
     })?;
-    if answer["ok"] == Value::Bool(true) {
-        Ok(answer.get("result").cloned().unwrap_or(Value::Null))
-    } else {
-        let reason = answer["error"]
-            .as_str()
-            .unwrap_or("refused without a reason");
-        Err(Failure(EXIT_REFUSED, reason.to_string()))
+    match Answer::from_json(&answer) {
+        Answer::Ok(result) => Ok(result),
+        Answer::Refused { error, .. } => Err(Failure(EXIT_REFUSED, error)),
     }
 }
 
@@ -577,6 +565,7 @@ fn show(r: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn bridge_table() {

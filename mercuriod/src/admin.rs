@@ -1,24 +1,11 @@
 //! The admin socket: a Unix socket (mode 0600) that mercurioctl talks to.
 //!
-//! Protocol: one JSON object per line each way. A request names its command and its
-//! arguments; the answer is `{"ok":true,"result":...}` or `{"ok":false,"error":"one line"}`.
-//! Several requests may follow each other on one connection.
-//!
-//! | request | result |
-//! |---|---|
-//! | `{"command":"broker.status"}` | version, uptime, clients, sessions, storage, log level |
-//! | `{"command":"broker.log-level","level":"debug"}` | `{"level": directives in force}`, plus `"warning"` when a directive names no module of Mercurio |
-//! | `{"command":"client.list"}` | `{"clients":[{client_id, connected, protocol_level, ...}]}` |
-//! | `{"command":"client.show","client_id":"x"}` | the session in detail |
-//! | `{"command":"client.disconnect","client_id":"x"}` | `{}` |
-//! | `{"command":"client.delete-session","client_id":"x"}` | `{}`; refused while connected |
-//! | `{"command":"bridge.list"}` | `{"bridges":[{name, client_id, connected, queued, ...}]}` |
-//! | `{"command":"bridge.show","name":"x"}` | one bridge in detail |
-//!
-//! An error answer also carries a `"code"`: `"not_found"`, `"conflict"` (the client's state
-//! does not allow it), `"bad_request"` or `"failed"`; the remote admin API (docs/admin-api.md)
-//! turns it into the HTTP status. Both transports answer through [`answer`]: the admin API gets
-//! it as the broker's [`AdminHandler`] ([`Handler`]).
+//! Protocol: one JSON object per line each way, the admin protocol of
+//! [`mercurio_core::admin`] (its table lists the requests and their results): a request names
+//! its command and its arguments; the answer is `{"ok":true,"result":...}` or
+//! `{"ok":false,"error":"one line","code":...}`. Several requests may follow each other on one
+//! connection. Both transports answer through [`answer`]: the remote admin API (docs/admin-api.md)
+//! gets it as the broker's [`AdminHandler`] ([`Handler`]).
 //!
 //! A malformed request gets an error answer; a line over [`MAX_REQUEST`] bytes gets one and
 //! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
@@ -29,16 +16,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mercurio_core::admin::{socket_path, Answer, ErrorCode, Request};
 use mercurio_core::config::StorageBackend;
 use mercurio_core::{AdminHandler, BrokerHandle};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
 use crate::logging::LogControl;
-use crate::socket_path;
 
 /// Longest request line, in bytes.
 pub const MAX_REQUEST: usize = 64 * 1024;
@@ -48,28 +34,6 @@ pub const MAX_CONNECTIONS: usize = 16;
 
 /// An admin connection with no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A request, as mercurioctl sends it.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "command", deny_unknown_fields)]
-enum Request {
-    #[serde(rename = "broker.status")]
-    Status,
-    #[serde(rename = "broker.log-level")]
-    LogLevel { level: String },
-    #[serde(rename = "client.list")]
-    ClientList,
-    #[serde(rename = "client.show")]
-    ClientShow { client_id: String },
-    #[serde(rename = "client.disconnect")]
-    ClientDisconnect { client_id: String },
-    #[serde(rename = "client.delete-session")]
-    ClientDeleteSession { client_id: String },
-    #[serde(rename = "bridge.list")]
-    BridgeList,
-    #[serde(rename = "bridge.show")]
-    BridgeShow { name: String },
-}
 
 /// The bound admin socket; the file is removed when this is dropped.
 pub struct AdminSocket {
@@ -161,9 +125,12 @@ impl AdminSocket {
                         });
                     }
                     Err(_) => {
-                        let busy = error(format!("more than {MAX_CONNECTIONS} admin connections"));
+                        let busy = Answer::bad_request(format!(
+                            "more than {MAX_CONNECTIONS} admin connections"
+                        ));
                         tokio::spawn(async move {
-                            let _ = stream.write_all(format!("{busy}\n").as_bytes()).await;
+                            let line = format!("{}\n", busy.to_json());
+                            let _ = stream.write_all(line.as_bytes()).await;
                         });
                     }
                 },
@@ -200,14 +167,17 @@ async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
         }
         let too_long = line.len() > MAX_REQUEST;
         let answer = if too_long {
-            error(format!("request longer than {MAX_REQUEST} bytes"))
+            Answer::bad_request(format!("request longer than {MAX_REQUEST} bytes"))
         } else {
-            match serde_json::from_slice(&line) {
+            match serde_json::from_slice(&line)
+                .map_err(|e| e.to_string())
+                .and_then(Request::parse)
+            {
                 Ok(request) => answer(request, &handle, &log, "mercurioctl").await,
-                Err(e) => error(format!("bad request: {e}")),
+                Err(e) => Answer::bad_request(format!("bad request: {e}")),
             }
         };
-        let mut out = answer.to_string().into_bytes();
+        let mut out = answer.to_json().to_string().into_bytes();
         out.push(b'\n');
         if write.write_all(&out).await.is_err() || too_long {
             return;
@@ -223,31 +193,23 @@ pub struct Handler {
 
 #[async_trait::async_trait]
 impl AdminHandler for Handler {
-    async fn answer(&self, broker: &BrokerHandle, request: Value) -> Value {
+    async fn answer(&self, broker: &BrokerHandle, request: Request) -> Answer {
         answer(request, broker, &self.log, "the admin API").await
     }
 }
 
-fn error(message: impl Into<String>) -> Value {
-    failure("bad_request", message)
-}
-
 /// An error answer with its `code`.
-fn failure(code: &str, message: impl Into<String>) -> Value {
-    json!({"ok": false, "error": message.into(), "code": code})
+fn failure(code: ErrorCode, message: impl Into<String>) -> Answer {
+    Answer::refused(code, message)
 }
 
-fn ok(result: Value) -> Value {
-    json!({"ok": true, "result": result})
+fn ok(result: Value) -> Answer {
+    Answer::Ok(result)
 }
 
 /// The answer to one request; `by` names the transport in the log lines ("mercurioctl", "the
 /// admin API").
-pub async fn answer(request: Value, handle: &BrokerHandle, log: &LogControl, by: &str) -> Value {
-    let request = match parse(request) {
-        Ok(r) => r,
-        Err(e) => return error(format!("bad request: {e}")),
-    };
+pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, by: &str) -> Answer {
     tracing::debug!(?request, "admin request");
     match request {
         Request::Status => ok(status(handle, log)),
@@ -262,7 +224,7 @@ pub async fn answer(request: Value, handle: &BrokerHandle, log: &LogControl, by:
                     None => ok(json!({"level": directives})),
                 }
             }
-            Err(e) => error(e),
+            Err(e) => Answer::bad_request(e),
         },
         Request::ClientList => {
             let mut sessions = handle.sessions();
@@ -297,28 +259,28 @@ pub async fn answer(request: Value, handle: &BrokerHandle, log: &LogControl, by:
                 "will": d.will,
                 "disconnected_secs": d.disconnected_for.map(|t| t.as_secs()),
             })),
-            None => failure("not_found", format!("no such client: {client_id}")),
+            None => failure(ErrorCode::NotFound, format!("no such client: {client_id}")),
         },
         Request::ClientDisconnect { client_id } => {
             if handle.disconnect(&client_id) {
                 tracing::info!(%client_id, "disconnected by {by}");
                 ok(json!({}))
             } else if handle.session_detail(&client_id).is_some() {
-                failure("conflict", format!("client {client_id} is not connected"))
+                failure(ErrorCode::Conflict, format!("client {client_id} is not connected"))
             } else {
-                failure("not_found", format!("no such client: {client_id}"))
+                failure(ErrorCode::NotFound, format!("no such client: {client_id}"))
             }
         }
         Request::ClientDeleteSession { client_id } => match handle.delete_session(&client_id).await {
-            Err(e) => failure("failed", format!("cannot delete the session of {client_id}: {e}")),
+            Err(e) => failure(ErrorCode::Failed, format!("cannot delete the session of {client_id}: {e}")),
             Ok(Some(true)) => {
                 tracing::info!(%client_id, "session deleted by {by}");
                 ok(json!({}))
             }
-            Ok(Some(false)) => failure("conflict", format!(
+            Ok(Some(false)) => failure(ErrorCode::Conflict, format!(
                 "client {client_id} is connected: disconnect it first (mercurioctl client disconnect {client_id})"
             )),
-            Ok(None) => failure("not_found", format!("no such client: {client_id}")),
+            Ok(None) => failure(ErrorCode::NotFound, format!("no such client: {client_id}")),
         },
         Request::BridgeList => {
             let bridges: Vec<Value> = handle.bridges().iter().map(bridge).collect();
@@ -326,7 +288,7 @@ pub async fn answer(request: Value, handle: &BrokerHandle, log: &LogControl, by:
         }
         Request::BridgeShow { name } => match handle.bridges().iter().find(|b| b.name == name) {
             Some(b) => ok(bridge(b)),
-            None => failure("not_found", format!("no such bridge: {name}")),
+            None => failure(ErrorCode::NotFound, format!("no such bridge: {name}")),
         },
     }
 }
@@ -349,29 +311,6 @@ fn bridge(b: &mercurio_core::BridgeInfo) -> Value {
         "reconnects": b.reconnects,
         "packets_too_large": b.packets_too_large,
     })
-}
-
-/// A request: a JSON object with a known command and exactly its arguments (serde's
-/// `deny_unknown_fields` does not apply to the unit variants of a tagged enum).
-fn parse(value: Value) -> Result<Request, String> {
-    let Some(object) = value.as_object() else {
-        return Err("a request is a JSON object".into());
-    };
-    let keys: Vec<String> = object.keys().cloned().collect();
-    let request: Request = serde_json::from_value(value).map_err(|e| e.to_string())?;
-    let arguments: &[&str] = match request {
-        Request::Status | Request::ClientList | Request::BridgeList => &[],
-        Request::LogLevel { .. } => &["level"],
-        Request::BridgeShow { .. } => &["name"],
-        _ => &["client_id"],
-    };
-    match keys
-        .iter()
-        .find(|k| *k != "command" && !arguments.contains(&k.as_str()))
-    {
-        Some(key) => Err(format!("unknown field `{key}`")),
-        None => Ok(request),
-    }
 }
 
 fn status(handle: &BrokerHandle, log: &LogControl) -> Value {

@@ -19,8 +19,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
 use crate::line_output::{Journal, PerEvent};
-use crate::log_targets;
 use crate::syslog::Syslog;
+use mercurio_core::config::log_targets;
 
 /// Target of the lines logged for each connection and disconnection.
 pub const CONNECTIONS_TARGET: &str = "mercurio::connections";

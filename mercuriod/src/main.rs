@@ -8,13 +8,11 @@
 //! - `tokio`: the runtime the broker runs on; `tokio::signal` for SIGTERM, Ctrl+C and SIGHUP;
 //!   the admin socket's Unix listener.
 //! - `clap` (derive): the command line, `--help` and `--version` for free.
-//! - `toml`: the configuration file into `Config` through serde, errors with byte spans.
-//! - `toml_edit`: the same file as a document with spans, to name the key and line of an error
-//!   found after parsing (already in the tree as `toml`'s parser).
 //! - `tracing`, `tracing-subscriber` (env-filter, fmt, reload): logs to stdout, a file or
 //!   syslog, per-module levels, a filter replaced at runtime.
-//! - `serde`, `serde_json`: the admin socket's JSON requests and answers.
-//! - `libc`: `geteuid` for the admin socket's default path and owner checks; `mallopt`;
+//! - `serde_json`: the admin socket's answers (the requests and the envelope are
+//!   `mercurio_core::admin`'s); the configuration file is read by `mercurio_core::config_file`.
+//! - `libc`: umask for the admin socket's bind; `mallopt`;
 //!   `getrlimit`/`setrlimit` to raise the open files limit.
 //! - `sd-notify`: systemd readiness, watchdog and stopping notifications (`Type=notify`).
 //! - `tikv-jemallocator` (optional, feature `jemalloc`): jemalloc as the global allocator.
@@ -31,12 +29,9 @@
 
 mod admin;
 mod cli;
-mod config_file;
 mod line_output;
-mod log_targets;
 mod logging;
 mod reload;
-mod socket_path;
 mod syslog;
 mod systemd;
 
@@ -48,7 +43,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
+use mercurio_core::admin::socket_path;
 use mercurio_core::config::{Config, ListenerConfig, ListenerProtocol};
+use mercurio_core::config_file;
 use mercurio_core::{Broker, BrokerHandle};
 use tracing::{error, info, warn};
 

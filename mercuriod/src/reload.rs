@@ -9,8 +9,8 @@ use mercurio_core::config::Config;
 use mercurio_core::BrokerHandle;
 use tracing::{error, info};
 
-use crate::config_file;
 use crate::logging::LogControl;
+use mercurio_core::config_file;
 
 /// What SIGHUP can change.
 pub struct Reloader {

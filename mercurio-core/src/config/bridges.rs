@@ -279,27 +279,11 @@ impl BridgeConfig {
                 ));
             }
         }
-        if self.keepalive < 5 {
-            return Err(ConfigError::new(
-                key("keepalive"),
-                format!("must be between 5 and 65535, not {}", self.keepalive),
-            ));
-        }
-        if self.max_inflight < 1 {
-            return Err(ConfigError::new(key("max_inflight"), "must be at least 1"));
-        }
+        use super::ranges::{BRIDGE_KEEPALIVE, BRIDGE_MAX_INFLIGHT, BRIDGE_MAX_PACKET_SIZE};
+        BRIDGE_KEEPALIVE.check_at(key("keepalive"), self.keepalive)?;
+        BRIDGE_MAX_INFLIGHT.check_at(key("max_inflight"), self.max_inflight)?;
         if let Some(m) = self.max_packet_size {
-            if m != 0 && !(super::MIN_PACKET_SIZE_LIMIT..=super::MAX_PACKET_SIZE_LIMIT).contains(&m)
-            {
-                return Err(ConfigError::new(
-                    key("max_packet_size"),
-                    format!(
-                        "must be 0 or between {} and {}, not {m}",
-                        super::MIN_PACKET_SIZE_LIMIT,
-                        super::MAX_PACKET_SIZE_LIMIT
-                    ),
-                ));
-            }
+            BRIDGE_MAX_PACKET_SIZE.check_at(key("max_packet_size"), m)?;
         }
         if self.password.is_some() && self.username.is_none() {
             return Err(ConfigError::new(key("password"), "needs username as well"));
@@ -354,12 +338,7 @@ impl BridgeConfig {
         }
         for (j, t) in self.topics.iter().enumerate() {
             let key = |name: &str| format!("bridges[{index}].topics[{j}].{name}");
-            if t.qos > 2 {
-                return Err(ConfigError::new(
-                    key("qos"),
-                    format!("must be 0, 1 or 2, not {}", t.qos),
-                ));
-            }
+            super::ranges::BRIDGE_TOPIC_QOS.check_at(key("qos"), t.qos)?;
             for (prefix, name) in [
                 (&t.local_prefix, "local_prefix"),
                 (&t.remote_prefix, "remote_prefix"),

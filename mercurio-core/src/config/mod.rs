@@ -11,6 +11,8 @@ use serde::Deserialize;
 
 mod bridges;
 mod cidr;
+pub mod log_targets;
+pub mod ranges;
 pub use bridges::{
     parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic,
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,
@@ -528,64 +530,14 @@ impl Config {
             _ => {}
         }
         let s = &self.server;
-        if s.max_packet_size != 0
-            && (s.max_packet_size < MIN_PACKET_SIZE_LIMIT
-                || s.max_packet_size > MAX_PACKET_SIZE_LIMIT)
-        {
-            return Err(ConfigError::new(
-                "server.max_packet_size",
-                format!(
-                    "must be between {MIN_PACKET_SIZE_LIMIT} (the smallest CONNECT) and \
-                     {MAX_PACKET_SIZE_LIMIT}, or 0 for no limit, not {}",
-                    s.max_packet_size
-                ),
-            ));
-        }
-        if s.queue_high_water < 1 {
-            return Err(ConfigError::new(
-                "server.queue_high_water",
-                "must be at least 1",
-            ));
-        }
-        if s.queue_high_water_bytes < 1 {
-            return Err(ConfigError::new(
-                "server.queue_high_water_bytes",
-                "must be at least 1",
-            ));
-        }
-        if s.stall_time < 1 {
-            return Err(ConfigError::new("server.stall_time", "must be at least 1"));
-        }
-        if s.busy_poll > MAX_BUSY_POLL {
-            return Err(ConfigError::new(
-                "server.busy_poll",
-                format!(
-                    "is in microseconds: at most {MAX_BUSY_POLL} (one second), not {}",
-                    s.busy_poll
-                ),
-            ));
-        }
-        if s.max_retained_bytes != 0 && s.max_retained_bytes < MIN_RETAINED_BYTES {
-            return Err(ConfigError::new(
-                "server.max_retained_bytes",
-                format!(
-                    "is in bytes: 0 (unlimited) or at least {MIN_RETAINED_BYTES}, not {}",
-                    s.max_retained_bytes
-                ),
-            ));
-        }
-        if s.max_qos > 2 {
-            return Err(ConfigError::new(
-                "server.max_qos",
-                format!("must be 0, 1 or 2, not {}", s.max_qos),
-            ));
-        }
-        if s.connect_timeout < 1 {
-            return Err(ConfigError::new(
-                "server.connect_timeout",
-                "must be at least 1",
-            ));
-        }
+        ranges::MAX_PACKET_SIZE.check(s.max_packet_size)?;
+        ranges::QUEUE_HIGH_WATER.check(s.queue_high_water as u64)?;
+        ranges::QUEUE_HIGH_WATER_BYTES.check(s.queue_high_water_bytes)?;
+        ranges::STALL_TIME.check(s.stall_time)?;
+        ranges::BUSY_POLL.check(s.busy_poll)?;
+        ranges::MAX_RETAINED_BYTES.check(s.max_retained_bytes)?;
+        ranges::MAX_QOS.check(s.max_qos)?;
+        ranges::CONNECT_TIMEOUT.check(s.connect_timeout)?;
         for (i, prefix) in s.clientid_prefixes.iter().enumerate() {
             if prefix.is_empty() {
                 return Err(ConfigError::new(

@@ -1,6 +1,6 @@
 //! The log targets Mercurio's lines carry, for `[logging] level` directives such as
-//! `info,mercurio_core::session=debug`: compiled into mercuriod (which warns about a directive
-//! naming none of them) and mercurioctl (whose `broker log-level --help` lists them).
+//! `info,mercurio_core::session=debug`: mercuriod warns about a directive naming none of them
+//! and mercurioctl's `broker log-level --help` lists them.
 
 /// Every target a directive may name: the connection log lines' own target, then each crate
 /// and its top-level modules (a directive for a crate or module covers everything under it).
@@ -41,7 +41,6 @@ pub const TARGETS: &[&str] = &[
     "mercurio_storage::sqlite",
     "mercuriod",
     "mercuriod::admin",
-    "mercuriod::config_file",
     "mercuriod::logging",
     "mercuriod::reload",
     "mercuriod::syslog",
@@ -79,7 +78,6 @@ pub fn unknown(directives: &str) -> Vec<String> {
 }
 
 /// One line per target, for mercurioctl's `--help`.
-#[allow(dead_code)] // compiled into mercuriod too, which has no use for it
 pub fn help() -> String {
     let mut out =
         String::from("Targets a directive may name (each covers the modules under it):\n");

@@ -3,13 +3,14 @@
 //! The file is parsed twice: by `toml` into the typed [`Config`] (unknown keys, wrong types and
 //! bad enum values are refused there) and by `toml_edit` into a document that keeps the spans,
 //! which turns an error's byte offset into a key path and a line, and a
-//! [`mercurio_core::config::ConfigError`]'s key path into a line.
+//! [`ConfigError`](crate::config::ConfigError)'s key path into a line.
 
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use mercurio_core::config::{Config, ListenerConfig, DAEMON_BUSY_POLL};
+use crate::config::ranges::range_of;
+use crate::config::{Config, ListenerConfig, DAEMON_BUSY_POLL};
 use toml_edit::{Array, ArrayOfTables, ImDocument, Item, TableLike, Value};
 
 /// A configuration that cannot be used. Its `Display` is one line:
@@ -114,7 +115,7 @@ pub fn named_files<'a>(config: &'a Config) -> Vec<(String, &'a Path, bool)> {
 /// `url_file` readable by others. mercuriod logs them once at start; `--check-config` prints
 /// them.
 pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
-    use mercurio_core::credentials::readable_by_others;
+    use crate::credentials::readable_by_others;
     let mut warnings = Vec::new();
     let mut inline = Vec::new();
     for (i, b) in config.bridges.iter().enumerate() {
@@ -205,7 +206,6 @@ fn check_named_files(path: &Path, text: &str, config: &Config) -> Result<(), Loa
 /// Rules of the file mode: `[auth] allow_anonymous` unset means false, `[server] busy_poll`
 /// unset means [`DAEMON_BUSY_POLL`] (50; the library's default is 0), and a file without
 /// `[[listeners]]` gets the default listener (127.0.0.1:1883). Then [`Config::validate`].
-#[allow(dead_code)] // mercurioctl's config import-mosquitto and the tests use it
 pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     parse_with_ports(path, text, &[])
 }
@@ -642,30 +642,10 @@ fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
     best
 }
 
-/// Keys whose valid range is narrower than their type's: a type error names this range, the
-/// one `Config::validate` checks, so that fixing it does not lead to a second error.
-const RANGES: [(&str, &str); 7] = [
-    (
-        "server.busy_poll",
-        "a whole number of microseconds from 0 to 1000000",
-    ),
-    ("server.queue_high_water", "a whole number, 1 or more"),
-    ("server.queue_high_water_bytes", "a whole number, 1 or more"),
-    ("server.stall_time", "a whole number of seconds, 1 or more"),
-    (
-        "server.connect_timeout",
-        "a whole number of seconds, 1 or more",
-    ),
-    ("server.max_qos", "0, 1 or 2"),
-    (
-        "server.max_retained_bytes",
-        "a whole number of bytes, 0 (unlimited) or 1024 or more",
-    ),
-];
-
 /// serde's message with its Rust type names said in words: "invalid value: integer `-1`,
 /// expected u64" becomes "`-1` is out of range: expected a whole number, 0 or more" (or the
-/// key's own range, `RANGES`).
+/// key's own range, [`range_of`], the one `Config::validate` checks, so that fixing it does
+/// not lead to a second error).
 fn in_plain_words(message: &str, key: Option<&str>) -> String {
     const TYPES: [(&str, &str); 8] = [
         ("u8", "a whole number from 0 to 255"),
@@ -680,13 +660,13 @@ fn in_plain_words(message: &str, key: Option<&str>) -> String {
     let Some((what, expected)) = message.rsplit_once(", expected ") else {
         return message.to_string();
     };
-    let range = RANGES.iter().find(|(k, _)| Some(*k) == key);
-    let expected = match range {
-        Some((_, words)) => words,
+    let expected = match key.and_then(range_of) {
+        Some(range) => range.words(),
         None => TYPES
             .iter()
             .find(|(t, _)| *t == expected)
-            .map_or(expected, |(_, words)| words),
+            .map_or(expected, |(_, words)| words)
+            .to_string(),
     };
     match what.strip_prefix("invalid value: integer ") {
         Some(value) => format!("{value} is out of range: expected {expected}"),
@@ -782,6 +762,67 @@ mod tests {
         );
     }
 
+    /// Every key whose values `Config::validate` checks against a range (found by probing
+    /// each numeric key of `[server]`, `[[bridges]]` and `[[bridges.topics]]`, as serde lists
+    /// them, with values from 0 to the largest TOML integer) has its entry in
+    /// `config::ranges::RANGES`: the out-of-range error and the type error say the same words.
+    /// And every entry of the table is such a key.
+    #[test]
+    fn every_range_checked_key_has_its_words() {
+        use crate::config::ranges::RANGES;
+        const BRIDGE: &str = "[[bridges]]\nname = \"b\"\naddresses = [\"h:1\"]\n";
+        const TOPIC: &str = "[[bridges.topics]]\npattern = \"t/#\"\n";
+        // (the key path of the probe's error, the text before the key, the text after it)
+        let tables: [(&str, String, &str); 3] = [
+            ("server.", "[server]\n".into(), ""),
+            ("bridges[0].", BRIDGE.into(), TOPIC),
+            ("bridges[0].topics[0].", format!("{BRIDGE}{TOPIC}"), ""),
+        ];
+        let mut hit = Vec::new();
+        for (prefix, before, after) in &tables {
+            // serde lists the table's keys when it refuses an unknown one.
+            let listed = err(&format!("{before}zzz = 1\n{after}")).message;
+            let keys: Vec<&str> = listed
+                .split_once("expected one of ")
+                .map(|(_, k)| k.split('`').skip(1).step_by(2).collect())
+                .unwrap_or_default();
+            assert!(keys.len() > 3, "{listed}");
+            for name in keys {
+                let key = format!("{prefix}{name}");
+                let text = |value: &str| format!("{before}{name} = {value}\n{after}");
+                for value in [0, 1, 2, 3, 4, 255, 65535, 4294967295, i64::MAX as u64] {
+                    let text = text(&value.to_string());
+                    // Only values of the key's type reach validate.
+                    let typed = toml::from_str::<Config>(&text).is_ok();
+                    let Err(e) = parse(Path::new("m.toml"), &text) else {
+                        continue;
+                    };
+                    if !typed || e.key.as_deref() != Some(key.as_str()) {
+                        continue;
+                    }
+                    let Some(range) = range_of(&key) else {
+                        panic!("{key} = {value} is refused ({e}) but has no range in RANGES");
+                    };
+                    assert_eq!(e.message, format!("must be {}, not {value}", range.words()));
+                    // A value of the wrong type is refused with the same words.
+                    let e = err(&format!("{before}{name} = \"x\"\n{after}"));
+                    assert!(
+                        e.message.ends_with(&format!("expected {}", range.words())),
+                        "{e}"
+                    );
+                    hit.push(range.key);
+                }
+            }
+        }
+        for range in RANGES {
+            assert!(
+                hit.contains(&range.key),
+                "{} is never range-checked",
+                range.key
+            );
+        }
+    }
+
     #[test]
     fn bad_value_in_second_listener() {
         let e = err(
@@ -823,7 +864,7 @@ mod tests {
         let e = err("[server]\nsys_interval = 5\nmax_retained_bytes = 64\n");
         assert_eq!(
             e.to_string(),
-            "m.toml:3: server.max_retained_bytes: is in bytes: 0 (unlimited) or at least 1024, not 64"
+            "m.toml:3: server.max_retained_bytes: must be a whole number of bytes, 0 (unlimited) or 1024 or more, not 64"
         );
     }
 

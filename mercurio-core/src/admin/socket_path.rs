@@ -1,8 +1,7 @@
 //! The admin socket's default path, and the checks on an existing one.
 //!
-//! This file is compiled into both mercuriod and mercurioctl (mercurioctl includes it with
-//! `#[path]`), so that both find the same socket without a configuration. It uses std and libc
-//! only.
+//! mercuriod binds the socket here and mercurioctl connects to it, so that both find the same
+//! socket without a configuration.
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,286 @@
+//! The admin protocol: the requests an administrator sends a running broker and the answer
+//! envelope, defined once for every transport. mercuriod's admin socket (one JSON object per
+//! line each way), the remote admin API's routes ([`AdminHandler`](crate::AdminHandler),
+//! docs/admin-api.md) and mercurioctl all use these types, so the JSON on the wire has one
+//! definition.
+//!
+//! A request is a JSON object naming its `command` and exactly its arguments:
+//!
+//! | request | result |
+//! |---|---|
+//! | `{"command":"broker.status"}` | version, uptime, clients, sessions, storage, log level |
+//! | `{"command":"broker.log-level","level":"debug"}` | `{"level": directives in force}`, plus `"warning"` when a directive names no module of Mercurio |
+//! | `{"command":"client.list"}` | `{"clients":[{client_id, connected, protocol_level, ...}]}` |
+//! | `{"command":"client.show","client_id":"x"}` | the session in detail |
+//! | `{"command":"client.disconnect","client_id":"x"}` | `{}` |
+//! | `{"command":"client.delete-session","client_id":"x"}` | `{}`; refused while connected |
+//! | `{"command":"bridge.list"}` | `{"bridges":[{name, client_id, connected, queued, ...}]}` |
+//! | `{"command":"bridge.show","name":"x"}` | one bridge in detail |
+//!
+//! The answer ([`Answer`]) is `{"ok":true,"result":...}` or
+//! `{"ok":false,"error":"one line","code":...}`; the code ([`ErrorCode`]) says why, and the
+//! remote admin API turns it into the HTTP status.
+//!
+//! [`socket_path`]: where the admin socket is when the configuration does not say.
+
+pub mod socket_path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// One admin request. Serialised with serde as a JSON object whose `command` names the
+/// variant (the table of the [module](self) shows each one's exact JSON); a request with an
+/// unknown command, a missing argument or an argument of another command is refused by
+/// [`Request::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", deny_unknown_fields)]
+pub enum Request {
+    /// `broker.status`: version, uptime, clients, sessions, storage state, log level, listeners.
+    #[serde(rename = "broker.status")]
+    Status,
+    /// `broker.log-level`: replaces the log filter until the broker restarts or a SIGHUP
+    /// rereads the file. `level` is a level or per-module directives, as `[logging] level`.
+    #[serde(rename = "broker.log-level")]
+    LogLevel {
+        /// The directives, e.g. `debug` or `info,mercurio::connections=off`.
+        level: String,
+    },
+    /// `client.list`: every session, connected or not.
+    #[serde(rename = "client.list")]
+    ClientList,
+    /// `client.show`: one session in detail; `not_found` when there is none.
+    #[serde(rename = "client.show")]
+    ClientShow {
+        /// The client identifier.
+        client_id: String,
+    },
+    /// `client.disconnect`: closes a client's connection (an MQTT 5.0 client gets DISCONNECT
+    /// 0x98, Administrative action); `conflict` when it is not connected.
+    #[serde(rename = "client.disconnect")]
+    ClientDisconnect {
+        /// The client identifier.
+        client_id: String,
+    },
+    /// `client.delete-session`: ends the session of a client that is not connected;
+    /// `conflict` while it is.
+    #[serde(rename = "client.delete-session")]
+    ClientDeleteSession {
+        /// The client identifier.
+        client_id: String,
+    },
+    /// `bridge.list`: every configured bridge with its state and counters.
+    #[serde(rename = "bridge.list")]
+    BridgeList,
+    /// `bridge.show`: one bridge in detail; `not_found` when no bridge has this name.
+    #[serde(rename = "bridge.show")]
+    BridgeShow {
+        /// The bridge's name (`[[bridges]] name`).
+        name: String,
+    },
+}
+
+impl Request {
+    /// The request a JSON value holds: an object with a known `command` and exactly that
+    /// command's arguments. Errors: one line saying what is wrong (`a request is a JSON
+    /// object`, serde's `unknown variant ...` or `missing field ...`, `unknown field ...`).
+    ///
+    /// serde's `deny_unknown_fields` does not apply to the unit variants of a tagged enum, so
+    /// the fields of the object are checked against [`Request::arguments`] here.
+    pub fn parse(value: Value) -> Result<Request, String> {
+        let Some(object) = value.as_object() else {
+            return Err("a request is a JSON object".into());
+        };
+        let keys: Vec<String> = object.keys().cloned().collect();
+        let request: Request = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        let arguments = request.arguments();
+        match keys
+            .iter()
+            .find(|k| *k != "command" && !arguments.contains(&k.as_str()))
+        {
+            Some(key) => Err(format!("unknown field `{key}`")),
+            None => Ok(request),
+        }
+    }
+
+    /// The request as JSON text on one line, `command` first, then its arguments in the
+    /// order of the [module](self)'s table: what mercurioctl writes on the admin socket
+    /// (followed by a newline).
+    pub fn to_line(&self) -> String {
+        // A derived Serialize of an enum of strings cannot fail; the fallback is never used.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The names of the arguments this request's command takes, besides `command`.
+    pub fn arguments(&self) -> &'static [&'static str] {
+        match self {
+            Request::Status | Request::ClientList | Request::BridgeList => &[],
+            Request::LogLevel { .. } => &["level"],
+            Request::BridgeShow { .. } => &["name"],
+            Request::ClientShow { .. }
+            | Request::ClientDisconnect { .. }
+            | Request::ClientDeleteSession { .. } => &["client_id"],
+        }
+    }
+}
+
+/// Why a request was refused: an answer's `code`, which the remote admin API turns into the
+/// HTTP status (in parentheses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// No such client or bridge (404).
+    NotFound,
+    /// The client's state does not allow it: disconnecting a client that is not connected,
+    /// deleting the session of one that is (409).
+    Conflict,
+    /// A malformed request or a bad argument, such as an invalid log level (400). An answer
+    /// with no code, or one this version does not know, reads as this one.
+    BadRequest,
+    /// The broker could not do it, e.g. storage failed (500).
+    Failed,
+    /// This broker does not offer the operation (404).
+    Unsupported,
+}
+
+impl ErrorCode {
+    /// The code as it is written in an answer: `not_found`, `conflict`, `bad_request`,
+    /// `failed`, `unsupported`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Failed => "failed",
+            ErrorCode::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// The answer to one request: the envelope around its result or its refusal.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// `{"ok":true,"result":...}`: the command's result (the table of the [module](self)).
+    Ok(Value),
+    /// `{"ok":false,"error":"one line","code":"..."}`.
+    Refused {
+        /// Why, in one line.
+        error: String,
+        /// What kind of refusal.
+        code: ErrorCode,
+    },
+}
+
+impl Answer {
+    /// A refusal with `code`.
+    pub fn refused(code: ErrorCode, error: impl Into<String>) -> Answer {
+        Answer::Refused {
+            error: error.into(),
+            code,
+        }
+    }
+
+    /// A refusal of a malformed request or bad argument ([`ErrorCode::BadRequest`]).
+    pub fn bad_request(error: impl Into<String>) -> Answer {
+        Answer::refused(ErrorCode::BadRequest, error)
+    }
+
+    /// The answer as its JSON object.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Answer::Ok(result) => json!({"ok": true, "result": result}),
+            Answer::Refused { error, code } => {
+                json!({"ok": false, "error": error, "code": code.as_str()})
+            }
+        }
+    }
+
+    /// The answer a JSON object holds. `"ok": true` is a result (`null` when it has none);
+    /// anything else is a refusal, its `error` defaulting to "refused without a reason" and an
+    /// unknown or missing `code` read as [`ErrorCode::BadRequest`].
+    pub fn from_json(answer: &Value) -> Answer {
+        if answer.get("ok") == Some(&Value::Bool(true)) {
+            return Answer::Ok(answer.get("result").cloned().unwrap_or(Value::Null));
+        }
+        let error = answer
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("refused without a reason");
+        let code = answer
+            .get("code")
+            .cloned()
+            .and_then(|c| serde_json::from_value(c).ok())
+            .unwrap_or(ErrorCode::BadRequest);
+        Answer::refused(code, error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each request serialises to exactly the JSON of the module's table, and that JSON
+    /// parses back to the same request.
+    #[test]
+    fn each_request_is_the_json_of_the_table() {
+        let table = include_str!("mod.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | `{"))
+            .map(|l| format!("{{{}", l.split('`').next().unwrap_or_default()))
+            .collect::<Vec<_>>();
+        let requests = [
+            Request::Status,
+            Request::LogLevel {
+                level: "debug".into(),
+            },
+            Request::ClientList,
+            Request::ClientShow {
+                client_id: "x".into(),
+            },
+            Request::ClientDisconnect {
+                client_id: "x".into(),
+            },
+            Request::ClientDeleteSession {
+                client_id: "x".into(),
+            },
+            Request::BridgeList,
+            Request::BridgeShow { name: "x".into() },
+        ];
+        assert_eq!(table.len(), requests.len(), "{table:?}");
+        for (request, json) in requests.iter().zip(&table) {
+            assert_eq!(&request.to_line(), json);
+            let value: Value = serde_json::from_str(json).expect("the table's JSON");
+            assert_eq!(&Request::parse(value).expect("parses"), request);
+        }
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let e = |v: Value| Request::parse(v).expect_err("refused");
+        assert_eq!(e(json!([1])), "a request is a JSON object");
+        assert!(e(json!({"command": "client.list", "client_id": "x"}))
+            .contains("unknown field `client_id`"));
+        assert!(e(json!({"command": "client.show"})).contains("missing field `client_id`"));
+        assert!(e(json!({"command": "broker.reboot"})).contains("unknown variant"));
+        assert!(e(json!({"command": "bridge.show", "name": "a", "x": 1})).contains("unknown field"));
+    }
+
+    #[test]
+    fn answers_round_trip() {
+        let ok = Answer::Ok(json!({"level": "debug"}));
+        assert_eq!(
+            ok.to_json().to_string(),
+            r#"{"ok":true,"result":{"level":"debug"}}"#
+        );
+        assert_eq!(Answer::from_json(&ok.to_json()), ok);
+        let refused = Answer::refused(ErrorCode::NotFound, "no such client: x");
+        assert_eq!(
+            refused.to_json().to_string(),
+            r#"{"code":"not_found","error":"no such client: x","ok":false}"#
+        );
+        assert_eq!(Answer::from_json(&refused.to_json()), refused);
+        assert_eq!(
+            Answer::from_json(&json!({"ok": false, "error": "e", "code": "teapot"})),
+            Answer::bad_request("e")
+        );
+    }
+}
