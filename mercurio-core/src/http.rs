@@ -153,14 +153,7 @@ impl Endpoint {
     ) -> Response<HttpBody> {
         let head = req.method() == Method::HEAD;
         if req.method() != Method::GET && !head {
-            let mut r = text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed\n",
-                guard,
-            );
-            r.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-            return r;
+            return get_or_head_only(guard);
         }
         let Ok(permit) = Arc::clone(&self.responses).try_acquire_owned() else {
             tracing::debug!(
@@ -389,6 +382,18 @@ pub(crate) fn text(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    r
+}
+
+/// 405 Method Not Allowed for a resource that answers GET and HEAD only.
+pub(crate) fn get_or_head_only(guard: ResponseGuard) -> Response<HttpBody> {
+    let mut r = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed\n",
+        guard,
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     r
 }
 

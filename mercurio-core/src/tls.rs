@@ -134,9 +134,20 @@ fn server_config(cfg: &ListenerConfig) -> Result<ServerConfig, FileError> {
             } else {
                 verifier.allow_unauthenticated()
             };
-            let verifier = verifier
-                .build()
-                .map_err(|e| FileError::new(ca_file, format!("cannot verify clients: {e}")))?;
+            let verifier = verifier.build().map_err(|e| match (&e, &cfg.crl_file) {
+                // The CRLs are parsed here, not when read: name their file, not the CA's.
+                (rustls::server::VerifierBuilderError::InvalidCrl(_), Some(crl_file)) => {
+                    FileError::new(
+                        crl_file,
+                        format!(
+                            "crl_file: cannot use the revocation list: {e} (a CRL must be \
+                             X.509 version 2, as `openssl ca -gencrl` makes with crl_extensions \
+                             set, e.g. crlnumber)"
+                        ),
+                    )
+                }
+                _ => FileError::new(ca_file, format!("cannot verify clients: {e}")),
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

@@ -324,7 +324,6 @@ fn no_equivalent(key: &str) -> Option<&'static str> {
         }
         "dhparamfile" => "rustls has no finite-field Diffie-Hellman; ECDHE is used",
         "tls_engine" | "tls_keyform" => "keys are read from PEM files only",
-        "use_username_as_clientid" => "not offered: a client keeps the identifier it sends",
         "max_topic_alias" => "Mercurio offers MQTT 5 clients 10 topic aliases, not configurable",
         "queue_qos0_messages" => {
             "QoS 0 messages are never queued for a disconnected client (mosquitto's default)"
@@ -582,6 +581,18 @@ impl Conversion {
                 let l = self.listener();
                 l.table.set("crl_file", string(&line.value), f);
                 l.used = true;
+            }
+            "use_username_as_clientid" => {
+                if parse_bool(line)? {
+                    return Err(refused(
+                        line,
+                        "Mercurio keeps the client identifier a client sends, so without this \
+                         line a client could take another's identifier, and with it the ACL \
+                         patterns written with %c and that client's session; write the ACL \
+                         with %u patterns (or clientid_prefixes) instead, then remove the line",
+                    ));
+                }
+                self.same(line, "a client keeps the identifier it sends");
             }
             "use_subject_as_username" => {
                 if parse_bool(line)? {

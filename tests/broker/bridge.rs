@@ -1042,6 +1042,44 @@ async fn a_password_without_tls_is_warned_about_once() {
     handle.shutdown().await;
 }
 
+/// A 3.1.1 bridge without the bridge mark (`try_private = false`) that takes messages in has
+/// no loop protection (docs/bridges.md, Loops): the broker says so at start, once; an `out`
+/// only bridge without the mark, or one with it, is not warned about.
+#[tokio::test]
+async fn a_3_1_1_bridge_without_try_private_taking_messages_in_is_warned_about() {
+    let logs = capture_logs();
+    let mut unmarked = bridge(
+        "unmarked",
+        dead_address(),
+        vec![topic("q/#", BridgeDirection::Both, 1, "", "")],
+    );
+    unmarked.try_private = false;
+    let mut out_only = bridge(
+        "out-only",
+        dead_address(),
+        vec![topic("o/#", BridgeDirection::Out, 1, "", "")],
+    );
+    out_only.try_private = false;
+    let marked = bridge(
+        "marked",
+        dead_address(),
+        vec![topic("m/#", BridgeDirection::Both, 1, "", "")],
+    );
+    let (handle, _) = start_with(with_bridges(vec![unmarked, out_only, marked])).await;
+    wait_until("a failed attempt of each", || {
+        handle.bridges().iter().all(|b| b.last_error.is_some())
+    })
+    .await;
+    let warned = |name: &str| {
+        logs.matching(&["WARN", "try_private = false", &format!("bridge={name}")])
+            .len()
+    };
+    assert_eq!(warned("unmarked"), 1, "{:#?}", logs.lines());
+    assert_eq!(warned("out-only"), 0, "{:#?}", logs.lines());
+    assert_eq!(warned("marked"), 0, "{:#?}", logs.lines());
+    handle.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_retained_message_brought_in_by_a_bridge_does_not_go_back_to_a_3_1_1_bridge() {
     // b's bridge brings a's retained r/x = v1 in, then goes away; a's r/x becomes v2. When a

@@ -280,6 +280,18 @@ impl Task {
             tracing::error!(bridge = %self.cfg.name, "bridge without addresses: not started");
             return;
         }
+        if self.cfg.protocol_version == crate::config::BridgeProtocol::Mqttv311
+            && !self.cfg.try_private
+            && self
+                .cfg
+                .topics
+                .iter()
+                .any(|t| t.direction != crate::config::BridgeDirection::Out)
+        {
+            // Without the mark a 3.1.1 remote cannot tell the bridge from a client: nothing
+            // keeps what it brings in from going back (docs/bridges.md, Loops).
+            tracing::warn!(bridge = %self.cfg.name, "try_private = false on an MQTT 3.1.1 bridge that takes messages in: the remote cannot tell it is a bridge, so it may send back what the bridge publishes there, and a remote that also bridges to this broker on the same topics loops messages for ever; keep try_private = true or use protocol_version = \"mqttv5\"");
+        }
         if self.cfg.password.is_some() && !self.cfg.tls() {
             tracing::warn!(bridge = %self.cfg.name, "the bridge sends its password without TLS (no cafile): anyone on the way to the remote can read it");
         }

@@ -6,7 +6,7 @@
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::http::{text, HttpBody, ResponseGuard};
+use crate::http::{get_or_head_only, text, HttpBody, ResponseGuard};
 
 const INDEX: &str = include_str!("index.html");
 const SCRIPT: &str = include_str!("app.js");
@@ -20,14 +20,7 @@ pub(crate) fn serves(path: &str) -> bool {
 /// Serves one of the console's files (GET and HEAD only).
 pub(crate) fn respond<B>(req: &Request<B>, guard: ResponseGuard) -> Response<HttpBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        let mut r = text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method not allowed\n",
-            guard,
-        );
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return r;
+        return get_or_head_only(guard);
     }
     let (body, content_type) = match req.uri().path() {
         "/console" => {

@@ -905,6 +905,19 @@ fn use_subject_as_username_is_refused() {
     );
 }
 
+/// use_username_as_clientid true: without it a client could take another's identifier, and
+/// the ACL patterns written with %c.
+#[test]
+fn use_username_as_clientid_is_refused() {
+    assert_refused(
+        "use_username_as_clientid_is_refused",
+        "listener {port} 127.0.0.1\nallow_anonymous true\nuse_username_as_clientid true\n",
+        5,
+        "use_username_as_clientid",
+        "%u patterns",
+    );
+}
+
 /// psk_hint / psk_file: a PSK listener would become a plaintext one.
 #[test]
 fn psk_listener_is_refused() {
