@@ -239,7 +239,7 @@ fn check(a: &Args) -> Result<(), String> {
         if !(0.0..1.0).contains(&a.jitter) {
             return Err("--jitter must be at least 0 and below 1".into());
         }
-        if !(a.connect_rate > 0.0) {
+        if a.connect_rate.is_nan() || a.connect_rate <= 0.0 {
             return Err("--connect-rate must be above 0".into());
         }
         if a.filter.is_empty() {
