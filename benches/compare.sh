@@ -9,6 +9,9 @@
 # Usage: benches/compare.sh [--rounds N] [--duration S] [--only REGEX] [--no-build] [--out DIR]
 #   --rounds N     rounds (default 3)
 #   --duration S   seconds of publishing per saturation run (default 4)
+#   --fleet-devices N   devices of the fleet scenarios (default 10000)
+#   --fleet-interval S  seconds between two messages of a device (default 2)
+#   --fleet-window S    measured window of the fleet scenarios (default 30)
 #   --only REGEX   run only the scenarios whose name matches (e.g. 'fanin|pairs')
 #   --no-build     use the binaries already built
 #   --out DIR      keep raw results there (default: a temporary directory, printed)
@@ -31,6 +34,9 @@ BUILD=1
 OUT=
 NICE=0
 TABLE_ONLY=
+FLEET_DEVICES=10000
+FLEET_INTERVAL=2
+FLEET_WINDOW=30
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) ROUNDS=$2; shift 2 ;;
@@ -40,7 +46,10 @@ while [ $# -gt 0 ]; do
         --out) OUT=$2; shift 2 ;;
         --nice) NICE=$2; shift 2 ;;
         --table) TABLE_ONLY=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --fleet-devices) FLEET_DEVICES=$2; shift 2 ;;
+        --fleet-interval) FLEET_INTERVAL=$2; shift 2 ;;
+        --fleet-window) FLEET_WINDOW=$2; shift 2 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -68,7 +77,8 @@ for path in sorted(glob.glob(os.path.join(work, "*.json"))):
 
 def kind(scn):
     return ("flood" if scn.startswith("pingflood") else "idle" if scn.startswith("idle") else "persist" if scn.startswith("persistent")
-            else "sweep" if scn.startswith("sweep") else "rate" if scn.startswith("lat") else "sat")
+            else "sweep" if scn.startswith("sweep") else "rate" if scn.startswith("lat")
+            else "fleet" if scn.startswith("fleet") else "sat")
 
 def metrics(scn, rep, meta):
     k = kind(scn)
@@ -108,10 +118,22 @@ def metrics(scn, rep, meta):
         m["publish msg/s (acked)"] = rep.get("sent_per_s", 0)
         m["lost"] = rep.get("lost", 0)
         m["duplicates"] = rep.get("duplicates", 0)
+    elif k == "fleet":
+        f = rep.get("fleet", {})
+        m["offered msg/s"] = f.get("offered_per_s", 0)
+        m["delivered msg/s"] = rep.get("delivered_per_s", 0)
+        m["acknowledged but lost"] = rep.get("lost", 0)
+        m["latency p50 us"] = lat.get("p50", 0)
+        m["latency p99 us"] = lat.get("p99", 0)
+        m["latency max us"] = lat.get("max", 0)
+        # Over the measured window only (recado reads /proc/PID/stat), not the connects.
+        if f.get("broker_cpu_pct") is not None:
+            m["broker CPU % (window)"] = f["broker_cpu_pct"]
+        m["broker RSS MiB (end)"] = (f.get("broker_rss_kib") or 0) / 1024
     elif k == "sweep":
         m["max rate msg/s"] = rep.get("sweep", {}).get("max_rate", 0)
         m["latency p99 us at max"] = lat.get("p99", 0)
-    if meta.get("wall_s"):
+    if meta.get("wall_s") and k != "fleet":
         m["broker CPU %"] = 100 * meta.get("cpu_s", 0) / meta["wall_s"]
     m["broker peak RSS MiB"] = meta.get("rss_peak_kb", 0) / 1024
     return m
@@ -294,6 +316,8 @@ SCENARIOS=(
     "idle-10000|idle|-s idle -C 10000"
     "persistent-q1|persist|-s persistent -q 1 --max-messages 50000"
     "sweep-fanin-q0|sweep|-s fan-in -P 4 -q 0 --sweep --sweep-step 2 --sweep-start 10000"
+    "fleet-q1|fleet|-s fleet -q 1 -N $FLEET_DEVICES -T $FLEET_INTERVAL"
+    "fleet-shared10-q1|fleet|-s fleet -q 1 -N $FLEET_DEVICES -T $FLEET_INTERVAL --backends 10"
 )
 
 CLK_TCK=$(getconf CLK_TCK)
@@ -316,13 +340,18 @@ for round in $(seq 1 "$ROUNDS"); do
                   echo "$peak" >"$base.peak.tmp"; mv "$base.peak.tmp" "$base.peak"; sleep 0.1; done ) &
             SAMPLER=$!
             d=$DURATION
+            extra=()
+            if [ "$kind" = fleet ]; then
+                d=$FLEET_WINDOW
+                extra=(--broker-pid "$BPID")
+            fi
             if [ "$kind" = flood ]; then
                 # shellcheck disable=SC2086
                 nice -n "$NICE" taskset -c "$BENCH_CPU" python3 "$ROOT/benches/ping_flood.py" "${PORT[$broker]}" $args \
                     >"$base.out" 2>"$base.err" || true
             else
                 # shellcheck disable=SC2086
-                nice -n "$NICE" taskset -c "$BENCH_CPU" "$RECADO" bench $args -d "$d" --drain 15 -p "${PORT[$broker]}" --label "$broker" \
+                nice -n "$NICE" taskset -c "$BENCH_CPU" "$RECADO" bench $args -d "$d" --drain 15 -p "${PORT[$broker]}" --label "$broker" "${extra[@]}" \
                     >"$base.out" 2>"$base.err" || true
             fi
             t1=$(date +%s.%N); c1=$(cpu_ticks "$BPID")

@@ -4,12 +4,15 @@
 //! Scenarios: `fan-in` (P publishers, one wildcard subscriber), `fan-out` (one publisher, K
 //! subscribers), `pairs` (P publisher/subscriber pairs), `idle` (C connections held with keep
 //! alive; connect rate), `persistent` (QoS 1 into an offline persistent session, then
-//! drained). Every run is bounded by `--duration` and `--max-messages`. The report ends with
+//! drained), `fleet` (N devices each publishing every few seconds, one backend subscriber or
+//! K sharing a subscription; broker CPU % and RSS). Every run is bounded by `--duration` and `--max-messages`. The report ends with
 //! one JSON line. `--sweep` searches the highest offered rate that passes (no loss, the rate
 //! sustained, p99 under 10 ms). `--tls --cafile CA.pem` connects over TLS (every scenario).
 
 mod client;
+mod fleet;
 mod hist;
+mod procstat;
 mod report;
 mod tracker;
 mod traffic;
@@ -44,6 +47,9 @@ pub enum Scenario {
     Idle,
     /// Messages published into an offline persistent session, then drained on reconnect.
     Persistent,
+    /// N devices each publishing every T seconds (jittered), 1 backend subscriber or K
+    /// sharing `$share/backend/FILTER`.
+    Fleet,
 }
 
 /// The options of `recado bench` (see docs/BENCHMARKS.md).
@@ -71,13 +77,14 @@ pub struct Args {
     /// Subscribers (fan-out).
     #[arg(long, short = 'K', default_value_t = 10)]
     subscribers: usize,
-    /// QoS of publications and subscriptions: 0, 1 or 2.
-    #[arg(long, short, default_value_t = 0)]
-    qos: u8,
+    /// QoS of publications and subscriptions: 0, 1 or 2 (fleet: 0 or 1) [default: 0; fleet: 1].
+    #[arg(long, short)]
+    qos: Option<u8>,
     /// Payload bytes (at least 20: the time stamp, publisher and sequence number).
     #[arg(long, default_value_t = 64)]
     payload: usize,
-    /// Seconds of publishing (idle: seconds to hold the connections once all are up).
+    /// Seconds of publishing (idle: seconds to hold the connections once all are up; fleet:
+    /// the measured window, after the connections are up).
     #[arg(long, short, default_value_t = 10.0)]
     duration: f64,
     /// Most messages per publisher (persistent: messages queued for the offline session).
@@ -105,6 +112,30 @@ pub struct Args {
     /// Keep alive in seconds of every connection.
     #[arg(long, default_value_t = 60)]
     keep_alive: u16,
+    /// Devices (fleet): one connection each.
+    #[arg(long, short = 'N', default_value_t = 10_000)]
+    devices: usize,
+    /// Mean seconds between two messages of a device (fleet).
+    #[arg(long, short = 'T', default_value_t = 2.0)]
+    interval: f64,
+    /// Each interval is drawn within interval * (1 +- jitter); each device starts at a random
+    /// phase (fleet).
+    #[arg(long, default_value_t = 0.1)]
+    jitter: f64,
+    /// Backend subscribers (fleet): 1 subscribes to --filter, K > 1 share
+    /// `$share/backend/FILTER`.
+    #[arg(long, default_value_t = 1)]
+    backends: usize,
+    /// The backend's topic filter (fleet); devices publish on fleet/RUN/DEVICE.
+    #[arg(long, default_value = "#")]
+    filter: String,
+    /// Connections opened per second before the measured window (fleet).
+    #[arg(long, default_value_t = 1000.0)]
+    connect_rate: f64,
+    /// The broker's process id, for its CPU % over the window and its RSS (fleet); by
+    /// default the process listening on --port, when this user can see it.
+    #[arg(long)]
+    broker_pid: Option<u32>,
     /// Search the highest passing rate instead of one run (not for idle / persistent).
     #[arg(long)]
     sweep: bool,
@@ -195,7 +226,27 @@ fn check(a: &Args) -> Result<(), String> {
             "{addr} is not a loopback address: recado bench runs on loopback only"
         ));
     }
-    if a.qos > 2 {
+    if a.scenario == Scenario::Fleet {
+        if qos(a) > 1 {
+            return Err("--qos must be 0 or 1 in the fleet scenario".into());
+        }
+        if a.devices == 0 || a.backends == 0 {
+            return Err("--devices and --backends must be at least 1".into());
+        }
+        if !(a.interval > 0.0 && a.interval <= 3600.0) {
+            return Err("--interval must be between 0 and 3600 seconds".into());
+        }
+        if !(0.0..1.0).contains(&a.jitter) {
+            return Err("--jitter must be at least 0 and below 1".into());
+        }
+        if a.connect_rate.is_nan() || a.connect_rate <= 0.0 {
+            return Err("--connect-rate must be above 0".into());
+        }
+        if a.filter.is_empty() {
+            return Err("--filter must not be empty".into());
+        }
+    }
+    if qos(a) > 2 {
         return Err("--qos must be 0, 1 or 2".into());
     }
     if a.mqtt != 3 && a.mqtt != 5 {
@@ -215,10 +266,21 @@ fn check(a: &Args) -> Result<(), String> {
             "--publishers, --subscribers, --connections and --inflight must be at least 1".into(),
         );
     }
-    if a.sweep && matches!(a.scenario, Scenario::Idle | Scenario::Persistent) {
+    if a.sweep
+        && matches!(
+            a.scenario,
+            Scenario::Idle | Scenario::Persistent | Scenario::Fleet
+        )
+    {
         return Err("--sweep applies to fan-in, fan-out and pairs".into());
     }
     Ok(())
+}
+
+/// The QoS asked, or the scenario's default: 1 for fleet, else 0.
+fn qos(a: &Args) -> u8 {
+    a.qos
+        .unwrap_or(if a.scenario == Scenario::Fleet { 1 } else { 0 })
 }
 
 fn resolve(a: &Args) -> Result<SocketAddr, String> {
@@ -260,7 +322,7 @@ fn run_config(a: &Args, target: &Target, rate: f64, duration: f64, token: String
         } else {
             ProtocolVersion::V311
         },
-        qos: QoS::from_u8(a.qos).expect("checked"),
+        qos: QoS::from_u8(qos(a)).expect("checked"),
         payload: a.payload,
         duration: Duration::from_secs_f64(duration),
         max_messages: a.max_messages,
@@ -282,7 +344,7 @@ fn base_report(a: &Args) -> Report {
         label: a.label.clone(),
         mqtt: if a.mqtt == 5 { "5.0" } else { "3.1.1" }.into(),
         tls: a.tls,
-        qos: a.qos,
+        qos: qos(a),
         payload: a.payload,
         ..Report::default()
     }
@@ -298,6 +360,20 @@ async fn run(a: Args, target: Target) -> Report {
         Scenario::Persistent => {
             let cfg = run_config(&a, &target, a.rate, a.duration, token);
             persistent(&cfg, &mut report).await;
+        }
+        Scenario::Fleet => {
+            let cfg = run_config(&a, &target, a.rate, a.duration, token);
+            let f = fleet::FleetConfig {
+                devices: a.devices,
+                interval: a.interval,
+                jitter: a.jitter,
+                backends: a.backends,
+                filter: a.filter.clone(),
+                connect_rate: a.connect_rate,
+                connect_concurrency: a.connect_concurrency,
+                broker_pid: a.broker_pid,
+            };
+            fleet::run(&cfg, &f, &mut report).await;
         }
         _ if a.sweep => {
             let mut steps = Vec::new();

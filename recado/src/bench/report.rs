@@ -67,6 +67,40 @@ pub struct SweepReport {
     pub steps: Vec<SweepStep>,
 }
 
+/// The fleet scenario's own figures (the message counts and latency are the run's).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct FleetReport {
+    pub devices: usize,
+    /// Devices connected before the window.
+    pub connected: usize,
+    pub connect_failed: usize,
+    /// Seconds the connections took to open (paced; not measured).
+    pub connect_s: f64,
+    /// Mean seconds between two messages of a device.
+    pub interval_s: f64,
+    /// Each interval within `interval_s * (1 +- jitter)`.
+    pub jitter: f64,
+    /// Backend subscribers (more than 1: sharing the filter).
+    pub backends: usize,
+    /// The backend's filter as subscribed.
+    pub filter: String,
+    /// Messages/s the fleet offers: devices / interval.
+    pub offered_per_s: f64,
+    /// Seconds of the measured window.
+    pub window_s: f64,
+    /// The soft limit of open files during the run.
+    pub nofile_limit: u64,
+    pub broker_pid: Option<u32>,
+    /// The broker's CPU time over the window, in % of one core.
+    pub broker_cpu_pct: Option<f64>,
+    /// The broker's resident memory at the end of the window, KiB.
+    pub broker_rss_kib: Option<u64>,
+    /// The broker's peak resident memory (VmHWM), KiB.
+    pub broker_peak_rss_kib: Option<u64>,
+    /// What could not be measured, and why.
+    pub notes: Vec<String>,
+}
+
 /// One run's result.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
@@ -101,6 +135,8 @@ pub struct Report {
     pub persistent: Option<PersistentReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetReport>,
     pub errors: Vec<String>,
 }
 
@@ -130,6 +166,21 @@ pub fn print_summary(r: &Report) {
             "persistent: {} queued, session present {}, drained in {:.3} s ({:.0}/s)",
             p.queued, p.session_present, p.drain_s, p.drain_per_s
         );
+    }
+    if let Some(f) = &r.fleet {
+        let opt = |v: Option<f64>, unit: &str| {
+            v.map_or("unknown".to_string(), |v| format!("{v:.1}{unit}"))
+        };
+        eprintln!(
+            "fleet: {}/{} devices every {} s +-{:.0} %, {} backend ({}), offered {:.0}/s over {:.1} s; broker CPU {}, RSS {} (peak {})",
+            f.connected, f.devices, f.interval_s, f.jitter * 100.0, f.backends, f.filter, f.offered_per_s, f.window_s,
+            opt(f.broker_cpu_pct, " %"),
+            opt(f.broker_rss_kib.map(|k| k as f64 / 1024.0), " MiB"),
+            opt(f.broker_peak_rss_kib.map(|k| k as f64 / 1024.0), " MiB"),
+        );
+        for n in &f.notes {
+            eprintln!("note: {n}");
+        }
     }
     if let Some(s) = &r.sweep {
         eprintln!("sweep: highest passing rate {:.0} msg/s", s.max_rate);

@@ -42,6 +42,15 @@ impl Tracker {
         }
         true
     }
+
+    /// Whether message `seq` of publisher `publisher` was seen.
+    pub fn seen(&self, publisher: u32, seq: u64) -> bool {
+        let (word, bit) = ((seq / 64) as usize, seq % 64);
+        self.seen
+            .get(publisher as usize)
+            .and_then(|bits| bits.get(word))
+            .is_some_and(|w| w & (1u64 << bit) != 0)
+    }
 }
 
 #[cfg(test)]
@@ -60,5 +69,7 @@ mod tests {
         assert_eq!(t.unique, 4);
         assert_eq!(t.duplicates, 2);
         assert_eq!(t.reordered, 1);
+        assert!(t.seen(3, 999) && t.seen(0, 2));
+        assert!(!t.seen(0, 3) && !t.seen(7, 1));
     }
 }

@@ -62,7 +62,8 @@ impl Shared {
         })
     }
 
-    fn now_ns(&self) -> u64 {
+    /// Nanoseconds since `epoch`: the time stamp of the payloads.
+    pub fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
 }

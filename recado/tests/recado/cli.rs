@@ -1191,6 +1191,66 @@ async fn bench_runs_as_a_subcommand() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn bench_fleet_reports_every_acknowledged_message_delivered() {
+    let b = TestBroker::mercurio().await;
+    // The broker runs in this process: its CPU % and RSS are this process's.
+    let pid = std::process::id().to_string();
+    for backends in ["1", "3"] {
+        let run = recado(&[
+            "bench",
+            "-s",
+            "fleet",
+            "-N",
+            "100",
+            "-T",
+            "0.5",
+            "-d",
+            "2",
+            "--backends",
+            backends,
+            "-p",
+            &b.port(),
+            "--broker-pid",
+            &pid,
+        ])
+        .await;
+        let last = run.ok().lines().last().unwrap_or_default().to_string();
+        let r: serde_json::Value = serde_json::from_str(&last).unwrap();
+        assert_eq!(r["scenario"], "fleet", "{r}");
+        assert_eq!(r["qos"], 1, "QoS 1 by default: {r}");
+        let f = &r["fleet"];
+        assert_eq!(f["devices"], 100, "{r}");
+        assert_eq!(f["connected"], 100, "{r}");
+        assert_eq!(f["offered_per_s"], 200.0, "{r}");
+        let sent = r["sent"].as_u64().unwrap();
+        // 100 devices, one message per 0.5 s +- 10 %, for 2 s: 3 or 4 each, whatever the phase.
+        assert!((300..=500).contains(&sent), "{r}");
+        assert_eq!(r["acked"], sent, "{r}");
+        assert_eq!(r["delivered"], sent, "{r}");
+        assert_eq!(r["lost"], 0, "{r}");
+        assert_eq!(r["duplicates"], 0, "{r}");
+        let lat = &r["latency_us"];
+        assert_eq!(lat["count"], sent, "{r}");
+        assert!(lat["max"].as_u64().unwrap() > 0, "{r}");
+        assert!(
+            lat["p99"].as_u64().unwrap() >= lat["p50"].as_u64().unwrap(),
+            "{r}"
+        );
+        assert!(f["broker_cpu_pct"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(f["broker_rss_kib"].as_u64().unwrap() > 0, "{r}");
+        if backends == "3" {
+            assert_eq!(f["filter"], "$share/backend/#", "{r}");
+        } else {
+            assert_eq!(f["filter"], "#", "{r}");
+        }
+        assert!(run.stderr.contains("fleet: 100/100 devices"), "{run:?}");
+    }
+    // QoS 2 is not a fleet's.
+    let run = recado(&["bench", "-s", "fleet", "-q", "2", "-p", &b.port()]).await;
+    assert_eq!(run.code, exit::USAGE, "{run:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn mqtt5_to_a_broker_without_it_is_a_connack_refusal() {
     // A 3.1.1-only broker answers a 5.0 CONNECT with return code 1 (MQTT 3.1.1 section
     // 3.1.2.2, [MQTT-3.1.2-2]), a CONNACK 5.0 would call malformed.
