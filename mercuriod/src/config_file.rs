@@ -644,7 +644,7 @@ fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
 
 /// Keys whose valid range is narrower than their type's: a type error names this range, the
 /// one `Config::validate` checks, so that fixing it does not lead to a second error.
-const RANGES: [(&str, &str); 7] = [
+const RANGES: [(&str, &str); 8] = [
     (
         "server.busy_poll",
         "a whole number of microseconds from 0 to 1000000",
@@ -660,6 +660,10 @@ const RANGES: [(&str, &str); 7] = [
     (
         "server.max_retained_bytes",
         "a whole number of bytes, 0 (unlimited) or 1024 or more",
+    ),
+    (
+        "server.max_publish_bytes_rate",
+        "a whole number of bytes per second, 0 (unlimited) or 1024 or more",
     ),
 ];
 
@@ -825,6 +829,33 @@ mod tests {
             e.to_string(),
             "m.toml:3: server.max_retained_bytes: is in bytes: 0 (unlimited) or at least 1024, not 64"
         );
+    }
+
+    #[test]
+    fn publish_rates_are_read_and_checked() {
+        let c = parse(
+            Path::new("m.toml"),
+            "[server]\nmax_publish_rate = 200\nmax_publish_bytes_rate = 65536\n",
+        )
+        .expect("parse");
+        assert_eq!(c.server.max_publish_rate, 200);
+        assert_eq!(c.server.max_publish_bytes_rate, 65_536);
+        let e = err("[server]\nsys_interval = 5\nmax_publish_bytes_rate = 64\n");
+        assert_eq!(
+            e.to_string(),
+            "m.toml:3: server.max_publish_bytes_rate: is in bytes per second: 0 (unlimited) or at least 1024, not 64"
+        );
+        let e = err("[server]\nmax_publish_rate = -5\n");
+        assert_eq!(e.key.as_deref(), Some("server.max_publish_rate"));
+        assert_eq!(e.line, Some(2));
+        let e = err("[server]\n\nmax_publish_bytes_rate = -1\n");
+        assert_eq!(e.line, Some(3));
+        assert!(
+            e.message.contains("0 (unlimited) or 1024 or more"),
+            "{e}"
+        );
+        let e = err("[server]\nmax_publish_rate = \"fast\"\n");
+        assert_eq!(e.key.as_deref(), Some("server.max_publish_rate"));
     }
 
     #[test]
