@@ -850,10 +850,7 @@ mod tests {
         assert_eq!(e.line, Some(2));
         let e = err("[server]\n\nmax_publish_bytes_rate = -1\n");
         assert_eq!(e.line, Some(3));
-        assert!(
-            e.message.contains("0 (unlimited) or 1024 or more"),
-            "{e}"
-        );
+        assert!(e.message.contains("0 (unlimited) or 1024 or more"), "{e}");
         let e = err("[server]\nmax_publish_rate = \"fast\"\n");
         assert_eq!(e.key.as_deref(), Some("server.max_publish_rate"));
     }

@@ -467,7 +467,8 @@ async fn publish_bytes_rate_slows_large_payloads_never_drops() {
     .expect("done before the deadline");
     let elapsed = start.elapsed();
     assert_eq!(acked.len(), COUNT, "every message acknowledged");
-    let least = Duration::from_secs_f64(((COUNT * SIZE) as f64 - f64::from(RATE)) / f64::from(RATE));
+    let least =
+        Duration::from_secs_f64(((COUNT * SIZE) as f64 - f64::from(RATE)) / f64::from(RATE));
     assert!(
         elapsed >= least,
         "{COUNT} x {SIZE} bytes at {RATE} bytes/s took {elapsed:?}, less than {least:?}"
@@ -482,27 +483,42 @@ async fn publish_bytes_rate_slows_large_payloads_never_drops() {
 /// A client held by `max_publish_rate` longer than one and a half times its keep alive is not
 /// closed for it: the keep alive runs only while the broker waits to read [MQTT-3.1.2-24].
 /// Keep alive 1 s (closed after 1.5 s of silence), one PUBLISH a second: four PUBLISH written
-/// at once hold the client about 3 s; it then gets its PUBACKs and a PINGRESP.
+/// at once hold the client about 3 s; it then gets its PUBACKs and a PINGRESP. Run with
+/// parking (a new connection parks right after its CONNACK, so the PUBLISH packets are read
+/// by its resume) and without.
 #[tokio::test]
 async fn keep_alive_does_not_run_out_while_held_by_the_publish_rate() {
-    let (broker, addr) = start_with(config(|s| s.max_publish_rate = 1)).await;
-    let mut connect = connect_packet(V311, "slow");
-    connect.keep_alive = 1;
-    let (mut c, ack) = Client::connect_with(addr, connect).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let mut out = BytesMut::new();
-    for id in 1..=4u16 {
-        let p = publish_packet("ka/t", b"x", QoS::AtLeastOnce, false, id, Properties::default());
-        codec::encode(&p, V311, &mut out).expect("encode");
-    }
-    c.send_raw(&out).await;
-    for id in 1..=4u16 {
-        match c.recv().await {
-            Some(Packet::PubAck(a)) => assert_eq!(a.packet_id, id),
-            other => panic!("expected PUBACK {id}, got {other:?}"),
+    for park_after in [10, 0] {
+        let (broker, addr) = start_with(config(|s| {
+            s.max_publish_rate = 1;
+            s.park_after = park_after;
+        }))
+        .await;
+        let mut connect = connect_packet(V311, "slow");
+        connect.keep_alive = 1;
+        let (mut c, ack) = Client::connect_with(addr, connect).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        let mut out = BytesMut::new();
+        for id in 1..=4u16 {
+            let p = publish_packet(
+                "ka/t",
+                b"x",
+                QoS::AtLeastOnce,
+                false,
+                id,
+                Properties::default(),
+            );
+            codec::encode(&p, V311, &mut out).expect("encode");
         }
+        c.send_raw(&out).await;
+        for id in 1..=4u16 {
+            match c.recv().await {
+                Some(Packet::PubAck(a)) => assert_eq!(a.packet_id, id),
+                other => panic!("park_after {park_after}: expected PUBACK {id}, got {other:?}"),
+            }
+        }
+        c.ping().await;
+        assert!(broker.stats().clients_rate_limited >= 3);
+        broker.shutdown().await;
     }
-    c.ping().await;
-    assert!(broker.stats().clients_rate_limited >= 3);
-    broker.shutdown().await;
 }

@@ -40,10 +40,7 @@ impl PublishRate {
     pub(super) fn charge(&mut self, size: usize) -> Option<Duration> {
         let now = Instant::now();
         let by_count = self.packets.as_mut().and_then(|b| b.take(now));
-        let by_size = self
-            .bytes
-            .as_mut()
-            .and_then(|b| b.take_n(now, size as f64));
+        let by_size = self.bytes.as_mut().and_then(|b| b.take_n(now, size as f64));
         by_count.max(by_size)
     }
 }
@@ -81,6 +78,8 @@ mod tests {
         assert!(wait > Duration::from_millis(490), "{wait:?}");
         // A packet larger than a second's worth passes once its time is paid.
         let mut r = PublishRate::of(&server(0, 1_000)).expect("limited");
-        assert!(r.charge(3_000).is_some_and(|w| w > Duration::from_millis(1990)));
+        assert!(r
+            .charge(3_000)
+            .is_some_and(|w| w > Duration::from_millis(1990)));
     }
 }

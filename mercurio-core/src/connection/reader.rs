@@ -99,11 +99,16 @@ impl<'a> Reader<'a> {
             // Served again after a park: the deadline armed before goes on (it moves only
             // when packets come).
             let mut deadline = if self.c.link.take_resumed() {
-                self.c
+                let armed = self
+                    .c
                     .broker
                     .keep_alive
                     .armed_deadline(&self.c.link)
-                    .or_else(|| self.keep_alive_deadline())
+                    .or_else(|| self.keep_alive_deadline());
+                // The deadline runs only while the read waits: not while the packets the
+                // resume read are handled, which may wait (back pressure, publish rate).
+                self.c.link.disarm_keep_alive();
+                armed
             } else {
                 self.keep_alive_deadline()
             };
