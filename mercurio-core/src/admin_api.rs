@@ -324,6 +324,8 @@ impl AdminApi {
             "clients_maximum": s.clients_maximum,
             "clients_parked": s.clients_parked,
             "clients_stalled": s.clients_stalled,
+            "clients_rate_limited": s.clients_rate_limited,
+            "clients_rate_limited_ms": s.clients_rate_limited_ms,
             "sessions": s.sessions,
             "sessions_disconnected": s.sessions_disconnected,
             "subscriptions": s.subscriptions,

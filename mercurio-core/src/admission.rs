@@ -16,7 +16,8 @@ use tokio::time::Instant;
 pub(crate) const LISTEN_BACKLOG: u32 = 8192;
 
 /// A token bucket: `burst` tokens at most, refilled at `rate` per second; one per accepted
-/// connection.
+/// connection (a connection's reader also paces its PUBLISH packets with it,
+/// `connection::rate`, one per packet or one per byte).
 #[derive(Debug)]
 pub(crate) struct AcceptRate {
     /// Tokens per second.
@@ -52,8 +53,15 @@ impl AcceptRate {
     /// Takes a token for a connection accepted now: `None` when there was one, else how long
     /// to wait before serving it (the token is taken in advance: the caller waits that long).
     pub(crate) fn take(&mut self, now: Instant) -> Option<Duration> {
+        self.take_n(now, 1.0)
+    }
+
+    /// Takes `n` tokens now, as [`take`](Self::take) takes one. More than the bucket holds
+    /// is taken all the same, in advance: the wait is then what the rate needs to refill
+    /// them (a PUBLISH larger than a second's worth of bytes passes, once its time is paid).
+    pub(crate) fn take_n(&mut self, now: Instant, n: f64) -> Option<Duration> {
         self.refill(now);
-        self.tokens -= 1.0;
+        self.tokens -= n;
         if self.tokens >= 0.0 {
             return None;
         }

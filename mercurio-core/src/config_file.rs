@@ -869,6 +869,30 @@ mod tests {
     }
 
     #[test]
+    fn publish_rates_are_read_and_checked() {
+        let c = parse(
+            Path::new("m.toml"),
+            "[server]\nmax_publish_rate = 200\nmax_publish_bytes_rate = 65536\n",
+        )
+        .expect("parse");
+        assert_eq!(c.server.max_publish_rate, 200);
+        assert_eq!(c.server.max_publish_bytes_rate, 65_536);
+        let e = err("[server]\nsys_interval = 5\nmax_publish_bytes_rate = 64\n");
+        assert_eq!(
+            e.to_string(),
+            "m.toml:3: server.max_publish_bytes_rate: must be a whole number of bytes per second, 0 (unlimited) or 1024 or more, not 64"
+        );
+        let e = err("[server]\nmax_publish_rate = -5\n");
+        assert_eq!(e.key.as_deref(), Some("server.max_publish_rate"));
+        assert_eq!(e.line, Some(2));
+        let e = err("[server]\n\nmax_publish_bytes_rate = -1\n");
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("0 (unlimited) or 1024 or more"), "{e}");
+        let e = err("[server]\nmax_publish_rate = \"fast\"\n");
+        assert_eq!(e.key.as_deref(), Some("server.max_publish_rate"));
+    }
+
+    #[test]
     fn missing_key_falls_back_to_its_table() {
         let e = err("[storage]\nstandby = true\n");
         assert_eq!(e.key.as_deref(), Some("storage.standby"));

@@ -69,6 +69,11 @@ pub struct Stats {
     /// Times a client with queued messages was found stalled (took none for `stall_time`)
     /// while publishers routed into its queue: from then on it held nobody back.
     pub clients_stalled: u64,
+    /// Times a client's PUBLISH waited for `max_publish_rate` or `max_publish_bytes_rate`
+    /// (its socket not read meanwhile).
+    pub clients_rate_limited: u64,
+    /// Milliseconds clients' PUBLISH packets waited for the publish rate limits, in total.
+    pub clients_rate_limited_ms: u64,
     /// Connections parked now: idle for `park_after`, held as a socket and a small record
     /// instead of a task (a gauge).
     pub clients_parked: u64,
@@ -120,6 +125,10 @@ pub(crate) struct Counters {
     /// Times a client with queued messages was found stalled (took none for `stall_time`)
     /// while publishers routed into its queue: from then on it held nobody back.
     pub(crate) clients_stalled: AtomicU64,
+    /// Times a client's PUBLISH waited for `max_publish_rate` or `max_publish_bytes_rate`.
+    pub(crate) clients_rate_limited: AtomicU64,
+    /// Microseconds clients' PUBLISH packets waited for the publish rate limits, in total.
+    pub(crate) clients_rate_limited_us: AtomicU64,
     /// Connections parked now: idle for `park_after`, held as a socket and a small record
     /// instead of a task (a gauge).
     pub(crate) clients_parked: AtomicU64,
@@ -195,6 +204,8 @@ impl Counters {
             sessions_expired: self.sessions_expired.load(Ordering::Relaxed),
             shared_passed_on: self.shared_passed_on.load(Ordering::Relaxed),
             clients_stalled: self.clients_stalled.load(Ordering::Relaxed),
+            clients_rate_limited: self.clients_rate_limited.load(Ordering::Relaxed),
+            clients_rate_limited_ms: self.clients_rate_limited_us.load(Ordering::Relaxed) / 1000,
             clients_parked: self.clients_parked.load(Ordering::Relaxed),
             connections_delayed: self.connections_delayed.load(Ordering::Relaxed),
             storage_batches_retried: self.storage_batches_retried.load(Ordering::Relaxed),

@@ -140,6 +140,14 @@ impl SysPublisher {
                 get(&s.clients_stalled).to_string(),
             ),
             (
+                "clients/rate_limited".into(),
+                get(&s.clients_rate_limited).to_string(),
+            ),
+            (
+                "clients/rate_limited_ms".into(),
+                (get(&s.clients_rate_limited_us) / 1000).to_string(),
+            ),
+            (
                 "connections/delayed".into(),
                 get(&s.connections_delayed).to_string(),
             ),

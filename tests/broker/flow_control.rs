@@ -48,6 +48,19 @@ async fn flood(
     count: usize,
     window: usize,
 ) -> Vec<String> {
+    flood_sized(addr, client_id, topic, qos, count, window, 0).await
+}
+
+/// [`flood`] with payloads padded with '.' to `size` bytes.
+async fn flood_sized(
+    addr: SocketAddr,
+    client_id: String,
+    topic: &'static str,
+    qos: QoS,
+    count: usize,
+    window: usize,
+    size: usize,
+) -> Vec<String> {
     let mut c = Client::connect(addr, V311, &client_id).await;
     let mut inflight: std::collections::HashMap<u16, String> = Default::default();
     let mut acked = Vec::with_capacity(count);
@@ -59,7 +72,9 @@ async fn flood(
             while sent < count && inflight.len() < window {
                 let id = next_id;
                 next_id = next_id.wrapping_add(1).max(1);
-                let payload = format!("{client_id}/{sent}");
+                let mut payload = format!("{client_id}/{sent}");
+                let pad = size.saturating_sub(payload.len());
+                payload.extend(std::iter::repeat_n('.', pad));
                 let p = publish_packet(
                     topic,
                     payload.as_bytes(),
@@ -364,4 +379,146 @@ async fn qos1_receive_maximum_exceeded() {
         .expect("connection closed before the deadline");
     assert_eq!(disconnect, Some(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED));
     broker.shutdown().await;
+}
+
+/// `max_publish_rate`: a client publishing QoS 1 as fast as it can is paced at the rate
+/// after a second's worth (the bucket): 600 messages at 200/s take at least (600 - 200) / 200
+/// = 2 s. Every message is acknowledged and delivered, none dropped, the client is never
+/// disconnected (`flood` panics on a close), and a second client publishing meanwhile is not
+/// held by the first: its 50 messages are all acknowledged while the first is still held.
+#[tokio::test]
+async fn publish_rate_slows_a_client_never_drops_nor_holds_others() {
+    const RATE: u32 = 200;
+    const COUNT: usize = 600;
+    let (broker, addr) = start_with(config(|s| s.max_publish_rate = RATE)).await;
+    let mut sub = Client::connect(addr, V311, "sink").await;
+    sub.subscribe("rate/#", QoS::AtLeastOnce).await;
+    let (mut got, task) = fast_subscriber(sub);
+    let start = tokio::time::Instant::now();
+    let limited = tokio::spawn(flood(
+        addr,
+        "limited".into(),
+        "rate/limited",
+        QoS::AtLeastOnce,
+        COUNT,
+        64,
+    ));
+    wait_until("the limited client is held", || {
+        broker.stats().clients_rate_limited > 0
+    })
+    .await;
+    let other = flood(addr, "other".into(), "rate/other", QoS::AtLeastOnce, 50, 64).await;
+    assert_eq!(other.len(), 50);
+    assert!(
+        !limited.is_finished(),
+        "the second client finished its 50 messages while the first was still held"
+    );
+    let acked = tokio::time::timeout(RUN_DEADLINE, limited)
+        .await
+        .expect("the limited client done before the deadline")
+        .expect("limited task");
+    let elapsed = start.elapsed();
+    assert_eq!(acked.len(), COUNT, "every message acknowledged");
+    let least = Duration::from_secs_f64((COUNT as f64 - f64::from(RATE)) / f64::from(RATE));
+    assert!(
+        elapsed >= least,
+        "{COUNT} messages at {RATE}/s took {elapsed:?}, less than {least:?}"
+    );
+    delivered_all(&mut got, &acked).await;
+    delivered_all(&mut got, &other).await;
+    let stats = broker.stats();
+    assert_eq!(stats.dropped_total(), 0, "nothing dropped");
+    assert!(stats.clients_rate_limited > 0);
+    // Held for most of the run: at least the time the rate added, less the waits' rounding.
+    assert!(
+        stats.clients_rate_limited_ms >= least.as_millis() as u64 / 2,
+        "held {} ms in total",
+        stats.clients_rate_limited_ms
+    );
+    task.abort();
+    broker.shutdown().await;
+}
+
+/// `max_publish_bytes_rate`: 60 payloads of 10,000 bytes at 200,000 bytes/s take at least
+/// (600,000 - 200,000) / 200,000 = 2 s; all are acknowledged and delivered, none dropped.
+#[tokio::test]
+async fn publish_bytes_rate_slows_large_payloads_never_drops() {
+    const RATE: u32 = 200_000;
+    const COUNT: usize = 60;
+    const SIZE: usize = 10_000;
+    let (broker, addr) = start_with(config(|s| s.max_publish_bytes_rate = RATE)).await;
+    let mut sub = Client::connect(addr, V311, "sink").await;
+    sub.subscribe("rate/#", QoS::AtLeastOnce).await;
+    let (mut got, task) = fast_subscriber(sub);
+    let start = tokio::time::Instant::now();
+    let acked = tokio::time::timeout(
+        RUN_DEADLINE,
+        flood_sized(
+            addr,
+            "large".into(),
+            "rate/large",
+            QoS::AtLeastOnce,
+            COUNT,
+            16,
+            SIZE,
+        ),
+    )
+    .await
+    .expect("done before the deadline");
+    let elapsed = start.elapsed();
+    assert_eq!(acked.len(), COUNT, "every message acknowledged");
+    let least =
+        Duration::from_secs_f64(((COUNT * SIZE) as f64 - f64::from(RATE)) / f64::from(RATE));
+    assert!(
+        elapsed >= least,
+        "{COUNT} x {SIZE} bytes at {RATE} bytes/s took {elapsed:?}, less than {least:?}"
+    );
+    delivered_all(&mut got, &acked).await;
+    assert_eq!(broker.stats().dropped_total(), 0, "nothing dropped");
+    assert!(broker.stats().clients_rate_limited > 0);
+    task.abort();
+    broker.shutdown().await;
+}
+
+/// A client held by `max_publish_rate` longer than one and a half times its keep alive is not
+/// closed for it: the keep alive runs only while the broker waits to read [MQTT-3.1.2-24].
+/// Keep alive 1 s (closed after 1.5 s of silence), one PUBLISH a second: four PUBLISH written
+/// at once hold the client about 3 s; it then gets its PUBACKs and a PINGRESP. Run with
+/// parking (a new connection parks right after its CONNACK, so the PUBLISH packets are read
+/// by its resume) and without.
+#[tokio::test]
+async fn keep_alive_does_not_run_out_while_held_by_the_publish_rate() {
+    for park_after in [10, 0] {
+        let (broker, addr) = start_with(config(|s| {
+            s.max_publish_rate = 1;
+            s.park_after = park_after;
+        }))
+        .await;
+        let mut connect = connect_packet(V311, "slow");
+        connect.keep_alive = 1;
+        let (mut c, ack) = Client::connect_with(addr, connect).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        let mut out = BytesMut::new();
+        for id in 1..=4u16 {
+            let p = publish_packet(
+                "ka/t",
+                b"x",
+                QoS::AtLeastOnce,
+                false,
+                id,
+                Properties::default(),
+            );
+            codec::encode(&p, V311, &mut out).expect("encode");
+        }
+        c.send_raw(&out).await;
+        for id in 1..=4u16 {
+            match c.recv().await {
+                Some(Packet::PubAck(a)) => assert_eq!(a.packet_id, id),
+                other => panic!("park_after {park_after}: expected PUBACK {id}, got {other:?}"),
+            }
+        }
+        c.ping().await;
+        assert!(broker.stats().clients_rate_limited >= 3);
+        broker.shutdown().await;
+    }
 }

@@ -223,6 +223,16 @@ fn metric_table() -> Vec<(String, &'static str, String)> {
             "counter",
             "connections/delayed",
         ),
+        (
+            "mercurio_clients_rate_limited_total",
+            "counter",
+            "clients/rate_limited",
+        ),
+        (
+            "mercurio_clients_rate_limited_milliseconds_total",
+            "counter",
+            "clients/rate_limited_ms",
+        ),
     ]
     .into_iter()
     .map(|(m, ty, s)| (m.to_string(), ty, s.to_string()))

@@ -138,6 +138,18 @@ pub struct ServerConfig {
     /// dropped (mosquitto's `message_size_limit`). 0 = no limit beyond `max_packet_size`
     /// (default).
     pub message_size_limit: u32,
+    /// PUBLISH packets per second one connection may send; 0 = unlimited (default). A token
+    /// bucket of one second's worth: a client that was quiet may send that many at once.
+    /// Above it the broker stops reading the client's socket until it is back under (TCP
+    /// slows the client, its QoS 1/2 acknowledgements come later): nothing is dropped and
+    /// the client is not disconnected, nor does its keep alive run out while it waits.
+    /// Counted in `$SYS/broker/clients/rate_limited` (`Stats::clients_rate_limited`).
+    pub max_publish_rate: u32,
+    /// Bytes of PUBLISH packets (whole packets) per second one connection may send, as
+    /// `max_publish_rate` (a bucket of one second's worth); 0 = unlimited (default), else at
+    /// least [`MIN_PUBLISH_BYTES_RATE`]. A PUBLISH larger than a second's worth passes once
+    /// the time it needs at the rate has gone by.
+    pub max_publish_bytes_rate: u32,
     /// Microseconds the event loop keeps polling its sockets, instead of sleeping, after
     /// network activity that came within this long of the activity before (a busy stretch);
     /// 0 = always sleep at once. Trades CPU time while busy for latency: each round trip of a
@@ -176,6 +188,8 @@ impl Default for ServerConfig {
             max_subscriptions_per_client: 10_000,
             allow_zero_length_clientid: true,
             message_size_limit: 0,
+            max_publish_rate: 0,
+            max_publish_bytes_rate: 0,
             busy_poll: 0,
         }
     }
@@ -453,6 +467,10 @@ pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
 /// is taken for a unit mistake (64 meant as MiB) and refused.
 pub const MIN_RETAINED_BYTES: u64 = 1024;
 
+/// Smallest `max_publish_bytes_rate` other than 0: 1 KiB per second. The rate is in bytes; a
+/// smaller value is taken for a unit mistake (64 meant as KiB) and refused.
+pub const MIN_PUBLISH_BYTES_RATE: u32 = 1024;
+
 /// mercuriod's `busy_poll` when its configuration does not set one, in microseconds (the
 /// library's own default is 0).
 pub const DAEMON_BUSY_POLL: u32 = 50;
@@ -536,6 +554,7 @@ impl Config {
         ranges::STALL_TIME.check(s.stall_time)?;
         ranges::BUSY_POLL.check(s.busy_poll)?;
         ranges::MAX_RETAINED_BYTES.check(s.max_retained_bytes)?;
+        ranges::MAX_PUBLISH_BYTES_RATE.check(s.max_publish_bytes_rate)?;
         ranges::MAX_QOS.check(s.max_qos)?;
         ranges::CONNECT_TIMEOUT.check(s.connect_timeout)?;
         for (i, prefix) in s.clientid_prefixes.iter().enumerate() {
@@ -819,6 +838,9 @@ mod tests {
         assert_eq!(c.validate(), Ok(()));
         c.server.max_retained_bytes = MIN_RETAINED_BYTES;
         assert_eq!(c.validate(), Ok(()));
+        c.server.max_publish_bytes_rate = MIN_PUBLISH_BYTES_RATE;
+        c.server.max_publish_rate = 1;
+        assert_eq!(c.validate(), Ok(()));
 
         for (f, key) in [
             (
@@ -840,6 +862,10 @@ mod tests {
             (
                 |c| c.server.max_retained_bytes = MIN_RETAINED_BYTES - 1,
                 "server.max_retained_bytes",
+            ),
+            (
+                |c| c.server.max_publish_bytes_rate = 100,
+                "server.max_publish_bytes_rate",
             ),
         ] {
             let mut c = Config::default();

@@ -5,7 +5,8 @@
 //! to a second one about the same key.
 
 use super::{
-    ConfigError, MAX_BUSY_POLL, MAX_PACKET_SIZE_LIMIT, MIN_PACKET_SIZE_LIMIT, MIN_RETAINED_BYTES,
+    ConfigError, MAX_BUSY_POLL, MAX_PACKET_SIZE_LIMIT, MIN_PACKET_SIZE_LIMIT,
+    MIN_PUBLISH_BYTES_RATE, MIN_RETAINED_BYTES,
 };
 
 /// The valid values of one numeric key: `min..=max`, and 0 besides when `zero` says what 0
@@ -55,6 +56,14 @@ pub const MAX_RETAINED_BYTES: KeyRange = KeyRange {
     zero: Some("unlimited"),
     unit: "bytes",
 };
+/// `[server] max_publish_bytes_rate`: 0 (unlimited) or at least 1 KiB per second.
+pub const MAX_PUBLISH_BYTES_RATE: KeyRange = KeyRange {
+    key: "server.max_publish_bytes_rate",
+    min: MIN_PUBLISH_BYTES_RATE as u64,
+    max: u64::MAX,
+    zero: Some("unlimited"),
+    unit: "bytes per second",
+};
 /// `[server] max_qos`.
 pub const MAX_QOS: KeyRange = qos("server.max_qos");
 /// `[server] connect_timeout`.
@@ -91,6 +100,7 @@ pub const RANGES: &[KeyRange] = &[
     STALL_TIME,
     BUSY_POLL,
     MAX_RETAINED_BYTES,
+    MAX_PUBLISH_BYTES_RATE,
     MAX_QOS,
     CONNECT_TIMEOUT,
     BRIDGE_KEEPALIVE,

@@ -8,6 +8,7 @@
 
 mod connect;
 pub(crate) mod park;
+mod rate;
 mod reader;
 mod writer;
 
@@ -327,6 +328,7 @@ where
                     c: shared,
                     aliases: aliases.inbound,
                     congested: Vec::new(),
+                    rate: rate::PublishRate::of(&shared.broker.config.server),
                 };
                 let writer = Writer {
                     c: shared,

@@ -79,6 +79,8 @@ pub(super) struct Reader<'a> {
     /// Sessions the last PUBLISH left at their high-water mark: waited on before the next
     /// packet (back pressure).
     pub(super) congested: Vec<Arc<Session>>,
+    /// `max_publish_rate` and `max_publish_bytes_rate`; `None` when both are 0.
+    pub(super) rate: Option<Box<super::rate::PublishRate>>,
 }
 
 impl<'a> Reader<'a> {
@@ -97,11 +99,16 @@ impl<'a> Reader<'a> {
             // Served again after a park: the deadline armed before goes on (it moves only
             // when packets come).
             let mut deadline = if self.c.link.take_resumed() {
-                self.c
+                let armed = self
+                    .c
                     .broker
                     .keep_alive
                     .armed_deadline(&self.c.link)
-                    .or_else(|| self.keep_alive_deadline())
+                    .or_else(|| self.keep_alive_deadline());
+                // The deadline runs only while the read waits: not while the packets the
+                // resume read are handled, which may wait (back pressure, publish rate).
+                self.c.link.disarm_keep_alive();
+                armed
             } else {
                 self.keep_alive_deadline()
             };
@@ -118,6 +125,17 @@ impl<'a> Reader<'a> {
                         Ok(None) => break,
                         Err(e) => return undecodable(e, &self.c.session.client_id),
                     };
+                    // The publish rate limits: a PUBLISH over them waits for its turn before
+                    // it is handled, the socket not read meanwhile (TCP slows the client).
+                    if let Some(rate) = &mut self.rate {
+                        if codec::is_publish_frame(buf) {
+                            if let Some(wait) = rate.charge(total) {
+                                Box::pin(self.held_by_rate(wait)).await;
+                                // The client was silent because it was not read.
+                                deadline = self.keep_alive_deadline();
+                            }
+                        }
+                    }
                     // A future holds room for the largest state it can be in, and this one lives
                     // as long as the connection (idle ones too). A PUBLISH without access checks
                     // or interceptors (fixed for the broker's lifetime) never waits: it is decoded
@@ -242,6 +260,18 @@ impl<'a> Reader<'a> {
         let keep_alive = u64::from(self.c.keep_alive);
         (keep_alive > 0)
             .then(|| tokio::time::Instant::now() + Duration::from_millis(keep_alive * 1500))
+    }
+
+    /// Waits `wait` for the publish rate limits, counted in `clients_rate_limited` and
+    /// `clients_rate_limited_ms`. The keep alive does not run meanwhile (it runs only while
+    /// the read waits).
+    async fn held_by_rate(&self, wait: Duration) {
+        let start = tokio::time::Instant::now();
+        tokio::time::sleep(wait).await;
+        let stats = &self.c.broker.stats;
+        Counters::add(&stats.clients_rate_limited, 1);
+        let held = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        Counters::add(&stats.clients_rate_limited_us, held);
     }
 
     fn max_packet_size(&self) -> u32 {
