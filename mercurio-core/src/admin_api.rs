@@ -32,7 +32,7 @@ use crate::broker::BrokerState;
 use crate::codec::ProtocolVersion;
 use crate::config::{Config, ListenerConfig};
 use crate::error::Error;
-use crate::http::{HttpBody, ResponseGuard};
+use crate::http_response::{HttpBody, ResponseGuard};
 use crate::BrokerHandle;
 
 /// Largest request body the API reads (`PUT /api/v1/log-level`), in bytes; a larger one gets
@@ -389,7 +389,7 @@ fn match_path(path: &str) -> Option<(&'static str, Vec<String>)> {
         for (t, s) in parts.iter().zip(&segments) {
             if t.starts_with('{') {
                 let decoded =
-                    crate::http::percent_decode(s).and_then(|b| String::from_utf8(b).ok());
+                    crate::http_response::percent_decode(s).and_then(|b| String::from_utf8(b).ok());
                 match decoded {
                     Some(d) if !d.is_empty() => params.push(d),
                     _ => continue 'routes,

@@ -44,6 +44,7 @@ pub mod events;
 mod handle;
 mod hook;
 mod http;
+mod http_response;
 pub mod intercept;
 mod keep_alive;
 mod lazy_map;

@@ -42,7 +42,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use crate::connection;
-use crate::http::{self, Endpoint, HttpBody, ResponseGuard};
+use crate::http::Endpoint;
+use crate::http_response::{self, HttpBody, ResponseGuard};
 
 /// The WebSocket subprotocol of MQTT 3.1.1 and 5.0 (section 6 of both), chosen whenever the
 /// client offers it [MQTT-6.0.0-4].
@@ -209,7 +210,7 @@ fn handshake(
     guard: ResponseGuard,
 ) -> Response<HttpBody> {
     if req.method() != Method::GET {
-        let mut r = http::text(
+        let mut r = http_response::text(
             StatusCode::METHOD_NOT_ALLOWED,
             "a WebSocket handshake is a GET\n",
             guard,
@@ -219,14 +220,14 @@ fn handshake(
         return r;
     }
     if ep.broker.is_shutting_down() {
-        return http::text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n", guard);
+        return http_response::text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n", guard);
     }
     let version_ok = req
         .headers()
         .get(header::SEC_WEBSOCKET_VERSION)
         .is_some_and(|v| v.as_bytes() == b"13");
     if !version_ok {
-        let mut r = http::text(
+        let mut r = http_response::text(
             StatusCode::UPGRADE_REQUIRED,
             "WebSocket version 13 required\n",
             guard,
@@ -238,14 +239,14 @@ fn handshake(
         return r;
     }
     let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned() else {
-        return http::text(
+        return http_response::text(
             StatusCode::BAD_REQUEST,
             "Sec-WebSocket-Key missing\n",
             guard,
         );
     };
     if !header_has_token(req, header::CONNECTION, "upgrade") {
-        return http::text(
+        return http_response::text(
             StatusCode::BAD_REQUEST,
             "Connection: Upgrade missing\n",
             guard,
@@ -266,7 +267,7 @@ fn handshake(
         SUBPROTOCOL_V31
     } else {
         tracing::debug!("WebSocket upgrade without the mqtt subprotocol: 400");
-        return http::text(
+        return http_response::text(
             StatusCode::BAD_REQUEST,
             "the WebSocket subprotocol \"mqtt\" is required\n",
             guard,

@@ -6,7 +6,7 @@
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::http::{get_or_head_only, text, HttpBody, ResponseGuard};
+use crate::http_response::{get_or_head_only, text, HttpBody, ResponseGuard};
 
 const INDEX: &str = include_str!("index.html");
 const SCRIPT: &str = include_str!("app.js");
