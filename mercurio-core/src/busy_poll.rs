@@ -19,6 +19,16 @@
 //! not a window of polling. Only the current-thread runtime (mercuriod's default) is served:
 //! there the spinner's loop is the runtime's own socket poll; on a multi-threaded runtime it
 //! is not started.
+//!
+//! Polling pays only when the loop is nearly full: then the gaps between events are short and
+//! each one it bridges saves a CPU wake-up that would delay the next window. Below that (a fleet
+//! publishing at a steady rate far under what the core can carry, events tens of microseconds
+//! apart) the spinner would poll through every gap and turn a third of a core into a whole one.
+//! So the spinner measures, while it polls, how much of the time the loop's other tasks worked
+//! and how much it only polled (the shortest yield of the stretch is what polling alone costs,
+//! 1-2 microseconds; what a yield took beyond that, other tasks worked): once [`JUDGE_AFTER`] of polling shows the loop busy less than half the time, it
+//! stops and does not poll again for a back-off ([`MIN_BACKOFF`], doubling up to
+//! [`MAX_BACKOFF`] while stretches keep failing, reset by one that did not).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,6 +37,13 @@ use std::time::{Duration, Instant};
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+
+/// How long a polling stretch runs before the spinner judges whether it pays.
+const JUDGE_AFTER: Duration = Duration::from_micros(500);
+/// The first back-off after a stretch in which the loop was busy less than half the time.
+const MIN_BACKOFF: Duration = Duration::from_millis(5);
+/// The longest back-off: a load that becomes saturating is polled for within this long.
+const MAX_BACKOFF: Duration = Duration::from_millis(200);
 
 /// The shared half: activity counter and the spinner's wake-up.
 pub(crate) struct BusyPoll {
@@ -43,6 +60,8 @@ pub(crate) struct BusyPoll {
     polling: AtomicBool,
     /// Set on shutdown: the spinner ends.
     stopped: AtomicBool,
+    /// Polling stretches given up because the loop was mostly idle (for tests and debugging).
+    rests: AtomicU64,
 }
 
 impl BusyPoll {
@@ -54,6 +73,7 @@ impl BusyPoll {
             wake: Notify::new(),
             polling: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            rests: AtomicU64::new(0),
         }
     }
 
@@ -101,9 +121,11 @@ impl BusyPoll {
     }
 
     /// The spinner: sleeps until activity; polls without sleeping while activities come
-    /// less than `window` apart.
+    /// less than `window` apart and the loop is busy at least half the time it polls.
     async fn run(self: Arc<Self>, window: Duration) {
         let mut last: Option<Instant> = None;
+        let mut backoff = MIN_BACKOFF;
+        let mut resting_until: Option<Instant> = None;
         loop {
             self.asleep.store(true, Ordering::Relaxed);
             self.wake.notified().await;
@@ -113,27 +135,67 @@ impl BusyPoll {
             let now = Instant::now();
             let close = last.is_some_and(|t| now.duration_since(t) <= window);
             last = Some(now);
-            if !close {
+            if !close || resting_until.is_some_and(|t| now < t) {
                 continue;
             }
-            let mut seen = self.activity.load(Ordering::Relaxed);
-            let mut until = now + window;
-            self.polling.store(true, Ordering::Relaxed);
-            loop {
-                tokio::task::yield_now().await;
-                let now = Instant::now();
-                let activity = self.activity.load(Ordering::Relaxed);
-                if activity != seen {
-                    seen = activity;
-                    last = Some(now);
-                    until = now + window;
-                } else if now >= until || self.stopped.load(Ordering::Relaxed) {
-                    break;
+            match self.poll_stretch(window, &mut last).await {
+                Stretch::Paid => backoff = MIN_BACKOFF,
+                Stretch::Idle => {
+                    let now = Instant::now();
+                    resting_until = Some(now + backoff);
+                    self.rests.fetch_add(1, Ordering::Relaxed);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
-            self.polling.store(false, Ordering::Relaxed);
         }
     }
+
+    /// Polls until a whole `window` passes with no activity ([`Stretch::Paid`]) or until the
+    /// loop has proved to be busy less than half the time it polled ([`Stretch::Idle`]).
+    async fn poll_stretch(&self, window: Duration, last: &mut Option<Instant>) -> Stretch {
+        let start = Instant::now();
+        let mut seen = self.activity.load(Ordering::Relaxed);
+        let mut until = start + window;
+        // Time the other tasks worked and time the spinner only polled, since `judged`.
+        let (mut busy, mut idle) = (Duration::ZERO, Duration::ZERO);
+        let mut judged = start;
+        // The shortest yield so far: a turn in which only the sockets were polled.
+        let mut floor = Duration::MAX;
+        self.polling.store(true, Ordering::Relaxed);
+        let outcome = loop {
+            let before = Instant::now();
+            tokio::task::yield_now().await;
+            let now = Instant::now();
+            let turn = now.duration_since(before);
+            floor = floor.min(turn);
+            idle += floor;
+            busy += turn - floor;
+            let activity = self.activity.load(Ordering::Relaxed);
+            if activity != seen {
+                seen = activity;
+                *last = Some(now);
+                until = now + window;
+            } else if now >= until || self.stopped.load(Ordering::Relaxed) {
+                break Stretch::Paid;
+            }
+            if now.duration_since(judged) >= JUDGE_AFTER {
+                if idle > busy {
+                    break Stretch::Idle;
+                }
+                (busy, idle, judged) = (Duration::ZERO, Duration::ZERO, now);
+            }
+        };
+        self.polling.store(false, Ordering::Relaxed);
+        outcome
+    }
+}
+
+/// How a polling stretch ended.
+enum Stretch {
+    /// A window passed with no activity while the loop was busy enough: polling paid.
+    Paid,
+    /// The loop was busy less than half the time: polling would only spend CPU.
+    Idle,
 }
 
 #[cfg(test)]
@@ -149,8 +211,22 @@ mod tests {
         }
     }
 
+    /// A task that keeps the loop busy: works 20 us (spinning on the clock, as handling a
+    /// packet would) between yields, until `stop` is set.
+    fn load(stop: Arc<AtomicBool>) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let until = Instant::now() + Duration::from_micros(20);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    }
+
     #[tokio::test]
-    async fn polls_while_activity_comes_close_together_and_sleeps_after_a_window_without() {
+    async fn polls_while_activity_comes_close_together_and_the_loop_is_busy() {
         let busy = Arc::new(BusyPoll::new());
         // A window of 300 ms: wide enough that the test's own pauses stay inside it.
         let task = busy.start(300_000).expect("a current-thread runtime");
@@ -159,14 +235,53 @@ mod tests {
         busy.note();
         until("asleep again", || busy.asleep.load(Ordering::Relaxed)).await;
         assert!(!busy.polling());
-        // A second one within the window: a busy stretch, the spinner polls.
+        // A second one within the window while the loop works: a busy stretch, it polls, and
+        // goes on polling well past the point where it judges whether polling pays.
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = load(Arc::clone(&stop));
         busy.note();
         until("polling", || busy.polling()).await;
-        // More activity keeps it polling; a window without any ends it.
-        busy.note();
-        tokio::task::yield_now().await;
-        assert!(busy.polling());
+        let judged = Instant::now() + JUDGE_AFTER * 20;
+        while Instant::now() < judged {
+            busy.note();
+            tokio::task::yield_now().await;
+            assert!(busy.polling(), "a busy loop is polled");
+        }
+        assert_eq!(busy.rests.load(Ordering::Relaxed), 0);
+        // A window without activity ends it.
         until("done polling", || !busy.polling()).await;
+        stop.store(true, Ordering::Relaxed);
+        worker.await.expect("the load task ends");
+        busy.stop();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the spinner ends on stop")
+            .expect("the spinner does not panic");
+    }
+
+    #[tokio::test]
+    async fn stops_polling_and_rests_when_the_loop_is_mostly_idle() {
+        let busy = Arc::new(BusyPoll::new());
+        let task = busy.start(300_000).expect("a current-thread runtime");
+        until("asleep", || busy.asleep.load(Ordering::Relaxed)).await;
+        // Activity close together but nothing to do between: a steady rate far below what
+        // the core carries. The spinner starts, finds the loop idle and rests.
+        busy.note();
+        until("asleep again", || busy.asleep.load(Ordering::Relaxed)).await;
+        let before_rest = Instant::now();
+        busy.note();
+        until("resting", || busy.rests.load(Ordering::Relaxed) == 1).await;
+        until("not polling", || !busy.polling()).await;
+        // More activity within the back-off (which began after `before_rest`) does not start
+        // it again.
+        loop {
+            busy.note();
+            tokio::task::yield_now().await;
+            if Instant::now() >= before_rest + MIN_BACKOFF {
+                break;
+            }
+            assert!(!busy.polling(), "no polling while resting");
+        }
         busy.stop();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

@@ -153,7 +153,8 @@ pub struct ServerConfig {
     /// Microseconds the event loop keeps polling its sockets, instead of sleeping, after
     /// network activity that came within this long of the activity before (a busy stretch);
     /// 0 = always sleep at once. Trades CPU time while busy for latency: each round trip of a
-    /// QoS 1/2 window then skips a CPU wake-up. Applies on the current-thread runtime
+    /// QoS 1/2 window then skips a CPU wake-up. A loop busy less than half the time while it
+    /// polls rests from polling (5 ms, doubling to 200 ms). Applies on the current-thread runtime
     /// (mercuriod's default, `--threads 1`). At most 1,000,000 (one second). Default 0 for
     /// an embedding application (its runtime does not spin unless it asks); mercuriod's
     /// configuration file and its default configuration set 50 when the key is absent
