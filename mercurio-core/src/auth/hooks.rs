@@ -152,7 +152,7 @@ pub enum AuthStep {
 
 /// The rest of an exchange, waiting for the client's next Authentication Data.
 #[async_trait]
-pub trait AuthContinuation: Send + 'static {
+pub trait AuthContinuation: Send + Sync + 'static {
     /// The client's next AUTH 0x18 arrived with `data`.
     async fn step(self: Box<Self>, data: Option<Bytes>) -> AuthStep;
 }
