@@ -21,7 +21,7 @@ pub struct Passwd {
 
 impl Passwd {
     pub fn run(&self) -> ExitCode {
-        let password = match self.read_password() {
+        let password = match read_password(self.stdin) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("mercurioctl passwd: {e}");
@@ -41,8 +41,13 @@ impl Passwd {
         }
     }
 
-    fn read_password(&self) -> Result<String, String> {
-        let password = if self.stdin {
+}
+
+/// A password from the first line of standard input (`stdin`), or asked twice on the
+/// terminal without echo; never from the command line. Errors: one line (no terminal,
+/// different answers, empty).
+pub fn read_password(stdin: bool) -> Result<String, String> {
+        let password = if stdin {
             let mut line = String::new();
             std::io::stdin()
                 .lock()
@@ -63,5 +68,4 @@ impl Passwd {
             return Err("empty password".into());
         }
         Ok(password)
-    }
 }

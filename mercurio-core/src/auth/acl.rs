@@ -145,6 +145,30 @@ impl Acl {
         Ok(acl)
     }
 
+    /// The lines before any `user` line (anonymous clients): access and topic filter each.
+    pub fn anonymous_rules(&self) -> Vec<(Access, &str)> {
+        self.anonymous.iter().map(|r| (r.access, r.filter.as_str())).collect()
+    }
+
+    /// Each `user` section's `topic` lines, sorted by user name.
+    pub fn user_rules(&self) -> Vec<(&str, Vec<(Access, &str)>)> {
+        let mut users: Vec<_> = self
+            .users
+            .iter()
+            .map(|(u, rules)| {
+                let rules = rules.iter().map(|r| (r.access, r.filter.as_str())).collect();
+                (u.as_str(), rules)
+            })
+            .collect();
+        users.sort_by(|a, b| a.0.cmp(b.0));
+        users
+    }
+
+    /// The `pattern` lines.
+    pub fn pattern_rules(&self) -> Vec<(Access, &str)> {
+        self.patterns.iter().map(|r| (r.access, r.filter.as_str())).collect()
+    }
+
     /// Whether the request is allowed. Never allocates.
     pub fn check(&self, req: &AccessRequest<'_>) -> bool {
         let own: &[Rule] = match req.username {
