@@ -20,9 +20,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    AccessChange, AccessKind, AccessRecord, Change, DeliveryRecord, ErrorKind, InflightRecord, InflightState, LoadedState, MessageRecord,
-    QueuedRecord, RetainedRecord, SessionHeader, SessionRecord, Storage, StorageError,
-    StoredMessage, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    AccessChange, AccessKind, AccessRecord, Change, DeliveryRecord, ErrorKind, InflightRecord,
+    InflightState, LoadedState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
+    SessionRecord, Storage, StorageError, StoredMessage, SubscriptionRecord, WillRecord,
+    NEVER_EXPIRES,
 };
 
 /// How the checks get storages of the backend under test.

@@ -310,7 +310,9 @@ pub fn import_steps(import: &Import) -> Result<(Vec<Step>, Vec<String>), String>
     }
     if let Some(path) = &import.acl_file {
         let acl = Acl::load(path).map_err(|e| e.to_string())?;
-        let role = |steps: &mut Vec<Step>, name: &str, rules: &[(mercurio_core::auth::acl::Access, &str)]| {
+        let role = |steps: &mut Vec<Step>,
+                    name: &str,
+                    rules: &[(mercurio_core::auth::acl::Access, &str)]| {
             steps.push(Step {
                 request: Request::RoleCreate {
                     role: name.to_string(),

@@ -322,7 +322,10 @@ fn import(cli: &Cli, socket: &Path, i: &access::Import) -> Result<(), Failure> {
         }
     }
     if cli.json {
-        println!("{}", serde_json::json!({"changed": done, "kept": kept, "skipped": skipped}));
+        println!(
+            "{}",
+            serde_json::json!({"changed": done, "kept": kept, "skipped": skipped})
+        );
     } else {
         println!("imported: {done} changes, {kept} kept as they were, {skipped} skipped");
     }

@@ -40,32 +40,31 @@ impl Passwd {
             }
         }
     }
-
 }
 
 /// A password from the first line of standard input (`stdin`), or asked twice on the
 /// terminal without echo; never from the command line. Errors: one line (no terminal,
 /// different answers, empty).
 pub fn read_password(stdin: bool) -> Result<String, String> {
-        let password = if stdin {
-            let mut line = String::new();
-            std::io::stdin()
-                .lock()
-                .read_line(&mut line)
-                .map_err(|e| format!("cannot read standard input: {e}"))?;
-            line.trim_end_matches(['\n', '\r']).to_string()
-        } else {
-            let first = rpassword::prompt_password("Password: ")
+    let password = if stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        line.trim_end_matches(['\n', '\r']).to_string()
+    } else {
+        let first = rpassword::prompt_password("Password: ")
                 .map_err(|e| format!("cannot read the password from a terminal ({e}): use --stdin to read it from standard input"))?;
-            let again = rpassword::prompt_password("Reenter password: ")
-                .map_err(|e| format!("cannot read the password: {e}"))?;
-            if first != again {
-                return Err("the passwords do not match".into());
-            }
-            first
-        };
-        if password.is_empty() {
-            return Err("empty password".into());
+        let again = rpassword::prompt_password("Reenter password: ")
+            .map_err(|e| format!("cannot read the password: {e}"))?;
+        if first != again {
+            return Err("the passwords do not match".into());
         }
-        Ok(password)
+        first
+    };
+    if password.is_empty() {
+        return Err("empty password".into());
+    }
+    Ok(password)
 }

@@ -308,10 +308,12 @@ impl Request {
             Request::UserAdd { .. } | Request::UserPasswd { .. } => &["username", "credentials"],
             Request::UserRemove { .. } | Request::UserShow { .. } => &["username"],
             Request::UserAddRole { .. } | Request::UserRemoveRole { .. } => &["username", "role"],
-            Request::GroupCreate { .. } | Request::GroupDelete { .. } | Request::GroupShow { .. } => {
-                &["group"]
+            Request::GroupCreate { .. }
+            | Request::GroupDelete { .. }
+            | Request::GroupShow { .. } => &["group"],
+            Request::GroupAddUser { .. } | Request::GroupRemoveUser { .. } => {
+                &["group", "username"]
             }
-            Request::GroupAddUser { .. } | Request::GroupRemoveUser { .. } => &["group", "username"],
             Request::GroupAddRole { .. } | Request::GroupRemoveRole { .. } => &["group", "role"],
             Request::RoleCreate { .. } | Request::RoleDelete { .. } | Request::RoleShow { .. } => {
                 &["role"]

@@ -147,7 +147,10 @@ impl Acl {
 
     /// The lines before any `user` line (anonymous clients): access and topic filter each.
     pub fn anonymous_rules(&self) -> Vec<(Access, &str)> {
-        self.anonymous.iter().map(|r| (r.access, r.filter.as_str())).collect()
+        self.anonymous
+            .iter()
+            .map(|r| (r.access, r.filter.as_str()))
+            .collect()
     }
 
     /// Each `user` section's `topic` lines, sorted by user name.
@@ -156,7 +159,10 @@ impl Acl {
             .users
             .iter()
             .map(|(u, rules)| {
-                let rules = rules.iter().map(|r| (r.access, r.filter.as_str())).collect();
+                let rules = rules
+                    .iter()
+                    .map(|r| (r.access, r.filter.as_str()))
+                    .collect();
                 (u.as_str(), rules)
             })
             .collect();
@@ -166,7 +172,10 @@ impl Acl {
 
     /// The `pattern` lines.
     pub fn pattern_rules(&self) -> Vec<(Access, &str)> {
-        self.patterns.iter().map(|r| (r.access, r.filter.as_str())).collect()
+        self.patterns
+            .iter()
+            .map(|r| (r.access, r.filter.as_str()))
+            .collect()
     }
 
     /// Whether the request is allowed. Never allocates.

@@ -169,7 +169,12 @@ impl ScramKeys {
         }
         match STANDARD.decode(&self.salt) {
             Ok(s) if !s.is_empty() => {}
-            _ => return Err(format!("{}: the salt must be non-empty base64", self.mechanism)),
+            _ => {
+                return Err(format!(
+                    "{}: the salt must be non-empty base64",
+                    self.mechanism
+                ))
+            }
         }
         for (what, key) in [
             ("stored_key", &self.stored_key),
@@ -248,7 +253,9 @@ fn parse_client_first(message: &[u8]) -> Result<ClientFirst, ScramError> {
     for (i, attr) in bare.split(',').enumerate() {
         match (i, attr.split_at_checked(2)) {
             (0, Some(("n=", v))) => user = Some(decode_name(v)?),
-            (1, Some(("r=", v))) if !v.is_empty() && v.bytes().all(|b| (0x21..0x7f).contains(&b) && b != b',') => {
+            (1, Some(("r=", v)))
+                if !v.is_empty() && v.bytes().all(|b| (0x21..0x7f).contains(&b) && b != b',') =>
+            {
                 nonce = Some(v.to_string())
             }
             (0 | 1, _) => return Err(malformed("expected n=USER,r=NONCE")),
@@ -309,14 +316,20 @@ impl ScramServer {
     ) -> Result<(ScramServer, Vec<u8>), ScramError> {
         let client_first = parse_client_first(client_first)?;
         let mut random = [0u8; 18];
-        getrandom::fill(&mut random).map_err(|e| ScramError::Malformed(format!("no random nonce: {e}")))?;
+        getrandom::fill(&mut random)
+            .map_err(|e| ScramError::Malformed(format!("no random nonce: {e}")))?;
         let nonce = format!("{}{}", client_first.nonce, STANDARD.encode(random));
         let keys = keys.filter(|k| k.mechanism == mechanism);
         let (salt, iterations, stored) = match keys {
             Some(k) => {
-                let decoded = (STANDARD.decode(&k.stored_key), STANDARD.decode(&k.server_key));
+                let decoded = (
+                    STANDARD.decode(&k.stored_key),
+                    STANDARD.decode(&k.server_key),
+                );
                 match decoded {
-                    (Ok(stored), Ok(server)) => (k.salt.clone(), k.iterations, Some((stored, server))),
+                    (Ok(stored), Ok(server)) => {
+                        (k.salt.clone(), k.iterations, Some((stored, server)))
+                    }
                     _ => (STANDARD.encode(unknown_salt), DEFAULT_ITERATIONS, None),
                 }
             }
@@ -360,8 +373,11 @@ impl ScramServer {
             .next()
             .and_then(|a| a.strip_prefix("r="))
             .ok_or_else(|| malformed("expected r= second"))?;
-        if STANDARD.decode(binding).ok().as_deref() != Some(self.client_first.gs2_header.as_bytes()) {
-            return Err(malformed("the channel binding does not repeat the GS2 header"));
+        if STANDARD.decode(binding).ok().as_deref() != Some(self.client_first.gs2_header.as_bytes())
+        {
+            return Err(malformed(
+                "the channel binding does not repeat the GS2 header",
+            ));
         }
         if nonce != self.nonce {
             return Err(malformed("the nonce is not the one the server sent"));
@@ -409,7 +425,9 @@ mod tests {
         // The example's server nonce, in place of the random one.
         server.nonce = "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0".into();
         server.server_first = format!("r={},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096", server.nonce);
-        assert!(String::from_utf8(first).unwrap().starts_with("r=rOprNGfwEbeRWgbNEkqO"));
+        assert!(String::from_utf8(first)
+            .unwrap()
+            .starts_with("r=rOprNGfwEbeRWgbNEkqO"));
         let final_ = server
             .finish(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
             .unwrap();
@@ -430,7 +448,9 @@ mod tests {
             .finish(format!("c=biws,r={nonce},p=AAAA").as_bytes())
             .unwrap_err();
         assert_eq!(e, ScramError::BadProof);
-        assert!(ScramServer::start(Mechanism::Sha512, b"p=tls-unique,,n=u,r=a", None, b"x").is_err());
+        assert!(
+            ScramServer::start(Mechanism::Sha512, b"p=tls-unique,,n=u,r=a", None, b"x").is_err()
+        );
         assert!(ScramServer::start(Mechanism::Sha512, b"n,a=x,n=u,r=a", None, b"x").is_err());
         assert_eq!(client_first_user(b"n,,n=a=2Cb=3D,r=x").unwrap(), "a,b=");
         assert!(client_first_user(b"n,,n=a=2x,r=x").is_err());

@@ -236,7 +236,9 @@ impl StoredAccess {
     pub(crate) fn new() -> StoredAccess {
         let mut decoy_key = [0u8; 32];
         if getrandom::fill(&mut decoy_key).is_err() {
-            tracing::warn!("no random key for SCRAM decoy salts: using the process's address space layout");
+            tracing::warn!(
+                "no random key for SCRAM decoy salts: using the process's address space layout"
+            );
             let here = &decoy_key as *const _ as usize;
             decoy_key[..8].copy_from_slice(&here.to_le_bytes());
         }
@@ -368,9 +370,7 @@ impl StoredAccess {
                 .collect();
             json!({"group": name, "roles": g.roles, "users": users})
         };
-        let role_json = |name: &str, r: &RoleRecord| {
-            json!({"role": name, "rules": r.rules.iter().map(rule_json).collect::<Vec<_>>()})
-        };
+        let role_json = |name: &str, r: &RoleRecord| json!({"role": name, "rules": r.rules.iter().map(rule_json).collect::<Vec<_>>()});
         Some(match request {
             Request::UserList => Answer::Ok(json!({
                 "users": m.users.iter().map(|(n, u)| user_json(n, u)).collect::<Vec<_>>()
@@ -499,7 +499,8 @@ impl StoredAccess {
                     effect.rules_changed = true;
                     Ok(vec![deleted(AccessKind::User, username)])
                 }
-                Request::UserAddRole { username, role } | Request::UserRemoveRole { username, role } => {
+                Request::UserAddRole { username, role }
+                | Request::UserRemoveRole { username, role } => {
                     if !m.roles.contains_key(role) {
                         return Err(not_found("role", role));
                     }
@@ -560,7 +561,8 @@ impl StoredAccess {
                     effect.rules_changed = true;
                     Ok(vec![put(AccessKind::User, username, user)])
                 }
-                Request::GroupAddRole { group, role } | Request::GroupRemoveRole { group, role } => {
+                Request::GroupAddRole { group, role }
+                | Request::GroupRemoveRole { group, role } => {
                     if !m.roles.contains_key(role) {
                         return Err(not_found("role", role));
                     }
@@ -844,29 +846,84 @@ mod tests {
             }
         };
         let ok = |a: Answer| assert!(matches!(a, Answer::Ok(_)), "{a:?}");
-        ok(run(Request::UserAdd { username: "u".into(), credentials: c.clone() }).await);
+        ok(run(Request::UserAdd {
+            username: "u".into(),
+            credentials: c.clone(),
+        })
+        .await);
         assert!(matches!(
-            run(Request::UserAdd { username: "u".into(), credentials: c }).await,
-            Answer::Refused { code: ErrorCode::Conflict, .. }
+            run(Request::UserAdd {
+                username: "u".into(),
+                credentials: c
+            })
+            .await,
+            Answer::Refused {
+                code: ErrorCode::Conflict,
+                ..
+            }
         ));
         ok(run(Request::RoleCreate { role: "r".into() }).await);
-        ok(run(Request::AclAdd { role: "r".into(), access: "read".into(), topic: "t/%c/#".into() }).await);
+        ok(run(Request::AclAdd {
+            role: "r".into(),
+            access: "read".into(),
+            topic: "t/%c/#".into(),
+        })
+        .await);
         ok(run(Request::GroupCreate { group: "g".into() }).await);
-        ok(run(Request::GroupAddRole { group: "g".into(), role: "r".into() }).await);
-        assert_eq!(s.authorize_now(&req(Some("u"), "t/c1/x", Action::Read)), Some(Decision::Deny));
-        ok(run(Request::GroupAddUser { group: "g".into(), username: "u".into() }).await);
-        assert_eq!(s.authorize_now(&req(Some("u"), "t/c1/x", Action::Read)), Some(Decision::Allow));
-        assert_eq!(s.authorize_now(&req(Some("u"), "t/c2/x", Action::Read)), Some(Decision::Deny));
-        assert_eq!(s.authorize_now(&req(Some("u"), "t/c1/x", Action::Write)), Some(Decision::Deny));
+        ok(run(Request::GroupAddRole {
+            group: "g".into(),
+            role: "r".into(),
+        })
+        .await);
+        assert_eq!(
+            s.authorize_now(&req(Some("u"), "t/c1/x", Action::Read)),
+            Some(Decision::Deny)
+        );
+        ok(run(Request::GroupAddUser {
+            group: "g".into(),
+            username: "u".into(),
+        })
+        .await);
+        assert_eq!(
+            s.authorize_now(&req(Some("u"), "t/c1/x", Action::Read)),
+            Some(Decision::Allow)
+        );
+        assert_eq!(
+            s.authorize_now(&req(Some("u"), "t/c2/x", Action::Read)),
+            Some(Decision::Deny)
+        );
+        assert_eq!(
+            s.authorize_now(&req(Some("u"), "t/c1/x", Action::Write)),
+            Some(Decision::Deny)
+        );
         // Others: no opinion (the ACL file, or the chain's default, decides).
-        assert_eq!(s.authorize_now(&req(Some("x"), "t/c1/x", Action::Read)), Some(Decision::NoOpinion));
+        assert_eq!(
+            s.authorize_now(&req(Some("x"), "t/c1/x", Action::Read)),
+            Some(Decision::NoOpinion)
+        );
         // Anonymous clients: the `anonymous` group's roles.
-        ok(run(Request::GroupCreate { group: ANONYMOUS_GROUP.into() }).await);
-        assert_eq!(s.authorize_now(&req(None, "t/c1/x", Action::Read)), Some(Decision::Deny));
-        ok(run(Request::GroupAddRole { group: ANONYMOUS_GROUP.into(), role: "r".into() }).await);
-        assert_eq!(s.authorize_now(&req(None, "t/c1/x", Action::Read)), Some(Decision::Allow));
+        ok(run(Request::GroupCreate {
+            group: ANONYMOUS_GROUP.into(),
+        })
+        .await);
+        assert_eq!(
+            s.authorize_now(&req(None, "t/c1/x", Action::Read)),
+            Some(Decision::Deny)
+        );
+        ok(run(Request::GroupAddRole {
+            group: ANONYMOUS_GROUP.into(),
+            role: "r".into(),
+        })
+        .await);
+        assert_eq!(
+            s.authorize_now(&req(None, "t/c1/x", Action::Read)),
+            Some(Decision::Allow)
+        );
         ok(run(Request::RoleDelete { role: "r".into() }).await);
-        assert_eq!(s.authorize_now(&req(Some("u"), "t/c1/x", Action::Read)), Some(Decision::Deny));
+        assert_eq!(
+            s.authorize_now(&req(Some("u"), "t/c1/x", Action::Read)),
+            Some(Decision::Deny)
+        );
         // What was stored comes back.
         let again = StoredAccess::new();
         let storage = s.storage.read().clone().unwrap();

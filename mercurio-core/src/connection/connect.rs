@@ -226,9 +226,13 @@ pub(super) async fn run_exchange(
         match step {
             AuthStep::Continue { data, next } => {
                 let answer = channel.exchange(method, data).await?;
-                step = crate::hook::guard("enhanced authenticator", &info.client_id, next.step(answer))
-                    .await
-                    .unwrap_or(AuthStep::Deny(DenyReason::NotAuthorized));
+                step = crate::hook::guard(
+                    "enhanced authenticator",
+                    &info.client_id,
+                    next.step(answer),
+                )
+                .await
+                .unwrap_or(AuthStep::Deny(DenyReason::NotAuthorized));
             }
             AuthStep::Success { username, data } => return Ok((username, data)),
             AuthStep::Deny(reason) => return Err(denied(reason)),

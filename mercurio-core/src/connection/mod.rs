@@ -218,9 +218,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> AuthChannel for HandshakeAuth<'_,
             },
         });
         let mut out = BytesMut::new();
-        codec::encode(&auth, ProtocolVersion::V5, &mut out)
-            .map_err(|e| (ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, format!("cannot encode AUTH: {e}")))?;
-        let lost = |e: std::io::Error| (ReasonCode::UNSPECIFIED_ERROR, format!("connection lost during authentication: {e}"));
+        codec::encode(&auth, ProtocolVersion::V5, &mut out).map_err(|e| {
+            (
+                ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+                format!("cannot encode AUTH: {e}"),
+            )
+        })?;
+        let lost = |e: std::io::Error| {
+            (
+                ReasonCode::UNSPECIFIED_ERROR,
+                format!("connection lost during authentication: {e}"),
+            )
+        };
         self.stream.write_all(&out).await.map_err(lost)?;
         Counters::add(&self.stats.bytes_sent, out.len() as u64);
         loop {
@@ -248,7 +257,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> AuthChannel for HandshakeAuth<'_,
                 Err(e) => return Err((e.reason_code(), format!("bad AUTH: {e}"))),
             }
             match self.stream.read_buf(self.buf).await {
-                Ok(0) => return Err((ReasonCode::UNSPECIFIED_ERROR, "closed during authentication".into())),
+                Ok(0) => {
+                    return Err((
+                        ReasonCode::UNSPECIFIED_ERROR,
+                        "closed during authentication".into(),
+                    ))
+                }
                 Ok(n) => Counters::add(&self.stats.bytes_received, n as u64),
                 Err(e) => return Err(lost(e)),
             }

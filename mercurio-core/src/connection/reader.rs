@@ -349,7 +349,13 @@ impl<'a> Reader<'a> {
         let refused = || AuthStep::Deny(DenyReason::NotAuthorized);
         let step = match (a.reason_code, self.reauth.take()) {
             (ReasonCode::RE_AUTHENTICATE, None) => {
-                let Some(e) = self.c.broker.auth_of(listener).enhanced_for(method).cloned() else {
+                let Some(e) = self
+                    .c
+                    .broker
+                    .auth_of(listener)
+                    .enhanced_for(method)
+                    .cloned()
+                else {
                     return Err(self.violation(
                         ReasonCode::BAD_AUTHENTICATION_METHOD,
                         "the authentication method is no longer supported",
@@ -364,9 +370,13 @@ impl<'a> Reader<'a> {
                     certificate_cn: None,
                     username_from_certificate: false,
                 };
-                crate::hook::guard("enhanced authenticator", &client_id, e.start(method, &info, data))
-                    .await
-                    .unwrap_or_else(refused)
+                crate::hook::guard(
+                    "enhanced authenticator",
+                    &client_id,
+                    e.start(method, &info, data),
+                )
+                .await
+                .unwrap_or_else(refused)
             }
             (ReasonCode::CONTINUE_AUTHENTICATION, Some(next)) => {
                 crate::hook::guard("enhanced authenticator", &client_id, (*next).step(data))
@@ -396,7 +406,10 @@ impl<'a> Reader<'a> {
                 self.send(auth(ReasonCode::CONTINUE_AUTHENTICATION, Some(data)));
                 Ok(())
             }
-            AuthStep::Success { username: now, data } => {
+            AuthStep::Success {
+                username: now,
+                data,
+            } => {
                 if now.is_some() && now.as_deref() != username.as_deref() {
                     return Err(self.violation(
                         ReasonCode::NOT_AUTHORIZED,

@@ -222,7 +222,8 @@ impl BrokerBuilder {
         if let Some(stored) = &stored {
             // With the memory backend, the access rules live as long as the broker.
             let access_storage = storage.clone().unwrap_or_else(|| {
-                Arc::new(mercurio_storage::MemoryStorage::new()) as Arc<dyn mercurio_storage::Storage>
+                Arc::new(mercurio_storage::MemoryStorage::new())
+                    as Arc<dyn mercurio_storage::Storage>
             });
             if let Err(e) = stored.attach(access_storage).await {
                 if let Some(storage) = &storage {
