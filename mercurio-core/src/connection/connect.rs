@@ -129,6 +129,7 @@ pub(super) struct Accepted {
     pub(super) client_limits: ClientLimits,
     pub(super) connack: Vec<u8>,
     /// The Authentication Method of an enhanced authentication, for re-authentication.
+    #[allow(clippy::box_collection)] // a thin pointer, as `Shared::auth_method`
     pub(super) auth_method: Option<Box<String>>,
 }
 

@@ -189,7 +189,9 @@ struct Shared {
     keep_alive: u16,
     /// The Authentication Method of CONNECT's enhanced authentication: a re-authentication
     /// must use it [MQTT-4.12.1-1]. `None`: the client may send no AUTH [MQTT-3.1.2-30].
-    /// (A thin pointer: most connections have none.)
+    /// (A thin pointer, 8 bytes where `Option<String>` takes 24: every connection holds the
+    /// field, few have a method.)
+    #[allow(clippy::box_collection)]
     auth_method: Option<Box<String>>,
 }
 
