@@ -146,7 +146,8 @@ pub enum AuthStep {
         /// The last Authentication Data for the client.
         data: Option<Bytes>,
     },
-    /// Refused: CONNACK with the reason's code (a re-authentication: DISCONNECT with it).
+    /// Refused: CONNACK with the reason's code (a re-authentication: DISCONNECT 0x87, or 0x89
+    /// for [`DenyReason::Busy`]: DISCONNECT has no 0x86).
     Deny(DenyReason),
 }
 

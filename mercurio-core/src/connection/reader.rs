@@ -230,8 +230,9 @@ impl<'a> Reader<'a> {
                 // The deadline runs only while the read waits; past it, the broker's keep alive
                 // sweep kills the link (`keep_alive`: no timer per connection).
                 let armed = deadline.map(|d| self.c.broker.keep_alive.arm(&self.c.link, d));
-                // At rest (the connection may park) only with nothing in hand.
-                let at_rest = buf.is_empty() && self.congested.is_empty();
+                // At rest (the connection may park) only with nothing in hand: no partial
+                // packet, no congestion, no re-authentication under way (its state is here).
+                let at_rest = buf.is_empty() && self.congested.is_empty() && self.reauth.is_none();
                 self.c.link.set_rest(crate::link::READER_AT_REST, at_rest);
                 let read = read_lean(rd, buf, &mut room).await;
                 self.c.link.set_rest(crate::link::READER_AT_REST, false);
@@ -421,9 +422,11 @@ impl<'a> Reader<'a> {
                 Ok(())
             }
             AuthStep::Deny(reason) => {
+                // DISCONNECT has no 0x86 (section 3.14.2.1): a wrong secret is 0x87 here.
                 let rc = match reason {
-                    DenyReason::BadCredentials => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-                    DenyReason::NotAuthorized => ReasonCode::NOT_AUTHORIZED,
+                    DenyReason::BadCredentials | DenyReason::NotAuthorized => {
+                        ReasonCode::NOT_AUTHORIZED
+                    }
                     DenyReason::Busy => ReasonCode::SERVER_BUSY,
                 };
                 Err(self.violation(rc, "re-authentication failed [MQTT-4.12.1-2]"))
