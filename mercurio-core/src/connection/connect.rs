@@ -129,8 +129,7 @@ pub(super) struct Accepted {
     pub(super) client_limits: ClientLimits,
     pub(super) connack: Vec<u8>,
     /// The Authentication Method of an enhanced authentication, for re-authentication.
-    #[allow(clippy::box_collection)] // a thin pointer, as `Shared::auth_method`
-    pub(super) auth_method: Option<Box<String>>,
+    pub(super) auth_method: Option<String>,
 }
 
 fn encode_connack(
@@ -637,7 +636,7 @@ pub(super) async fn accept(
         keep_alive,
         client_limits,
         connack,
-        auth_method: enhanced.map(|(method, _)| Box::new(method)),
+        auth_method: enhanced.map(|(method, _)| method),
     })
 }
 

@@ -187,12 +187,6 @@ struct Shared {
     /// subscriptions get No Local and Retain As Published, as mosquitto gives them.
     bridge: bool,
     keep_alive: u16,
-    /// The Authentication Method of CONNECT's enhanced authentication: a re-authentication
-    /// must use it [MQTT-4.12.1-1]. `None`: the client may send no AUTH [MQTT-3.1.2-30].
-    /// (A thin pointer, 8 bytes where `Option<String>` takes 24: every connection holds the
-    /// field, few have a method.)
-    #[allow(clippy::box_collection)]
-    auth_method: Option<Box<String>>,
 }
 
 /// The handshake's [`AuthChannel`]: AUTH packets written to and read from the stream before
@@ -355,6 +349,9 @@ where
         auth_method,
     } = accepted;
     session.state.lock().set_remote_bridge(bridge);
+    if let Some(method) = auth_method {
+        link.set_auth_method(method, peer);
+    }
     broker.stats.client_connected();
     if let Err(e) = stream.write_all(&connack).await {
         tracing::debug!(client_id = %session.client_id, "cannot send CONNACK: {e}");
@@ -373,7 +370,6 @@ where
             version,
             bridge,
             keep_alive,
-            auth_method,
         },
         stream: parking_lot::Mutex::new(stream),
         buf,
@@ -422,7 +418,6 @@ where
                     congested: Vec::new(),
                     rate: rate::PublishRate::of(&shared.broker.config.server),
                     reauth: None,
-                    peer: c.peer,
                 };
                 let writer = Writer {
                     c: shared,

@@ -84,8 +84,6 @@ pub(super) struct Reader<'a> {
     /// A re-authentication under way: what takes the client's next AUTH 0x18 (a thin
     /// pointer: rare).
     pub(super) reauth: Option<Box<Box<dyn AuthContinuation>>>,
-    /// The client's address (for the authenticators of a re-authentication).
-    pub(super) peer: std::net::SocketAddr,
 }
 
 impl<'a> Reader<'a> {
@@ -327,13 +325,14 @@ impl<'a> Reader<'a> {
     /// connected, and keeps its user, meanwhile; a re-authentication as another user fails
     /// (0x87).
     async fn on_auth(&mut self, a: codec::Auth) -> Result<(), Close> {
-        let Some(method) = self.c.auth_method.as_deref() else {
+        let Some((owned, peer)) = self.c.link.auth_method() else {
             return Err(self.violation(
                 ReasonCode::PROTOCOL_ERROR,
                 "AUTH without an authentication method in CONNECT [MQTT-3.1.2-30]",
             ));
         };
-        if a.properties.authentication_method.as_deref() != Some(method.as_str()) {
+        let method = owned.as_str();
+        if a.properties.authentication_method.as_deref() != Some(method) {
             return Err(self.violation(
                 ReasonCode::PROTOCOL_ERROR,
                 "AUTH with another authentication method than CONNECT's [MQTT-4.12.1-1]",
@@ -366,7 +365,7 @@ impl<'a> Reader<'a> {
                     client_id: client_id.clone(),
                     username: username.as_deref().map(str::to_string),
                     password: None,
-                    peer: self.peer,
+                    peer,
                     protocol: self.c.version,
                     certificate_cn: None,
                     username_from_certificate: false,
