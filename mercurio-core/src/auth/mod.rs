@@ -202,7 +202,10 @@ impl Auth {
         let mut authorizers = hooks.authorizers.clone();
         let mut enhanced = hooks.enhanced.clone();
         if let Some(s) = stored {
-            authenticators.push(Arc::clone(s) as Arc<dyn Authenticator>);
+            authenticators.push(Arc::new(stored::StoredPasswords {
+                access: Arc::clone(s),
+                decoy_unknown: password_file.is_none(),
+            }) as Arc<dyn Authenticator>);
             authorizers.push(Arc::clone(s) as Arc<dyn Authorizer>);
             enhanced.push(Arc::clone(s) as Arc<dyn EnhancedAuthenticator>);
         }

@@ -11,7 +11,7 @@
 //!   filter where `%c` and `%u` stand for the client identifier and the user name, decided as
 //!   the lines of an ACL file are (a `deny` that matches wins; what no rule allows is denied).
 //!
-//! As an [`Authenticator`], [`StoredAccess`] decides for the users it holds (their password
+//! As an [`Authenticator`] ([`StoredPasswords`]), it decides for the users it holds (their password
 //! must match; a user without a password hash connects only through SCRAM) and has no opinion
 //! on other user names (the password file decides next). As an [`Authorizer`] it decides for
 //! its users, and for anonymous clients when the `anonymous` group exists; for other clients
@@ -687,35 +687,67 @@ fn request_name(request: &Request) -> String {
         .unwrap_or_default()
 }
 
-#[async_trait]
-impl Authenticator for StoredAccess {
-    async fn authenticate(&self, info: &ConnectInfo) -> Authentication {
+impl StoredAccess {
+    /// The password check of a stored user; `NoOpinion` for a name it does not hold. With
+    /// `decoy_unknown` (no password file follows, which would check an unknown name against
+    /// one of its hashes), an unknown name, or a user without a password hash, costs a check
+    /// against a stored hash too, answer ignored: the time to refuse does not tell which
+    /// users exist.
+    async fn check_password(&self, info: &ConnectInfo, decoy_unknown: bool) -> Authentication {
         if info.username_from_certificate {
             return Authentication::NoOpinion;
         }
         let Some(user) = &info.username else {
             return Authentication::NoOpinion;
         };
-        let hash = {
+        let (known, hash, decoy) = {
             let m = self.model.read();
-            if !m.users.contains_key(user) {
-                return Authentication::NoOpinion;
+            (
+                m.users.contains_key(user),
+                m.hashes.get(user).cloned(),
+                m.hashes.values().next().cloned(),
+            )
+        };
+        let password = info.password.clone().unwrap_or_default();
+        let verified = match (&hash, info.password.is_some()) {
+            (Some(h), true) => {
+                let h = Arc::clone(h);
+                self.checks.check(user, move || h.verify(&password)).await
             }
-            m.hashes.get(user).cloned()
+            // A user without a password hash connects through SCRAM only.
+            _ if known || decoy_unknown => match decoy {
+                Some(d) => {
+                    self.checks
+                        .check(user, move || {
+                            let _ = std::hint::black_box(d.verify(&password));
+                            false
+                        })
+                        .await
+                }
+                None => Ok(false),
+            },
+            _ => Ok(false),
         };
-        // A user without a password hash connects through SCRAM only.
-        let (Some(hash), Some(password)) = (hash, info.password.clone()) else {
-            return Authentication::Deny(DenyReason::NotAuthorized);
-        };
-        match self
-            .checks
-            .check(user, move || hash.verify(&password))
-            .await
-        {
+        match verified {
+            _ if !known => Authentication::NoOpinion,
             Ok(true) => Authentication::Allow { username: None },
             Ok(false) => Authentication::Deny(DenyReason::NotAuthorized),
             Err(reason) => Authentication::Deny(reason),
         }
+    }
+}
+
+/// The stored users as one chain's [`Authenticator`]: `decoy_unknown` when no password file
+/// follows in that chain (see [`StoredAccess::check_password`]).
+pub(crate) struct StoredPasswords {
+    pub(crate) access: Arc<StoredAccess>,
+    pub(crate) decoy_unknown: bool,
+}
+
+#[async_trait]
+impl Authenticator for StoredPasswords {
+    async fn authenticate(&self, info: &ConnectInfo) -> Authentication {
+        self.access.check_password(info, self.decoy_unknown).await
     }
 }
 
