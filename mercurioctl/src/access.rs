@@ -446,14 +446,33 @@ pub fn human(request: &Request, r: &Value) -> String {
             if users.is_empty() {
                 return "no users\n".to_string();
             }
-            let mut out = "USER  GROUPS  ROLES  SCRAM\n".to_string();
-            for u in &users {
+            let rows: Vec<[String; 4]> = users
+                .iter()
+                .map(|u| {
+                    [
+                        text(&u["username"]),
+                        names(&u["groups"]),
+                        names(&u["roles"]),
+                        names(&u["scram"]),
+                    ]
+                })
+                .collect();
+            let width = |i: usize, title: &str| {
+                rows.iter()
+                    .map(|r| r[i].chars().count())
+                    .max()
+                    .unwrap_or(0)
+                    .max(title.len())
+            };
+            let (w0, w1, w2) = (width(0, "USER"), width(1, "GROUPS"), width(2, "ROLES"));
+            let mut out = format!(
+                "{:<w0$}  {:<w1$}  {:<w2$}  SCRAM\n",
+                "USER", "GROUPS", "ROLES"
+            );
+            for r in &rows {
                 out.push_str(&format!(
-                    "{}  {}  {}  {}\n",
-                    text(&u["username"]),
-                    names(&u["groups"]),
-                    names(&u["roles"]),
-                    names(&u["scram"])
+                    "{:<w0$}  {:<w1$}  {:<w2$}  {}\n",
+                    r[0], r[1], r[2], r[3]
                 ));
             }
             out
@@ -516,5 +535,67 @@ pub fn human(request: &Request, r: &Value) -> String {
             text(&r["disconnected"])
         ),
         _ => "done\n".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn user_table_and_rules() {
+        let r = json!({"users": [
+            {"username": "sensor-12", "groups": ["fleet"], "roles": [], "scram": ["SCRAM-SHA-256"]},
+            {"username": "a", "groups": [], "roles": ["r"], "scram": []},
+        ]});
+        let out = human(&Request::UserList, &r);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "USER       GROUPS  ROLES  SCRAM");
+        assert_eq!(lines[1], "sensor-12  fleet   -      SCRAM-SHA-256");
+        assert_eq!(lines[2], "a          -       r      -");
+        let role = json!({"role": "r", "rules": [{"access": "read", "topic": "t/#"}],
+            "users": ["a"], "groups": []});
+        let out = human(&Request::RoleShow { role: "r".into() }, &role);
+        assert!(out.contains("  read       t/#\n"), "{out}");
+        assert_eq!(
+            human(&Request::GroupList, &json!({"groups": []})),
+            "no groups\n"
+        );
+    }
+
+    #[test]
+    fn import_maps_sections_to_roles() {
+        let dir = tempfile::tempdir().expect("dir");
+        let acl = dir.path().join("acl");
+        std::fs::write(
+            &acl,
+            "topic read pub/#\nuser u\ntopic t/#\npattern write p/%c\n",
+        )
+        .expect("acl");
+        let (steps, warnings) = import_steps(&Import {
+            password_file: None,
+            acl_file: Some(acl),
+        })
+        .expect("steps");
+        assert!(warnings.is_empty());
+        let lines: Vec<String> = steps.iter().map(|s| s.request.to_line()).collect();
+        let has = |l: &str| lines.iter().any(|x| x == l);
+        assert!(
+            has(r#"{"command":"role.create","role":"patterns"}"#),
+            "{lines:?}"
+        );
+        assert!(has(
+            r#"{"command":"acl.add","role":"user:u","access":"readwrite","topic":"t/#"}"#
+        ));
+        assert!(has(
+            r#"{"command":"user.add-role","username":"u","role":"user:u"}"#
+        ));
+        assert!(has(
+            r#"{"command":"acl.add","role":"anonymous","access":"read","topic":"pub/#"}"#
+        ));
+        assert!(has(
+            r#"{"command":"group.add-role","group":"anonymous","role":"patterns"}"#
+        ));
     }
 }
