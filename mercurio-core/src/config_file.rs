@@ -468,6 +468,7 @@ pub fn warnings(config: &Config) -> Vec<String> {
     if config.auth.allow_anonymous != Some(true)
         && config.auth.password_file.is_none()
         && config.auth.derived_password_secret_file.is_none()
+        && config.auth.backend != crate::config::AuthBackend::Storage
     {
         warnings.push(
             "auth.allow_anonymous is not true and there is no password file: every client will be \

@@ -66,8 +66,8 @@ mod websocket;
 
 pub use admin_api::{AdminHandler, ADMIN_ROUTES};
 pub use auth::hooks::{
-    AccessRequest, Action, Authentication, Authenticator, Authorizer, ConnectInfo, Decision,
-    DenyReason,
+    AccessRequest, Action, AuthContinuation, AuthStep, Authentication, Authenticator, Authorizer,
+    ConnectInfo, Decision, DenyReason, EnhancedAuthenticator,
 };
 pub use auth::FileError;
 pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};

@@ -131,11 +131,22 @@ const PARK: u8 = 8;
 struct Control {
     buf: BytesMut,
     pubacks: usize,
-    /// Boxed: most links are never killed, and a reason is 32 bytes.
-    kill_reason: Option<Box<(DisconnectReason, ReasonCode)>>,
+    /// Boxed: most links are never killed and never re-authenticate (a reason is 32 bytes).
+    rare: Option<Box<Rare>>,
     /// What [`Link::wait_closed`] waits on, made by the first wait (a `Notify` is 32 bytes,
     /// and only a takeover or a shutdown waits for a link's close).
     closed: Option<Arc<Notify>>,
+}
+
+/// What few links use, in one box.
+#[derive(Debug, Default)]
+struct Rare {
+    /// Why the link was killed, until taken.
+    kill_reason: Option<(DisconnectReason, ReasonCode)>,
+    /// The Authentication Method of the connection's enhanced authentication (a
+    /// re-authentication must use it [MQTT-4.12.1-1]) and the client's address, for the
+    /// authenticator of a re-authentication.
+    auth: Option<(String, std::net::SocketAddr)>,
 }
 
 impl Link {
@@ -300,8 +311,9 @@ impl Link {
     /// Asks the connection to close, sending DISCONNECT `rc` to a 5.0 client.
     pub(crate) fn kill(&self, reason: DisconnectReason, rc: ReasonCode) {
         let mut control = self.control.lock();
-        if control.kill_reason.is_none() {
-            control.kill_reason = Some(Box::new((reason, rc)));
+        let rare = control.rare.get_or_insert_with(Default::default);
+        if rare.kill_reason.is_none() {
+            rare.kill_reason = Some((reason, rc));
         }
         drop(control);
         self.signal(KILLED);
@@ -338,7 +350,25 @@ impl Link {
 
     /// The reason given to [`Link::kill`], taken (`None` when it was never called).
     pub(crate) fn take_kill_reason(&self) -> Option<(DisconnectReason, ReasonCode)> {
-        self.control.lock().kill_reason.take().map(|r| *r)
+        self.control
+            .lock()
+            .rare
+            .as_mut()
+            .and_then(|r| r.kill_reason.take())
+    }
+
+    /// Records the Authentication Method the connection authenticated with (MQTT 5.0
+    /// section 4.12) and the client's address, for its re-authentications.
+    pub(crate) fn set_auth_method(&self, method: String, peer: std::net::SocketAddr) {
+        let mut control = self.control.lock();
+        control.rare.get_or_insert_with(Default::default).auth = Some((method, peer));
+    }
+
+    /// The Authentication Method the connection authenticated with and the client's
+    /// address, if it used one.
+    pub(crate) fn auth_method(&self) -> Option<(String, std::net::SocketAddr)> {
+        let control = self.control.lock();
+        control.rare.as_ref().and_then(|r| r.auth.clone())
     }
 
     /// Marks the connection closed and detached: wakes [`Link::wait_closed`].

@@ -20,9 +20,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    Change, DeliveryRecord, ErrorKind, InflightRecord, InflightState, LoadedState, MessageRecord,
-    QueuedRecord, RetainedRecord, SessionHeader, SessionRecord, Storage, StorageError,
-    StoredMessage, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    AccessChange, AccessKind, AccessRecord, Change, DeliveryRecord, ErrorKind, InflightRecord,
+    InflightState, LoadedState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
+    SessionRecord, Storage, StorageError, StoredMessage, SubscriptionRecord, WillRecord,
+    NEVER_EXPIRES,
 };
 
 /// How the checks get storages of the backend under test.
@@ -70,6 +71,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_messages_of_deleted_sessions(&harness.fresh().await).await;
     check_refused_batch_stores_nothing(&harness.fresh().await).await;
     check_messages_across_reopen(harness).await;
+    check_access_records(harness).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1571,5 +1573,69 @@ pub async fn check_set_aside<H: Harness>(harness: &mut H) {
         session(&storage, "bad").await,
         SessionRecord::new(header("bad")),
         "its client starts a new session"
+    );
+}
+
+/// Access records: stored, replaced, deleted (deleting a missing one does nothing), returned
+/// sorted by kind then name, kept across a reopen; a change with an empty name is refused and
+/// its whole call stores nothing.
+pub async fn check_access_records<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    assert_eq!(must("load_access", storage.load_access()).await, []);
+    let record = |kind, name: &str, body: &str| AccessRecord {
+        kind,
+        name: name.to_string(),
+        body: body.to_string(),
+    };
+    must(
+        "apply_access",
+        storage.apply_access(&[
+            AccessChange::Put(record(AccessKind::Role, "r", "{\"rules\":[]}")),
+            AccessChange::Put(record(AccessKind::User, "bob", "1")),
+            AccessChange::Put(record(AccessKind::User, "alice", "1")),
+            AccessChange::Put(record(AccessKind::Group, "g", "é ünïcode")),
+            AccessChange::Put(record(AccessKind::User, "alice", "2")),
+            AccessChange::Deleted {
+                kind: AccessKind::Group,
+                name: "none".into(),
+            },
+        ]),
+    )
+    .await;
+    let expected = vec![
+        record(AccessKind::User, "alice", "2"),
+        record(AccessKind::User, "bob", "1"),
+        record(AccessKind::Group, "g", "é ünïcode"),
+        record(AccessKind::Role, "r", "{\"rules\":[]}"),
+    ];
+    assert_eq!(must("load_access", storage.load_access()).await, expected);
+    let refused = storage
+        .apply_access(&[
+            AccessChange::Deleted {
+                kind: AccessKind::User,
+                name: "bob".into(),
+            },
+            AccessChange::Put(record(AccessKind::User, "", "x")),
+        ])
+        .await
+        .expect_err("an empty name is refused");
+    assert!(refused.is_refused(), "{refused}");
+    assert_eq!(must("load_access", storage.load_access()).await, expected);
+    must(
+        "apply_access",
+        storage.apply_access(&[AccessChange::Deleted {
+            kind: AccessKind::User,
+            name: "bob".into(),
+        }]),
+    )
+    .await;
+    must("flush", storage.flush()).await;
+    let storage = harness.reopen(storage).await;
+    let mut left = expected;
+    left.remove(1);
+    assert_eq!(
+        must("load_access", storage.load_access()).await,
+        left,
+        "the access records survive a reopen"
     );
 }

@@ -10,6 +10,8 @@
 //!   a message queued for many sessions is stored once ([`StoredMessage`]) and each queue
 //!   or in-flight list holds a reference to it ([`DeliveryRecord`]);
 //! - [`change`]: the [`Change`] enum, one small ordered mutation each;
+//! - [`access`]: the access rules kept in storage (users, groups, roles), records opaque to
+//!   storage;
 //! - [`error`]: [`StorageError`] and the [`ErrorKind`] that tells the writer how to react;
 //! - [`memory`]: [`MemoryStorage`], the default backend and the reference semantics;
 //! - [`sqlite`] (feature `sqlite`): [`SqliteStorage`](sqlite::SqliteStorage), one database file
@@ -44,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod change;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
@@ -59,6 +62,7 @@ pub mod sqlite;
 
 use async_trait::async_trait;
 
+pub use access::{AccessChange, AccessKind, AccessRecord};
 pub use change::Change;
 pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
 pub use memory::MemoryStorage;
@@ -122,6 +126,16 @@ pub trait Storage: Send + Sync + 'static {
     /// Delete the session of `client_id` and everything it holds, whether it could be read
     /// or was set aside (`mercurioctl client delete-session`). Returns whether there was one.
     async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError>;
+
+    /// Every stored access record (users, groups, roles: [`access`]), sorted by kind then
+    /// name. A broker reads them when it starts (a PostgreSQL standby: when it takes over).
+    async fn load_access(&self) -> Result<Vec<AccessRecord>, StorageError>;
+
+    /// Apply `changes` in order, in one transaction, and return once they are durable: all of
+    /// them or none. Refused ([`ErrorKind::Refused`]) for an empty name or a NUL character;
+    /// PostgreSQL refuses a broker that no longer serves ([`ErrorKind::Fenced`]) as
+    /// [`apply`](Storage::apply) does.
+    async fn apply_access(&self, changes: &[AccessChange]) -> Result<(), StorageError>;
 
     /// Return once everything applied so far is durable (fsynced / committed).
     async fn flush(&self) -> Result<(), StorageError>;

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::access::{validate_access, AccessChange, AccessKind, AccessRecord};
 use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
@@ -39,6 +40,8 @@ struct State {
     /// The message store: each message once, with how many deliveries refer to it.
     messages: BTreeMap<u64, Stored>,
     retained: BTreeMap<String, RetainedRecord>,
+    /// The access records, by kind and name.
+    access: BTreeMap<(AccessKind, String), String>,
     /// Clients whose session is reported as unreadable, with the cause.
     set_aside: BTreeMap<String, String>,
     /// Failures to return from the next calls to `apply`, oldest first.
@@ -534,6 +537,40 @@ impl Storage for MemoryStorage {
         };
         self.shared.applied.notify_waiters();
         Ok(deleted)
+    }
+
+    async fn load_access(&self) -> Result<Vec<AccessRecord>, StorageError> {
+        let state = self.shared.state.lock();
+        Ok(state
+            .access
+            .iter()
+            .map(|((kind, name), body)| AccessRecord {
+                kind: *kind,
+                name: name.clone(),
+                body: body.clone(),
+            })
+            .collect())
+    }
+
+    async fn apply_access(&self, changes: &[AccessChange]) -> Result<(), StorageError> {
+        validate_access(changes)?;
+        let mut state = self.shared.state.lock();
+        if let Some(kind) = state.failing.or_else(|| state.failures.pop_front()) {
+            return Err(StorageError::new(kind, "injected failure"));
+        }
+        for change in changes {
+            match change {
+                AccessChange::Put(r) => {
+                    state
+                        .access
+                        .insert((r.kind, r.name.clone()), r.body.clone());
+                }
+                AccessChange::Deleted { kind, name } => {
+                    state.access.remove(&(*kind, name.clone()));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> Result<(), StorageError> {

@@ -33,6 +33,7 @@ use async_trait::async_trait;
 use tokio::sync::{watch, Mutex};
 use tokio_postgres::Client;
 
+use crate::access::{validate_access, AccessChange, AccessKind, AccessRecord};
 use crate::change::{validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::{LoadedState, Storage};
@@ -345,6 +346,53 @@ impl Storage for PostgresStorage {
         )
         .await?;
         Ok(existed)
+    }
+
+    async fn load_access(&self) -> Result<Vec<AccessRecord>, StorageError> {
+        let guard = self.writer().await?;
+        let Some(writer) = guard.as_ref() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
+        let rows = writer
+            .client
+            .query(
+                "SELECT kind, name, body FROM mercurio_access ORDER BY kind, name",
+                &[],
+            )
+            .await
+            .map_err(|e| classify(e, "cannot load the access records"))?;
+        let mut records: Vec<AccessRecord> = rows
+            .iter()
+            .filter_map(|row| {
+                // A kind a newer version wrote is left alone.
+                let kind = AccessKind::parse(row.get::<_, &str>(0))?;
+                Some(AccessRecord {
+                    kind,
+                    name: row.get(1),
+                    body: row.get(2),
+                })
+            })
+            .collect();
+        records.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+        Ok(records)
+    }
+
+    async fn apply_access(&self, changes: &[AccessChange]) -> Result<(), StorageError> {
+        validate_access(changes)?;
+        let mut guard = self.writer().await?;
+        let Some(writer) = guard.as_mut() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
+        match plan::write_access(writer, changes, self.epoch()).await {
+            Err(WriteError::Fenced(epoch)) => Err(self.fenced(epoch)),
+            Err(WriteError::Storage(e)) => {
+                if e.is_transient() && writer.client.is_closed() {
+                    *guard = None;
+                }
+                Err(e)
+            }
+            Ok(()) => Ok(()),
+        }
     }
 
     async fn flush(&self) -> Result<(), StorageError> {

@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, Row, Transaction};
 use tokio::sync::oneshot;
 
+use crate::access::{validate_access, AccessChange, AccessKind, AccessRecord};
 use crate::change::{refused, validate_batch, Change};
 use crate::error::StorageError;
 use crate::records::{
@@ -44,8 +45,23 @@ use crate::{LoadedState, SetAside, Storage};
 /// store: each message once in `messages`, and `queued` / `inflight` rows refer to it
 /// (`message_id`) with the delivery's QoS, RETAIN flag, subscription identifiers and shared
 /// subscription. An older database is upgraded when opened (from 3 to 4, each queued or
-/// in-flight row becomes one message and one reference).
-pub const SCHEMA_VERSION: i64 = 4;
+/// in-flight row becomes one message and one reference). 5: `access`, the access records
+/// (users, groups, roles) of `[auth] backend = "storage"`.
+pub const SCHEMA_VERSION: i64 = 5;
+
+/// The access records' table (schema 5), shared by [`SCHEMA`] and the upgrade from 4.
+macro_rules! access_table {
+    () => {
+        "
+CREATE TABLE access (
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+) WITHOUT ROWID;
+"
+    };
+}
 
 /// The message store and the tables that refer to it (schema 4), shared by [`SCHEMA`] and
 /// the upgrade from 3.
@@ -116,6 +132,7 @@ const UPGRADES: &[&str] = &[
          retain, X'', share FROM inflight_v3; \
          DROP TABLE queued_v3; DROP TABLE inflight_v3;"
     ),
+    access_table!(),
 ];
 
 /// How long a statement waits for a lock held by another connection before the call fails
@@ -123,6 +140,7 @@ const UPGRADES: &[&str] = &[
 const BUSY_TIMEOUT: Duration = Duration::from_millis(250);
 
 const SCHEMA: &str = concat!(
+    access_table!(),
     "
 CREATE TABLE sessions (
     client_id TEXT PRIMARY KEY NOT NULL,
@@ -914,6 +932,65 @@ impl Storage for SqliteStorage {
             tx.execute(DELETE_RELEASED, []).map_err(classify)?;
             tx.commit().map_err(classify)?;
             Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn load_access(&self) -> Result<Vec<AccessRecord>, StorageError> {
+        self.call(|conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT kind, name, body FROM access ORDER BY kind, name")
+                .map_err(classify)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                })
+                .map_err(classify)?;
+            let mut records = Vec::new();
+            for row in rows {
+                let (kind, name, body) = row.map_err(classify)?;
+                // A kind a newer version wrote is left alone.
+                if let Some(kind) = AccessKind::parse(&kind) {
+                    records.push(AccessRecord { kind, name, body });
+                }
+            }
+            records.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+            Ok(records)
+        })
+        .await
+    }
+
+    async fn apply_access(&self, changes: &[AccessChange]) -> Result<(), StorageError> {
+        validate_access(changes)?;
+        let changes = changes.to_vec();
+        self.call(move |conn| {
+            conn.pragma_update(None, "synchronous", "FULL")
+                .map_err(classify)?;
+            let result = (|| {
+                let tx = conn
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(classify)?;
+                for change in &changes {
+                    match change {
+                        AccessChange::Put(r) => tx.execute(
+                            "INSERT OR REPLACE INTO access (kind, name, body) VALUES (?1, ?2, ?3)",
+                            params![r.kind.as_str(), r.name, r.body],
+                        ),
+                        AccessChange::Deleted { kind, name } => tx.execute(
+                            "DELETE FROM access WHERE kind = ?1 AND name = ?2",
+                            params![kind.as_str(), name],
+                        ),
+                    }
+                    .map_err(classify)?;
+                }
+                tx.commit().map_err(classify)
+            })();
+            let _ = conn.pragma_update(None, "synchronous", "NORMAL");
+            result
         })
         .await
     }

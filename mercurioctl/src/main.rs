@@ -19,6 +19,7 @@
 //!   messages; the log targets `broker log-level --help` lists (`config::log_targets`).
 //! - `rpassword`: reads a password from the terminal without echo (`passwd`).
 
+mod access;
 mod config_import;
 mod derive;
 mod import_mosquitto;
@@ -32,7 +33,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use mercurio_core::admin::{socket_path, Answer, Request};
+use mercurio_core::admin::{socket_path, Answer, ErrorCode, Request};
 use mercurio_core::config::log_targets;
 use serde_json::Value;
 
@@ -68,9 +69,19 @@ Examples:
   mercurioctl client delete-session sensor-12
   mercurioctl bridge list
   mercurioctl bridge show cloud
+  mercurioctl user add sensor-12
+  mercurioctl role create sensors; mercurioctl acl add sensors readwrite 'sensors/%u/#'
+  mercurioctl group create fleet; mercurioctl group add-role fleet sensors
+  mercurioctl group add-user fleet sensor-12
 
 mercurioctl passwd FILE USER adds a user to a password file or changes its password (argon2id;
 no running broker needed); then send mercuriod SIGHUP to reload it.
+
+mercurioctl user add USER asks for a password (or reads it from standard input with --stdin)
+and adds USER to the running broker's storage ([auth] backend = \"storage\"): groups, roles and
+acl rules are managed the same way (group create|add-user|add-role, role create, acl add ROLE
+read|write|readwrite|deny TOPIC) and apply at once, to connected clients too. auth import
+--password-file FILE --acl-file FILE loads mosquitto's files into it.
 
 mercurioctl auth derive USER prints USER's derived password ([auth] derived_user_pattern) from
 the secret file given with --secret-file FILE or named by -c FILE (no running broker needed).
@@ -123,9 +134,22 @@ enum Command {
     /// Configuration files (need no running broker).
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Authentication helpers (need no running broker).
+    /// Authentication helpers: derive needs no running broker; import loads files into the
+    /// running broker's storage.
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Users kept in the broker's storage ([auth] backend = "storage").
+    #[command(subcommand)]
+    User(access::UserCommand),
+    /// Groups of users: each gives its users its roles.
+    #[command(subcommand)]
+    Group(access::GroupCommand),
+    /// Roles: named lists of access rules, given to users and groups.
+    #[command(subcommand)]
+    Role(access::RoleCommand),
+    /// The access rules of a role.
+    #[command(subcommand)]
+    Acl(access::AclCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,6 +158,9 @@ enum AuthCommand {
     /// HMAC-SHA256 keyed with the secret file (--secret-file, else [auth]
     /// derived_password_secret_file of -c FILE) without one trailing newline.
     Derive(derive::Derive),
+    /// Load a password file and an ACL file (mosquitto's formats) into the running broker's
+    /// storage ([auth] backend = "storage"); running it again changes nothing more.
+    Import(access::Import),
 }
 
 #[derive(Debug, Subcommand)]
@@ -241,6 +268,11 @@ fn run(cli: &Cli) -> Result<(), Failure> {
                 client_id: client_id.clone(),
             }
         }
+        Command::User(c) => access::user_request(c).map_err(|e| Failure(EXIT_REFUSED, e))?,
+        Command::Group(c) => access::group_request(c),
+        Command::Role(c) => access::role_request(c),
+        Command::Acl(c) => access::acl_request(c),
+        Command::Auth(AuthCommand::Import(i)) => return import(cli, &socket, i),
         // Handled in main: they need no broker.
         Command::Passwd(_) | Command::Config(_) | Command::Auth(_) => return Ok(()),
     };
@@ -249,7 +281,54 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         println!("{result}");
         return Ok(());
     }
-    print!("{}", human(&cli.command, &result));
+    match &cli.command {
+        Command::User(_) | Command::Group(_) | Command::Role(_) | Command::Acl(_) => {
+            print!("{}", access::human(&request, &result))
+        }
+        _ => print!("{}", human(&cli.command, &result)),
+    }
+    Ok(())
+}
+
+/// `auth import`: the requests one by one; what exists already is kept (a user gets the
+/// file's hash), a rule for a user that is not stored is skipped with a warning.
+fn import(cli: &Cli, socket: &Path, i: &access::Import) -> Result<(), Failure> {
+    let (steps, warnings) = access::import_steps(i).map_err(|e| Failure(EXIT_CONFIG, e))?;
+    for w in &warnings {
+        eprintln!("mercurioctl: warning: {w}");
+    }
+    let (mut done, mut kept, mut skipped) = (0u32, 0u32, 0u32);
+    for step in steps {
+        match exchange(socket, &step.request)? {
+            Answer::Ok(_) => done += 1,
+            Answer::Refused {
+                code: ErrorCode::Conflict,
+                ..
+            } => match &step.on_conflict {
+                Some(again) => match exchange(socket, again)? {
+                    Answer::Ok(_) => done += 1,
+                    Answer::Refused { error, .. } => return Err(Failure(EXIT_REFUSED, error)),
+                },
+                None => kept += 1,
+            },
+            Answer::Refused {
+                code: ErrorCode::NotFound,
+                error,
+            } => {
+                eprintln!("mercurioctl: warning: skipped: {error}");
+                skipped += 1;
+            }
+            Answer::Refused { error, .. } => return Err(Failure(EXIT_REFUSED, error)),
+        }
+    }
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::json!({"changed": done, "kept": kept, "skipped": skipped})
+        );
+    } else {
+        println!("imported: {done} changes, {kept} kept as they were, {skipped} skipped");
+    }
     Ok(())
 }
 
@@ -283,6 +362,14 @@ fn socket_from_config(file: &Path) -> Result<PathBuf, String> {
 
 /// Sends one request, returns the answer's result or the broker's reason as a failure.
 fn ask(path: &Path, request: &Request) -> Result<Value, Failure> {
+    match exchange(path, request)? {
+        Answer::Ok(result) => Ok(result),
+        Answer::Refused { error, .. } => Err(Failure(EXIT_REFUSED, error)),
+    }
+}
+
+/// Sends one request, returns the broker's answer.
+fn exchange(path: &Path, request: &Request) -> Result<Answer, Failure> {
     let shown = path.display();
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -345,10 +432,7 @@ fn ask(path: &Path, request: &Request) -> Result<Value, Failure> {
             format!("mercuriod on {shown}: unreadable answer: {e}"),
         )
     })?;
-    match Answer::from_json(&answer) {
-        Answer::Ok(result) => Ok(result),
-        Answer::Refused { error, .. } => Err(Failure(EXIT_REFUSED, error)),
-    }
+    Ok(Answer::from_json(&answer))
 }
 
 /// The answer for people.
@@ -369,7 +453,13 @@ fn human(command: &Command, result: &Value) -> String {
         Command::Client(ClientCommand::DeleteSession { client_id }) => {
             format!("deleted the session of {client_id}\n")
         }
-        Command::Passwd(_) | Command::Config(_) | Command::Auth(_) => String::new(),
+        Command::Passwd(_)
+        | Command::Config(_)
+        | Command::Auth(_)
+        | Command::User(_)
+        | Command::Group(_)
+        | Command::Role(_)
+        | Command::Acl(_) => String::new(),
     }
 }
 

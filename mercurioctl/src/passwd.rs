@@ -21,7 +21,7 @@ pub struct Passwd {
 
 impl Passwd {
     pub fn run(&self) -> ExitCode {
-        let password = match self.read_password() {
+        let password = match read_password(self.stdin) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("mercurioctl passwd: {e}");
@@ -40,28 +40,31 @@ impl Passwd {
             }
         }
     }
+}
 
-    fn read_password(&self) -> Result<String, String> {
-        let password = if self.stdin {
-            let mut line = String::new();
-            std::io::stdin()
-                .lock()
-                .read_line(&mut line)
-                .map_err(|e| format!("cannot read standard input: {e}"))?;
-            line.trim_end_matches(['\n', '\r']).to_string()
-        } else {
-            let first = rpassword::prompt_password("Password: ")
+/// A password from the first line of standard input (`stdin`), or asked twice on the
+/// terminal without echo; never from the command line. Errors: one line (no terminal,
+/// different answers, empty).
+pub fn read_password(stdin: bool) -> Result<String, String> {
+    let password = if stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        line.trim_end_matches(['\n', '\r']).to_string()
+    } else {
+        let first = rpassword::prompt_password("Password: ")
                 .map_err(|e| format!("cannot read the password from a terminal ({e}): use --stdin to read it from standard input"))?;
-            let again = rpassword::prompt_password("Reenter password: ")
-                .map_err(|e| format!("cannot read the password: {e}"))?;
-            if first != again {
-                return Err("the passwords do not match".into());
-            }
-            first
-        };
-        if password.is_empty() {
-            return Err("empty password".into());
+        let again = rpassword::prompt_password("Reenter password: ")
+            .map_err(|e| format!("cannot read the password: {e}"))?;
+        if first != again {
+            return Err("the passwords do not match".into());
         }
-        Ok(password)
+        first
+    };
+    if password.is_empty() {
+        return Err("empty password".into());
     }
+    Ok(password)
 }

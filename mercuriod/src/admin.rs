@@ -210,7 +210,17 @@ fn ok(result: Value) -> Answer {
 /// The answer to one request; `by` names the transport in the log lines ("mercurioctl", "the
 /// admin API").
 pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, by: &str) -> Answer {
-    tracing::debug!(?request, "admin request");
+    match &request {
+        // Credentials (hashes, SCRAM keys) stay out of the log.
+        Request::UserAdd { username, .. } | Request::UserPasswd { username, .. } => {
+            tracing::debug!(%username, "admin request: credentials of a user")
+        }
+        _ => tracing::debug!(?request, "admin request"),
+    }
+    // `user.*`, `group.*`, `role.*`, `acl.*`: the access rules kept in storage.
+    if let Some(answer) = handle.access(&request).await {
+        return answer;
+    }
     match request {
         Request::Status => ok(status(handle, log)),
         Request::LogLevel { level } => match log.set_level(&level) {
@@ -290,6 +300,8 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
             Some(b) => ok(bridge(b)),
             None => failure(ErrorCode::NotFound, format!("no such bridge: {name}")),
         },
+        // Answered by `BrokerHandle::access` above.
+        _ => failure(ErrorCode::Unsupported, "unsupported request"),
     }
 }
 

@@ -624,3 +624,144 @@ async fn derived_passwords() {
     );
     broker.shutdown().await;
 }
+
+/// An application's enhanced authentication: its method's challenge goes out in AUTH 0x18,
+/// the client's answer comes back in AUTH 0x18, and the CONNACK carries the method and the
+/// last data (MQTT 5.0 section 4.12); a wrong answer is refused with the hook's reason
+/// (0x86), another method with 0x8C, a packet other than AUTH during the exchange with 0x82
+/// [MQTT-4.12.0-5]. Re-authentication (AUTH 0x19) ends with AUTH 0x00, or, when refused, with
+/// DISCONNECT and the close [MQTT-4.12.1-2].
+#[tokio::test]
+async fn enhanced_authenticator_hook() {
+    use bytes::Bytes;
+    use mercurio::codec::{Auth, Packet, Properties};
+    use mercurio::{AuthContinuation, AuthStep, EnhancedAuthenticator};
+
+    struct Echo;
+    struct Answer;
+    #[async_trait::async_trait]
+    impl EnhancedAuthenticator for Echo {
+        fn supports(&self, method: &str) -> bool {
+            method == "ECHO"
+        }
+        async fn start(&self, _: &str, info: &ConnectInfo, data: Option<Bytes>) -> AuthStep {
+            assert_eq!(data.as_deref(), Some(&b"hello"[..]), "{}", info.client_id);
+            AuthStep::Continue {
+                data: Bytes::from_static(b"challenge"),
+                next: Box::new(Answer),
+            }
+        }
+    }
+    #[async_trait::async_trait]
+    impl AuthContinuation for Answer {
+        async fn step(self: Box<Self>, data: Option<Bytes>) -> AuthStep {
+            if data.as_deref() == Some(&b"egnellahc"[..]) {
+                AuthStep::Success {
+                    username: Some("echoed".into()),
+                    data: Some(Bytes::from_static(b"welcome")),
+                }
+            } else {
+                AuthStep::Deny(DenyReason::BadCredentials)
+            }
+        }
+    }
+    fn auth(reason: u8, data: &'static [u8]) -> Packet {
+        Packet::Auth(Auth {
+            reason_code: ReasonCode(reason),
+            properties: Properties {
+                authentication_method: Some("ECHO".into()),
+                authentication_data: Some(Bytes::from_static(data)),
+                ..Properties::default()
+            },
+        })
+    }
+    fn challenge_of(p: Option<Packet>, reason: u8) -> Bytes {
+        match p {
+            Some(Packet::Auth(a)) => {
+                assert_eq!(a.reason_code, ReasonCode(reason));
+                assert_eq!(a.properties.authentication_method.as_deref(), Some("ECHO"));
+                a.properties.authentication_data.unwrap_or_default()
+            }
+            other => panic!("expected AUTH, got {other:?}"),
+        }
+    }
+
+    let mut config = test_config();
+    config.auth.allow_anonymous = Some(false);
+    let broker = Broker::builder(config)
+        .enhanced_authenticator(Echo)
+        .start()
+        .await
+        .unwrap();
+    let addr = broker.local_addrs()[0];
+    let v5 = ProtocolVersion::V5;
+    let connect = |id: &str, method: &str| {
+        let mut c = connect_as(v5, id, None, None);
+        c.properties.authentication_method = Some(method.into());
+        c.properties.authentication_data = Some(Bytes::from_static(b"hello"));
+        c
+    };
+
+    let mut c = Client::open(addr, v5).await;
+    c.send(Packet::Connect(Box::new(connect("e1", "ECHO"))))
+        .await;
+    assert_eq!(&challenge_of(c.recv().await, 0x18)[..], b"challenge");
+    c.send(auth(0x18, b"egnellahc")).await;
+    match c.recv().await {
+        Some(Packet::ConnAck(ack)) => {
+            assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+            assert_eq!(
+                ack.properties.authentication_method.as_deref(),
+                Some("ECHO")
+            );
+            assert_eq!(
+                ack.properties.authentication_data.as_deref(),
+                Some(&b"welcome"[..])
+            );
+        }
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    // Re-authentication, twice: the exchange again, ended by AUTH 0x00.
+    for _ in 0..2 {
+        c.send(auth(0x19, b"hello")).await;
+        assert_eq!(&challenge_of(c.recv().await, 0x18)[..], b"challenge");
+        c.send(auth(0x18, b"egnellahc")).await;
+        assert_eq!(&challenge_of(c.recv().await, 0x00)[..], b"welcome");
+    }
+    c.ping().await;
+    // A failed re-authentication: DISCONNECT 0x87 (DISCONNECT has no 0x86), then the close.
+    c.send(auth(0x19, b"hello")).await;
+    challenge_of(c.recv().await, 0x18);
+    c.send(auth(0x18, b"wrong")).await;
+    match c.expect_closed().await.as_slice() {
+        [Packet::Disconnect(d)] => assert_eq!(d.reason_code, ReasonCode::NOT_AUTHORIZED),
+        other => panic!("expected DISCONNECT 0x87, got {other:?}"),
+    }
+
+    // A wrong answer at CONNECT: the hook's 0x86.
+    let mut c = Client::open(addr, v5).await;
+    c.send(Packet::Connect(Box::new(connect("e2", "ECHO"))))
+        .await;
+    challenge_of(c.recv().await, 0x18);
+    c.send(auth(0x18, b"no")).await;
+    match c.expect_closed().await.as_slice() {
+        [Packet::ConnAck(ack)] => {
+            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+        }
+        other => panic!("expected CONNACK 0x86, got {other:?}"),
+    }
+    // Something else than AUTH during the exchange: Protocol Error.
+    let mut c = Client::open(addr, v5).await;
+    c.send(Packet::Connect(Box::new(connect("e3", "ECHO"))))
+        .await;
+    challenge_of(c.recv().await, 0x18);
+    c.send(Packet::PingReq).await;
+    match c.expect_closed().await.as_slice() {
+        [Packet::ConnAck(ack)] => assert_eq!(ack.reason_code, ReasonCode::PROTOCOL_ERROR),
+        other => panic!("expected CONNACK 0x82, got {other:?}"),
+    }
+    // A method nobody supports: 0x8C.
+    let (_c, ack) = Client::connect_with(addr, connect("e4", "OTHER")).await;
+    assert_eq!(ack.reason_code, ReasonCode::BAD_AUTHENTICATION_METHOD);
+    broker.shutdown().await;
+}

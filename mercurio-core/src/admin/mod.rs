@@ -16,6 +16,35 @@
 //! | `{"command":"client.delete-session","client_id":"x"}` | `{}`; refused while connected |
 //! | `{"command":"bridge.list"}` | `{"bridges":[{name, client_id, connected, queued, ...}]}` |
 //! | `{"command":"bridge.show","name":"x"}` | one bridge in detail |
+//! | `{"command":"user.add","username":"u","credentials":{"password_hash":"h","scram":[]}}` | `{}`; `conflict` when the user exists |
+//! | `{"command":"user.passwd","username":"u","credentials":{"password_hash":"h","scram":[]}}` | `{}` |
+//! | `{"command":"user.remove","username":"u"}` | `{"disconnected": clients of the user cut off}` |
+//! | `{"command":"user.list"}` | `{"users":[{username, groups, roles, scram}]}` |
+//! | `{"command":"user.show","username":"u"}` | `{username, groups, roles, scram, rules}` |
+//! | `{"command":"user.add-role","username":"u","role":"r"}` | `{}` |
+//! | `{"command":"user.remove-role","username":"u","role":"r"}` | `{}` |
+//! | `{"command":"group.create","group":"g"}` | `{}`; `conflict` when the group exists |
+//! | `{"command":"group.delete","group":"g"}` | `{}` |
+//! | `{"command":"group.list"}` | `{"groups":[{group, roles, users}]}` |
+//! | `{"command":"group.show","group":"g"}` | `{group, roles, users}` |
+//! | `{"command":"group.add-user","group":"g","username":"u"}` | `{}` |
+//! | `{"command":"group.remove-user","group":"g","username":"u"}` | `{}` |
+//! | `{"command":"group.add-role","group":"g","role":"r"}` | `{}` |
+//! | `{"command":"group.remove-role","group":"g","role":"r"}` | `{}` |
+//! | `{"command":"role.create","role":"r"}` | `{}`; `conflict` when the role exists |
+//! | `{"command":"role.delete","role":"r"}` | `{}` |
+//! | `{"command":"role.list"}` | `{"roles":[{role, rules}]}` |
+//! | `{"command":"role.show","role":"r"}` | `{role, rules: [{access, topic}], users, groups}` |
+//! | `{"command":"acl.add","role":"r","access":"read","topic":"t/#"}` | `{}` |
+//! | `{"command":"acl.remove","role":"r","access":"read","topic":"t/#"}` | `{}` |
+//!
+//! The `user.*`, `group.*`, `role.*` and `acl.*` requests change the access rules kept in
+//! storage (`[auth] backend = "storage"`, docs/access.md); another broker answers them with
+//! `unsupported`. `credentials` is what `mercurioctl` computes from a password, which never
+//! travels: `password_hash` (argon2id in the PHC format, or mosquitto_passwd's `$7$`/`$6$`)
+//! and `scram`, the SCRAM keys per mechanism
+//! (`{"mechanism":"SCRAM-SHA-256","iterations":4096,"salt":..,"stored_key":..,"server_key":..}`,
+//! base64).
 //!
 //! The answer ([`Answer`]) is `{"ok":true,"result":...}` or
 //! `{"ok":false,"error":"one line","code":...}`; the code ([`ErrorCode`]) says why, and the
@@ -77,6 +106,147 @@ pub enum Request {
         /// The bridge's name (`[[bridges]] name`).
         name: String,
     },
+    /// `user.add`: a new user in storage with its credentials; `conflict` when it exists.
+    #[serde(rename = "user.add")]
+    UserAdd {
+        /// The user name.
+        username: String,
+        /// `{"password_hash": .., "scram": [..]}` (see the [module](self)).
+        credentials: Value,
+    },
+    /// `user.passwd`: replaces a stored user's credentials; `not_found` when there is none.
+    #[serde(rename = "user.passwd")]
+    UserPasswd {
+        /// The user name.
+        username: String,
+        /// `{"password_hash": .., "scram": [..]}` (see the [module](self)).
+        credentials: Value,
+    },
+    /// `user.remove`: deletes a stored user and disconnects its clients.
+    #[serde(rename = "user.remove")]
+    UserRemove {
+        /// The user name.
+        username: String,
+    },
+    /// `user.list`: every stored user.
+    #[serde(rename = "user.list")]
+    UserList,
+    /// `user.show`: one stored user, with the rules it gets.
+    #[serde(rename = "user.show")]
+    UserShow {
+        /// The user name.
+        username: String,
+    },
+    /// `user.add-role`: gives a user a role of its own.
+    #[serde(rename = "user.add-role")]
+    UserAddRole {
+        /// The user name.
+        username: String,
+        /// The role.
+        role: String,
+    },
+    /// `user.remove-role`: takes a role of its own from a user.
+    #[serde(rename = "user.remove-role")]
+    UserRemoveRole {
+        /// The user name.
+        username: String,
+        /// The role.
+        role: String,
+    },
+    /// `group.create`: a new, empty group.
+    #[serde(rename = "group.create")]
+    GroupCreate {
+        /// The group's name.
+        group: String,
+    },
+    /// `group.delete`: deletes a group (its users leave it).
+    #[serde(rename = "group.delete")]
+    GroupDelete {
+        /// The group's name.
+        group: String,
+    },
+    /// `group.list`: every group.
+    #[serde(rename = "group.list")]
+    GroupList,
+    /// `group.show`: one group, its roles and users.
+    #[serde(rename = "group.show")]
+    GroupShow {
+        /// The group's name.
+        group: String,
+    },
+    /// `group.add-user`: puts a user in a group.
+    #[serde(rename = "group.add-user")]
+    GroupAddUser {
+        /// The group's name.
+        group: String,
+        /// The user name.
+        username: String,
+    },
+    /// `group.remove-user`: takes a user out of a group.
+    #[serde(rename = "group.remove-user")]
+    GroupRemoveUser {
+        /// The group's name.
+        group: String,
+        /// The user name.
+        username: String,
+    },
+    /// `group.add-role`: gives a group's users a role.
+    #[serde(rename = "group.add-role")]
+    GroupAddRole {
+        /// The group's name.
+        group: String,
+        /// The role.
+        role: String,
+    },
+    /// `group.remove-role`: takes a role from a group.
+    #[serde(rename = "group.remove-role")]
+    GroupRemoveRole {
+        /// The group's name.
+        group: String,
+        /// The role.
+        role: String,
+    },
+    /// `role.create`: a new role without rules.
+    #[serde(rename = "role.create")]
+    RoleCreate {
+        /// The role's name.
+        role: String,
+    },
+    /// `role.delete`: deletes a role (users and groups lose it).
+    #[serde(rename = "role.delete")]
+    RoleDelete {
+        /// The role's name.
+        role: String,
+    },
+    /// `role.list`: every role with its rules.
+    #[serde(rename = "role.list")]
+    RoleList,
+    /// `role.show`: one role, its rules, and who has it.
+    #[serde(rename = "role.show")]
+    RoleShow {
+        /// The role's name.
+        role: String,
+    },
+    /// `acl.add`: adds a rule to a role (at its end; kept once).
+    #[serde(rename = "acl.add")]
+    AclAdd {
+        /// The role's name.
+        role: String,
+        /// `read`, `write`, `readwrite` or `deny`, as in an ACL file.
+        access: String,
+        /// A topic filter; `%c` and `%u` stand for the client identifier and the user name.
+        topic: String,
+    },
+    /// `acl.remove`: removes a rule from a role.
+    #[serde(rename = "acl.remove")]
+    AclRemove {
+        /// The role's name.
+        role: String,
+        /// `read`, `write`, `readwrite` or `deny`.
+        access: String,
+        /// The rule's topic filter.
+        topic: String,
+    },
 }
 
 impl Request {
@@ -110,10 +280,45 @@ impl Request {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// True for the requests about the access rules kept in storage: `user.*`, `group.*`,
+    /// `role.*`, `acl.*`.
+    pub fn is_access(&self) -> bool {
+        !matches!(
+            self,
+            Request::Status
+                | Request::LogLevel { .. }
+                | Request::ClientList
+                | Request::ClientShow { .. }
+                | Request::ClientDisconnect { .. }
+                | Request::ClientDeleteSession { .. }
+                | Request::BridgeList
+                | Request::BridgeShow { .. }
+        )
+    }
+
     /// The names of the arguments this request's command takes, besides `command`.
     pub fn arguments(&self) -> &'static [&'static str] {
         match self {
-            Request::Status | Request::ClientList | Request::BridgeList => &[],
+            Request::Status
+            | Request::ClientList
+            | Request::BridgeList
+            | Request::UserList
+            | Request::GroupList
+            | Request::RoleList => &[],
+            Request::UserAdd { .. } | Request::UserPasswd { .. } => &["username", "credentials"],
+            Request::UserRemove { .. } | Request::UserShow { .. } => &["username"],
+            Request::UserAddRole { .. } | Request::UserRemoveRole { .. } => &["username", "role"],
+            Request::GroupCreate { .. }
+            | Request::GroupDelete { .. }
+            | Request::GroupShow { .. } => &["group"],
+            Request::GroupAddUser { .. } | Request::GroupRemoveUser { .. } => {
+                &["group", "username"]
+            }
+            Request::GroupAddRole { .. } | Request::GroupRemoveRole { .. } => &["group", "role"],
+            Request::RoleCreate { .. } | Request::RoleDelete { .. } | Request::RoleShow { .. } => {
+                &["role"]
+            }
+            Request::AclAdd { .. } | Request::AclRemove { .. } => &["role", "access", "topic"],
             Request::LogLevel { .. } => &["level"],
             Request::BridgeShow { .. } => &["name"],
             Request::ClientShow { .. }
@@ -244,6 +449,63 @@ mod tests {
             },
             Request::BridgeList,
             Request::BridgeShow { name: "x".into() },
+            Request::UserAdd {
+                username: "u".into(),
+                credentials: json!({"password_hash": "h", "scram": []}),
+            },
+            Request::UserPasswd {
+                username: "u".into(),
+                credentials: json!({"password_hash": "h", "scram": []}),
+            },
+            Request::UserRemove {
+                username: "u".into(),
+            },
+            Request::UserList,
+            Request::UserShow {
+                username: "u".into(),
+            },
+            Request::UserAddRole {
+                username: "u".into(),
+                role: "r".into(),
+            },
+            Request::UserRemoveRole {
+                username: "u".into(),
+                role: "r".into(),
+            },
+            Request::GroupCreate { group: "g".into() },
+            Request::GroupDelete { group: "g".into() },
+            Request::GroupList,
+            Request::GroupShow { group: "g".into() },
+            Request::GroupAddUser {
+                group: "g".into(),
+                username: "u".into(),
+            },
+            Request::GroupRemoveUser {
+                group: "g".into(),
+                username: "u".into(),
+            },
+            Request::GroupAddRole {
+                group: "g".into(),
+                role: "r".into(),
+            },
+            Request::GroupRemoveRole {
+                group: "g".into(),
+                role: "r".into(),
+            },
+            Request::RoleCreate { role: "r".into() },
+            Request::RoleDelete { role: "r".into() },
+            Request::RoleList,
+            Request::RoleShow { role: "r".into() },
+            Request::AclAdd {
+                role: "r".into(),
+                access: "read".into(),
+                topic: "t/#".into(),
+            },
+            Request::AclRemove {
+                role: "r".into(),
+                access: "read".into(),
+                topic: "t/#".into(),
+            },
         ];
         assert_eq!(table.len(), requests.len(), "{table:?}");
         for (request, json) in requests.iter().zip(&table) {

@@ -38,6 +38,16 @@ pub enum Access {
 }
 
 impl Access {
+    /// The word an ACL line writes: `read`, `write`, `readwrite`, `deny`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+            Access::ReadWrite => "readwrite",
+            Access::Deny => "deny",
+        }
+    }
+
     fn grants(self, action: Action) -> bool {
         matches!(
             (self, action),
@@ -50,9 +60,9 @@ impl Access {
 
 /// One `topic` or `pattern` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Rule {
-    access: Access,
-    filter: String,
+pub(crate) struct Rule {
+    pub(crate) access: Access,
+    pub(crate) filter: String,
     /// A `pattern` line: `%c` and `%u` are substituted.
     pattern: bool,
 }
@@ -135,40 +145,99 @@ impl Acl {
         Ok(acl)
     }
 
+    /// The lines before any `user` line (anonymous clients): access and topic filter each.
+    pub fn anonymous_rules(&self) -> Vec<(Access, &str)> {
+        self.anonymous
+            .iter()
+            .map(|r| (r.access, r.filter.as_str()))
+            .collect()
+    }
+
+    /// Each `user` section's `topic` lines, sorted by user name.
+    pub fn user_rules(&self) -> Vec<(&str, Vec<(Access, &str)>)> {
+        let mut users: Vec<_> = self
+            .users
+            .iter()
+            .map(|(u, rules)| {
+                let rules = rules
+                    .iter()
+                    .map(|r| (r.access, r.filter.as_str()))
+                    .collect();
+                (u.as_str(), rules)
+            })
+            .collect();
+        users.sort_by(|a, b| a.0.cmp(b.0));
+        users
+    }
+
+    /// The `pattern` lines.
+    pub fn pattern_rules(&self) -> Vec<(Access, &str)> {
+        self.patterns
+            .iter()
+            .map(|r| (r.access, r.filter.as_str()))
+            .collect()
+    }
+
     /// Whether the request is allowed. Never allocates.
     pub fn check(&self, req: &AccessRequest<'_>) -> bool {
         let own: &[Rule] = match req.username {
             Some(u) => self.users.get(u).map(Vec::as_slice).unwrap_or(&[]),
             None => &self.anonymous,
         };
-        let rules = || own.iter().chain(self.patterns.iter());
-        if rules().any(|r| r.access == Access::Deny && self.matches(r, req)) {
-            return false;
-        }
-        rules().any(|r| r.access.grants(req.action) && self.matches(r, req))
-    }
-
-    fn matches(&self, rule: &Rule, req: &AccessRequest<'_>) -> bool {
-        let subst = if rule.pattern {
-            let bad = |s: &str| s.contains(['/', '+', '#']);
-            if rule.filter.contains("%c") && bad(req.client_id) {
-                return false;
-            }
-            if rule.filter.contains("%u") {
-                match req.username {
-                    Some(u) if !bad(u) => {}
-                    _ => return false,
-                }
-            }
-            Some((req.client_id, req.username))
-        } else {
-            None
-        };
-        covers(&rule.filter, req.topic, subst)
+        decide(own.iter().chain(self.patterns.iter()), req)
     }
 }
 
-fn parse_access(s: &str) -> Option<Access> {
+/// The ACL's decision over `rules`: denied when a `deny` rule matches, else allowed when a
+/// rule grants the action, else denied. Never allocates.
+pub(crate) fn decide<'a>(
+    rules: impl Iterator<Item = &'a Rule> + Clone,
+    req: &AccessRequest<'_>,
+) -> bool {
+    if rules
+        .clone()
+        .any(|r| r.access == Access::Deny && matches(r, req))
+    {
+        return false;
+    }
+    rules
+        .into_iter()
+        .any(|r| r.access.grants(req.action) && matches(r, req))
+}
+
+impl Rule {
+    /// A `pattern` line: `%c` and `%u` in `filter` stand for the client identifier and the
+    /// user name.
+    pub(crate) fn pattern(access: Access, filter: String) -> Rule {
+        Rule {
+            access,
+            filter,
+            pattern: true,
+        }
+    }
+}
+
+fn matches(rule: &Rule, req: &AccessRequest<'_>) -> bool {
+    let subst = if rule.pattern {
+        let bad = |s: &str| s.contains(['/', '+', '#']);
+        if rule.filter.contains("%c") && bad(req.client_id) {
+            return false;
+        }
+        if rule.filter.contains("%u") {
+            match req.username {
+                Some(u) if !bad(u) => {}
+                _ => return false,
+            }
+        }
+        Some((req.client_id, req.username))
+    } else {
+        None
+    };
+    covers(&rule.filter, req.topic, subst)
+}
+
+/// The access a word names: `read`, `write`, `readwrite`, `deny`.
+pub(crate) fn parse_access(s: &str) -> Option<Access> {
     Some(match s {
         "read" => Access::Read,
         "write" => Access::Write,

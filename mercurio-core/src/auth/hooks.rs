@@ -127,3 +127,52 @@ pub trait Authorizer: Send + Sync + 'static {
         None
     }
 }
+
+/// One step of an enhanced authentication exchange (MQTT 5.0 section 4.12).
+pub enum AuthStep {
+    /// Send `data` to the client in AUTH 0x18 (Continue authentication) and give its answer
+    /// (the Authentication Data of its next AUTH 0x18) to `next`.
+    Continue {
+        /// The Authentication Data to send.
+        data: Bytes,
+        /// What handles the client's answer.
+        next: Box<dyn AuthContinuation>,
+    },
+    /// The client is authenticated, as `username` (`None`: CONNECT's user name); `data`, when
+    /// set, goes to the client in the CONNACK (or, on a re-authentication, in AUTH 0x00).
+    Success {
+        /// The user name the client is known by.
+        username: Option<String>,
+        /// The last Authentication Data for the client.
+        data: Option<Bytes>,
+    },
+    /// Refused: CONNACK with the reason's code (a re-authentication: DISCONNECT 0x87, or 0x89
+    /// for [`DenyReason::Busy`]: DISCONNECT has no 0x86).
+    Deny(DenyReason),
+}
+
+/// The rest of an exchange, waiting for the client's next Authentication Data.
+#[async_trait]
+pub trait AuthContinuation: Send + Sync + 'static {
+    /// The client's next AUTH 0x18 arrived with `data`.
+    async fn step(self: Box<Self>, data: Option<Bytes>) -> AuthStep;
+}
+
+/// Enhanced authentication for an Authentication Method (MQTT 5.0 section 4.12): a
+/// challenge and response exchange through AUTH packets, at CONNECT and on
+/// re-authentication (AUTH 0x19). Added with `Broker::builder(config).enhanced_authenticator(..)`;
+/// the built-in SCRAM-SHA-256 / SCRAM-SHA-512 one (`[auth] backend = "storage"`) is asked
+/// after the application's. A method no authenticator supports is refused with CONNACK 0x8C
+/// (Bad authentication method).
+///
+/// The same rules as for [`Authenticator`] apply: never block the thread; a step that waits
+/// longer than `connect_timeout` at CONNECT closes the connection.
+#[async_trait]
+pub trait EnhancedAuthenticator: Send + Sync + 'static {
+    /// Whether this authenticator handles `method` (the Authentication Method property).
+    fn supports(&self, method: &str) -> bool;
+
+    /// Starts an exchange for `method` with the Authentication Data of CONNECT (or of the
+    /// client's AUTH 0x19). `info.password` is CONNECT's (none on a re-authentication).
+    async fn start(&self, method: &str, info: &ConnectInfo, data: Option<Bytes>) -> AuthStep;
+}

@@ -11,6 +11,8 @@ pub mod acl;
 pub mod derived;
 pub mod hooks;
 pub mod password_file;
+pub mod scram;
+pub mod stored;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -19,7 +21,9 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use hooks::{AccessRequest, Authentication, Authenticator, Authorizer, ConnectInfo};
+use hooks::{
+    AccessRequest, Authentication, Authenticator, Authorizer, ConnectInfo, EnhancedAuthenticator,
+};
 pub use hooks::{Decision, DenyReason};
 
 /// A file (password, ACL, certificate, key) that cannot be used: its path, the line when the
@@ -74,6 +78,14 @@ fn derived_settings(config: &Config) -> Option<(PathBuf, String)> {
     ))
 }
 
+/// The embedding application's hooks, in the order added.
+#[derive(Clone, Default)]
+pub(crate) struct Hooks {
+    pub(crate) authenticators: Vec<Arc<dyn Authenticator>>,
+    pub(crate) authorizers: Vec<Arc<dyn Authorizer>>,
+    pub(crate) enhanced: Vec<Arc<dyn EnhancedAuthenticator>>,
+}
+
 /// Who a session belongs to, for access checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Identity {
@@ -104,7 +116,12 @@ pub(crate) struct Auth {
     file_authenticator: Option<Arc<password_file::FileAuthenticator>>,
     derived: Option<Arc<derived::DerivedAuthenticator>>,
     acl: Option<Arc<acl::AclAuthorizer>>,
+    /// Enhanced authentication methods: the application's, then SCRAM with stored users.
+    enhanced: Vec<Arc<dyn EnhancedAuthenticator>>,
     checks_access: bool,
+    /// The decision when no authorizer has an opinion: allowed, except with stored rules and
+    /// no ACL file after them (whatever they do not allow is denied).
+    default_allow: bool,
     /// Serializes reloads.
     reloading: RwLock<()>,
 }
@@ -118,16 +135,19 @@ impl Auth {
             file_authenticator: None,
             derived: None,
             acl: None,
+            enhanced: Vec::new(),
             checks_access: false,
+            default_allow: true,
             reloading: RwLock::new(()),
         }
     }
 
-    /// The application's hooks, then the `[auth]` section's files (read now).
+    /// The application's hooks, then the stored users and rules (`stored`, with
+    /// `[auth] backend = "storage"`), then the `[auth]` section's files (read now).
     pub(crate) fn from_config(
         config: &Config,
-        authenticators: Vec<Arc<dyn Authenticator>>,
-        authorizers: Vec<Arc<dyn Authorizer>>,
+        hooks: &Hooks,
+        stored: Option<&Arc<stored::StoredAccess>>,
     ) -> Result<Auth, FileError> {
         let a = &config.auth;
         Auth::from_files(
@@ -135,8 +155,8 @@ impl Auth {
             a.password_file.clone(),
             a.acl_file.clone(),
             derived_settings(config),
-            authenticators,
-            authorizers,
+            hooks,
+            stored,
         )
     }
 
@@ -145,8 +165,8 @@ impl Auth {
     /// `None` for a listener that sets none of them: `[auth]`'s chain applies.
     pub(crate) fn for_listeners(
         config: &Config,
-        authenticators: &[Arc<dyn Authenticator>],
-        authorizers: &[Arc<dyn Authorizer>],
+        hooks: &Hooks,
+        stored: Option<&Arc<stored::StoredAccess>>,
     ) -> Result<Vec<Option<Auth>>, FileError> {
         let a = &config.auth;
         config
@@ -162,8 +182,8 @@ impl Auth {
                     l.password_file.clone().or_else(|| a.password_file.clone()),
                     l.acl_file.clone().or_else(|| a.acl_file.clone()),
                     derived_settings(config),
-                    authenticators.to_vec(),
-                    authorizers.to_vec(),
+                    hooks,
+                    stored,
                 )
                 .map(Some)
             })
@@ -175,9 +195,20 @@ impl Auth {
         password_file: Option<PathBuf>,
         acl_file: Option<PathBuf>,
         derived: Option<(PathBuf, String)>,
-        mut authenticators: Vec<Arc<dyn Authenticator>>,
-        mut authorizers: Vec<Arc<dyn Authorizer>>,
+        hooks: &Hooks,
+        stored: Option<&Arc<stored::StoredAccess>>,
     ) -> Result<Auth, FileError> {
+        let mut authenticators = hooks.authenticators.clone();
+        let mut authorizers = hooks.authorizers.clone();
+        let mut enhanced = hooks.enhanced.clone();
+        if let Some(s) = stored {
+            authenticators.push(Arc::new(stored::StoredPasswords {
+                access: Arc::clone(s),
+                decoy_unknown: password_file.is_none(),
+            }) as Arc<dyn Authenticator>);
+            authorizers.push(Arc::clone(s) as Arc<dyn Authorizer>);
+            enhanced.push(Arc::clone(s) as Arc<dyn EnhancedAuthenticator>);
+        }
         let file = Arc::new(password_file::FileAuthenticator::new(
             allow_anonymous,
             password_file,
@@ -207,11 +238,13 @@ impl Auth {
         };
         Ok(Auth {
             checks_access: !authorizers.is_empty(),
+            default_allow: stored.is_none() || acl.is_some(),
             authenticators,
             authorizers,
             file_authenticator: Some(file),
             derived,
             acl,
+            enhanced,
             reloading: RwLock::new(()),
         })
     }
@@ -290,7 +323,12 @@ impl Auth {
                 Decision::NoOpinion => {}
             }
         }
-        true
+        self.default_allow
+    }
+
+    /// The enhanced authenticator for `method` (the first that supports it), if any.
+    pub(crate) fn enhanced_for(&self, method: &str) -> Option<&Arc<dyn EnhancedAuthenticator>> {
+        self.enhanced.iter().find(|e| e.supports(method))
     }
 
     /// The decision without waiting: authorizers that cannot decide at once have no opinion.
@@ -305,7 +343,7 @@ impl Auth {
                 _ => {}
             }
         }
-        true
+        self.default_allow
     }
 
     /// Reads the password and ACL files again. Each file that fails keeps its old contents;

@@ -122,6 +122,28 @@ impl PasswordHash {
     }
 }
 
+/// The hash as a password file writes it after `user:` (what [`PasswordHash::parse`] reads).
+impl std::fmt::Display for PasswordHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PasswordHash::Sha512 { salt, hash } => {
+                write!(f, "$6${}${}", STANDARD.encode(salt), STANDARD.encode(hash))
+            }
+            PasswordHash::Pbkdf2Sha512 {
+                iterations,
+                salt,
+                hash,
+            } => write!(
+                f,
+                "$7${iterations}${}${}",
+                STANDARD.encode(salt),
+                STANDARD.encode(hash)
+            ),
+            PasswordHash::Argon2(phc) => f.write_str(phc),
+        }
+    }
+}
+
 /// A new argon2id hash of `password` (PHC string, argon2's default parameters, random salt).
 pub fn hash_password(password: &[u8]) -> String {
     use password_hash::{PasswordHasher, SaltString};
@@ -169,6 +191,11 @@ impl PasswordFile {
     /// The hash stored for `user`.
     pub fn get(&self, user: &str) -> Option<&Arc<PasswordHash>> {
         self.users.get(user)
+    }
+
+    /// Every user and its hash, in no particular order.
+    pub fn users(&self) -> impl Iterator<Item = (&str, &PasswordHash)> {
+        self.users.iter().map(|(u, h)| (u.as_str(), &**h))
     }
 
     /// A hash of the file to check unknown users against (the same work as a real check).
@@ -445,6 +472,9 @@ mod tests {
         assert!(six.verify(b"hunter2"));
         assert!(!six.verify(b"hunter3"));
         let seven = PasswordHash::parse("$7$101$DaiYoUCbawXbF5Tu$OzUOiEA9V392uv2PYkwFTMmZCaKjMyuCSbsrd5CMfzz7cVTCLJ902CFGw5t1tsdUEdvRczgsNGgm93uGtmaedg==").unwrap();
+        // Written back as read (the form `mercurioctl auth import` stores).
+        assert_eq!(PasswordHash::parse(&seven.to_string()).unwrap(), seven);
+        assert_eq!(PasswordHash::parse(&six.to_string()).unwrap(), six);
         assert!(seven.verify(b"secret"));
         assert!(!seven.verify(b"Secret"));
     }

@@ -102,6 +102,9 @@ pub(crate) struct BrokerState {
     pub listener_auth: Vec<Option<crate::auth::Auth>>,
     /// Whether any chain (`auth` or a listener's) checks access; false makes every check free.
     pub checks_access: bool,
+    /// The users, groups and roles kept in storage (`[auth] backend = "storage"`), shared by
+    /// every chain; set by the builder.
+    pub(crate) stored_access: Option<Arc<crate::auth::stored::StoredAccess>>,
     /// The connections' keep alive deadlines and their sweep (`keep_alive`).
     pub keep_alive: Arc<crate::keep_alive::KeepAlive>,
     /// The parked connections and what resumes them (`parking`, `connection::park`), started by the
@@ -156,6 +159,7 @@ impl BrokerState {
             bridges: Mutex::new(Vec::new()),
             listener_auth: Vec::new(),
             checks_access: false,
+            stored_access: None,
             keep_alive: Arc::default(),
             parking: OnceLock::new(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),

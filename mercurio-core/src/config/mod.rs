@@ -336,6 +336,22 @@ pub struct AuthConfig {
     /// Glob over user names (`*` any run of characters, `?` one) whose password is derived:
     /// lowercase hex of HMAC-SHA256(key, user name) (`auth::derived`).
     pub derived_user_pattern: Option<String>,
+    /// Where users, groups, roles and their rules come from besides the files: `files`
+    /// (default: only `password_file` / `acl_file`) or `storage` (also the ones kept in the
+    /// `[storage]` backend and managed at runtime with `mercurioctl user|group|role|acl`,
+    /// asked before the files; `auth::stored`).
+    pub backend: AuthBackend,
+}
+
+/// `[auth] backend`: where the access rules come from.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthBackend {
+    /// The `password_file` and `acl_file` only (default).
+    #[default]
+    Files,
+    /// Users, groups and roles kept in storage first, then the files.
+    Storage,
 }
 
 /// Storage backends.

@@ -128,6 +128,8 @@ pub(super) struct Accepted {
     pub(super) keep_alive: u16,
     pub(super) client_limits: ClientLimits,
     pub(super) connack: Vec<u8>,
+    /// The Authentication Method of an enhanced authentication, for re-authentication.
+    pub(super) auth_method: Option<String>,
 }
 
 fn encode_connack(
@@ -174,16 +176,88 @@ fn assigned_client_id() -> Result<String, getrandom::Error> {
     ))
 }
 
-/// The CONNECT checks of the authentication chain: authentication (with the TLS identity), then the will's
-/// topic, which the client must be allowed to publish to. `Ok` carries the user name the
-/// client is known by; `Err` the CONNACK reason code and why.
+/// The connection's side of an enhanced authentication exchange (MQTT 5.0 section 4.12):
+/// sends AUTH 0x18 (Continue authentication) with the method and `data`, and returns the
+/// Authentication Data of the client's answer, which must be AUTH 0x18 with the same method.
+/// `Err`: the CONNACK reason code and why (the connection then closes).
+#[async_trait::async_trait]
+pub(super) trait AuthChannel: Send {
+    async fn exchange(
+        &mut self,
+        method: &str,
+        data: bytes::Bytes,
+    ) -> Result<Option<bytes::Bytes>, (ReasonCode, String)>;
+}
+
+/// The reason code and words of a refusal.
+fn denied(reason: DenyReason) -> (ReasonCode, String) {
+    match reason {
+        DenyReason::BadCredentials => (
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "bad user name or password".to_string(),
+        ),
+        DenyReason::NotAuthorized => (ReasonCode::NOT_AUTHORIZED, "not authorized".to_string()),
+        DenyReason::Busy => (
+            ReasonCode::SERVER_BUSY,
+            "too many authentication checks waiting".to_string(),
+        ),
+    }
+}
+
+/// Runs an enhanced authentication exchange from its first step to its end: the user name
+/// the client is known by and the last Authentication Data for it, or the refusal.
+pub(super) async fn run_exchange(
+    enhanced: &Arc<dyn crate::auth::hooks::EnhancedAuthenticator>,
+    method: &str,
+    info: &ConnectInfo,
+    data: Option<bytes::Bytes>,
+    channel: &mut dyn AuthChannel,
+) -> Result<(Option<String>, Option<bytes::Bytes>), (ReasonCode, String)> {
+    use crate::auth::hooks::AuthStep;
+    let refused = AuthStep::Deny(DenyReason::NotAuthorized);
+    let mut step = crate::hook::guard(
+        "enhanced authenticator",
+        &info.client_id,
+        enhanced.start(method, info, data),
+    )
+    .await
+    .unwrap_or(refused);
+    loop {
+        match step {
+            AuthStep::Continue { data, next } => {
+                let answer = channel.exchange(method, data).await?;
+                step = crate::hook::guard(
+                    "enhanced authenticator",
+                    &info.client_id,
+                    next.step(answer),
+                )
+                .await
+                .unwrap_or(AuthStep::Deny(DenyReason::NotAuthorized));
+            }
+            AuthStep::Success { username, data } => return Ok((username, data)),
+            AuthStep::Deny(reason) => return Err(denied(reason)),
+        }
+    }
+}
+
+/// What the checks of CONNECT found: the user name the client is known by, and, after an
+/// enhanced authentication, its method and the last Authentication Data for the CONNACK.
+struct Checked {
+    username: Option<Arc<str>>,
+    enhanced: Option<(String, Option<bytes::Bytes>)>,
+}
+
+/// The CONNECT checks of the authentication chain: authentication (with the TLS identity;
+/// an Authentication Method's exchange through `channel`), then the will's topic, which the
+/// client must be allowed to publish to. `Err` carries the CONNACK reason code and why.
 async fn connect_checks(
     connect: &Connect,
     client_id: &str,
     peer: SocketAddr,
     tls: Option<TlsIdentity>,
     auth: &crate::auth::Auth,
-) -> Result<Option<Arc<str>>, (ReasonCode, String)> {
+    channel: &mut dyn AuthChannel,
+) -> Result<Checked, (ReasonCode, String)> {
     let tls = tls.unwrap_or_default();
     let mut username = connect.username.clone();
     if tls.use_as_username {
@@ -206,17 +280,22 @@ async fn connect_checks(
         certificate_cn: tls.certificate_cn,
         username_from_certificate: tls.use_as_username,
     };
-    let username = auth.authenticate(&info).await.map_err(|r| match r {
-        DenyReason::BadCredentials => (
-            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-            "bad user name or password".to_string(),
-        ),
-        DenyReason::NotAuthorized => (ReasonCode::NOT_AUTHORIZED, "not authorized".to_string()),
-        DenyReason::Busy => (
-            ReasonCode::SERVER_BUSY,
-            "too many authentication checks waiting".to_string(),
-        ),
-    })?;
+    let mut enhanced = None;
+    let username = match &connect.properties.authentication_method {
+        Some(method) => {
+            let Some(e) = auth.enhanced_for(method) else {
+                return Err((
+                    ReasonCode::BAD_AUTHENTICATION_METHOD,
+                    format!("authentication method {method:?} not supported"),
+                ));
+            };
+            let data = connect.properties.authentication_data.clone();
+            let (username, data) = run_exchange(e, method, &info, data, channel).await?;
+            enhanced = Some((method.clone(), data));
+            username.or_else(|| info.username.clone())
+        }
+        None => auth.authenticate(&info).await.map_err(denied)?,
+    };
     if let Some(will) = &connect.will {
         if auth.checks_access()
             && !auth
@@ -234,7 +313,10 @@ async fn connect_checks(
             ));
         }
     }
-    Ok(username.map(Arc::from))
+    Ok(Checked {
+        username: username.map(Arc::from),
+        enhanced,
+    })
 }
 
 /// Checks a CONNECT (MQTT 5.0 section 3.1.4), takes the session over or creates it, and
@@ -246,6 +328,7 @@ pub(super) async fn accept(
     tls: Option<TlsIdentity>,
     deadline: tokio::time::Instant,
     listener: usize,
+    channel: &mut dyn AuthChannel,
 ) -> Result<Accepted, Vec<u8>> {
     let mount = broker
         .config
@@ -271,13 +354,6 @@ pub(super) async fn accept(
         return Err(refuse(
             ReasonCode::PROTOCOL_ERROR,
             "Authentication Data without an Authentication Method",
-        ));
-    }
-    // Enhanced authentication: no method is supported.
-    if props.authentication_method.is_some() {
-        return Err(refuse(
-            ReasonCode::BAD_AUTHENTICATION_METHOD,
-            "authentication method not supported",
         ));
     }
     // Client identifier [MQTT-3.1.3-6..9].
@@ -377,11 +453,11 @@ pub(super) async fn accept(
     // longer (a queue of slow password hashes) closes the connection without CONNACK.
     let checked = tokio::time::timeout_at(
         deadline,
-        connect_checks(&connect, &client_id, peer, tls, auth),
+        connect_checks(&connect, &client_id, peer, tls, auth, channel),
     )
     .await;
-    let username = match checked {
-        Ok(Ok(username)) => username,
+    let Checked { username, enhanced } = match checked {
+        Ok(Ok(checked)) => checked,
         Ok(Err((rc, why))) => return Err(refuse(rc, &why)),
         Err(_) => {
             tracing::info!(%peer, %client_id, "authentication not done within connect_timeout: closing");
@@ -479,6 +555,11 @@ pub(super) async fn accept(
         p.topic_alias_maximum = Some(TOPIC_ALIAS_MAXIMUM);
         p.assigned_client_identifier = assigned;
         p.server_keep_alive = server_keep_alive;
+        // The method again, with the exchange's last data (MQTT 5.0 section 4.12).
+        if let Some((method, data)) = &enhanced {
+            p.authentication_method = Some(method.clone());
+            p.authentication_data = data.clone();
+        }
     }
     // The Server MUST NOT send a packet larger than the client's Maximum Packet Size
     // [MQTT-3.1.2-24]: a client whose limit is below the CONNACK itself is closed without
@@ -555,6 +636,7 @@ pub(super) async fn accept(
         keep_alive,
         client_limits,
         connack,
+        auth_method: enhanced.map(|(method, _)| method),
     })
 }
 

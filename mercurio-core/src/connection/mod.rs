@@ -31,7 +31,7 @@ use crate::link::{DisconnectReason, Link};
 use crate::session::Session;
 use crate::stats::Counters;
 use crate::tls::TlsIdentity;
-use connect::{accept, read_connect, Accepted, ConnectError};
+use connect::{accept, read_connect, Accepted, AuthChannel, ConnectError};
 use reader::Reader;
 use writer::Writer;
 
@@ -189,6 +189,83 @@ struct Shared {
     keep_alive: u16,
 }
 
+/// The handshake's [`AuthChannel`]: AUTH packets written to and read from the stream before
+/// the CONNACK.
+struct HandshakeAuth<'a, S> {
+    stream: &'a mut S,
+    buf: &'a mut BytesMut,
+    max_packet_size: u32,
+    stats: &'a Counters,
+}
+
+#[async_trait::async_trait]
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> AuthChannel for HandshakeAuth<'_, S> {
+    async fn exchange(
+        &mut self,
+        method: &str,
+        data: bytes::Bytes,
+    ) -> Result<Option<bytes::Bytes>, (ReasonCode, String)> {
+        let auth = Packet::Auth(codec::Auth {
+            reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
+            properties: Properties {
+                authentication_method: Some(method.to_string()),
+                authentication_data: Some(data),
+                ..Properties::default()
+            },
+        });
+        let mut out = BytesMut::new();
+        codec::encode(&auth, ProtocolVersion::V5, &mut out).map_err(|e| {
+            (
+                ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+                format!("cannot encode AUTH: {e}"),
+            )
+        })?;
+        let lost = |e: std::io::Error| {
+            (
+                ReasonCode::UNSPECIFIED_ERROR,
+                format!("connection lost during authentication: {e}"),
+            )
+        };
+        self.stream.write_all(&out).await.map_err(lost)?;
+        Counters::add(&self.stats.bytes_sent, out.len() as u64);
+        loop {
+            match codec::decode(self.buf, ProtocolVersion::V5, self.max_packet_size) {
+                Ok(Some(Packet::Auth(a))) => {
+                    // The client answers with Continue authentication and the same method
+                    // (MQTT 5.0 section 4.12, [MQTT-4.12.0-4]).
+                    if a.reason_code != ReasonCode::CONTINUE_AUTHENTICATION
+                        || a.properties.authentication_method.as_deref() != Some(method)
+                    {
+                        return Err((
+                            ReasonCode::PROTOCOL_ERROR,
+                            "AUTH without Continue authentication and the same method".into(),
+                        ));
+                    }
+                    return Ok(a.properties.authentication_data);
+                }
+                Ok(Some(other)) => {
+                    return Err((
+                        ReasonCode::PROTOCOL_ERROR,
+                        format!("{} during authentication [MQTT-4.12.0-5]", other.name()),
+                    ))
+                }
+                Ok(None) => {}
+                Err(e) => return Err((e.reason_code(), format!("bad AUTH: {e}"))),
+            }
+            match self.stream.read_buf(self.buf).await {
+                Ok(0) => {
+                    return Err((
+                        ReasonCode::UNSPECIFIED_ERROR,
+                        "closed during authentication".into(),
+                    ))
+                }
+                Ok(n) => Counters::add(&self.stats.bytes_received, n as u64),
+                Err(e) => return Err(lost(e)),
+            }
+        }
+    }
+}
+
 impl Shared {
     /// The listener's `mount_point`: prefixed to every topic and filter the client sends,
     /// removed from the topics delivered. (Looked up, not kept: a reference into the
@@ -239,16 +316,23 @@ where
     };
 
     // 2. Checks, session, CONNACK. `accept` takes the packet's box and frees it.
-    let accepted = match Box::pin(accept(
+    let mut channel = HandshakeAuth {
+        stream: &mut stream,
+        buf: &mut buf,
+        max_packet_size: server.max_packet_size,
+        stats: &broker.stats,
+    };
+    let accepted = Box::pin(accept(
         &broker,
         connect,
         peer,
         tls,
         connect_deadline,
         listener,
+        &mut channel,
     ))
-    .await
-    {
+    .await;
+    let accepted = match accepted {
         Ok(a) => a,
         Err(connack) => {
             let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, stream.write_all(&connack)).await;
@@ -262,8 +346,12 @@ where
         keep_alive,
         client_limits,
         connack,
+        auth_method,
     } = accepted;
     session.state.lock().set_remote_bridge(bridge);
+    if let Some(method) = auth_method {
+        link.set_auth_method(method, peer);
+    }
     broker.stats.client_connected();
     if let Err(e) = stream.write_all(&connack).await {
         tracing::debug!(client_id = %session.client_id, "cannot send CONNACK: {e}");
@@ -329,6 +417,7 @@ where
                     aliases: aliases.inbound,
                     congested: Vec::new(),
                     rate: rate::PublishRate::of(&shared.broker.config.server),
+                    reauth: None,
                 };
                 let writer = Writer {
                     c: shared,

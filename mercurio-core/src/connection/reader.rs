@@ -11,7 +11,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
-use crate::auth::hooks::Action;
+use crate::auth::hooks::{Action, AuthContinuation, AuthStep, ConnectInfo, DenyReason};
 use crate::broker::access::subscription_topic;
 use crate::broker::message_of;
 use crate::codec::{
@@ -81,6 +81,9 @@ pub(super) struct Reader<'a> {
     pub(super) congested: Vec<Arc<Session>>,
     /// `max_publish_rate` and `max_publish_bytes_rate`; `None` when both are 0.
     pub(super) rate: Option<Box<super::rate::PublishRate>>,
+    /// A re-authentication under way: what takes the client's next AUTH 0x18 (a thin
+    /// pointer: rare).
+    pub(super) reauth: Option<Box<Box<dyn AuthContinuation>>>,
 }
 
 impl<'a> Reader<'a> {
@@ -225,8 +228,9 @@ impl<'a> Reader<'a> {
                 // The deadline runs only while the read waits; past it, the broker's keep alive
                 // sweep kills the link (`keep_alive`: no timer per connection).
                 let armed = deadline.map(|d| self.c.broker.keep_alive.arm(&self.c.link, d));
-                // At rest (the connection may park) only with nothing in hand.
-                let at_rest = buf.is_empty() && self.congested.is_empty();
+                // At rest (the connection may park) only with nothing in hand: no partial
+                // packet, no congestion, no re-authentication under way (its state is here).
+                let at_rest = buf.is_empty() && self.congested.is_empty() && self.reauth.is_none();
                 self.c.link.set_rest(crate::link::READER_AT_REST, at_rest);
                 let read = read_lean(rd, buf, &mut room).await;
                 self.c.link.set_rest(crate::link::READER_AT_REST, false);
@@ -291,7 +295,9 @@ impl<'a> Reader<'a> {
             Packet::Publish(p) if !self.c.broker.publish_waits() => {
                 self.on_publish_now(p).map(|()| None)
             }
-            Packet::Publish(_) | Packet::Subscribe(_) => Ok(Some(Box::pin(self.handle(packet)))),
+            Packet::Publish(_) | Packet::Subscribe(_) | Packet::Auth(_) => {
+                Ok(Some(Box::pin(self.handle(packet))))
+            }
             other => self.handle_other(other).map(|()| None),
         }
     }
@@ -308,7 +314,122 @@ impl<'a> Reader<'a> {
         match packet {
             Packet::Publish(p) => self.on_publish(p).await,
             Packet::Subscribe(s) => self.on_subscribe(s).await,
+            Packet::Auth(a) => self.on_auth(a).await,
             other => self.handle_other(other),
+        }
+    }
+
+    /// AUTH after the CONNACK: a re-authentication (MQTT 5.0 section 4.12.1), started by the
+    /// client's AUTH 0x19 with CONNECT's method, then AUTH 0x18 both ways, ended by the
+    /// server's AUTH 0x00 (success) or DISCONNECT (failure [MQTT-4.12.1-2]). The client stays
+    /// connected, and keeps its user, meanwhile; a re-authentication as another user fails
+    /// (0x87).
+    async fn on_auth(&mut self, a: codec::Auth) -> Result<(), Close> {
+        let Some((owned, peer)) = self.c.link.auth_method() else {
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH without an authentication method in CONNECT [MQTT-3.1.2-30]",
+            ));
+        };
+        let method = owned.as_str();
+        if a.properties.authentication_method.as_deref() != Some(method) {
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH with another authentication method than CONNECT's [MQTT-4.12.1-1]",
+            ));
+        }
+        let client_id = self.c.session.client_id.to_string();
+        let (username, listener) = match &*self.c.session.identity.read() {
+            crate::auth::Identity::Client { username, listener } => {
+                (username.clone(), listener.map(|l| l as usize))
+            }
+            crate::auth::Identity::Trusted => (None, None),
+        };
+        let data = a.properties.authentication_data;
+        let refused = || AuthStep::Deny(DenyReason::NotAuthorized);
+        let step = match (a.reason_code, self.reauth.take()) {
+            (ReasonCode::RE_AUTHENTICATE, None) => {
+                let Some(e) = self
+                    .c
+                    .broker
+                    .auth_of(listener)
+                    .enhanced_for(method)
+                    .cloned()
+                else {
+                    return Err(self.violation(
+                        ReasonCode::BAD_AUTHENTICATION_METHOD,
+                        "the authentication method is no longer supported",
+                    ));
+                };
+                let info = ConnectInfo {
+                    client_id: client_id.clone(),
+                    username: username.as_deref().map(str::to_string),
+                    password: None,
+                    peer,
+                    protocol: self.c.version,
+                    certificate_cn: None,
+                    username_from_certificate: false,
+                };
+                crate::hook::guard(
+                    "enhanced authenticator",
+                    &client_id,
+                    e.start(method, &info, data),
+                )
+                .await
+                .unwrap_or_else(refused)
+            }
+            (ReasonCode::CONTINUE_AUTHENTICATION, Some(next)) => {
+                crate::hook::guard("enhanced authenticator", &client_id, (*next).step(data))
+                    .await
+                    .unwrap_or_else(refused)
+            }
+            (rc, _) => {
+                return Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    &format!("AUTH with reason code {rc} out of turn (MQTT 5.0 section 4.12.1)"),
+                ))
+            }
+        };
+        let auth = |reason_code, data| {
+            Packet::Auth(codec::Auth {
+                reason_code,
+                properties: Properties {
+                    authentication_method: Some(method.to_string()),
+                    authentication_data: data,
+                    ..Properties::default()
+                },
+            })
+        };
+        match step {
+            AuthStep::Continue { data, next } => {
+                self.reauth = Some(Box::new(next));
+                self.send(auth(ReasonCode::CONTINUE_AUTHENTICATION, Some(data)));
+                Ok(())
+            }
+            AuthStep::Success {
+                username: now,
+                data,
+            } => {
+                if now.is_some() && now.as_deref() != username.as_deref() {
+                    return Err(self.violation(
+                        ReasonCode::NOT_AUTHORIZED,
+                        "re-authenticated as another user",
+                    ));
+                }
+                tracing::debug!(%client_id, "re-authenticated");
+                self.send(auth(ReasonCode::SUCCESS, data));
+                Ok(())
+            }
+            AuthStep::Deny(reason) => {
+                // DISCONNECT has no 0x86 (section 3.14.2.1): a wrong secret is 0x87 here.
+                let rc = match reason {
+                    DenyReason::BadCredentials | DenyReason::NotAuthorized => {
+                        ReasonCode::NOT_AUTHORIZED
+                    }
+                    DenyReason::Busy => ReasonCode::SERVER_BUSY,
+                };
+                Err(self.violation(rc, "re-authentication failed [MQTT-4.12.1-2]"))
+            }
         }
     }
 
@@ -353,10 +474,6 @@ impl<'a> Reader<'a> {
             Packet::Connect(_) => {
                 Err(self.violation(ReasonCode::PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]"))
             }
-            Packet::Auth(_) => Err(self.violation(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without an authentication method",
-            )),
             other => Err(self.violation(
                 ReasonCode::PROTOCOL_ERROR,
                 &format!("{} is sent by servers only", other.name()),

@@ -54,6 +54,7 @@ impl Broker {
             storage: None,
             authenticators: Vec::new(),
             authorizers: Vec::new(),
+            enhanced: Vec::new(),
             interceptors: Vec::new(),
             event_capacity: DEFAULT_EVENT_CAPACITY,
             admin_handler: None,
@@ -69,12 +70,13 @@ impl Broker {
 /// Errors: [`Error::File`] (path, line, cause) or [`Error::Config`], as [`BrokerBuilder::start`]
 /// would return them.
 pub fn check_files(config: &Config) -> Result<(), Error> {
-    Auth::from_config(config, Vec::new(), Vec::new())?;
+    let hooks = crate::auth::Hooks::default();
+    Auth::from_config(config, &hooks, None)?;
     Bridges::check(&config.bridges)?;
     if config.storage.backend == crate::config::StorageBackend::Postgres {
         crate::credentials::storage_url(&config.storage)?;
     }
-    Auth::for_listeners(config, &[], &[])?;
+    Auth::for_listeners(config, &hooks, None)?;
     for (i, l) in config.listeners.iter().enumerate() {
         if l.cert_file.is_some() {
             TlsListener::load(l)?;
@@ -111,6 +113,7 @@ pub struct BrokerBuilder {
     storage: Option<Arc<dyn mercurio_storage::Storage>>,
     authenticators: Vec<Arc<dyn Authenticator>>,
     authorizers: Vec<Arc<dyn Authorizer>>,
+    enhanced: Vec<Arc<dyn crate::auth::hooks::EnhancedAuthenticator>>,
     interceptors: Vec<Arc<dyn PublishInterceptor>>,
     event_capacity: usize,
     admin_handler: Option<Arc<dyn crate::AdminHandler>>,
@@ -171,6 +174,19 @@ impl BrokerBuilder {
         self
     }
 
+    /// Adds an enhanced authenticator (MQTT 5.0 AUTH exchanges, section 4.12) for the
+    /// Authentication Methods it supports, asked before those added later and before the
+    /// built-in SCRAM-SHA-256 / SCRAM-SHA-512 of `[auth] backend = "storage"`. Without one
+    /// that supports a client's method, its CONNECT is refused with 0x8C (Bad authentication
+    /// method). See [`EnhancedAuthenticator`](crate::auth::hooks::EnhancedAuthenticator).
+    pub fn enhanced_authenticator(
+        mut self,
+        authenticator: impl crate::auth::hooks::EnhancedAuthenticator,
+    ) -> Self {
+        self.enhanced.push(Arc::new(authenticator));
+        self
+    }
+
     /// Binds every listener and starts serving. Returns once all listeners are bound.
     ///
     /// Errors: [`Error::Bind`] when an address is in use or not available,
@@ -179,9 +195,15 @@ impl BrokerBuilder {
     /// storage cannot be opened or loaded.
     /// Must be called inside a Tokio runtime.
     pub async fn start(self) -> Result<BrokerHandle, Error> {
-        let listener_auth =
-            Auth::for_listeners(&self.config, &self.authenticators, &self.authorizers)?;
-        let auth = Auth::from_config(&self.config, self.authenticators, self.authorizers)?;
+        let hooks = crate::auth::Hooks {
+            authenticators: self.authenticators,
+            authorizers: self.authorizers,
+            enhanced: self.enhanced,
+        };
+        let stored = (self.config.auth.backend == crate::config::AuthBackend::Storage)
+            .then(|| Arc::new(crate::auth::stored::StoredAccess::new()));
+        let listener_auth = Auth::for_listeners(&self.config, &hooks, stored.as_ref())?;
+        let auth = Auth::from_config(&self.config, &hooks, stored.as_ref())?;
         let mut tls = Vec::with_capacity(self.config.listeners.len());
         for l in &self.config.listeners {
             tls.push(match l.cert_file {
@@ -197,6 +219,19 @@ impl BrokerBuilder {
             Some(storage) => Some(storage.load().await?),
             None => None,
         };
+        if let Some(stored) = &stored {
+            // With the memory backend, the access rules live as long as the broker.
+            let access_storage = storage.clone().unwrap_or_else(|| {
+                Arc::new(mercurio_storage::MemoryStorage::new())
+                    as Arc<dyn mercurio_storage::Storage>
+            });
+            if let Err(e) = stored.attach(access_storage).await {
+                if let Some(storage) = &storage {
+                    let _ = storage.close().await;
+                }
+                return Err(e.into());
+            }
+        }
         let bound = match listener::bind_all(&self.config.listeners).await {
             Ok(bound) => bound,
             Err(e) => {
@@ -216,6 +251,7 @@ impl BrokerBuilder {
         inner.events = Events::new(self.event_capacity);
         inner.interceptors = self.interceptors;
         inner.listener_auth = listener_auth;
+        inner.stored_access = stored;
         let inner = Arc::new_cyclic(|this| {
             inner.this = this.clone();
             inner
@@ -548,6 +584,53 @@ impl BrokerHandle {
             }
             None => false,
         }
+    }
+
+    /// Answers an admin request about the access rules kept in storage (`user.*`,
+    /// `group.*`, `role.*`, `acl.*` of [`admin::Request`](crate::admin::Request)); `None` for
+    /// any other request. A change is stored before it is answered and applies at once: to
+    /// new connections, and, for rules, to connected clients as an ACL reload does (the
+    /// subscriptions and queued messages they may no longer hold are dropped, counted
+    /// `not_authorized`); a removed user's clients are disconnected (5.0: DISCONNECT 0x98,
+    /// Administrative action). Refused as `unsupported` unless `[auth] backend = "storage"`.
+    pub async fn access(&self, request: &crate::admin::Request) -> Option<crate::admin::Answer> {
+        if !request.is_access() {
+            return None;
+        }
+        let Some(stored) = &self.inner.stored_access else {
+            return Some(crate::admin::Answer::refused(
+                crate::admin::ErrorCode::Unsupported,
+                "users, groups and roles are kept in storage only with [auth] backend = \"storage\"",
+            ));
+        };
+        let (answer, effect) = stored.answer(request).await?;
+        let mut disconnected = 0usize;
+        if let Some(user) = &effect.removed_user {
+            let sessions: Vec<Arc<Session>> =
+                self.inner.sessions.lock().values().cloned().collect();
+            for s in sessions.iter().filter(|s| !s.is_internal()) {
+                let owned = matches!(
+                    &*s.identity.read(),
+                    crate::auth::Identity::Client { username: Some(u), .. } if **u == **user
+                );
+                if let (true, Some(link)) = (owned, s.link()) {
+                    link.kill(
+                        DisconnectReason::Administrative,
+                        ReasonCode::ADMINISTRATIVE_ACTION,
+                    );
+                    disconnected += 1;
+                }
+            }
+        }
+        if effect.rules_changed {
+            self.inner.revoke_unauthorized();
+        }
+        Some(match answer {
+            crate::admin::Answer::Ok(_) if effect.removed_user.is_some() => {
+                crate::admin::Answer::Ok(serde_json::json!({ "disconnected": disconnected }))
+            }
+            other => other,
+        })
     }
 
     /// Every session the broker holds, connected or not (in-process subscriptions excluded).

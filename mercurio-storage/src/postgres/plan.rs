@@ -856,3 +856,62 @@ pub(super) async fn write_batch(
         .await
         .map_err(|e| classify(e, "cannot commit").into())
 }
+
+/// Writes access record changes in one transaction under the fence lock, as
+/// [`write_batch`] writes a batch: refused with [`WriteError::Fenced`] when another broker
+/// took over.
+pub(super) async fn write_access(
+    writer: &mut WriteConnection,
+    changes: &[crate::access::AccessChange],
+    epoch: i64,
+) -> Result<(), WriteError> {
+    use crate::access::AccessChange;
+    if writer.statements.is_none() {
+        let prepared = Statements::prepare(&writer.client)
+            .await
+            .map_err(|e| classify(e, "cannot prepare the statements"))?;
+        writer.statements = Some(prepared);
+    }
+    let WriteConnection { client, statements } = writer;
+    let statements = statements.as_ref().expect("prepared above");
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| classify(e, "cannot begin a transaction"))?;
+    tx.execute(&statements.fence, &[])
+        .await
+        .map_err(|e| classify(e, "cannot take the fence lock"))?;
+    let current: i64 = tx
+        .query_opt(&statements.epoch, &[])
+        .await
+        .map_err(|e| classify(e, "cannot check the leader epoch"))?
+        .map(|row| row.get(0))
+        .unwrap_or(0);
+    if current != epoch {
+        drop(tx);
+        return Err(WriteError::Fenced(current));
+    }
+    for change in changes {
+        let written = match change {
+            AccessChange::Put(r) => {
+                tx.execute(
+                    "INSERT INTO mercurio_access (kind, name, body) VALUES ($1, $2, $3) \
+                     ON CONFLICT (kind, name) DO UPDATE SET body = excluded.body",
+                    &[&r.kind.as_str(), &r.name, &r.body],
+                )
+                .await
+            }
+            AccessChange::Deleted { kind, name } => {
+                tx.execute(
+                    "DELETE FROM mercurio_access WHERE kind = $1 AND name = $2",
+                    &[&kind.as_str(), name],
+                )
+                .await
+            }
+        };
+        written.map_err(|e| classify(e, "cannot write the access records"))?;
+    }
+    tx.commit()
+        .await
+        .map_err(|e| classify(e, "cannot commit").into())
+}

@@ -10,7 +10,8 @@ use mercurio_storage::conformance::{self, Harness};
 use mercurio_storage::postgres::testing::TestPostgres;
 use mercurio_storage::postgres::{PostgresOptions, PostgresStorage};
 use mercurio_storage::{
-    Change, DeliveryRecord, ErrorKind, MessageRecord, SessionHeader, Storage, StoredMessage,
+    AccessChange, AccessKind, AccessRecord, Change, DeliveryRecord, ErrorKind, MessageRecord,
+    SessionHeader, Storage, StoredMessage,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -170,6 +171,62 @@ async fn stale_heartbeat_is_taken_over_and_the_old_writer_is_fenced() {
         .map(|s| s.client_id)
         .collect();
     assert_eq!(names, ["a"]);
+    second.close().await.unwrap();
+}
+
+/// The users and rules a serving broker stored are what a standby reads when it takes over;
+/// the replaced broker can no longer change them (fenced, as its other writes).
+#[tokio::test]
+async fn a_standby_takes_over_the_access_records() {
+    let Some(pg) = TestPostgres::start("access_takeover") else {
+        return;
+    };
+    let url = pg.url(&pg.database("access", None).await);
+    let first = open(&url).await;
+    let user = AccessRecord {
+        kind: AccessKind::User,
+        name: "alice".into(),
+        body: r#"{"password_hash":"x","groups":["fleet"]}"#.into(),
+    };
+    let group = AccessRecord {
+        kind: AccessKind::Group,
+        name: "fleet".into(),
+        body: r#"{"roles":[]}"#.into(),
+    };
+    first
+        .apply_access(&[
+            AccessChange::Put(user.clone()),
+            AccessChange::Put(group.clone()),
+        ])
+        .await
+        .unwrap();
+    pg.execute(
+        &url,
+        "UPDATE mercurio_leader SET heartbeat_at = now() - interval '20 s';          CREATE FUNCTION stale_beat() RETURNS trigger LANGUAGE plpgsql AS          $$ BEGIN NEW.heartbeat_at := now() - interval '20 s'; RETURN NEW; END $$;          CREATE TRIGGER stale_beat BEFORE UPDATE ON mercurio_leader FOR EACH ROW          WHEN (NEW.epoch = OLD.epoch) EXECUTE FUNCTION stale_beat();",
+    )
+    .await;
+    let second = tokio::time::timeout(DEADLINE, PostgresStorage::open(standby(&url)))
+        .await
+        .expect("the standby takes over")
+        .unwrap();
+    assert_eq!(second.load_access().await.unwrap(), [user, group.clone()]);
+    let err = first
+        .apply_access(&[AccessChange::Deleted {
+            kind: AccessKind::User,
+            name: "alice".into(),
+        }])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+    assert_eq!(second.load_access().await.unwrap().len(), 2);
+    second
+        .apply_access(&[AccessChange::Deleted {
+            kind: AccessKind::User,
+            name: "alice".into(),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(second.load_access().await.unwrap(), [group]);
     second.close().await.unwrap();
 }
 

@@ -77,7 +77,7 @@ fn every_key_is_shown() {
     // Field counts of the structs in mercurio_core::config.
     assert_eq!(len("server"), 25);
     assert_eq!(len("listeners"), 17);
-    assert_eq!(len("auth"), 3);
+    assert_eq!(len("auth"), 4);
     assert_eq!(len("storage"), 8);
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);

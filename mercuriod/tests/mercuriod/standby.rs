@@ -4,7 +4,8 @@
 //! standby exits naming the serving host. SIGSTOP: the standby takes over once the heartbeat
 //! is stale, and the old broker, continued, is refused and exits. A newer schema is refused.
 //! A serving broker cut off from the database (a TCP proxy that stops forwarding) exits after
-//! about 7 s.
+//! about 7 s. Users and rules kept in storage (`[auth] backend = "storage"`) are the
+//! standby's once it takes over.
 //! Waits are on events with deadlines; failover times are printed.
 #![cfg(unix)]
 
@@ -341,4 +342,86 @@ fn serving_broker_exits_when_the_database_is_lost() {
     assert_eq!(code, Some(1), "{output}");
     assert!(output.contains("cannot reach the database"), "{output}");
     assert!(lost >= Duration::from_secs(5), "{lost:?}");
+}
+
+/// Users and rules added with the admin protocol on the serving broker are what the standby
+/// reads when it takes over: the user connects to it with its password and gets its rules;
+/// a user unknown to the database is still refused.
+#[test]
+fn the_standby_takes_over_users_and_rules() {
+    let Some(pg) = TestPostgres::start("standby_access") else {
+        return;
+    };
+    let url = new_database(&pg, "access");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = |name: &str, standby: bool| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[auth]\nbackend = \"storage\"\n\n[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\n\n\
+                 [admin]\nsocket = \"{}\"\n\n\
+                 [storage]\nbackend = \"postgres\"\nurl = \"{url}\"\nstandby = {standby}\n",
+                dir.path().join(format!("{name}.sock")).display()
+            ),
+        )
+        .expect("write config");
+        path
+    };
+    let mut serving = Daemon::with_file(&config("a", false))
+        .socket(dir.path().join("a.sock"))
+        .spawn();
+    let addr = serving.wait_ready();
+    let mut standby = Daemon::with_file(&config("b", true)).spawn();
+    standby.wait_line("waiting for the serving broker", |l| {
+        l.contains("waiting for the serving broker")
+    });
+
+    let credentials = serde_json::to_value(
+        mercurio_core::auth::stored::Credentials::from_password(b"pw").expect("credentials"),
+    )
+    .expect("json");
+    for request in [
+        serde_json::json!({"command": "user.add", "username": "eve", "credentials": credentials}),
+        serde_json::json!({"command": "role.create", "role": "r"}),
+        serde_json::json!({"command": "acl.add", "role": "r", "access": "read", "topic": "t/#"}),
+        serde_json::json!({"command": "user.add-role", "username": "eve", "role": "r"}),
+    ] {
+        let answer = serving.admin(&request.to_string());
+        assert_eq!(answer["ok"], true, "{request}: {answer}");
+    }
+    let eve = |addr| {
+        let mut c = persistent("eve");
+        c.username = Some("eve".into());
+        c.password = Some(bytes::Bytes::from_static(b"pw"));
+        Client::connect(addr, c)
+    };
+    eve(addr).0.disconnect();
+
+    serving.signal(libc::SIGKILL);
+    let addr = standby.wait_ready();
+    let (mut c, _) = eve(addr);
+    c.subscribe("t/#", QoS::AtLeastOnce);
+    c.disconnect();
+    // Not in the database: refused (CONNACK 0x87).
+    let mut stranger = persistent("stranger");
+    stranger.username = Some("mallory".into());
+    stranger.password = Some(bytes::Bytes::from_static(b"pw"));
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let mut out = bytes::BytesMut::new();
+    mercurio_core::codec::encode(
+        &mercurio_core::codec::Packet::Connect(Box::new(stranger)),
+        ProtocolVersion::V5,
+        &mut out,
+    )
+    .expect("encode");
+    stream.write_all(&out).expect("write");
+    stream.set_read_timeout(Some(DEADLINE)).ok();
+    let mut connack = [0u8; 4];
+    stream.read_exact(&mut connack).expect("CONNACK");
+    assert_eq!(connack[0], 0x20);
+    assert_eq!(connack[3], 0x87, "{connack:?}");
+    standby.signal(libc::SIGTERM);
+    let (code, output) = exited(&mut standby, DEADLINE);
+    assert_eq!(code, Some(0), "{output}");
 }
