@@ -106,6 +106,17 @@ pub fn named_files<'a>(config: &'a Config) -> Vec<(String, &'a Path, bool)> {
         }
     }
     add("storage.url_file".into(), &config.storage.url_file, false);
+    let c = &config.cluster;
+    for (name, path) in [
+        ("credentials_file", &c.credentials_file),
+        ("password_file", &c.password_file),
+        ("token_file", &c.token_file),
+        ("ca_file", &c.ca_file),
+        ("cert_file", &c.cert_file),
+        ("key_file", &c.key_file),
+    ] {
+        add(format!("cluster.{name}"), path, false);
+    }
     files
 }
 
@@ -142,6 +153,16 @@ pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
     }
     if let Some(f) = &config.storage.url_file {
         files.push(("storage.url_file".to_string(), f));
+    }
+    let c = &config.cluster;
+    for (name, path) in [
+        ("credentials_file", &c.credentials_file),
+        ("password_file", &c.password_file),
+        ("token_file", &c.token_file),
+    ] {
+        if let Some(f) = path {
+            files.push((format!("cluster.{name}"), f));
+        }
     }
     for (key, file) in files {
         if readable_by_others(file) {

@@ -33,6 +33,9 @@ mod bridge;
 mod bridge_status;
 mod broker;
 mod busy_poll;
+#[cfg(feature = "cluster")]
+mod cluster;
+mod cluster_status;
 pub mod codec;
 pub mod config;
 pub mod config_file;
@@ -45,6 +48,7 @@ mod handle;
 mod hook;
 mod http;
 mod http_response;
+mod interest;
 pub mod intercept;
 mod keep_alive;
 mod lazy_map;

@@ -35,6 +35,9 @@ use crate::stats::{Counters, DropCause};
 /// Client identifier prefix of in-process subscriptions' sessions.
 pub(crate) const INTERNAL_PREFIX: &str = "$internal/";
 
+/// The client identifier of the cluster link's session (`cluster`).
+pub(crate) const CLUSTER_CLIENT_ID: &str = "$internal/cluster";
+
 /// What the subscription index holds for each subscription.
 #[derive(Debug, Clone)]
 pub(crate) struct SubEntry {
@@ -113,6 +116,11 @@ pub(crate) struct BrokerState {
     /// This state's own `Arc`, for the work it hands to a task of its own (a will to
     /// intercept); set where the `Arc` is made (`Arc::new_cyclic`), empty before.
     pub this: std::sync::Weak<BrokerState>,
+    /// The filters this node's clients subscribe to, for cluster mode (`interest`).
+    /// Lock: a leaf, taken under the index's.
+    pub interest: crate::interest::Interest,
+    /// The cluster link's state and counters (`cluster_status`), for `$SYS` and metrics.
+    pub cluster: crate::cluster_status::ClusterStatus,
 }
 
 /// True for a message one of this broker's bridges brought in (published by its session
@@ -131,6 +139,11 @@ impl BrokerState {
         // Every limit's 0 means unlimited: from here on each is its largest value.
         config.server = config.server.resolved();
         let limits = QueueLimits::new(&config.server);
+        let interest = crate::interest::Interest::default();
+        if cfg!(feature = "cluster") && config.cluster.enabled() {
+            // Before any subscription (the restore's included) reaches the index.
+            interest.start(Arc::from(CLUSTER_CLIENT_ID));
+        }
         BrokerState {
             config,
             limits,
@@ -158,6 +171,8 @@ impl BrokerState {
             checks_access: false,
             keep_alive: Arc::default(),
             parking: OnceLock::new(),
+            interest,
+            cluster: Default::default(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             this: std::sync::Weak::new(),
         }
@@ -350,7 +365,7 @@ impl BrokerState {
     }
 
     /// [`BrokerState::route`], collecting the sessions at their high-water mark.
-    fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
+    pub(crate) fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
         let matches = self.index.read().matches(&msg.topic);
         // What the message costs in a queue, computed once for every client it goes to.
         let size = msg.size() as u64;
@@ -486,9 +501,10 @@ impl BrokerState {
             session: Arc::clone(session),
             granted,
         };
-        self.index
-            .write()
-            .insert(filter, Arc::clone(&session.client_id), entry);
+        let mut index = self.index.write();
+        if index.insert(filter, Arc::clone(&session.client_id), entry) {
+            self.interest.add(filter, &session.client_id);
+        }
         Some(existed)
     }
 
@@ -497,7 +513,11 @@ impl BrokerState {
     pub(crate) fn unsubscribe(&self, session: &Session, filter: &str) -> bool {
         let existed = session.remove_subscription(filter);
         if existed {
-            self.index.write().remove(filter, &session.client_id);
+            let mut index = self.index.write();
+            if index.remove(filter, &session.client_id) {
+                self.interest.remove(filter, &session.client_id);
+            }
+            drop(index);
             if filter.starts_with("$share/") {
                 let left = session.take_shared(filter);
                 self.pass_on(&session.client_id, left);
@@ -549,7 +569,9 @@ impl BrokerState {
         {
             let mut index = self.index.write();
             for f in &filters {
-                index.remove(f, &session.client_id);
+                if index.remove(f, &session.client_id) {
+                    self.interest.remove(f, &session.client_id);
+                }
             }
         }
         {
