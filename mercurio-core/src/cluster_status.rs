@@ -52,6 +52,7 @@ pub(crate) struct ClusterInfo {
 
 impl ClusterStatus {
     /// Adds `n` to a counter.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }

@@ -85,11 +85,13 @@ impl Interest {
     }
 
     /// The filters that appeared (true) or disappeared (false) since the last call.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn take(&self) -> Vec<(String, bool)> {
         self.state.lock().pending.drain().collect()
     }
 
     /// Resolves after the next change (at once when one came since the last wait).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) async fn changed(&self) {
         self.changed.notified().await;
     }

@@ -4,6 +4,7 @@
 mod admin_api;
 mod bridge;
 mod bridge_reload;
+mod cluster;
 mod cli;
 mod console;
 mod credentials;

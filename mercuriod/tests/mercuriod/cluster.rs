@@ -1,0 +1,150 @@
+//! Cluster mode (docs/cluster.md): mercuriod nodes on one nats-server route messages to each
+//! other. Without nats-server the tests skip (a failure under `CI=true`).
+#![cfg(unix)]
+
+use mercurio_core::codec::{
+    Connect, Packet, Properties, ProtocolVersion, QoS, Unsubscribe,
+};
+use mercurio_testkit::{wait_until, Client, Daemon, NatsServer};
+
+fn node(nats: &NatsServer, name: &str) -> Daemon {
+    let mut d = Daemon::start(&format!(
+        "[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+        nats.url()
+    ));
+    d.wait_logged("the connection to NATS", |l| {
+        l.contains("cluster: connected to NATS")
+    });
+    d
+}
+
+fn client(d: &Daemon, id: &str) -> Client {
+    let connect = Connect {
+        protocol: ProtocolVersion::V5,
+        clean_start: true,
+        keep_alive: 60,
+        client_id: id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Properties::default(),
+    };
+    Client::connect(d.addr(), connect).0
+}
+
+/// Messages the server sent to the node `name`'s connection.
+fn out_msgs(nats: &NatsServer, name: &str) -> u64 {
+    let c = nats
+        .connection(&format!("mercurio {name}"))
+        .unwrap_or_else(|| panic!("node {name} is connected to NATS"));
+    c["out_msgs"].as_u64().expect("out_msgs")
+}
+
+/// The NATS subscriptions of node `name`, as the server holds them.
+fn subjects(nats: &NatsServer, name: &str) -> Vec<String> {
+    let Some(c) = nats.connection(&format!("mercurio {name}")) else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = c["subscriptions_list"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() {
+    const TEST: &str = "a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let a = node(&nats, "a");
+    let b = node(&nats, "b");
+    let c = node(&nats, "c");
+
+    // On A, two clients whose filters overlap: of A's NATS subjects (`t.*`; `t` and `t.>`
+    // for `t/#`; `t.x`) three match `t/x`, so NATS sends A each message three times; A
+    // routes it once.
+    let mut wide = client(&a, "wide");
+    wide.subscribe("t/+", QoS::AtLeastOnce);
+    wide.subscribe("t/#", QoS::AtLeastOnce);
+    let mut narrow = client(&a, "narrow");
+    narrow.subscribe("t/x", QoS::AtLeastOnce);
+    // On C, interest in other topics only.
+    let mut other = client(&c, "other");
+    other.subscribe("u/#", QoS::AtMostOnce);
+    wait_until("A's interest at the NATS server", || {
+        subjects(&nats, "a")
+            == [
+                "mercurio.long",
+                "mercurio.msg.t",
+                "mercurio.msg.t.*",
+                "mercurio.msg.t.>",
+                "mercurio.msg.t.x",
+            ]
+    });
+    wait_until("C's interest at the NATS server", || {
+        subjects(&nats, "c").len() == 3
+    });
+
+    // From B: QoS 0, QoS 1, then QoS 0 again, and one on a topic nobody subscribes to.
+    let mut publisher = client(&b, "publisher");
+    publisher.publish("t/x", b"1", QoS::AtMostOnce, false);
+    publisher.publish("t/x", b"2", QoS::AtLeastOnce, false);
+    publisher.publish("nobody/here", b"-", QoS::AtMostOnce, false);
+    publisher.publish("t/x", b"3", QoS::AtMostOnce, false);
+    // The end marker, on C's topic, published last.
+    publisher.publish("u/end", b"end", QoS::AtMostOnce, false);
+
+    for sub in [&mut wide, &mut narrow] {
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let p = sub.expect_publish();
+            assert_eq!(p.topic, "t/x");
+            sub.ack(&p);
+            got.push((p.payload.to_vec(), p.qos));
+        }
+        assert_eq!(
+            got,
+            [
+                (b"1".to_vec(), QoS::AtMostOnce),
+                (b"2".to_vec(), QoS::AtLeastOnce),
+                (b"3".to_vec(), QoS::AtMostOnce),
+            ]
+        );
+    }
+    let end = other.expect_publish();
+    assert_eq!((end.topic.as_str(), &end.payload[..]), ("u/end", &b"end"[..]));
+    // No copy follows (the marker went out after everything else from B).
+    wide.settle();
+    narrow.settle();
+    other.settle();
+
+    // C, interested in `u/#` only, got the marker and nothing else over NATS; A got each
+    // of the three `t/x` messages through its three matching subjects, nothing for `nobody/here` or
+    // `u/end`; B, the publisher, nothing (no echo).
+    assert_eq!(out_msgs(&nats, "c"), 1);
+    assert_eq!(out_msgs(&nats, "a"), 9);
+    assert_eq!(out_msgs(&nats, "b"), 0);
+
+    // Interest removed: `narrow` leaves and `wide` unsubscribes from both filters; A's
+    // subjects go, and what B publishes on `t/x` no longer reaches A.
+    narrow.disconnect();
+    wide.send(Packet::Unsubscribe(Unsubscribe {
+        packet_id: 2,
+        filters: vec!["t/+".into(), "t/#".into()],
+        properties: Properties::default(),
+    }));
+    assert!(matches!(wide.recv(), Some(Packet::UnsubAck(_))));
+    wait_until("A's interest gone from the NATS server", || {
+        subjects(&nats, "a") == ["mercurio.long"]
+    });
+    publisher.publish("t/x", b"4", QoS::AtMostOnce, false);
+    publisher.publish("u/end", b"end2", QoS::AtMostOnce, false);
+    let end = other.expect_publish();
+    assert_eq!(&end.payload[..], b"end2");
+    assert_eq!(out_msgs(&nats, "a"), 9, "nothing more sent to A");
+    wide.settle();
+    drop((a, b, c));
+}
