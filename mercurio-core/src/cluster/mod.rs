@@ -178,8 +178,10 @@ impl Cluster {
             crate::codec::ReasonCode::SERVER_SHUTTING_DOWN,
         );
         broker.end_session(&self.session);
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), self.client.flush()).await;
-        let _ = self.client.drain().await;
+        // Bounded: with NATS unreachable neither would end.
+        let grace = std::time::Duration::from_secs(2);
+        let _ = tokio::time::timeout(grace, self.client.flush()).await;
+        let _ = tokio::time::timeout(grace, self.client.drain()).await;
         broker.cluster.connected.store(false, Ordering::Relaxed);
     }
 }
@@ -331,6 +333,8 @@ async fn take_in(
     let (tx, mut rx) = mpsc::channel::<async_nats::Message>(1024);
     // Subject -> (filters needing it, the task forwarding its messages).
     let mut subs: HashMap<String, (usize, JoinHandle<()>)> = HashMap::new();
+    // The filters subscribed to on NATS.
+    let mut filters: std::collections::HashSet<String> = Default::default();
     let mut seen = dedup::Seen::default();
     let long_subject = format!("{prefix}.{LONG}");
     subscribe(&client, &long_subject, &tx, &mut subs).await;
@@ -338,6 +342,15 @@ async fn take_in(
     loop {
         // Changes first: a filter subscribed before a message arrives gets it.
         for (filter, present) in broker.interest.take() {
+            // A filter gone and back (or back and gone) between two takes is no change.
+            let changed = if present {
+                filters.insert(filter.clone())
+            } else {
+                filters.remove(&filter)
+            };
+            if !changed {
+                continue;
+            }
             for s in subject::filter_subjects(&prefix, &filter) {
                 if present {
                     subscribe(&client, &s, &tx, &mut subs).await;

@@ -5,13 +5,16 @@
 use mercurio_core::codec::{
     Connect, Packet, Properties, ProtocolVersion, QoS, Unsubscribe,
 };
-use mercurio_testkit::{wait_until, Client, Daemon, NatsServer};
+use mercurio_testkit::{http, wait_until, Client, Daemon, NatsServer};
 
-fn node(nats: &NatsServer, name: &str) -> Daemon {
+/// A node on `nats`, with `extra` configuration (sections before `[cluster]`) that adds
+/// `listeners - 1` listeners.
+fn node(nats: &NatsServer, name: &str, extra: &str, listeners: usize) -> Daemon {
     let mut d = Daemon::start(&format!(
-        "[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+        "{extra}[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
         nats.url()
     ));
+    d.wait_listeners(listeners);
     d.wait_logged("the connection to NATS", |l| {
         l.contains("cluster: connected to NATS")
     });
@@ -59,9 +62,15 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     let Some(nats) = NatsServer::start(TEST) else {
         return;
     };
-    let a = node(&nats, "a");
-    let b = node(&nats, "b");
-    let c = node(&nats, "c");
+    let a = node(
+        &nats,
+        "a",
+        "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\nmetrics = true\n\n",
+        2,
+    );
+    let metrics_addr = a.addrs()[1];
+    let b = node(&nats, "b", "", 1);
+    let c = node(&nats, "c", "", 1);
 
     // On A, two clients whose filters overlap: of A's NATS subjects (`t.*`; `t` and `t.>`
     // for `t/#`; `t.x`) three match `t/x`, so NATS sends A each message three times; A
@@ -127,6 +136,20 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     assert_eq!(out_msgs(&nats, "c"), 1);
     assert_eq!(out_msgs(&nats, "a"), 9);
     assert_eq!(out_msgs(&nats, "b"), 0);
+    // A's metrics: three messages in, six copies dropped (once each has come).
+    let metric = |name: &str| -> u64 {
+        let body = http::get(metrics_addr, "/metrics").body;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {body}"))
+    };
+    assert_eq!(metric("mercurio_cluster_connected"), 1);
+    assert_eq!(metric("mercurio_cluster_subscriptions"), 5);
+    assert_eq!(metric("mercurio_cluster_messages_in_total"), 3);
+    wait_until("the six copies dropped", || {
+        metric("mercurio_cluster_duplicates_total") == 6
+    });
+    assert_eq!(metric("mercurio_cluster_messages_in_total"), 3);
 
     // Interest removed: `narrow` leaves and `wide` unsubscribes from both filters; A's
     // subjects go, and what B publishes on `t/x` no longer reaches A.
@@ -146,5 +169,16 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     assert_eq!(&end.payload[..], b"end2");
     assert_eq!(out_msgs(&nats, "a"), 9, "nothing more sent to A");
     wide.settle();
+
+    // A topic too long for a subject once escaped (each space takes three bytes) travels on
+    // the subject of long topics, whole.
+    let long_topic = format!("l/{}", "a b ".repeat(700));
+    wide.subscribe("l/#", QoS::AtMostOnce);
+    wait_until("A's interest in l/#", || {
+        subjects(&nats, "a").contains(&"mercurio.msg.l.>".to_string())
+    });
+    publisher.publish(&long_topic, b"long", QoS::AtMostOnce, false);
+    let p = wide.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), (long_topic.as_str(), &b"long"[..]));
     drop((a, b, c));
 }
