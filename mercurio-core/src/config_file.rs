@@ -855,6 +855,33 @@ mod tests {
     }
 
     #[test]
+    fn cluster_errors_are_located() {
+        let e = err("[cluster]\nnats_urls = [\"nats://n:4222\"]\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.node_name"));
+        assert!(e.message.contains("required"), "{e}");
+        let e = err("[cluster]\nnats_urls = [\"nats://n:4222\"]\nnode_name = \"a.b\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.node_name"));
+        assert_eq!(e.line, Some(3));
+        let e = err("[cluster]\nnode_name = \"a\"\nsubject_prefix = \"x..y\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.subject_prefix"));
+        assert_eq!(e.line, Some(3));
+        let e = err("[cluster]\nnode_name = \"a\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.nats_urls"));
+        let e = err("[cluster]\nnats_urls = [\"n:1\"]\nnode_name = \"a\"\nusername = \"u\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.username"));
+        assert!(e.message.contains("password_file"), "{e}");
+        let e = err("[cluster]\nnats_url = [\"n:1\"]\n");
+        assert!(e.message.contains("nats_url"), "{e}");
+        let c = parse(
+            Path::new("m.toml"),
+            "[cluster]\nnats_urls = [\"nats://n:4222\"]\nnode_name = \"node-1\"\n",
+        )
+        .expect("a valid [cluster]");
+        assert!(c.cluster.enabled());
+        assert_eq!(c.cluster.prefix(), "mercurio");
+    }
+
+    #[test]
     fn validation_error_is_located() {
         let e = err("# limits\n[server]\nsys_interval = 5\nmax_qos = 3\n");
         assert_eq!(
