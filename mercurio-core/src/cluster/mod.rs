@@ -332,7 +332,7 @@ async fn take_in(
 ) {
     let (tx, mut rx) = mpsc::channel::<async_nats::Message>(1024);
     // Subject -> (filters needing it, the task forwarding its messages).
-    let mut subs: HashMap<String, (usize, JoinHandle<()>)> = HashMap::new();
+    let mut subs: HashMap<String, (usize, Forward)> = HashMap::new();
     // The filters subscribed to on NATS.
     let mut filters: std::collections::HashSet<String> = Default::default();
     let mut seen = dedup::Seen::default();
@@ -354,11 +354,10 @@ async fn take_in(
             for s in subject::filter_subjects(&prefix, &filter) {
                 if present {
                     subscribe(&client, &s, &tx, &mut subs).await;
-                } else if let Some((n, task)) = subs.get_mut(&s) {
+                } else if let Some((n, _)) = subs.get_mut(&s) {
                     *n -= 1;
                     if *n == 0 {
-                        // Dropping the subscriber (with its task) unsubscribes.
-                        task.abort();
+                        // Dropping the forwarding task (and its subscriber) unsubscribes.
                         subs.remove(&s);
                     }
                 }
@@ -387,12 +386,22 @@ async fn take_in(
     }
 }
 
+/// The task forwarding one NATS subscription's messages into the inbound channel; dropping
+/// it ends the task, whose subscriber then unsubscribes.
+struct Forward(JoinHandle<()>);
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Adds one filter's need for `subject`, subscribing on NATS when it is the first.
 async fn subscribe(
     client: &async_nats::Client,
     subject: &str,
     tx: &mpsc::Sender<async_nats::Message>,
-    subs: &mut HashMap<String, (usize, JoinHandle<()>)>,
+    subs: &mut HashMap<String, (usize, Forward)>,
 ) {
     if let Some((n, _)) = subs.get_mut(subject) {
         *n += 1;
@@ -408,7 +417,7 @@ async fn subscribe(
                     }
                 }
             });
-            subs.insert(subject.to_string(), (1, task));
+            subs.insert(subject.to_string(), (1, Forward(task)));
         }
         Err(e) => {
             // Only a closed client refuses (it buffers while disconnected).

@@ -41,6 +41,38 @@ pub struct ClusterConfig {
     pub key_file: Option<PathBuf>,
 }
 
+/// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
+/// `nats`, `tls`, `ws`, `wss`.
+fn check_url(url: &str) -> Result<(), String> {
+    let rest = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            if !matches!(scheme, "nats" | "tls" | "ws" | "wss") {
+                return Err(format!(
+                    "{url:?}: the scheme must be nats://, tls://, ws:// or wss://"
+                ));
+            }
+            rest
+        }
+        None => url,
+    };
+    let host_port = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host_port = host_port.split('/').next().unwrap_or("");
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, _)) if !h.ends_with(']') && h.contains(':') => (host_port, None),
+        Some((h, p)) => (h, Some(p)),
+        None => (host_port, None),
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!("{url:?}: no host"));
+    }
+    if let Some(p) = port {
+        if p.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("{url:?}: the port must be 1 to 65535"));
+        }
+    }
+    Ok(())
+}
+
 /// The subject prefix when `subject_prefix` is not set.
 pub const DEFAULT_SUBJECT_PREFIX: &str = "mercurio";
 
@@ -91,12 +123,7 @@ impl ClusterConfig {
             return Ok(());
         }
         for (i, url) in self.nats_urls.iter().enumerate() {
-            if url.trim().is_empty() {
-                return Err(ConfigError::new(
-                    format!("cluster.nats_urls[{i}]"),
-                    "is empty",
-                ));
-            }
+            check_url(url).map_err(|m| ConfigError::new(format!("cluster.nats_urls[{i}]"), m))?;
         }
         if self.node_name.is_empty() {
             return Err(ConfigError::new(
@@ -145,5 +172,26 @@ impl ClusterConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_url;
+
+    #[test]
+    fn urls() {
+        for ok in [
+            "nats://10.0.0.5:4222",
+            "tls://nats.example.com",
+            "nats://user:pw@host:4222",
+            "host:4222",
+            "ws://[::1]:8080",
+        ] {
+            assert_eq!(check_url(ok), Ok(()), "{ok}");
+        }
+        for bad in ["http://h:1", "nats://:4222", "nats://h:0", "nats://h:x", "", " "] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
     }
 }
