@@ -36,7 +36,7 @@ pub use client::Client;
 pub use daemon::{admin, config_text, mercuriod_bin, parse_listening, Daemon, Launch};
 pub use mosquitto::Mosquitto;
 pub use mqtt::{publish_packet, Mqtt};
-pub use nats::{nats_server_bin, NatsServer};
+pub use nats::{free_port, nats_server_bin, NatsServer};
 pub use process::Proc;
 
 /// How long a test waits for an expected event (a line, an exit, a packet, a condition)

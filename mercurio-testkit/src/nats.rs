@@ -44,6 +44,12 @@ impl NatsServer {
     /// within [`DEADLINE`], else panics. `None` when nats-server is not installed: `test`
     /// then skips, or fails under `CI=true` ([`prerequisite`]).
     pub fn start(test: &str) -> Option<NatsServer> {
+        NatsServer::start_on(test, 0)
+    }
+
+    /// [`NatsServer::start`] with its client port `port` (0: a free one), to start it again
+    /// where clients expect it.
+    pub fn start_on(test: &str, port: u16) -> Option<NatsServer> {
         let Some(bin) = nats_server_bin() else {
             prerequisite(
                 test,
@@ -53,7 +59,8 @@ impl NatsServer {
         };
         let dir = tempfile::tempdir().expect("temp dir");
         // nats-server takes no port 0: free ports, found by binding port 0 first.
-        let (port, monitor_port) = (free_port(), free_port());
+        let port = if port == 0 { free_port() } else { port };
+        let monitor_port = free_port();
         let mut command = Command::new(bin);
         command
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
@@ -129,7 +136,9 @@ fn dechunk(body: &str) -> String {
     out
 }
 
-fn free_port() -> u16 {
+/// A port no one listens on now (bound to port 0, then released): where a NATS server will
+/// be started later.
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     l.local_addr().expect("its address").port()
 }

@@ -5,7 +5,7 @@
 use mercurio_core::codec::{
     Connect, Packet, Properties, ProtocolVersion, QoS, Unsubscribe,
 };
-use mercurio_testkit::{http, wait_until, Client, Daemon, NatsServer};
+use mercurio_testkit::{free_port, http, nats_server_bin, wait_until, Client, Daemon, NatsServer};
 
 /// A node on `nats`, with `extra` configuration (sections before `[cluster]`) that adds
 /// `listeners - 1` listeners.
@@ -181,4 +181,71 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     let p = wide.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), (long_topic.as_str(), &b"long"[..]));
     drop((a, b, c));
+}
+
+/// Node `name` configured for a NATS server on `port` of 127.0.0.1, not waiting for it.
+fn node_for_port(port: u16, name: &str) -> Daemon {
+    Daemon::start(&format!(
+        "[cluster]\nnats_urls = [\"nats://127.0.0.1:{port}\"]\nnode_name = \"{name}\"\n"
+    ))
+}
+
+#[test]
+fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
+    const TEST: &str = "nodes_serve_their_clients_without_nats_and_route_once_it_is_back";
+    if nats_server_bin().is_none() {
+        // Skips, or fails under CI=true, with the install command.
+        let _ = NatsServer::start(TEST);
+        return;
+    }
+    // NATS is not running yet: the nodes start anyway.
+    let port = free_port();
+    let mut a = node_for_port(port, "a");
+    let mut b = node_for_port(port, "b");
+    let mut sub = client(&a, "sub");
+    sub.subscribe("t/#", QoS::AtLeastOnce);
+    // Between clients of one node, everything works as without a cluster.
+    let mut local = client(&a, "local");
+    local.publish("t/local", b"here", QoS::AtLeastOnce, false);
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("t/local", &b"here"[..]));
+    sub.ack(&p);
+
+    // NATS comes up: both nodes connect, A subscribes to its interest, B's messages reach A.
+    let nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    for d in [&mut a, &mut b] {
+        d.wait_logged("the connection to NATS", |l| {
+            l.contains("cluster: connected to NATS")
+        });
+    }
+    let a_subjects = ["mercurio.long", "mercurio.msg.t", "mercurio.msg.t.>"];
+    wait_until("A's interest at the NATS server", || {
+        subjects(&nats, "a") == a_subjects
+    });
+    let mut publisher = client(&b, "publisher");
+    publisher.publish("t/1", b"one", QoS::AtLeastOnce, false);
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("t/1", &b"one"[..]));
+    sub.ack(&p);
+
+    // NATS restarts: the nodes reconnect and subscribe again by themselves.
+    drop(nats);
+    for d in [&mut a, &mut b] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    let nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    for d in [&mut a, &mut b] {
+        d.wait_logged("the reconnection", |l| {
+            l.contains("cluster: reconnected to NATS")
+        });
+    }
+    wait_until("A's interest at the new NATS server", || {
+        subjects(&nats, "a") == a_subjects
+    });
+    publisher.publish("t/2", b"two", QoS::AtLeastOnce, false);
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("t/2", &b"two"[..]));
+    drop((a, b));
 }
