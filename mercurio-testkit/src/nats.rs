@@ -24,10 +24,14 @@ pub struct NatsServer {
 pub fn nats_server_bin() -> Option<PathBuf> {
     let candidates: Vec<PathBuf> = match std::env::var_os("NATS_SERVER") {
         Some(p) => vec![PathBuf::from(p)],
-        None => ["nats-server", "/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
-            .iter()
-            .map(PathBuf::from)
-            .collect(),
+        None => [
+            "nats-server",
+            "/usr/sbin/nats-server",
+            "/usr/local/bin/nats-server",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect(),
     };
     candidates.into_iter().find(|p| {
         Command::new(p)

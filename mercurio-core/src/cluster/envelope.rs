@@ -76,11 +76,12 @@ impl Envelope {
         out.put_u32(self.expiry.unwrap_or(0));
         encode_properties(&self.properties, &mut out)?;
         if let Some(topic) = &self.topic {
-            let len = u16::try_from(topic.len())
-                .map_err(|_| crate::codec::EncodeError::StringTooLong {
+            let len = u16::try_from(topic.len()).map_err(|_| {
+                crate::codec::EncodeError::StringTooLong {
                     field: "topic name",
                     len: topic.len(),
-                })?;
+                }
+            })?;
             out.put_u16(len);
             out.put_slice(topic.as_bytes());
         }

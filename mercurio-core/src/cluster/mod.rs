@@ -84,10 +84,7 @@ impl Cluster {
             .subscription_capacity(SUBSCRIPTION_CAPACITY);
         if let Some(path) = &cfg.credentials_file {
             options = options.credentials_file(path).await.map_err(|e| {
-                Error::Cluster(format!(
-                    "cluster.credentials_file {}: {e}",
-                    path.display()
-                ))
+                Error::Cluster(format!("cluster.credentials_file {}: {e}", path.display()))
             })?;
         }
         if let (Some(user), Some(path)) = (&cfg.username, &cfg.password_file) {
@@ -375,14 +372,18 @@ async fn take_in(
                 None => return,
             },
         };
-        let Some(msg) = receive(&broker, &session.client_id, &prefix, &long_subject, &mut seen, m)
-        else {
+        let Some(msg) = receive(
+            &broker,
+            &session.client_id,
+            &prefix,
+            &long_subject,
+            &mut seen,
+            m,
+        ) else {
             continue;
         };
         broker.route_from(&Arc::new(msg), &mut congested);
-        broker
-            .wait_congested(Some(&session), &mut congested)
-            .await;
+        broker.wait_congested(Some(&session), &mut congested).await;
     }
 }
 
@@ -462,7 +463,10 @@ fn receive(
     };
     if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
         ClusterStatus::add(&status.errors, 1);
-        tracing::warn!(topic, "cluster: a message from NATS on a topic not routed between nodes");
+        tracing::warn!(
+            topic,
+            "cluster: a message from NATS on a topic not routed between nodes"
+        );
         return None;
     }
     ClusterStatus::add(&status.messages_in, 1);

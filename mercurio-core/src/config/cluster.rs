@@ -94,8 +94,7 @@ impl ClusterConfig {
         if let Some(p) = &self.subject_prefix {
             let plain = |t: &str| {
                 !t.is_empty()
-                    && t
-                        .bytes()
+                    && t.bytes()
                         .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
             };
             if !p.split('.').all(plain) {
@@ -190,7 +189,14 @@ mod tests {
         ] {
             assert_eq!(check_url(ok), Ok(()), "{ok}");
         }
-        for bad in ["http://h:1", "nats://:4222", "nats://h:0", "nats://h:x", "", " "] {
+        for bad in [
+            "http://h:1",
+            "nats://:4222",
+            "nats://h:0",
+            "nats://h:x",
+            "",
+            " ",
+        ] {
             assert!(check_url(bad).is_err(), "{bad}");
         }
     }

@@ -2,9 +2,7 @@
 //! other. Without nats-server the tests skip (a failure under `CI=true`).
 #![cfg(unix)]
 
-use mercurio_core::codec::{
-    Connect, Packet, Properties, ProtocolVersion, QoS, Unsubscribe,
-};
+use mercurio_core::codec::{Connect, Packet, Properties, ProtocolVersion, QoS, Unsubscribe};
 use mercurio_testkit::{free_port, http, nats_server_bin, wait_until, Client, Daemon, NatsServer};
 
 /// A node on `nats`, with `extra` configuration (sections before `[cluster]`) that adds
@@ -50,7 +48,11 @@ fn subjects(nats: &NatsServer, name: &str) -> Vec<String> {
     };
     let mut v: Vec<String> = c["subscriptions_list"]
         .as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -124,7 +126,10 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
         );
     }
     let end = other.expect_publish();
-    assert_eq!((end.topic.as_str(), &end.payload[..]), ("u/end", &b"end"[..]));
+    assert_eq!(
+        (end.topic.as_str(), &end.payload[..]),
+        ("u/end", &b"end"[..])
+    );
     // No copy follows (the marker went out after everything else from B).
     wide.settle();
     narrow.settle();
@@ -179,7 +184,10 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     });
     publisher.publish(&long_topic, b"long", QoS::AtMostOnce, false);
     let p = wide.expect_publish();
-    assert_eq!((p.topic.as_str(), &p.payload[..]), (long_topic.as_str(), &b"long"[..]));
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        (long_topic.as_str(), &b"long"[..])
+    );
     drop((a, b, c));
 }
 
@@ -208,7 +216,10 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
     let mut local = client(&a, "local");
     local.publish("t/local", b"here", QoS::AtLeastOnce, false);
     let p = sub.expect_publish();
-    assert_eq!((p.topic.as_str(), &p.payload[..]), ("t/local", &b"here"[..]));
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("t/local", &b"here"[..])
+    );
     sub.ack(&p);
 
     // NATS comes up: both nodes connect, A subscribes to its interest, B's messages reach A.

@@ -4,8 +4,8 @@
 mod admin_api;
 mod bridge;
 mod bridge_reload;
-mod cluster;
 mod cli;
+mod cluster;
 mod console;
 mod credentials;
 mod daemon;
