@@ -70,7 +70,8 @@ impl Cluster {
     /// retries), subscribes the link's session to `#` and starts the tasks.
     ///
     /// Errors: [`Error::File`] for a password or token file that cannot be read,
-    /// [`Error::Cluster`] for a credentials file that cannot be used or an unusable NATS URL.
+    /// [`Error::Config`] for a credentials file that cannot be used or an unusable NATS URL,
+    /// [`Error::Cluster`] when the NATS client cannot be made.
     pub(crate) async fn start(broker: &Arc<BrokerState>) -> Result<Option<Cluster>, Error> {
         let cfg = &broker.config.cluster;
         if !cfg.enabled() {
@@ -84,7 +85,7 @@ impl Cluster {
             .subscription_capacity(SUBSCRIPTION_CAPACITY);
         if let Some(path) = &cfg.credentials_file {
             options = options.credentials_file(path).await.map_err(|e| {
-                Error::Cluster(format!("cluster.credentials_file {}: {e}", path.display()))
+                Error::Config(format!("cluster.credentials_file {}: {e}", path.display()))
             })?;
         }
         if let (Some(user), Some(path)) = (&cfg.username, &cfg.password_file) {
@@ -113,7 +114,7 @@ impl Cluster {
             .enumerate()
             .map(|(i, u)| {
                 u.parse()
-                    .map_err(|e| Error::Cluster(format!("cluster.nats_urls[{i}] {u:?}: {e}")))
+                    .map_err(|e| Error::Config(format!("cluster.nats_urls[{i}] {u:?}: {e}")))
             })
             .collect::<Result<_, _>>()?;
         let client = options

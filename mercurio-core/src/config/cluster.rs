@@ -17,8 +17,8 @@ pub struct ClusterConfig {
     /// cluster mode off.
     pub nats_urls: Vec<String>,
     /// This node's name, unique in the cluster (letters, digits, `-`, `_`; 1 to 64
-    /// characters): its NATS connection name, and how `$SYS` and the logs name it. Required
-    /// with `nats_urls`.
+    /// characters): its NATS connection is named `mercurio {node_name}`, and the log names it
+    /// at start. Required with `nats_urls`.
     pub node_name: String,
     /// The first tokens of every subject the cluster uses (default `mercurio`): clusters
     /// sharing one NATS account keep apart with different prefixes.

@@ -67,7 +67,8 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     let a = node(
         &nats,
         "a",
-        "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\nmetrics = true\n\n",
+        "[server]\nsys_interval = 1\n\n\
+         [[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\nmetrics = true\n\n",
         2,
     );
     let metrics_addr = a.addrs()[1];
@@ -155,6 +156,15 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
         metric("mercurio_cluster_duplicates_total") == 6
     });
     assert_eq!(metric("mercurio_cluster_messages_in_total"), 3);
+    // The same in $SYS (published every second here).
+    let mut sys = client(&a, "sys");
+    sys.subscribe("$SYS/broker/cluster/messages/in", QoS::AtMostOnce);
+    loop {
+        let p = sys.expect_publish();
+        if &p.payload[..] == b"3" {
+            break;
+        }
+    }
 
     // Interest removed: `narrow` leaves and `wide` unsubscribes from both filters; A's
     // subjects go, and what B publishes on `t/x` no longer reaches A.
