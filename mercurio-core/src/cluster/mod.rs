@@ -263,6 +263,7 @@ async fn send_out(
     let status = &broker.cluster;
     let long_subject = format!("{prefix}.{LONG}");
     let mut seq = 0u64;
+    let mut warned = Throttle::default();
     let mut batch = Batch {
         messages: Vec::with_capacity(OUT_BATCH),
     };
@@ -306,7 +307,11 @@ async fn send_out(
                     }
                     Err(e) => {
                         ClusterStatus::add(&status.errors, 1);
-                        tracing::warn!(topic = %msg.topic, "cluster: message not sent to NATS: {e}");
+                        if warned.due() {
+                            tracing::warn!(topic = %msg.topic, "cluster: message not sent to NATS (counted in cluster/messages/errors; at most one warning a minute): {e}");
+                        } else {
+                            tracing::debug!(topic = %msg.topic, "cluster: message not sent to NATS: {e}");
+                        }
                     }
                 }
             }
@@ -334,6 +339,7 @@ async fn take_in(
     // The filters subscribed to on NATS.
     let mut filters: std::collections::HashSet<String> = Default::default();
     let mut seen = dedup::Seen::default();
+    let mut warned = Throttle::default();
     let long_subject = format!("{prefix}.{LONG}");
     subscribe(&client, &long_subject, &tx, &mut subs).await;
     let mut congested = Vec::new();
@@ -379,12 +385,46 @@ async fn take_in(
             &prefix,
             &long_subject,
             &mut seen,
+            &mut warned,
             m,
         ) else {
             continue;
         };
         broker.route_from(&Arc::new(msg), &mut congested);
         broker.wait_congested(Some(&session), &mut congested).await;
+    }
+}
+
+/// Counts a message from NATS that cannot be routed, and logs it (a warning at most once a
+/// minute, debug otherwise).
+fn unreadable(status: &ClusterStatus, warned: &mut Throttle, subject: &str, what: &str) {
+    ClusterStatus::add(&status.errors, 1);
+    if warned.due() {
+        tracing::warn!(subject, "cluster: from NATS, {what} (counted in cluster/messages/errors; at most one warning a minute)");
+    } else {
+        tracing::debug!(subject, "cluster: from NATS, {what}");
+    }
+}
+
+/// At most one warning a minute for a kind of error that may come with every message; the
+/// others are logged at debug level (the counters count them all).
+#[derive(Default)]
+struct Throttle {
+    last: Option<Instant>,
+}
+
+impl Throttle {
+    /// Whether a warning is due now (and then none is for a minute).
+    fn due(&mut self) -> bool {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(60))
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
     }
 }
 
@@ -436,14 +476,19 @@ fn receive(
     prefix: &str,
     long_subject: &str,
     seen: &mut dedup::Seen,
+    warned: &mut Throttle,
     m: async_nats::Message,
 ) -> Option<Message> {
     let status = &broker.cluster;
     let env = match Envelope::decode(m.payload) {
         Ok(env) => env,
         Err(e) => {
-            ClusterStatus::add(&status.errors, 1);
-            tracing::warn!(subject = %m.subject, "cluster: unreadable message from NATS: {e}");
+            unreadable(
+                status,
+                warned,
+                &m.subject,
+                &format!("unreadable message: {e}"),
+            );
             return None;
         }
     };
@@ -456,18 +501,19 @@ fn receive(
         _ => match subject::subject_topic(prefix, &m.subject) {
             Ok(t) => t,
             Err(e) => {
-                ClusterStatus::add(&status.errors, 1);
-                tracing::warn!(subject = %m.subject, "cluster: unreadable subject from NATS: {e}");
+                unreadable(
+                    status,
+                    warned,
+                    &m.subject,
+                    &format!("unreadable subject: {e}"),
+                );
                 return None;
             }
         },
     };
     if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
-        ClusterStatus::add(&status.errors, 1);
-        tracing::warn!(
-            topic,
-            "cluster: a message from NATS on a topic not routed between nodes"
-        );
+        let what = format!("a message on {topic:?}, a topic not routed between nodes");
+        unreadable(status, warned, &m.subject, &what);
         return None;
     }
     ClusterStatus::add(&status.messages_in, 1);
