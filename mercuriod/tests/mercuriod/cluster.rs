@@ -2,7 +2,10 @@
 //! other. Without nats-server the tests skip (a failure under `CI=true`).
 #![cfg(unix)]
 
-use mercurio_core::codec::{Connect, Packet, Properties, ProtocolVersion, QoS, Unsubscribe};
+use bytes::Bytes;
+use mercurio_core::codec::{
+    Connect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, Unsubscribe,
+};
 use mercurio_testkit::{free_port, http, nats_server_bin, wait_until, Client, Daemon, NatsServer};
 
 /// A node on `nats`, with `extra` configuration (sections before `[cluster]`) that adds
@@ -268,5 +271,61 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
     publisher.publish("t/2", b"two", QoS::AtLeastOnce, false);
     let p = sub.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("t/2", &b"two"[..]));
+    sub.ack(&p);
+
+    // QoS 2 with MQTT 5.0 properties, from B to a QoS 2 subscriber on A: delivered at QoS 2
+    // with the publisher's properties, user properties in order [MQTT-3.3.2-17], [MQTT-3.3.2-18],
+    // and the Message Expiry Interval decremented, never grown [MQTT-3.3.2-6].
+    let mut q2 = client(&a, "q2");
+    q2.subscribe("p/#", QoS::ExactlyOnce);
+    wait_until("A's interest in p/#", || {
+        subjects(&nats, "a").contains(&"mercurio.msg.p.>".to_string())
+    });
+    let properties = Properties {
+        content_type: Some("text/plain".into()),
+        response_topic: Some("r/1".into()),
+        correlation_data: Some(Bytes::from_static(b"c-1")),
+        payload_format_indicator: Some(1),
+        message_expiry_interval: Some(600),
+        user_properties: vec![
+            ("k".into(), "1".into()),
+            ("j".into(), "2".into()),
+            ("k".into(), "3".into()),
+        ],
+        ..Properties::default()
+    };
+    publisher.send(Packet::Publish(Publish {
+        dup: false,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "p/1".into(),
+        packet_id: 7,
+        properties: properties.clone(),
+        payload: Bytes::from_static(b"two-phase"),
+    }));
+    assert!(matches!(publisher.recv(), Some(Packet::PubRec(r)) if r.packet_id == 7));
+    publisher.send(Packet::PubRel(PubAck {
+        packet_id: 7,
+        ..PubAck::default()
+    }));
+    assert!(matches!(publisher.recv(), Some(Packet::PubComp(r)) if r.packet_id == 7));
+    let p = q2.expect_publish();
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("p/1", &b"two-phase"[..])
+    );
+    assert_eq!(p.qos, QoS::ExactlyOnce);
+    assert!(!p.retain);
+    let expiry = p.properties.message_expiry_interval.expect("an expiry");
+    assert!((1..=600).contains(&expiry), "{expiry}");
+    assert_eq!(
+        Properties {
+            message_expiry_interval: Some(600),
+            ..p.properties.clone()
+        },
+        properties
+    );
+    q2.ack(&p);
+    q2.settle();
     drop((a, b));
 }
