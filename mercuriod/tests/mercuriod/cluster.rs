@@ -75,7 +75,7 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
         2,
     );
     let metrics_addr = a.addrs()[1];
-    let b = node(&nats, "b", "", 1);
+    let mut b = node(&nats, "b", "", 1);
     let c = node(&nats, "c", "", 1);
 
     // On A, two clients whose filters overlap: of A's NATS subjects (`t.*`; `t` and `t.>`
@@ -201,7 +201,15 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
         (p.topic.as_str(), &p.payload[..]),
         (long_topic.as_str(), &b"long"[..])
     );
-    drop((a, b, c));
+
+    // With NATS gone, a node still stops promptly on SIGTERM (the NATS client's flush and
+    // drain are bounded).
+    drop(nats);
+    drop(publisher);
+    let started = std::time::Instant::now();
+    assert_eq!(b.stop(libc::SIGTERM), Some(0));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    drop((a, c));
 }
 
 /// Node `name` configured for a NATS server on `port` of 127.0.0.1, not waiting for it.
@@ -327,5 +335,17 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
     );
     q2.ack(&p);
     q2.settle();
-    drop((a, b));
+
+    // A node stops gracefully (SIGTERM): its NATS connection is closed within the shutdown,
+    // and the NATS server drops its subscriptions.
+    drop(q2);
+    drop(sub);
+    drop(local);
+    let started = std::time::Instant::now();
+    assert_eq!(a.stop(libc::SIGTERM), Some(0));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    wait_until("A gone from the NATS server", || {
+        nats.connection("mercurio a").is_none()
+    });
+    drop(b);
 }
