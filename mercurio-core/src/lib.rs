@@ -24,6 +24,8 @@
 //! assigned client identifiers, so that nobody can guess one), toml + toml_edit (the
 //! configuration file reader, `config_file`: the typed parse, then the document with spans that
 //! names an error's key and line; shared by mercuriod and mercurioctl).
+//! async-nats (feature `cluster`: the NATS project's own client, on tokio and rustls with
+//! ring as the rest, which the nodes of a cluster meet through, `cluster`).
 
 pub mod admin;
 mod admin_api;
