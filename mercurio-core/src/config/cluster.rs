@@ -108,9 +108,11 @@ impl ClusterConfig {
             || !self.node_name.is_empty()
             || self.credentials_file.is_some()
             || self.username.is_some()
+            || self.password_file.is_some()
             || self.token_file.is_some()
             || self.ca_file.is_some()
-            || self.cert_file.is_some();
+            || self.cert_file.is_some()
+            || self.key_file.is_some();
         if !self.enabled() {
             if has_settings {
                 return Err(ConfigError::new(
