@@ -412,7 +412,10 @@ impl BrokerState {
                 congested.push(Arc::clone(&first.session));
             }
         }
-        for sm in &matches.shared {
+        // In cluster mode a group gets a message through NATS, once in the whole cluster
+        // (`cluster`, `deliver_to_group`), except on `$` topics, which stay on their node.
+        let groups_here = !self.interest.is_on() || msg.topic.starts_with('$');
+        for sm in matches.shared.iter().filter(|_| groups_here) {
             if sm.members.is_empty() {
                 continue;
             }

@@ -36,6 +36,7 @@ use crate::broker::{BrokerState, CLUSTER_CLIENT_ID};
 use crate::cluster_status::ClusterStatus;
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::error::Error;
+use crate::interest::Key;
 use crate::link::Link;
 use crate::message::Message;
 use crate::session::{Delivery, Granted, Session};
@@ -60,6 +61,8 @@ const OUT_BATCH: usize = 64;
 pub(crate) struct Cluster {
     tasks: Vec<JoinHandle<()>>,
     client: async_nats::Client,
+    /// The connection of the shared subscription groups' queue subscriptions.
+    shares: async_nats::Client,
     session: Arc<Session>,
     link: Arc<Link>,
 }
@@ -78,36 +81,6 @@ impl Cluster {
             return Ok(None);
         }
         let prefix = cfg.prefix().to_string();
-        let mut options = ConnectOptions::new()
-            .name(format!("mercurio {}", cfg.node_name))
-            .no_echo()
-            .retry_on_initial_connect()
-            .subscription_capacity(SUBSCRIPTION_CAPACITY);
-        if let Some(path) = &cfg.credentials_file {
-            options = options.credentials_file(path).await.map_err(|e| {
-                Error::Config(format!("cluster.credentials_file {}: {e}", path.display()))
-            })?;
-        }
-        if let (Some(user), Some(path)) = (&cfg.username, &cfg.password_file) {
-            let password = crate::credentials::read_secret(path, "cluster.password_file")?;
-            options = options.user_and_password(user.clone(), password);
-        }
-        if let Some(path) = &cfg.token_file {
-            options = options.token(crate::credentials::read_secret(path, "cluster.token_file")?);
-        }
-        if let Some(ca) = &cfg.ca_file {
-            options = options.add_root_certificates(ca.clone()).require_tls(true);
-        }
-        if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
-            options = options.add_client_certificate(cert.clone(), key.clone());
-        }
-        let status = Arc::downgrade(broker);
-        let ever_connected = Arc::new(AtomicBool::new(false));
-        options = options.event_callback(move |event| {
-            let status = status.clone();
-            let ever_connected = Arc::clone(&ever_connected);
-            async move { on_event(&status, &ever_connected, event) }
-        });
         let urls: Vec<async_nats::ServerAddr> = cfg
             .nats_urls
             .iter()
@@ -117,7 +90,30 @@ impl Cluster {
                     .map_err(|e| Error::Config(format!("cluster.nats_urls[{i}] {u:?}: {e}")))
             })
             .collect::<Result<_, _>>()?;
+        let status = Arc::downgrade(broker);
+        let ever_connected = Arc::new(AtomicBool::new(false));
+        let options = connect_options(cfg, format!("mercurio {}", cfg.node_name))
+            .await?
+            .no_echo()
+            .event_callback(move |event| {
+                let status = status.clone();
+                let ever_connected = Arc::clone(&ever_connected);
+                async move { on_event(&status, &ever_connected, event) }
+            });
         let client = options
+            .connect(urls.clone())
+            .await
+            .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
+        // Shared subscription groups' queue subscriptions, on a connection of their own that
+        // receives this node's own messages too: NATS chooses one member node per group among
+        // all of them, this one included.
+        let shares = connect_options(cfg, format!("mercurio {} shares", cfg.node_name))
+            .await?
+            .event_callback(|event| async move {
+                if !matches!(event, async_nats::Event::Connected) {
+                    tracing::debug!("cluster: NATS (shared subscriptions): {event}");
+                }
+            })
             .connect(urls)
             .await
             .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
@@ -155,11 +151,13 @@ impl Cluster {
             Arc::clone(broker),
             Arc::clone(&session),
             client.clone(),
+            shares.clone(),
             prefix,
         ));
         Ok(Some(Cluster {
             tasks: vec![out, inbound],
             client,
+            shares,
             session,
             link,
         }))
@@ -180,8 +178,40 @@ impl Cluster {
         let grace = std::time::Duration::from_secs(2);
         let _ = tokio::time::timeout(grace, self.client.flush()).await;
         let _ = tokio::time::timeout(grace, self.client.drain()).await;
+        let _ = tokio::time::timeout(grace, self.shares.drain()).await;
         broker.cluster.connected.store(false, Ordering::Relaxed);
     }
+}
+
+/// The options both NATS connections share: name, reconnection, subscription capacity,
+/// credentials and TLS.
+async fn connect_options(
+    cfg: &crate::config::ClusterConfig,
+    name: String,
+) -> Result<ConnectOptions, Error> {
+    let mut options = ConnectOptions::new()
+        .name(name)
+        .retry_on_initial_connect()
+        .subscription_capacity(SUBSCRIPTION_CAPACITY);
+    if let Some(path) = &cfg.credentials_file {
+        options = options.credentials_file(path).await.map_err(|e| {
+            Error::Config(format!("cluster.credentials_file {}: {e}", path.display()))
+        })?;
+    }
+    if let (Some(user), Some(path)) = (&cfg.username, &cfg.password_file) {
+        let password = crate::credentials::read_secret(path, "cluster.password_file")?;
+        options = options.user_and_password(user.clone(), password);
+    }
+    if let Some(path) = &cfg.token_file {
+        options = options.token(crate::credentials::read_secret(path, "cluster.token_file")?);
+    }
+    if let Some(ca) = &cfg.ca_file {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
 }
 
 /// A random number for this start of this node: the origin of the messages it publishes,
@@ -325,19 +355,26 @@ async fn send_out(
     }
 }
 
+/// A message from NATS, with the shared subscription group (its full filter) whose queue
+/// subscription brought it, or `None` for an ordinary subscription's.
+type Inbound = (Option<Arc<str>>, async_nats::Message);
+
 /// In: keeps this node's NATS subscriptions in step with its interest, and routes what they
 /// bring.
 async fn take_in(
     broker: Arc<BrokerState>,
     session: Arc<Session>,
     client: async_nats::Client,
+    shares: async_nats::Client,
     prefix: String,
 ) {
-    let (tx, mut rx) = mpsc::channel::<async_nats::Message>(1024);
+    let (tx, mut rx) = mpsc::channel::<Inbound>(1024);
     // Subject -> (filters needing it, the task forwarding its messages).
     let mut subs: HashMap<String, (usize, Forward)> = HashMap::new();
     // The filters subscribed to on NATS.
     let mut filters: std::collections::HashSet<String> = Default::default();
+    // Shared subscription group (full filter) -> its queue subscriptions.
+    let mut groups: HashMap<String, Vec<Forward>> = HashMap::new();
     let mut seen = dedup::Seen::default();
     let mut warned = Throttle::default();
     let long_subject = format!("{prefix}.{LONG}");
@@ -345,33 +382,49 @@ async fn take_in(
     let mut congested = Vec::new();
     loop {
         // Changes first: a filter subscribed before a message arrives gets it.
-        for (filter, present) in broker.interest.take() {
-            // A filter gone and back (or back and gone) between two takes is no change.
-            let changed = if present {
-                filters.insert(filter.clone())
-            } else {
-                filters.remove(&filter)
-            };
-            if !changed {
-                continue;
-            }
-            for s in subject::filter_subjects(&prefix, &filter) {
-                if present {
-                    subscribe(&client, &s, &tx, &mut subs).await;
-                } else if let Some((n, _)) = subs.get_mut(&s) {
-                    *n -= 1;
-                    if *n == 0 {
-                        // Dropping the forwarding task (and its subscriber) unsubscribes.
-                        subs.remove(&s);
+        for (key, present) in broker.interest.take() {
+            match key {
+                Key::Filter(filter) => {
+                    // A filter gone and back (or back and gone) between two takes is no
+                    // change.
+                    let changed = if present {
+                        filters.insert(filter.clone())
+                    } else {
+                        filters.remove(&filter)
+                    };
+                    if !changed {
+                        continue;
                     }
+                    for s in subject::filter_subjects(&prefix, &filter) {
+                        if present {
+                            subscribe(&client, &s, &tx, &mut subs).await;
+                        } else if let Some((n, _)) = subs.get_mut(&s) {
+                            *n -= 1;
+                            if *n == 0 {
+                                // Dropping the forwarding task (and its subscriber)
+                                // unsubscribes.
+                                subs.remove(&s);
+                            }
+                        }
+                    }
+                }
+                Key::Group(full) if present => {
+                    if let std::collections::hash_map::Entry::Vacant(e) = groups.entry(full) {
+                        let forwards = subscribe_group(&shares, &prefix, e.key(), &tx).await;
+                        e.insert(forwards);
+                    }
+                }
+                Key::Group(full) => {
+                    groups.remove(&full);
                 }
             }
         }
+        let count = subs.len() + groups.values().map(Vec::len).sum::<usize>();
         broker
             .cluster
             .subscriptions
-            .store(subs.len() as u64, Ordering::Relaxed);
-        let m = tokio::select! {
+            .store(count as u64, Ordering::Relaxed);
+        let (group, m) = tokio::select! {
             biased;
             _ = broker.interest.changed() => continue,
             m = rx.recv() => match m {
@@ -384,15 +437,170 @@ async fn take_in(
             &session.client_id,
             &prefix,
             &long_subject,
+            group.as_deref(),
             &mut seen,
             &mut warned,
             m,
         ) else {
             continue;
         };
-        broker.route_from(&Arc::new(msg), &mut congested);
+        let msg = Arc::new(msg);
+        match &group {
+            Some(full) => broker.deliver_to_group(full, &msg, &mut congested),
+            None => {
+                broker.route_from(&msg, &mut congested);
+            }
+        }
         broker.wait_congested(Some(&session), &mut congested).await;
     }
+}
+
+/// The queue subscriptions of the shared subscription group `full`
+/// (`$share/{ShareName}/{filter}`): its filter's subjects and the subject of long topics,
+/// in the queue group named after it ([`subject::queue_group`]), so that NATS gives each
+/// message to one of the nodes with members.
+async fn subscribe_group(
+    shares: &async_nats::Client,
+    prefix: &str,
+    full: &str,
+    tx: &mpsc::Sender<Inbound>,
+) -> Vec<Forward> {
+    let Ok(Some(shared)) = crate::topic::parse_shared(full) else {
+        return Vec::new();
+    };
+    let queue = subject::queue_group(full);
+    let group: Arc<str> = Arc::from(full);
+    let mut subjects = subject::filter_subjects(prefix, shared.filter);
+    subjects.push(format!("{prefix}.{LONG}"));
+    let mut forwards = Vec::with_capacity(subjects.len());
+    for s in subjects {
+        match shares.queue_subscribe(s.clone(), queue.clone()).await {
+            Ok(sub) => forwards.push(forward(sub, Some(Arc::clone(&group)), tx)),
+            Err(e) => {
+                tracing::warn!(
+                    subject = s,
+                    group = full,
+                    "cluster: cannot subscribe on NATS: {e}"
+                )
+            }
+        }
+    }
+    forwards
+}
+
+/// Adds one filter's need for `subject`, subscribing on NATS when it is the first.
+async fn subscribe(
+    client: &async_nats::Client,
+    subject: &str,
+    tx: &mpsc::Sender<Inbound>,
+    subs: &mut HashMap<String, (usize, Forward)>,
+) {
+    if let Some((n, _)) = subs.get_mut(subject) {
+        *n += 1;
+        return;
+    }
+    match client.subscribe(subject.to_string()).await {
+        Ok(sub) => {
+            subs.insert(subject.to_string(), (1, forward(sub, None, tx)));
+        }
+        Err(e) => {
+            // Only a closed client refuses (it buffers while disconnected).
+            tracing::warn!(subject, "cluster: cannot subscribe on NATS: {e}");
+        }
+    }
+}
+
+/// Forwards a NATS subscription's messages into the inbound channel, tagged with `group`.
+fn forward(
+    mut sub: async_nats::Subscriber,
+    group: Option<Arc<str>>,
+    tx: &mpsc::Sender<Inbound>,
+) -> Forward {
+    let tx = tx.clone();
+    Forward(tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if tx.send((group.clone(), m)).await.is_err() {
+                return;
+            }
+        }
+    }))
+}
+
+/// The message a NATS message carries, or `None` for a copy already taken, one that cannot
+/// be read (counted, logged), or, for a shared subscription `group`, a message on the subject
+/// of long topics that its filter does not match.
+#[allow(clippy::too_many_arguments)]
+fn receive(
+    broker: &BrokerState,
+    publisher: &Arc<str>,
+    prefix: &str,
+    long_subject: &str,
+    group: Option<&str>,
+    seen: &mut dedup::Seen,
+    warned: &mut Throttle,
+    m: async_nats::Message,
+) -> Option<Message> {
+    let status = &broker.cluster;
+    let env = match Envelope::decode(m.payload) {
+        Ok(env) => env,
+        Err(e) => {
+            unreadable(
+                status,
+                warned,
+                &m.subject,
+                &format!("unreadable message: {e}"),
+            );
+            return None;
+        }
+    };
+    // A group's queue subscriptions never overlap (a filter's subjects match disjoint
+    // subjects): only ordinary subscriptions bring copies.
+    if group.is_none() && !seen.first(env.origin, env.seq) {
+        ClusterStatus::add(&status.duplicates, 1);
+        return None;
+    }
+    let topic = match env.topic {
+        Some(t) if *m.subject == *long_subject => t,
+        _ => match subject::subject_topic(prefix, &m.subject) {
+            Ok(t) => t,
+            Err(e) => {
+                unreadable(
+                    status,
+                    warned,
+                    &m.subject,
+                    &format!("unreadable subject: {e}"),
+                );
+                return None;
+            }
+        },
+    };
+    if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
+        let what = format!("a message on {topic:?}, a topic not routed between nodes");
+        unreadable(status, warned, &m.subject, &what);
+        return None;
+    }
+    if let Some(full) = group {
+        let matches = matches!(
+            crate::topic::parse_shared(full),
+            Ok(Some(shared)) if crate::topic::matches(shared.filter, &topic)
+        );
+        if !matches {
+            return None;
+        }
+    }
+    ClusterStatus::add(&status.messages_in, 1);
+    ClusterStatus::add(&status.bytes_in, env.payload.len() as u64);
+    Some(Message {
+        topic,
+        payload: env.payload,
+        qos: env.qos,
+        retain: env.retain,
+        properties: env.properties,
+        expires_at: Message::expiry_deadline(env.expiry, Instant::now()),
+        publisher: Some(Arc::clone(publisher)),
+        encoded: Default::default(),
+        stored: Default::default(),
+    })
 }
 
 /// Counts a message from NATS that cannot be routed, and logs it (a warning at most once a
@@ -436,97 +644,4 @@ impl Drop for Forward {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// Adds one filter's need for `subject`, subscribing on NATS when it is the first.
-async fn subscribe(
-    client: &async_nats::Client,
-    subject: &str,
-    tx: &mpsc::Sender<async_nats::Message>,
-    subs: &mut HashMap<String, (usize, Forward)>,
-) {
-    if let Some((n, _)) = subs.get_mut(subject) {
-        *n += 1;
-        return;
-    }
-    match client.subscribe(subject.to_string()).await {
-        Ok(mut sub) => {
-            let tx = tx.clone();
-            let task = tokio::spawn(async move {
-                while let Some(m) = sub.next().await {
-                    if tx.send(m).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            subs.insert(subject.to_string(), (1, Forward(task)));
-        }
-        Err(e) => {
-            // Only a closed client refuses (it buffers while disconnected).
-            tracing::warn!(subject, "cluster: cannot subscribe on NATS: {e}");
-        }
-    }
-}
-
-/// The message a NATS message carries, or `None` for a copy already taken or one that
-/// cannot be read (counted, logged).
-fn receive(
-    broker: &BrokerState,
-    publisher: &Arc<str>,
-    prefix: &str,
-    long_subject: &str,
-    seen: &mut dedup::Seen,
-    warned: &mut Throttle,
-    m: async_nats::Message,
-) -> Option<Message> {
-    let status = &broker.cluster;
-    let env = match Envelope::decode(m.payload) {
-        Ok(env) => env,
-        Err(e) => {
-            unreadable(
-                status,
-                warned,
-                &m.subject,
-                &format!("unreadable message: {e}"),
-            );
-            return None;
-        }
-    };
-    if !seen.first(env.origin, env.seq) {
-        ClusterStatus::add(&status.duplicates, 1);
-        return None;
-    }
-    let topic = match env.topic {
-        Some(t) if *m.subject == *long_subject => t,
-        _ => match subject::subject_topic(prefix, &m.subject) {
-            Ok(t) => t,
-            Err(e) => {
-                unreadable(
-                    status,
-                    warned,
-                    &m.subject,
-                    &format!("unreadable subject: {e}"),
-                );
-                return None;
-            }
-        },
-    };
-    if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
-        let what = format!("a message on {topic:?}, a topic not routed between nodes");
-        unreadable(status, warned, &m.subject, &what);
-        return None;
-    }
-    ClusterStatus::add(&status.messages_in, 1);
-    ClusterStatus::add(&status.bytes_in, env.payload.len() as u64);
-    Some(Message {
-        topic,
-        payload: env.payload,
-        qos: env.qos,
-        retain: env.retain,
-        properties: env.properties,
-        expires_at: Message::expiry_deadline(env.expiry, Instant::now()),
-        publisher: Some(Arc::clone(publisher)),
-        encoded: Default::default(),
-        stored: Default::default(),
-    })
 }

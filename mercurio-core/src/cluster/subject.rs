@@ -101,6 +101,16 @@ pub fn filter_subjects(prefix: &str, filter: &str) -> Vec<String> {
     vec![out]
 }
 
+/// The NATS queue group of a shared subscription group, from its full filter
+/// `$share/{ShareName}/{filter}`: the whole of it escaped as one token (`/` too), so that
+/// groups of one name on different filters are different queue groups, as they are different
+/// groups in MQTT.
+pub fn queue_group(full_filter: &str) -> String {
+    let mut out = String::with_capacity(full_filter.len() * 2);
+    push_level(full_filter, &mut out);
+    out
+}
+
 /// Why a subject is not one [`topic_subject`] made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubjectError {
@@ -208,6 +218,7 @@ mod tests {
         );
         assert_eq!(filter_subjects(P, "+"), ["mercurio.msg.*"]);
         assert_eq!(filter_subjects(P, "/+"), ["mercurio.msg.~.*"]);
+        assert_eq!(queue_group("$share/g/a/#"), "~24share~2Fg~2Fa~2F~23");
     }
 
     #[test]

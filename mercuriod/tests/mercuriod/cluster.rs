@@ -44,7 +44,8 @@ fn out_msgs(nats: &NatsServer, name: &str) -> u64 {
     c["out_msgs"].as_u64().expect("out_msgs")
 }
 
-/// The NATS subscriptions of node `name`, as the server holds them.
+/// The NATS subscriptions of the connection `mercurio {name}` (a node's, or with ` shares`
+/// its shared subscriptions'), as the server holds them.
 fn subjects(nats: &NatsServer, name: &str) -> Vec<String> {
     let Some(c) = nats.connection(&format!("mercurio {name}")) else {
         return Vec::new();
@@ -348,4 +349,80 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
         nats.connection("mercurio a").is_none()
     });
     drop(b);
+}
+
+#[test]
+fn a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster() {
+    const TEST: &str = "a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let a = node(&nats, "a", "", 1);
+    let b = node(&nats, "b", "", 1);
+    let c = node(&nats, "c", "", 1);
+    // Members of group g on A and on C; an ordinary subscriber on A.
+    let mut members = Vec::new();
+    for (d, id) in [(&a, "member-a"), (&c, "member-c")] {
+        let mut m = client(d, id);
+        m.subscribe("$share/g/s/#", QoS::AtLeastOnce);
+        members.push((id, m));
+    }
+    let mut plain = client(&a, "plain");
+    plain.subscribe("s/#", QoS::AtLeastOnce);
+    let group_subjects = ["mercurio.long", "mercurio.msg.s", "mercurio.msg.s.>"];
+    wait_until("the group's queue subscriptions at the NATS server", || {
+        subjects(&nats, "a shares") == group_subjects
+            && subjects(&nats, "c shares") == group_subjects
+            && subjects(&nats, "a").len() == 3
+    });
+
+    // Each member's messages, read on a thread of its own until its socket is shut down.
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut readers = Vec::new();
+    let mut sockets = Vec::new();
+    for (id, mut m) in members {
+        sockets.push(m.stream.try_clone().expect("clone the socket"));
+        let got = std::sync::Arc::clone(&got);
+        readers.push(std::thread::spawn(move || {
+            while let Some(p) = m.recv() {
+                if let Packet::Publish(p) = p {
+                    m.ack(&p);
+                    let entry = (p.topic.clone(), p.payload.to_vec(), id);
+                    got.lock().unwrap_or_else(|e| e.into_inner()).push(entry);
+                }
+            }
+        }));
+    }
+
+    // 20 messages from B (no member there) and 20 from A (a member's node).
+    let mut from_b = client(&b, "from-b");
+    let mut from_a = client(&a, "from-a");
+    for i in 0..20 {
+        from_b.publish("s/b", i.to_string().as_bytes(), QoS::AtLeastOnce, false);
+        from_a.publish("s/a", i.to_string().as_bytes(), QoS::AtLeastOnce, false);
+    }
+    // The ordinary subscriber gets all 40.
+    for _ in 0..40 {
+        let p = plain.expect_publish();
+        plain.ack(&p);
+    }
+    plain.settle();
+    let count = || got.lock().unwrap_or_else(|e| e.into_inner()).len();
+    wait_until("40 messages to the group", || count() >= 40);
+    for s in &sockets {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    for r in readers {
+        r.join().expect("a reader");
+    }
+    // Once each in the group as a whole [MQTT-4.8.2-2 (one member per message)], spread by
+    // NATS over the nodes with members.
+    let got = got.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut distinct: Vec<(String, Vec<u8>)> =
+        got.iter().map(|(t, p, _)| (t.clone(), p.clone())).collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 40, "{got:?}");
+    assert_eq!(got.len(), 40, "copies: {got:?}");
+    drop((a, b, c));
 }
