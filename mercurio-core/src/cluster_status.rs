@@ -14,7 +14,7 @@ pub(crate) struct ClusterStatus {
     pub connected: AtomicBool,
     /// Connections to NATS made after the first.
     pub reconnects: AtomicU64,
-    /// NATS subjects this node subscribes to now (its interest).
+    /// NATS subscriptions of this node now (its interest, shared groups' included).
     pub subscriptions: AtomicU64,
     /// Messages this node sent to NATS for other nodes.
     pub messages_out: AtomicU64,

@@ -500,7 +500,7 @@ fn cluster_families(c: crate::cluster_status::ClusterInfo) -> Vec<Family> {
         ),
         Family::gauge(
             "mercurio_cluster_subscriptions",
-            "NATS subjects this node subscribes to (its interest)",
+            "NATS subscriptions of this node (its interest, shared groups included)",
             c.subscriptions,
         ),
         Family::counter(

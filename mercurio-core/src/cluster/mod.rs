@@ -13,6 +13,10 @@
 //! - In: a message from NATS is taken once ([`dedup::Seen`]), then routed to the local
 //!   subscriptions that match it, as published by `$internal/cluster`; the RETAIN flag goes
 //!   with it for Retain As Published, but it is not kept as a retained message here.
+//! - Shared subscription groups: routing leaves them out in cluster mode; each group with
+//!   members here is a NATS queue subscription (on a second connection, which receives this
+//!   node's own messages too), so that NATS gives each message to one node with members, and
+//!   that node to one member (`BrokerState::deliver_to_group`).
 //!
 //! Dependency: `async-nats`, the NATS client of the NATS project (recorded in the crate's
 //! Cargo.toml).
