@@ -106,6 +106,17 @@ pub fn named_files<'a>(config: &'a Config) -> Vec<(String, &'a Path, bool)> {
         }
     }
     add("storage.url_file".into(), &config.storage.url_file, false);
+    let c = &config.cluster;
+    for (name, path) in [
+        ("credentials_file", &c.credentials_file),
+        ("password_file", &c.password_file),
+        ("token_file", &c.token_file),
+        ("ca_file", &c.ca_file),
+        ("cert_file", &c.cert_file),
+        ("key_file", &c.key_file),
+    ] {
+        add(format!("cluster.{name}"), path, false);
+    }
     files
 }
 
@@ -142,6 +153,16 @@ pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
     }
     if let Some(f) = &config.storage.url_file {
         files.push(("storage.url_file".to_string(), f));
+    }
+    let c = &config.cluster;
+    for (name, path) in [
+        ("credentials_file", &c.credentials_file),
+        ("password_file", &c.password_file),
+        ("token_file", &c.token_file),
+    ] {
+        if let Some(f) = path {
+            files.push((format!("cluster.{name}"), f));
+        }
     }
     for (key, file) in files {
         if readable_by_others(file) {
@@ -832,6 +853,33 @@ mod tests {
         );
         assert_eq!(e.key.as_deref(), Some("listeners[1].protocol"));
         assert_eq!(e.line, Some(7));
+    }
+
+    #[test]
+    fn cluster_errors_are_located() {
+        let e = err("[cluster]\nnats_urls = [\"nats://n:4222\"]\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.node_name"));
+        assert!(e.message.contains("required"), "{e}");
+        let e = err("[cluster]\nnats_urls = [\"nats://n:4222\"]\nnode_name = \"a.b\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.node_name"));
+        assert_eq!(e.line, Some(3));
+        let e = err("[cluster]\nnode_name = \"a\"\nsubject_prefix = \"x..y\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.subject_prefix"));
+        assert_eq!(e.line, Some(3));
+        let e = err("[cluster]\nnode_name = \"a\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.nats_urls"));
+        let e = err("[cluster]\nnats_urls = [\"n:1\"]\nnode_name = \"a\"\nusername = \"u\"\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.username"));
+        assert!(e.message.contains("password_file"), "{e}");
+        let e = err("[cluster]\nnats_url = [\"n:1\"]\n");
+        assert!(e.message.contains("nats_url"), "{e}");
+        let c = parse(
+            Path::new("m.toml"),
+            "[cluster]\nnats_urls = [\"nats://n:4222\"]\nnode_name = \"node-1\"\n",
+        )
+        .expect("a valid [cluster]");
+        assert!(c.cluster.enabled());
+        assert_eq!(c.cluster.prefix(), "mercurio");
     }
 
     #[test]

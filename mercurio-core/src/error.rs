@@ -29,6 +29,9 @@ pub enum Error {
     /// A password, ACL, certificate or key file that cannot be used (path, line, cause).
     #[error("{0}")]
     File(#[from] crate::auth::FileError),
+    /// Cluster mode could not start: the NATS client could not be made.
+    #[error("cluster: {0}")]
+    Cluster(String),
     /// I/O error on a bound listener.
     #[error("listener {addr}: {source}")]
     Listener {

@@ -24,6 +24,8 @@
 //! assigned client identifiers, so that nobody can guess one), toml + toml_edit (the
 //! configuration file reader, `config_file`: the typed parse, then the document with spans that
 //! names an error's key and line; shared by mercuriod and mercurioctl).
+//! async-nats (feature `cluster`: the NATS project's own client, on tokio and rustls with
+//! ring as the rest, which the nodes of a cluster meet through, `cluster`).
 
 pub mod admin;
 mod admin_api;
@@ -33,6 +35,9 @@ mod bridge;
 mod bridge_status;
 mod broker;
 mod busy_poll;
+#[cfg(feature = "cluster")]
+mod cluster;
+mod cluster_status;
 pub mod codec;
 pub mod config;
 pub mod config_file;
@@ -46,6 +51,7 @@ mod hook;
 mod http;
 mod http_response;
 pub mod intercept;
+mod interest;
 mod keep_alive;
 mod lazy_map;
 mod link;

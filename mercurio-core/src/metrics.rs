@@ -88,6 +88,8 @@ pub(crate) struct Snapshot {
     pub storage_unwritable: u64,
     pub connections_total: u64,
     pub uptime_seconds: u64,
+    /// The cluster link's values, in cluster mode.
+    pub cluster: Option<crate::cluster_status::ClusterInfo>,
 }
 
 impl Snapshot {
@@ -132,6 +134,7 @@ impl Snapshot {
             storage_unwritable: get(&s.storage_unwritable),
             connections_total: get(&s.connections_total),
             uptime_seconds: broker.started.elapsed().as_secs(),
+            cluster: broker.cluster.info(),
         }
     }
 }
@@ -478,7 +481,64 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
         ),
     ];
     all.extend(bridge_families(bridges));
+    all.extend(s.cluster.map(cluster_families).into_iter().flatten());
     all
+}
+
+/// The cluster link's series (none outside cluster mode).
+fn cluster_families(c: crate::cluster_status::ClusterInfo) -> Vec<Family> {
+    vec![
+        Family::gauge(
+            "mercurio_cluster_connected",
+            "1 while connected to a NATS server, else 0",
+            u64::from(c.connected),
+        ),
+        Family::counter(
+            "mercurio_cluster_reconnects",
+            "Connections to NATS made after the first",
+            c.reconnects,
+        ),
+        Family::gauge(
+            "mercurio_cluster_subscriptions",
+            "NATS subscriptions of this node (its interest, shared groups included)",
+            c.subscriptions,
+        ),
+        Family::counter(
+            "mercurio_cluster_messages_out",
+            "Messages sent to NATS for other nodes",
+            c.messages_out,
+        ),
+        Family::counter(
+            "mercurio_cluster_bytes_out",
+            "Payload bytes of the messages sent to NATS",
+            c.bytes_out,
+        ),
+        Family::counter(
+            "mercurio_cluster_messages_in",
+            "Messages from other nodes routed here",
+            c.messages_in,
+        ),
+        Family::counter(
+            "mercurio_cluster_bytes_in",
+            "Payload bytes of the messages from other nodes",
+            c.bytes_in,
+        ),
+        Family::counter(
+            "mercurio_cluster_duplicates",
+            "Copies of a message taken already (it matched several of this node's subjects)",
+            c.duplicates,
+        ),
+        Family::counter(
+            "mercurio_cluster_errors",
+            "Messages not sent to NATS (too large, closed) or unreadable from NATS",
+            c.errors,
+        ),
+        Family::counter(
+            "mercurio_cluster_slow_consumer",
+            "Times NATS dropped messages for this node as a slow consumer",
+            c.slow_consumer,
+        ),
+    ]
 }
 
 /// Reads the broker's statistics at each scrape (for the OpenMetrics encoder).

@@ -249,6 +249,22 @@ impl SysPublisher {
                 x.packets_too_large.to_string(),
             ));
         }
+        if let Some(c) = b.cluster.info() {
+            for (name, value) in [
+                ("connected", u64::from(c.connected)),
+                ("reconnects", c.reconnects),
+                ("subscriptions", c.subscriptions),
+                ("messages/out", c.messages_out),
+                ("bytes/out", c.bytes_out),
+                ("messages/in", c.messages_in),
+                ("bytes/in", c.bytes_in),
+                ("messages/duplicates", c.duplicates),
+                ("messages/errors", c.errors),
+                ("slow_consumer", c.slow_consumer),
+            ] {
+                v.push((format!("cluster/{name}"), value.to_string()));
+            }
+        }
         for (topic, _) in v.iter_mut() {
             topic.insert_str(0, "$SYS/broker/");
         }

@@ -35,6 +35,9 @@ use crate::stats::{Counters, DropCause};
 /// Client identifier prefix of in-process subscriptions' sessions.
 pub(crate) const INTERNAL_PREFIX: &str = "$internal/";
 
+/// The client identifier of the cluster link's session (`cluster`).
+pub(crate) const CLUSTER_CLIENT_ID: &str = "$internal/cluster";
+
 /// What the subscription index holds for each subscription.
 #[derive(Debug, Clone)]
 pub(crate) struct SubEntry {
@@ -116,6 +119,11 @@ pub(crate) struct BrokerState {
     /// This state's own `Arc`, for the work it hands to a task of its own (a will to
     /// intercept); set where the `Arc` is made (`Arc::new_cyclic`), empty before.
     pub this: std::sync::Weak<BrokerState>,
+    /// The filters this node's clients subscribe to, for cluster mode (`interest`).
+    /// Lock: a leaf, taken under the index's.
+    pub interest: crate::interest::Interest,
+    /// The cluster link's state and counters (`cluster_status`), for `$SYS` and metrics.
+    pub cluster: crate::cluster_status::ClusterStatus,
 }
 
 /// True for a message one of this broker's bridges brought in (published by its session
@@ -134,6 +142,11 @@ impl BrokerState {
         // Every limit's 0 means unlimited: from here on each is its largest value.
         config.server = config.server.resolved();
         let limits = QueueLimits::new(&config.server);
+        let interest = crate::interest::Interest::default();
+        if cfg!(feature = "cluster") && config.cluster.enabled() {
+            // Before any subscription (the restore's included) reaches the index.
+            interest.start(Arc::from(CLUSTER_CLIENT_ID));
+        }
         BrokerState {
             config,
             limits,
@@ -162,6 +175,8 @@ impl BrokerState {
             stored_access: None,
             keep_alive: Arc::default(),
             parking: OnceLock::new(),
+            interest,
+            cluster: Default::default(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             this: std::sync::Weak::new(),
         }
@@ -354,7 +369,7 @@ impl BrokerState {
     }
 
     /// [`BrokerState::route`], collecting the sessions at their high-water mark.
-    fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
+    pub(crate) fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
         let matches = self.index.read().matches(&msg.topic);
         // What the message costs in a queue, computed once for every client it goes to.
         let size = msg.size() as u64;
@@ -401,7 +416,10 @@ impl BrokerState {
                 congested.push(Arc::clone(&first.session));
             }
         }
-        for sm in &matches.shared {
+        // In cluster mode a group gets a message through NATS, once in the whole cluster
+        // (`cluster`, `deliver_to_group`), except on `$` topics, which stay on their node.
+        let groups_here = !self.interest.is_on() || msg.topic.starts_with('$');
+        for sm in matches.shared.iter().filter(|_| groups_here) {
             if sm.members.is_empty() {
                 continue;
             }
@@ -490,9 +508,10 @@ impl BrokerState {
             session: Arc::clone(session),
             granted,
         };
-        self.index
-            .write()
-            .insert(filter, Arc::clone(&session.client_id), entry);
+        let mut index = self.index.write();
+        if index.insert(filter, Arc::clone(&session.client_id), entry) {
+            self.interest.add(filter, &session.client_id);
+        }
         Some(existed)
     }
 
@@ -501,7 +520,11 @@ impl BrokerState {
     pub(crate) fn unsubscribe(&self, session: &Session, filter: &str) -> bool {
         let existed = session.remove_subscription(filter);
         if existed {
-            self.index.write().remove(filter, &session.client_id);
+            let mut index = self.index.write();
+            if index.remove(filter, &session.client_id) {
+                self.interest.remove(filter, &session.client_id);
+            }
+            drop(index);
             if filter.starts_with("$share/") {
                 let left = session.take_shared(filter);
                 self.pass_on(&session.client_id, left);
@@ -553,7 +576,9 @@ impl BrokerState {
         {
             let mut index = self.index.write();
             for f in &filters {
-                index.remove(f, &session.client_id);
+                if index.remove(f, &session.client_id) {
+                    self.interest.remove(f, &session.client_id);
+                }
             }
         }
         {

@@ -24,6 +24,25 @@ use crate::session::{Delivery, Enqueued, Session};
 use crate::stats::DropCause;
 
 impl BrokerState {
+    /// Gives `msg` to one member of the shared subscription group `full`
+    /// (`$share/{ShareName}/{filter}`), as routing would: cluster mode's delivery to a group,
+    /// which NATS chose this node for. A group left without members counts a drop.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn deliver_to_group(
+        &self,
+        full: &str,
+        msg: &Arc<Message>,
+        congested: &mut Vec<Arc<Session>>,
+    ) {
+        let group = self.index.read().shared_group(full);
+        let taken = group
+            .filter(|sm| !sm.members.is_empty())
+            .is_some_and(|sm| self.deliver_shared(&sm, msg, msg.qos, congested));
+        if !taken {
+            self.dropped(None, &msg.topic, DropCause::NoShareMember);
+        }
+    }
+
     /// Gives `msg` to one member of the group `sm`, in turn (MQTT 5.0 section 4.8.2): a
     /// connected one that takes it; when nobody connected does, one member's persistent
     /// session keeps it (QoS 1 and 2). `qos` is the QoS before the member's subscription caps

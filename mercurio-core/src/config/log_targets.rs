@@ -12,6 +12,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::bridge_status",
     "mercurio_core::broker",
     "mercurio_core::busy_poll",
+    "mercurio_core::cluster",
     "mercurio_core::codec",
     "mercurio_core::config",
     "mercurio_core::connection",

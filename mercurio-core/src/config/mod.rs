@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 mod bridges;
 mod cidr;
+mod cluster;
 pub mod log_targets;
 pub mod ranges;
 pub use bridges::{
@@ -18,9 +19,10 @@ pub use bridges::{
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,
 };
 pub use cidr::Cidr;
+pub use cluster::{ClusterConfig, DEFAULT_SUBJECT_PREFIX};
 
 /// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[auth]`,
-/// `[storage]`, `[logging]`, `[admin]`.
+/// `[storage]`, `[logging]`, `[admin]`, `[cluster]`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -32,6 +34,8 @@ pub struct Config {
     pub storage: StorageConfig,
     pub logging: LoggingConfig,
     pub admin: AdminConfig,
+    /// Cluster mode (off by default); see [`ClusterConfig`].
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -48,6 +52,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             logging: LoggingConfig::default(),
             admin: AdminConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -711,6 +716,7 @@ impl Config {
         for (i, b) in self.bridges.iter().enumerate() {
             b.validate(i, &self.bridges[..i])?;
         }
+        self.cluster.validate()?;
 
         let st = &self.storage;
         match st.backend {
@@ -796,6 +802,14 @@ impl Config {
     /// so that a configuration never silently runs without TLS, authentication or storage it
     /// asks for. Remove an entry when its feature lands.
     fn validate_supported(&self) -> Result<(), ConfigError> {
+        #[cfg(not(feature = "cluster"))]
+        if self.cluster.enabled() {
+            return Err(ConfigError::new(
+                "cluster.nats_urls",
+                "cluster mode is not supported by this version of Mercurio (a build without \
+                 the cluster feature)",
+            ));
+        }
         #[allow(dead_code)] // unused when every optional backend is built in
         fn unsupported(key: String, feature: &str) -> ConfigError {
             ConfigError::new(

@@ -306,9 +306,13 @@ impl BrokerBuilder {
         }
         let bridges = Arc::new(Bridges::new(Arc::clone(&inner)));
         bridges.start(&inner.config.bridges).await?;
+        #[cfg(feature = "cluster")]
+        let cluster = crate::cluster::Cluster::start(&inner).await?.map(Arc::new);
         let handle = BrokerHandle {
             inner,
             bridges,
+            #[cfg(feature = "cluster")]
+            cluster,
             tls: Arc::new(tls.into_iter().flatten().collect()),
             failure,
         };
@@ -390,6 +394,9 @@ pub struct BrokerHandle {
     inner: Arc<BrokerState>,
     /// The running bridges.
     bridges: Arc<Bridges>,
+    /// The cluster link, in cluster mode.
+    #[cfg(feature = "cluster")]
+    cluster: Option<Arc<crate::cluster::Cluster>>,
     /// The TLS listeners, for [`BrokerHandle::reload`].
     tls: Arc<Vec<Arc<TlsListener>>>,
     /// Set when storage failed and the broker stopped at once.
@@ -718,6 +725,10 @@ impl BrokerHandle {
         inner.busy_poll.stop();
         // Bridges first: their remotes get state 0 and DISCONNECT, their queues stay stored.
         self.bridges.stop_all().await;
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = &self.cluster {
+            cluster.stop(inner).await;
+        }
         inner.close_all(DisconnectReason::Shutdown, ReasonCode::SERVER_SHUTTING_DOWN);
         self.wait_closed(SHUTDOWN_GRACE).await;
         if let Some(p) = inner.persist.get() {

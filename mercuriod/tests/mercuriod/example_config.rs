@@ -61,6 +61,9 @@ fn commented_values_are_the_defaults() {
     assert_eq!(config.logging.level, d.level);
     assert_eq!(config.logging.syslog, d.syslog);
     assert_eq!(config.logging.connection_messages, d.connection_messages);
+    assert!(!config.cluster.enabled());
+    assert_eq!(config.cluster.node_name, "");
+    assert_eq!(config.cluster.prefix(), "mercurio");
 }
 
 #[test]
@@ -82,6 +85,7 @@ fn every_key_is_shown() {
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);
     assert_eq!(len("bridges"), 19);
+    assert_eq!(len("cluster"), 10);
     let bridges = table["bridges"].as_array().expect("bridges");
     let topics = bridges[0]["topics"].as_array().expect("bridges.topics");
     assert_eq!(topics[0].as_table().map(|t| t.len()), Some(5));

@@ -5,6 +5,7 @@ mod admin_api;
 mod bridge;
 mod bridge_reload;
 mod cli;
+mod cluster;
 mod console;
 mod credentials;
 mod daemon;

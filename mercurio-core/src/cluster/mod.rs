@@ -1,0 +1,651 @@
+//! Cluster mode (`[cluster]`, feature `cluster`): nodes serving one fleet route messages to
+//! each other through NATS (docs/cluster.md). Below `handle`, which starts it with the broker
+//! and stops it at shutdown.
+//!
+//! - Out: the link's own session, `$internal/cluster`, subscribes to `#` with No Local (so
+//!   what the link brings in is not sent back) and Retain As Published; its queue is drained
+//!   like any session's (`BrokerState::drain`: its limits, back pressure, drop counting) and
+//!   each message is published on NATS on its topic's subject ([`subject::topic_subject`]) as
+//!   an [`envelope::Envelope`]. NATS forwards it only to nodes subscribed to a matching
+//!   subject, and never back to its publisher (the connection is `no_echo`).
+//! - Interest: the filters this node's clients subscribe to (`interest`) become NATS
+//!   subscriptions ([`subject::filter_subjects`]), added and removed as they change.
+//! - In: a message from NATS is taken once ([`dedup::Seen`]), then routed to the local
+//!   subscriptions that match it, as published by `$internal/cluster`; the RETAIN flag goes
+//!   with it for Retain As Published, but it is not kept as a retained message here.
+//! - Shared subscription groups: routing leaves them out in cluster mode; each group with
+//!   members here is a NATS queue subscription (on a second connection, which receives this
+//!   node's own messages too), so that NATS gives each message to one node with members, and
+//!   that node to one member (`BrokerState::deliver_to_group`).
+//!
+//! Dependency: `async-nats`, the NATS client of the NATS project (recorded in the crate's
+//! Cargo.toml).
+
+pub(crate) mod dedup;
+pub mod envelope;
+pub mod subject;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use async_nats::ConnectOptions;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::broker::drain::{Outlet, Unsent};
+use crate::broker::{BrokerState, CLUSTER_CLIENT_ID};
+use crate::cluster_status::ClusterStatus;
+use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
+use crate::error::Error;
+use crate::interest::Key;
+use crate::link::Link;
+use crate::message::Message;
+use crate::session::{Delivery, Granted, Session};
+use envelope::Envelope;
+
+/// The token, after the prefix, of the subject of topics too long for a subject of their own.
+const LONG: &str = "long";
+
+/// The longest subject a message is published on; a topic whose subject would be longer
+/// travels in the envelope on `{prefix}.long`. NATS servers refuse a protocol line over
+/// 4,096 bytes by default (`max_control_line`), and the line holds more than the subject.
+pub const MAX_SUBJECT_LEN: usize = 2048;
+
+/// Messages the NATS client holds per subscription for this node before it drops them as a
+/// slow consumer.
+const SUBSCRIPTION_CAPACITY: usize = 8192;
+
+/// Messages taken from the link's queue per drain before they are published.
+const OUT_BATCH: usize = 64;
+
+/// The running cluster link: its tasks, and the NATS connection they share.
+pub(crate) struct Cluster {
+    tasks: Vec<JoinHandle<()>>,
+    client: async_nats::Client,
+    /// The connection of the shared subscription groups' queue subscriptions.
+    shares: async_nats::Client,
+    session: Arc<Session>,
+    link: Arc<Link>,
+}
+
+impl Cluster {
+    /// Starts cluster mode when `[cluster] nats_urls` is set: connects to NATS (in the
+    /// background: an unreachable NATS does not stop the broker from starting; the client
+    /// retries), subscribes the link's session to `#` and starts the tasks.
+    ///
+    /// Errors: [`Error::File`] for a password or token file that cannot be read,
+    /// [`Error::Config`] for a credentials file that cannot be used or an unusable NATS URL,
+    /// [`Error::Cluster`] when the NATS client cannot be made.
+    pub(crate) async fn start(broker: &Arc<BrokerState>) -> Result<Option<Cluster>, Error> {
+        let cfg = &broker.config.cluster;
+        if !cfg.enabled() {
+            return Ok(None);
+        }
+        let prefix = cfg.prefix().to_string();
+        let urls: Vec<async_nats::ServerAddr> = cfg
+            .nats_urls
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                u.parse()
+                    .map_err(|e| Error::Config(format!("cluster.nats_urls[{i}] {u:?}: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        let status = Arc::downgrade(broker);
+        let ever_connected = Arc::new(AtomicBool::new(false));
+        let options = connect_options(cfg, format!("mercurio {}", cfg.node_name))
+            .await?
+            .no_echo()
+            .event_callback(move |event| {
+                let status = status.clone();
+                let ever_connected = Arc::clone(&ever_connected);
+                async move { on_event(&status, &ever_connected, event) }
+            });
+        let client = options
+            .connect(urls.clone())
+            .await
+            .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
+        // Shared subscription groups' queue subscriptions, on a connection of their own that
+        // receives this node's own messages too: NATS chooses one member node per group among
+        // all of them, this one included.
+        let shares = connect_options(cfg, format!("mercurio {} shares", cfg.node_name))
+            .await?
+            .event_callback(|event| async move {
+                if !matches!(event, async_nats::Event::Connected) {
+                    tracing::debug!("cluster: NATS (shared subscriptions): {event}");
+                }
+            })
+            .connect(urls)
+            .await
+            .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
+        broker.cluster.enabled.store(true, Ordering::Relaxed);
+        tracing::info!(node = %cfg.node_name, urls = ?cfg.nats_urls, "cluster mode: connecting to NATS");
+
+        let id: Arc<str> = Arc::from(CLUSTER_CLIENT_ID);
+        let (session, _) = broker.internal_session(&id);
+        let link = Arc::new(Link::new());
+        session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
+        let options = SubscriptionOptions {
+            qos: QoS::ExactlyOnce,
+            no_local: true,
+            retain_as_published: true,
+            retain_handling: 2,
+        };
+        broker.subscribe(
+            &session,
+            "#",
+            Granted {
+                options,
+                identifier: None,
+            },
+        );
+        let origin = incarnation();
+        let out = tokio::spawn(send_out(
+            Arc::clone(broker),
+            Arc::clone(&session),
+            Arc::clone(&link),
+            client.clone(),
+            prefix.clone(),
+            origin,
+        ));
+        let inbound = tokio::spawn(take_in(
+            Arc::clone(broker),
+            Arc::clone(&session),
+            client.clone(),
+            shares.clone(),
+            prefix,
+        ));
+        Ok(Some(Cluster {
+            tasks: vec![out, inbound],
+            client,
+            shares,
+            session,
+            link,
+        }))
+    }
+
+    /// Stops the link: its tasks end, its session is ended, and the NATS connection is
+    /// flushed (what was handed to it goes out) and closed.
+    pub(crate) async fn stop(&self, broker: &BrokerState) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.link.kill(
+            crate::link::DisconnectReason::Shutdown,
+            crate::codec::ReasonCode::SERVER_SHUTTING_DOWN,
+        );
+        broker.end_session(&self.session);
+        // Bounded: with NATS unreachable neither would end.
+        let grace = std::time::Duration::from_secs(2);
+        let _ = tokio::time::timeout(grace, self.client.flush()).await;
+        let _ = tokio::time::timeout(grace, self.client.drain()).await;
+        let _ = tokio::time::timeout(grace, self.shares.drain()).await;
+        broker.cluster.connected.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The options both NATS connections share: name, reconnection, subscription capacity,
+/// credentials and TLS.
+async fn connect_options(
+    cfg: &crate::config::ClusterConfig,
+    name: String,
+) -> Result<ConnectOptions, Error> {
+    let mut options = ConnectOptions::new()
+        .name(name)
+        .retry_on_initial_connect()
+        .subscription_capacity(SUBSCRIPTION_CAPACITY);
+    if let Some(path) = &cfg.credentials_file {
+        options = options.credentials_file(path).await.map_err(|e| {
+            Error::Config(format!("cluster.credentials_file {}: {e}", path.display()))
+        })?;
+    }
+    if let (Some(user), Some(path)) = (&cfg.username, &cfg.password_file) {
+        let password = crate::credentials::read_secret(path, "cluster.password_file")?;
+        options = options.user_and_password(user.clone(), password);
+    }
+    if let Some(path) = &cfg.token_file {
+        options = options.token(crate::credentials::read_secret(path, "cluster.token_file")?);
+    }
+    if let Some(ca) = &cfg.ca_file {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
+}
+
+/// A random number for this start of this node: the origin of the messages it publishes,
+/// so that numbering starts afresh at each start without being taken for copies.
+fn incarnation() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        // No randomness (hardly ever): the clock's nanoseconds differ between starts too.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.as_nanos() as u64;
+    }
+    u64::from_be_bytes(b)
+}
+
+/// The NATS client's events, into the link's state and counters and the log.
+fn on_event(broker: &Weak<BrokerState>, ever_connected: &AtomicBool, event: async_nats::Event) {
+    let Some(broker) = broker.upgrade() else {
+        return;
+    };
+    let status: &ClusterStatus = &broker.cluster;
+    match event {
+        async_nats::Event::Connected => {
+            status.connected.store(true, Ordering::Relaxed);
+            if ever_connected.swap(true, Ordering::Relaxed) {
+                ClusterStatus::add(&status.reconnects, 1);
+                tracing::info!("cluster: reconnected to NATS");
+            } else {
+                tracing::info!("cluster: connected to NATS");
+            }
+        }
+        async_nats::Event::Disconnected => {
+            status.connected.store(false, Ordering::Relaxed);
+            tracing::warn!("cluster: disconnected from NATS; reconnecting");
+        }
+        async_nats::Event::SlowConsumer(_) => {
+            ClusterStatus::add(&status.slow_consumer, 1);
+            tracing::warn!("cluster: NATS dropped messages for this node (slow consumer)");
+        }
+        other => tracing::warn!("cluster: NATS: {other}"),
+    }
+}
+
+/// The link's session as the drain's [`Outlet`]: it acknowledges nothing (every message
+/// leaves the session as it is handed over), taking up to [`OUT_BATCH`] per drain.
+struct Batch {
+    messages: Vec<(Arc<Message>, QoS, bool)>,
+}
+
+impl Outlet for Batch {
+    fn window(&self) -> Option<usize> {
+        None
+    }
+
+    fn has_room(&self) -> bool {
+        self.messages.len() < OUT_BATCH
+    }
+
+    fn send(&mut self, q: &Delivery, _: u16, _: bool, _: Instant) -> Result<(), Unsent> {
+        self.messages.push((Arc::clone(&q.msg), q.qos, q.retain));
+        Ok(())
+    }
+
+    fn release(&mut self, _: u16) {}
+}
+
+/// Out: drains the link's session and publishes each message on NATS. While the NATS
+/// client's buffer is full (NATS down, or slower than the node) this waits, the session's
+/// queue fills, and its limits apply as to any slow subscriber.
+async fn send_out(
+    broker: Arc<BrokerState>,
+    session: Arc<Session>,
+    link: Arc<Link>,
+    client: async_nats::Client,
+    prefix: String,
+    origin: u64,
+) {
+    let status = &broker.cluster;
+    let long_subject = format!("{prefix}.{LONG}");
+    let mut seq = 0u64;
+    let mut warned = Throttle::default();
+    let mut batch = Batch {
+        messages: Vec::with_capacity(OUT_BATCH),
+    };
+    loop {
+        let killed = tokio::select! {
+            _ = link.wait_woken() => false,
+            _ = link.wait_killed() => true,
+        };
+        loop {
+            let drained = broker.drain(&session, &mut batch);
+            let now = Instant::now();
+            for (msg, qos, retain) in batch.messages.drain(..) {
+                seq += 1;
+                let mut subject = subject::topic_subject(&prefix, &msg.topic);
+                let mut topic = None;
+                if subject.len() > MAX_SUBJECT_LEN {
+                    subject.clone_from(&long_subject);
+                    topic = Some(msg.topic.clone());
+                }
+                let envelope = Envelope {
+                    origin,
+                    seq,
+                    qos,
+                    retain,
+                    expiry: msg.remaining_expiry(now),
+                    properties: msg.properties.clone(),
+                    topic,
+                    payload: msg.payload.clone(),
+                };
+                let sent = match envelope.encode() {
+                    Ok(bytes) => client
+                        .publish(subject, bytes)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match sent {
+                    Ok(()) => {
+                        ClusterStatus::add(&status.messages_out, 1);
+                        ClusterStatus::add(&status.bytes_out, msg.payload.len() as u64);
+                    }
+                    Err(e) => {
+                        ClusterStatus::add(&status.errors, 1);
+                        if warned.due() {
+                            tracing::warn!(topic = %msg.topic, "cluster: message not sent to NATS (counted in cluster/messages/errors; at most one warning a minute): {e}");
+                        } else {
+                            tracing::debug!(topic = %msg.topic, "cluster: message not sent to NATS: {e}");
+                        }
+                    }
+                }
+            }
+            if !drained.more {
+                break;
+            }
+        }
+        if killed {
+            return;
+        }
+    }
+}
+
+/// A message from NATS, with the shared subscription group (its full filter) whose queue
+/// subscription brought it, or `None` for an ordinary subscription's.
+type Inbound = (Option<Arc<str>>, async_nats::Message);
+
+/// In: keeps this node's NATS subscriptions in step with its interest, and routes what they
+/// bring.
+async fn take_in(
+    broker: Arc<BrokerState>,
+    session: Arc<Session>,
+    client: async_nats::Client,
+    shares: async_nats::Client,
+    prefix: String,
+) {
+    let (tx, mut rx) = mpsc::channel::<Inbound>(1024);
+    // Subject -> (filters needing it, the task forwarding its messages).
+    let mut subs: HashMap<String, (usize, Forward)> = HashMap::new();
+    // The filters subscribed to on NATS.
+    let mut filters: std::collections::HashSet<String> = Default::default();
+    // Shared subscription group (full filter) -> its queue subscriptions.
+    let mut groups: HashMap<String, Vec<Forward>> = HashMap::new();
+    let mut seen = dedup::Seen::default();
+    let mut warned = Throttle::default();
+    let long_subject = format!("{prefix}.{LONG}");
+    subscribe(&client, &long_subject, &tx, &mut subs).await;
+    let mut congested = Vec::new();
+    loop {
+        // Changes first: a filter subscribed before a message arrives gets it.
+        for (key, present) in broker.interest.take() {
+            match key {
+                Key::Filter(filter) => {
+                    // A filter gone and back (or back and gone) between two takes is no
+                    // change.
+                    let changed = if present {
+                        filters.insert(filter.clone())
+                    } else {
+                        filters.remove(&filter)
+                    };
+                    if !changed {
+                        continue;
+                    }
+                    for s in subject::filter_subjects(&prefix, &filter) {
+                        if present {
+                            subscribe(&client, &s, &tx, &mut subs).await;
+                        } else if let Some((n, _)) = subs.get_mut(&s) {
+                            *n -= 1;
+                            if *n == 0 {
+                                // Dropping the forwarding task (and its subscriber)
+                                // unsubscribes.
+                                subs.remove(&s);
+                            }
+                        }
+                    }
+                }
+                Key::Group(full) if present => {
+                    if let std::collections::hash_map::Entry::Vacant(e) = groups.entry(full) {
+                        let forwards = subscribe_group(&shares, &prefix, e.key(), &tx).await;
+                        e.insert(forwards);
+                    }
+                }
+                Key::Group(full) => {
+                    groups.remove(&full);
+                }
+            }
+        }
+        let count = subs.len() + groups.values().map(Vec::len).sum::<usize>();
+        broker
+            .cluster
+            .subscriptions
+            .store(count as u64, Ordering::Relaxed);
+        let (group, m) = tokio::select! {
+            biased;
+            _ = broker.interest.changed() => continue,
+            m = rx.recv() => match m {
+                Some(m) => m,
+                None => return,
+            },
+        };
+        let Some(msg) = receive(
+            &broker,
+            &session.client_id,
+            &prefix,
+            &long_subject,
+            group.as_deref(),
+            &mut seen,
+            &mut warned,
+            m,
+        ) else {
+            continue;
+        };
+        let msg = Arc::new(msg);
+        match &group {
+            Some(full) => broker.deliver_to_group(full, &msg, &mut congested),
+            None => {
+                broker.route_from(&msg, &mut congested);
+            }
+        }
+        broker.wait_congested(Some(&session), &mut congested).await;
+    }
+}
+
+/// The queue subscriptions of the shared subscription group `full`
+/// (`$share/{ShareName}/{filter}`): its filter's subjects and the subject of long topics,
+/// in the queue group named after it ([`subject::queue_group`]), so that NATS gives each
+/// message to one of the nodes with members.
+async fn subscribe_group(
+    shares: &async_nats::Client,
+    prefix: &str,
+    full: &str,
+    tx: &mpsc::Sender<Inbound>,
+) -> Vec<Forward> {
+    let Ok(Some(shared)) = crate::topic::parse_shared(full) else {
+        return Vec::new();
+    };
+    let queue = subject::queue_group(full);
+    let group: Arc<str> = Arc::from(full);
+    let mut subjects = subject::filter_subjects(prefix, shared.filter);
+    subjects.push(format!("{prefix}.{LONG}"));
+    let mut forwards = Vec::with_capacity(subjects.len());
+    for s in subjects {
+        match shares.queue_subscribe(s.clone(), queue.clone()).await {
+            Ok(sub) => forwards.push(forward(sub, Some(Arc::clone(&group)), tx)),
+            Err(e) => {
+                tracing::warn!(
+                    subject = s,
+                    group = full,
+                    "cluster: cannot subscribe on NATS: {e}"
+                )
+            }
+        }
+    }
+    forwards
+}
+
+/// Adds one filter's need for `subject`, subscribing on NATS when it is the first.
+async fn subscribe(
+    client: &async_nats::Client,
+    subject: &str,
+    tx: &mpsc::Sender<Inbound>,
+    subs: &mut HashMap<String, (usize, Forward)>,
+) {
+    if let Some((n, _)) = subs.get_mut(subject) {
+        *n += 1;
+        return;
+    }
+    match client.subscribe(subject.to_string()).await {
+        Ok(sub) => {
+            subs.insert(subject.to_string(), (1, forward(sub, None, tx)));
+        }
+        Err(e) => {
+            // Only a closed client refuses (it buffers while disconnected).
+            tracing::warn!(subject, "cluster: cannot subscribe on NATS: {e}");
+        }
+    }
+}
+
+/// Forwards a NATS subscription's messages into the inbound channel, tagged with `group`.
+fn forward(
+    mut sub: async_nats::Subscriber,
+    group: Option<Arc<str>>,
+    tx: &mpsc::Sender<Inbound>,
+) -> Forward {
+    let tx = tx.clone();
+    Forward(tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if tx.send((group.clone(), m)).await.is_err() {
+                return;
+            }
+        }
+    }))
+}
+
+/// The message a NATS message carries, or `None` for a copy already taken, one that cannot
+/// be read (counted, logged), or, for a shared subscription `group`, a message on the subject
+/// of long topics that its filter does not match.
+#[allow(clippy::too_many_arguments)]
+fn receive(
+    broker: &BrokerState,
+    publisher: &Arc<str>,
+    prefix: &str,
+    long_subject: &str,
+    group: Option<&str>,
+    seen: &mut dedup::Seen,
+    warned: &mut Throttle,
+    m: async_nats::Message,
+) -> Option<Message> {
+    let status = &broker.cluster;
+    let env = match Envelope::decode(m.payload) {
+        Ok(env) => env,
+        Err(e) => {
+            unreadable(
+                status,
+                warned,
+                &m.subject,
+                &format!("unreadable message: {e}"),
+            );
+            return None;
+        }
+    };
+    // A group's queue subscriptions never overlap (a filter's subjects match disjoint
+    // subjects): only ordinary subscriptions bring copies.
+    if group.is_none() && !seen.first(env.origin, env.seq) {
+        ClusterStatus::add(&status.duplicates, 1);
+        return None;
+    }
+    let topic = match env.topic {
+        Some(t) if *m.subject == *long_subject => t,
+        _ => match subject::subject_topic(prefix, &m.subject) {
+            Ok(t) => t,
+            Err(e) => {
+                unreadable(
+                    status,
+                    warned,
+                    &m.subject,
+                    &format!("unreadable subject: {e}"),
+                );
+                return None;
+            }
+        },
+    };
+    if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
+        let what = format!("a message on {topic:?}, a topic not routed between nodes");
+        unreadable(status, warned, &m.subject, &what);
+        return None;
+    }
+    if let Some(full) = group {
+        let matches = matches!(
+            crate::topic::parse_shared(full),
+            Ok(Some(shared)) if crate::topic::matches(shared.filter, &topic)
+        );
+        if !matches {
+            return None;
+        }
+    }
+    ClusterStatus::add(&status.messages_in, 1);
+    ClusterStatus::add(&status.bytes_in, env.payload.len() as u64);
+    Some(Message {
+        topic,
+        payload: env.payload,
+        qos: env.qos,
+        retain: env.retain,
+        properties: env.properties,
+        expires_at: Message::expiry_deadline(env.expiry, Instant::now()),
+        publisher: Some(Arc::clone(publisher)),
+        encoded: Default::default(),
+        stored: Default::default(),
+    })
+}
+
+/// Counts a message from NATS that cannot be routed, and logs it (a warning at most once a
+/// minute, debug otherwise).
+fn unreadable(status: &ClusterStatus, warned: &mut Throttle, subject: &str, what: &str) {
+    ClusterStatus::add(&status.errors, 1);
+    if warned.due() {
+        tracing::warn!(subject, "cluster: from NATS, {what} (counted in cluster/messages/errors; at most one warning a minute)");
+    } else {
+        tracing::debug!(subject, "cluster: from NATS, {what}");
+    }
+}
+
+/// At most one warning a minute for a kind of error that may come with every message; the
+/// others are logged at debug level (the counters count them all).
+#[derive(Default)]
+struct Throttle {
+    last: Option<Instant>,
+}
+
+impl Throttle {
+    /// Whether a warning is due now (and then none is for a minute).
+    fn due(&mut self) -> bool {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(60))
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
+/// The task forwarding one NATS subscription's messages into the inbound channel; dropping
+/// it ends the task, whose subscriber then unsubscribes.
+struct Forward(JoinHandle<()>);
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,205 @@
+//! `[cluster]`: cluster mode, nodes routing messages to each other through NATS
+//! (docs/cluster.md).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// `[cluster]`: this node's place in a cluster of nodes that meet on NATS. Off while
+/// `nats_urls` is empty (the default).
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The NATS servers to connect to (`nats://host:4222`, `tls://host:4222`), tried in
+    /// turn; the client also learns the other servers of a NATS cluster from them. Empty:
+    /// cluster mode off.
+    pub nats_urls: Vec<String>,
+    /// This node's name, unique in the cluster (letters, digits, `-`, `_`; 1 to 64
+    /// characters): its NATS connection is named `mercurio {node_name}`, and the log names it
+    /// at start. Required with `nats_urls`.
+    pub node_name: String,
+    /// The first tokens of every subject the cluster uses (default `mercurio`): clusters
+    /// sharing one NATS account keep apart with different prefixes.
+    pub subject_prefix: Option<String>,
+    /// A NATS credentials file (`.creds`: a user JWT and its NKey seed).
+    pub credentials_file: Option<PathBuf>,
+    /// A NATS user name; its password in `password_file`.
+    pub username: Option<String>,
+    /// The file holding the password of `username` (one trailing newline dropped).
+    pub password_file: Option<PathBuf>,
+    /// A file holding a NATS authentication token.
+    pub token_file: Option<PathBuf>,
+    /// PEM certificates of the authorities that sign the NATS servers' certificates; TLS is
+    /// then required.
+    pub ca_file: Option<PathBuf>,
+    /// This node's PEM client certificate for NATS servers that verify clients (with
+    /// `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// The private key of `cert_file`, PEM.
+    pub key_file: Option<PathBuf>,
+}
+
+/// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
+/// `nats`, `tls`, `ws`, `wss`.
+fn check_url(url: &str) -> Result<(), String> {
+    let rest = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            if !matches!(scheme, "nats" | "tls" | "ws" | "wss") {
+                return Err(format!(
+                    "{url:?}: the scheme must be nats://, tls://, ws:// or wss://"
+                ));
+            }
+            rest
+        }
+        None => url,
+    };
+    let host_port = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host_port = host_port.split('/').next().unwrap_or("");
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, _)) if !h.ends_with(']') && h.contains(':') => (host_port, None),
+        Some((h, p)) => (h, Some(p)),
+        None => (host_port, None),
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!("{url:?}: no host"));
+    }
+    if let Some(p) = port {
+        if p.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("{url:?}: the port must be 1 to 65535"));
+        }
+    }
+    Ok(())
+}
+
+/// The subject prefix when `subject_prefix` is not set.
+pub const DEFAULT_SUBJECT_PREFIX: &str = "mercurio";
+
+impl ClusterConfig {
+    /// Whether cluster mode is on (`nats_urls` not empty).
+    pub fn enabled(&self) -> bool {
+        !self.nats_urls.is_empty()
+    }
+
+    /// The subject prefix: `subject_prefix`, or [`DEFAULT_SUBJECT_PREFIX`].
+    pub fn prefix(&self) -> &str {
+        self.subject_prefix
+            .as_deref()
+            .unwrap_or(DEFAULT_SUBJECT_PREFIX)
+    }
+
+    /// Checks the section's values and combinations; the files are checked when opened.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(p) = &self.subject_prefix {
+            let plain = |t: &str| {
+                !t.is_empty()
+                    && t.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            };
+            if !p.split('.').all(plain) {
+                return Err(ConfigError::new(
+                    "cluster.subject_prefix",
+                    "must be dot-separated words of letters, digits, '-' and '_'",
+                ));
+            }
+        }
+        let has_settings = self.subject_prefix.is_some()
+            || !self.node_name.is_empty()
+            || self.credentials_file.is_some()
+            || self.username.is_some()
+            || self.password_file.is_some()
+            || self.token_file.is_some()
+            || self.ca_file.is_some()
+            || self.cert_file.is_some()
+            || self.key_file.is_some();
+        if !self.enabled() {
+            if has_settings {
+                return Err(ConfigError::new(
+                    "cluster.nats_urls",
+                    "is empty: list the NATS servers (e.g. [\"nats://127.0.0.1:4222\"]) or \
+                     remove [cluster]",
+                ));
+            }
+            return Ok(());
+        }
+        for (i, url) in self.nats_urls.iter().enumerate() {
+            check_url(url).map_err(|m| ConfigError::new(format!("cluster.nats_urls[{i}]"), m))?;
+        }
+        if self.node_name.is_empty() {
+            return Err(ConfigError::new(
+                "cluster.node_name",
+                "is required with nats_urls: a name unique in the cluster",
+            ));
+        }
+        if self.node_name.len() > 64
+            || !self
+                .node_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(ConfigError::new(
+                "cluster.node_name",
+                "must be 1 to 64 letters, digits, '-' or '_'",
+            ));
+        }
+        if self.username.is_some() != self.password_file.is_some() {
+            return Err(ConfigError::new(
+                if self.username.is_some() {
+                    "cluster.username"
+                } else {
+                    "cluster.password_file"
+                },
+                "username and password_file go together",
+            ));
+        }
+        let methods = usize::from(self.credentials_file.is_some())
+            + usize::from(self.username.is_some())
+            + usize::from(self.token_file.is_some());
+        if methods > 1 {
+            return Err(ConfigError::new(
+                "cluster.credentials_file",
+                "choose one of credentials_file, username/password_file and token_file",
+            ));
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(ConfigError::new(
+                if self.cert_file.is_some() {
+                    "cluster.cert_file"
+                } else {
+                    "cluster.key_file"
+                },
+                "cert_file and key_file go together",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_url;
+
+    #[test]
+    fn urls() {
+        for ok in [
+            "nats://10.0.0.5:4222",
+            "tls://nats.example.com",
+            "nats://user:pw@host:4222",
+            "host:4222",
+            "ws://[::1]:8080",
+        ] {
+            assert_eq!(check_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://h:1",
+            "nats://:4222",
+            "nats://h:0",
+            "nats://h:x",
+            "",
+            " ",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+    }
+}

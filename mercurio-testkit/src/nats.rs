@@ -1,0 +1,148 @@
+//! nats-server as a process, for the cluster tests: a NATS server on free ports with its
+//! monitoring endpoint, its subscriptions and connections read through it.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{prerequisite, Proc, DEADLINE};
+
+/// nats-server listening on 127.0.0.1 (clients and monitoring on free ports, JetStream on in
+/// a temporary directory); killed when dropped.
+pub struct NatsServer {
+    /// The process.
+    pub proc: Proc,
+    /// The client port.
+    pub port: u16,
+    /// The monitoring (HTTP) port.
+    pub monitor_port: u16,
+    _dir: tempfile::TempDir,
+}
+
+/// The nats-server program: `$NATS_SERVER`, else `nats-server` on the PATH or in /usr/sbin.
+pub fn nats_server_bin() -> Option<PathBuf> {
+    let candidates: Vec<PathBuf> = match std::env::var_os("NATS_SERVER") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => [
+            "nats-server",
+            "/usr/sbin/nats-server",
+            "/usr/local/bin/nats-server",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect(),
+    };
+    candidates.into_iter().find(|p| {
+        Command::new(p)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+impl NatsServer {
+    /// Starts nats-server; returns once its client and monitoring ports accept connections,
+    /// within [`DEADLINE`], else panics. `None` when nats-server is not installed: `test`
+    /// then skips, or fails under `CI=true` ([`prerequisite`]).
+    pub fn start(test: &str) -> Option<NatsServer> {
+        NatsServer::start_on(test, 0)
+    }
+
+    /// [`NatsServer::start`] with its client port `port` (0: a free one), to start it again
+    /// where clients expect it.
+    pub fn start_on(test: &str, port: u16) -> Option<NatsServer> {
+        let Some(bin) = nats_server_bin() else {
+            prerequisite(
+                test,
+                Err("nats-server is not installed; install: apt-get install nats-server".into()),
+            );
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        // nats-server takes no port 0: free ports, found by binding port 0 first.
+        let port = if port == 0 { free_port() } else { port };
+        let monitor_port = free_port();
+        let mut command = Command::new(bin);
+        command
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-m", &monitor_port.to_string(), "-js", "-sd"])
+            .arg(dir.path());
+        let proc = Proc::spawn_merged("nats-server", &mut command);
+        let deadline = Instant::now() + DEADLINE;
+        for p in [port, monitor_port] {
+            while TcpStream::connect(("127.0.0.1", p)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "nats-server does not listen on port {p}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Some(NatsServer {
+            proc,
+            port,
+            monitor_port,
+            _dir: dir,
+        })
+    }
+
+    /// The URL clients connect to: `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// A monitoring endpoint's JSON (`/subsz`, `/connz?subs=1`...).
+    pub fn monitor(&self, path: &str) -> serde_json::Value {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.monitor_port));
+        let mut response = crate::http::get(addr, path);
+        if response.header("transfer-encoding") == Some("chunked") {
+            response.body = dechunk(&response.body);
+        }
+        response.json()
+    }
+
+    /// Subscriptions the server holds now (`/subsz`'s `num_subscriptions`), JetStream's own
+    /// included.
+    pub fn subscriptions(&self) -> u64 {
+        self.monitor("/subsz")["num_subscriptions"]
+            .as_u64()
+            .expect("num_subscriptions")
+    }
+
+    /// The client connection named `name`, as `/connz?subs=1` reports it (`in_msgs`,
+    /// `out_msgs`, `subscriptions_list`...); `None` when no such client is connected.
+    pub fn connection(&self, name: &str) -> Option<serde_json::Value> {
+        let connz = self.monitor("/connz?subs=1");
+        connz["connections"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+    }
+}
+
+/// A chunked body's data (RFC 9112 section 7.1): each chunk's size line dropped.
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .unwrap_or_else(|e| panic!("bad chunk size {size:?}: {e}"));
+        if size == 0 || tail.len() < size {
+            break;
+        }
+        out.push_str(&tail[..size]);
+        rest = tail[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A port no one listens on now (bound to port 0, then released): where a NATS server will
+/// be started later.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address").port()
+}
