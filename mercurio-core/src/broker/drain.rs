@@ -104,6 +104,8 @@ impl BrokerState {
         let now = Instant::now();
         let client_id = &*session.client_id;
         let mut done = Drained::default();
+        // Counted (and told to the application) once the session's lock is released.
+        let mut drops: Vec<Dropped> = Vec::new();
         let mut guard = session.state.lock();
         let st = &mut *guard;
         let window = outlet.window();
@@ -144,10 +146,8 @@ impl BrokerState {
                 true
             });
             for (packet_id, dropped) in gone {
-                if st.take_inflight(client_id, packet_id) {
-                    if let Some((cause, msg)) = dropped {
-                        self.dropped(Some(client_id), &msg.topic, cause);
-                    }
+                if st.take_inflight(client_id, packet_id).is_some() {
+                    drops.extend(dropped);
                 }
             }
         }
@@ -170,7 +170,7 @@ impl BrokerState {
             };
             took += 1;
             if q.msg.is_expired(now) {
-                self.dropped(Some(client_id), &q.msg.topic, DropCause::Expired);
+                drops.push((DropCause::Expired, Arc::clone(&q.msg)));
                 st.persist_dequeued(client_id, &q);
                 if window.is_some() && q.qos > QoS::AtMostOnce {
                     // Its packet identifier is used up, as in mosquitto: the next message's
@@ -182,7 +182,7 @@ impl BrokerState {
             let qos = match outlet.admit(&q) {
                 Ok(qos) => qos,
                 Err(why) => {
-                    self.unsent(client_id, &q, why);
+                    unsent(&mut drops, &q, why);
                     st.persist_dequeued(client_id, &q);
                     continue;
                 }
@@ -197,7 +197,7 @@ impl BrokerState {
                         done.sent += 1;
                         done.sent_qos0 += u64::from(qos == QoS::AtMostOnce);
                     }
-                    Err(why) => self.unsent(client_id, &q, why),
+                    Err(why) => unsent(&mut drops, &q, why),
                 }
                 continue;
             }
@@ -214,7 +214,7 @@ impl BrokerState {
                     st.send_inflight(client_id, packet_id, q);
                 }
                 Err(why) => {
-                    self.unsent(client_id, &q, why);
+                    unsent(&mut drops, &q, why);
                     st.persist_dequeued(client_id, &q);
                 }
             }
@@ -224,13 +224,17 @@ impl BrokerState {
         if release {
             session.release_waiters();
         }
+        for (cause, msg) in drops {
+            self.dropped(Some(client_id), &msg.topic, cause);
+        }
         done
     }
+}
 
-    /// A message an outlet did not send: counted and told when it was too large.
-    fn unsent(&self, client_id: &str, q: &Delivery, why: Unsent) {
-        if why == Unsent::TooLarge {
-            self.dropped(Some(client_id), &q.msg.topic, DropCause::TooLarge);
-        }
+/// A message an outlet did not send: counted as dropped (after the drain) when it was too
+/// large.
+fn unsent(drops: &mut Vec<Dropped>, q: &Delivery, why: Unsent) {
+    if why == Unsent::TooLarge {
+        drops.push((DropCause::TooLarge, Arc::clone(&q.msg)));
     }
 }

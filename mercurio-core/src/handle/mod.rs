@@ -18,7 +18,8 @@ use crate::config::{Config, ListenerProtocol};
 use crate::error::Error;
 use crate::events::{EventStream, Events, DEFAULT_EVENT_CAPACITY};
 use crate::http::{Endpoint, HttpLimits};
-use crate::intercept::PublishInterceptor;
+use crate::intercept::{PublishInterceptor, SubscribeInterceptor};
+use crate::observe::{DeliveryCompleted, MessageDropped, Observers, RetainedChange, WillPublished};
 use crate::link::{DisconnectReason, Link};
 use crate::listener;
 use crate::persist::{Persister, WriteFailure};
@@ -27,7 +28,9 @@ use crate::stats::Stats;
 use crate::sys::SysPublisher;
 use crate::tls::TlsListener;
 
+mod client;
 mod subscription;
+pub use client::{Client, ClientOptions, Received};
 use subscription::{check_subscription, publish_as, pump};
 pub use subscription::{Delivered, Subscription};
 
@@ -55,6 +58,8 @@ impl Broker {
             authenticators: Vec::new(),
             authorizers: Vec::new(),
             interceptors: Vec::new(),
+            subscribe_interceptors: Vec::new(),
+            observers: Observers::default(),
             event_capacity: DEFAULT_EVENT_CAPACITY,
             admin_handler: None,
         }
@@ -112,6 +117,8 @@ pub struct BrokerBuilder {
     authenticators: Vec<Arc<dyn Authenticator>>,
     authorizers: Vec<Arc<dyn Authorizer>>,
     interceptors: Vec<Arc<dyn PublishInterceptor>>,
+    subscribe_interceptors: Vec<Arc<dyn SubscribeInterceptor>>,
+    observers: Observers,
     event_capacity: usize,
     admin_handler: Option<Arc<dyn crate::AdminHandler>>,
 }
@@ -122,6 +129,63 @@ impl BrokerBuilder {
     /// (see [`PublishInterceptor`]). Without any, a PUBLISH costs nothing more.
     pub fn interceptor(mut self, interceptor: impl PublishInterceptor) -> Self {
         self.interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Adds a SUBSCRIBE interceptor, asked after those added earlier: it sees each topic
+    /// filter of a network client's SUBSCRIBE after authorization and before it is
+    /// recorded, and may rewrite the filter, lower the QoS, or refuse it with a SUBACK
+    /// reason code (see [`SubscribeInterceptor`]). Without any, a SUBSCRIBE costs one
+    /// length check more.
+    pub fn subscribe_interceptor(mut self, interceptor: impl SubscribeInterceptor) -> Self {
+        self.subscribe_interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Calls `f` each time a subscriber acknowledges a message: PUBACK (QoS 1) or PUBCOMP
+    /// (QoS 2) from a network client, the acknowledgement of a bridge's remote, or
+    /// [`Received::ack`] from an in-process [`Client`]: once per message and subscriber.
+    /// Runs on the acknowledging side's task (a client's reader: its next packets wait), under
+    /// no lock of the broker; it must not block. Replaces a callback set before. Without one
+    /// an acknowledgement pays a `None` check.
+    pub fn on_delivery_completed(
+        mut self,
+        f: impl Fn(&DeliveryCompleted<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.observers.completed = Some(Box::new(f));
+        self
+    }
+
+    /// Calls `f` for every message that does not reach a subscriber, with the cause the
+    /// drop counters (`publish/messages/dropped/<cause>`) count it under: a full queue, an
+    /// expired message, one too large for the subscriber, one it may no longer read, a shared
+    /// group without a member. Runs on the task that found the drop (a publisher's, a
+    /// subscriber's writer...), under no lock of the broker; it must not block. Replaces a
+    /// callback set before. Without one a drop pays a `None` check.
+    pub fn on_dropped(mut self, f: impl Fn(&MessageDropped<'_>) + Send + Sync + 'static) -> Self {
+        self.observers.dropped = Some(Box::new(f));
+        self
+    }
+
+    /// Calls `f` when a will is published (its client's connection ended without
+    /// DISCONNECT, its delay passed, its session ended), before the publish interceptors see
+    /// it. Runs on the task that ends the connection or session (or the will's timer), under
+    /// no lock of the broker; it must not block. Replaces a callback set before.
+    pub fn on_will(mut self, f: impl Fn(&WillPublished<'_>) + Send + Sync + 'static) -> Self {
+        self.observers.will = Some(Box::new(f));
+        self
+    }
+
+    /// Calls `f` after each change of the retained messages (set, replaced, deleted), on
+    /// the publisher's task, once the retained set's lock is released (so two publishers
+    /// changing one topic at the same instant may be reported in either order; the broker
+    /// keeps the later one). Retained messages restored from storage at start, and `$SYS`
+    /// ones, are not reported. It must not block. Replaces a callback set before.
+    pub fn on_retained_change(
+        mut self,
+        f: impl Fn(&RetainedChange<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.observers.retained = Some(Box::new(f));
         self
     }
 
@@ -215,6 +279,8 @@ impl BrokerBuilder {
         inner.auth = auth;
         inner.events = Events::new(self.event_capacity);
         inner.interceptors = self.interceptors;
+        inner.subscribe_interceptors = self.subscribe_interceptors;
+        inner.observers = self.observers;
         inner.listener_auth = listener_auth;
         let inner = Arc::new_cyclic(|this| {
             inner.this = this.clone();
@@ -523,6 +589,20 @@ impl BrokerHandle {
         };
         sub.add(filter, options, identifier);
         Ok(sub)
+    }
+
+    /// Opens the durable in-process client `name` (docs/embedding.md, "Durable in-process
+    /// clients"): its session `$internal/client/<name>` is kept like a network client's
+    /// (stored with a storage backend, resumed after a restart, ended after its Session
+    /// Expiry Interval), and its QoS 1 messages are handed over within a window of
+    /// `options`' receive maximum until the application acknowledges them
+    /// ([`Received::ack`]); those it had not acknowledged are handed over again, DUP set,
+    /// when it is opened again.
+    ///
+    /// Errors: [`Error::Refused`] for an empty name (or one over 65,535 bytes, or with NUL),
+    /// a name whose `Client` is open already, or a stopped broker.
+    pub fn client(&self, name: &str, options: ClientOptions) -> Result<Client, Error> {
+        Client::open(&self.inner, name, options)
     }
 
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).

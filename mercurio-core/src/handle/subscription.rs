@@ -246,29 +246,38 @@ impl Subscription {
         .await
     }
 
-    pub(super) fn add(
-        &self,
-        filter: &str,
-        mut options: SubscriptionOptions,
-        identifier: Option<u32>,
-    ) {
-        let max_qos = QoS::from_u8(self.broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
-        options.qos = options.qos.min(max_qos);
-        let granted = Granted {
-            options,
-            identifier,
-        };
-        let existed = self.broker.subscribe(&self.session, filter, granted);
-        let shared = matches!(topic::parse_shared(filter), Ok(Some(_)));
-        let send = match options.retain_handling {
-            0 => true,
-            1 => !existed,
-            _ => false,
-        };
-        if send && !shared {
-            self.broker.send_retained(&self.session, filter, &granted);
-        }
+    pub(super) fn add(&self, filter: &str, options: SubscriptionOptions, identifier: Option<u32>) {
+        subscribe_session(&self.broker, &self.session, filter, options, identifier);
     }
+}
+
+/// Subscribes an in-process session (checked by [`check_subscription`]) as a SUBSCRIBE
+/// would: the QoS lowered to `[server] max_qos`, then retained messages as Retain Handling
+/// says (with 1, only when the filter is new). Returns the granted QoS.
+pub(super) fn subscribe_session(
+    broker: &BrokerState,
+    session: &Arc<Session>,
+    filter: &str,
+    mut options: SubscriptionOptions,
+    identifier: Option<u32>,
+) -> QoS {
+    let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
+    options.qos = options.qos.min(max_qos);
+    let granted = Granted {
+        options,
+        identifier,
+    };
+    let existed = broker.subscribe(session, filter, granted);
+    let shared = matches!(topic::parse_shared(filter), Ok(Some(_)));
+    let send = match options.retain_handling {
+        0 => true,
+        1 => !existed,
+        _ => false,
+    };
+    if send && !shared {
+        broker.send_retained(session, filter, &granted);
+    }
+    options.qos
 }
 
 impl Drop for Subscription {
