@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::link::Link;
 use crate::message::Message;
 use crate::session::{Delivery, Granted, Session};
+use crate::stats::DropCause;
 use crate::topic;
 
 /// Publishes for the application through the entry every message takes
@@ -177,15 +178,28 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// The next message; `None` once the broker has stopped.
+    /// The next message; `None` once the broker has stopped. A message whose Message
+    /// Expiry Interval passed while it waited is not handed over (dropped, counted as
+    /// `expired`) [MQTT-3.3.2-5].
     pub async fn recv(&mut self) -> Option<Arc<Message>> {
-        self.rx.recv().await.map(|d| d.message)
+        self.recv_delivery().await.map(|d| d.message)
     }
 
     /// The next message with its delivery's QoS, RETAIN flag and subscription identifiers;
-    /// `None` once the broker has stopped.
+    /// `None` once the broker has stopped. Expired messages are skipped, as by
+    /// [`Subscription::recv`].
     pub async fn recv_delivery(&mut self) -> Option<Delivered> {
-        self.rx.recv().await
+        loop {
+            let d = self.rx.recv().await?;
+            if !d.message.is_expired(Instant::now()) {
+                return Some(d);
+            }
+            self.broker.dropped(
+                Some(&self.session.client_id),
+                &d.message.topic,
+                DropCause::Expired,
+            );
+        }
     }
 
     /// The client identifier of this subscription's session (`$internal/N`).
