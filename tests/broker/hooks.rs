@@ -183,14 +183,22 @@ async fn subscribe_interceptor_refuses_rewrites_and_downgrades() {
     broker.shutdown().await;
 }
 
-/// The dropped callback sees every drop with the cause the counters count it under.
+/// The dropped callback sees every drop with the cause the counters count it under: at
+/// routing (a full queue) and in a session's drain (a message expired in the queue
+/// [MQTT-3.3.2-5]), where it runs with the session's lock released: it may read the broker's
+/// state (here the session itself) without a deadlock.
 #[tokio::test]
 async fn dropped_callback_matches_the_drop_counters() {
-    let seen: Arc<Mutex<Vec<(Option<String>, String, DropCause)>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let s = Arc::clone(&seen);
+    let handle: Arc<std::sync::OnceLock<BrokerHandle>> = Arc::default();
+    let h = Arc::clone(&handle);
     let mut config = test_config();
     config.server.max_queued_messages = 3;
     let builder = Broker::builder(config).on_dropped(move |d| {
+        if let (Some(h), Some(client_id)) = (h.get(), d.client_id) {
+            assert!(h.session_detail(client_id).is_some());
+        }
         s.lock().unwrap().push((
             d.client_id.map(str::to_string),
             d.topic.to_string(),
@@ -198,6 +206,7 @@ async fn dropped_callback_matches_the_drop_counters() {
         ));
     });
     let (broker, addr) = start_built(builder).await;
+    let _ = handle.set(broker.clone());
     let (sub, _) = Client::connect_persistent(addr, ProtocolVersion::V5, "dr-sub").await;
     let mut sub = sub;
     sub.subscribe("dr/#", QoS::AtLeastOnce).await;
@@ -212,9 +221,8 @@ async fn dropped_callback_matches_the_drop_counters() {
             .await
             .unwrap();
     }
-    let seen = seen.lock().unwrap().clone();
     assert_eq!(
-        seen,
+        seen_now(&seen),
         [
             (Some("dr-sub".to_string()), "dr/3".to_string(), DropCause::QueueFull),
             (Some("dr-sub".to_string()), "dr/4".to_string(), DropCause::QueueFull),
@@ -222,7 +230,34 @@ async fn dropped_callback_matches_the_drop_counters() {
     );
     assert_eq!(broker.stats().dropped_total(), 2);
     assert_eq!(broker.stats().dropped_count(DropCause::QueueFull), 2);
+
+    let (mut exp, _) = Client::connect_persistent(addr, ProtocolVersion::V5, "dr-exp").await;
+    exp.subscribe("exp/#", QoS::AtLeastOnce).await;
+    exp.disconnect().await;
+    wait_until("dr-exp away", || {
+        broker.sessions().iter().any(|s| s.client_id == "dr-exp" && !s.connected)
+    })
+    .await;
+    broker
+        .publish_with("exp/1", "x", QoS::AtLeastOnce, false, Default::default(), Some(1))
+        .await
+        .unwrap();
+    // Let the interval run out (this waits for time itself, not for an event).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (mut exp, _) = Client::connect_persistent(addr, ProtocolVersion::V5, "dr-exp").await;
+    exp.expect_nothing(SHORT).await;
+    assert_eq!(
+        seen_now(&seen).last().cloned(),
+        Some((Some("dr-exp".to_string()), "exp/1".to_string(), DropCause::Expired))
+    );
+    assert_eq!(broker.stats().dropped_count(DropCause::Expired), 1);
     broker.shutdown().await;
+}
+
+type Seen = Arc<Mutex<Vec<(Option<String>, String, DropCause)>>>;
+
+fn seen_now(seen: &Seen) -> Vec<(Option<String>, String, DropCause)> {
+    seen.lock().unwrap().clone()
 }
 
 /// The will callback sees a will as it is published [MQTT-3.1.2-8]; the retained-change
