@@ -601,6 +601,32 @@ impl BrokerHandle {
     ///
     /// Errors: [`Error::Refused`] for an empty name (or one over 65,535 bytes, or with NUL),
     /// a name whose `Client` is open already, or a stopped broker.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), mercurio_core::Error> {
+    /// use mercurio_core::codec::QoS;
+    /// use mercurio_core::config::Config;
+    /// use mercurio_core::{Broker, ClientOptions};
+    ///
+    /// let config = Config { listeners: Vec::new(), ..Config::default() };
+    /// let handle = Broker::builder(config).start().await?;
+    /// let options = ClientOptions::default().receive_maximum(10);
+    /// let mut worker = handle.client("worker", options)?;
+    /// worker.subscribe("jobs/#", QoS::AtLeastOnce)?;
+    /// handle.publish("jobs/1", "resize", QoS::AtLeastOnce, false).await?;
+    /// let job = worker.recv().await.expect("the broker runs");
+    /// assert_eq!((job.message.topic.as_str(), job.dup), ("jobs/1", false));
+    /// job.ack(); // handled: it leaves the session
+    ///
+    /// drop(worker); // the session is kept (never expires by default)...
+    /// handle.publish("jobs/2", "crop", QoS::AtLeastOnce, false).await?;
+    /// let mut worker = handle.client("worker", options)?;
+    /// assert!(worker.resumed()); // ...and resumed with what was queued meanwhile
+    /// assert_eq!(worker.recv().await.expect("queued").message.topic, "jobs/2");
+    /// handle.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn client(&self, name: &str, options: ClientOptions) -> Result<Client, Error> {
         Client::open(&self.inner, name, options)
     }
