@@ -222,3 +222,35 @@ async fn unacknowledged_jobs_survive_sigkill_of_the_embedding_process() {
     drop(c);
     broker.shutdown().await;
 }
+
+/// A window larger than what waits for the application at once: every message handed over
+/// and not acknowledged (more than fit in the channel to the application) is handed over
+/// again on reopen, DUP set, in order; none is lost on the way [MQTT-4.4.0-1].
+#[tokio::test]
+async fn a_wide_window_is_redelivered_whole() {
+    let (broker, _) = start().await;
+    let options = ClientOptions::default().receive_maximum(500);
+    let mut c = broker.client("wide", options).unwrap();
+    c.subscribe("wide/#", QoS::AtLeastOnce).unwrap();
+    for i in 0..300 {
+        broker
+            .publish(&format!("wide/{i}"), "x", QoS::AtLeastOnce, false)
+            .await
+            .unwrap();
+    }
+    for i in 0..200 {
+        let r = next(&mut c).await;
+        assert_eq!(r.message.topic, format!("wide/{i}"));
+        // Not acknowledged: dropped unhandled.
+    }
+    drop(c);
+    let mut c = broker.client("wide", options).unwrap();
+    for i in 0..300 {
+        let r = next(&mut c).await;
+        assert_eq!(r.message.topic, format!("wide/{i}"));
+        assert!(r.dup || i >= 200, "wide/{i} was handed over before");
+        r.ack();
+    }
+    nothing(&mut c, SHORT).await;
+    broker.shutdown().await;
+}

@@ -88,8 +88,9 @@ impl BrokerState {
     /// Drains `session` into `outlet`, under the session's lock:
     ///
     /// 1. in-flight messages not yet sent on this connection, oldest first, resent with DUP
-    ///    (PUBREL for those awaiting PUBCOMP) within the window: resends count against it like
-    ///    new messages [MQTT-3.3.4-9] [MQTT-4.9.0-2]. A resend is a delivery, checked like
+    ///    (PUBREL for those awaiting PUBCOMP) within the window and while the outlet has
+    ///    room: resends count against the window like new messages [MQTT-3.3.4-9]
+    ///    [MQTT-4.9.0-2]. A resend is a delivery, checked like
     ///    one (`may_read`): one its client may no longer read, or now too large for the
     ///    receiver, leaves flight as if acknowledged, counted as dropped;
     /// 2. queued messages while the outlet has room and, for QoS 1/2, the window a slot:
@@ -109,6 +110,8 @@ impl BrokerState {
         let mut guard = session.state.lock();
         let st = &mut *guard;
         let window = outlet.window();
+        // Resends left for want of room in the outlet: drain again once it has some.
+        let mut resend_blocked = false;
         if let Some(window) = window {
             let mut taken = st.inflight_sent();
             // Leaving flight after the walk (it holds the in-flight list), with the cause
@@ -123,6 +126,10 @@ impl BrokerState {
                     return true;
                 }
                 if taken >= window {
+                    return false;
+                }
+                if !outlet.has_room() {
+                    resend_blocked = true;
                     return false;
                 }
                 let msg = &f.delivery.msg;
@@ -219,6 +226,7 @@ impl BrokerState {
                 }
             }
         }
+        done.more |= resend_blocked;
         let release = Session::progressed(st, took, now, &self.limits);
         drop(guard);
         if release {

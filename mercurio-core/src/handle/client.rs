@@ -156,9 +156,19 @@ impl Received {
     }
 }
 
+/// The session identifiers of in-process clients start so.
+const PREFIX: &str = "client/";
+
 /// The session identifier of the in-process client `name`.
 fn session_id(name: &str) -> String {
-    format!("{INTERNAL_PREFIX}client/{name}")
+    format!("{INTERNAL_PREFIX}{PREFIX}{name}")
+}
+
+/// True for the session of a durable in-process client.
+pub(super) fn is_client_session(client_id: &str) -> bool {
+    client_id
+        .strip_prefix(INTERNAL_PREFIX)
+        .is_some_and(|id| id.starts_with(PREFIX))
 }
 
 impl Client {
@@ -177,7 +187,16 @@ impl Client {
             return Err(Error::Refused("the broker is shutting down".into()));
         }
         let id: Arc<str> = Arc::from(session_id(name));
+        if broker.persist.get().is_some_and(|p| p.is_set_aside(&id)) {
+            return Err(Error::Refused(format!(
+                "client {name:?}: its stored session cannot be read (set aside): \
+                 BrokerHandle::delete_session(\"{id}\") deletes it"
+            )));
+        }
         let (mut session, mut resumed) = broker.internal_session(&id);
+        if session.is_connected() {
+            return Err(Error::Refused(format!("client {name:?} is open already")));
+        }
         if resumed && options.clean_start {
             broker.end_session(&session);
             (session, resumed) = broker.internal_session(&id);
@@ -428,8 +447,10 @@ impl Outlet for ToApp<'_> {
         Some(self.window)
     }
 
+    /// Room in the channel; none once the `Client` is gone (what is left stays in the
+    /// session for the next one).
     fn has_room(&self) -> bool {
-        self.tx.capacity() > 0
+        self.tx.capacity() > 0 && !self.tx.is_closed()
     }
 
     fn send(&mut self, q: &Delivery, id: u16, dup: bool, _: Instant) -> Result<(), Unsent> {

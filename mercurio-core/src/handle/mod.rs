@@ -753,14 +753,16 @@ impl BrokerHandle {
     /// Deletes the session of a client that is not connected, as its expiry would (a pending
     /// will is published), from memory and from storage, including a session set aside at
     /// start because it could not be read (`mercurioctl client delete-session`). Its client
-    /// then connects with a new session.
+    /// then connects with a new session. A durable in-process [`Client`]'s session is
+    /// `$internal/client/<name>` (open: `Ok(Some(false))`); other in-process sessions are
+    /// not deleted here (`Ok(None)`).
     ///
     /// Returns `Ok(None)` when there was no such session, `Ok(Some(false))` when the client
     /// is connected (nothing is done: disconnect it first), `Ok(Some(true))` when deleted.
     ///
     /// Errors: [`Error::Storage`] when storage fails.
     pub async fn delete_session(&self, client_id: &str) -> Result<Option<bool>, Error> {
-        if client_id.starts_with(INTERNAL_PREFIX) {
+        if client_id.starts_with(INTERNAL_PREFIX) && !client::is_client_session(client_id) {
             return Ok(None);
         }
         let session = self.inner.sessions.lock().get(client_id).cloned();
