@@ -87,9 +87,7 @@ impl Observers {
                 message,
                 qos,
             };
-            guard_now("delivery-completed callback", client_id, || {
-                f(&event)
-            });
+            guard_now("delivery-completed callback", client_id, || f(&event));
         }
     }
 
@@ -102,9 +100,7 @@ impl Observers {
                 topic,
                 cause,
             };
-            guard_now("dropped callback", client_id.unwrap_or(""), || {
-                f(&event)
-            });
+            guard_now("dropped callback", client_id.unwrap_or(""), || f(&event));
         }
     }
 

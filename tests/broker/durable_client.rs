@@ -26,7 +26,10 @@ async fn next(c: &mut mercurio::Client) -> Received {
 /// Nothing arrives within `wait`.
 async fn nothing(c: &mut mercurio::Client, wait: Duration) {
     if let Ok(r) = tokio::time::timeout(wait, c.recv()).await {
-        panic!("expected nothing, got {:?}", r.map(|r| r.message.topic.clone()));
+        panic!(
+            "expected nothing, got {:?}",
+            r.map(|r| r.message.topic.clone())
+        );
     }
 }
 
@@ -55,7 +58,10 @@ async fn window_acks_and_redelivery_on_reopen() {
     }
     let first = next(&mut c).await;
     let second = next(&mut c).await;
-    assert_eq!((first.message.topic.as_str(), first.qos), ("w/0", QoS::AtLeastOnce));
+    assert_eq!(
+        (first.message.topic.as_str(), first.qos),
+        ("w/0", QoS::AtLeastOnce)
+    );
     assert_eq!(second.message.topic, "w/1");
     assert!(!first.dup);
     nothing(&mut c, SHORT).await;
@@ -88,15 +94,19 @@ async fn window_acks_and_redelivery_on_reopen() {
         r.ack();
     }
     nothing(&mut c, SHORT).await;
-    broker.publish("w/5", "x", QoS::AtLeastOnce, false).await.unwrap();
+    broker
+        .publish("w/5", "x", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
     drop(c);
 
     // Clean Start: the kept message and the subscription are gone.
-    let mut c = broker
-        .client("w", options.clean_start(true))
-        .unwrap();
+    let mut c = broker.client("w", options.clean_start(true)).unwrap();
     assert!(!c.resumed());
-    broker.publish("w/6", "x", QoS::AtLeastOnce, false).await.unwrap();
+    broker
+        .publish("w/6", "x", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
     nothing(&mut c, SHORT).await;
     broker.shutdown().await;
 }
@@ -116,7 +126,14 @@ async fn expired_messages_are_not_handed_over() {
         let broker = broker.clone();
         async move {
             broker
-                .publish_with(topic, "x", QoS::AtLeastOnce, false, Properties::default(), expiry)
+                .publish_with(
+                    topic,
+                    "x",
+                    QoS::AtLeastOnce,
+                    false,
+                    Properties::default(),
+                    expiry,
+                )
                 .await
                 .unwrap()
         }
@@ -130,12 +147,21 @@ async fn expired_messages_are_not_handed_over() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     first.ack();
     let r = next(&mut c).await;
-    assert_eq!(r.message.topic, "exp/last", "the expired message is skipped");
+    assert_eq!(
+        r.message.topic, "exp/last",
+        "the expired message is skipped"
+    );
     r.ack();
     // The in-process subscription had all three in its channel already.
-    let got = tokio::time::timeout(DEADLINE, sub.recv()).await.unwrap().unwrap();
+    let got = tokio::time::timeout(DEADLINE, sub.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.topic, "exp/first");
-    let got = tokio::time::timeout(DEADLINE, sub.recv()).await.unwrap().unwrap();
+    let got = tokio::time::timeout(DEADLINE, sub.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.topic, "exp/last", "the expired message is skipped");
     assert_eq!(broker.stats().dropped_count(DropCause::Expired), 2);
     broker.shutdown().await;

@@ -72,7 +72,10 @@ async fn every_acknowledged_delivery_completes_once() {
 
     // QoS 2: complete at PUBCOMP only.
     sub.subscribe("two/#", QoS::ExactlyOnce).await;
-    broker.publish("two/x", "x", QoS::ExactlyOnce, false).await.unwrap();
+    broker
+        .publish("two/x", "x", QoS::ExactlyOnce, false)
+        .await
+        .unwrap();
     let p = sub.expect_publish().await;
     sub.send(Packet::PubRec(PubAck {
         packet_id: p.packet_id,
@@ -92,8 +95,14 @@ async fn every_acknowledged_delivery_completes_once() {
     // An in-process client's acknowledgement.
     let mut app = broker.client("app", ClientOptions::default()).unwrap();
     app.subscribe("app/#", QoS::AtLeastOnce).unwrap();
-    broker.publish("app/1", "x", QoS::AtLeastOnce, false).await.unwrap();
-    let r = tokio::time::timeout(DEADLINE, app.recv()).await.unwrap().unwrap();
+    broker
+        .publish("app/1", "x", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(DEADLINE, app.recv())
+        .await
+        .unwrap()
+        .unwrap();
     let before = completed.load(Ordering::Relaxed);
     r.ack();
     assert_eq!(completed.load(Ordering::Relaxed), before + 1);
@@ -136,7 +145,8 @@ impl SubscribeInterceptor for Rules {
 /// panic 0x80, and the connection goes on.
 #[tokio::test]
 async fn subscribe_interceptor_refuses_rewrites_and_downgrades() {
-    let (broker, addr) = start_built(Broker::builder(test_config()).subscribe_interceptor(Rules)).await;
+    let (broker, addr) =
+        start_built(Broker::builder(test_config()).subscribe_interceptor(Rules)).await;
     let mut sub = Client::connect(addr, ProtocolVersion::V5, "si-5").await;
     let codes = sub
         .subscribe_with(
@@ -168,17 +178,26 @@ async fn subscribe_interceptor_refuses_rewrites_and_downgrades() {
     );
     let mut publisher = Client::connect(addr, ProtocolVersion::V5, "si-pub").await;
     for topic in ["secret/a", "old/a", "new/a", "capped/a"] {
-        publisher.publish(topic, b"x", QoS::AtLeastOnce, false).await;
+        publisher
+            .publish(topic, b"x", QoS::AtLeastOnce, false)
+            .await;
     }
     let p = sub.expect_publish().await;
-    assert_eq!(p.topic, "new/a", "the rewritten filter matches; the old one does not");
+    assert_eq!(
+        p.topic, "new/a",
+        "the rewritten filter matches; the old one does not"
+    );
     sub.ack(&p).await;
     let p = sub.expect_publish().await;
     assert_eq!((p.topic.as_str(), p.qos), ("capped/a", QoS::AtMostOnce));
     sub.expect_nothing(SHORT).await;
     v3.expect_nothing(SHORT).await;
     let detail = broker.session_detail("si-5").unwrap();
-    let filters: Vec<&str> = detail.subscriptions.iter().map(|(f, _)| f.as_str()).collect();
+    let filters: Vec<&str> = detail
+        .subscriptions
+        .iter()
+        .map(|(f, _)| f.as_str())
+        .collect();
     assert_eq!(filters, ["capped/#", "new/#"]);
     broker.shutdown().await;
 }
@@ -212,7 +231,10 @@ async fn dropped_callback_matches_the_drop_counters() {
     sub.subscribe("dr/#", QoS::AtLeastOnce).await;
     sub.disconnect().await;
     wait_until("dr-sub away", || {
-        broker.sessions().iter().any(|s| s.client_id == "dr-sub" && !s.connected)
+        broker
+            .sessions()
+            .iter()
+            .any(|s| s.client_id == "dr-sub" && !s.connected)
     })
     .await;
     for i in 0..5 {
@@ -224,8 +246,16 @@ async fn dropped_callback_matches_the_drop_counters() {
     assert_eq!(
         seen_now(&seen),
         [
-            (Some("dr-sub".to_string()), "dr/3".to_string(), DropCause::QueueFull),
-            (Some("dr-sub".to_string()), "dr/4".to_string(), DropCause::QueueFull),
+            (
+                Some("dr-sub".to_string()),
+                "dr/3".to_string(),
+                DropCause::QueueFull
+            ),
+            (
+                Some("dr-sub".to_string()),
+                "dr/4".to_string(),
+                DropCause::QueueFull
+            ),
         ]
     );
     assert_eq!(broker.stats().dropped_total(), 2);
@@ -235,11 +265,21 @@ async fn dropped_callback_matches_the_drop_counters() {
     exp.subscribe("exp/#", QoS::AtLeastOnce).await;
     exp.disconnect().await;
     wait_until("dr-exp away", || {
-        broker.sessions().iter().any(|s| s.client_id == "dr-exp" && !s.connected)
+        broker
+            .sessions()
+            .iter()
+            .any(|s| s.client_id == "dr-exp" && !s.connected)
     })
     .await;
     broker
-        .publish_with("exp/1", "x", QoS::AtLeastOnce, false, Default::default(), Some(1))
+        .publish_with(
+            "exp/1",
+            "x",
+            QoS::AtLeastOnce,
+            false,
+            Default::default(),
+            Some(1),
+        )
         .await
         .unwrap();
     // Let the interval run out (this waits for time itself, not for an event).
@@ -248,7 +288,11 @@ async fn dropped_callback_matches_the_drop_counters() {
     exp.expect_nothing(SHORT).await;
     assert_eq!(
         seen_now(&seen).last().cloned(),
-        Some((Some("dr-exp".to_string()), "exp/1".to_string(), DropCause::Expired))
+        Some((
+            Some("dr-exp".to_string()),
+            "exp/1".to_string(),
+            DropCause::Expired
+        ))
     );
     assert_eq!(broker.stats().dropped_count(DropCause::Expired), 1);
     broker.shutdown().await;
@@ -276,11 +320,9 @@ async fn will_and_retained_change_callbacks() {
         })
         .on_retained_change(move |change| {
             r.lock().unwrap().push(match change {
-                RetainedChange::Set(m) => format!(
-                    "set {} {}",
-                    m.topic,
-                    String::from_utf8_lossy(&m.payload)
-                ),
+                RetainedChange::Set(m) => {
+                    format!("set {} {}", m.topic, String::from_utf8_lossy(&m.payload))
+                }
                 RetainedChange::Cleared { topic } => format!("cleared {topic}"),
             });
         });

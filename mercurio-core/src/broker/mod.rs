@@ -268,7 +268,8 @@ impl BrokerState {
                 }
                 self.retained_room(&store);
                 drop(store);
-                self.observers.retained(RetainedChange::Cleared { topic: &msg.topic });
+                self.observers
+                    .retained(RetainedChange::Cleared { topic: &msg.topic });
             }
             return;
         }
@@ -305,7 +306,8 @@ impl BrokerState {
             let (len, bytes) = (store.len(), store.bytes());
             drop(store);
             if cleared {
-                self.observers.retained(RetainedChange::Cleared { topic: &msg.topic });
+                self.observers
+                    .retained(RetainedChange::Cleared { topic: &msg.topic });
             }
             crate::stats::Counters::add(counter, 1);
             if !self.retained_full.swap(true, Ordering::Relaxed) {
