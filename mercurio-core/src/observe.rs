@@ -68,13 +68,19 @@ pub enum RetainedChange<'a> {
     },
 }
 
+/// The callbacks' types, each called with what it observes, borrowed for the call.
+type OnCompleted = dyn for<'a> Fn(&DeliveryCompleted<'a>) + Send + Sync;
+type OnDropped = dyn for<'a> Fn(&MessageDropped<'a>) + Send + Sync;
+type OnWill = dyn for<'a> Fn(&WillPublished<'a>) + Send + Sync;
+type OnRetained = dyn for<'a> Fn(&RetainedChange<'a>) + Send + Sync;
+
 /// The installed callbacks (set by the builder, never changed afterwards).
 #[derive(Default)]
 pub(crate) struct Observers {
-    pub(crate) completed: Option<Box<dyn Fn(&DeliveryCompleted<'_>) + Send + Sync>>,
-    pub(crate) dropped: Option<Box<dyn Fn(&MessageDropped<'_>) + Send + Sync>>,
-    pub(crate) will: Option<Box<dyn Fn(&WillPublished<'_>) + Send + Sync>>,
-    pub(crate) retained: Option<Box<dyn Fn(&RetainedChange<'_>) + Send + Sync>>,
+    pub(crate) completed: Option<Box<OnCompleted>>,
+    pub(crate) dropped: Option<Box<OnDropped>>,
+    pub(crate) will: Option<Box<OnWill>>,
+    pub(crate) retained: Option<Box<OnRetained>>,
 }
 
 impl Observers {
