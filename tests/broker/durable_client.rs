@@ -280,3 +280,37 @@ async fn a_wide_window_is_redelivered_whole() {
     nothing(&mut c, SHORT).await;
     broker.shutdown().await;
 }
+
+/// A durable client's session restored from SQLite is the broker's own before the
+/// application opens it again: an ACL that lets anonymous clients read nothing does not
+/// take its subscription or its messages away, and what is published meanwhile is queued
+/// for it.
+#[tokio::test]
+async fn a_restored_session_is_trusted_before_it_is_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, "user someone\ntopic read t/#\n").unwrap();
+    let mut config = test_config();
+    config.storage.backend = StorageBackend::Sqlite;
+    config.storage.path = Some(dir.path().join("m.db"));
+    config.auth.acl_file = Some(acl);
+    let (broker, _) = start_with(config.clone()).await;
+    let c = broker.client("kept", ClientOptions::default()).unwrap();
+    c.subscribe("t/#", QoS::AtLeastOnce).unwrap();
+    drop(c);
+    broker.publish("t/1", "a", QoS::AtLeastOnce, false).await.unwrap();
+    broker.shutdown().await;
+
+    let (broker, _) = start_with(config).await;
+    broker.publish("t/2", "b", QoS::AtLeastOnce, false).await.unwrap();
+    let mut c = broker.client("kept", ClientOptions::default()).unwrap();
+    assert!(c.resumed());
+    for want in ["t/1", "t/2"] {
+        let r = next(&mut c).await;
+        assert_eq!(r.message.topic, want);
+        r.ack();
+    }
+    assert_eq!(broker.stats().dropped_total(), 0);
+    drop(c);
+    broker.shutdown().await;
+}
