@@ -384,7 +384,13 @@ impl Client {
 impl Drop for Client {
     fn drop(&mut self) {
         self.pump.abort();
-        self.broker.detach(&self.session, &self.link, false);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.broker.detach(&self.session, &self.link, false);
+        } else {
+            // Dropped after the runtime stopped: no timer can be armed; the session is left
+            // as the broker's stop leaves it.
+            let _ = self.session.detach(&self.link, false);
+        }
     }
 }
 
