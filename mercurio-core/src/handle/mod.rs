@@ -177,10 +177,10 @@ impl BrokerBuilder {
     }
 
     /// Calls `f` after each change of the retained messages (set, replaced, deleted), on
-    /// the publisher's task, once the retained set's lock is released (so two publishers
-    /// changing one topic at the same instant may be reported in either order; the broker
-    /// keeps the later one). Retained messages restored from storage at start, and `$SYS`
-    /// ones, are not reported. It must not block. Replaces a callback set before.
+    /// the publisher's task, once the retained set's lock is released: two publishers
+    /// changing one topic at the same instant may be reported in the other order than the
+    /// one applied. Retained messages restored from storage at start, and `$SYS` ones, are
+    /// not reported. It must not block. Replaces a callback set before.
     pub fn on_retained_change(
         mut self,
         f: impl Fn(&RetainedChange<'_>) + Send + Sync + 'static,
