@@ -12,13 +12,18 @@
 //!
 //! Prints `resumed=<bool>` (whether the stored session was resumed), `acked <topic>
 //! dup=<bool>` for each job, then `done acked=<n>` once its acknowledgements are stored.
+//!
+//! With a PostgreSQL URL instead of the file (`postgres://user@host/db`, built with
+//! `--features postgres`), workers on other machines share the session: one serves, and one
+//! started with `DURABLE_WORKER_STANDBY=1` waits as a standby, then takes over (with what
+//! the first one left unacknowledged) when it stops.
 
 use mercurio::codec::QoS;
 use mercurio::config::{Config, StorageBackend};
 use mercurio::{Broker, ClientOptions};
 
 fn usage(why: &str) -> ! {
-    eprintln!("durable_worker: {why}\nusage: durable_worker DB_PATH PUBLISH ACK");
+    eprintln!("durable_worker: {why}\nusage: durable_worker DB_PATH|POSTGRES_URL PUBLISH ACK");
     std::process::exit(2);
 }
 
@@ -38,8 +43,17 @@ async fn main() {
         listeners: Vec::new(),
         ..Config::default()
     };
-    config.storage.backend = StorageBackend::Sqlite;
-    config.storage.path = Some(args[0].clone().into());
+    let db = &args[0];
+    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+        // Needs the `postgres` feature. Several workers may share the database: one serves,
+        // the others (DURABLE_WORKER_STANDBY set) wait as standbys and take over.
+        config.storage.backend = StorageBackend::Postgres;
+        config.storage.url = Some(db.clone());
+        config.storage.standby = std::env::var_os("DURABLE_WORKER_STANDBY").is_some();
+    } else {
+        config.storage.backend = StorageBackend::Sqlite;
+        config.storage.path = Some(db.into());
+    }
     let broker = match Broker::builder(config).start().await {
         Ok(broker) => broker,
         Err(e) => {

@@ -1,7 +1,7 @@
 //! Durable in-process clients (`BrokerHandle::client`): a window of unacknowledged
 //! messages, redelivery with DUP of what was not acknowledged (after the `Client` is dropped,
-//! and after the embedding process is killed and started again on its SQLite file), expired
-//! messages never handed over, Clean Start.
+//! after the embedding process is killed and started again on its SQLite file, and after a
+//! PostgreSQL standby takes over from it), expired messages never handed over, Clean Start.
 use crate::common;
 
 use std::time::Duration;
@@ -167,62 +167,65 @@ async fn expired_messages_are_not_handed_over() {
     broker.shutdown().await;
 }
 
-/// The example embedding application (examples/durable_worker.rs, SQLite storage) is given
-/// 1,000 jobs and acknowledges 500, then is killed with SIGKILL; started again on the same
-/// file, it gets the other 500 in order, those it had been handed unacknowledged first with
-/// DUP set [MQTT-3.3.1-1] [MQTT-4.4.0-1], and none of the 500 it acknowledged. A third start
-/// gets nothing: every acknowledgement was stored.
-#[tokio::test]
-async fn unacknowledged_jobs_survive_sigkill_of_the_embedding_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("worker.db");
-    let example = crate::events::example_binary("durable_worker");
-    let run = |publish: &str, ack: &str| {
-        tokio::process::Command::new(&example)
-            .arg(&db)
-            .args([publish, ack])
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the example starts")
-    };
-    /// The lines up to `done acked=...`.
-    async fn until_done(child: &mut tokio::process::Child) -> Vec<String> {
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut seen = Vec::new();
-        loop {
-            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                .await
-                .unwrap_or_else(|_| panic!("no `done` line; saw {} lines", seen.len()))
-                .unwrap()
-                .unwrap_or_else(|| panic!("the example ended; saw {seen:?}"));
-            let done = line.starts_with("done ");
-            seen.push(line);
-            if done {
-                return seen;
-            }
+/// The example embedding application, examples/durable_worker.rs, on storage `db` (a SQLite
+/// file or a PostgreSQL URL; `standby` for a PostgreSQL standby), publishing `publish` jobs
+/// and acknowledging `ack`.
+fn worker(db: &std::ffi::OsStr, publish: &str, ack: &str, standby: bool) -> tokio::process::Child {
+    let mut command = tokio::process::Command::new(crate::events::example_binary("durable_worker"));
+    command
+        .arg(db)
+        .args([publish, ack])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if standby {
+        command.env("DURABLE_WORKER_STANDBY", "1");
+    }
+    command.spawn().expect("the example starts")
+}
+
+/// The worker's lines up to `done acked=...`.
+async fn until_done(child: &mut tokio::process::Child) -> Vec<String> {
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no `done` line; saw {} lines", seen.len()))
+            .unwrap()
+            .unwrap_or_else(|| panic!("the example ended; saw {seen:?}"));
+        let done = line.starts_with("done ");
+        seen.push(line);
+        if done {
+            return seen;
         }
     }
-    let acked = |lines: &[String]| -> Vec<(String, bool)> {
-        lines
-            .iter()
-            .filter_map(|l| l.strip_prefix("acked "))
-            .map(|l| {
-                let (topic, dup) = l.split_once(" dup=").unwrap();
-                (topic.to_string(), dup == "true")
-            })
-            .collect()
-    };
+}
 
-    let mut first = run("1000", "500");
+/// The jobs a worker acknowledged, with their DUP flag.
+fn acked(lines: &[String]) -> Vec<(String, bool)> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("acked "))
+        .map(|l| {
+            let (topic, dup) = l.split_once(" dup=").unwrap();
+            (topic.to_string(), dup == "true")
+        })
+        .collect()
+}
+
+/// A worker on `db` is given 1,000 jobs and acknowledges 500, then is killed with SIGKILL;
+/// another (started as a standby when `standby`, before the kill) gets the other 500 in
+/// order, those handed to the first one unacknowledged first with DUP set [MQTT-3.3.1-1]
+/// [MQTT-4.4.0-1], and none of the 500 acknowledged. Returns the second worker, still
+/// running.
+async fn jobs_survive_sigkill(db: &std::ffi::OsStr, standby: bool) -> tokio::process::Child {
+    let mut first = worker(db, "1000", "500", false);
     let lines = until_done(&mut first).await;
     assert_eq!(lines[0], "resumed=false");
-    let got = acked(&lines);
     let want: Vec<(String, bool)> = (0..500).map(|i| (format!("jobs/{i}"), false)).collect();
-    assert_eq!(got, want);
+    assert_eq!(acked(&lines), want);
+    let mut second = worker(db, "0", "500", standby);
     first.kill().await.unwrap(); // SIGKILL
-
-    let mut second = run("0", "500");
     let lines = until_done(&mut second).await;
     assert_eq!(lines[0], "resumed=true");
     assert_eq!(lines.last().unwrap(), "done acked=500");
@@ -235,9 +238,18 @@ async fn unacknowledged_jobs_survive_sigkill_of_the_embedding_process() {
         dups > 0 && got[dups..].iter().all(|(_, dup)| !dup),
         "those handed over before the kill first, DUP set; then the queued ones: {dups} DUP"
     );
+    second
+}
+
+/// With SQLite: the worker killed, then started again on the same file. A third start gets
+/// nothing: every acknowledgement was stored.
+#[tokio::test]
+async fn unacknowledged_jobs_survive_sigkill_of_the_embedding_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("worker.db");
+    let mut second = jobs_survive_sigkill(db.as_os_str(), false).await;
     second.kill().await.unwrap();
 
-    // Everything was acknowledged and stored: nothing is left for the worker.
     let mut config = test_config();
     config.storage.backend = StorageBackend::Sqlite;
     config.storage.path = Some(db.clone());
@@ -247,6 +259,20 @@ async fn unacknowledged_jobs_survive_sigkill_of_the_embedding_process() {
     nothing(&mut c, SHORT).await;
     drop(c);
     broker.shutdown().await;
+}
+
+/// With PostgreSQL (a throwaway cluster): the second worker is a standby waiting for the
+/// first, which is killed; it takes over and resumes the client's session from the database.
+#[tokio::test]
+async fn unacknowledged_jobs_survive_a_standby_takeover() {
+    use mercurio::storage::postgres::testing::TestPostgres;
+    const TEST: &str = "unacknowledged_jobs_survive_a_standby_takeover";
+    let Some(pg) = TestPostgres::start(TEST) else {
+        return;
+    };
+    let url = pg.url(&pg.database("durable", None).await);
+    let mut second = jobs_survive_sigkill(std::ffi::OsStr::new(&url), true).await;
+    second.kill().await.unwrap();
 }
 
 /// A window larger than what waits for the application at once: every message handed over
@@ -298,11 +324,17 @@ async fn a_restored_session_is_trusted_before_it_is_opened() {
     let c = broker.client("kept", ClientOptions::default()).unwrap();
     c.subscribe("t/#", QoS::AtLeastOnce).unwrap();
     drop(c);
-    broker.publish("t/1", "a", QoS::AtLeastOnce, false).await.unwrap();
+    broker
+        .publish("t/1", "a", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
     broker.shutdown().await;
 
     let (broker, _) = start_with(config).await;
-    broker.publish("t/2", "b", QoS::AtLeastOnce, false).await.unwrap();
+    broker
+        .publish("t/2", "b", QoS::AtLeastOnce, false)
+        .await
+        .unwrap();
     let mut c = broker.client("kept", ClientOptions::default()).unwrap();
     assert!(c.resumed());
     for want in ["t/1", "t/2"] {
