@@ -224,8 +224,16 @@ async fn jobs_survive_sigkill(db: &std::ffi::OsStr, standby: bool) -> tokio::pro
     assert_eq!(lines[0], "resumed=false");
     let want: Vec<(String, bool)> = (0..500).map(|i| (format!("jobs/{i}"), false)).collect();
     assert_eq!(acked(&lines), want);
-    let mut second = worker(db, "0", "500", standby);
-    first.kill().await.unwrap(); // SIGKILL
+    let mut second = if standby {
+        // Waiting for the serving worker before it is killed.
+        let second = worker(db, "0", "500", true);
+        first.kill().await.unwrap(); // SIGKILL
+        second
+    } else {
+        // SQLite: one process at a time (the database's lock file).
+        first.kill().await.unwrap(); // SIGKILL
+        worker(db, "0", "500", false)
+    };
     let lines = until_done(&mut second).await;
     assert_eq!(lines[0], "resumed=true");
     assert_eq!(lines.last().unwrap(), "done acked=500");
