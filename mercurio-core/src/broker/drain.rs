@@ -1,12 +1,12 @@
 //! The one way a session's queue is drained, whoever takes the messages: a network
-//! connection's writer, a bridge's connection to its remote, an in-process subscription's
-//! pump. [`BrokerState::drain`] decides what leaves the session and in what order (in-flight
-//! messages to resend, then the queue within the window), and does everything that goes with
-//! it (expiry, packet identifiers, requeueing when the window is full, the reports to
-//! storage, the drop counts and events, the progress that back pressure reads); the
-//! [`Outlet`] only says whether it has room and puts each message on its way (the writer
-//! encodes into its write buffer, the bridge under its remote topic, the pump into its
-//! channel).
+//! connection's writer, a bridge's connection to its remote, the pump of an in-process
+//! subscription or of a durable in-process client. [`BrokerState::drain`] decides what leaves
+//! the session and in what order (in-flight messages to resend, then the queue within the
+//! window), and does everything that goes with it (expiry, packet identifiers, requeueing
+//! when the window is full, the reports to storage, the drop counts and events, the progress
+//! that back pressure reads); the [`Outlet`] only says whether it has room and puts each
+//! message on its way (the writer encodes into its write buffer, the bridge under its remote
+//! topic, a pump into its channel).
 
 use std::sync::Arc;
 use std::time::Instant;
