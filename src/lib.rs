@@ -5,5 +5,8 @@
 //!
 //! Dev-dependencies: `rumqttc` (a client library against the broker), `tempfile` (databases
 //! and files of tests), `rusqlite` (tests read, damage and lock the database the broker
-//! writes; the same libsqlite3-sys as the backend).
+//! writes; the same libsqlite3-sys as the backend); `mercurio-core` and `mercurio-storage`
+//! again with their `postgres` features and the storage's `conformance` (its throwaway
+//! PostgreSQL cluster), for the tests and examples on PostgreSQL (a durable in-process
+//! client across a standby's takeover).
 pub use mercurio_core::*;

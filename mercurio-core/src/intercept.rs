@@ -1,3 +1,6 @@
+//! Interception: the application's hooks on what enters the broker. SUBSCRIBE interception
+//! ([`SubscribeInterceptor`]) is at the end of this module.
+//!
 //! Publish interception: an application's hook that sees every message entering the broker
 //! (ARCHITECTURE.md, "One entry for every message": a client's PUBLISH, a message a bridge
 //! brings in from its remote, the application's own
@@ -86,7 +89,7 @@ impl InterceptedPublish<'_> {
     }
 }
 
-/// An interceptor's answer.
+/// An interceptor's answer (publish or subscribe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Let the message through, with whatever changes were made to it.
@@ -96,6 +99,10 @@ pub enum Verdict {
     /// Implementation specific error, 0x87 Not authorized, 0x90 Topic Name invalid,
     /// 0x97 Quota exceeded, 0x99 Payload format invalid; any other becomes 0x80). A 3.x
     /// publisher, which has no way to be told, is acknowledged as usual.
+    ///
+    /// From a [`SubscribeInterceptor`]: the filter is not subscribed, and the SUBACK carries
+    /// this reason code for it (see [`SubscribeInterceptor`] for those allowed; a 3.x
+    /// client gets 0x80 Failure).
     Refuse(ReasonCode),
 }
 
@@ -127,4 +134,121 @@ pub(crate) fn refusal_code(rc: ReasonCode) -> ReasonCode {
         0x80 | 0x83 | 0x87 | 0x90 | 0x97 | 0x99 => rc,
         _ => ReasonCode::UNSPECIFIED_ERROR,
     }
+}
+
+/// One topic filter of a SUBSCRIBE as a [`SubscribeInterceptor`] sees it: who asks (read
+/// only), the filter and the QoS it asks for, which the interceptor may rewrite or lower.
+#[derive(Debug)]
+pub struct InterceptedSubscribe<'a> {
+    pub(crate) client_id: &'a str,
+    pub(crate) username: Option<&'a str>,
+    pub(crate) filter: String,
+    pub(crate) qos: QoS,
+}
+
+impl InterceptedSubscribe<'_> {
+    /// The subscriber's client identifier.
+    pub fn client_id(&self) -> &str {
+        self.client_id
+    }
+
+    /// The user name the subscriber authenticated as; `None` when anonymous.
+    pub fn username(&self) -> Option<&str> {
+        self.username
+    }
+
+    /// The topic filter (a shared subscription's whole `$share/<group>/<filter>`, with the
+    /// listener's `mount_point` already applied).
+    pub fn filter(&self) -> &str {
+        &self.filter
+    }
+
+    /// Subscribes to another filter instead: what the subscription then matches, and the
+    /// filter it is stored, listed and unsubscribed under. It must be a valid topic filter
+    /// (or shared subscription): otherwise the SUBSCRIBE's filter is refused with 0x8F
+    /// (Topic Filter invalid) and a warning is logged.
+    pub fn set_filter(&mut self, filter: impl Into<String>) {
+        self.filter = filter.into();
+    }
+
+    /// The maximum QoS asked for (already lowered to `[server] max_qos`).
+    pub fn qos(&self) -> QoS {
+        self.qos
+    }
+
+    /// Grants a lower maximum QoS, which the SUBACK reports; one higher than asked is
+    /// ignored (a subscription never gets more than its SUBSCRIBE asked for).
+    pub fn set_qos(&mut self, qos: QoS) {
+        self.qos = self.qos.min(qos);
+    }
+}
+
+/// Sees each topic filter of every network client's SUBSCRIBE after the authorizers allowed
+/// it and before it is recorded, and may let it through, rewrite its filter, lower its QoS,
+/// or refuse it with a reason code that the client gets in its SUBACK.
+///
+/// Asked from the subscriber's reader task, which awaits the answer (the client's next
+/// packets wait), with none of the broker's locks held; like [`PublishInterceptor`] it must
+/// not block its thread. Several run in the order they were added, each seeing the changes
+/// of those before; the first refusal stops the chain. In-process subscriptions
+/// ([`BrokerHandle::subscribe`](crate::BrokerHandle::subscribe),
+/// [`Client::subscribe`](crate::Client::subscribe)) are the application's own and are not
+/// intercepted. A panic is caught and logged, and refuses that filter with 0x80.
+#[async_trait]
+pub trait SubscribeInterceptor: Send + Sync + 'static {
+    async fn intercept(&self, subscribe: &mut InterceptedSubscribe<'_>) -> Verdict;
+}
+
+/// The reason code a refused filter gets in SUBACK: one SUBACK allows for a failure (MQTT
+/// 5.0 section 3.9.3: 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2), else 0x80.
+pub(crate) fn suback_refusal(rc: ReasonCode) -> ReasonCode {
+    match rc.0 {
+        0x80 | 0x83 | 0x87 | 0x8F | 0x91 | 0x97 | 0x9E | 0xA1 | 0xA2 => rc,
+        _ => ReasonCode::UNSPECIFIED_ERROR,
+    }
+}
+
+/// Runs the SUBSCRIBE interceptors on one filter of `client_id`'s SUBSCRIBE (`qos` the QoS
+/// asked for, lowered in place; `no_local` its No Local option). Returns the filter to
+/// subscribe (rewritten or not), or the reason code of a refusal for the SUBACK: the
+/// interceptor's ([`suback_refusal`]), 0x8F for a rewritten filter that is not valid (or a
+/// shared one with No Local), 0x80 for a panic (logged).
+pub(crate) async fn intercept_subscribe(
+    interceptors: &[std::sync::Arc<dyn SubscribeInterceptor>],
+    client_id: &str,
+    username: Option<&str>,
+    filter: String,
+    qos: &mut QoS,
+    no_local: bool,
+) -> Result<String, ReasonCode> {
+    let mut subscribe = InterceptedSubscribe {
+        client_id,
+        username,
+        filter,
+        qos: *qos,
+    };
+    for i in interceptors {
+        let verdict = crate::hook::guard(
+            "subscribe interceptor",
+            client_id,
+            i.intercept(&mut subscribe),
+        )
+        .await
+        .unwrap_or(Verdict::Refuse(ReasonCode::UNSPECIFIED_ERROR));
+        if let Verdict::Refuse(rc) = verdict {
+            tracing::debug!(client_id, filter = %subscribe.filter, reason = %rc, "SUBSCRIBE refused by an interceptor");
+            return Err(suback_refusal(rc));
+        }
+    }
+    let valid = match crate::topic::parse_shared(&subscribe.filter) {
+        Ok(Some(_)) => !no_local,
+        Ok(None) => crate::topic::validate_topic_filter(&subscribe.filter).is_ok(),
+        Err(_) => false,
+    };
+    if !valid {
+        tracing::warn!(client_id, filter = %subscribe.filter, "a subscribe interceptor set an invalid topic filter: refused");
+        return Err(ReasonCode::TOPIC_FILTER_INVALID);
+    }
+    *qos = subscribe.qos;
+    Ok(subscribe.filter)
 }

@@ -58,6 +58,7 @@ mod link;
 mod listener;
 pub mod message;
 mod metrics;
+pub mod observe;
 mod parking;
 pub(crate) mod persist;
 mod proxy_protocol;
@@ -80,14 +81,17 @@ pub use bridge::{BridgeInfo, BridgeReload, HOP_PROPERTY};
 pub use error::Error;
 pub use events::{Event, EventStream, SubscribedFilter};
 pub use handle::{
-    check_files, Broker, BrokerBuilder, BrokerHandle, Delivered, SessionDetail, SessionInfo,
-    Subscription, SHUTDOWN_GRACE,
+    check_files, Broker, BrokerBuilder, BrokerHandle, Client, ClientOptions, Delivered, Received,
+    SessionDetail, SessionInfo, Subscription, SHUTDOWN_GRACE,
 };
 pub use http::HttpLimits;
-pub use intercept::{InterceptedPublish, PublishInterceptor, Verdict};
+pub use intercept::{
+    InterceptedPublish, InterceptedSubscribe, PublishInterceptor, SubscribeInterceptor, Verdict,
+};
 pub use link::DisconnectReason;
 /// The storage crate: the `Storage` trait, its records and backends.
 pub use mercurio_storage as storage;
 pub use message::Message;
+pub use observe::{DeliveryCompleted, MessageDropped, RetainedChange, WillPublished};
 pub use persist::WriteFailure;
 pub use session::Session;

@@ -811,7 +811,7 @@ impl Lines {
 
 /// The example binary, built by `cargo test` with the examples; built here when a filtered
 /// run (`cargo test --test broker events::`) did not, or when a source changed since.
-fn example_binary(name: &str) -> std::path::PathBuf {
+pub(crate) fn example_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().join("examples");
     let path = dir.join(name);

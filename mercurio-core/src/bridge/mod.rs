@@ -663,14 +663,14 @@ impl Task {
         };
         match packet {
             Packet::PubAck(a) | Packet::PubComp(a) => {
-                if out.acknowledged(a.packet_id) {
+                if out.acknowledged(&self.broker, a.packet_id) {
                     self.status.forwarded_out.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Packet::PubRec(a) => {
                 if a.reason_code.0 >= 0x80 {
                     // Refused by the remote: the exchange ends there (5.0 section 4.3.3).
-                    out.acknowledged(a.packet_id);
+                    out.refused(a.packet_id);
                 } else {
                     out.received(a.packet_id);
                     ack(Packet::PubRel, a.packet_id, buf);

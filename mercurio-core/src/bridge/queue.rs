@@ -151,11 +151,27 @@ impl Outgoing {
             .sent_qos0
     }
 
-    /// PUBACK (QoS 1) or PUBCOMP (QoS 2) from the remote: the message leaves the session.
-    /// True when it was in flight.
-    pub(crate) fn acknowledged(&self, packet_id: u16) -> bool {
+    /// PUBACK (QoS 1) or PUBCOMP (QoS 2) from the remote: the message leaves the session
+    /// (the delivery-completed callback is told). True when it was in flight.
+    pub(crate) fn acknowledged(&self, broker: &BrokerState, packet_id: u16) -> bool {
         let mut st = self.session.state.lock();
-        st.take_inflight(&self.session.client_id, packet_id)
+        let done = st.take_inflight(&self.session.client_id, packet_id);
+        drop(st);
+        match done {
+            Some(q) => {
+                broker
+                    .observers
+                    .completed(&self.session.client_id, &q.msg, q.qos);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A refusing PUBREC from the remote: the message leaves the session, not delivered.
+    pub(crate) fn refused(&self, packet_id: u16) {
+        let mut st = self.session.state.lock();
+        let _ = st.take_inflight(&self.session.client_id, packet_id);
     }
 
     /// PUBREC from the remote: the QoS 2 message waits for PUBCOMP; returns whether PUBREL

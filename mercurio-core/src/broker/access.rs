@@ -139,6 +139,8 @@ impl BrokerState {
             }
             keep
         });
+        // Counted (and told to the application) with the session's lock released.
+        drop(st);
         for msg in &topics {
             self.dropped(
                 Some(&session.client_id),

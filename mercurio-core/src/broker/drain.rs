@@ -1,12 +1,12 @@
 //! The one way a session's queue is drained, whoever takes the messages: a network
-//! connection's writer, a bridge's connection to its remote, an in-process subscription's
-//! pump. [`BrokerState::drain`] decides what leaves the session and in what order (in-flight
-//! messages to resend, then the queue within the window), and does everything that goes with
-//! it (expiry, packet identifiers, requeueing when the window is full, the reports to
-//! storage, the drop counts and events, the progress that back pressure reads); the
-//! [`Outlet`] only says whether it has room and puts each message on its way (the writer
-//! encodes into its write buffer, the bridge under its remote topic, the pump into its
-//! channel).
+//! connection's writer, a bridge's connection to its remote, the pump of an in-process
+//! subscription or of a durable in-process client. [`BrokerState::drain`] decides what leaves
+//! the session and in what order (in-flight messages to resend, then the queue within the
+//! window), and does everything that goes with it (expiry, packet identifiers, requeueing
+//! when the window is full, the reports to storage, the drop counts and events, the progress
+//! that back pressure reads); the [`Outlet`] only says whether it has room and puts each
+//! message on its way (the writer encodes into its write buffer, the bridge under its remote
+//! topic, a pump into its channel).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -88,8 +88,9 @@ impl BrokerState {
     /// Drains `session` into `outlet`, under the session's lock:
     ///
     /// 1. in-flight messages not yet sent on this connection, oldest first, resent with DUP
-    ///    (PUBREL for those awaiting PUBCOMP) within the window: resends count against it like
-    ///    new messages [MQTT-3.3.4-9] [MQTT-4.9.0-2]. A resend is a delivery, checked like
+    ///    (PUBREL for those awaiting PUBCOMP) within the window and while the outlet has
+    ///    room: resends count against the window like new messages [MQTT-3.3.4-9]
+    ///    [MQTT-4.9.0-2]. A resend is a delivery, checked like
     ///    one (`may_read`): one its client may no longer read, or now too large for the
     ///    receiver, leaves flight as if acknowledged, counted as dropped;
     /// 2. queued messages while the outlet has room and, for QoS 1/2, the window a slot:
@@ -104,9 +105,13 @@ impl BrokerState {
         let now = Instant::now();
         let client_id = &*session.client_id;
         let mut done = Drained::default();
+        // Counted (and told to the application) once the session's lock is released.
+        let mut drops: Vec<Dropped> = Vec::new();
         let mut guard = session.state.lock();
         let st = &mut *guard;
         let window = outlet.window();
+        // Resends left for want of room in the outlet: drain again once it has some.
+        let mut resend_blocked = false;
         if let Some(window) = window {
             let mut taken = st.inflight_sent();
             // Leaving flight after the walk (it holds the in-flight list), with the cause
@@ -121,6 +126,10 @@ impl BrokerState {
                     return true;
                 }
                 if taken >= window {
+                    return false;
+                }
+                if !outlet.has_room() {
+                    resend_blocked = true;
                     return false;
                 }
                 let msg = &f.delivery.msg;
@@ -144,10 +153,8 @@ impl BrokerState {
                 true
             });
             for (packet_id, dropped) in gone {
-                if st.take_inflight(client_id, packet_id) {
-                    if let Some((cause, msg)) = dropped {
-                        self.dropped(Some(client_id), &msg.topic, cause);
-                    }
+                if st.take_inflight(client_id, packet_id).is_some() {
+                    drops.extend(dropped);
                 }
             }
         }
@@ -170,7 +177,7 @@ impl BrokerState {
             };
             took += 1;
             if q.msg.is_expired(now) {
-                self.dropped(Some(client_id), &q.msg.topic, DropCause::Expired);
+                drops.push((DropCause::Expired, Arc::clone(&q.msg)));
                 st.persist_dequeued(client_id, &q);
                 if window.is_some() && q.qos > QoS::AtMostOnce {
                     // Its packet identifier is used up, as in mosquitto: the next message's
@@ -182,7 +189,7 @@ impl BrokerState {
             let qos = match outlet.admit(&q) {
                 Ok(qos) => qos,
                 Err(why) => {
-                    self.unsent(client_id, &q, why);
+                    unsent(&mut drops, &q, why);
                     st.persist_dequeued(client_id, &q);
                     continue;
                 }
@@ -197,7 +204,7 @@ impl BrokerState {
                         done.sent += 1;
                         done.sent_qos0 += u64::from(qos == QoS::AtMostOnce);
                     }
-                    Err(why) => self.unsent(client_id, &q, why),
+                    Err(why) => unsent(&mut drops, &q, why),
                 }
                 continue;
             }
@@ -214,23 +221,28 @@ impl BrokerState {
                     st.send_inflight(client_id, packet_id, q);
                 }
                 Err(why) => {
-                    self.unsent(client_id, &q, why);
+                    unsent(&mut drops, &q, why);
                     st.persist_dequeued(client_id, &q);
                 }
             }
         }
+        done.more |= resend_blocked;
         let release = Session::progressed(st, took, now, &self.limits);
         drop(guard);
         if release {
             session.release_waiters();
         }
+        for (cause, msg) in drops {
+            self.dropped(Some(client_id), &msg.topic, cause);
+        }
         done
     }
+}
 
-    /// A message an outlet did not send: counted and told when it was too large.
-    fn unsent(&self, client_id: &str, q: &Delivery, why: Unsent) {
-        if why == Unsent::TooLarge {
-            self.dropped(Some(client_id), &q.msg.topic, DropCause::TooLarge);
-        }
+/// A message an outlet did not send: counted as dropped (after the drain) when it was too
+/// large.
+fn unsent(drops: &mut Vec<Dropped>, q: &Delivery, why: Unsent) {
+    if why == Unsent::TooLarge {
+        drops.push((DropCause::TooLarge, Arc::clone(&q.msg)));
     }
 }

@@ -83,10 +83,7 @@ impl BrokerState {
         if self.interceptors.is_empty() {
             return Ok(());
         }
-        let username = from.and_then(|s| match &*s.identity.read() {
-            crate::auth::Identity::Client { username, .. } => username.clone(),
-            crate::auth::Identity::Trusted => None,
-        });
+        let username = from.and_then(Session::username);
         self.intercept(from.map_or("", |s| &s.client_id), username.as_deref(), p)
             .await
     }
@@ -178,6 +175,7 @@ impl BrokerState {
     /// for back pressure (its publisher is gone).
     pub(crate) fn publish_will(&self, client_id: &str, will: Will) {
         tracing::debug!(client_id, topic = %will.msg.topic, "publishing will");
+        self.observers.will(client_id, &will.msg);
         self.events.fire(|| crate::events::Event::WillPublished {
             client_id: client_id.to_string(),
             topic: will.msg.topic.clone(),

@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::events::Event;
 use crate::link::{DisconnectReason, Link};
 use crate::message::Message;
+use crate::observe::RetainedChange;
 use crate::router::{RetainedStore, SubscriptionIndex};
 use crate::session::{
     Delivery, Detached, Ended, Enqueued, Granted, QueueLimits, Session, SessionTable,
@@ -97,6 +98,11 @@ pub(crate) struct BrokerState {
     pub events: crate::events::Events,
     /// Publish interceptors (`intercept`), in the order they were added; set by the builder.
     pub interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
+    /// SUBSCRIBE interceptors (`intercept`), in the order they were added; set by the
+    /// builder.
+    pub subscribe_interceptors: Vec<Arc<dyn crate::intercept::SubscribeInterceptor>>,
+    /// The application's callbacks (`observe`); set by the builder.
+    pub observers: crate::observe::Observers,
     /// The configured bridges' states and counters (`bridge` module), for `$SYS` and metrics.
     /// Lock: a leaf (nothing is taken under it; any lock may be held).
     pub bridges: Mutex<Vec<Arc<crate::bridge_status::BridgeStatus>>>,
@@ -169,6 +175,8 @@ impl BrokerState {
             auth: crate::auth::Auth::allow_all(),
             events: crate::events::Events::new(crate::events::DEFAULT_EVENT_CAPACITY),
             interceptors: Vec::new(),
+            subscribe_interceptors: Vec::new(),
+            observers: crate::observe::Observers::default(),
             bridges: Mutex::new(Vec::new()),
             listener_auth: Vec::new(),
             checks_access: false,
@@ -278,6 +286,9 @@ impl BrokerState {
                     p.retained_deleted(&msg.topic);
                 }
                 self.retained_room(&store);
+                drop(store);
+                self.observers
+                    .retained(RetainedChange::Cleared { topic: &msg.topic });
             }
             return;
         }
@@ -305,13 +316,18 @@ impl BrokerState {
             None
         };
         if let Some((limit, max, counter)) = over {
-            if replaced.is_some() && store.remove(&msg.topic).is_some() {
+            let cleared = replaced.is_some() && store.remove(&msg.topic).is_some();
+            if cleared {
                 if let Some(p) = self.persist.get() {
                     p.retained_deleted(&msg.topic);
                 }
             }
             let (len, bytes) = (store.len(), store.bytes());
             drop(store);
+            if cleared {
+                self.observers
+                    .retained(RetainedChange::Cleared { topic: &msg.topic });
+            }
             crate::stats::Counters::add(counter, 1);
             if !self.retained_full.swap(true, Ordering::Relaxed) {
                 let client_id = msg.publisher.as_deref().unwrap_or("(in-process)");
@@ -334,6 +350,8 @@ impl BrokerState {
             p.retained_set(msg);
         }
         self.retained_room(&store);
+        drop(store);
+        self.observers.retained(RetainedChange::Set(msg));
     }
 
     /// After a change to the retained set: when a message was not kept for a limit, and the
@@ -440,7 +458,7 @@ impl BrokerState {
             );
             return false;
         }
-        let topic = self.events.listening().then(|| Arc::clone(&q.msg));
+        let topic = self.tells_drops().then(|| Arc::clone(&q.msg));
         match session.enqueue(q, &self.limits) {
             Enqueued::Queued | Enqueued::QueuedOverHighWater => true,
             Enqueued::Skipped => false,
@@ -464,7 +482,7 @@ impl BrokerState {
             );
             return false;
         }
-        let topic = self.events.listening().then(|| Arc::clone(&q.msg));
+        let topic = self.tells_drops().then(|| Arc::clone(&q.msg));
         match session.enqueue_costing(q, cost, &self.limits) {
             Enqueued::Queued | Enqueued::Skipped => false,
             Enqueued::QueuedOverHighWater => true,
@@ -477,14 +495,23 @@ impl BrokerState {
     }
 
     /// Counts a message that did not reach a subscriber (`None`: no member of a shared
-    /// group could take it), and fires [`Event::MessageDropped`](crate::Event).
+    /// group could take it), fires [`Event::MessageDropped`](crate::Event) and calls the
+    /// application's dropped callback. Called with no session lock held.
     pub(crate) fn dropped(&self, client_id: Option<&str>, topic: &str, cause: DropCause) {
         self.stats.dropped(cause);
+        self.observers.dropped(client_id, topic, cause);
         self.events.fire(|| Event::MessageDropped {
             client_id: client_id.map(str::to_string),
             topic: topic.to_string(),
             cause,
         });
+    }
+
+    /// Whether a drop is told to anyone (an event stream open, a dropped callback): the
+    /// topic is kept for it only then.
+    #[inline]
+    fn tells_drops(&self) -> bool {
+        self.events.listening() || self.observers.dropped.is_some()
     }
 
     /// Records a subscription in the session and the index. Returns true when it replaced an
@@ -710,6 +737,15 @@ impl Session {
     /// True for the sessions behind in-process subscriptions ([`crate::BrokerHandle::subscribe`]).
     pub(crate) fn is_internal(&self) -> bool {
         self.client_id.starts_with(INTERNAL_PREFIX)
+    }
+
+    /// The user name its client authenticated as (`None`: anonymous, or one of the
+    /// broker's own sessions), as the application's hooks are told.
+    pub(crate) fn username(&self) -> Option<Arc<str>> {
+        match &*self.identity.read() {
+            crate::auth::Identity::Client { username, .. } => username.clone(),
+            crate::auth::Identity::Trusted => None,
+        }
     }
 
     /// True while a connection serves this session.

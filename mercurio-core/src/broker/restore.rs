@@ -179,11 +179,17 @@ fn restore_session(
     ));
     // The client was connected when the previous broker stopped: its connection ended now.
     let crashed = record.disconnected_at.is_none();
-    // Access checks while the client is away use the user name it last connected with.
+    // Access checks while the client is away use the user name it last connected with;
+    // the broker's own sessions (a bridge's, a durable in-process client's) are trusted
+    // before they are opened again too.
     let username: Option<Arc<str>> = record.username.as_deref().map(Arc::from);
-    *session.identity.write() = Identity::Client {
-        username: username.clone(),
-        listener: None,
+    *session.identity.write() = if session.is_internal() {
+        Identity::Trusted
+    } else {
+        Identity::Client {
+            username: username.clone(),
+            listener: None,
+        }
     };
     let disconnected_ms = record.disconnected_at.unwrap_or(now_ms);
     {

@@ -728,9 +728,13 @@ impl<'a> Reader<'a> {
         let mut st = self.c.session.state.lock();
         match st.inflight_state(packet_id) {
             Some(state) if state == expected => {
-                st.take_inflight(&self.c.session.client_id, packet_id);
+                let done = st.take_inflight(&self.c.session.client_id, packet_id);
                 drop(st);
                 self.c.link.wake();
+                if let Some(q) = done {
+                    let observers = &self.c.broker.observers;
+                    observers.completed(&self.c.session.client_id, &q.msg, q.qos);
+                }
                 Ok(())
             }
             Some(state) => {
@@ -766,7 +770,7 @@ impl<'a> Reader<'a> {
         }
         let client_id = &self.c.session.client_id;
         let reason_code = if a.reason_code.is_failure() {
-            if st.take_inflight(client_id, a.packet_id) {
+            if st.take_inflight(client_id, a.packet_id).is_some() {
                 drop(st);
                 self.c.link.wake();
                 return Ok(());
@@ -832,6 +836,33 @@ impl<'a> Reader<'a> {
             }
             let mut options = f.options;
             options.qos = options.qos.min(max_qos);
+            let (filter, shared, reported) = if broker.subscribe_interceptors.is_empty() {
+                (filter, shared, None)
+            } else {
+                let username = self.c.session.username();
+                let asked = filter.clone();
+                match crate::intercept::intercept_subscribe(
+                    &broker.subscribe_interceptors,
+                    &self.c.session.client_id,
+                    username.as_deref(),
+                    filter,
+                    &mut options.qos,
+                    options.no_local,
+                )
+                .await
+                {
+                    Ok(filter) if filter == asked => (filter, shared, None),
+                    Ok(filter) => {
+                        let shared = matches!(topic::parse_shared(&filter), Ok(Some(_)));
+                        let reported = filter.clone();
+                        (filter, shared, Some(reported))
+                    }
+                    Err(rc) => {
+                        codes.push(self.filter_failure(rc));
+                        continue;
+                    }
+                }
+            };
             if self.c.bridge && !shared {
                 options.no_local = true;
                 options.retain_as_published = true;
@@ -849,7 +880,7 @@ impl<'a> Reader<'a> {
             };
             if let Some(list) = &mut granted_now {
                 list.push(SubscribedFilter {
-                    filter: f.filter.clone(),
+                    filter: reported.unwrap_or_else(|| f.filter.clone()),
                     options,
                     identifier,
                 });

@@ -18,16 +18,19 @@ use crate::config::{Config, ListenerProtocol};
 use crate::error::Error;
 use crate::events::{EventStream, Events, DEFAULT_EVENT_CAPACITY};
 use crate::http::{Endpoint, HttpLimits};
-use crate::intercept::PublishInterceptor;
+use crate::intercept::{PublishInterceptor, SubscribeInterceptor};
 use crate::link::{DisconnectReason, Link};
 use crate::listener;
+use crate::observe::{DeliveryCompleted, MessageDropped, Observers, RetainedChange, WillPublished};
 use crate::persist::{Persister, WriteFailure};
 use crate::session::{Session, SessionState};
 use crate::stats::Stats;
 use crate::sys::SysPublisher;
 use crate::tls::TlsListener;
 
+mod client;
 mod subscription;
+pub use client::{Client, ClientOptions, Received};
 use subscription::{check_subscription, publish_as, pump};
 pub use subscription::{Delivered, Subscription};
 
@@ -56,6 +59,8 @@ impl Broker {
             authorizers: Vec::new(),
             enhanced: Vec::new(),
             interceptors: Vec::new(),
+            subscribe_interceptors: Vec::new(),
+            observers: Observers::default(),
             event_capacity: DEFAULT_EVENT_CAPACITY,
             admin_handler: None,
         }
@@ -115,6 +120,8 @@ pub struct BrokerBuilder {
     authorizers: Vec<Arc<dyn Authorizer>>,
     enhanced: Vec<Arc<dyn crate::auth::hooks::EnhancedAuthenticator>>,
     interceptors: Vec<Arc<dyn PublishInterceptor>>,
+    subscribe_interceptors: Vec<Arc<dyn SubscribeInterceptor>>,
+    observers: Observers,
     event_capacity: usize,
     admin_handler: Option<Arc<dyn crate::AdminHandler>>,
 }
@@ -125,6 +132,63 @@ impl BrokerBuilder {
     /// (see [`PublishInterceptor`]). Without any, a PUBLISH costs nothing more.
     pub fn interceptor(mut self, interceptor: impl PublishInterceptor) -> Self {
         self.interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Adds a SUBSCRIBE interceptor, asked after those added earlier: it sees each topic
+    /// filter of a network client's SUBSCRIBE after authorization and before it is
+    /// recorded, and may rewrite the filter, lower the QoS, or refuse it with a SUBACK
+    /// reason code (see [`SubscribeInterceptor`]). Without any, a SUBSCRIBE costs one
+    /// length check more.
+    pub fn subscribe_interceptor(mut self, interceptor: impl SubscribeInterceptor) -> Self {
+        self.subscribe_interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Calls `f` each time a subscriber acknowledges a message: PUBACK (QoS 1) or PUBCOMP
+    /// (QoS 2) from a network client, the acknowledgement of a bridge's remote, or
+    /// [`Received::ack`] from an in-process [`Client`]: once per message and subscriber.
+    /// Runs on the acknowledging side's task (a client's reader: its next packets wait), under
+    /// no lock of the broker; it must not block. Replaces a callback set before. Without one
+    /// an acknowledgement pays a `None` check.
+    pub fn on_delivery_completed(
+        mut self,
+        f: impl Fn(&DeliveryCompleted<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.observers.completed = Some(Box::new(f));
+        self
+    }
+
+    /// Calls `f` for every message that does not reach a subscriber, with the cause the
+    /// drop counters (`publish/messages/dropped/<cause>`) count it under: a full queue, an
+    /// expired message, one too large for the subscriber, one it may no longer read, a shared
+    /// group without a member. Runs on the task that found the drop (a publisher's, a
+    /// subscriber's writer...), under no lock of the broker; it must not block. Replaces a
+    /// callback set before. Without one a drop pays a `None` check.
+    pub fn on_dropped(mut self, f: impl Fn(&MessageDropped<'_>) + Send + Sync + 'static) -> Self {
+        self.observers.dropped = Some(Box::new(f));
+        self
+    }
+
+    /// Calls `f` when a will is published (its client's connection ended without
+    /// DISCONNECT, its delay passed, its session ended), before the publish interceptors see
+    /// it. Runs on the task that ends the connection or session (or the will's timer), under
+    /// no lock of the broker; it must not block. Replaces a callback set before.
+    pub fn on_will(mut self, f: impl Fn(&WillPublished<'_>) + Send + Sync + 'static) -> Self {
+        self.observers.will = Some(Box::new(f));
+        self
+    }
+
+    /// Calls `f` after each change of the retained messages (set, replaced, deleted), on
+    /// the publisher's task, once the retained set's lock is released: two publishers
+    /// changing one topic at the same instant may be reported in the other order than the
+    /// one applied. Retained messages restored from storage at start, and `$SYS` ones, are
+    /// not reported. It must not block. Replaces a callback set before.
+    pub fn on_retained_change(
+        mut self,
+        f: impl Fn(&RetainedChange<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.observers.retained = Some(Box::new(f));
         self
     }
 
@@ -250,6 +314,8 @@ impl BrokerBuilder {
         inner.auth = auth;
         inner.events = Events::new(self.event_capacity);
         inner.interceptors = self.interceptors;
+        inner.subscribe_interceptors = self.subscribe_interceptors;
+        inner.observers = self.observers;
         inner.listener_auth = listener_auth;
         inner.stored_access = stored;
         let inner = Arc::new_cyclic(|this| {
@@ -568,6 +634,46 @@ impl BrokerHandle {
         Ok(sub)
     }
 
+    /// Opens the durable in-process client `name` (docs/embedding.md, "Durable in-process
+    /// clients"): its session `$internal/client/<name>` is kept like a network client's
+    /// (stored with a storage backend, resumed after a restart, ended after its Session
+    /// Expiry Interval), and its QoS 1 messages are handed over within a window of
+    /// `options`' receive maximum until the application acknowledges them
+    /// ([`Received::ack`]); those it had not acknowledged are handed over again, DUP set,
+    /// when it is opened again.
+    ///
+    /// Errors: [`Error::Refused`] for an empty name (or one over 65,535 bytes, or with NUL),
+    /// a name whose `Client` is open already, or a stopped broker.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), mercurio_core::Error> {
+    /// use mercurio_core::codec::QoS;
+    /// use mercurio_core::config::Config;
+    /// use mercurio_core::{Broker, ClientOptions};
+    ///
+    /// let config = Config { listeners: Vec::new(), ..Config::default() };
+    /// let handle = Broker::builder(config).start().await?;
+    /// let options = ClientOptions::default().receive_maximum(10);
+    /// let mut worker = handle.client("worker", options)?;
+    /// worker.subscribe("jobs/#", QoS::AtLeastOnce)?;
+    /// handle.publish("jobs/1", "resize", QoS::AtLeastOnce, false).await?;
+    /// let job = worker.recv().await.expect("the broker runs");
+    /// assert_eq!((job.message.topic.as_str(), job.dup), ("jobs/1", false));
+    /// job.ack(); // handled: it leaves the session
+    ///
+    /// drop(worker); // the session is kept (never expires by default)...
+    /// handle.publish("jobs/2", "crop", QoS::AtLeastOnce, false).await?;
+    /// let mut worker = handle.client("worker", options)?;
+    /// assert!(worker.resumed()); // ...and resumed with what was queued meanwhile
+    /// assert_eq!(worker.recv().await.expect("queued").message.topic, "jobs/2");
+    /// handle.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn client(&self, name: &str, options: ClientOptions) -> Result<Client, Error> {
+        Client::open(&self.inner, name, options)
+    }
+
     /// Closes a client's connection (5.0 clients get DISCONNECT 0x98, Administrative action).
     /// Returns false when no such client is connected.
     pub fn disconnect(&self, client_id: &str) -> bool {
@@ -741,14 +847,16 @@ impl BrokerHandle {
     /// Deletes the session of a client that is not connected, as its expiry would (a pending
     /// will is published), from memory and from storage, including a session set aside at
     /// start because it could not be read (`mercurioctl client delete-session`). Its client
-    /// then connects with a new session.
+    /// then connects with a new session. A durable in-process [`Client`]'s session is
+    /// `$internal/client/<name>` (open: `Ok(Some(false))`); other in-process sessions are
+    /// not deleted here (`Ok(None)`).
     ///
     /// Returns `Ok(None)` when there was no such session, `Ok(Some(false))` when the client
     /// is connected (nothing is done: disconnect it first), `Ok(Some(true))` when deleted.
     ///
     /// Errors: [`Error::Storage`] when storage fails.
     pub async fn delete_session(&self, client_id: &str) -> Result<Option<bool>, Error> {
-        if client_id.starts_with(INTERNAL_PREFIX) {
+        if client_id.starts_with(INTERNAL_PREFIX) && !client::is_client_session(client_id) {
             return Ok(None);
         }
         let session = self.inner.sessions.lock().get(client_id).cloned();

@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::link::Link;
 use crate::message::Message;
 use crate::session::{Delivery, Granted, Session};
+use crate::stats::DropCause;
 use crate::topic;
 
 /// Publishes for the application through the entry every message takes
@@ -177,15 +178,28 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// The next message; `None` once the broker has stopped.
+    /// The next message; `None` once the broker has stopped. A message whose Message
+    /// Expiry Interval passed while it waited is not handed over (dropped, counted as
+    /// `expired`) [MQTT-3.3.2-5].
     pub async fn recv(&mut self) -> Option<Arc<Message>> {
-        self.rx.recv().await.map(|d| d.message)
+        self.recv_delivery().await.map(|d| d.message)
     }
 
     /// The next message with its delivery's QoS, RETAIN flag and subscription identifiers;
-    /// `None` once the broker has stopped.
+    /// `None` once the broker has stopped. Expired messages are skipped, as by
+    /// [`Subscription::recv`].
     pub async fn recv_delivery(&mut self) -> Option<Delivered> {
-        self.rx.recv().await
+        loop {
+            let d = self.rx.recv().await?;
+            if !d.message.is_expired(Instant::now()) {
+                return Some(d);
+            }
+            self.broker.dropped(
+                Some(&self.session.client_id),
+                &d.message.topic,
+                DropCause::Expired,
+            );
+        }
     }
 
     /// The client identifier of this subscription's session (`$internal/N`).
@@ -246,29 +260,38 @@ impl Subscription {
         .await
     }
 
-    pub(super) fn add(
-        &self,
-        filter: &str,
-        mut options: SubscriptionOptions,
-        identifier: Option<u32>,
-    ) {
-        let max_qos = QoS::from_u8(self.broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
-        options.qos = options.qos.min(max_qos);
-        let granted = Granted {
-            options,
-            identifier,
-        };
-        let existed = self.broker.subscribe(&self.session, filter, granted);
-        let shared = matches!(topic::parse_shared(filter), Ok(Some(_)));
-        let send = match options.retain_handling {
-            0 => true,
-            1 => !existed,
-            _ => false,
-        };
-        if send && !shared {
-            self.broker.send_retained(&self.session, filter, &granted);
-        }
+    pub(super) fn add(&self, filter: &str, options: SubscriptionOptions, identifier: Option<u32>) {
+        subscribe_session(&self.broker, &self.session, filter, options, identifier);
     }
+}
+
+/// Subscribes an in-process session (checked by [`check_subscription`]) as a SUBSCRIBE
+/// would: the QoS lowered to `[server] max_qos`, then retained messages as Retain Handling
+/// says (with 1, only when the filter is new). Returns the granted QoS.
+pub(super) fn subscribe_session(
+    broker: &BrokerState,
+    session: &Arc<Session>,
+    filter: &str,
+    mut options: SubscriptionOptions,
+    identifier: Option<u32>,
+) -> QoS {
+    let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
+    options.qos = options.qos.min(max_qos);
+    let granted = Granted {
+        options,
+        identifier,
+    };
+    let existed = broker.subscribe(session, filter, granted);
+    let shared = matches!(topic::parse_shared(filter), Ok(Some(_)));
+    let send = match options.retain_handling {
+        0 => true,
+        1 => !existed,
+        _ => false,
+    };
+    if send && !shared {
+        broker.send_retained(session, filter, &granted);
+    }
+    options.qos
 }
 
 impl Drop for Subscription {

@@ -293,14 +293,17 @@ impl SessionState {
     }
 
     /// The in-flight message `packet_id` was acknowledged (or refused, or dropped): it leaves
-    /// flight, reported to storage. False when it was not in flight.
-    pub(crate) fn take_inflight(&mut self, client_id: &str, packet_id: u16) -> bool {
-        let Some(i) = self.inflight_position(packet_id) else {
-            return false;
-        };
-        self.inflight.remove(i);
+    /// flight, reported to storage. Returns its delivery; `None` when it was not in flight.
+    pub(crate) fn take_inflight(&mut self, client_id: &str, packet_id: u16) -> Option<Delivery> {
+        let i = self.inflight_position(packet_id)?;
+        let taken = self.inflight.remove(i).map(|f| f.delivery);
         self.persist_acked(client_id, packet_id);
-        true
+        taken
+    }
+
+    /// True while the connection (or in-process client) of `link` serves this session.
+    pub(crate) fn served_by(&self, link: &Arc<Link>) -> bool {
+        self.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link))
     }
 
     /// PUBREC for the in-flight message `packet_id`: it now awaits PUBCOMP, reported to
