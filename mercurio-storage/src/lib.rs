@@ -53,6 +53,8 @@ pub mod memory;
 pub mod postgres;
 pub mod records;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod refs;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rows;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
