@@ -6,15 +6,17 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use mercurio_storage::{Change, StorageError, REFUSED_ATTEMPTS};
+use mercurio_storage::{Change, DeliveryRecord, StorageError, REFUSED_ATTEMPTS};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Charge, Persister, UNWRITABLE_AFTER};
 use crate::session::SessionTable;
 use crate::stats::Counters;
 
-/// Most changes applied in one transaction.
-const MAX_BATCH: usize = 4_096;
+/// Most changes applied in one transaction. Large, so that a fan-out to many offline
+/// sessions is written as one chunk of deliveries per session, not one row per delivery
+/// (the bytes waiting are bounded by `max_pending_bytes_total` anyway).
+const MAX_BATCH: usize = 65_536;
 /// Longest pause between two attempts of a failing batch.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -24,11 +26,19 @@ pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(super) type Callback = Box<dyn FnOnce(bool) + Send>;
 
 /// What the broker sends the writer.
-// Mostly `Change`s: boxing the large variant would cost an allocation per change.
-#[allow(clippy::large_enum_variant)]
 pub(super) enum Op {
-    /// A change and who owes its bytes until it is stored.
-    Change(Change, Charge),
+    /// A change and who owes its bytes until it is stored. Boxed: a `Change` is hundreds of
+    /// bytes (a whole session), while most of what waits here is queued deliveries.
+    Change(Box<Change>, Charge),
+    /// A delivery queued for a stored session ([`Change::MessageQueued`]), owed by the
+    /// message's publisher: what a fan-out to many sessions sends, one per session, so
+    /// kept small (the session's client identifier shared, not copied).
+    Queued {
+        client_id: Arc<str>,
+        seq: u64,
+        delivery: DeliveryRecord,
+        charge: Charge,
+    },
     /// Run after everything before it is committed (and synced, with durable_ack), told
     /// whether all of it was.
     AfterCommit(Callback),
@@ -59,6 +69,17 @@ pub(super) struct BatchWriter {
     /// When the first of the writes failing in a row failed (transient errors), while they
     /// fail; reported as unwritable storage after [`UNWRITABLE_AFTER`].
     pub(super) failing_since: Option<Instant>,
+}
+
+impl Op {
+    /// Who owes this op's bytes and how many, for a change.
+    pub(super) fn debt(&self) -> Option<(Option<&str>, usize)> {
+        match self {
+            Op::Change(change, charge) => Some((charge.client(change), charge.bytes)),
+            Op::Queued { charge, .. } => Some((charge.client_of_queued(), charge.bytes)),
+            _ => None,
+        }
+    }
 }
 
 /// What to do after the changes of a batch are committed.
@@ -114,7 +135,26 @@ impl BatchWriter {
                         self.lost = true;
                         self.persister.done(charge.client(&change), charge.bytes);
                     } else {
-                        changes.changes.push(change);
+                        changes.changes.push(*change);
+                        changes.charges.push(charge);
+                    }
+                }
+                Op::Queued {
+                    client_id,
+                    seq,
+                    delivery,
+                    charge,
+                } => {
+                    if self.dirty.contains(&*client_id) {
+                        self.lost = true;
+                        self.persister
+                            .done(charge.client_of_queued(), charge.bytes);
+                    } else {
+                        changes.changes.push(Change::MessageQueued {
+                            client_id: client_id.to_string(),
+                            seq,
+                            delivery,
+                        });
                         changes.charges.push(charge);
                     }
                 }
