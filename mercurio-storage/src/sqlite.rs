@@ -191,7 +191,7 @@ const TO_5: &str = concat!(
     queue_tables!(),
     "INSERT INTO queue_chunks (client_id, first_seq, last_seq, entries) \
      SELECT client_id, min(seq), max(seq), json_group_array(json_array(seq, message_id, qos, \
-     retain, hex(subscription_ids), share)) FROM (SELECT *, (row_number() OVER \
+     retain, hex(subscription_ids), share) ORDER BY seq) FROM (SELECT *, (row_number() OVER \
      (PARTITION BY client_id ORDER BY seq) - 1) / 256 AS chunk FROM queued_v4 \
      ORDER BY client_id, seq) GROUP BY client_id, chunk; \
      INSERT INTO inflight SELECT * FROM inflight_v4; \
