@@ -531,7 +531,8 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
         )?,
         queued: per_client(
             conn,
-            &format!("{CHUNK_ENTRIES} ORDER BY c.client_id, c.first_seq, e.key"),
+            // json_each gives a chunk's deliveries in order: no sort of every delivery.
+            &format!("{CHUNK_ENTRIES} ORDER BY c.client_id, c.first_seq"),
             |row| rows::queued(row),
         )?,
         inflight: per_client(

@@ -121,7 +121,7 @@ fn write(
     for first in firsts {
         {
             let mut entries = tx.prepare_cached(&format!(
-                "{CHUNK_ENTRIES} WHERE c.client_id = ?1 AND c.first_seq = ?2 ORDER BY e.key"
+                "{CHUNK_ENTRIES} WHERE c.client_id = ?1 AND c.first_seq = ?2"
             ))?;
             let mut found = entries.query(params![client_id, first])?;
             while let Some(row) = found.next()? {
