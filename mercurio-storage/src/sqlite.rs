@@ -39,7 +39,7 @@ use crate::rows::{
 };
 use crate::refs::Refs;
 use crate::{LoadedState, SetAside, Storage};
-use queue::{QueueChanges, CHUNK_ENTRIES};
+use queue::QueueChanges;
 
 /// The schema version this build writes and reads (`PRAGMA user_version`).
 ///
@@ -529,12 +529,7 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
             ),
             |row| rows::subscription(row),
         )?,
-        queued: per_client(
-            conn,
-            // json_each gives a chunk's deliveries in order: no sort of every delivery.
-            &format!("{CHUNK_ENTRIES} ORDER BY c.client_id, c.first_seq"),
-            |row| rows::queued(row),
-        )?,
+        queued: queue::load_all(conn)?,
         inflight: per_client(
             conn,
             &format!(
