@@ -106,10 +106,18 @@ impl BatchWriter {
                 }
             };
             let Some(first) = first else { return };
+            // At most half of what one client may owe: while this batch is written, a
+            // publisher held for its debt gets room again as soon as the batch before is
+            // paid, instead of waiting for everything it sent.
+            let most_bytes = self.persister.limits.per_client / 2;
+            let mut bytes = first.debt().map_or(0, |(_, b)| b);
             ops.push(first);
-            while ops.len() < MAX_BATCH {
+            while ops.len() < MAX_BATCH && bytes < most_bytes {
                 match self.rx.try_recv() {
-                    Ok(op) => ops.push(op),
+                    Ok(op) => {
+                        bytes += op.debt().map_or(0, |(_, b)| b);
+                        ops.push(op);
+                    }
                     Err(_) => break,
                 }
             }

@@ -125,32 +125,21 @@ fn write(
     let (Some(&min), Some(&max)) = (changes.keys().next(), changes.keys().next_back()) else {
         return Ok(());
     };
-    // The chunks holding a touched position: the last one starting at or before `min` (if it
-    // reaches `min`), and those starting after it up to `max`.
+    // The chunks holding a touched position: from the last one starting at or before `max`
+    // down to the first that ends before `min` (appending to a queue reads one row).
     let mut firsts: Vec<i64> = Vec::new();
     {
-        let mut before = tx.prepare_cached(
+        let mut down = tx.prepare_cached(
             "SELECT first_seq, last_seq FROM queue_chunks WHERE client_id = ?1 AND first_seq <= ?2 \
-             ORDER BY first_seq DESC LIMIT 1",
+             ORDER BY first_seq DESC",
         )?;
-        let mut found = before.query(params![client_id, to_i64(min)])?;
-        if let Some(row) = found.next()? {
+        let mut found = down.query(params![client_id, to_i64(max)])?;
+        while let Some(row) = found.next()? {
             let (first, last): (i64, i64) = (row.get(0)?, row.get(1)?);
-            if last >= to_i64(min) {
-                firsts.push(first);
+            if last < to_i64(min) {
+                break;
             }
-        }
-    }
-    {
-        let mut within = tx.prepare_cached(
-            "SELECT first_seq FROM queue_chunks WHERE client_id = ?1 AND first_seq > ?2 \
-             AND first_seq <= ?3",
-        )?;
-        let found = within.query_map(params![client_id, to_i64(min), to_i64(max)], |r| {
-            r.get::<_, i64>(0)
-        })?;
-        for first in found {
-            firsts.push(first?);
+            firsts.push(first);
         }
     }
     let mut merged: BTreeMap<u64, DeliveryRecord> = BTreeMap::new();
@@ -251,13 +240,13 @@ fn encode(entries: &[(u64, &DeliveryRecord)]) -> String {
         if i > 0 {
             out.push(',');
         }
-        let _ = write!(
-            out,
-            "[{seq},{},{},{},\"",
-            d.message_id,
-            d.qos,
-            u8::from(d.retain)
-        );
+        out.push('[');
+        push_uint(&mut out, *seq);
+        out.push(',');
+        push_uint(&mut out, d.message_id);
+        out.push(',');
+        push_uint(&mut out, u64::from(d.qos));
+        out.push_str(if d.retain { ",1,\"" } else { ",0,\"" });
         for byte in rows::encode_ids(&d.subscription_ids) {
             let _ = write!(out, "{byte:02x}");
         }
@@ -437,6 +426,23 @@ impl Parser<'_> {
             .ok()
             .and_then(|d| u32::from_str_radix(d, 16).ok())
             .ok_or_else(|| "a bad \\u escape".to_string())
+    }
+}
+
+/// `v` in decimal (a fan-out encodes millions of them: no formatting machinery).
+fn push_uint(out: &mut String, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(char::from(d));
     }
 }
 
