@@ -50,7 +50,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use records::{
     delivery_record, header, inflight_record, message_record, subscription_record, will_record,
 };
-use writer::{BatchWriter, Callback, Op};
+use writer::{BatchWriter, Callback, Op, QueuedOp};
 
 use crate::codec::QoS;
 use crate::message::{Message, ReleaseStored, Stored};
@@ -94,14 +94,6 @@ pub(super) struct Charge {
 }
 
 impl Charge {
-    /// The client owing a queued delivery's charge (paid by its publisher, or the broker).
-    pub(super) fn client_of_queued(&self) -> Option<&str> {
-        match &self.payer {
-            Payer::Client(c) => Some(c),
-            Payer::Own | Payer::Broker => None,
-        }
-    }
-
     /// The client owing it, for `change`.
     pub(super) fn client<'a>(&'a self, change: &'a Change) -> Option<&'a str> {
         match &self.payer {
@@ -548,21 +540,29 @@ impl SessionChanges for Persister {
     /// per delivery, which costs what it holds while it waits ([`CHANGE_OVERHEAD`], its
     /// subscription identifiers and shared subscription), not a copy of the message.
     fn queued(&self, client_id: &Arc<str>, q: &Delivery) {
-        let id = self.message_id(&q.msg);
-        let delivery = delivery_record(id, q);
-        let charge = Charge {
-            payer: publisher(&q.msg),
-            bytes: CHANGE_OVERHEAD
-                + 4 * delivery.subscription_ids.len()
-                + delivery.share.as_ref().map_or(0, String::len),
-        };
-        self.owe(charge.client_of_queued(), charge.bytes);
-        self.send(Op::Queued {
+        let message_id = self.message_id(&q.msg);
+        let extra = (!q.subscription_ids.is_empty() || q.share.is_some()).then(|| {
+            Box::new((
+                q.subscription_ids.clone(),
+                q.share.as_deref().map(str::to_string),
+            ))
+        });
+        let bytes = CHANGE_OVERHEAD
+            + extra.as_ref().map_or(0, |e| {
+                std::mem::size_of_val(&**e) + 4 * e.0.len() + e.1.as_ref().map_or(0, String::len)
+            });
+        let payer = q.msg.publisher.clone();
+        self.owe(payer.as_deref(), bytes);
+        self.send(Op::Queued(QueuedOp {
             client_id: Arc::clone(client_id),
             seq: q.seq,
-            delivery,
-            charge,
-        });
+            message_id,
+            qos: q.qos as u8,
+            retain: q.retain,
+            extra,
+            payer,
+            bytes,
+        }));
     }
 
     fn dequeued(&self, client_id: &str, seq: u64) {
