@@ -1608,7 +1608,11 @@ pub async fn check_fan_out_references<H: Harness>(harness: &mut H) {
     );
     apply(&storage, vec![queue_ref("a", 311, 300)]).await;
     apply(&storage, (1..=300).map(released).collect()).await;
-    apply(&storage, (101..=310).map(|seq| dequeued("a", seq)).collect()).await;
+    apply(
+        &storage,
+        (101..=310).map(|seq| dequeued("a", seq)).collect(),
+    )
+    .await;
     assert!(is_stored(&storage, 300).await, "queued again for a");
     assert!(!is_stored(&storage, 1).await, "dequeued and released: gone");
     apply(&storage, vec![dequeued("a", 311)]).await;

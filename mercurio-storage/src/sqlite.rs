@@ -31,13 +31,11 @@ use tokio::sync::oneshot;
 
 use crate::change::{refused, validate_batch, Change};
 use crate::error::StorageError;
-use crate::records::{
-    InflightRecord, StoredMessage, SubscriptionRecord, WillRecord,
-};
+use crate::records::{InflightRecord, StoredMessage, SubscriptionRecord, WillRecord};
+use crate::refs::Refs;
 use crate::rows::{
     self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
-use crate::refs::Refs;
 use crate::{LoadedState, SetAside, Storage};
 use queue::QueueChanges;
 
@@ -716,7 +714,9 @@ fn delete_session_rows(
         let mut held = tx.prepare_cached(
             "SELECT message_id, count(*) FROM inflight WHERE client_id = ?1 GROUP BY 1",
         )?;
-        let found = held.query_map([client_id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+        let found = held.query_map([client_id], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })?;
         for row in found {
             let (id, n) = row?;
             refs.remove(u64::try_from(id).unwrap_or(0), n);
@@ -744,7 +744,11 @@ struct Pending<'c> {
 
 impl<'c> Pending<'c> {
     /// Whether the session of `client_id` is stored, as of this point of the batch.
-    fn session_stored(&mut self, tx: &Transaction<'_>, client_id: &'c str) -> rusqlite::Result<bool> {
+    fn session_stored(
+        &mut self,
+        tx: &Transaction<'_>,
+        client_id: &'c str,
+    ) -> rusqlite::Result<bool> {
         if self.stored.contains(client_id) {
             return Ok(true);
         }
@@ -945,10 +949,7 @@ fn add_inbound(tx: &Transaction<'_>, client_id: &str, packet_id: u16) -> rusqlit
 
 /// Adds each message's net change of references to its count; a reference added to a
 /// message that is not stored refuses the batch (`Err` with the index of the change).
-fn count_references(
-    tx: &Transaction<'_>,
-    refs: &mut Refs,
-) -> rusqlite::Result<Result<(), usize>> {
+fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<Result<(), usize>> {
     let sweep = refs.sweeps();
     let mut update = tx.prepare_cached("UPDATE messages SET refs = refs + ?2 WHERE id = ?1")?;
     for (id, delta) in refs.take() {
@@ -982,7 +983,10 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
         let failed = |index: usize, e: rusqlite::Error| {
             let e = classify(e);
             let kind = batch.get(index).map_or("batch", Change::kind);
-            StorageError::new(e.kind(), format!("change {index} ({kind}): {}", e.message()))
+            StorageError::new(
+                e.kind(),
+                format!("change {index} ({kind}): {}", e.message()),
+            )
         };
         for (index, change) in batch.iter().enumerate() {
             match apply_one(&tx, index, change, &mut pending) {
@@ -1191,8 +1195,8 @@ mod tests {
     ";
 
     use super::*;
-    use crate::DeliveryRecord;
     use crate::conformance::{self, Harness};
+    use crate::DeliveryRecord;
 
     struct SqliteHarness {
         dir: PathBuf,

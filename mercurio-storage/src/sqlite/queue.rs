@@ -107,7 +107,11 @@ impl<'c> QueueChanges<'c> {
     }
 
     /// Writes every change gathered.
-    pub(super) fn write_all(&mut self, tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<()> {
+    pub(super) fn write_all(
+        &mut self,
+        tx: &Transaction<'_>,
+        refs: &mut Refs,
+    ) -> rusqlite::Result<()> {
         for (client_id, changes) in std::mem::take(&mut self.clients) {
             write(tx, client_id, &changes, refs)?;
         }
@@ -312,10 +316,16 @@ pub(super) fn decode(text: &str) -> Result<Vec<QueuedRecord>, String> {
 
 fn ids_from_hex(hex: &str) -> Result<Vec<u32>, String> {
     let bytes = hex.as_bytes();
-    if bytes.len() % 8 != 0 {
-        return Err(format!("subscription_ids: {hex:?} is not 4 bytes per identifier"));
+    if !bytes.len().is_multiple_of(8) {
+        return Err(format!(
+            "subscription_ids: {hex:?} is not 4 bytes per identifier"
+        ));
     }
-    let digit = |c: u8| (c as char).to_digit(16).ok_or(format!("subscription_ids: {hex:?}"));
+    let digit = |c: u8| {
+        (c as char)
+            .to_digit(16)
+            .ok_or(format!("subscription_ids: {hex:?}"))
+    };
     bytes
         .chunks_exact(8)
         .map(|c| c.iter().try_fold(0u32, |v, &d| Ok(v << 4 | digit(d)?)))
@@ -402,7 +412,9 @@ impl Parser<'_> {
                             {
                                 self.at += 2;
                                 let low = self.hex4()?;
-                                code = 0x10000 + ((code - 0xD800) << 10) + (low.wrapping_sub(0xDC00) & 0x3FF);
+                                code = 0x10000
+                                    + ((code - 0xD800) << 10)
+                                    + (low.wrapping_sub(0xDC00) & 0x3FF);
                             }
                             let ch = char::from_u32(code).ok_or("a bad \\u escape")?;
                             let mut buf = [0u8; 4];
@@ -420,7 +432,10 @@ impl Parser<'_> {
     }
 
     fn hex4(&mut self) -> Result<u32, String> {
-        let digits = self.s.get(self.at..self.at + 4).ok_or("a string ends early")?;
+        let digits = self
+            .s
+            .get(self.at..self.at + 4)
+            .ok_or("a string ends early")?;
         self.at += 4;
         std::str::from_utf8(digits)
             .ok()
