@@ -11,8 +11,9 @@
 //! The changes of one client's queue in a batch are gathered ([`QueueChanges`]) and written
 //! together when the batch ends, or before a change that replaces or deletes the session:
 //! the chunks holding the positions they touch are read, merged with them, and written again
-//! (appending to a queue reads nothing). Each delivery added or removed is counted in the
-//! batch's [`Refs`].
+//! (appending to a queue reads the positions of its last chunk, not its deliveries). Each
+//! delivery added or removed is counted in the batch's [`Refs`]. Chunks never overlap: a
+//! chunk's positions are written again only together with every chunk they would overlap.
 
 use std::collections::{BTreeMap, HashMap};
 
