@@ -72,6 +72,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_refused_batch_stores_nothing(&harness.fresh().await).await;
     check_messages_across_reopen(harness).await;
     check_access_records(harness).await;
+    check_fan_out_references(harness).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1538,6 +1539,87 @@ pub async fn check_messages_across_reopen<H: Harness>(harness: &mut H) {
     // ...until that broker releases it.
     apply(&storage, vec![released(10)]).await;
     assert!(!is_stored(&storage, 10).await);
+}
+
+/// A fan-out of many messages to two sessions in one batch, then removals and replacements
+/// inside the queue, appends, and deletions: every queue reads back in order with its
+/// messages after a reopen, and each message counts its references across batches and
+/// reopens (kept while one session refers to it, gone with its last reference once
+/// released).
+pub async fn check_fan_out_references<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    let mut batch = vec![saved("a"), saved("b")];
+    for id in 1..=300 {
+        batch.push(stored(id, "t/fan", b"m"));
+    }
+    for seq in 1..=300 {
+        batch.push(queue_ref("a", seq, seq));
+        batch.push(queue_ref("b", seq, seq));
+    }
+    apply(&storage, batch).await;
+    let mut batch: Vec<Change> = (1..=100).map(|seq| dequeued("a", seq)).collect();
+    // Replaced in the middle of the queue, then appended after it.
+    batch.push(dequeued("a", 150));
+    batch.push(queue_ref("a", 150, 300));
+    batch.push(queue_ref("a", 200, 1));
+    for seq in 301..=310 {
+        batch.push(queue_ref("a", seq, seq - 300));
+    }
+    apply(&storage, batch).await;
+    apply(&storage, (1..=300).map(released).collect()).await;
+    must("flush", storage.flush()).await;
+    let storage = harness.reopen(storage).await;
+    let state = load(&storage).await;
+    let a = state.sessions.iter().find(|s| s.client_id == "a");
+    let b = state.sessions.iter().find(|s| s.client_id == "b");
+    let (Some(a), Some(b)) = (a, b) else {
+        panic!("both sessions come back: {:?}", state.set_aside);
+    };
+    let expected: Vec<u64> = (101..=310).collect();
+    assert_eq!(seqs(a), expected, "a's queue, in order");
+    let ids: Vec<u64> = a.queued.iter().map(|q| q.delivery.message_id).collect();
+    let mut want: Vec<u64> = (101..=300).collect();
+    want[150 - 101] = 300;
+    want[200 - 101] = 1;
+    want.extend(1..=10);
+    assert_eq!(ids, want, "a's queue refers to its messages");
+    assert_eq!(seqs(b), (1..=300).collect::<Vec<u64>>(), "b's queue");
+    assert_eq!(state.messages.len(), 300, "every message is referred to");
+
+    // The new broker holds every message it loaded; released again, each goes with its
+    // last reference.
+    apply(&storage, (1..=300).map(released).collect()).await;
+    apply(
+        &storage,
+        vec![Change::SessionDeleted {
+            client_id: "b".to_string(),
+        }],
+    )
+    .await;
+    assert!(is_stored(&storage, 1).await, "a still refers to message 1");
+    assert!(
+        !is_stored(&storage, 50).await,
+        "only b referred to message 50"
+    );
+    let storage = harness.reopen(storage).await;
+    let state = load(&storage).await;
+    assert_eq!(
+        state.messages.len(),
+        208,
+        "the messages a refers to: 101..=300 but 150 and 200, and 1..=10"
+    );
+    apply(&storage, vec![queue_ref("a", 311, 300)]).await;
+    apply(&storage, (1..=300).map(released).collect()).await;
+    apply(
+        &storage,
+        (101..=310).map(|seq| dequeued("a", seq)).collect(),
+    )
+    .await;
+    assert!(is_stored(&storage, 300).await, "queued again for a");
+    assert!(!is_stored(&storage, 1).await, "dequeued and released: gone");
+    apply(&storage, vec![dequeued("a", 311)]).await;
+    assert!(!is_stored(&storage, 300).await, "its last reference went");
+    assert!(load(&storage).await.messages.is_empty());
 }
 
 /// A session that can't be read is set aside (the rest loads), and `delete_session` clears

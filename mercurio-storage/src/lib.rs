@@ -15,7 +15,9 @@
 //! - [`error`]: [`StorageError`] and the [`ErrorKind`] that tells the writer how to react;
 //! - [`memory`]: [`MemoryStorage`], the default backend and the reference semantics;
 //! - [`sqlite`] (feature `sqlite`): [`SqliteStorage`](sqlite::SqliteStorage), one database file
-//!   in WAL mode, written by a dedicated thread;
+//!   in WAL mode, written by a dedicated thread, queues stored in chunks (`sqlite/queue.rs`);
+//! - `refs` (SQL backends): the message store's reference accounting, a count per message
+//!   changed once per batch;
 //! - [`postgres`] (feature `postgres`): [`PostgresStorage`](postgres::PostgresStorage), a
 //!   PostgreSQL database served by one broker at a time, with standbys and epoch fencing;
 //! - `conformance` (feature `conformance`): checks every backend must pass.
@@ -55,6 +57,8 @@ pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod records;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod refs;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rows;
 #[cfg(feature = "sqlite")]

@@ -170,7 +170,9 @@ pub(crate) fn stored(row: &impl Columns) -> Result<StoredMessage, (Option<u64>, 
     })
 }
 
-/// A queued message: client id, seq, then the [`DELIVERY_COLUMNS`].
+/// A queued message: client id, seq, then the [`DELIVERY_COLUMNS`] (PostgreSQL's rows;
+/// SQLite stores queues in chunks).
+#[cfg(feature = "postgres")]
 pub(crate) fn queued(row: &impl Columns) -> Result<QueuedRecord, String> {
     Ok(QueuedRecord {
         seq: unsigned(row.int(1)?, "seq")?,

@@ -14,7 +14,9 @@
 //! - A session whose rows cannot be read (a damaged value, one a newer version wrote) is set
 //!   aside: reported in [`LoadedState::set_aside`] and left as it is.
 
-use std::collections::BTreeMap;
+mod queue;
+
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -24,19 +26,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use rusqlite::{params, Connection, ErrorCode, Row, Transaction};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Row, Transaction};
 use tokio::sync::oneshot;
 
 use crate::access::{validate_access, AccessChange, AccessKind, AccessRecord};
 use crate::change::{refused, validate_batch, Change};
 use crate::error::StorageError;
-use crate::records::{
-    DeliveryRecord, InflightRecord, StoredMessage, SubscriptionRecord, WillRecord,
-};
+use crate::records::{InflightRecord, StoredMessage, SubscriptionRecord, WillRecord};
+use crate::refs::Refs;
 use crate::rows::{
     self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
 use crate::{LoadedState, SetAside, Storage};
+use queue::QueueChanges;
 
 /// The schema version this build writes and reads (`PRAGMA user_version`).
 ///
@@ -44,10 +46,13 @@ use crate::{LoadedState, SetAside, Storage};
 /// message's shared subscription) in `queued`, `inflight` and `retained`; 4: the message
 /// store: each message once in `messages`, and `queued` / `inflight` rows refer to it
 /// (`message_id`) with the delivery's QoS, RETAIN flag, subscription identifiers and shared
-/// subscription. An older database is upgraded when opened (from 3 to 4, each queued or
-/// in-flight row becomes one message and one reference). 5: `access`, the access records
-/// (users, groups, roles) of `[auth] backend = "storage"`.
-pub const SCHEMA_VERSION: i64 = 5;
+/// subscription. 5: `access`, the access records (users, groups, roles) of `[auth] backend
+/// = "storage"`. 6: queues in chunks (`queue_chunks`, one row per client and run of
+/// positions; the view `queued` shows a delivery a row) and a count of references per
+/// message (`messages.refs`) in place of the indexes of references. An older database is
+/// upgraded when opened (from 3 to 4, each queued or in-flight row becomes one message and
+/// one reference; from 5 to 6, each queue is rewritten in chunks and references counted).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The access records' table (schema 5), shared by [`SCHEMA`] and the upgrade from 4.
 macro_rules! access_table {
@@ -63,9 +68,9 @@ CREATE TABLE access (
     };
 }
 
-/// The message store and the tables that refer to it (schema 4), shared by [`SCHEMA`] and
-/// the upgrade from 3.
-macro_rules! message_store {
+/// The message store and the tables that refer to it (schema 4), shared by the upgrade from
+/// 3 (schema 6 then changes them, [`TO_6`]).
+macro_rules! message_store_4 {
     () => {
         "
 CREATE TABLE messages (
@@ -108,6 +113,62 @@ CREATE INDEX inflight_message ON inflight (message_id);
     };
 }
 
+/// The message store of schema 6: each message counts its references (`refs`: queued
+/// deliveries and in-flight messages, see `refs.rs`) instead of an index of them; queues are
+/// stored in chunks (`queue.rs`), shown one delivery a row by the view `queued`.
+macro_rules! message_store {
+    () => {
+        concat!(
+            "
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    properties BLOB NOT NULL,
+    expires_at INTEGER,
+    publisher TEXT,
+    released INTEGER NOT NULL DEFAULT 0,
+    refs INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX messages_released ON messages (id) WHERE released = 1;
+",
+            queue_tables!()
+        )
+    };
+}
+
+/// The tables of queued and in-flight deliveries of schema 6 (and the view `queued`).
+macro_rules! queue_tables {
+    () => {
+        "
+CREATE TABLE queue_chunks (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    entries TEXT NOT NULL,
+    PRIMARY KEY (client_id, first_seq)
+) WITHOUT ROWID;
+CREATE VIEW queued (client_id, seq, message_id, qos, retain, subscription_ids, share) AS
+    SELECT c.client_id, e.value ->> 0, e.value ->> 1, e.value ->> 2, e.value ->> 3,
+    unhex(e.value ->> 4), e.value ->> 5 FROM queue_chunks AS c, json_each(c.entries) AS e;
+CREATE TABLE inflight (
+    client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+    packet_id INTEGER NOT NULL,
+    ord INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    message_id INTEGER NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    subscription_ids BLOB NOT NULL,
+    share TEXT,
+    PRIMARY KEY (client_id, packet_id)
+) WITHOUT ROWID;
+"
+    };
+}
+
 /// From each older schema version to the next, in order (index 0: from 1 to 2).
 const UPGRADES: &[&str] = &[
     "ALTER TABLE sessions ADD COLUMN username TEXT;",
@@ -116,7 +177,7 @@ const UPGRADES: &[&str] = &[
     concat!(
         "ALTER TABLE queued RENAME TO queued_v3; ALTER TABLE inflight RENAME TO inflight_v3; \
          DROP INDEX IF EXISTS queued_message; DROP INDEX IF EXISTS inflight_message;",
-        message_store!(),
+        message_store_4!(),
         "INSERT INTO messages (id, topic, payload, qos, retain, properties, expires_at, publisher) \
          SELECT row_number() OVER (ORDER BY client_id, seq), topic, payload, qos, retain, \
          properties, expires_at, publisher FROM queued_v3; \
@@ -133,7 +194,26 @@ const UPGRADES: &[&str] = &[
          DROP TABLE queued_v3; DROP TABLE inflight_v3;"
     ),
     access_table!(),
+    TO_6,
 ];
+
+/// From version 5 to 6: queues in chunks of at most 256 deliveries, in-flight messages without
+/// an index of their message, and each message's count of references.
+const TO_6: &str = concat!(
+    "ALTER TABLE queued RENAME TO queued_v5; ALTER TABLE inflight RENAME TO inflight_v5; \
+     DROP INDEX IF EXISTS queued_message; DROP INDEX IF EXISTS inflight_message; \
+     ALTER TABLE messages ADD COLUMN refs INTEGER NOT NULL DEFAULT 0;",
+    queue_tables!(),
+    "INSERT INTO queue_chunks (client_id, first_seq, last_seq, entries) \
+     SELECT client_id, min(seq), max(seq), json_group_array(json_array(seq, message_id, qos, \
+     retain, hex(subscription_ids), share) ORDER BY seq) FROM (SELECT *, (row_number() OVER \
+     (PARTITION BY client_id ORDER BY seq) - 1) / 256 AS chunk FROM queued_v5 \
+     ORDER BY client_id, seq) GROUP BY client_id, chunk; \
+     INSERT INTO inflight SELECT * FROM inflight_v5; \
+     UPDATE messages SET refs = (SELECT count(*) FROM queued_v5 WHERE message_id = messages.id) \
+     + (SELECT count(*) FROM inflight_v5 WHERE message_id = messages.id); \
+     DROP TABLE queued_v5; DROP TABLE inflight_v5;"
+);
 
 /// How long a statement waits for a lock held by another connection before the call fails
 /// with a transient error (which the broker's writer retries).
@@ -444,19 +524,12 @@ fn per_client<T>(
 }
 
 /// Deletes the messages the broker released that nothing refers to any more.
-const DELETE_RELEASED: &str = "DELETE FROM messages WHERE released = 1 \
-    AND NOT EXISTS (SELECT 1 FROM queued WHERE message_id = messages.id) \
-    AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id)";
+const DELETE_RELEASED: &str = "DELETE FROM messages WHERE released = 1 AND refs <= 0";
 
 /// A new broker starts: messages nothing refers to go, and it holds every other one.
 fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    tx.execute(
-        "DELETE FROM messages \
-         WHERE NOT EXISTS (SELECT 1 FROM queued WHERE message_id = messages.id) \
-         AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id)",
-        [],
-    )?;
+    tx.execute("DELETE FROM messages WHERE refs <= 0", [])?;
     tx.execute("UPDATE messages SET released = 0 WHERE released = 1", [])?;
     tx.commit()
 }
@@ -472,13 +545,7 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
             ),
             |row| rows::subscription(row),
         )?,
-        queued: per_client(
-            conn,
-            &format!(
-                "SELECT client_id, seq, {DELIVERY_COLUMNS} FROM queued ORDER BY client_id, seq"
-            ),
-            |row| rows::queued(row),
-        )?,
+        queued: queue::load_all(conn)?,
         inflight: per_client(
             conn,
             &format!(
@@ -554,49 +621,32 @@ fn store_message(tx: &Transaction<'_>, stored: &StoredMessage) -> rusqlite::Resu
     ])
 }
 
-fn release_message(tx: &Transaction<'_>, id: u64) -> rusqlite::Result<()> {
-    let id = to_i64(id);
-    let deleted = tx
-        .prepare_cached(
-            "DELETE FROM messages WHERE id = ?1 \
-             AND NOT EXISTS (SELECT 1 FROM queued WHERE message_id = ?1) \
-             AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = ?1)",
-        )?
-        .execute([id])?;
-    if deleted == 0 {
-        tx.prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1")?
-            .execute([id])?;
-    }
+/// Marks message `id` released; it is deleted at the end of the batch if nothing refers to it.
+fn release_message(tx: &Transaction<'_>, id: u64, refs: &mut Refs) -> rusqlite::Result<()> {
+    tx.prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1")?
+        .execute([to_i64(id)])?;
+    refs.release();
     Ok(())
 }
 
-fn queue(
-    tx: &Transaction<'_>,
-    client_id: &str,
-    seq: u64,
-    d: &DeliveryRecord,
-) -> rusqlite::Result<usize> {
-    tx.prepare_cached(
-        "INSERT OR REPLACE INTO queued (client_id, seq, message_id, qos, retain, \
-         subscription_ids, share) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![
-        client_id,
-        to_i64(seq),
-        to_i64(d.message_id),
-        d.qos,
-        d.retain,
-        rows::encode_ids(&d.subscription_ids),
-        d.share,
-    ])
-}
-
+/// Sets an in-flight message (change `index`), counting the reference it adds and the one it
+/// replaces.
 fn set_inflight(
     tx: &Transaction<'_>,
     client_id: &str,
     inflight: &InflightRecord,
+    index: usize,
+    refs: &mut Refs,
 ) -> rusqlite::Result<usize> {
     let d = &inflight.delivery;
+    let old: Option<i64> = tx
+        .prepare_cached("SELECT message_id FROM inflight WHERE client_id = ?1 AND packet_id = ?2")?
+        .query_row(params![client_id, inflight.packet_id], |r| r.get(0))
+        .optional()?;
+    if let Some(old) = old {
+        refs.remove(u64::try_from(old).unwrap_or(0), 1);
+    }
+    refs.add(d.message_id, index);
     tx.prepare_cached(
         "INSERT INTO inflight (client_id, packet_id, ord, state, message_id, qos, retain, \
          subscription_ids, share) VALUES (?1, ?2, \
@@ -670,9 +720,28 @@ fn save_header(
     ])
 }
 
-fn delete_session_rows(tx: &Transaction<'_>, client_id: &str) -> rusqlite::Result<usize> {
+/// Deletes the session of `client_id` and everything it holds, counting the references it
+/// held.
+fn delete_session_rows(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    refs: &mut Refs,
+) -> rusqlite::Result<usize> {
+    queue::delete_queue(tx, client_id, refs)?;
+    {
+        let mut held = tx.prepare_cached(
+            "SELECT message_id, count(*) FROM inflight WHERE client_id = ?1 GROUP BY 1",
+        )?;
+        let found = held.query_map([client_id], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })?;
+        for row in found {
+            let (id, n) = row?;
+            refs.remove(u64::try_from(id).unwrap_or(0), n);
+        }
+    }
     // Children first: a damaged session row must not keep its rows behind.
-    for table in ["subscriptions", "queued", "inflight", "inbound_qos2"] {
+    for table in ["subscriptions", "inflight", "inbound_qos2"] {
         tx.prepare_cached(&format!("DELETE FROM {table} WHERE client_id = ?1"))?
             .execute([client_id])?;
     }
@@ -681,8 +750,51 @@ fn delete_session_rows(tx: &Transaction<'_>, client_id: &str) -> rusqlite::Resul
 }
 
 /// Applies one change; `Ok(false)` when it adds to a session that is not stored.
-fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
+/// What a batch gathers while its changes are applied: the references counted, the queue
+/// changes not yet written, the clients whose session is known stored.
+#[derive(Default)]
+struct Pending<'c> {
+    refs: Refs,
+    queues: QueueChanges<'c>,
+    /// Clients whose session is stored (checked, or created by this batch) as of now.
+    stored: HashSet<&'c str>,
+}
+
+impl<'c> Pending<'c> {
+    /// Whether the session of `client_id` is stored, as of this point of the batch.
+    fn session_stored(
+        &mut self,
+        tx: &Transaction<'_>,
+        client_id: &'c str,
+    ) -> rusqlite::Result<bool> {
+        if self.stored.contains(client_id) {
+            return Ok(true);
+        }
+        let found = tx
+            .prepare_cached("SELECT 1 FROM sessions WHERE client_id = ?1")?
+            .exists([client_id])?;
+        if found {
+            self.stored.insert(client_id);
+        }
+        Ok(found)
+    }
+}
+
+/// Applies change `index`; `Ok(false)` when it adds to a session that is not stored.
+fn apply_one<'c>(
+    tx: &Transaction<'_>,
+    index: usize,
+    change: &'c Change,
+    p: &mut Pending<'c>,
+) -> rusqlite::Result<bool> {
     let not_stored = |n: usize| n > 0;
+    // The queue changes gathered for a session go before it is replaced or deleted.
+    if let Change::SessionWritten(..) | Change::SessionDeleted { .. } = change {
+        if let Some(client_id) = change.client_id() {
+            p.queues.write_client(tx, client_id, &mut p.refs)?;
+            p.stored.remove(client_id);
+        }
+    }
     Ok(match change {
         Change::SessionSaved(h) => {
             save_header(
@@ -694,13 +806,14 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 h.username.as_deref(),
                 h.certificate.as_deref(),
             )?;
+            p.stored.insert(&h.client_id);
             true
         }
         Change::SessionWritten(r, messages) => {
             for m in messages {
                 store_message(tx, m)?;
             }
-            delete_session_rows(tx, &r.client_id)?;
+            delete_session_rows(tx, &r.client_id, &mut p.refs)?;
             save_header(
                 tx,
                 &r.client_id,
@@ -714,19 +827,18 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
             for s in &r.subscriptions {
                 add_subscription(tx, &r.client_id, s)?;
             }
-            for q in &r.queued {
-                queue(tx, &r.client_id, q.seq, &q.delivery)?;
-            }
+            queue::insert_queue(tx, &r.client_id, &r.queued, index, &mut p.refs)?;
             for f in &r.inflight {
-                set_inflight(tx, &r.client_id, f)?;
+                set_inflight(tx, &r.client_id, f, index, &mut p.refs)?;
             }
+            p.stored.insert(&r.client_id);
             for id in &r.inbound_qos2 {
                 add_inbound(tx, &r.client_id, *id)?;
             }
             true
         }
         Change::SessionDeleted { client_id } => {
-            delete_session_rows(tx, client_id)?;
+            delete_session_rows(tx, client_id, &mut p.refs)?;
             true
         }
         Change::SubscriptionAdded {
@@ -748,29 +860,42 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
             true
         }
         Change::MessageReleased { id } => {
-            release_message(tx, *id)?;
+            release_message(tx, *id, &mut p.refs)?;
             true
         }
         Change::MessageQueued {
             client_id,
             seq,
             delivery,
-        } => not_stored(queue(tx, client_id, *seq, delivery)?),
+        } => {
+            let stored = p.session_stored(tx, client_id)?;
+            if stored {
+                p.queues.add(client_id, *seq, index, Some(delivery));
+            }
+            stored
+        }
         Change::MessageDequeued { client_id, seq } => {
-            tx.prepare_cached("DELETE FROM queued WHERE client_id = ?1 AND seq = ?2")?
-                .execute(params![client_id, to_i64(*seq)])?;
+            p.queues.add(client_id, *seq, index, None);
             true
         }
         Change::InflightSet {
             client_id,
             inflight,
-        } => not_stored(set_inflight(tx, client_id, inflight)?),
+        } => not_stored(set_inflight(tx, client_id, inflight, index, &mut p.refs)?),
         Change::InflightRemoved {
             client_id,
             packet_id,
         } => {
-            tx.prepare_cached("DELETE FROM inflight WHERE client_id = ?1 AND packet_id = ?2")?
-                .execute(params![client_id, packet_id])?;
+            let removed: Option<i64> = tx
+                .prepare_cached(
+                    "DELETE FROM inflight WHERE client_id = ?1 AND packet_id = ?2 \
+                     RETURNING message_id",
+                )?
+                .query_row(params![client_id, packet_id], |r| r.get(0))
+                .optional()?;
+            if let Some(id) = removed {
+                p.refs.remove(u64::try_from(id).unwrap_or(0), 1);
+            }
             true
         }
         Change::InboundQos2Added {
@@ -840,17 +965,26 @@ fn add_inbound(tx: &Transaction<'_>, client_id: &str, packet_id: u16) -> rusqlit
         .map(|_| 1)
 }
 
-/// Whether `change` may remove the last reference to a released message.
-fn removes_references(change: &Change) -> bool {
-    matches!(
-        change,
-        Change::SessionWritten(..)
-            | Change::SessionDeleted { .. }
-            | Change::MessageQueued { .. }
-            | Change::MessageDequeued { .. }
-            | Change::InflightSet { .. }
-            | Change::InflightRemoved { .. }
-    )
+/// Adds each message's net change of references to its count; a reference added to a
+/// message that is not stored refuses the batch (`Err` with the index of the change).
+fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<Result<(), usize>> {
+    let sweep = refs.sweeps();
+    let mut update = tx.prepare_cached("UPDATE messages SET refs = refs + ?2 WHERE id = ?1")?;
+    for (id, delta) in refs.take() {
+        if delta.net == 0 && delta.first_addition.is_none() {
+            continue;
+        }
+        let n = update.execute(params![to_i64(id), delta.net])?;
+        if n == 0 {
+            if let Some(index) = delta.first_addition {
+                return Ok(Err(index));
+            }
+        }
+    }
+    if sweep {
+        tx.prepare_cached(DELETE_RELEASED)?.execute([])?;
+    }
+    Ok(Ok(()))
 }
 
 fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result<(), StorageError> {
@@ -863,8 +997,17 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(classify)?;
+        let mut pending = Pending::default();
+        let failed = |index: usize, e: rusqlite::Error| {
+            let e = classify(e);
+            let kind = batch.get(index).map_or("batch", Change::kind);
+            StorageError::new(
+                e.kind(),
+                format!("change {index} ({kind}): {}", e.message()),
+            )
+        };
         for (index, change) in batch.iter().enumerate() {
-            match apply_one(&tx, change) {
+            match apply_one(&tx, index, change, &mut pending) {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(refused(
@@ -873,19 +1016,26 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
                         "no session is stored for the client",
                     ))
                 }
-                Err(e) => {
-                    let e = classify(e);
-                    return Err(StorageError::new(
-                        e.kind(),
-                        format!("change {index} ({}): {}", change.kind(), e.message()),
-                    ));
-                }
+                Err(e) => return Err(failed(index, e)),
             }
         }
-        if batch.iter().any(removes_references) {
-            tx.prepare_cached(DELETE_RELEASED)
-                .and_then(|mut s| s.execute([]))
-                .map_err(classify)?;
+        let Pending {
+            mut refs,
+            mut queues,
+            ..
+        } = pending;
+        queues
+            .write_all(&tx, &mut refs)
+            .map_err(|e| failed(batch.len(), e))?;
+        match count_references(&tx, &mut refs).map_err(|e| failed(batch.len(), e))? {
+            Ok(()) => {}
+            Err(index) => {
+                return Err(refused(
+                    index,
+                    &batch[index],
+                    "the message it refers to is not stored",
+                ))
+            }
         }
         tx.commit().map_err(classify)
     })();
@@ -928,8 +1078,13 @@ impl Storage for SqliteStorage {
             let tx = conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(classify)?;
-            let n = delete_session_rows(&tx, &client_id).map_err(classify)?;
-            tx.execute(DELETE_RELEASED, []).map_err(classify)?;
+            let mut refs = Refs::default();
+            let n = delete_session_rows(&tx, &client_id, &mut refs).map_err(classify)?;
+            if let Err(index) = count_references(&tx, &mut refs).map_err(classify)? {
+                return Err(StorageError::refused(format!(
+                    "deleting the session of {client_id}: message reference {index} is not stored"
+                )));
+            }
             tx.commit().map_err(classify)?;
             Ok(n > 0)
         })
@@ -1118,6 +1273,7 @@ mod tests {
 
     use super::*;
     use crate::conformance::{self, Harness};
+    use crate::DeliveryRecord;
 
     struct SqliteHarness {
         dir: PathBuf,

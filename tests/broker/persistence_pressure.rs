@@ -146,6 +146,47 @@ async fn a_publisher_feeding_offline_sessions_waits_for_the_bytes_it_owes_storag
     broker.shutdown().await;
 }
 
+/// A message queued for many offline persistent sessions costs its publisher the message
+/// once and, per session, the small op its delivery waits in, not a whole change per
+/// session (about 500 bytes each, which let a publisher's `max_pending_bytes` hold a few
+/// deliveries per session and made storage write a fan-out a delivery at a time): with 200
+/// sessions and storage taking nothing, one PUBLISH of 1 KiB owes under 1 KiB plus 100
+/// bytes per session (and a change's own footprint).
+#[tokio::test]
+async fn a_fan_out_costs_its_publisher_a_small_reference_per_session() {
+    const SESSIONS: usize = 200;
+    let storage = MemoryStorage::new();
+    let mut config = test_config();
+    config.storage.max_pending_bytes = 0;
+    config.storage.max_pending_bytes_total = 0;
+    let (broker, addr) = offline_subscribers(config, &storage, SESSIONS, "fan/small").await;
+    storage.fail_always(ErrorKind::Transient);
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "fan-small-pub").await;
+    publisher.send(publish(1, "fan/small", vec![7; 1024])).await;
+    match publisher.expect_packet().await {
+        Packet::PubAck(a) => assert_eq!(a.packet_id, 1),
+        other => panic!("expected PUBACK, got {other:?}"),
+    }
+    // Owed once the message is routed, before its PUBACK.
+    let pending = broker.stats().storage_pending_bytes as usize;
+    assert!(
+        pending > 1024 + SESSIONS * 16,
+        "owed {pending} bytes: the message and a reference per session"
+    );
+    assert!(
+        pending < 1024 + SESSIONS * 100 + 1024,
+        "owed {pending} bytes for one message of 1 KiB to {SESSIONS} sessions: more than \
+         100 bytes per session"
+    );
+    storage.stop_failing();
+    broker.flush_storage().await;
+    assert_eq!(broker.stats().storage_pending_bytes, 0);
+    let stored = storage.snapshot();
+    let queued: usize = stored.sessions.iter().map(|s| s.queued.len()).sum();
+    assert_eq!(queued, SESSIONS, "one delivery stored per session");
+    broker.shutdown().await;
+}
+
 /// Storage that fails every write for a second is reported: `/healthz` 503 with the error,
 /// `storage/unwritable` 1, failed writes counted. The publisher whose message waits for
 /// storage is held (over `max_pending_bytes_total`), while clients that owe storage nothing

@@ -50,7 +50,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use records::{
     delivery_record, header, inflight_record, message_record, subscription_record, will_record,
 };
-use writer::{BatchWriter, Callback, Op};
+use writer::{BatchWriter, Callback, Op, QueuedOp};
 
 use crate::codec::QoS;
 use crate::message::{Message, ReleaseStored, Stored};
@@ -60,7 +60,8 @@ use crate::session::{
 use crate::stats::Counters;
 
 /// Bytes a change costs beyond [`Change::size`]: its own footprint while it waits in the
-/// writer's channel.
+/// writer's channel (a [`Change`] other than a queued delivery is boxed, and costs its size
+/// too).
 pub(crate) const CHANGE_OVERHEAD: usize = std::mem::size_of::<Op>();
 
 /// How long storage may fail every write before the broker reports it unwritable.
@@ -212,30 +213,40 @@ impl Persister {
     fn emit_paid(&self, change: Change, payer: Payer) {
         let charge = Charge {
             payer,
-            bytes: change.size() + CHANGE_OVERHEAD,
+            bytes: change.size() + CHANGE_OVERHEAD + std::mem::size_of::<Change>(),
         };
-        if let Some(client_id) = charge.client(&change) {
+        self.owe(charge.client(&change), charge.bytes);
+        self.send(Op::Change(Box::new(change), charge));
+    }
+
+    /// `bytes` more are owed by `client_id` (`None`: by the broker only).
+    fn owe(&self, client_id: Option<&str>, bytes: usize) {
+        if let Some(client_id) = client_id {
             let mut pending = self.pending.lock();
             let owed = match pending.get_mut(client_id) {
                 Some(n) => {
-                    *n += charge.bytes;
+                    *n += bytes;
                     *n
                 }
                 None => {
-                    pending.insert(client_id.into(), charge.bytes);
-                    charge.bytes
+                    pending.insert(client_id.into(), bytes);
+                    bytes
                 }
             };
-            if owed > self.limits.per_client && owed - charge.bytes <= self.limits.per_client {
+            if owed > self.limits.per_client && owed - bytes <= self.limits.per_client {
                 self.over.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Counters::add(&self.stats.storage_pending_bytes, charge.bytes as u64);
-        if let Err(mpsc::error::SendError(Op::Change(change, charge))) =
-            self.tx.send(Op::Change(change, charge))
-        {
+        Counters::add(&self.stats.storage_pending_bytes, bytes as u64);
+    }
+
+    /// Sends `op`, owed already ([`Self::owe`]), to the writer.
+    fn send(&self, op: Op) {
+        if let Err(mpsc::error::SendError(op)) = self.tx.send(op) {
             // The writer has stopped (the broker is stopping): nothing more is stored.
-            self.done(charge.client(&change), charge.bytes);
+            if let Some((client_id, bytes)) = op.debt() {
+                self.done(client_id, bytes);
+            }
         }
     }
 
@@ -526,17 +537,32 @@ impl ReleaseStored for Persister {
 impl SessionChanges for Persister {
     /// Owed by the message's publisher, not by the (often offline) session it waits in: the
     /// message once (its first delivery to a stored session stores it), then a reference
-    /// per delivery.
-    fn queued(&self, client_id: &str, q: &Delivery) {
-        let id = self.message_id(&q.msg);
-        self.emit_paid(
-            Change::MessageQueued {
-                client_id: client_id.to_string(),
-                seq: q.seq,
-                delivery: delivery_record(id, q),
-            },
-            publisher(&q.msg),
-        );
+    /// per delivery, which costs what it holds while it waits ([`CHANGE_OVERHEAD`], its
+    /// subscription identifiers and shared subscription), not a copy of the message.
+    fn queued(&self, client_id: &Arc<str>, q: &Delivery) {
+        let message_id = self.message_id(&q.msg);
+        let extra = (!q.subscription_ids.is_empty() || q.share.is_some()).then(|| {
+            Box::new((
+                q.subscription_ids.clone(),
+                q.share.as_deref().map(str::to_string),
+            ))
+        });
+        let bytes = CHANGE_OVERHEAD
+            + extra.as_ref().map_or(0, |e| {
+                std::mem::size_of_val(&**e) + 4 * e.0.len() + e.1.as_ref().map_or(0, String::len)
+            });
+        let payer = q.msg.publisher.clone();
+        self.owe(payer.as_deref(), bytes);
+        self.send(Op::Queued(QueuedOp {
+            client_id: Arc::clone(client_id),
+            seq: q.seq,
+            message_id,
+            qos: q.qos as u8,
+            retain: q.retain,
+            extra,
+            payer,
+            bytes,
+        }));
     }
 
     fn dequeued(&self, client_id: &str, seq: u64) {

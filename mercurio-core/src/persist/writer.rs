@@ -6,15 +6,17 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use mercurio_storage::{Change, StorageError, REFUSED_ATTEMPTS};
+use mercurio_storage::{Change, DeliveryRecord, StorageError, REFUSED_ATTEMPTS};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Charge, Persister, UNWRITABLE_AFTER};
+use super::{Charge, Payer, Persister, UNWRITABLE_AFTER};
 use crate::session::SessionTable;
 use crate::stats::Counters;
 
-/// Most changes applied in one transaction.
-const MAX_BATCH: usize = 4_096;
+/// Most changes applied in one transaction. Large, so that a fan-out to many offline
+/// sessions is written as one chunk of deliveries per session, not one row per delivery
+/// (the bytes waiting are bounded by `max_pending_bytes_total` anyway).
+const MAX_BATCH: usize = 262_144;
 /// Longest pause between two attempts of a failing batch.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -24,11 +26,14 @@ pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(super) type Callback = Box<dyn FnOnce(bool) + Send>;
 
 /// What the broker sends the writer.
-// Mostly `Change`s: boxing the large variant would cost an allocation per change.
-#[allow(clippy::large_enum_variant)]
 pub(super) enum Op {
-    /// A change and who owes its bytes until it is stored.
-    Change(Change, Charge),
+    /// A change and who owes its bytes until it is stored. Boxed: a `Change` is hundreds of
+    /// bytes (a whole session), while most of what waits here is queued deliveries.
+    Change(Box<Change>, Charge),
+    /// A delivery queued for a stored session ([`Change::MessageQueued`]), owed by the
+    /// message's publisher: what a fan-out to many sessions sends, one per session, so
+    /// kept small (the session's client identifier shared, not copied).
+    Queued(QueuedOp),
     /// Run after everything before it is committed (and synced, with durable_ack), told
     /// whether all of it was.
     AfterCommit(Callback),
@@ -59,6 +64,59 @@ pub(super) struct BatchWriter {
     /// When the first of the writes failing in a row failed (transient errors), while they
     /// fail; reported as unwritable storage after [`UNWRITABLE_AFTER`].
     pub(super) failing_since: Option<Instant>,
+}
+
+/// A delivery queued for a stored session, as it waits for the writer: about 70 bytes
+/// (a `Change` is hundreds), what a fan-out costs per session.
+pub(super) struct QueuedOp {
+    /// The session's client identifier, shared with it.
+    pub(super) client_id: Arc<str>,
+    pub(super) seq: u64,
+    pub(super) message_id: u64,
+    pub(super) qos: u8,
+    pub(super) retain: bool,
+    /// Its subscription identifiers and shared subscription, when it has any.
+    pub(super) extra: Option<Box<(Vec<u32>, Option<String>)>>,
+    /// Who owes it until it is stored: the message's publisher (`None`: the broker).
+    pub(super) payer: Option<Arc<str>>,
+    pub(super) bytes: usize,
+}
+
+impl QueuedOp {
+    /// The change it stands for.
+    fn into_change(self) -> (Change, Charge) {
+        let (subscription_ids, share) = self.extra.map(|e| *e).unwrap_or_default();
+        let change = Change::MessageQueued {
+            client_id: self.client_id.to_string(),
+            seq: self.seq,
+            delivery: DeliveryRecord {
+                message_id: self.message_id,
+                qos: self.qos,
+                retain: self.retain,
+                subscription_ids,
+                share,
+            },
+        };
+        let charge = Charge {
+            payer: match self.payer {
+                Some(p) => Payer::Client(p),
+                None => Payer::Broker,
+            },
+            bytes: self.bytes,
+        };
+        (change, charge)
+    }
+}
+
+impl Op {
+    /// Who owes this op's bytes and how many, for a change.
+    pub(super) fn debt(&self) -> Option<(Option<&str>, usize)> {
+        match self {
+            Op::Change(change, charge) => Some((charge.client(change), charge.bytes)),
+            Op::Queued(q) => Some((q.payer.as_deref(), q.bytes)),
+            _ => None,
+        }
+    }
 }
 
 /// What to do after the changes of a batch are committed.
@@ -114,6 +172,16 @@ impl BatchWriter {
                         self.lost = true;
                         self.persister.done(charge.client(&change), charge.bytes);
                     } else {
+                        changes.changes.push(*change);
+                        changes.charges.push(charge);
+                    }
+                }
+                Op::Queued(q) => {
+                    if self.dirty.contains(&*q.client_id) {
+                        self.lost = true;
+                        self.persister.done(q.payer.as_deref(), q.bytes);
+                    } else {
+                        let (change, charge) = q.into_change();
                         changes.changes.push(change);
                         changes.charges.push(charge);
                     }
@@ -408,6 +476,15 @@ mod tests {
         Change::SessionDeleted {
             client_id: client_id.into(),
         }
+    }
+
+    /// A fan-out sends one op per stored session: it must stay small (a whole `Change` made
+    /// it about 500 bytes, and the publisher's debt bound then let few deliveries per
+    /// session into a batch).
+    #[test]
+    fn a_queued_delivery_waits_in_a_small_op() {
+        let size = std::mem::size_of::<super::Op>();
+        assert!(size <= 80, "an Op is {size} bytes");
     }
 
     /// One batch holding two clients' changes, refused nine times: each change has been

@@ -167,7 +167,7 @@ struct Dropping {
 /// costs one `Option` check.
 pub(crate) trait SessionChanges: Send + Sync + std::fmt::Debug {
     /// A QoS 1 or 2 message was pushed on the queue.
-    fn queued(&self, client_id: &str, q: &Delivery);
+    fn queued(&self, client_id: &Arc<str>, q: &Delivery);
     /// A QoS 1 or 2 message left the queue without being sent (expired, too large, no longer
     /// readable), or was sent and is now `inflight`.
     fn dequeued(&self, client_id: &str, seq: u64);

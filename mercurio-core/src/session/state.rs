@@ -355,7 +355,7 @@ impl SessionState {
     }
 
     /// A message was pushed on the queue.
-    pub(crate) fn persist_queued(&self, client_id: &str, q: &Delivery) {
+    pub(crate) fn persist_queued(&self, client_id: &Arc<str>, q: &Delivery) {
         if q.qos == QoS::AtMostOnce {
             return;
         }

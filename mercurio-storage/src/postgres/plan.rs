@@ -252,11 +252,17 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
         });
         groups[at].1.push(index);
     }
+    // Clients whose changes in the batch are deliveries queued and nothing else (a
+    // fan-out): one statement for all of them, and one check that their sessions are stored.
+    let mut fanout = Fanout::default();
     for (client_id, indices) in groups {
         let Some(client_id) = client_id else {
             plan_retained(s, batch, &indices, out);
             continue;
         };
+        if fanout.take(client_id, batch, &indices) {
+            continue;
+        }
         // Whether the session is stored for sure: created earlier in this batch.
         let mut created = false;
         let mut run = Run::default();
@@ -275,6 +281,7 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
         }
         run.plan(s, client_id, created, out);
     }
+    fanout.plan(s, out);
     if let Some(index) = first_release {
         for statement in [&s.release_unreferenced, &s.mark_released] {
             out.push(Op {
@@ -528,6 +535,62 @@ impl<'c> Run<'c> {
                 false,
             );
         }
+    }
+}
+
+/// The deliveries queued for clients that have no other change in the batch, written with
+/// one statement for all of them.
+#[derive(Default)]
+struct Fanout {
+    /// The first change queued, for error messages.
+    first: Option<usize>,
+    clients: Vec<String>,
+    client_ids: Vec<String>,
+    seqs: Vec<i64>,
+    columns: DeliveryColumns,
+}
+
+impl Fanout {
+    /// Takes the changes of `client_id` (`indices` into `batch`) if they are all deliveries
+    /// queued; false (nothing taken) otherwise.
+    fn take(&mut self, client_id: &str, batch: &[Change], indices: &[usize]) -> bool {
+        let mut last: BTreeMap<u64, &DeliveryRecord> = BTreeMap::new();
+        for &index in indices {
+            match &batch[index] {
+                Change::MessageQueued { seq, delivery, .. } => {
+                    last.insert(*seq, delivery);
+                }
+                _ => return false,
+            }
+        }
+        if let Some(&first) = indices.first() {
+            self.first = Some(self.first.map_or(first, |f| f.min(first)));
+        }
+        self.clients.push(client_id.to_string());
+        for (seq, delivery) in last {
+            self.client_ids.push(client_id.to_string());
+            self.seqs.push(big(seq));
+            self.columns.push(delivery);
+        }
+        true
+    }
+
+    fn plan<'a>(self, s: &'a Statements, out: &mut Vec<Op<'a>>) {
+        let Some(index) = self.first else { return };
+        out.push(Op {
+            index,
+            statement: &s.all_exist,
+            params: vec![Box::new(self.clients)],
+            must_touch: true,
+        });
+        let mut params: Vec<Param> = vec![Box::new(self.client_ids), Box::new(self.seqs)];
+        params.extend(self.columns.into_params());
+        out.push(Op {
+            index,
+            statement: &s.queue_fanout,
+            params,
+            must_touch: false,
+        });
     }
 }
 

@@ -22,6 +22,11 @@ pub(super) struct Statements {
     /// in one table (see `plan`).
     pub(super) exists: Statement,
     pub(super) queue_many: Statement,
+    /// A fan-out: the deliveries queued for many clients at once (one array per column,
+    /// client ids included), and the check that every one of those clients' sessions is
+    /// stored (a row when all are).
+    pub(super) all_exist: Statement,
+    pub(super) queue_fanout: Statement,
     pub(super) dequeue_many: Statement,
     pub(super) set_inflight_many: Statement,
     pub(super) remove_inflight_many: Statement,
@@ -125,6 +130,16 @@ impl Statements {
                 .into())
             .await?,
             exists: p("SELECT 1 FROM mercurio_sessions WHERE client_id = $1".into()).await?,
+            all_exist: p("SELECT 1 WHERE (SELECT count(*) FROM mercurio_sessions \
+                 WHERE client_id = ANY($1::text[])) = cardinality($1::text[])"
+                .into())
+            .await?,
+            queue_fanout: p(format!(
+                "INSERT INTO mercurio_queued (client_id, seq, {DELIVERY_COLUMNS}) \
+                 SELECT * FROM unnest($1::text[], $2::bigint[], {DELIVERY_ARRAYS_FROM_3}) \
+                 ON CONFLICT (client_id, seq) DO UPDATE SET {DELIVERY_UPDATE}"
+            ))
+            .await?,
             queue_many: p(format!(
                 "INSERT INTO mercurio_queued (client_id, seq, {DELIVERY_COLUMNS}) \
                  SELECT $1::text, u.* FROM unnest($2::bigint[], {DELIVERY_ARRAYS_FROM_3}) AS u \
