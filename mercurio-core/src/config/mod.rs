@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 mod bridges;
 mod cidr;
+mod streams;
 pub mod log_targets;
 pub mod ranges;
 pub use bridges::{
@@ -18,8 +19,9 @@ pub use bridges::{
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,
 };
 pub use cidr::Cidr;
+pub use streams::{valid_name as valid_stream_name, StreamConfig};
 
-/// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[auth]`,
+/// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[[streams]]`, `[auth]`,
 /// `[storage]`, `[logging]`, `[admin]`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -28,6 +30,9 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     /// Bridges to other brokers (none by default); see [`BridgeConfig`].
     pub bridges: Vec<BridgeConfig>,
+    /// Streams, named logs of the messages matching a filter (none by default); see
+    /// [`StreamConfig`] and docs/streams.md.
+    pub streams: Vec<StreamConfig>,
     pub auth: AuthConfig,
     pub storage: StorageConfig,
     pub logging: LoggingConfig,
@@ -41,6 +46,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             listeners: vec![ListenerConfig::default()],
             bridges: Vec::new(),
+            streams: Vec::new(),
             auth: AuthConfig {
                 allow_anonymous: Some(true),
                 ..AuthConfig::default()
@@ -693,6 +699,9 @@ impl Config {
 
         for (i, b) in self.bridges.iter().enumerate() {
             b.validate(i, &self.bridges[..i])?;
+        }
+        for (i, s) in self.streams.iter().enumerate() {
+            s.validate(i, &self.streams[..i])?;
         }
 
         let st = &self.storage;
