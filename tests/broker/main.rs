@@ -29,6 +29,7 @@ mod security_tls;
 mod session;
 mod shared_subscriptions;
 mod smoke;
+mod streams;
 mod sys;
 mod topics;
 mod websocket;
