@@ -290,6 +290,11 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
             Some(b) => ok(bridge(b)),
             None => failure(ErrorCode::NotFound, format!("no such bridge: {name}")),
         },
+        Request::StreamList => ok(json!({ "streams": handle.streams() })),
+        Request::StreamShow { name } => match handle.streams().into_iter().find(|s| s.name == name) {
+            Some(s) => ok(json!(s)),
+            None => failure(ErrorCode::NotFound, format!("no such stream: {name}")),
+        },
     }
 }
 

@@ -16,6 +16,8 @@
 //! | `{"command":"client.delete-session","client_id":"x"}` | `{}`; refused while connected |
 //! | `{"command":"bridge.list"}` | `{"bridges":[{name, client_id, connected, queued, ...}]}` |
 //! | `{"command":"bridge.show","name":"x"}` | one bridge in detail |
+//! | `{"command":"stream.list"}` | `{"streams":[{name, filter, messages, bytes, first_offset, last_offset, readers, ...}]}` |
+//! | `{"command":"stream.show","name":"x"}` | one stream in detail |
 //!
 //! The answer ([`Answer`]) is `{"ok":true,"result":...}` or
 //! `{"ok":false,"error":"one line","code":...}`; the code ([`ErrorCode`]) says why, and the
@@ -77,6 +79,15 @@ pub enum Request {
         /// The bridge's name (`[[bridges]] name`).
         name: String,
     },
+    /// `stream.list`: every stream (`[[streams]]`) with what it holds and its readers.
+    #[serde(rename = "stream.list")]
+    StreamList,
+    /// `stream.show`: one stream in detail; `not_found` when no stream has this name.
+    #[serde(rename = "stream.show")]
+    StreamShow {
+        /// The stream's name (`[[streams]] name`).
+        name: String,
+    },
 }
 
 impl Request {
@@ -113,9 +124,12 @@ impl Request {
     /// The names of the arguments this request's command takes, besides `command`.
     pub fn arguments(&self) -> &'static [&'static str] {
         match self {
-            Request::Status | Request::ClientList | Request::BridgeList => &[],
+            Request::Status
+            | Request::ClientList
+            | Request::BridgeList
+            | Request::StreamList => &[],
             Request::LogLevel { .. } => &["level"],
-            Request::BridgeShow { .. } => &["name"],
+            Request::BridgeShow { .. } | Request::StreamShow { .. } => &["name"],
             Request::ClientShow { .. }
             | Request::ClientDisconnect { .. }
             | Request::ClientDeleteSession { .. } => &["client_id"],
@@ -128,7 +142,7 @@ impl Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
-    /// No such client or bridge (404).
+    /// No such client, bridge or stream (404).
     NotFound,
     /// The client's state does not allow it: disconnecting a client that is not connected,
     /// deleting the session of one that is (409).
@@ -244,6 +258,8 @@ mod tests {
             },
             Request::BridgeList,
             Request::BridgeShow { name: "x".into() },
+            Request::StreamList,
+            Request::StreamShow { name: "x".into() },
         ];
         assert_eq!(table.len(), requests.len(), "{table:?}");
         for (request, json) in requests.iter().zip(&table) {

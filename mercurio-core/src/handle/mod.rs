@@ -578,6 +578,12 @@ impl BrokerHandle {
         }
     }
 
+    /// Every stream (`[[streams]]`), in configuration order: what it holds, its bounds, its
+    /// readers and what retention removed (`mercurioctl stream list`).
+    pub fn streams(&self) -> Vec<crate::streams::StreamInfo> {
+        self.inner.streams.all().iter().map(|s| s.info()).collect()
+    }
+
     /// Every configured bridge: its state and counters (`mercurioctl bridge list`).
     pub fn bridges(&self) -> Vec<BridgeInfo> {
         let list: Vec<_> = self.inner.bridges.lock().clone();
