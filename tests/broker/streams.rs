@@ -332,3 +332,60 @@ async fn readers_need_read_access() {
         other => panic!("expected nothing, got {other:?}"),
     }
 }
+
+/// What a stream holds, its readers and what retention removed, in
+/// `$SYS/broker/streams/<name>/...` and in `/metrics` (labelled by stream).
+#[tokio::test]
+async fn sys_topics_and_metrics_per_stream() {
+    let mut config = tcp_and_websocket_config();
+    config.server.sys_interval = 1;
+    config.listeners[1].metrics = true;
+    let mut s = stream("s", "t/#");
+    s.max_bytes = 40; // 4 messages of 3 + 7 bytes
+    config.streams = vec![s];
+    let (broker, addr) = start_with(config).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..6 {
+        let payload = format!("{i:07}");
+        publisher
+            .publish("t/a", payload.as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+    }
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/s", "earliest").await;
+    assert_eq!(take(&mut reader, 4).await[0].0, 3);
+
+    let mut sys = Client::connect(addr, ProtocolVersion::V311, "sys").await;
+    sys.subscribe("$SYS/broker/streams/s/#", QoS::AtMostOnce)
+        .await;
+    let want = [
+        ("messages", "4"),
+        ("bytes", "40"),
+        ("first_offset", "3"),
+        ("last_offset", "6"),
+        ("readers", "1"),
+        ("trimmed/messages", "2"),
+        ("trimmed/bytes", "20"),
+    ];
+    let mut seen = std::collections::HashMap::new();
+    while !want
+        .iter()
+        .all(|(k, v)| seen.get(*k).is_some_and(|have: &String| have == v))
+    {
+        let p = sys.expect_publish().await;
+        let name = p.topic.strip_prefix("$SYS/broker/streams/s/").unwrap();
+        seen.insert(
+            name.to_string(),
+            String::from_utf8_lossy(&p.payload).into_owned(),
+        );
+    }
+    let metrics = http_get(broker.local_addrs()[1], "/metrics").await.text();
+    for line in [
+        "mercurio_stream_messages{stream=\"s\"} 4",
+        "mercurio_stream_last_offset{stream=\"s\"} 6",
+        "mercurio_stream_readers{stream=\"s\"} 1",
+        "mercurio_stream_trimmed_messages_total{stream=\"s\"} 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
+}
