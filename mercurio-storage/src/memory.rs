@@ -12,7 +12,8 @@ use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, StoredMessage, SubscriptionRecord, WillRecord,
+    SessionRecord, StoredMessage, StreamEntryRecord, StreamRecord, SubscriptionRecord,
+    WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
 
@@ -39,6 +40,8 @@ struct State {
     /// The message store: each message once, with how many deliveries refer to it.
     messages: BTreeMap<u64, Stored>,
     retained: BTreeMap<String, RetainedRecord>,
+    /// The streams: each one's next offset and its entries by offset.
+    streams: BTreeMap<String, MemStream>,
     /// Clients whose session is reported as unreadable, with the cause.
     set_aside: BTreeMap<String, String>,
     /// Failures to return from the next calls to `apply`, oldest first.
@@ -52,10 +55,17 @@ struct State {
 /// A stored message and what keeps it.
 struct Stored {
     message: MessageRecord,
-    /// Queued and in-flight deliveries that refer to it.
+    /// Queued and in-flight deliveries, and stream entries, that refer to it.
     references: usize,
     /// The broker released it: it goes with its last reference.
     released: bool,
+}
+
+/// A stream: where its offsets go on, and its entries.
+#[derive(Default)]
+struct MemStream {
+    next_offset: u64,
+    entries: BTreeMap<u64, StreamEntryRecord>,
 }
 
 struct StoredSession {
@@ -140,6 +150,15 @@ impl State {
                     cause: cause.clone(),
                 })
                 .collect(),
+            streams: self
+                .streams
+                .iter()
+                .map(|(name, s)| StreamRecord {
+                    name: name.clone(),
+                    next_offset: s.next_offset,
+                    entries: s.entries.values().copied().collect(),
+                })
+                .collect(),
         }
     }
 
@@ -182,6 +201,15 @@ impl State {
                     change,
                     &format!("message {} is not stored", d.message_id),
                 ));
+            }
+            if let Change::StreamAppended { entry, .. } = change {
+                if !is_stored(&stored_now, entry.message_id) {
+                    return Err(refused(
+                        index,
+                        change,
+                        &format!("message {} is not stored", entry.message_id),
+                    ));
+                }
             }
             let Some(client_id) = change.client_id() else {
                 continue;
@@ -409,6 +437,43 @@ impl State {
             }
             Change::RetainedDeleted { topic } => {
                 self.retained.remove(topic);
+            }
+            Change::StreamAppended { stream, entry } => {
+                let s = self.streams.entry(stream.clone()).or_default();
+                s.next_offset = s.next_offset.max(entry.offset + 1);
+                let replaced = s.entries.insert(entry.offset, *entry);
+                self.refer(entry.message_id);
+                if let Some(old) = replaced {
+                    self.unrefer(old.message_id);
+                }
+            }
+            Change::StreamTrimmed { stream, below } => {
+                let mut removed = Vec::new();
+                if let Some(s) = self.streams.get_mut(stream) {
+                    s.next_offset = s.next_offset.max(*below);
+                    let kept = s.entries.split_off(below);
+                    removed.extend(s.entries.values().map(|e| e.message_id));
+                    s.entries = kept;
+                }
+                for id in removed {
+                    self.unrefer(id);
+                }
+            }
+            Change::StreamEntryRemoved { stream, offset } => {
+                if let Some(old) = self
+                    .streams
+                    .get_mut(stream)
+                    .and_then(|s| s.entries.remove(offset))
+                {
+                    self.unrefer(old.message_id);
+                }
+            }
+            Change::StreamDeleted { stream } => {
+                if let Some(s) = self.streams.remove(stream) {
+                    for e in s.entries.values() {
+                        self.unrefer(e.message_id);
+                    }
+                }
             }
         }
     }

@@ -400,3 +400,28 @@ mod tests {
         assert_eq!(retained.publisher(), Some("pub"));
     }
 }
+
+/// One entry of a stream's log: a reference to a stored message, at its offset, as
+/// [`Change::StreamAppended`](crate::Change::StreamAppended) writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamEntryRecord {
+    /// The entry's logical offset in its stream (from 1, strictly increasing per stream).
+    /// Below 2^63.
+    pub offset: u64,
+    /// When it was appended, unix milliseconds.
+    pub time_ms: u64,
+    /// The [`StoredMessage::id`] of the message.
+    pub message_id: u64,
+}
+
+/// A stream as loaded at start: its entries and where its offsets go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRecord {
+    /// The stream's name.
+    pub name: String,
+    /// The lowest offset the next appended entry may take: above every offset appended so
+    /// far, trimmed ones included (so that offsets are never given twice).
+    pub next_offset: u64,
+    /// Its entries, by offset.
+    pub entries: Vec<StreamEntryRecord>,
+}

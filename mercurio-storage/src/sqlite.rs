@@ -44,8 +44,29 @@ use crate::{LoadedState, SetAside, Storage};
 /// store: each message once in `messages`, and `queued` / `inflight` rows refer to it
 /// (`message_id`) with the delivery's QoS, RETAIN flag, subscription identifiers and shared
 /// subscription. An older database is upgraded when opened (from 3 to 4, each queued or
-/// in-flight row becomes one message and one reference).
-pub const SCHEMA_VERSION: i64 = 4;
+/// in-flight row becomes one message and one reference); 5: streams (`streams`, and
+/// `stream_entries` referring to the message store).
+pub const SCHEMA_VERSION: i64 = 5;
+
+/// The streams' tables (schema 5), shared by [`SCHEMA`] and the upgrade from 4.
+macro_rules! streams_tables {
+    () => {
+        "
+CREATE TABLE streams (
+    name TEXT PRIMARY KEY NOT NULL,
+    next_offset INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE stream_entries (
+    stream TEXT NOT NULL REFERENCES streams (name) ON DELETE CASCADE,
+    entry_offset INTEGER NOT NULL,
+    time_ms INTEGER NOT NULL,
+    message_id INTEGER NOT NULL REFERENCES messages (id),
+    PRIMARY KEY (stream, entry_offset)
+) WITHOUT ROWID;
+CREATE INDEX stream_entries_message ON stream_entries (message_id);
+"
+    };
+}
 
 /// The message store and the tables that refer to it (schema 4), shared by [`SCHEMA`] and
 /// the upgrade from 3.
@@ -116,6 +137,7 @@ const UPGRADES: &[&str] = &[
          retain, X'', share FROM inflight_v3; \
          DROP TABLE queued_v3; DROP TABLE inflight_v3;"
     ),
+    streams_tables!(),
 ];
 
 /// How long a statement waits for a lock held by another connection before the call fails
@@ -171,7 +193,8 @@ CREATE TABLE meta (
     key TEXT PRIMARY KEY NOT NULL,
     value
 ) WITHOUT ROWID;
-"
+",
+    streams_tables!()
 );
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -428,7 +451,8 @@ fn per_client<T>(
 /// Deletes the messages the broker released that nothing refers to any more.
 const DELETE_RELEASED: &str = "DELETE FROM messages WHERE released = 1 \
     AND NOT EXISTS (SELECT 1 FROM queued WHERE message_id = messages.id) \
-    AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id)";
+    AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id) \
+    AND NOT EXISTS (SELECT 1 FROM stream_entries WHERE message_id = messages.id)";
 
 /// A new broker starts: messages nothing refers to go, and it holds every other one.
 fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
@@ -436,7 +460,8 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     tx.execute(
         "DELETE FROM messages \
          WHERE NOT EXISTS (SELECT 1 FROM queued WHERE message_id = messages.id) \
-         AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id)",
+         AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = messages.id) \
+         AND NOT EXISTS (SELECT 1 FROM stream_entries WHERE message_id = messages.id)",
         [],
     )?;
     tx.execute("UPDATE messages SET released = 0 WHERE released = 1", [])?;
@@ -515,6 +540,36 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
         messages.push(rows::stored(row));
     }
     rows::attach_messages(&mut state, messages);
+    let mut stmt = conn.prepare(
+        "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id FROM streams s \
+         LEFT JOIN stream_entries e ON e.stream = s.name ORDER BY s.name, e.entry_offset",
+    )?;
+    let mut found = stmt.query([])?;
+    while let Some(row) = found.next()? {
+        let name: String = row.get(0)?;
+        let next_offset: i64 = row.get(1)?;
+        if state.streams.last().is_none_or(|s| s.name != name) {
+            state.streams.push(crate::StreamRecord {
+                name,
+                next_offset: u64::try_from(next_offset).unwrap_or(0),
+                entries: Vec::new(),
+            });
+        }
+        let (Some(offset), Some(time_ms), Some(message_id)) = (
+            row.get::<_, Option<i64>>(2)?,
+            row.get::<_, Option<i64>>(3)?,
+            row.get::<_, Option<i64>>(4)?,
+        ) else {
+            continue;
+        };
+        if let Some(s) = state.streams.last_mut() {
+            s.entries.push(crate::StreamEntryRecord {
+                offset: u64::try_from(offset).unwrap_or(0),
+                time_ms: u64::try_from(time_ms).unwrap_or(0),
+                message_id: u64::try_from(message_id).unwrap_or(0),
+            });
+        }
+    }
     Ok(state)
 }
 
@@ -542,7 +597,8 @@ fn release_message(tx: &Transaction<'_>, id: u64) -> rusqlite::Result<()> {
         .prepare_cached(
             "DELETE FROM messages WHERE id = ?1 \
              AND NOT EXISTS (SELECT 1 FROM queued WHERE message_id = ?1) \
-             AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = ?1)",
+             AND NOT EXISTS (SELECT 1 FROM inflight WHERE message_id = ?1) \
+             AND NOT EXISTS (SELECT 1 FROM stream_entries WHERE message_id = ?1)",
         )?
         .execute([id])?;
     if deleted == 0 {
@@ -790,6 +846,44 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 .execute([topic])?;
             true
         }
+        Change::StreamAppended { stream, entry } => {
+            tx.prepare_cached(
+                "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) ON CONFLICT (name) \
+                 DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
+            )?
+            .execute(params![stream, to_i64(entry.offset) + 1])?;
+            // The foreign key refuses an entry whose message is not stored.
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO stream_entries (stream, entry_offset, time_ms, message_id) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                stream,
+                to_i64(entry.offset),
+                to_i64(entry.time_ms),
+                to_i64(entry.message_id)
+            ])?;
+            true
+        }
+        Change::StreamTrimmed { stream, below } => {
+            tx.prepare_cached("DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset < ?2")?
+                .execute(params![stream, to_i64(*below)])?;
+            tx.prepare_cached(
+                "UPDATE streams SET next_offset = max(next_offset, ?2) WHERE name = ?1",
+            )?
+            .execute(params![stream, to_i64(*below)])?;
+            true
+        }
+        Change::StreamEntryRemoved { stream, offset } => {
+            tx.prepare_cached("DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2")?
+                .execute(params![stream, to_i64(*offset)])?;
+            true
+        }
+        Change::StreamDeleted { stream } => {
+            tx.prepare_cached("DELETE FROM streams WHERE name = ?1")?
+                .execute([stream])?;
+            true
+        }
     })
 }
 
@@ -832,6 +926,10 @@ fn removes_references(change: &Change) -> bool {
             | Change::MessageDequeued { .. }
             | Change::InflightSet { .. }
             | Change::InflightRemoved { .. }
+            | Change::StreamAppended { .. }
+            | Change::StreamTrimmed { .. }
+            | Change::StreamEntryRemoved { .. }
+            | Change::StreamDeleted { .. }
     )
 }
 
