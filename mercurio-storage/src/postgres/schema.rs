@@ -16,8 +16,24 @@ use crate::error::StorageError;
 /// `mercurio_retained`. 4: the message store: each message once in `mercurio_messages`, and
 /// `mercurio_queued` / `mercurio_inflight` rows refer to it (`message_id`) with the
 /// delivery's QoS, RETAIN flag, subscription identifiers and shared subscription; from 3, each
-/// queued or in-flight row becomes one message and one reference.
-pub const SCHEMA_VERSION: i64 = 4;
+/// queued or in-flight row becomes one message and one reference. 5: streams
+/// (`mercurio_streams`, and `mercurio_stream_entries` referring to the message store).
+pub const SCHEMA_VERSION: i64 = 5;
+
+/// From version 4 to 5: the streams.
+const TO_5: &str = r"CREATE TABLE mercurio_streams (
+    name text PRIMARY KEY,
+    next_offset bigint NOT NULL
+);
+CREATE TABLE mercurio_stream_entries (
+    stream text NOT NULL,
+    entry_offset bigint NOT NULL,
+    time_ms bigint NOT NULL,
+    message_id bigint NOT NULL REFERENCES mercurio_messages (id),
+    PRIMARY KEY (stream, entry_offset)
+);
+CREATE INDEX mercurio_stream_entries_message ON mercurio_stream_entries (message_id);
+";
 
 /// The tables up to version 3 (created if missing, completed if older); [`TO_4`] follows.
 pub(crate) const SCHEMA_V3: &str = "
@@ -227,12 +243,17 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
     let version = schema_version(&tx).await?;
     check_version(version)?;
     if version != Some(SCHEMA_VERSION) {
-        tx.batch_execute(SCHEMA_V3)
+        if version.is_none_or(|v| v < 4) {
+            tx.batch_execute(SCHEMA_V3)
+                .await
+                .map_err(|e| classify(e, "cannot create the schema"))?;
+            tx.batch_execute(TO_4)
+                .await
+                .map_err(|e| classify(e, "cannot upgrade the schema to version 4"))?;
+        }
+        tx.batch_execute(TO_5)
             .await
-            .map_err(|e| classify(e, "cannot create the schema"))?;
-        tx.batch_execute(TO_4)
-            .await
-            .map_err(|e| classify(e, "cannot upgrade the schema to version 4"))?;
+            .map_err(|e| classify(e, "cannot upgrade the schema to version 5"))?;
         tx.execute(
             "INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', $1) \
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",
