@@ -389,3 +389,79 @@ async fn sys_topics_and_metrics_per_stream() {
         assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
     }
 }
+
+/// With SQLite, a restart keeps every acknowledged message of a stream with its offset and
+/// append time, retention's place (offsets go on, never given twice) and a `last_value`
+/// stream's values; a stream removed from the configuration is deleted.
+#[tokio::test]
+async fn a_restart_keeps_streams_with_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |streams: Vec<StreamConfig>| {
+        let mut config = test_config();
+        config.storage.backend = mercurio::config::StorageBackend::Sqlite;
+        config.storage.path = Some(dir.path().join("mercurio.db"));
+        config.streams = streams;
+        config
+    };
+    let mut bounded = stream("bounded", "t/#");
+    bounded.max_bytes = 40; // 4 messages of 3 + 7 bytes
+    let mut last = stream("last", "t/#");
+    last.last_value = true;
+    let streams = vec![stream("all", "t/#"), bounded, last];
+
+    let (broker, addr) = start_with(config(streams.clone())).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..30 {
+        let topic = if i % 2 == 0 { "t/a" } else { "t/b" };
+        let payload = format!("{i:07}");
+        publisher
+            .publish(topic, payload.as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+    }
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/all", "earliest").await;
+    let before = take(&mut reader, 30).await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_with(config(streams)).await;
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/all", "earliest").await;
+    assert_eq!(take(&mut reader, 30).await, before, "offsets, times, topics, payloads");
+    read_from(&mut reader, "$stream/bounded", "earliest").await;
+    let bounded = take(&mut reader, 4).await;
+    assert_eq!(
+        bounded.iter().map(|e| e.0).collect::<Vec<_>>(),
+        [27, 28, 29, 30]
+    );
+    read_from(&mut reader, "$stream/last", "earliest").await;
+    let last = take(&mut reader, 2).await;
+    assert_eq!(
+        last.iter()
+            .map(|e| (e.0, e.2.as_str(), e.3.as_str()))
+            .collect::<Vec<_>>(),
+        [(29, "t/a", "0000028"), (30, "t/b", "0000029")]
+    );
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publisher.publish("t/a", b"after", QoS::AtLeastOnce, false).await;
+    let mut live = Vec::new();
+    for _ in 0..3 {
+        let p = reader.expect_publish().await;
+        reader.ack(&p).await;
+        live.push(position(&p).0);
+    }
+    assert_eq!(live, [31, 31, 31], "offsets go on after the restart");
+    broker.shutdown().await;
+
+    // Streams no longer configured are deleted with their entries; a stream configured
+    // again starts empty, its offsets from 1.
+    let (broker, _) = start_with(config(Vec::new())).await;
+    broker.shutdown().await;
+    let (broker, addr) = start_with(config(vec![stream("all", "t/#")])).await;
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/all", "earliest").await;
+    reader.expect_nothing(std::time::Duration::from_millis(100)).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publisher.publish("t/a", b"new", QoS::AtLeastOnce, false).await;
+    assert_eq!(take(&mut reader, 1).await[0].0, 1);
+    broker.shutdown().await;
+}

@@ -229,6 +229,7 @@ impl BrokerBuilder {
                 Arc::clone(&inner.stats),
                 Arc::downgrade(&inner.sessions),
             );
+            inner.streams.set_persister(&persister);
             let _ = inner.persist.set(persister);
             crate::broker::restore::restore(&inner, loaded);
         }

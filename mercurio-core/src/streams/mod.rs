@@ -6,6 +6,11 @@
 //! bounded batches ([`Stream::read`]) and wait on [`Stream::appended`] at its end, so a
 //! reader's replay and its live part are one sequence with no gap and no duplicate.
 //!
+//! With storage, each append stores the message (once, shared with the sessions it is queued
+//! for) and a reference to it, and retention removes the references (`Persister`'s stream
+//! changes, emitted under the log's lock, so in the log's order); the restore rebuilds the
+//! logs ([`Stream::restore`]).
+//!
 //! `offset.rs`: where a reader starts ([`StartAt`]), parsed from `stream-offset`.
 
 mod offset;
@@ -22,6 +27,7 @@ use tokio::sync::Notify;
 
 use crate::config::StreamConfig;
 use crate::message::Message;
+use crate::persist::Persister;
 
 /// The topic prefix readers subscribe under: `$stream/<name>[/@<offset>][/<filter>]`.
 pub const STREAM_PREFIX: &str = "$stream/";
@@ -113,6 +119,11 @@ struct Log {
 }
 
 impl Log {
+    /// The offset of the oldest entry, or the next one when empty: what a trim keeps from.
+    fn kept_from(&self) -> u64 {
+        self.first()
+    }
+
     fn pop_front(&mut self) {
         if let Some(e) = self.entries.pop_front() {
             let size = e.msg.size() as u64;
@@ -122,15 +133,19 @@ impl Log {
         }
     }
 
-    /// Removes the entries older than `max_age` seconds at `now_ms` (0: no limit).
-    fn trim_age(&mut self, max_age: u64, now_ms: u64) {
+    /// Removes the entries older than `max_age` seconds at `now_ms` (0: no limit). True
+    /// when it removed any.
+    fn trim_age(&mut self, max_age: u64, now_ms: u64) -> bool {
         if max_age == 0 {
-            return;
+            return false;
         }
         let oldest = now_ms.saturating_sub(max_age.saturating_mul(1000));
+        let mut trimmed = false;
         while self.entries.front().is_some_and(|e| e.time_ms < oldest) {
             self.pop_front();
+            trimmed = true;
         }
+        trimmed
     }
 
     /// The offset of the oldest entry held, or the next one when the log is empty.
@@ -169,11 +184,15 @@ pub struct StreamInfo {
 #[derive(Debug)]
 pub struct Stream {
     pub(crate) config: StreamConfig,
-    /// Lock: a leaf (nothing is taken under it; any lock may be held).
+    /// Lock: taken with no session lock held; under it only the storage writer's leaf locks
+    /// (`Persister::emit`, and a released message's), so its changes reach storage in the
+    /// log's order.
     log: Mutex<Log>,
     /// Signalled (all waiters) after each append, for readers at the end of the log.
     pub(crate) appended: Notify,
     readers: AtomicUsize,
+    /// The storage writer, when the broker has storage: set once, before the first append.
+    persist: std::sync::OnceLock<Arc<Persister>>,
 }
 
 impl Stream {
@@ -186,7 +205,46 @@ impl Stream {
             }),
             appended: Notify::new(),
             readers: AtomicUsize::new(0),
+            persist: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Applies `max_age` at now, under the log's lock, telling storage what went.
+    fn trim_age(&self, log: &mut Log) {
+        if log.trim_age(self.config.max_age, now_ms()) {
+            if let Some(p) = self.persist.get() {
+                p.stream_trimmed(&self.config.name, log.kept_from());
+            }
+        }
+    }
+
+    /// The log as storage kept it (the restore): `entries` by offset, offsets going on at
+    /// `next_offset` at least. Retention then applies at once.
+    pub(crate) fn restore(&self, entries: Vec<Entry>, next_offset: u64) {
+        let mut log = self.log.lock();
+        let next = entries
+            .last()
+            .map_or(next_offset, |e| next_offset.max(e.offset + 1))
+            .max(1);
+        log.bytes = entries.iter().map(|e| e.msg.size() as u64).sum();
+        log.entries = entries.into();
+        log.next = next;
+        let mut trimmed = false;
+        if self.config.max_bytes > 0 {
+            while log.bytes > self.config.max_bytes && log.entries.len() > 1 {
+                log.pop_front();
+                trimmed = true;
+            }
+        }
+        // Counted as what this broker's retention removed, not what was restored.
+        log.trimmed_messages = 0;
+        log.trimmed_bytes = 0;
+        if trimmed {
+            if let Some(p) = self.persist.get() {
+                p.stream_trimmed(&self.config.name, log.kept_from());
+            }
+        }
+        self.trim_age(&mut log);
     }
 
     /// The stream's name.
@@ -199,15 +257,20 @@ impl Stream {
     /// (the newest is always kept) or older than `max_age`. Wakes the readers at the end.
     pub(crate) fn append(&self, msg: &Arc<Message>, now_ms: u64) {
         let size = msg.size() as u64;
+        let persist = self.persist.get();
+        let name = &self.config.name;
         {
             let mut log = self.log.lock();
             if self.config.last_value {
                 if let Some(i) = log.entries.iter().rposition(|e| e.msg.topic == msg.topic) {
                     if let Some(old) = log.entries.remove(i) {
-                        let old = old.msg.size() as u64;
-                        log.bytes -= old;
+                        let size = old.msg.size() as u64;
+                        log.bytes -= size;
                         log.trimmed_messages += 1;
-                        log.trimmed_bytes += old;
+                        log.trimmed_bytes += size;
+                        if let Some(p) = persist {
+                            p.stream_entry_removed(name, old.offset);
+                        }
                     }
                 }
             }
@@ -215,17 +278,27 @@ impl Stream {
             let offset = log.next;
             log.next += 1;
             log.bytes += size;
+            if let Some(p) = persist {
+                p.stream_appended(name, offset, time_ms, msg);
+            }
             log.entries.push_back(Entry {
                 offset,
                 time_ms,
                 msg: Arc::clone(msg),
             });
+            let mut trimmed = false;
             if self.config.max_bytes > 0 {
                 while log.bytes > self.config.max_bytes && log.entries.len() > 1 {
                     log.pop_front();
+                    trimmed = true;
                 }
             }
-            log.trim_age(self.config.max_age, now_ms);
+            trimmed |= log.trim_age(self.config.max_age, now_ms);
+            if trimmed {
+                if let Some(p) = persist {
+                    p.stream_trimmed(name, log.kept_from());
+                }
+            }
         }
         self.appended.notify_waiters();
     }
@@ -234,7 +307,7 @@ impl Stream {
     /// nothing held qualifies).
     pub(crate) fn resolve(&self, at: StartAt) -> u64 {
         let mut log = self.log.lock();
-        log.trim_age(self.config.max_age, now_ms());
+        self.trim_age(&mut log);
         match at {
             StartAt::Earliest => log.first(),
             StartAt::Latest => log.next,
@@ -250,7 +323,7 @@ impl Stream {
     /// removed), in append order. Copies `Arc`s, never messages.
     pub(crate) fn read(&self, from: u64, max: usize) -> Vec<Entry> {
         let mut log = self.log.lock();
-        log.trim_age(self.config.max_age, now_ms());
+        self.trim_age(&mut log);
         let i = log.entries.partition_point(|e| e.offset < from);
         log.entries.iter().skip(i).take(max).cloned().collect()
     }
@@ -258,7 +331,7 @@ impl Stream {
     /// What the stream holds now.
     pub fn info(&self) -> StreamInfo {
         let mut log = self.log.lock();
-        log.trim_age(self.config.max_age, now_ms());
+        self.trim_age(&mut log);
         let c = &self.config;
         StreamInfo {
             name: c.name.clone(),
@@ -331,6 +404,14 @@ impl Streams {
                 let now = *now.get_or_insert_with(now_ms);
                 s.append(msg, now);
             }
+        }
+    }
+
+    /// Tells every stream's appends and retention to storage from now on (set once, before
+    /// the restore).
+    pub(crate) fn set_persister(&self, p: &Arc<Persister>) {
+        for s in &self.list {
+            let _ = s.persist.set(Arc::clone(p));
         }
     }
 
