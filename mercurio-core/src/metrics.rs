@@ -573,10 +573,10 @@ impl std::fmt::Debug for BrokerCollector {
 impl Collector for BrokerCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for f in families(
-                &Snapshot::take(&self.broker),
-                &bridge_infos(&self.broker),
-                &stream_infos(&self.broker),
-            ) {
+            &Snapshot::take(&self.broker),
+            &bridge_infos(&self.broker),
+            &stream_infos(&self.broker),
+        ) {
             f.encode(&mut e)?;
         }
         Ok(())

@@ -332,8 +332,7 @@ pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
             }
             Ok(())
         }
-        Change::StreamTrimmed { below: offset, .. }
-        | Change::StreamEntryRemoved { offset, .. } => {
+        Change::StreamTrimmed { below: offset, .. } | Change::StreamEntryRemoved { offset, .. } => {
             if *offset > MAX_ID {
                 return Err(format!("stream offset {offset} is over 2^63 - 1"));
             }

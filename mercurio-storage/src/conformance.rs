@@ -1623,7 +1623,11 @@ pub async fn check_streams<S: Storage>(storage: &S) {
     );
     let state = load(storage).await;
     assert_eq!(
-        state.streams.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        state
+            .streams
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>(),
         ["all", "s"],
         "streams sorted by name"
     );
@@ -1637,7 +1641,10 @@ pub async fn check_streams<S: Storage>(storage: &S) {
     );
 
     apply(storage, vec![released(1), released(2), released(3)]).await;
-    assert!(is_stored(storage, 2).await, "kept while a stream refers to it");
+    assert!(
+        is_stored(storage, 2).await,
+        "kept while a stream refers to it"
+    );
     apply(
         storage,
         vec![Change::StreamTrimmed {

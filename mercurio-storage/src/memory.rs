@@ -12,8 +12,7 @@ use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, StoredMessage, StreamEntryRecord, StreamRecord, SubscriptionRecord,
-    WillRecord,
+    SessionRecord, StoredMessage, StreamEntryRecord, StreamRecord, SubscriptionRecord, WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
 

@@ -866,8 +866,10 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
             true
         }
         Change::StreamTrimmed { stream, below } => {
-            tx.prepare_cached("DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset < ?2")?
-                .execute(params![stream, to_i64(*below)])?;
+            tx.prepare_cached(
+                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset < ?2",
+            )?
+            .execute(params![stream, to_i64(*below)])?;
             tx.prepare_cached(
                 "UPDATE streams SET next_offset = max(next_offset, ?2) WHERE name = ?1",
             )?
@@ -875,8 +877,10 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
             true
         }
         Change::StreamEntryRemoved { stream, offset } => {
-            tx.prepare_cached("DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2")?
-                .execute(params![stream, to_i64(*offset)])?;
+            tx.prepare_cached(
+                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2",
+            )?
+            .execute(params![stream, to_i64(*offset)])?;
             true
         }
         Change::StreamDeleted { stream } => {

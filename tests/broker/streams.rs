@@ -53,7 +53,11 @@ async fn read_from(c: &mut Client, filter: &str, offset: &str) {
     let rc = c
         .subscribe_with(&[(filter, opts(QoS::AtLeastOnce))], offset_prop(offset))
         .await;
-    assert_eq!(rc, [ReasonCode::GRANTED_QOS_1], "SUBACK for {filter} at {offset}");
+    assert_eq!(
+        rc,
+        [ReasonCode::GRANTED_QOS_1],
+        "SUBACK for {filter} at {offset}"
+    );
 }
 
 /// The next `n` deliveries (acknowledged): (offset, time, topic, payload).
@@ -102,10 +106,17 @@ async fn replay_from_earliest_then_live_without_gap_or_duplicate() {
         assert_eq!(topic, "t/a", "the message's original topic");
         assert_eq!(payload, &i.to_string());
     }
-    assert!(got.windows(2).all(|w| w[0].1 <= w[1].1), "times never go back");
+    assert!(
+        got.windows(2).all(|w| w[0].1 <= w[1].1),
+        "times never go back"
+    );
     let mut publisher = feeding.await.unwrap();
-    reader.expect_nothing(std::time::Duration::from_millis(100)).await;
-    publisher.publish("t/b", b"live", QoS::AtLeastOnce, false).await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
+    publisher
+        .publish("t/b", b"live", QoS::AtLeastOnce, false)
+        .await;
     let live = take(&mut reader, 1).await;
     assert_eq!((live[0].0, live[0].3.as_str()), (401, "live"));
 }
@@ -147,7 +158,9 @@ async fn readers_at_an_offset_and_a_time_get_their_own_sequences() {
     let mut latest = Client::connect(addr, ProtocolVersion::V5, "latest").await;
     read_from(&mut latest, "$stream/s", "latest").await;
 
-    publisher.publish("t/y", b"new", QoS::AtLeastOnce, false).await;
+    publisher
+        .publish("t/y", b"new", QoS::AtLeastOnce, false)
+        .await;
     for c in [&mut all, &mut at_offset, &mut at_time, &mut latest] {
         let e = take(c, 1).await;
         assert_eq!((e[0].0, e[0].3.as_str()), (31, "new"));
@@ -166,7 +179,9 @@ async fn a_sub_filter_reads_part_of_the_stream() {
     let (_broker, addr) = broker_with(vec![stream("s", "t/#")]).await;
     let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
     for topic in ["t/a", "t/b", "t/a", "t/b"] {
-        publisher.publish(topic, b"x", QoS::AtLeastOnce, false).await;
+        publisher
+            .publish(topic, b"x", QoS::AtLeastOnce, false)
+            .await;
     }
     let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
     read_from(&mut reader, "$stream/s/t/b", "earliest").await;
@@ -175,7 +190,9 @@ async fn a_sub_filter_reads_part_of_the_stream() {
         got.iter().map(|e| (e.0, e.2.as_str())).collect::<Vec<_>>(),
         [(2, "t/b"), (4, "t/b")]
     );
-    reader.expect_nothing(std::time::Duration::from_millis(50)).await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(50))
+        .await;
 }
 
 /// MQTT 3.1.1 has no user properties: the start goes in the topic filter's `@` level.
@@ -199,8 +216,12 @@ async fn mqtt311_readers_give_the_offset_in_the_filter() {
     assert_eq!(payloads, ["2", "3", "4"]);
     // UNSUBSCRIBE stops the reader (a 3.1.1 UNSUBACK has no reason codes).
     reader.unsubscribe(&["$stream/s/@3"]).await;
-    publisher.publish("t/a", b"after", QoS::AtLeastOnce, false).await;
-    reader.expect_nothing(std::time::Duration::from_millis(100)).await;
+    publisher
+        .publish("t/a", b"after", QoS::AtLeastOnce, false)
+        .await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
 }
 
 /// Bad stream filters and offsets are refused in the SUBACK, with no effect on the others.
@@ -219,10 +240,16 @@ async fn unknown_streams_and_bad_offsets_are_refused() {
         .await;
     assert_eq!(
         rc,
-        [ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::TOPIC_FILTER_INVALID]
+        [
+            ReasonCode::TOPIC_FILTER_INVALID,
+            ReasonCode::TOPIC_FILTER_INVALID
+        ]
     );
     let rc = reader
-        .subscribe_with(&[("$stream/s", opts(QoS::AtLeastOnce))], offset_prop("yesterday"))
+        .subscribe_with(
+            &[("$stream/s", opts(QoS::AtLeastOnce))],
+            offset_prop("yesterday"),
+        )
         .await;
     assert_eq!(rc, [ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR]);
 }
@@ -248,10 +275,17 @@ async fn retention_by_bytes_and_last_value() {
     let got = take(&mut reader, 10).await;
     assert_eq!(got[0].0, 16, "the oldest went first");
     assert_eq!(got[9].3, "0000024");
-    reader.expect_nothing(std::time::Duration::from_millis(50)).await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(50))
+        .await;
 
-    for (topic, payload) in [("l/a", "1"), ("l/b", "1"), ("l/a", "2"), ("l/c", "1"), ("l/b", "2")]
-    {
+    for (topic, payload) in [
+        ("l/a", "1"),
+        ("l/b", "1"),
+        ("l/a", "2"),
+        ("l/c", "1"),
+        ("l/b", "2"),
+    ] {
         publisher
             .publish(topic, payload.as_bytes(), QoS::AtLeastOnce, false)
             .await;
@@ -284,7 +318,9 @@ async fn a_reader_that_stops_costs_a_position_not_a_queue() {
     }
     assert_eq!(first, [1, 2, 3, 4, 5]);
     // [MQTT-3.3.4-9]: no more unacknowledged QoS 1 PUBLISH than the Receive Maximum.
-    reader.expect_nothing(std::time::Duration::from_millis(100)).await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
     let slow = broker
         .sessions()
         .into_iter()
@@ -323,8 +359,10 @@ async fn readers_need_read_access() {
     assert_eq!(rc, [ReasonCode::NOT_AUTHORIZED, ReasonCode::GRANTED_QOS_1]);
     let (mut w, _) =
         Client::connect_with(addr, connect_as(ProtocolVersion::V5, "w", Some("a"), None)).await;
-    w.publish("tenants/b/x", b"b", QoS::AtLeastOnce, false).await;
-    w.publish("tenants/a/x", b"a", QoS::AtLeastOnce, false).await;
+    w.publish("tenants/b/x", b"b", QoS::AtLeastOnce, false)
+        .await;
+    w.publish("tenants/a/x", b"a", QoS::AtLeastOnce, false)
+        .await;
     let p = a.expect_publish().await;
     assert_eq!((p.topic.as_str(), position(&p).0), ("tenants/a/x", 2));
     match a.recv_within(std::time::Duration::from_millis(50)).await {
@@ -426,7 +464,11 @@ async fn a_restart_keeps_streams_with_sqlite() {
     let (broker, addr) = start_with(config(streams)).await;
     let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
     read_from(&mut reader, "$stream/all", "earliest").await;
-    assert_eq!(take(&mut reader, 30).await, before, "offsets, times, topics, payloads");
+    assert_eq!(
+        take(&mut reader, 30).await,
+        before,
+        "offsets, times, topics, payloads"
+    );
     read_from(&mut reader, "$stream/bounded", "earliest").await;
     let bounded = take(&mut reader, 4).await;
     assert_eq!(
@@ -442,7 +484,9 @@ async fn a_restart_keeps_streams_with_sqlite() {
         [(29, "t/a", "0000028"), (30, "t/b", "0000029")]
     );
     let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
-    publisher.publish("t/a", b"after", QoS::AtLeastOnce, false).await;
+    publisher
+        .publish("t/a", b"after", QoS::AtLeastOnce, false)
+        .await;
     let mut live = Vec::new();
     for _ in 0..3 {
         let p = reader.expect_publish().await;
@@ -459,9 +503,13 @@ async fn a_restart_keeps_streams_with_sqlite() {
     let (broker, addr) = start_with(config(vec![stream("all", "t/#")])).await;
     let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
     read_from(&mut reader, "$stream/all", "earliest").await;
-    reader.expect_nothing(std::time::Duration::from_millis(100)).await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
     let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
-    publisher.publish("t/a", b"new", QoS::AtLeastOnce, false).await;
+    publisher
+        .publish("t/a", b"new", QoS::AtLeastOnce, false)
+        .await;
     assert_eq!(take(&mut reader, 1).await[0].0, 1);
     broker.shutdown().await;
 }

@@ -124,10 +124,9 @@ impl Request {
     /// The names of the arguments this request's command takes, besides `command`.
     pub fn arguments(&self) -> &'static [&'static str] {
         match self {
-            Request::Status
-            | Request::ClientList
-            | Request::BridgeList
-            | Request::StreamList => &[],
+            Request::Status | Request::ClientList | Request::BridgeList | Request::StreamList => {
+                &[]
+            }
             Request::LogLevel { .. } => &["level"],
             Request::BridgeShow { .. } | Request::StreamShow { .. } => &["name"],
             Request::ClientShow { .. }

@@ -11,9 +11,9 @@ use serde::Deserialize;
 
 mod bridges;
 mod cidr;
-mod streams;
 pub mod log_targets;
 pub mod ranges;
+mod streams;
 pub use bridges::{
     parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic,
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,

@@ -30,7 +30,11 @@ pub struct StreamConfig {
 impl StreamConfig {
     /// Checks entry `index` against the entries before it: the name's characters and
     /// uniqueness, the filter.
-    pub(super) fn validate(&self, index: usize, earlier: &[StreamConfig]) -> Result<(), ConfigError> {
+    pub(super) fn validate(
+        &self,
+        index: usize,
+        earlier: &[StreamConfig],
+    ) -> Result<(), ConfigError> {
         let key = |name: &str| format!("streams[{index}].{name}");
         if !valid_name(&self.name) {
             return Err(ConfigError::new(

@@ -695,7 +695,10 @@ impl<'a> Reader<'a> {
                 continue;
             }
             if let Some(parsed) = crate::streams::parse_read_filter(&f.filter) {
-                match self.stream_reader(parsed, f, &s.properties, identifier).await {
+                match self
+                    .stream_reader(parsed, f, &s.properties, identifier)
+                    .await
+                {
                     Ok(start) => {
                         codes.push(ReasonCode(start.granted.options.qos as u8));
                         readers.push(start);

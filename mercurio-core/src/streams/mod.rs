@@ -386,7 +386,11 @@ impl Streams {
     /// The streams of `[[streams]]` (a validated configuration), empty logs.
     pub(crate) fn new(configs: &[StreamConfig]) -> Streams {
         Streams {
-            list: configs.iter().cloned().map(|c| Arc::new(Stream::new(c))).collect(),
+            list: configs
+                .iter()
+                .cloned()
+                .map(|c| Arc::new(Stream::new(c)))
+                .collect(),
             readers: Mutex::new(HashMap::new()),
             next_reader: AtomicU64::new(1),
         }
@@ -434,10 +438,10 @@ impl Streams {
         task: tokio::task::AbortHandle,
     ) -> u64 {
         let id = self.next_reader.fetch_add(1, Ordering::Relaxed);
-        let old = self
-            .readers
-            .lock()
-            .insert((Arc::clone(client), filter.to_string()), Running { id, task });
+        let old = self.readers.lock().insert(
+            (Arc::clone(client), filter.to_string()),
+            Running { id, task },
+        );
         if let Some(old) = old {
             old.task.abort();
         }

@@ -335,7 +335,10 @@ fn stream_ops<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Ve
             op(&s.stream_next, vec![text(stream), int(big(*below))]);
         }
         Change::StreamEntryRemoved { stream, offset } => {
-            op(&s.stream_remove_entry, vec![text(stream), int(big(*offset))]);
+            op(
+                &s.stream_remove_entry,
+                vec![text(stream), int(big(*offset))],
+            );
         }
         Change::StreamDeleted { stream } => {
             op(&s.stream_delete_entries, vec![text(stream)]);

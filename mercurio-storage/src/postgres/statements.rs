@@ -227,16 +227,20 @@ impl Statements {
             .await?,
             hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
                 .await?,
-            stream_next: p("INSERT INTO mercurio_streams (name, next_offset) VALUES ($1, $2) \
+            stream_next: p(
+                "INSERT INTO mercurio_streams (name, next_offset) VALUES ($1, $2) \
                  ON CONFLICT (name) DO UPDATE \
                  SET next_offset = GREATEST(mercurio_streams.next_offset, excluded.next_offset)"
-                .into())
+                    .into(),
+            )
             .await?,
-            stream_append: p("INSERT INTO mercurio_stream_entries (stream, entry_offset, \
+            stream_append: p(
+                "INSERT INTO mercurio_stream_entries (stream, entry_offset, \
                  time_ms, message_id) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (stream, entry_offset) DO UPDATE \
                  SET time_ms = excluded.time_ms, message_id = excluded.message_id"
-                .into())
+                    .into(),
+            )
             .await?,
             stream_trim: p("DELETE FROM mercurio_stream_entries \
                  WHERE stream = $1 AND entry_offset < $2"
@@ -246,10 +250,8 @@ impl Statements {
                  WHERE stream = $1 AND entry_offset = $2"
                 .into())
             .await?,
-            stream_delete_entries: p(
-                "DELETE FROM mercurio_stream_entries WHERE stream = $1".into(),
-            )
-            .await?,
+            stream_delete_entries:
+                p("DELETE FROM mercurio_stream_entries WHERE stream = $1".into()).await?,
             stream_delete: p("DELETE FROM mercurio_streams WHERE name = $1".into()).await?,
         })
     }

@@ -497,7 +497,10 @@ fn stream_list_and_show() {
     let shown = json(&d, &["stream", "show", "tenant-a"]);
     assert_eq!(shown["messages"], 3);
     assert_eq!(shown["bytes"], 3 * (11 + 5));
-    assert_eq!((&shown["first_offset"], &shown["last_offset"]), (&1.into(), &3.into()));
+    assert_eq!(
+        (&shown["first_offset"], &shown["last_offset"]),
+        (&1.into(), &3.into())
+    );
     let (code, out, err) = run(&d, &["stream", "list"]);
     assert_eq!(code, Some(0), "{err}");
     let lines: Vec<&str> = out.lines().collect();

@@ -1424,25 +1424,68 @@ async fn sub_reads_a_stream_from_an_offset() {
     let b = TestBroker::mercurio_with(config).await;
     let port = b.port();
     for m in ["a", "b", "c"] {
-        recado(&["pub", "-h", "127.0.0.1", "-p", &port, "-t", "st/x", "-m", m, "-q", "1"])
-            .await
-            .ok();
+        recado(&[
+            "pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "st/x",
+            "-m",
+            m,
+            "-q",
+            "1",
+        ])
+        .await
+        .ok();
     }
     let run = recado(&[
-        "sub", "-h", "127.0.0.1", "-p", &port, "-V", "5", "-t", "$stream/s", "--stream-offset",
-        "2", "-v", "-C", "2", "-q", "1",
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-V",
+        "5",
+        "-t",
+        "$stream/s",
+        "--stream-offset",
+        "2",
+        "-v",
+        "-C",
+        "2",
+        "-q",
+        "1",
     ])
     .await;
     assert_eq!(run.lines(), ["st/x @2 b", "st/x @3 c"], "{run:?}");
     assert_eq!(run.code, exit::OK);
     let run = recado(&[
-        "sub", "-h", "127.0.0.1", "-p", &port, "-t", "$stream/s", "--stream-offset", "2",
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "$stream/s",
+        "--stream-offset",
+        "2",
     ])
     .await;
     assert_eq!(run.code, exit::USAGE, "{run:?}");
     assert!(run.stderr.contains("$stream/<name>/@2"), "{run:?}");
     let run = recado(&[
-        "sub", "-h", "127.0.0.1", "-p", &port, "-V", "5", "-t", "$stream/s", "--stream-offset",
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-V",
+        "5",
+        "-t",
+        "$stream/s",
+        "--stream-offset",
         "soon",
     ])
     .await;
