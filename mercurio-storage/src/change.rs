@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SessionRecord,
-    StoredMessage, StreamEntryRecord, SubscriptionRecord, WillRecord,
+    StoredMessage, StreamDefinition, StreamEntryRecord, SubscriptionRecord, WillRecord,
 };
 
 /// Largest MQTT 5 Subscription Identifier (a variable byte integer).
@@ -131,6 +131,14 @@ pub enum Change {
         /// The topic name.
         topic: String,
     },
+    /// Store the definition of a stream created at run time (creating the stream, with no
+    /// entries, if needed; replacing its definition otherwise).
+    StreamDefined {
+        /// The stream's name.
+        stream: String,
+        /// What it takes and keeps.
+        definition: StreamDefinition,
+    },
     /// Append an entry to a stream's log (creating the stream if needed), replacing an entry
     /// at the same offset. A reference to a stored message, like [`Change::MessageQueued`]:
     /// refused if the message is not stored. Belongs to no client.
@@ -186,6 +194,7 @@ impl Change {
             | Change::RetainedDeleted { .. }
             | Change::MessageStored { .. }
             | Change::MessageReleased { .. }
+            | Change::StreamDefined { .. }
             | Change::StreamAppended { .. }
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
@@ -213,6 +222,7 @@ impl Change {
             Change::InboundQos2Removed { .. } => "inbound_qos2_removed",
             Change::RetainedSet(_) => "retained_set",
             Change::RetainedDeleted { .. } => "retained_deleted",
+            Change::StreamDefined { .. } => "stream_defined",
             Change::StreamAppended { .. } => "stream_appended",
             Change::StreamTrimmed { .. } => "stream_trimmed",
             Change::StreamEntryRemoved { .. } => "stream_entry_removed",
@@ -283,6 +293,7 @@ impl Change {
             | Change::InboundQos2Removed { client_id, .. } => id(client_id),
             Change::RetainedSet(r) => message(&r.message),
             Change::RetainedDeleted { topic } => topic.len(),
+            Change::StreamDefined { stream, definition } => stream.len() + definition.filter.len(),
             Change::StreamAppended { stream, .. }
             | Change::StreamTrimmed { stream, .. }
             | Change::StreamEntryRemoved { stream, .. }
@@ -323,6 +334,12 @@ pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
         | Change::RetainedDeleted { .. }
         | Change::MessageReleased { .. }
         | Change::StreamDeleted { .. } => Ok(()),
+        Change::StreamDefined { definition, .. } => {
+            if definition.max_age > MAX_ID || definition.max_bytes > MAX_ID {
+                return Err("a stream bound is over 2^63 - 1".to_string());
+            }
+            Ok(())
+        }
         Change::StreamAppended { entry, .. } => {
             if entry.message_id > MAX_ID || entry.offset > MAX_ID || entry.time_ms > MAX_ID {
                 return Err(format!(
@@ -457,7 +474,8 @@ pub(crate) fn validate_batch(batch: &[Change]) -> Result<(), crate::StorageError
 pub(crate) fn refused(index: usize, change: &Change, reason: &str) -> crate::StorageError {
     let target = match change {
         Change::MessageStored { .. } | Change::MessageReleased { .. } => "the message store",
-        Change::StreamAppended { .. }
+        Change::StreamDefined { .. }
+        | Change::StreamAppended { .. }
         | Change::StreamTrimmed { .. }
         | Change::StreamEntryRemoved { .. }
         | Change::StreamDeleted { .. } => "the streams",

@@ -22,7 +22,8 @@ use bytes::Bytes;
 use crate::{
     Change, DeliveryRecord, ErrorKind, InflightRecord, InflightState, LoadedState, MessageRecord,
     QueuedRecord, RetainedRecord, SessionHeader, SessionRecord, Storage, StorageError,
-    StoredMessage, StreamEntryRecord, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    StoredMessage, StreamDefinition, StreamEntryRecord, SubscriptionRecord, WillRecord,
+    NEVER_EXPIRES,
 };
 
 /// How the checks get storages of the backend under test.
@@ -1621,6 +1622,34 @@ pub async fn check_streams<S: Storage>(storage: &S) {
         storage.apply(&[appended("s", 4, 99)]).await,
         "an entry referring to a message not stored",
     );
+    let definition = StreamDefinition {
+        filter: "t/#".into(),
+        max_age: 10_800,
+        max_bytes: 10 << 20,
+        last_value: true,
+    };
+    apply(
+        storage,
+        vec![
+            Change::StreamDefined {
+                stream: "created".into(),
+                definition: definition.clone(),
+            },
+            appended("created", 1, 2),
+        ],
+    )
+    .await;
+    let state = load(storage).await;
+    let created = state.streams.iter().find(|s| s.name == "created").unwrap();
+    assert_eq!(created.definition.as_ref(), Some(&definition));
+    assert_eq!(offsets(&state, "created"), (2, vec![(1, 2)]));
+    apply(
+        storage,
+        vec![Change::StreamDeleted {
+            stream: "created".into(),
+        }],
+    )
+    .await;
     let state = load(storage).await;
     assert_eq!(
         state
@@ -1632,6 +1661,7 @@ pub async fn check_streams<S: Storage>(storage: &S) {
         "streams sorted by name"
     );
     assert_eq!(offsets(&state, "s"), (4, vec![(1, 1), (2, 2), (3, 3)]));
+    assert_eq!(state.streams[1].definition, None, "a stream with entries only");
     assert_eq!(offsets(&state, "all"), (8, vec![(7, 1)]));
     assert_eq!(state.streams[1].entries[0].time_ms, 1_001);
     assert_eq!(

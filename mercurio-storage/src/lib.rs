@@ -64,7 +64,7 @@ pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
 pub use memory::MemoryStorage;
 pub use records::{
     DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord,
-    SessionHeader, SessionRecord, StoredMessage, StreamEntryRecord, StreamRecord,
+    SessionHeader, SessionRecord, StoredMessage, StreamDefinition, StreamEntryRecord, StreamRecord,
     SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 

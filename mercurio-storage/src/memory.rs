@@ -12,7 +12,8 @@ use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, StoredMessage, StreamEntryRecord, StreamRecord, SubscriptionRecord, WillRecord,
+    SessionRecord, StoredMessage, StreamDefinition, StreamEntryRecord, StreamRecord,
+    SubscriptionRecord, WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
 
@@ -65,6 +66,7 @@ struct Stored {
 struct MemStream {
     next_offset: u64,
     entries: BTreeMap<u64, StreamEntryRecord>,
+    definition: Option<StreamDefinition>,
 }
 
 struct StoredSession {
@@ -156,6 +158,7 @@ impl State {
                     name: name.clone(),
                     next_offset: s.next_offset,
                     entries: s.entries.values().copied().collect(),
+                    definition: s.definition.clone(),
                 })
                 .collect(),
         }
@@ -436,6 +439,10 @@ impl State {
             }
             Change::RetainedDeleted { topic } => {
                 self.retained.remove(topic);
+            }
+            Change::StreamDefined { stream, definition } => {
+                self.streams.entry(stream.clone()).or_default().definition =
+                    Some(definition.clone());
             }
             Change::StreamAppended { stream, entry } => {
                 let s = self.streams.entry(stream.clone()).or_default();

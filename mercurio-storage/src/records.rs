@@ -424,4 +424,22 @@ pub struct StreamRecord {
     pub next_offset: u64,
     /// Its entries, by offset.
     pub entries: Vec<StreamEntryRecord>,
+    /// Its definition, for a stream created while the broker ran (`mercurioctl stream
+    /// create`); `None` for one defined elsewhere (the configuration file).
+    pub definition: Option<StreamDefinition>,
+}
+
+/// What a stream created at run time is, stored by
+/// [`Change::StreamDefined`](crate::Change::StreamDefined): which messages it takes and its
+/// retention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamDefinition {
+    /// The MQTT topic filter of the messages appended.
+    pub filter: String,
+    /// Seconds a message stays; 0 = no limit. Below 2^63.
+    pub max_age: u64,
+    /// Bytes the stream holds at most; 0 = no limit. Below 2^63.
+    pub max_bytes: u64,
+    /// Only the newest message of each topic is kept.
+    pub last_value: bool,
 }

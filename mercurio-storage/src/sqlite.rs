@@ -54,7 +54,11 @@ macro_rules! streams_tables {
         "
 CREATE TABLE streams (
     name TEXT PRIMARY KEY NOT NULL,
-    next_offset INTEGER NOT NULL
+    next_offset INTEGER NOT NULL,
+    filter TEXT,
+    max_age INTEGER,
+    max_bytes INTEGER,
+    last_value INTEGER
 ) WITHOUT ROWID;
 CREATE TABLE stream_entries (
     stream TEXT NOT NULL REFERENCES streams (name) ON DELETE CASCADE,
@@ -541,7 +545,8 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
     }
     rows::attach_messages(&mut state, messages);
     let mut stmt = conn.prepare(
-        "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id FROM streams s \
+        "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id, s.filter, \
+         s.max_age, s.max_bytes, s.last_value FROM streams s \
          LEFT JOIN stream_entries e ON e.stream = s.name ORDER BY s.name, e.entry_offset",
     )?;
     let mut found = stmt.query([])?;
@@ -549,10 +554,19 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
         let name: String = row.get(0)?;
         let next_offset: i64 = row.get(1)?;
         if state.streams.last().is_none_or(|s| s.name != name) {
+            let definition = row.get::<_, Option<String>>(5)?.map(|filter| {
+                crate::StreamDefinition {
+                    filter,
+                    max_age: u64::try_from(row.get::<_, i64>(6).unwrap_or(0)).unwrap_or(0),
+                    max_bytes: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
+                    last_value: row.get::<_, bool>(8).unwrap_or(false),
+                }
+            });
             state.streams.push(crate::StreamRecord {
                 name,
                 next_offset: u64::try_from(next_offset).unwrap_or(0),
                 entries: Vec::new(),
+                definition,
             });
         }
         let (Some(offset), Some(time_ms), Some(message_id)) = (
@@ -844,6 +858,22 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
         Change::RetainedDeleted { topic } => {
             tx.prepare_cached("DELETE FROM retained WHERE topic = ?1")?
                 .execute([topic])?;
+            true
+        }
+        Change::StreamDefined { stream, definition: d } => {
+            tx.prepare_cached(
+                "INSERT INTO streams (name, next_offset, filter, max_age, max_bytes, last_value) \
+                 VALUES (?1, 1, ?2, ?3, ?4, ?5) ON CONFLICT (name) DO UPDATE SET \
+                 filter = excluded.filter, max_age = excluded.max_age, \
+                 max_bytes = excluded.max_bytes, last_value = excluded.last_value",
+            )?
+            .execute(params![
+                stream,
+                d.filter,
+                to_i64(d.max_age),
+                to_i64(d.max_bytes),
+                d.last_value
+            ])?;
             true
         }
         Change::StreamAppended { stream, entry } => {

@@ -59,7 +59,8 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         client.query(&retained_sql, &[]),
         client.query(&messages_sql, &[]),
         client.query(
-            "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id \
+            "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id, s.filter, \
+             s.max_age, s.max_bytes, s.last_value \
              FROM mercurio_streams s LEFT JOIN mercurio_stream_entries e ON e.stream = s.name \
              ORDER BY s.name, e.entry_offset",
             &[],
@@ -99,10 +100,20 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         let name: String = row.try_get(0)?;
         let next_offset: i64 = row.try_get(1)?;
         if state.streams.last().is_none_or(|s| s.name != name) {
+            let definition = match row.try_get::<_, Option<String>>(5)? {
+                Some(filter) => Some(crate::StreamDefinition {
+                    filter,
+                    max_age: unsigned(row.try_get::<_, Option<i64>>(6)?.unwrap_or(0)),
+                    max_bytes: unsigned(row.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
+                    last_value: row.try_get::<_, Option<bool>>(8)?.unwrap_or(false),
+                }),
+                None => None,
+            };
             state.streams.push(crate::StreamRecord {
                 name,
                 next_offset: unsigned(next_offset),
                 entries: Vec::new(),
+                definition,
             });
         }
         let (Some(offset), Some(time_ms), Some(message_id)) = (

@@ -243,7 +243,8 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             | Change::InflightRemoved { .. } => {
                 removes.get_or_insert(index);
             }
-            Change::StreamAppended { .. }
+            Change::StreamDefined { .. }
+            | Change::StreamAppended { .. }
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
             | Change::StreamDeleted { .. } => {
@@ -315,6 +316,19 @@ fn stream_ops<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Ve
         })
     };
     match change {
+        Change::StreamDefined {
+            stream,
+            definition: d,
+        } => op(
+            &s.stream_define,
+            vec![
+                text(stream),
+                text(&d.filter),
+                int(big(d.max_age)),
+                int(big(d.max_bytes)),
+                Box::new(d.last_value),
+            ],
+        ),
         Change::StreamAppended { stream, entry } => {
             op(
                 &s.stream_next,
@@ -453,6 +467,7 @@ impl<'c> Run<'c> {
             | Change::RetainedDeleted { .. }
             | Change::MessageStored { .. }
             | Change::MessageReleased { .. }
+            | Change::StreamDefined { .. }
             | Change::StreamAppended { .. }
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
@@ -900,7 +915,8 @@ pub(super) async fn write_batch(
                         match change {
                             Change::MessageStored { .. } | Change::MessageReleased { .. } =>
                                 "the message store",
-                            Change::StreamAppended { .. }
+                            Change::StreamDefined { .. }
+                            | Change::StreamAppended { .. }
                             | Change::StreamTrimmed { .. }
                             | Change::StreamEntryRemoved { .. }
                             | Change::StreamDeleted { .. } => "the streams",

@@ -23,7 +23,11 @@ pub const SCHEMA_VERSION: i64 = 5;
 /// From version 4 to 5: the streams.
 const TO_5: &str = r"CREATE TABLE mercurio_streams (
     name text PRIMARY KEY,
-    next_offset bigint NOT NULL
+    next_offset bigint NOT NULL,
+    filter text,
+    max_age bigint,
+    max_bytes bigint,
+    last_value boolean
 );
 CREATE TABLE mercurio_stream_entries (
     stream text NOT NULL,

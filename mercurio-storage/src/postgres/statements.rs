@@ -42,6 +42,7 @@ pub(super) struct Statements {
     pub(super) hold_all: Statement,
     /// Streams: an entry appended (the stream's row made or moved on), entries trimmed
     /// below an offset, one entry removed, a stream deleted.
+    pub(super) stream_define: Statement,
     pub(super) stream_next: Statement,
     pub(super) stream_append: Statement,
     pub(super) stream_trim: Statement,
@@ -227,6 +228,12 @@ impl Statements {
             .await?,
             hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
                 .await?,
+            stream_define: p("INSERT INTO mercurio_streams (name, next_offset, filter, max_age, \
+                 max_bytes, last_value) VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (name) \
+                 DO UPDATE SET filter = excluded.filter, max_age = excluded.max_age, \
+                 max_bytes = excluded.max_bytes, last_value = excluded.last_value"
+                .into())
+            .await?,
             stream_next: p(
                 "INSERT INTO mercurio_streams (name, next_offset) VALUES ($1, $2) \
                  ON CONFLICT (name) DO UPDATE \
