@@ -111,14 +111,34 @@ fn restore_streams(
     messages: &Restored,
 ) {
     for record in stored {
-        let Some(stream) = broker.streams.get(&record.name) else {
-            tracing::info!(
-                stream = %record.name,
-                entries = record.entries.len(),
-                "stored stream no longer in [[streams]]: deleted"
-            );
-            p.stream_deleted(&record.name);
-            continue;
+        let stream = match (broker.streams.get(&record.name), &record.definition) {
+            (Some(stream), _) => stream,
+            (None, Some(d)) => {
+                let config = crate::config::StreamConfig {
+                    name: record.name.clone(),
+                    filter: d.filter.clone(),
+                    max_age: d.max_age,
+                    max_bytes: d.max_bytes,
+                    last_value: d.last_value,
+                };
+                match broker.streams.restore_created(config) {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::error!(stream = %record.name, "stored stream cannot be restored, deleted: {e}");
+                        p.stream_deleted(&record.name);
+                        continue;
+                    }
+                }
+            }
+            (None, None) => {
+                tracing::info!(
+                    stream = %record.name,
+                    entries = record.entries.len(),
+                    "stored stream no longer in [[streams]]: deleted"
+                );
+                p.stream_deleted(&record.name);
+                continue;
+            }
         };
         let mut entries = Vec::with_capacity(record.entries.len());
         for e in &record.entries {

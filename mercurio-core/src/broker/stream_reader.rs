@@ -45,6 +45,7 @@ impl BrokerState {
         let session = Arc::clone(session);
         let client = Arc::clone(&session.client_id);
         let filter = start.filter.clone();
+        let stream = start.stream.name().to_string();
         let (id_tx, id_rx) = tokio::sync::oneshot::channel::<u64>();
         let task = tokio::spawn(async move {
             let id = id_rx.await.ok();
@@ -54,7 +55,9 @@ impl BrokerState {
                 broker.streams.finished(&session.client_id, &filter, id);
             }
         });
-        let id = self.streams.started(&client, &filter, task.abort_handle());
+        let id = self
+            .streams
+            .started(&client, &filter, &stream, task.abort_handle());
         let _ = id_tx.send(id);
     }
 

@@ -28,6 +28,16 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
+    /// The checks of one stream alone (name, filter), as one line: what a stream created at
+    /// run time gets.
+    pub fn check(&self) -> Result<(), String> {
+        self.validate(0, &[])
+            .map_err(|e| match e.key.strip_prefix("streams[0].") {
+                Some(key) => format!("{key}: {}", e.message),
+                None => e.message,
+            })
+    }
+
     /// Checks entry `index` against the entries before it: the name's characters and
     /// uniqueness, the filter.
     pub(super) fn validate(

@@ -832,7 +832,7 @@ impl<'a> Reader<'a> {
         options.qos = options.qos.min(max_qos);
         Ok(crate::broker::ReaderStart {
             from: stream.resolve(at),
-            stream: Arc::clone(stream),
+            stream: Arc::clone(&stream),
             filter: f.filter.clone(),
             sub_filter: parsed.filter.map(str::to_string),
             granted: Granted {

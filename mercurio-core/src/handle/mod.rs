@@ -585,6 +585,28 @@ impl BrokerHandle {
         self.inner.streams.all().iter().map(|s| s.info()).collect()
     }
 
+    /// Creates a stream while the broker runs (`mercurioctl stream create`): empty, its
+    /// offsets from 1, taking the messages published from now on; stored with the broker's
+    /// state (SQLite, PostgreSQL), so that it is back after a restart. Errors: a bad name or
+    /// filter, a name in use.
+    pub fn create_stream(
+        &self,
+        config: crate::config::StreamConfig,
+    ) -> Result<crate::streams::StreamInfo, crate::streams::StreamRefused> {
+        let stream = self.inner.streams.create(config)?;
+        tracing::info!(stream = %stream.name(), "stream created");
+        Ok(stream.info())
+    }
+
+    /// Deletes a stream created at run time (`mercurioctl stream delete`): its readers
+    /// stop, its messages go, from storage too. Errors: no such stream, or one of the
+    /// configuration file (removed from the file, it goes at the next start).
+    pub fn delete_stream(&self, name: &str) -> Result<(), crate::streams::StreamRefused> {
+        self.inner.streams.delete(name)?;
+        tracing::info!(stream = %name, "stream deleted");
+        Ok(())
+    }
+
     /// Every configured bridge: its state and counters (`mercurioctl bridge list`).
     pub fn bridges(&self) -> Vec<BridgeInfo> {
         let list: Vec<_> = self.inner.bridges.lock().clone();

@@ -556,7 +556,24 @@ impl Persister {
         );
     }
 
-    /// A stored stream no longer configured: deleted with its entries.
+    /// A stream created at run time: its definition, stored.
+    pub(crate) fn stream_defined(&self, config: &crate::config::StreamConfig) {
+        self.emit_paid(
+            Change::StreamDefined {
+                stream: config.name.clone(),
+                definition: mercurio_storage::StreamDefinition {
+                    filter: config.filter.clone(),
+                    max_age: config.max_age,
+                    max_bytes: config.max_bytes,
+                    last_value: config.last_value,
+                },
+            },
+            Payer::Broker,
+        );
+    }
+
+    /// A stored stream no longer configured (or deleted at run time): deleted with its
+    /// entries.
     pub(crate) fn stream_deleted(&self, stream: &str) {
         self.emit_paid(
             Change::StreamDeleted {

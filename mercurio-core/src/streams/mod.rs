@@ -18,11 +18,11 @@ mod offset;
 pub use offset::{rfc3339_ms, BadOffset, StartAt, TIME_MS_FROM};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::config::StreamConfig;
@@ -174,6 +174,8 @@ pub struct StreamInfo {
     pub last_offset: u64,
     /// Readers reading it now.
     pub readers: u64,
+    /// Created at run time (`mercurioctl stream create`), not in the configuration file.
+    pub runtime: bool,
     /// Messages retention removed since the start.
     pub trimmed_messages: u64,
     /// Bytes retention removed since the start.
@@ -193,11 +195,14 @@ pub struct Stream {
     readers: AtomicUsize,
     /// The storage writer, when the broker has storage: set once, before the first append.
     persist: std::sync::OnceLock<Arc<Persister>>,
+    /// Created at run time, not in `[[streams]]`.
+    runtime: bool,
 }
 
 impl Stream {
-    fn new(config: StreamConfig) -> Stream {
+    fn new(config: StreamConfig, runtime: bool) -> Stream {
         Stream {
+            runtime,
             config,
             log: Mutex::new(Log {
                 next: 1,
@@ -344,6 +349,7 @@ impl Stream {
             first_offset: log.first(),
             last_offset: log.next - 1,
             readers: self.readers.load(Ordering::Relaxed) as u64,
+            runtime: self.runtime,
             trimmed_messages: log.trimmed_messages,
             trimmed_bytes: log.trimmed_bytes,
         }
@@ -365,17 +371,55 @@ impl Drop for ReaderCount {
     }
 }
 
-/// A running reader: its number (to tell it from a later one on the same filter) and the
-/// handle that stops it.
+/// A running reader: its number (to tell it from a later one on the same filter), the stream
+/// it reads and the handle that stops it.
 struct Running {
     id: u64,
+    stream: String,
     task: tokio::task::AbortHandle,
 }
 
-/// The broker's streams, from `[[streams]]`, and their running readers.
+/// Why a stream could not be created or deleted at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamRefused {
+    /// A bad name or filter (what is wrong).
+    Invalid(String),
+    /// A stream of this name exists.
+    Exists(String),
+    /// No stream has this name.
+    NotFound(String),
+    /// The stream is in the configuration file: removed there, not at run time.
+    Configured(String),
+}
+
+impl std::fmt::Display for StreamRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamRefused::Invalid(why) => f.write_str(why),
+            StreamRefused::Exists(name) => write!(f, "a stream named {name} exists"),
+            StreamRefused::NotFound(name) => write!(f, "no such stream: {name}"),
+            StreamRefused::Configured(name) => write!(
+                f,
+                "stream {name} is in the configuration file ([[streams]]): remove it there; \
+                 it goes at the next start"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StreamRefused {}
+
+/// The broker's streams (`[[streams]]`, and those created at run time) and their running
+/// readers.
 #[derive(Default)]
 pub struct Streams {
-    list: Vec<Arc<Stream>>,
+    /// Lock: read by publishes, `$SYS` and SUBSCRIBE with no other lock taken under it but a
+    /// stream's log lock (an append); written by a stream's creation and deletion.
+    list: RwLock<Vec<Arc<Stream>>>,
+    /// Whether `list` holds any stream: a publish with no stream reads one atomic.
+    any: AtomicBool,
+    /// The storage writer, for streams created after the start.
+    persist: std::sync::OnceLock<Arc<Persister>>,
     /// Readers by (client identifier, the `$stream/...` filter subscribed to).
     /// Lock: a leaf (nothing is taken under it; any lock may be held).
     readers: Mutex<HashMap<(Arc<str>, String), Running>>,
@@ -386,24 +430,28 @@ impl Streams {
     /// The streams of `[[streams]]` (a validated configuration), empty logs.
     pub(crate) fn new(configs: &[StreamConfig]) -> Streams {
         Streams {
-            list: configs
-                .iter()
-                .cloned()
-                .map(|c| Arc::new(Stream::new(c)))
-                .collect(),
+            list: RwLock::new(
+                configs
+                    .iter()
+                    .cloned()
+                    .map(|c| Arc::new(Stream::new(c, false)))
+                    .collect(),
+            ),
+            any: AtomicBool::new(!configs.is_empty()),
+            persist: std::sync::OnceLock::new(),
             readers: Mutex::new(HashMap::new()),
             next_reader: AtomicU64::new(1),
         }
     }
 
-    /// Appends `msg` to every stream whose filter matches its topic. One branch when there
-    /// is no stream.
+    /// Appends `msg` to every stream whose filter matches its topic. One atomic load when
+    /// there is no stream.
     pub(crate) fn append(&self, msg: &Arc<Message>) {
-        if self.list.is_empty() {
+        if !self.any.load(Ordering::Relaxed) {
             return;
         }
         let mut now = None;
-        for s in &self.list {
+        for s in self.list.read().iter() {
             if crate::topic::matches(&s.config.filter, &msg.topic) {
                 let now = *now.get_or_insert_with(now_ms);
                 s.append(msg, now);
@@ -414,19 +462,97 @@ impl Streams {
     /// Tells every stream's appends and retention to storage from now on (set once, before
     /// the restore).
     pub(crate) fn set_persister(&self, p: &Arc<Persister>) {
-        for s in &self.list {
+        let _ = self.persist.set(Arc::clone(p));
+        for s in self.list.read().iter() {
             let _ = s.persist.set(Arc::clone(p));
         }
     }
 
     /// The stream named `name`.
-    pub fn get(&self, name: &str) -> Option<&Arc<Stream>> {
-        self.list.iter().find(|s| s.config.name == name)
+    pub fn get(&self, name: &str) -> Option<Arc<Stream>> {
+        self.list
+            .read()
+            .iter()
+            .find(|s| s.config.name == name)
+            .cloned()
     }
 
-    /// Every stream, in configuration order.
-    pub fn all(&self) -> &[Arc<Stream>] {
-        &self.list
+    /// Every stream: those of the configuration in its order, then those created at run time.
+    pub fn all(&self) -> Vec<Arc<Stream>> {
+        self.list.read().clone()
+    }
+
+    /// Creates a stream at run time (`mercurioctl stream create`), empty, its offsets from 1;
+    /// stored (its definition) when the broker has storage, so that it is back after a
+    /// restart. Refused for a bad name or filter, or a name in use.
+    pub(crate) fn create(&self, config: StreamConfig) -> Result<Arc<Stream>, StreamRefused> {
+        config.check().map_err(StreamRefused::Invalid)?;
+        let mut list = self.list.write();
+        let stream = self.add(&mut list, config, true)?;
+        if let Some(p) = self.persist.get() {
+            // Before any append: no publish reaches it while the list is write-locked.
+            p.stream_defined(&stream.config);
+        }
+        Ok(stream)
+    }
+
+    /// A stream created at run time, back from storage at start (not stored again).
+    pub(crate) fn restore_created(
+        &self,
+        config: StreamConfig,
+    ) -> Result<Arc<Stream>, StreamRefused> {
+        config.check().map_err(StreamRefused::Invalid)?;
+        self.add(&mut self.list.write(), config, true)
+    }
+
+    fn add(
+        &self,
+        list: &mut Vec<Arc<Stream>>,
+        config: StreamConfig,
+        runtime: bool,
+    ) -> Result<Arc<Stream>, StreamRefused> {
+        if list.iter().any(|s| s.config.name == config.name) {
+            return Err(StreamRefused::Exists(config.name));
+        }
+        let stream = Arc::new(Stream::new(config, runtime));
+        if let Some(p) = self.persist.get() {
+            let _ = stream.persist.set(Arc::clone(p));
+        }
+        list.push(Arc::clone(&stream));
+        self.any.store(true, Ordering::Relaxed);
+        Ok(stream)
+    }
+
+    /// Deletes a stream created at run time: its readers stop, its messages go (from
+    /// storage too). Refused for a stream of the configuration file.
+    pub(crate) fn delete(&self, name: &str) -> Result<(), StreamRefused> {
+        let stream = {
+            let mut list = self.list.write();
+            let Some(i) = list.iter().position(|s| s.config.name == name) else {
+                return Err(StreamRefused::NotFound(name.to_string()));
+            };
+            if !list[i].runtime {
+                return Err(StreamRefused::Configured(name.to_string()));
+            }
+            let stream = list.remove(i);
+            self.any.store(!list.is_empty(), Ordering::Relaxed);
+            if let Some(p) = self.persist.get() {
+                // After its last append: no publish reaches it while the list is
+                // write-locked, and none will once it is out of the list.
+                p.stream_deleted(name);
+            }
+            stream
+        };
+        self.readers.lock().retain(|_, r| {
+            let stop = r.stream == name;
+            if stop {
+                r.task.abort();
+            }
+            !stop
+        });
+        // Its log goes with the readers' references (the readers just stopped).
+        drop(stream);
+        Ok(())
     }
 
     /// Records a running reader of `client` on `filter`, stopping the one it replaces.
@@ -435,12 +561,17 @@ impl Streams {
         &self,
         client: &Arc<str>,
         filter: &str,
+        stream: &str,
         task: tokio::task::AbortHandle,
     ) -> u64 {
         let id = self.next_reader.fetch_add(1, Ordering::Relaxed);
         let old = self.readers.lock().insert(
             (Arc::clone(client), filter.to_string()),
-            Running { id, task },
+            Running {
+                id,
+                stream: stream.to_string(),
+                task,
+            },
         );
         if let Some(old) = old {
             old.task.abort();
@@ -493,13 +624,16 @@ mod tests {
     }
 
     fn stream(max_age: u64, max_bytes: u64, last_value: bool) -> Stream {
-        Stream::new(StreamConfig {
-            name: "s".into(),
-            filter: "t/#".into(),
-            max_age,
-            max_bytes,
-            last_value,
-        })
+        Stream::new(
+            StreamConfig {
+                name: "s".into(),
+                filter: "t/#".into(),
+                max_age,
+                max_bytes,
+                last_value,
+            },
+            false,
+        )
     }
 
     #[test]
