@@ -209,6 +209,29 @@ enum StreamCommand {
         /// The stream's name ([[streams]] name).
         name: String,
     },
+    /// Create a stream while the broker runs, kept across restarts when the broker has
+    /// storage (SQLite, PostgreSQL); it takes the messages published from now on.
+    Create {
+        /// The stream's name: letters, digits, '_', '-', '.'.
+        name: String,
+        /// The MQTT topic filter of the messages it takes, e.g. 'tenants/a/#'.
+        filter: String,
+        /// Seconds a message stays; 0 = no limit.
+        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        max_age: u64,
+        /// Bytes the stream holds at most (the oldest messages go first); 0 = no limit.
+        #[arg(long, value_name = "BYTES", default_value_t = 0)]
+        max_bytes: u64,
+        /// Keep only the newest message of each topic.
+        #[arg(long)]
+        last_value: bool,
+    },
+    /// Delete a stream created with `stream create` (with its messages); a stream of the
+    /// configuration file is removed there instead.
+    Delete {
+        /// The stream's name.
+        name: String,
+    },
 }
 
 /// A failure: the exit status and its one-line reason.
@@ -246,6 +269,20 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Bridge(BridgeCommand::Show { name }) => Request::BridgeShow { name: name.clone() },
         Command::Stream(StreamCommand::List) => Request::StreamList,
         Command::Stream(StreamCommand::Show { name }) => Request::StreamShow { name: name.clone() },
+        Command::Stream(StreamCommand::Create {
+            name,
+            filter,
+            max_age,
+            max_bytes,
+            last_value,
+        }) => Request::StreamCreate {
+            name: name.clone(),
+            filter: filter.clone(),
+            max_age: *max_age,
+            max_bytes: *max_bytes,
+            last_value: *last_value,
+        },
+        Command::Stream(StreamCommand::Delete { name }) => Request::StreamDelete { name: name.clone() },
         Command::Client(ClientCommand::Show { client_id }) => Request::ClientShow {
             client_id: client_id.clone(),
         },
@@ -380,6 +417,8 @@ fn human(command: &Command, result: &Value) -> String {
         Command::Bridge(BridgeCommand::Show { .. }) => bridge_show(result),
         Command::Stream(StreamCommand::List) => stream_list(result),
         Command::Stream(StreamCommand::Show { .. }) => stream_show(result),
+        Command::Stream(StreamCommand::Create { .. }) => stream_show(result),
+        Command::Stream(StreamCommand::Delete { name }) => format!("deleted the stream {name}\n"),
         Command::Client(ClientCommand::Show { .. }) => show(result),
         Command::Client(ClientCommand::Disconnect { client_id }) => {
             format!("disconnected {client_id}\n")
@@ -543,9 +582,14 @@ fn stream_show(r: &Value) -> String {
         Some(n) => format!("{n} {unit}"),
     };
     format!(
-        "stream          {}\nfilter          {}\nmax age         {}\nmax bytes       {}\nlast value      {}\nmessages        {}\nbytes           {}\nfirst offset    {}\nlast offset     {}\nreaders         {}\ntrimmed         {} messages, {} bytes\n",
+        "stream          {}\nfilter          {}\ndefined         {}\nmax age         {}\nmax bytes       {}\nlast value      {}\nmessages        {}\nbytes           {}\nfirst offset    {}\nlast offset     {}\nreaders         {}\ntrimmed         {} messages, {} bytes\n",
         text(&r["name"]),
         text(&r["filter"]),
+        if r["runtime"] == true {
+            "at run time (mercurioctl stream create)"
+        } else {
+            "in the configuration file"
+        },
         bound(&r["max_age"], "s"),
         bound(&r["max_bytes"], "bytes"),
         text(&r["last_value"]),

@@ -295,6 +295,45 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
             Some(s) => ok(json!(s)),
             None => failure(ErrorCode::NotFound, format!("no such stream: {name}")),
         },
+        Request::StreamCreate {
+            name,
+            filter,
+            max_age,
+            max_bytes,
+            last_value,
+        } => {
+            let config = mercurio_core::config::StreamConfig {
+                name,
+                filter,
+                max_age,
+                max_bytes,
+                last_value,
+            };
+            match handle.create_stream(config) {
+                Ok(info) => {
+                    tracing::info!(stream = %info.name, "stream created by {by}");
+                    ok(json!(info))
+                }
+                Err(e) => failure(stream_refused(&e), e.to_string()),
+            }
+        }
+        Request::StreamDelete { name } => match handle.delete_stream(&name) {
+            Ok(()) => {
+                tracing::info!(stream = %name, "stream deleted by {by}");
+                ok(json!({}))
+            }
+            Err(e) => failure(stream_refused(&e), e.to_string()),
+        },
+    }
+}
+
+/// The admin error code of a stream's refusal.
+fn stream_refused(e: &mercurio_core::streams::StreamRefused) -> ErrorCode {
+    use mercurio_core::streams::StreamRefused;
+    match e {
+        StreamRefused::Invalid(_) => ErrorCode::BadRequest,
+        StreamRefused::Exists(_) | StreamRefused::Configured(_) => ErrorCode::Conflict,
+        StreamRefused::NotFound(_) => ErrorCode::NotFound,
     }
 }
 

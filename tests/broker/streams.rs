@@ -513,3 +513,53 @@ async fn a_restart_keeps_streams_with_sqlite() {
     assert_eq!(take(&mut reader, 1).await[0].0, 1);
     broker.shutdown().await;
 }
+
+/// A stream created at run time takes the messages published from then on and, with
+/// SQLite, is back after a restart with its messages; deleted, it is gone for good.
+#[tokio::test]
+async fn a_stream_created_at_run_time_is_kept_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.storage.backend = mercurio::config::StorageBackend::Sqlite;
+    config.storage.path = Some(dir.path().join("mercurio.db"));
+
+    let (broker, addr) = start_with(config.clone()).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publisher.publish("t/a", b"before", QoS::AtLeastOnce, false).await;
+    let mut made = stream("made", "t/#");
+    made.max_bytes = 1 << 20;
+    let info = broker.create_stream(made.clone()).expect("created");
+    assert!(info.runtime);
+    assert_eq!(
+        broker.create_stream(made),
+        Err(mercurio::streams::StreamRefused::Exists("made".into()))
+    );
+    broker.create_stream(stream("doomed", "t/#")).expect("created");
+    publisher.publish("t/a", b"1", QoS::AtLeastOnce, false).await;
+    publisher.publish("t/b", b"2", QoS::AtLeastOnce, false).await;
+    broker.delete_stream("doomed").expect("deleted");
+    broker.shutdown().await;
+
+    let (broker, addr) = start_with(config.clone()).await;
+    let streams = broker.streams();
+    assert_eq!(
+        streams.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["made"]
+    );
+    assert_eq!((streams[0].max_bytes, streams[0].runtime), (1 << 20, true));
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/made", "earliest").await;
+    let got = take(&mut reader, 2).await;
+    assert_eq!(
+        got.iter()
+            .map(|e| (e.0, e.3.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "1"), (2, "2")],
+        "what was published after its creation, not before"
+    );
+    broker.delete_stream("made").expect("deleted");
+    broker.shutdown().await;
+    let (broker, _) = start_with(config).await;
+    assert!(broker.streams().is_empty());
+    broker.shutdown().await;
+}

@@ -18,6 +18,8 @@
 //! | `{"command":"bridge.show","name":"x"}` | one bridge in detail |
 //! | `{"command":"stream.list"}` | `{"streams":[{name, filter, messages, bytes, first_offset, last_offset, readers, ...}]}` |
 //! | `{"command":"stream.show","name":"x"}` | one stream in detail |
+//! | `{"command":"stream.create","name":"x","filter":"t/#","max_age":0,"max_bytes":0,"last_value":false}` | the new stream (the bounds optional, 0 / false by default) |
+//! | `{"command":"stream.delete","name":"x"}` | `{}`; refused for a stream of the configuration file |
 //!
 //! The answer ([`Answer`]) is `{"ok":true,"result":...}` or
 //! `{"ok":false,"error":"one line","code":...}`; the code ([`ErrorCode`]) says why, and the
@@ -88,6 +90,31 @@ pub enum Request {
         /// The stream's name (`[[streams]] name`).
         name: String,
     },
+    /// `stream.create`: creates a stream while the broker runs, kept across restarts with
+    /// storage; `conflict` when the name is in use, `bad_request` for a bad name or filter.
+    #[serde(rename = "stream.create")]
+    StreamCreate {
+        /// The new stream's name (letters, digits, `_`, `-`, `.`).
+        name: String,
+        /// The topic filter of the messages it takes.
+        filter: String,
+        /// Seconds a message stays; 0 (default) = no limit.
+        #[serde(default)]
+        max_age: u64,
+        /// Bytes it holds at most; 0 (default) = no limit.
+        #[serde(default)]
+        max_bytes: u64,
+        /// Keep only the newest message of each topic (default false).
+        #[serde(default)]
+        last_value: bool,
+    },
+    /// `stream.delete`: deletes a stream created at run time; `not_found`, or `conflict` for
+    /// a stream of the configuration file.
+    #[serde(rename = "stream.delete")]
+    StreamDelete {
+        /// The stream's name.
+        name: String,
+    },
 }
 
 impl Request {
@@ -128,7 +155,12 @@ impl Request {
                 &[]
             }
             Request::LogLevel { .. } => &["level"],
-            Request::BridgeShow { .. } | Request::StreamShow { .. } => &["name"],
+            Request::BridgeShow { .. } | Request::StreamShow { .. } | Request::StreamDelete { .. } => {
+                &["name"]
+            }
+            Request::StreamCreate { .. } => {
+                &["name", "filter", "max_age", "max_bytes", "last_value"]
+            }
             Request::ClientShow { .. }
             | Request::ClientDisconnect { .. }
             | Request::ClientDeleteSession { .. } => &["client_id"],
@@ -259,6 +291,14 @@ mod tests {
             Request::BridgeShow { name: "x".into() },
             Request::StreamList,
             Request::StreamShow { name: "x".into() },
+            Request::StreamCreate {
+                name: "x".into(),
+                filter: "t/#".into(),
+                max_age: 60,
+                max_bytes: 1024,
+                last_value: true,
+            },
+            Request::StreamDelete { name: "x".into() },
         ];
         assert_eq!(table.len(), requests.len(), "{table:?}");
         for (request, json) in requests.iter().zip(&table) {

@@ -514,3 +514,38 @@ fn stream_list_and_show() {
     assert!(out.contains("last offset     3"), "{out}");
     fails(&d, &["stream", "show", "nope"], 1, "no such stream: nope");
 }
+
+#[test]
+fn stream_create_and_delete_at_run_time() {
+    let d = Daemon::start("[[streams]]\nname = \"file\"\nfilter = \"f/#\"\n");
+    let created = json(
+        &d,
+        &[
+            "stream",
+            "create",
+            "made",
+            "m/#",
+            "--max-age",
+            "60",
+            "--last-value",
+        ],
+    );
+    assert_eq!(created["runtime"], true);
+    assert_eq!(created["max_age"], 60);
+    assert_eq!(created["last_value"], true);
+    let mut publisher = Mqtt::connect(d.port(), 4, "pub", true);
+    publisher.send(&mercurio_testkit::publish_packet("m/x", 1, 1, b"hello"));
+    let (kind, _) = publisher.read().expect("PUBACK");
+    assert_eq!(kind, 0x40);
+    assert_eq!(json(&d, &["stream", "show", "made"])["messages"], 1);
+    let (code, out, err) = run(&d, &["stream", "show", "made"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("defined         at run time"), "{out}");
+    fails(&d, &["stream", "create", "made", "x/#"], 1, "a stream named made exists");
+    fails(&d, &["stream", "create", "a/b", "x/#"], 1, "name: \"a/b\"");
+    fails(&d, &["stream", "create", "bad", "x/#/y"], 1, "filter: \"x/#/y\"");
+    fails(&d, &["stream", "delete", "file"], 1, "in the configuration file");
+    let (code, out, err) = run(&d, &["stream", "delete", "made"]);
+    assert_eq!((code, out.as_str()), (Some(0), "deleted the stream made\n"), "{err}");
+    fails(&d, &["stream", "delete", "made"], 1, "no such stream: made");
+}
