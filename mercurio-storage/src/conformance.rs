@@ -1661,7 +1661,10 @@ pub async fn check_streams<S: Storage>(storage: &S) {
         "streams sorted by name"
     );
     assert_eq!(offsets(&state, "s"), (4, vec![(1, 1), (2, 2), (3, 3)]));
-    assert_eq!(state.streams[1].definition, None, "a stream with entries only");
+    assert_eq!(
+        state.streams[1].definition, None,
+        "a stream with entries only"
+    );
     assert_eq!(offsets(&state, "all"), (8, vec![(7, 1)]));
     assert_eq!(state.streams[1].entries[0].time_ms, 1_001);
     assert_eq!(

@@ -554,14 +554,14 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
         let name: String = row.get(0)?;
         let next_offset: i64 = row.get(1)?;
         if state.streams.last().is_none_or(|s| s.name != name) {
-            let definition = row.get::<_, Option<String>>(5)?.map(|filter| {
-                crate::StreamDefinition {
-                    filter,
-                    max_age: u64::try_from(row.get::<_, i64>(6).unwrap_or(0)).unwrap_or(0),
-                    max_bytes: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
-                    last_value: row.get::<_, bool>(8).unwrap_or(false),
-                }
-            });
+            let definition =
+                row.get::<_, Option<String>>(5)?
+                    .map(|filter| crate::StreamDefinition {
+                        filter,
+                        max_age: u64::try_from(row.get::<_, i64>(6).unwrap_or(0)).unwrap_or(0),
+                        max_bytes: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
+                        last_value: row.get::<_, bool>(8).unwrap_or(false),
+                    });
             state.streams.push(crate::StreamRecord {
                 name,
                 next_offset: u64::try_from(next_offset).unwrap_or(0),
@@ -860,7 +860,10 @@ fn apply_one(tx: &Transaction<'_>, change: &Change) -> rusqlite::Result<bool> {
                 .execute([topic])?;
             true
         }
-        Change::StreamDefined { stream, definition: d } => {
+        Change::StreamDefined {
+            stream,
+            definition: d,
+        } => {
             tx.prepare_cached(
                 "INSERT INTO streams (name, next_offset, filter, max_age, max_bytes, last_value) \
                  VALUES (?1, 1, ?2, ?3, ?4, ?5) ON CONFLICT (name) DO UPDATE SET \

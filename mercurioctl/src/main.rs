@@ -282,7 +282,9 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             max_bytes: *max_bytes,
             last_value: *last_value,
         },
-        Command::Stream(StreamCommand::Delete { name }) => Request::StreamDelete { name: name.clone() },
+        Command::Stream(StreamCommand::Delete { name }) => {
+            Request::StreamDelete { name: name.clone() }
+        }
         Command::Client(ClientCommand::Show { client_id }) => Request::ClientShow {
             client_id: client_id.clone(),
         },

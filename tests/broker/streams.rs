@@ -525,7 +525,9 @@ async fn a_stream_created_at_run_time_is_kept_across_a_restart() {
 
     let (broker, addr) = start_with(config.clone()).await;
     let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
-    publisher.publish("t/a", b"before", QoS::AtLeastOnce, false).await;
+    publisher
+        .publish("t/a", b"before", QoS::AtLeastOnce, false)
+        .await;
     let mut made = stream("made", "t/#");
     made.max_bytes = 1 << 20;
     let info = broker.create_stream(made.clone()).expect("created");
@@ -534,9 +536,15 @@ async fn a_stream_created_at_run_time_is_kept_across_a_restart() {
         broker.create_stream(made),
         Err(mercurio::streams::StreamRefused::Exists("made".into()))
     );
-    broker.create_stream(stream("doomed", "t/#")).expect("created");
-    publisher.publish("t/a", b"1", QoS::AtLeastOnce, false).await;
-    publisher.publish("t/b", b"2", QoS::AtLeastOnce, false).await;
+    broker
+        .create_stream(stream("doomed", "t/#"))
+        .expect("created");
+    publisher
+        .publish("t/a", b"1", QoS::AtLeastOnce, false)
+        .await;
+    publisher
+        .publish("t/b", b"2", QoS::AtLeastOnce, false)
+        .await;
     broker.delete_stream("doomed").expect("deleted");
     broker.shutdown().await;
 
@@ -551,9 +559,7 @@ async fn a_stream_created_at_run_time_is_kept_across_a_restart() {
     read_from(&mut reader, "$stream/made", "earliest").await;
     let got = take(&mut reader, 2).await;
     assert_eq!(
-        got.iter()
-            .map(|e| (e.0, e.3.as_str()))
-            .collect::<Vec<_>>(),
+        got.iter().map(|e| (e.0, e.3.as_str())).collect::<Vec<_>>(),
         [(1, "1"), (2, "2")],
         "what was published after its creation, not before"
     );

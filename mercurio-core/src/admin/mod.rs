@@ -155,9 +155,9 @@ impl Request {
                 &[]
             }
             Request::LogLevel { .. } => &["level"],
-            Request::BridgeShow { .. } | Request::StreamShow { .. } | Request::StreamDelete { .. } => {
-                &["name"]
-            }
+            Request::BridgeShow { .. }
+            | Request::StreamShow { .. }
+            | Request::StreamDelete { .. } => &["name"],
             Request::StreamCreate { .. } => {
                 &["name", "filter", "max_age", "max_bytes", "last_value"]
             }

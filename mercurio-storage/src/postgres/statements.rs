@@ -228,11 +228,13 @@ impl Statements {
             .await?,
             hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
                 .await?,
-            stream_define: p("INSERT INTO mercurio_streams (name, next_offset, filter, max_age, \
+            stream_define: p(
+                "INSERT INTO mercurio_streams (name, next_offset, filter, max_age, \
                  max_bytes, last_value) VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (name) \
                  DO UPDATE SET filter = excluded.filter, max_age = excluded.max_age, \
                  max_bytes = excluded.max_bytes, last_value = excluded.last_value"
-                .into())
+                    .into(),
+            )
             .await?,
             stream_next: p(
                 "INSERT INTO mercurio_streams (name, next_offset) VALUES ($1, $2) \

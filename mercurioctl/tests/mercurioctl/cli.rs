@@ -541,11 +541,30 @@ fn stream_create_and_delete_at_run_time() {
     let (code, out, err) = run(&d, &["stream", "show", "made"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("defined         at run time"), "{out}");
-    fails(&d, &["stream", "create", "made", "x/#"], 1, "a stream named made exists");
+    fails(
+        &d,
+        &["stream", "create", "made", "x/#"],
+        1,
+        "a stream named made exists",
+    );
     fails(&d, &["stream", "create", "a/b", "x/#"], 1, "name: \"a/b\"");
-    fails(&d, &["stream", "create", "bad", "x/#/y"], 1, "filter: \"x/#/y\"");
-    fails(&d, &["stream", "delete", "file"], 1, "in the configuration file");
+    fails(
+        &d,
+        &["stream", "create", "bad", "x/#/y"],
+        1,
+        "filter: \"x/#/y\"",
+    );
+    fails(
+        &d,
+        &["stream", "delete", "file"],
+        1,
+        "in the configuration file",
+    );
     let (code, out, err) = run(&d, &["stream", "delete", "made"]);
-    assert_eq!((code, out.as_str()), (Some(0), "deleted the stream made\n"), "{err}");
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "deleted the stream made\n"),
+        "{err}"
+    );
     fails(&d, &["stream", "delete", "made"], 1, "no such stream: made");
 }
