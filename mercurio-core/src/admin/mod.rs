@@ -294,9 +294,9 @@ mod tests {
             Request::StreamCreate {
                 name: "x".into(),
                 filter: "t/#".into(),
-                max_age: 60,
-                max_bytes: 1024,
-                last_value: true,
+                max_age: 0,
+                max_bytes: 0,
+                last_value: false,
             },
             Request::StreamDelete { name: "x".into() },
         ];

@@ -595,6 +595,9 @@ impl BrokerHandle {
     ) -> Result<crate::streams::StreamInfo, crate::streams::StreamRefused> {
         let stream = self.inner.streams.create(config)?;
         tracing::info!(stream = %stream.name(), "stream created");
+        if stream.config.max_bytes == 0 {
+            tracing::warn!(stream = %stream.name(), "stream created without max_bytes: it is held in memory and grows with what is published to its filter");
+        }
         Ok(stream.info())
     }
 
