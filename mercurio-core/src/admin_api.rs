@@ -53,6 +53,8 @@ pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/api/v1/sessions/{client_id}"),
     ("GET", "/api/v1/bridges"),
     ("GET", "/api/v1/bridges/{name}"),
+    ("GET", "/api/v1/streams"),
+    ("GET", "/api/v1/streams/{name}"),
     ("PUT", "/api/v1/log-level"),
 ];
 
@@ -195,6 +197,8 @@ impl AdminApi {
             },
             "/api/v1/bridges" => admin::Request::BridgeList,
             "/api/v1/bridges/{name}" => admin::Request::BridgeShow { name: param(0) },
+            "/api/v1/streams" => admin::Request::StreamList,
+            "/api/v1/streams/{name}" => admin::Request::StreamShow { name: param(0) },
             "/api/v1/log-level" => {
                 let body = match read_body(req.into_body()).await {
                     Ok(b) => b,

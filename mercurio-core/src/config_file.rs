@@ -497,6 +497,22 @@ pub fn warnings(config: &Config) -> Vec<String> {
                 .to_string(),
         );
     }
+    for (i, s) in config.streams.iter().enumerate() {
+        if s.max_bytes == 0 {
+            warnings.push(format!(
+                "streams[{i}].max_bytes: stream {:?} has no byte limit: a stream is held in \
+                 memory (and in storage) and grows with what is published to {:?}{}; set \
+                 max_bytes to bound it",
+                s.name,
+                s.filter,
+                if s.max_age == 0 {
+                    " for ever"
+                } else {
+                    " for max_age"
+                }
+            ));
+        }
+    }
     warnings
 }
 
@@ -705,6 +721,26 @@ mod tests {
             Err(e) => e,
             Ok(c) => panic!("parsed: {c:?}"),
         }
+    }
+
+    #[test]
+    fn streams_are_read_and_checked_with_their_line() {
+        let text = "[auth]\nallow_anonymous = true\n[[streams]]\nname = \"a\"\nfilter = \"t/#\"\n\
+                    max_bytes = 1024\n[[streams]]\nname = \"b\"\nfilter = \"u/#\"\n";
+        let c = parse(Path::new("m.toml"), text).expect("parse");
+        assert_eq!(c.streams.len(), 2);
+        assert_eq!(c.streams[0].max_bytes, 1024);
+        let w = warnings(&c);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("streams[1].max_bytes: stream \"b\""),
+            "{w:?}"
+        );
+        let e = err("[[streams]]\nname = \"a\"\nfilter = \"t/#/x\"\n").to_string();
+        assert!(e.contains("streams[0].filter"), "{e}");
+        assert!(e.starts_with("m.toml:3: streams[0].filter"), "{e}");
+        let e = err("[[streams]]\nname = \"a\"\nfilter = \"t\"\nmax_bites = 1\n").to_string();
+        assert!(e.contains("max_bites"), "{e}");
     }
 
     #[test]

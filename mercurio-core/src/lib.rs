@@ -65,6 +65,7 @@ mod proxy_protocol;
 pub mod router;
 mod session;
 pub mod stats;
+pub mod streams;
 mod sys;
 mod tls;
 mod tls_stream;

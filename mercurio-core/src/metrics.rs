@@ -164,7 +164,11 @@ impl Metrics {
             let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
             (out, OPENMETRICS_CONTENT_TYPE)
         } else {
-            for f in families(&Snapshot::take(&self.broker), &bridge_infos(&self.broker)) {
+            for f in families(
+                &Snapshot::take(&self.broker),
+                &bridge_infos(&self.broker),
+                &stream_infos(&self.broker),
+            ) {
                 f.write_text(&mut out);
             }
             (out, TEXT_CONTENT_TYPE)
@@ -325,7 +329,11 @@ fn bridge_families(bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<Family> 
 }
 
 /// Every family of `/metrics`, in the order served, from one snapshot.
-fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<Family> {
+fn families(
+    s: &Snapshot,
+    bridges: &[crate::bridge_status::BridgeInfo],
+    streams: &[crate::streams::StreamInfo],
+) -> Vec<Family> {
     let mut all = vec![
         Family::gauge(
             "mercurio_clients_connected",
@@ -482,7 +490,77 @@ fn families(s: &Snapshot, bridges: &[crate::bridge_status::BridgeInfo]) -> Vec<F
     ];
     all.extend(bridge_families(bridges));
     all.extend(s.cluster.map(cluster_families).into_iter().flatten());
+    all.extend(stream_families(streams));
     all
+}
+
+/// What each stream holds, for its `/metrics` series.
+fn stream_infos(broker: &BrokerState) -> Vec<crate::streams::StreamInfo> {
+    broker.streams.all().iter().map(|s| s.info()).collect()
+}
+
+/// Per-stream series, labelled `stream="<name>"` (none without streams).
+fn stream_families(streams: &[crate::streams::StreamInfo]) -> Vec<Family> {
+    if streams.is_empty() {
+        return Vec::new();
+    }
+    type Pick = fn(&crate::streams::StreamInfo) -> u64;
+    let families: [(&'static str, &'static str, bool, Pick); 7] = [
+        (
+            "mercurio_stream_messages",
+            "Messages the stream holds",
+            false,
+            |s| s.messages,
+        ),
+        (
+            "mercurio_stream_bytes",
+            "Bytes the stream holds (topic, payload and properties of each message)",
+            false,
+            |s| s.bytes,
+        ),
+        (
+            "mercurio_stream_first_offset",
+            "Offset of the oldest message the stream holds (the next offset when empty)",
+            false,
+            |s| s.first_offset,
+        ),
+        (
+            "mercurio_stream_last_offset",
+            "Offset of the newest message appended (0 before the first)",
+            false,
+            |s| s.last_offset,
+        ),
+        (
+            "mercurio_stream_readers",
+            "Readers reading the stream now",
+            false,
+            |s| s.readers,
+        ),
+        (
+            "mercurio_stream_trimmed_messages",
+            "Messages retention removed (max_age, max_bytes, last_value)",
+            true,
+            |s| s.trimmed_messages,
+        ),
+        (
+            "mercurio_stream_trimmed_bytes",
+            "Bytes retention removed",
+            true,
+            |s| s.trimmed_bytes,
+        ),
+    ];
+    families
+        .into_iter()
+        .map(|(name, help, counter, pick)| Family {
+            name,
+            help,
+            counter,
+            samples: streams
+                .iter()
+                .map(|s| (Some(("stream", s.name.clone())), pick(s)))
+                .collect(),
+        })
+        .collect()
 }
 
 /// The cluster link's series (none outside cluster mode).
@@ -554,7 +632,11 @@ impl std::fmt::Debug for BrokerCollector {
 
 impl Collector for BrokerCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for f in families(&Snapshot::take(&self.broker), &bridge_infos(&self.broker)) {
+        for f in families(
+            &Snapshot::take(&self.broker),
+            &bridge_infos(&self.broker),
+            &stream_infos(&self.broker),
+        ) {
             f.encode(&mut e)?;
         }
         Ok(())

@@ -265,6 +265,21 @@ impl SysPublisher {
                 v.push((format!("cluster/{name}"), value.to_string()));
             }
         }
+        for stream in b.streams.all() {
+            let x = stream.info();
+            let n = &x.name;
+            for (name, value) in [
+                ("messages", x.messages),
+                ("bytes", x.bytes),
+                ("first_offset", x.first_offset),
+                ("last_offset", x.last_offset),
+                ("readers", x.readers),
+                ("trimmed/messages", x.trimmed_messages),
+                ("trimmed/bytes", x.trimmed_bytes),
+            ] {
+                v.push((format!("streams/{n}/{name}"), value.to_string()));
+            }
+        }
         for (topic, _) in v.iter_mut() {
             topic.insert_str(0, "$SYS/broker/");
         }

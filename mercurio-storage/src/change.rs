@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SessionRecord,
-    StoredMessage, SubscriptionRecord, WillRecord,
+    StoredMessage, StreamDefinition, StreamEntryRecord, SubscriptionRecord, WillRecord,
 };
 
 /// Largest MQTT 5 Subscription Identifier (a variable byte integer).
@@ -131,6 +131,46 @@ pub enum Change {
         /// The topic name.
         topic: String,
     },
+    /// Store the definition of a stream created at run time (creating the stream, with no
+    /// entries, if needed; replacing its definition otherwise).
+    StreamDefined {
+        /// The stream's name.
+        stream: String,
+        /// What it takes and keeps.
+        definition: StreamDefinition,
+    },
+    /// Append an entry to a stream's log (creating the stream if needed), replacing an entry
+    /// at the same offset. A reference to a stored message, like [`Change::MessageQueued`]:
+    /// refused if the message is not stored. Belongs to no client.
+    StreamAppended {
+        /// The stream's name.
+        stream: String,
+        /// The entry.
+        entry: StreamEntryRecord,
+    },
+    /// Retention: remove the stream's entries below offset `below` (and remember that the
+    /// stream's offsets go on at `below` at least, even when it is left empty). Nothing if
+    /// the stream is not stored.
+    StreamTrimmed {
+        /// The stream's name.
+        stream: String,
+        /// The first offset kept.
+        below: u64,
+    },
+    /// Remove the stream's entry at `offset` (a `last_value` stream's older value of a
+    /// topic). Nothing if there is none.
+    StreamEntryRemoved {
+        /// The stream's name.
+        stream: String,
+        /// The entry's offset.
+        offset: u64,
+    },
+    /// Delete the stream and all its entries (no longer configured). Nothing if it is not
+    /// stored.
+    StreamDeleted {
+        /// The stream's name.
+        stream: String,
+    },
 }
 
 impl Change {
@@ -153,7 +193,12 @@ impl Change {
             Change::RetainedSet(_)
             | Change::RetainedDeleted { .. }
             | Change::MessageStored { .. }
-            | Change::MessageReleased { .. } => None,
+            | Change::MessageReleased { .. }
+            | Change::StreamDefined { .. }
+            | Change::StreamAppended { .. }
+            | Change::StreamTrimmed { .. }
+            | Change::StreamEntryRemoved { .. }
+            | Change::StreamDeleted { .. } => None,
         }
     }
 
@@ -177,6 +222,11 @@ impl Change {
             Change::InboundQos2Removed { .. } => "inbound_qos2_removed",
             Change::RetainedSet(_) => "retained_set",
             Change::RetainedDeleted { .. } => "retained_deleted",
+            Change::StreamDefined { .. } => "stream_defined",
+            Change::StreamAppended { .. } => "stream_appended",
+            Change::StreamTrimmed { .. } => "stream_trimmed",
+            Change::StreamEntryRemoved { .. } => "stream_entry_removed",
+            Change::StreamDeleted { .. } => "stream_deleted",
         }
     }
 
@@ -243,6 +293,11 @@ impl Change {
             | Change::InboundQos2Removed { client_id, .. } => id(client_id),
             Change::RetainedSet(r) => message(&r.message),
             Change::RetainedDeleted { topic } => topic.len(),
+            Change::StreamDefined { stream, definition } => stream.len() + definition.filter.len(),
+            Change::StreamAppended { stream, .. }
+            | Change::StreamTrimmed { stream, .. }
+            | Change::StreamEntryRemoved { stream, .. }
+            | Change::StreamDeleted { stream } => stream.len(),
         }
     }
 
@@ -277,7 +332,29 @@ pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
         | Change::InboundQos2Added { .. }
         | Change::InboundQos2Removed { .. }
         | Change::RetainedDeleted { .. }
-        | Change::MessageReleased { .. } => Ok(()),
+        | Change::MessageReleased { .. }
+        | Change::StreamDeleted { .. } => Ok(()),
+        Change::StreamDefined { definition, .. } => {
+            if definition.max_age > MAX_ID || definition.max_bytes > MAX_ID {
+                return Err("a stream bound is over 2^63 - 1".to_string());
+            }
+            Ok(())
+        }
+        Change::StreamAppended { entry, .. } => {
+            if entry.message_id > MAX_ID || entry.offset > MAX_ID || entry.time_ms > MAX_ID {
+                return Err(format!(
+                    "stream entry {} (message {}) is over 2^63 - 1",
+                    entry.offset, entry.message_id
+                ));
+            }
+            Ok(())
+        }
+        Change::StreamTrimmed { below: offset, .. } | Change::StreamEntryRemoved { offset, .. } => {
+            if *offset > MAX_ID {
+                return Err(format!("stream offset {offset} is over 2^63 - 1"));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -397,6 +474,11 @@ pub(crate) fn validate_batch(batch: &[Change]) -> Result<(), crate::StorageError
 pub(crate) fn refused(index: usize, change: &Change, reason: &str) -> crate::StorageError {
     let target = match change {
         Change::MessageStored { .. } | Change::MessageReleased { .. } => "the message store",
+        Change::StreamDefined { .. }
+        | Change::StreamAppended { .. }
+        | Change::StreamTrimmed { .. }
+        | Change::StreamEntryRemoved { .. }
+        | Change::StreamDeleted { .. } => "the streams",
         _ => change.client_id().unwrap_or("the retained set"),
     };
     crate::StorageError::refused(format!(

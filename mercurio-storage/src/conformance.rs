@@ -22,7 +22,8 @@ use bytes::Bytes;
 use crate::{
     AccessChange, AccessKind, AccessRecord, Change, DeliveryRecord, ErrorKind, InflightRecord,
     InflightState, LoadedState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, Storage, StorageError, StoredMessage, SubscriptionRecord, WillRecord,
+    SessionRecord, Storage, StorageError, StoredMessage, StreamDefinition, StreamEntryRecord,
+    SubscriptionRecord, WillRecord,
     NEVER_EXPIRES,
 };
 
@@ -73,6 +74,8 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_messages_across_reopen(harness).await;
     check_access_records(harness).await;
     check_fan_out_references(harness).await;
+    check_streams(&harness.fresh().await).await;
+    check_streams_across_reopen(harness).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1719,5 +1722,183 @@ pub async fn check_access_records<H: Harness>(harness: &mut H) {
         must("load_access", storage.load_access()).await,
         left,
         "the access records survive a reopen"
+    );
+}
+
+fn appended(stream: &str, offset: u64, id: u64) -> Change {
+    Change::StreamAppended {
+        stream: stream.to_string(),
+        entry: StreamEntryRecord {
+            offset,
+            time_ms: 1_000 + offset,
+            message_id: id,
+        },
+    }
+}
+
+fn offsets(state: &LoadedState, stream: &str) -> (u64, Vec<(u64, u64)>) {
+    let s = state
+        .streams
+        .iter()
+        .find(|s| s.name == stream)
+        .unwrap_or_else(|| panic!("stream {stream} stored: {:?}", state.streams));
+    (
+        s.next_offset,
+        s.entries.iter().map(|e| (e.offset, e.message_id)).collect(),
+    )
+}
+
+/// Stream entries refer to stored messages like queued deliveries: a message stays while an
+/// entry refers to it, and goes with its last reference once released; retention removes
+/// entries below an offset (the offsets go on above it) or one entry; a deleted stream takes
+/// its entries with it.
+pub async fn check_streams<S: Storage>(storage: &S) {
+    apply(
+        storage,
+        vec![
+            stored(1, "t/a", b"1"),
+            stored(2, "t/b", b"2"),
+            stored(3, "t/a", b"3"),
+            appended("s", 1, 1),
+            appended("s", 2, 2),
+            appended("s", 3, 3),
+            appended("all", 7, 1),
+        ],
+    )
+    .await;
+    expect_refused(
+        storage.apply(&[appended("s", 4, 99)]).await,
+        "an entry referring to a message not stored",
+    );
+    let definition = StreamDefinition {
+        filter: "t/#".into(),
+        max_age: 10_800,
+        max_bytes: 10 << 20,
+        last_value: true,
+    };
+    apply(
+        storage,
+        vec![
+            Change::StreamDefined {
+                stream: "created".into(),
+                definition: definition.clone(),
+            },
+            appended("created", 1, 2),
+        ],
+    )
+    .await;
+    let state = load(storage).await;
+    let created = state.streams.iter().find(|s| s.name == "created").unwrap();
+    assert_eq!(created.definition.as_ref(), Some(&definition));
+    assert_eq!(offsets(&state, "created"), (2, vec![(1, 2)]));
+    apply(
+        storage,
+        vec![Change::StreamDeleted {
+            stream: "created".into(),
+        }],
+    )
+    .await;
+    let state = load(storage).await;
+    assert_eq!(
+        state
+            .streams
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>(),
+        ["all", "s"],
+        "streams sorted by name"
+    );
+    assert_eq!(offsets(&state, "s"), (4, vec![(1, 1), (2, 2), (3, 3)]));
+    assert_eq!(
+        state.streams[1].definition, None,
+        "a stream with entries only"
+    );
+    assert_eq!(offsets(&state, "all"), (8, vec![(7, 1)]));
+    assert_eq!(state.streams[1].entries[0].time_ms, 1_001);
+    assert_eq!(
+        state.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "messages a stream refers to are loaded"
+    );
+
+    apply(storage, vec![released(1), released(2), released(3)]).await;
+    assert!(
+        is_stored(storage, 2).await,
+        "kept while a stream refers to it"
+    );
+    apply(
+        storage,
+        vec![Change::StreamTrimmed {
+            stream: "s".into(),
+            below: 3,
+        }],
+    )
+    .await;
+    assert!(!is_stored(storage, 2).await, "trimmed and released: gone");
+    assert!(is_stored(storage, 1).await, "still in the stream all");
+    apply(
+        storage,
+        vec![Change::StreamEntryRemoved {
+            stream: "s".into(),
+            offset: 3,
+        }],
+    )
+    .await;
+    assert!(!is_stored(storage, 3).await, "its entry removed: gone");
+    apply(
+        storage,
+        vec![Change::StreamDeleted {
+            stream: "all".into(),
+        }],
+    )
+    .await;
+    assert!(!is_stored(storage, 1).await, "its stream deleted: gone");
+    let state = load(storage).await;
+    assert_eq!(
+        offsets(&state, "s"),
+        (4, vec![]),
+        "an emptied stream keeps its next offset"
+    );
+    assert_eq!(state.streams.len(), 1);
+    apply(
+        storage,
+        vec![Change::StreamTrimmed {
+            stream: "s".into(),
+            below: 10,
+        }],
+    )
+    .await;
+    assert_eq!(offsets(&load(storage).await, "s").0, 10);
+}
+
+/// Streams and the messages they refer to survive a reopen; the messages nothing refers to
+/// any more are gone.
+pub async fn check_streams_across_reopen<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    apply(
+        &storage,
+        vec![
+            stored(1, "t", b"kept"),
+            stored(2, "t", b"trimmed"),
+            appended("s", 1, 2),
+            appended("s", 2, 1),
+            Change::StreamTrimmed {
+                stream: "s".into(),
+                below: 2,
+            },
+            released(1),
+            released(2),
+        ],
+    )
+    .await;
+    let storage = harness.reopen(storage).await;
+    let state = load(&storage).await;
+    assert_eq!(offsets(&state, "s"), (3, vec![(2, 1)]));
+    assert_eq!(
+        state.messages,
+        [StoredMessage {
+            id: 1,
+            message: message("t", b"kept", 1),
+        }]
     );
 }

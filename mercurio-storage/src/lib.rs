@@ -72,7 +72,8 @@ pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
 pub use memory::MemoryStorage;
 pub use records::{
     DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord,
-    SessionHeader, SessionRecord, StoredMessage, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    SessionHeader, SessionRecord, StoredMessage, StreamDefinition, StreamEntryRecord, StreamRecord,
+    SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
 /// Everything a broker reads from storage when it starts.
@@ -83,14 +84,16 @@ pub struct LoadedState {
     pub sessions: Vec<SessionRecord>,
     /// Every retained message, sorted by topic.
     pub retained: Vec<RetainedRecord>,
-    /// Every stored message some stored session refers to (its queue or in-flight messages,
-    /// set-aside sessions included), each once, sorted by id. Loading starts a new broker:
+    /// Every stored message some stored session (its queue or in-flight messages, set-aside
+    /// sessions included) or stream entry refers to, each once, sorted by id. Loading starts a new broker:
     /// messages nothing refers to are deleted first, and every loaded one is held by the new
     /// broker until it sends [`Change::MessageReleased`].
     pub messages: Vec<StoredMessage>,
     /// Sessions that could not be read. They stay in storage untouched; their clients are
     /// refused until [`Storage::delete_session`] removes them.
     pub set_aside: Vec<SetAside>,
+    /// Every stored stream, sorted by name, its entries by offset.
+    pub streams: Vec<StreamRecord>,
 }
 
 /// A stored session that could not be read (a damaged row, one written by a newer version).

@@ -13,7 +13,8 @@ use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, StoredMessage, SubscriptionRecord, WillRecord,
+    SessionRecord, StoredMessage, StreamDefinition, StreamEntryRecord, StreamRecord,
+    SubscriptionRecord, WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
 
@@ -42,6 +43,8 @@ struct State {
     retained: BTreeMap<String, RetainedRecord>,
     /// The access records, by kind and name.
     access: BTreeMap<(AccessKind, String), String>,
+    /// The streams: each one's next offset and its entries by offset.
+    streams: BTreeMap<String, MemStream>,
     /// Clients whose session is reported as unreadable, with the cause.
     set_aside: BTreeMap<String, String>,
     /// Failures to return from the next calls to `apply`, oldest first.
@@ -55,10 +58,18 @@ struct State {
 /// A stored message and what keeps it.
 struct Stored {
     message: MessageRecord,
-    /// Queued and in-flight deliveries that refer to it.
+    /// Queued and in-flight deliveries, and stream entries, that refer to it.
     references: usize,
     /// The broker released it: it goes with its last reference.
     released: bool,
+}
+
+/// A stream: where its offsets go on, and its entries.
+#[derive(Default)]
+struct MemStream {
+    next_offset: u64,
+    entries: BTreeMap<u64, StreamEntryRecord>,
+    definition: Option<StreamDefinition>,
 }
 
 struct StoredSession {
@@ -143,6 +154,16 @@ impl State {
                     cause: cause.clone(),
                 })
                 .collect(),
+            streams: self
+                .streams
+                .iter()
+                .map(|(name, s)| StreamRecord {
+                    name: name.clone(),
+                    next_offset: s.next_offset,
+                    entries: s.entries.values().copied().collect(),
+                    definition: s.definition.clone(),
+                })
+                .collect(),
         }
     }
 
@@ -185,6 +206,15 @@ impl State {
                     change,
                     &format!("message {} is not stored", d.message_id),
                 ));
+            }
+            if let Change::StreamAppended { entry, .. } = change {
+                if !is_stored(&stored_now, entry.message_id) {
+                    return Err(refused(
+                        index,
+                        change,
+                        &format!("message {} is not stored", entry.message_id),
+                    ));
+                }
             }
             let Some(client_id) = change.client_id() else {
                 continue;
@@ -412,6 +442,47 @@ impl State {
             }
             Change::RetainedDeleted { topic } => {
                 self.retained.remove(topic);
+            }
+            Change::StreamDefined { stream, definition } => {
+                self.streams.entry(stream.clone()).or_default().definition =
+                    Some(definition.clone());
+            }
+            Change::StreamAppended { stream, entry } => {
+                let s = self.streams.entry(stream.clone()).or_default();
+                s.next_offset = s.next_offset.max(entry.offset + 1);
+                let replaced = s.entries.insert(entry.offset, *entry);
+                self.refer(entry.message_id);
+                if let Some(old) = replaced {
+                    self.unrefer(old.message_id);
+                }
+            }
+            Change::StreamTrimmed { stream, below } => {
+                let mut removed = Vec::new();
+                if let Some(s) = self.streams.get_mut(stream) {
+                    s.next_offset = s.next_offset.max(*below);
+                    let kept = s.entries.split_off(below);
+                    removed.extend(s.entries.values().map(|e| e.message_id));
+                    s.entries = kept;
+                }
+                for id in removed {
+                    self.unrefer(id);
+                }
+            }
+            Change::StreamEntryRemoved { stream, offset } => {
+                if let Some(old) = self
+                    .streams
+                    .get_mut(stream)
+                    .and_then(|s| s.entries.remove(offset))
+                {
+                    self.unrefer(old.message_id);
+                }
+            }
+            Change::StreamDeleted { stream } => {
+                if let Some(s) = self.streams.remove(stream) {
+                    for e in s.entries.values() {
+                        self.unrefer(e.message_id);
+                    }
+                }
             }
         }
     }

@@ -400,3 +400,46 @@ mod tests {
         assert_eq!(retained.publisher(), Some("pub"));
     }
 }
+
+/// One entry of a stream's log: a reference to a stored message, at its offset, as
+/// [`Change::StreamAppended`](crate::Change::StreamAppended) writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamEntryRecord {
+    /// The entry's logical offset in its stream (from 1, strictly increasing per stream).
+    /// Below 2^63.
+    pub offset: u64,
+    /// When it was appended, unix milliseconds.
+    pub time_ms: u64,
+    /// The [`StoredMessage::id`] of the message.
+    pub message_id: u64,
+}
+
+/// A stream as loaded at start: its entries and where its offsets go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRecord {
+    /// The stream's name.
+    pub name: String,
+    /// The lowest offset the next appended entry may take: above every offset appended so
+    /// far, trimmed ones included (so that offsets are never given twice).
+    pub next_offset: u64,
+    /// Its entries, by offset.
+    pub entries: Vec<StreamEntryRecord>,
+    /// Its definition, for a stream created while the broker ran (`mercurioctl stream
+    /// create`); `None` for one defined elsewhere (the configuration file).
+    pub definition: Option<StreamDefinition>,
+}
+
+/// What a stream created at run time is, stored by
+/// [`Change::StreamDefined`](crate::Change::StreamDefined): which messages it takes and its
+/// retention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamDefinition {
+    /// The MQTT topic filter of the messages appended.
+    pub filter: String,
+    /// Seconds a message stays; 0 = no limit. Below 2^63.
+    pub max_age: u64,
+    /// Bytes the stream holds at most; 0 = no limit. Below 2^63.
+    pub max_bytes: u64,
+    /// Only the newest message of each topic is kept.
+    pub last_value: bool,
+}

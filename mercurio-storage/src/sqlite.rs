@@ -52,7 +52,33 @@ use queue::QueueChanges;
 /// message (`messages.refs`) in place of the indexes of references. An older database is
 /// upgraded when opened (from 3 to 4, each queued or in-flight row becomes one message and
 /// one reference; from 5 to 6, each queue is rewritten in chunks and references counted).
-pub const SCHEMA_VERSION: i64 = 6;
+/// 7: streams (`streams`, and `stream_entries` referring to the message store, each entry
+/// counted in its message's `refs`).
+pub const SCHEMA_VERSION: i64 = 7;
+
+/// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
+/// is one reference of its message (`messages.refs`), like a queued delivery.
+macro_rules! streams_tables {
+    () => {
+        "
+CREATE TABLE streams (
+    name TEXT PRIMARY KEY NOT NULL,
+    next_offset INTEGER NOT NULL,
+    filter TEXT,
+    max_age INTEGER,
+    max_bytes INTEGER,
+    last_value INTEGER
+) WITHOUT ROWID;
+CREATE TABLE stream_entries (
+    stream TEXT NOT NULL REFERENCES streams (name) ON DELETE CASCADE,
+    entry_offset INTEGER NOT NULL,
+    time_ms INTEGER NOT NULL,
+    message_id INTEGER NOT NULL,
+    PRIMARY KEY (stream, entry_offset)
+) WITHOUT ROWID;
+"
+    };
+}
 
 /// The access records' table (schema 5), shared by [`SCHEMA`] and the upgrade from 4.
 macro_rules! access_table {
@@ -195,6 +221,7 @@ const UPGRADES: &[&str] = &[
     ),
     access_table!(),
     TO_6,
+    streams_tables!(),
 ];
 
 /// From version 5 to 6: queues in chunks of at most 256 deliveries, in-flight messages without
@@ -269,7 +296,8 @@ CREATE TABLE meta (
     key TEXT PRIMARY KEY NOT NULL,
     value
 ) WITHOUT ROWID;
-"
+",
+    streams_tables!()
 );
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -600,6 +628,46 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
         messages.push(rows::stored(row));
     }
     rows::attach_messages(&mut state, messages);
+    let mut stmt = conn.prepare(
+        "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id, s.filter, \
+         s.max_age, s.max_bytes, s.last_value FROM streams s \
+         LEFT JOIN stream_entries e ON e.stream = s.name ORDER BY s.name, e.entry_offset",
+    )?;
+    let mut found = stmt.query([])?;
+    while let Some(row) = found.next()? {
+        let name: String = row.get(0)?;
+        let next_offset: i64 = row.get(1)?;
+        if state.streams.last().is_none_or(|s| s.name != name) {
+            let definition =
+                row.get::<_, Option<String>>(5)?
+                    .map(|filter| crate::StreamDefinition {
+                        filter,
+                        max_age: u64::try_from(row.get::<_, i64>(6).unwrap_or(0)).unwrap_or(0),
+                        max_bytes: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
+                        last_value: row.get::<_, bool>(8).unwrap_or(false),
+                    });
+            state.streams.push(crate::StreamRecord {
+                name,
+                next_offset: u64::try_from(next_offset).unwrap_or(0),
+                entries: Vec::new(),
+                definition,
+            });
+        }
+        let (Some(offset), Some(time_ms), Some(message_id)) = (
+            row.get::<_, Option<i64>>(2)?,
+            row.get::<_, Option<i64>>(3)?,
+            row.get::<_, Option<i64>>(4)?,
+        ) else {
+            continue;
+        };
+        if let Some(s) = state.streams.last_mut() {
+            s.entries.push(crate::StreamEntryRecord {
+                offset: u64::try_from(offset).unwrap_or(0),
+                time_ms: u64::try_from(time_ms).unwrap_or(0),
+                message_id: u64::try_from(message_id).unwrap_or(0),
+            });
+        }
+    }
     Ok(state)
 }
 
@@ -933,7 +1001,106 @@ fn apply_one<'c>(
                 .execute([topic])?;
             true
         }
+        Change::StreamDefined {
+            stream,
+            definition: d,
+        } => {
+            tx.prepare_cached(
+                "INSERT INTO streams (name, next_offset, filter, max_age, max_bytes, last_value) \
+                 VALUES (?1, 1, ?2, ?3, ?4, ?5) ON CONFLICT (name) DO UPDATE SET \
+                 filter = excluded.filter, max_age = excluded.max_age, \
+                 max_bytes = excluded.max_bytes, last_value = excluded.last_value",
+            )?
+            .execute(params![
+                stream,
+                d.filter,
+                to_i64(d.max_age),
+                to_i64(d.max_bytes),
+                d.last_value
+            ])?;
+            true
+        }
+        Change::StreamAppended { stream, entry } => {
+            tx.prepare_cached(
+                "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) ON CONFLICT (name) \
+                 DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
+            )?
+            .execute(params![stream, to_i64(entry.offset) + 1])?;
+            // An entry written again at the same offset gives up its old reference; the count
+            // of references refuses an entry whose message is not stored.
+            remove_entries(
+                tx,
+                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
+                 RETURNING message_id",
+                params![stream, to_i64(entry.offset)],
+                &mut p.refs,
+            )?;
+            tx.prepare_cached(
+                "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                stream,
+                to_i64(entry.offset),
+                to_i64(entry.time_ms),
+                to_i64(entry.message_id)
+            ])?;
+            p.refs.add(entry.message_id, index);
+            true
+        }
+        Change::StreamTrimmed { stream, below } => {
+            remove_entries(
+                tx,
+                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset < ?2 \
+                 RETURNING message_id",
+                params![stream, to_i64(*below)],
+                &mut p.refs,
+            )?;
+            tx.prepare_cached(
+                "UPDATE streams SET next_offset = max(next_offset, ?2) WHERE name = ?1",
+            )?
+            .execute(params![stream, to_i64(*below)])?;
+            true
+        }
+        Change::StreamEntryRemoved { stream, offset } => {
+            remove_entries(
+                tx,
+                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
+                 RETURNING message_id",
+                params![stream, to_i64(*offset)],
+                &mut p.refs,
+            )?;
+            true
+        }
+        Change::StreamDeleted { stream } => {
+            remove_entries(
+                tx,
+                "DELETE FROM stream_entries WHERE stream = ?1 RETURNING message_id",
+                params![stream],
+                &mut p.refs,
+            )?;
+            tx.prepare_cached("DELETE FROM streams WHERE name = ?1")?
+                .execute([stream])?;
+            true
+        }
     })
+}
+
+/// Runs `sql`, a DELETE of stream entries `RETURNING message_id`, and gives up the reference
+/// each removed entry held.
+fn remove_entries(
+    tx: &Transaction<'_>,
+    sql: &str,
+    args: impl rusqlite::Params,
+    refs: &mut Refs,
+) -> rusqlite::Result<()> {
+    let mut stmt = tx.prepare_cached(sql)?;
+    let mut rows = stmt.query(args)?;
+    while let Some(row) = rows.next()? {
+        let id: i64 = row.get(0)?;
+        refs.remove(u64::try_from(id).unwrap_or(0), 1);
+    }
+    Ok(())
 }
 
 fn add_subscription(

@@ -129,6 +129,9 @@ enum Command {
     /// Bridges to other brokers: state, queue and counters.
     #[command(subcommand)]
     Bridge(BridgeCommand),
+    /// Streams ([[streams]]): messages and bytes held, offsets, readers, what retention removed.
+    #[command(subcommand)]
+    Stream(StreamCommand),
     /// Add a user to a password file or change its password (needs no running broker).
     Passwd(passwd::Passwd),
     /// Configuration files (need no running broker).
@@ -224,6 +227,40 @@ enum BridgeCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum StreamCommand {
+    /// Every stream: messages and bytes held, first and last offsets, readers.
+    List,
+    /// One stream in detail: filter, bounds, what it holds, what retention removed.
+    Show {
+        /// The stream's name ([[streams]] name).
+        name: String,
+    },
+    /// Create a stream while the broker runs, kept across restarts when the broker has
+    /// storage (SQLite, PostgreSQL); it takes the messages published from now on.
+    Create {
+        /// The stream's name: letters, digits, '_', '-', '.'.
+        name: String,
+        /// The MQTT topic filter of the messages it takes, e.g. 'tenants/a/#'.
+        filter: String,
+        /// Seconds a message stays; 0 = no limit.
+        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        max_age: u64,
+        /// Bytes the stream holds at most (the oldest messages go first); 0 = no limit.
+        #[arg(long, value_name = "BYTES", default_value_t = 0)]
+        max_bytes: u64,
+        /// Keep only the newest message of each topic.
+        #[arg(long)]
+        last_value: bool,
+    },
+    /// Delete a stream created with `stream create` (with its messages); a stream of the
+    /// configuration file is removed there instead.
+    Delete {
+        /// The stream's name.
+        name: String,
+    },
+}
+
 /// A failure: the exit status and its one-line reason.
 struct Failure(u8, String);
 
@@ -257,6 +294,24 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Client(ClientCommand::List) => Request::ClientList,
         Command::Bridge(BridgeCommand::List) => Request::BridgeList,
         Command::Bridge(BridgeCommand::Show { name }) => Request::BridgeShow { name: name.clone() },
+        Command::Stream(StreamCommand::List) => Request::StreamList,
+        Command::Stream(StreamCommand::Show { name }) => Request::StreamShow { name: name.clone() },
+        Command::Stream(StreamCommand::Create {
+            name,
+            filter,
+            max_age,
+            max_bytes,
+            last_value,
+        }) => Request::StreamCreate {
+            name: name.clone(),
+            filter: filter.clone(),
+            max_age: *max_age,
+            max_bytes: *max_bytes,
+            last_value: *last_value,
+        },
+        Command::Stream(StreamCommand::Delete { name }) => {
+            Request::StreamDelete { name: name.clone() }
+        }
         Command::Client(ClientCommand::Show { client_id }) => Request::ClientShow {
             client_id: client_id.clone(),
         },
@@ -446,6 +501,10 @@ fn human(command: &Command, result: &Value) -> String {
         Command::Client(ClientCommand::List) => list(result),
         Command::Bridge(BridgeCommand::List) => bridge_list(result),
         Command::Bridge(BridgeCommand::Show { .. }) => bridge_show(result),
+        Command::Stream(StreamCommand::List) => stream_list(result),
+        Command::Stream(StreamCommand::Show { .. }) => stream_show(result),
+        Command::Stream(StreamCommand::Create { .. }) => stream_show(result),
+        Command::Stream(StreamCommand::Delete { name }) => format!("deleted the stream {name}\n"),
         Command::Client(ClientCommand::Show { .. }) => show(result),
         Command::Client(ClientCommand::Disconnect { client_id }) => {
             format!("disconnected {client_id}\n")
@@ -577,6 +636,63 @@ fn bridge_list(r: &Value) -> String {
         ));
     }
     out
+}
+
+fn stream_list(r: &Value) -> String {
+    let streams = r["streams"].as_array().cloned().unwrap_or_default();
+    if streams.is_empty() {
+        return "no streams\n".to_string();
+    }
+    let width = streams
+        .iter()
+        .map(|s| text(&s["name"]).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("NAME".len());
+    let mut out = format!(
+        "{:<width$}  {:>9}  {:>11}  {:>12}  {:>12}  {:>7}  FILTER\n",
+        "NAME", "MESSAGES", "BYTES", "FIRST", "LAST", "READERS"
+    );
+    for s in &streams {
+        out.push_str(&format!(
+            "{:<width$}  {:>9}  {:>11}  {:>12}  {:>12}  {:>7}  {}\n",
+            text(&s["name"]),
+            text(&s["messages"]),
+            text(&s["bytes"]),
+            text(&s["first_offset"]),
+            text(&s["last_offset"]),
+            text(&s["readers"]),
+            text(&s["filter"]),
+        ));
+    }
+    out
+}
+
+fn stream_show(r: &Value) -> String {
+    let bound = |v: &Value, unit: &str| match v.as_u64() {
+        Some(0) | None => "no limit".to_string(),
+        Some(n) => format!("{n} {unit}"),
+    };
+    format!(
+        "stream          {}\nfilter          {}\ndefined         {}\nmax age         {}\nmax bytes       {}\nlast value      {}\nmessages        {}\nbytes           {}\nfirst offset    {}\nlast offset     {}\nreaders         {}\ntrimmed         {} messages, {} bytes\n",
+        text(&r["name"]),
+        text(&r["filter"]),
+        if r["runtime"] == true {
+            "at run time (mercurioctl stream create)"
+        } else {
+            "in the configuration file"
+        },
+        bound(&r["max_age"], "s"),
+        bound(&r["max_bytes"], "bytes"),
+        text(&r["last_value"]),
+        text(&r["messages"]),
+        text(&r["bytes"]),
+        text(&r["first_offset"]),
+        text(&r["last_offset"]),
+        text(&r["readers"]),
+        text(&r["trimmed_messages"]),
+        text(&r["trimmed_bytes"]),
+    )
 }
 
 fn bridge_show(r: &Value) -> String {

@@ -300,8 +300,52 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
             Some(b) => ok(bridge(b)),
             None => failure(ErrorCode::NotFound, format!("no such bridge: {name}")),
         },
+        Request::StreamList => ok(json!({ "streams": handle.streams() })),
+        Request::StreamShow { name } => match handle.streams().into_iter().find(|s| s.name == name) {
+            Some(s) => ok(json!(s)),
+            None => failure(ErrorCode::NotFound, format!("no such stream: {name}")),
+        },
+        Request::StreamCreate {
+            name,
+            filter,
+            max_age,
+            max_bytes,
+            last_value,
+        } => {
+            let config = mercurio_core::config::StreamConfig {
+                name,
+                filter,
+                max_age,
+                max_bytes,
+                last_value,
+            };
+            match handle.create_stream(config) {
+                Ok(info) => {
+                    tracing::info!(stream = %info.name, "stream created by {by}");
+                    ok(json!(info))
+                }
+                Err(e) => failure(stream_refused(&e), e.to_string()),
+            }
+        }
+        Request::StreamDelete { name } => match handle.delete_stream(&name) {
+            Ok(()) => {
+                tracing::info!(stream = %name, "stream deleted by {by}");
+                ok(json!({}))
+            }
+            Err(e) => failure(stream_refused(&e), e.to_string()),
+        },
         // Answered by `BrokerHandle::access` above.
         _ => failure(ErrorCode::Unsupported, "unsupported request"),
+    }
+}
+
+/// The admin error code of a stream's refusal.
+fn stream_refused(e: &mercurio_core::streams::StreamRefused) -> ErrorCode {
+    use mercurio_core::streams::StreamRefused;
+    match e {
+        StreamRefused::Invalid(_) => ErrorCode::BadRequest,
+        StreamRefused::Exists(_) | StreamRefused::Configured(_) => ErrorCode::Conflict,
+        StreamRefused::NotFound(_) => ErrorCode::NotFound,
     }
 }
 

@@ -42,6 +42,18 @@ impl Reloader {
         self.logging(&config);
         self.security();
         self.bridges(&config).await;
+        self.streams(&config);
+    }
+
+    /// `[[streams]]` is read at start only: a change is logged, not applied (the streams
+    /// keep their messages and readers).
+    fn streams(&self, config: &Config) {
+        if self.handle.config().streams != config.streams {
+            tracing::warn!(
+                "SIGHUP: [[streams]] changed in the file; streams are set at start: the change \
+                 takes effect at the next start"
+            );
+        }
     }
 
     /// `[[bridges]]`: added, removed and changed bridges start, stop or restart alone; the

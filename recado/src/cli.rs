@@ -297,6 +297,12 @@ pub struct SubArgs {
     /// subscription that did not exist) or never [default: always].
     #[arg(long, value_name = "WHEN", value_parser = ["always", "new", "never"], help_heading = "Subscription")]
     pub retain_handling: Option<String>,
+    /// MQTT 5: where the readers of streams (-t '$stream/<name>') start: earliest, latest, an
+    /// offset, a Unix time in milliseconds or an RFC 3339 time (2026-01-31T08:00:00Z); sent as
+    /// the SUBSCRIBE user property stream-offset. With MQTT 3.1.1, write it in the filter:
+    /// -t '$stream/<name>/@<VALUE>'. -v prints each message's offset after its topic.
+    #[arg(long, value_name = "VALUE", help_heading = "Subscription")]
+    pub stream_offset: Option<String>,
     /// Exit after this many messages (those printed).
     #[arg(short = 'C', long, value_name = "COUNT", help_heading = "Ending")]
     pub count: Option<u64>,

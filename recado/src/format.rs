@@ -75,6 +75,17 @@ impl Printer {
             Style::Verbose => {
                 out.extend_from_slice(p.topic.as_bytes());
                 out.push(b' ');
+                // A stream reader's message: its offset in the stream after the topic.
+                if let Some((_, offset)) = p
+                    .properties
+                    .user_properties
+                    .iter()
+                    .find(|(k, _)| k == mercurio_core::streams::OFFSET_PROPERTY)
+                {
+                    out.push(b'@');
+                    out.extend_from_slice(offset.as_bytes());
+                    out.push(b' ');
+                }
                 out.extend_from_slice(&p.payload);
             }
             Style::Json => {

@@ -76,6 +76,21 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
             "--no-local, --retain-as-published and --retain-handling are MQTT 5 options: add -V mqttv5",
         ));
     }
+    let mut sub_properties = s.properties.subscribe.clone();
+    if let Some(v) = &a.stream_offset {
+        if !version.is_v5() {
+            return Err(Failure::usage(format!(
+                "--stream-offset is an MQTT 5 user property: add -V mqttv5, or write the offset \
+                 in the filter: -t '$stream/<name>/@{v}'"
+            )));
+        }
+        mercurio_core::streams::StartAt::parse(v)
+            .map_err(|e| Failure::usage(format!("--stream-offset: {e}")))?;
+        sub_properties.user_properties.push((
+            mercurio_core::streams::OFFSET_PROPERTY.to_string(),
+            v.clone(),
+        ));
+    }
     let retain_handling = match a.retain_handling.as_deref() {
         Some("new") => 1,
         Some("never") => 2,
@@ -104,7 +119,7 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                 },
             })
             .collect(),
-        properties: s.properties.subscribe.clone(),
+        properties: sub_properties,
     };
     let mut count = 0u64;
     let mut redraw = tokio::time::interval(Duration::from_millis(200));

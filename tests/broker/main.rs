@@ -31,6 +31,7 @@ mod security_tls;
 mod session;
 mod shared_subscriptions;
 mod smoke;
+mod streams;
 mod sys;
 mod topics;
 mod websocket;

@@ -37,6 +37,10 @@
 //! | `{"command":"role.show","role":"r"}` | `{role, rules: [{access, topic}], users, groups}` |
 //! | `{"command":"acl.add","role":"r","access":"read","topic":"t/#"}` | `{}` |
 //! | `{"command":"acl.remove","role":"r","access":"read","topic":"t/#"}` | `{}` |
+//! | `{"command":"stream.list"}` | `{"streams":[{name, filter, messages, bytes, first_offset, last_offset, readers, ...}]}` |
+//! | `{"command":"stream.show","name":"x"}` | one stream in detail |
+//! | `{"command":"stream.create","name":"x","filter":"t/#","max_age":0,"max_bytes":0,"last_value":false}` | the new stream (the bounds optional, 0 / false by default) |
+//! | `{"command":"stream.delete","name":"x"}` | `{}`; refused for a stream of the configuration file |
 //!
 //! The `user.*`, `group.*`, `role.*` and `acl.*` requests change the access rules kept in
 //! storage (`[auth] backend = "storage"`, docs/access.md); another broker answers them with
@@ -247,6 +251,40 @@ pub enum Request {
         /// The rule's topic filter.
         topic: String,
     },
+    /// `stream.list`: every stream (`[[streams]]`) with what it holds and its readers.
+    #[serde(rename = "stream.list")]
+    StreamList,
+    /// `stream.show`: one stream in detail; `not_found` when no stream has this name.
+    #[serde(rename = "stream.show")]
+    StreamShow {
+        /// The stream's name (`[[streams]] name`).
+        name: String,
+    },
+    /// `stream.create`: creates a stream while the broker runs, kept across restarts with
+    /// storage; `conflict` when the name is in use, `bad_request` for a bad name or filter.
+    #[serde(rename = "stream.create")]
+    StreamCreate {
+        /// The new stream's name (letters, digits, `_`, `-`, `.`).
+        name: String,
+        /// The topic filter of the messages it takes.
+        filter: String,
+        /// Seconds a message stays; 0 (default) = no limit.
+        #[serde(default)]
+        max_age: u64,
+        /// Bytes it holds at most; 0 (default) = no limit.
+        #[serde(default)]
+        max_bytes: u64,
+        /// Keep only the newest message of each topic (default false).
+        #[serde(default)]
+        last_value: bool,
+    },
+    /// `stream.delete`: deletes a stream created at run time; `not_found`, or `conflict` for
+    /// a stream of the configuration file.
+    #[serde(rename = "stream.delete")]
+    StreamDelete {
+        /// The stream's name.
+        name: String,
+    },
 }
 
 impl Request {
@@ -304,7 +342,8 @@ impl Request {
             | Request::BridgeList
             | Request::UserList
             | Request::GroupList
-            | Request::RoleList => &[],
+            | Request::RoleList
+            | Request::StreamList => &[],
             Request::UserAdd { .. } | Request::UserPasswd { .. } => &["username", "credentials"],
             Request::UserRemove { .. } | Request::UserShow { .. } => &["username"],
             Request::UserAddRole { .. } | Request::UserRemoveRole { .. } => &["username", "role"],
@@ -320,7 +359,12 @@ impl Request {
             }
             Request::AclAdd { .. } | Request::AclRemove { .. } => &["role", "access", "topic"],
             Request::LogLevel { .. } => &["level"],
-            Request::BridgeShow { .. } => &["name"],
+            Request::BridgeShow { .. }
+            | Request::StreamShow { .. }
+            | Request::StreamDelete { .. } => &["name"],
+            Request::StreamCreate { .. } => {
+                &["name", "filter", "max_age", "max_bytes", "last_value"]
+            }
             Request::ClientShow { .. }
             | Request::ClientDisconnect { .. }
             | Request::ClientDeleteSession { .. } => &["client_id"],
@@ -333,7 +377,7 @@ impl Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
-    /// No such client or bridge (404).
+    /// No such client, bridge or stream (404).
     NotFound,
     /// The client's state does not allow it: disconnecting a client that is not connected,
     /// deleting the session of one that is (409).
@@ -506,6 +550,16 @@ mod tests {
                 access: "read".into(),
                 topic: "t/#".into(),
             },
+            Request::StreamList,
+            Request::StreamShow { name: "x".into() },
+            Request::StreamCreate {
+                name: "x".into(),
+                filter: "t/#".into(),
+                max_age: 0,
+                max_bytes: 0,
+                last_value: false,
+            },
+            Request::StreamDelete { name: "x".into() },
         ];
         assert_eq!(table.len(), requests.len(), "{table:?}");
         for (request, json) in requests.iter().zip(&table) {

@@ -7,9 +7,11 @@ pub(crate) mod drain;
 mod entry;
 pub(crate) mod restore;
 mod shared;
+mod stream_reader;
 mod takeover;
 
 pub(crate) use entry::message_of;
+pub(crate) use stream_reader::ReaderStart;
 pub(crate) use takeover::Owner;
 
 use std::collections::HashMap;
@@ -122,6 +124,8 @@ pub(crate) struct BrokerState {
     /// Network activity, and the task that polls instead of sleeping while it comes close
     /// together (`busy_poll`); started by the builder.
     pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
+    /// The streams of `[[streams]]` and their readers (`streams`, `stream_reader.rs`).
+    pub streams: crate::streams::Streams,
     /// This state's own `Arc`, for the work it hands to a task of its own (a will to
     /// intercept); set where the `Arc` is made (`Arc::new_cyclic`), empty before.
     pub this: std::sync::Weak<BrokerState>,
@@ -153,6 +157,7 @@ impl BrokerState {
             // Before any subscription (the restore's included) reaches the index.
             interest.start(Arc::from(CLUSTER_CLIENT_ID));
         }
+        let streams = crate::streams::Streams::new(&config.streams);
         BrokerState {
             config,
             limits,
@@ -186,6 +191,7 @@ impl BrokerState {
             interest,
             cluster: Default::default(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
+            streams,
             this: std::sync::Weak::new(),
         }
     }
@@ -225,6 +231,7 @@ impl BrokerState {
                 self.retain(&msg);
             }
         }
+        self.streams.append(&msg);
         self.route_from(&msg, congested)
     }
 

@@ -35,6 +35,7 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     // Each stored message once, shared by every delivery that refers to it (dropped at the
     // end of the restore: those no restored session holds are then released).
     let messages = restore_messages(p, &loaded.messages, now, now_ms);
+    restore_streams(broker, p, &loaded.streams, &messages);
     for s in &loaded.set_aside {
         tracing::error!(
             client_id = %s.client_id,
@@ -97,6 +98,78 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     }
     for (client_id, will) in wills_now {
         broker.publish_will(&client_id, will);
+    }
+}
+
+/// The streams' logs: a configured stream gets its stored entries back (with their offsets and
+/// append times; an entry whose message cannot be read is dropped and logged); a stored stream
+/// no longer configured is deleted.
+fn restore_streams(
+    broker: &BrokerState,
+    p: &Persister,
+    stored: &[mercurio_storage::StreamRecord],
+    messages: &Restored,
+) {
+    for record in stored {
+        let stream = match (broker.streams.get(&record.name), &record.definition) {
+            (Some(stream), _) => stream,
+            (None, Some(d)) => {
+                let config = crate::config::StreamConfig {
+                    name: record.name.clone(),
+                    filter: d.filter.clone(),
+                    max_age: d.max_age,
+                    max_bytes: d.max_bytes,
+                    last_value: d.last_value,
+                };
+                match broker.streams.restore_created(config) {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::error!(stream = %record.name, "stored stream cannot be restored, deleted: {e}");
+                        p.stream_deleted(&record.name);
+                        continue;
+                    }
+                }
+            }
+            (None, None) => {
+                tracing::info!(
+                    stream = %record.name,
+                    entries = record.entries.len(),
+                    "stored stream no longer in [[streams]]: deleted"
+                );
+                p.stream_deleted(&record.name);
+                continue;
+            }
+        };
+        let mut entries = Vec::with_capacity(record.entries.len());
+        for e in &record.entries {
+            match messages.get(&e.message_id) {
+                Some(Ok((msg, _))) => entries.push(crate::streams::Entry {
+                    offset: e.offset,
+                    time_ms: e.time_ms,
+                    msg: Arc::clone(msg),
+                }),
+                other => {
+                    let cause = match other {
+                        Some(Err(cause)) => cause.clone(),
+                        _ => "not stored".to_string(),
+                    };
+                    tracing::error!(
+                        stream = %record.name,
+                        offset = e.offset,
+                        "stored stream entry cannot be restored, dropped: message {}: {cause}",
+                        e.message_id
+                    );
+                    p.stream_entry_removed(&record.name, e.offset);
+                }
+            }
+        }
+        tracing::info!(
+            stream = %record.name,
+            entries = entries.len(),
+            next_offset = record.next_offset,
+            "stream restored"
+        );
+        stream.restore(entries, record.next_offset);
     }
 }
 

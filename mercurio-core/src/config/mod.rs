@@ -14,15 +14,17 @@ mod cidr;
 mod cluster;
 pub mod log_targets;
 pub mod ranges;
+mod streams;
 pub use bridges::{
     parse_address, BridgeConfig, BridgeDirection, BridgeProtocol, BridgeTopic,
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,
 };
 pub use cidr::Cidr;
 pub use cluster::{ClusterConfig, DEFAULT_SUBJECT_PREFIX};
+pub use streams::{valid_name as valid_stream_name, StreamConfig};
 
-/// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[auth]`,
-/// `[storage]`, `[logging]`, `[admin]`, `[cluster]`.
+/// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[[streams]]`,
+/// `[auth]`, `[storage]`, `[logging]`, `[admin]`, `[cluster]`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -30,6 +32,9 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     /// Bridges to other brokers (none by default); see [`BridgeConfig`].
     pub bridges: Vec<BridgeConfig>,
+    /// Streams, named logs of the messages matching a filter (none by default); see
+    /// [`StreamConfig`] and docs/streams.md.
+    pub streams: Vec<StreamConfig>,
     pub auth: AuthConfig,
     pub storage: StorageConfig,
     pub logging: LoggingConfig,
@@ -45,6 +50,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             listeners: vec![ListenerConfig::default()],
             bridges: Vec::new(),
+            streams: Vec::new(),
             auth: AuthConfig {
                 allow_anonymous: Some(true),
                 ..AuthConfig::default()
@@ -717,6 +723,9 @@ impl Config {
             b.validate(i, &self.bridges[..i])?;
         }
         self.cluster.validate()?;
+        for (i, s) in self.streams.iter().enumerate() {
+            s.validate(i, &self.streams[..i])?;
+        }
 
         let st = &self.storage;
         match st.backend {

@@ -797,6 +797,7 @@ impl<'a> Reader<'a> {
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut granted_now = broker.events.listening().then(Vec::new);
         let mut retained = Vec::new();
+        let mut readers = Vec::new();
         for f in &s.filters {
             let shared = match topic::parse_shared(&f.filter) {
                 Ok(shared) => shared.is_some(),
@@ -812,6 +813,19 @@ impl<'a> Reader<'a> {
             if topic::level_count(&f.filter) > broker.config.server.max_topic_levels {
                 tracing::debug!(client_id = %self.c.session.client_id, "SUBSCRIBE filter over max_topic_levels");
                 codes.push(self.filter_failure(ReasonCode::TOPIC_FILTER_INVALID));
+                continue;
+            }
+            if let Some(parsed) = crate::streams::parse_read_filter(&f.filter) {
+                match self
+                    .stream_reader(parsed, f, &s.properties, identifier)
+                    .await
+                {
+                    Ok(start) => {
+                        codes.push(ReasonCode(start.granted.options.qos as u8));
+                        readers.push(start);
+                    }
+                    Err(rc) => codes.push(self.filter_failure(rc)),
+                }
                 continue;
             }
             if shared && f.options.no_local {
@@ -909,7 +923,71 @@ impl<'a> Reader<'a> {
         for (filter, granted) in retained {
             broker.send_retained(&self.c.session, &filter, &granted);
         }
+        for start in readers {
+            broker.start_stream_reader(&self.c.session, Arc::clone(&self.c.link), start);
+        }
         Ok(())
+    }
+
+    /// A SUBSCRIBE to `$stream/<name>[/@<offset>][/<filter>]` (docs/streams.md): the stream,
+    /// the access check (read access to the stream's filter, or to the part asked for), and
+    /// where the reader starts (the `@` level, else the `stream-offset` user property, else
+    /// `latest`); the reason code of the refusal otherwise.
+    async fn stream_reader(
+        &self,
+        parsed: Result<crate::streams::ReadFilter<'_>, String>,
+        f: &codec::SubscribeFilter,
+        properties: &Properties,
+        identifier: Option<u32>,
+    ) -> Result<crate::broker::ReaderStart, ReasonCode> {
+        use crate::streams::{StartAt, OFFSET_PROPERTY};
+        let broker = &self.c.broker;
+        let client_id = &self.c.session.client_id;
+        let parsed = parsed.map_err(|why| {
+            tracing::debug!(%client_id, filter = %f.filter, "SUBSCRIBE to a stream refused: {why}");
+            ReasonCode::TOPIC_FILTER_INVALID
+        })?;
+        let Some(stream) = broker.streams.get(parsed.name) else {
+            tracing::debug!(%client_id, filter = %f.filter, "SUBSCRIBE to a stream refused: no stream is named {:?}", parsed.name);
+            return Err(ReasonCode::TOPIC_FILTER_INVALID);
+        };
+        let readable = parsed.filter.unwrap_or(&stream.config.filter);
+        if broker.checks_access()
+            && !broker
+                .may(&self.c.session, readable, Action::Subscribe)
+                .await
+        {
+            tracing::debug!(%client_id, filter = %f.filter, "SUBSCRIBE to a stream not authorized");
+            return Err(ReasonCode::NOT_AUTHORIZED);
+        }
+        let at = match parsed.at {
+            Some(at) => at,
+            None => match properties
+                .user_properties
+                .iter()
+                .rev()
+                .find(|(k, _)| k == OFFSET_PROPERTY)
+            {
+                Some((_, v)) => StartAt::parse(v).map_err(|e| {
+                    tracing::debug!(%client_id, filter = %f.filter, "SUBSCRIBE to a stream refused: {e}");
+                    ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR
+                })?,
+                None => StartAt::Latest,
+            },
+        };
+        let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
+        let mut options = f.options;
+        options.qos = options.qos.min(max_qos);
+        Ok(crate::broker::ReaderStart {
+            from: stream.resolve(at),
+            stream: Arc::clone(&stream),
+            filter: f.filter.clone(),
+            sub_filter: parsed.filter.map(str::to_string),
+            granted: Granted {
+                options,
+                identifier,
+            },
+        })
     }
 
     fn filter_failure(&self, rc: ReasonCode) -> ReasonCode {
@@ -926,11 +1004,14 @@ impl<'a> Reader<'a> {
             .filters
             .iter()
             .map(|f| {
-                if self
-                    .c
-                    .broker
-                    .unsubscribe(&self.c.session, &super::mounted(self.c.mount(), f))
-                {
+                let existed = if f.starts_with(crate::streams::STREAM_PREFIX) {
+                    self.c.broker.streams.stop(&self.c.session.client_id, f)
+                } else {
+                    self.c
+                        .broker
+                        .unsubscribe(&self.c.session, &super::mounted(self.c.mount(), f))
+                };
+                if existed {
                     if let Some(list) = &mut removed {
                         list.push(f.clone());
                     }

@@ -331,6 +331,7 @@ impl BrokerBuilder {
                 Arc::clone(&inner.stats),
                 Arc::downgrade(&inner.sessions),
             );
+            inner.streams.set_persister(&persister);
             let _ = inner.persist.set(persister);
             crate::broker::restore::restore(&inner, loaded);
         }
@@ -772,6 +773,37 @@ impl BrokerHandle {
         } else {
             Err(errors)
         }
+    }
+
+    /// Every stream (`[[streams]]`), in configuration order: what it holds, its bounds, its
+    /// readers and what retention removed (`mercurioctl stream list`).
+    pub fn streams(&self) -> Vec<crate::streams::StreamInfo> {
+        self.inner.streams.all().iter().map(|s| s.info()).collect()
+    }
+
+    /// Creates a stream while the broker runs (`mercurioctl stream create`): empty, its
+    /// offsets from 1, taking the messages published from now on; stored with the broker's
+    /// state (SQLite, PostgreSQL), so that it is back after a restart. Errors: a bad name or
+    /// filter, a name in use.
+    pub fn create_stream(
+        &self,
+        config: crate::config::StreamConfig,
+    ) -> Result<crate::streams::StreamInfo, crate::streams::StreamRefused> {
+        let stream = self.inner.streams.create(config)?;
+        tracing::info!(stream = %stream.name(), "stream created");
+        if stream.config.max_bytes == 0 {
+            tracing::warn!(stream = %stream.name(), "stream created without max_bytes: it is held in memory and grows with what is published to its filter");
+        }
+        Ok(stream.info())
+    }
+
+    /// Deletes a stream created at run time (`mercurioctl stream delete`): its readers
+    /// stop, its messages go, from storage too. Errors: no such stream, or one of the
+    /// configuration file (removed from the file, it goes at the next start).
+    pub fn delete_stream(&self, name: &str) -> Result<(), crate::streams::StreamRefused> {
+        self.inner.streams.delete(name)?;
+        tracing::info!(stream = %name, "stream deleted");
+        Ok(())
     }
 
     /// Every configured bridge: its state and counters (`mercurioctl bridge list`).

@@ -526,6 +526,75 @@ impl Persister {
     }
 }
 
+/// Streams' changes, emitted under the stream's log lock (in the order of its log).
+impl Persister {
+    /// An entry appended: the message stored (once, owed by its publisher), then the
+    /// reference to it (owed by its publisher too).
+    pub(crate) fn stream_appended(&self, stream: &str, offset: u64, time_ms: u64, msg: &Message) {
+        let message_id = self.message_id(msg);
+        self.emit_paid(
+            Change::StreamAppended {
+                stream: stream.to_string(),
+                entry: mercurio_storage::StreamEntryRecord {
+                    offset,
+                    time_ms,
+                    message_id,
+                },
+            },
+            publisher(msg),
+        );
+    }
+
+    /// Retention removed the entries below `below`.
+    pub(crate) fn stream_trimmed(&self, stream: &str, below: u64) {
+        self.emit_paid(
+            Change::StreamTrimmed {
+                stream: stream.to_string(),
+                below,
+            },
+            Payer::Broker,
+        );
+    }
+
+    /// A `last_value` stream's older entry of a topic removed.
+    pub(crate) fn stream_entry_removed(&self, stream: &str, offset: u64) {
+        self.emit_paid(
+            Change::StreamEntryRemoved {
+                stream: stream.to_string(),
+                offset,
+            },
+            Payer::Broker,
+        );
+    }
+
+    /// A stream created at run time: its definition, stored.
+    pub(crate) fn stream_defined(&self, config: &crate::config::StreamConfig) {
+        self.emit_paid(
+            Change::StreamDefined {
+                stream: config.name.clone(),
+                definition: mercurio_storage::StreamDefinition {
+                    filter: config.filter.clone(),
+                    max_age: config.max_age,
+                    max_bytes: config.max_bytes,
+                    last_value: config.last_value,
+                },
+            },
+            Payer::Broker,
+        );
+    }
+
+    /// A stored stream no longer configured (or deleted at run time): deleted with its
+    /// entries.
+    pub(crate) fn stream_deleted(&self, stream: &str) {
+        self.emit_paid(
+            Change::StreamDeleted {
+                stream: stream.to_string(),
+            },
+            Payer::Broker,
+        );
+    }
+}
+
 /// A stored message dropped by the broker: storage deletes it with its last reference.
 impl ReleaseStored for Persister {
     fn release(&self, id: u64) {

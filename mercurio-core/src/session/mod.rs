@@ -410,6 +410,30 @@ impl Session {
         }
     }
 
+    /// For a stream reader feeding this session while `link` serves it: how many more
+    /// deliveries its queue takes below `n`, or `None` once `link` serves it no more (the
+    /// client left or another connection took over) or the session ended. At 0 the wait is
+    /// marked, so that the writer's next progress signals [`Session::room_signal`] (made
+    /// before the mark, as [`Session::wait_room`] does).
+    pub(crate) fn reader_room(&self, n: usize, link: &Arc<crate::link::Link>) -> Option<usize> {
+        self.room_signal();
+        let mut st = self.state.lock();
+        if st.ended || !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
+            return None;
+        }
+        let room = n.saturating_sub(st.queue.len());
+        if room == 0 {
+            st.room_waited = true;
+        }
+        Some(room)
+    }
+
+    /// Signalled when the writer makes progress after a wait was marked, when the session's
+    /// link leaves and when it ends (what [`Session::wait_room`] waits on).
+    pub(crate) fn room_signal(&self) -> &Notify {
+        self.room.get_or_init(|| Box::new(Notify::new()))
+    }
+
     /// Wakes every publisher waiting in [`Session::wait_room`].
     pub(crate) fn release_waiters(&self) {
         if let Some(room) = self.room.get() {

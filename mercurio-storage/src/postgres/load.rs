@@ -46,7 +46,7 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         format!("SELECT {SESSION_COLUMNS} FROM mercurio_sessions ORDER BY client_id");
     let retained_sql = format!("SELECT {MESSAGE_COLUMNS} FROM mercurio_retained ORDER BY topic");
     let messages_sql = format!("SELECT {STORED_COLUMNS} FROM mercurio_messages ORDER BY id");
-    let (subs, queued, inflight, inbound, sessions, retained, messages) = tokio::try_join!(
+    let (subs, queued, inflight, inbound, sessions, retained, messages, streams) = tokio::try_join!(
         client.query(&subscriptions_sql, &[]),
         client.query(&queued_sql, &[]),
         client.query(&inflight_sql, &[]),
@@ -58,6 +58,13 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         client.query(&sessions_sql, &[]),
         client.query(&retained_sql, &[]),
         client.query(&messages_sql, &[]),
+        client.query(
+            "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id, s.filter, \
+             s.max_age, s.max_bytes, s.last_value \
+             FROM mercurio_streams s LEFT JOIN mercurio_stream_entries e ON e.stream = s.name \
+             ORDER BY s.name, e.entry_offset",
+            &[],
+        ),
     )?;
     let mut children = rows::Sessions {
         subscriptions: per_client(&subs, rows::subscription),
@@ -88,5 +95,41 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
     }
     state.retained = by_topic.into_values().collect();
     rows::attach_messages(&mut state, messages.iter().map(rows::stored));
+    let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+    for row in &streams {
+        let name: String = row.try_get(0)?;
+        let next_offset: i64 = row.try_get(1)?;
+        if state.streams.last().is_none_or(|s| s.name != name) {
+            let definition = match row.try_get::<_, Option<String>>(5)? {
+                Some(filter) => Some(crate::StreamDefinition {
+                    filter,
+                    max_age: unsigned(row.try_get::<_, Option<i64>>(6)?.unwrap_or(0)),
+                    max_bytes: unsigned(row.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
+                    last_value: row.try_get::<_, Option<bool>>(8)?.unwrap_or(false),
+                }),
+                None => None,
+            };
+            state.streams.push(crate::StreamRecord {
+                name,
+                next_offset: unsigned(next_offset),
+                entries: Vec::new(),
+                definition,
+            });
+        }
+        let (Some(offset), Some(time_ms), Some(message_id)) = (
+            row.try_get::<_, Option<i64>>(2)?,
+            row.try_get::<_, Option<i64>>(3)?,
+            row.try_get::<_, Option<i64>>(4)?,
+        ) else {
+            continue;
+        };
+        if let Some(s) = state.streams.last_mut() {
+            s.entries.push(crate::StreamEntryRecord {
+                offset: unsigned(offset),
+                time_ms: unsigned(time_ms),
+                message_id: unsigned(message_id),
+            });
+        }
+    }
     Ok(state)
 }

@@ -243,6 +243,16 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             | Change::InflightRemoved { .. } => {
                 removes.get_or_insert(index);
             }
+            Change::StreamDefined { .. }
+            | Change::StreamAppended { .. }
+            | Change::StreamTrimmed { .. }
+            | Change::StreamEntryRemoved { .. }
+            | Change::StreamDeleted { .. } => {
+                // In batch order, after the messages they refer to (stored first).
+                removes.get_or_insert(index);
+                stream_ops(s, index, change, out);
+                continue;
+            }
             _ => {}
         }
         let key = change.client_id();
@@ -299,6 +309,63 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             params: Vec::new(),
             must_touch: false,
         });
+    }
+}
+
+/// A stream's change as its statements.
+fn stream_ops<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op<'a>>) {
+    let mut op = |statement: &'a Statement, params: Vec<Param>| {
+        out.push(Op {
+            index,
+            statement,
+            params,
+            must_touch: false,
+        })
+    };
+    match change {
+        Change::StreamDefined {
+            stream,
+            definition: d,
+        } => op(
+            &s.stream_define,
+            vec![
+                text(stream),
+                text(&d.filter),
+                int(big(d.max_age)),
+                int(big(d.max_bytes)),
+                Box::new(d.last_value),
+            ],
+        ),
+        Change::StreamAppended { stream, entry } => {
+            op(
+                &s.stream_next,
+                vec![text(stream), int(big(entry.offset).saturating_add(1))],
+            );
+            op(
+                &s.stream_append,
+                vec![
+                    text(stream),
+                    int(big(entry.offset)),
+                    int(big(entry.time_ms)),
+                    int(big(entry.message_id)),
+                ],
+            );
+        }
+        Change::StreamTrimmed { stream, below } => {
+            op(&s.stream_trim, vec![text(stream), int(big(*below))]);
+            op(&s.stream_next, vec![text(stream), int(big(*below))]);
+        }
+        Change::StreamEntryRemoved { stream, offset } => {
+            op(
+                &s.stream_remove_entry,
+                vec![text(stream), int(big(*offset))],
+            );
+        }
+        Change::StreamDeleted { stream } => {
+            op(&s.stream_delete_entries, vec![text(stream)]);
+            op(&s.stream_delete, vec![text(stream)]);
+        }
+        _ => {}
     }
 }
 
@@ -406,7 +473,12 @@ impl<'c> Run<'c> {
             | Change::RetainedSet(_)
             | Change::RetainedDeleted { .. }
             | Change::MessageStored { .. }
-            | Change::MessageReleased { .. } => unreachable!("not part of a run"),
+            | Change::MessageReleased { .. }
+            | Change::StreamDefined { .. }
+            | Change::StreamAppended { .. }
+            | Change::StreamTrimmed { .. }
+            | Change::StreamEntryRemoved { .. }
+            | Change::StreamDeleted { .. } => unreachable!("not part of a run"),
         }
     }
 
@@ -906,6 +978,11 @@ pub(super) async fn write_batch(
                         match change {
                             Change::MessageStored { .. } | Change::MessageReleased { .. } =>
                                 "the message store",
+                            Change::StreamDefined { .. }
+                            | Change::StreamAppended { .. }
+                            | Change::StreamTrimmed { .. }
+                            | Change::StreamEntryRemoved { .. }
+                            | Change::StreamDeleted { .. } => "the streams",
                             _ => change.client_id().unwrap_or("the retained set"),
                         },
                         e.message()

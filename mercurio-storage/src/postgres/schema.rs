@@ -17,8 +17,9 @@ use crate::error::StorageError;
 /// `mercurio_queued` / `mercurio_inflight` rows refer to it (`message_id`) with the
 /// delivery's QoS, RETAIN flag, subscription identifiers and shared subscription; from 3, each
 /// queued or in-flight row becomes one message and one reference. 5: `mercurio_access`, the
-/// access records (users, groups, roles) of `[auth] backend = "storage"`.
-pub const SCHEMA_VERSION: i64 = 5;
+/// access records (users, groups, roles) of `[auth] backend = "storage"`. 6: streams
+/// (`mercurio_streams`, and `mercurio_stream_entries` referring to the message store).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// From version 4 to 5: the access records.
 const TO_5: &str = "CREATE TABLE IF NOT EXISTS mercurio_access (
@@ -27,6 +28,25 @@ const TO_5: &str = "CREATE TABLE IF NOT EXISTS mercurio_access (
     body text NOT NULL,
     PRIMARY KEY (kind, name)
 );";
+
+/// From version 5 to 6: the streams.
+const TO_6: &str = r"CREATE TABLE IF NOT EXISTS mercurio_streams (
+    name text PRIMARY KEY,
+    next_offset bigint NOT NULL,
+    filter text,
+    max_age bigint,
+    max_bytes bigint,
+    last_value boolean
+);
+CREATE TABLE IF NOT EXISTS mercurio_stream_entries (
+    stream text NOT NULL,
+    entry_offset bigint NOT NULL,
+    time_ms bigint NOT NULL,
+    message_id bigint NOT NULL REFERENCES mercurio_messages (id),
+    PRIMARY KEY (stream, entry_offset)
+);
+CREATE INDEX IF NOT EXISTS mercurio_stream_entries_message ON mercurio_stream_entries (message_id);
+";
 
 /// The tables up to version 3 (created if missing, completed if older); [`TO_4`] follows.
 pub(crate) const SCHEMA_V3: &str = "
@@ -236,7 +256,7 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
     let version = schema_version(&tx).await?;
     check_version(version)?;
     if version != Some(SCHEMA_VERSION) {
-        if version.unwrap_or(0) < 4 {
+        if version.is_none_or(|v| v < 4) {
             tx.batch_execute(SCHEMA_V3)
                 .await
                 .map_err(|e| classify(e, "cannot create the schema"))?;
@@ -244,9 +264,14 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
                 .await
                 .map_err(|e| classify(e, "cannot upgrade the schema to version 4"))?;
         }
-        tx.batch_execute(TO_5)
+        if version.is_none_or(|v| v < 5) {
+            tx.batch_execute(TO_5)
+                .await
+                .map_err(|e| classify(e, "cannot upgrade the schema to version 5"))?;
+        }
+        tx.batch_execute(TO_6)
             .await
-            .map_err(|e| classify(e, "cannot upgrade the schema to version 5"))?;
+            .map_err(|e| classify(e, "cannot upgrade the schema to version 6"))?;
         tx.execute(
             "INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', $1) \
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",

@@ -45,12 +45,22 @@ pub(super) struct Statements {
     /// A new broker starts: messages nothing refers to go, the others are held by it.
     pub(super) delete_unreferenced: Statement,
     pub(super) hold_all: Statement,
+    /// Streams: an entry appended (the stream's row made or moved on), entries trimmed
+    /// below an offset, one entry removed, a stream deleted.
+    pub(super) stream_define: Statement,
+    pub(super) stream_next: Statement,
+    pub(super) stream_append: Statement,
+    pub(super) stream_trim: Statement,
+    pub(super) stream_remove_entry: Statement,
+    pub(super) stream_delete_entries: Statement,
+    pub(super) stream_delete: Statement,
 }
 
 /// Whether nothing refers to the message `mercurio_messages.id`.
 const UNREFERENCED: &str = "NOT EXISTS (SELECT 1 FROM mercurio_queued q \
      WHERE q.message_id = mercurio_messages.id) AND NOT EXISTS (SELECT 1 \
-     FROM mercurio_inflight f WHERE f.message_id = mercurio_messages.id)";
+     FROM mercurio_inflight f WHERE f.message_id = mercurio_messages.id) AND NOT EXISTS \
+     (SELECT 1 FROM mercurio_stream_entries e WHERE e.message_id = mercurio_messages.id)";
 
 /// The array parameters of a retained message's columns, numbered from 1.
 const MESSAGE_ARRAYS_FROM_1: &str = "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], \
@@ -233,6 +243,40 @@ impl Statements {
             .await?,
             hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
                 .await?,
+            stream_define: p(
+                "INSERT INTO mercurio_streams (name, next_offset, filter, max_age, \
+                 max_bytes, last_value) VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (name) \
+                 DO UPDATE SET filter = excluded.filter, max_age = excluded.max_age, \
+                 max_bytes = excluded.max_bytes, last_value = excluded.last_value"
+                    .into(),
+            )
+            .await?,
+            stream_next: p(
+                "INSERT INTO mercurio_streams (name, next_offset) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET next_offset = GREATEST(mercurio_streams.next_offset, excluded.next_offset)"
+                    .into(),
+            )
+            .await?,
+            stream_append: p(
+                "INSERT INTO mercurio_stream_entries (stream, entry_offset, \
+                 time_ms, message_id) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (stream, entry_offset) DO UPDATE \
+                 SET time_ms = excluded.time_ms, message_id = excluded.message_id"
+                    .into(),
+            )
+            .await?,
+            stream_trim: p("DELETE FROM mercurio_stream_entries \
+                 WHERE stream = $1 AND entry_offset < $2"
+                .into())
+            .await?,
+            stream_remove_entry: p("DELETE FROM mercurio_stream_entries \
+                 WHERE stream = $1 AND entry_offset = $2"
+                .into())
+            .await?,
+            stream_delete_entries:
+                p("DELETE FROM mercurio_stream_entries WHERE stream = $1".into()).await?,
+            stream_delete: p("DELETE FROM mercurio_streams WHERE name = $1".into()).await?,
         })
     }
 }

@@ -470,3 +470,101 @@ fn bridge_list_and_show() {
     assert!(out.contains(&format!("last error      {dead}: ")), "{out}");
     fails(&d, &["bridge", "show", "nope"], 1, "no such bridge: nope");
 }
+
+#[test]
+fn stream_list_and_show() {
+    let d = Daemon::start(
+        "[[streams]]\nname = \"tenant-a\"\nfilter = \"tenants/a/#\"\nmax_bytes = 1048576\n",
+    );
+    let mut publisher = Mqtt::connect(d.port(), 4, "pub", true);
+    for id in 1..=3u16 {
+        publisher.send(&mercurio_testkit::publish_packet(
+            "tenants/a/x",
+            1,
+            id,
+            b"hello",
+        ));
+        let (kind, _) = publisher.read().expect("PUBACK");
+        assert_eq!(kind, 0x40);
+    }
+    // A 3.1.1 reader, from offset 2 (the `@` level of its filter).
+    let mut reader = Mqtt::connect(d.port(), 4, "reader", true);
+    reader.subscribe(4, "$stream/tenant-a/@2", 0);
+    reader.read().expect("the message at offset 2");
+    wait_until("the reader counted", || {
+        json(&d, &["stream", "show", "tenant-a"])["readers"] == 1
+    });
+    let shown = json(&d, &["stream", "show", "tenant-a"]);
+    assert_eq!(shown["messages"], 3);
+    assert_eq!(shown["bytes"], 3 * (11 + 5));
+    assert_eq!(
+        (&shown["first_offset"], &shown["last_offset"]),
+        (&1.into(), &3.into())
+    );
+    let (code, out, err) = run(&d, &["stream", "list"]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("NAME"), "{out}");
+    assert!(lines[1].starts_with("tenant-a"), "{out}");
+    assert!(lines[1].ends_with("tenants/a/#"), "{out}");
+    let (code, out, err) = run(&d, &["stream", "show", "tenant-a"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("max bytes       1048576 bytes"), "{out}");
+    assert!(out.contains("max age         no limit"), "{out}");
+    assert!(out.contains("last offset     3"), "{out}");
+    fails(&d, &["stream", "show", "nope"], 1, "no such stream: nope");
+}
+
+#[test]
+fn stream_create_and_delete_at_run_time() {
+    let d = Daemon::start("[[streams]]\nname = \"file\"\nfilter = \"f/#\"\n");
+    let created = json(
+        &d,
+        &[
+            "stream",
+            "create",
+            "made",
+            "m/#",
+            "--max-age",
+            "60",
+            "--last-value",
+        ],
+    );
+    assert_eq!(created["runtime"], true);
+    assert_eq!(created["max_age"], 60);
+    assert_eq!(created["last_value"], true);
+    let mut publisher = Mqtt::connect(d.port(), 4, "pub", true);
+    publisher.send(&mercurio_testkit::publish_packet("m/x", 1, 1, b"hello"));
+    let (kind, _) = publisher.read().expect("PUBACK");
+    assert_eq!(kind, 0x40);
+    assert_eq!(json(&d, &["stream", "show", "made"])["messages"], 1);
+    let (code, out, err) = run(&d, &["stream", "show", "made"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("defined         at run time"), "{out}");
+    fails(
+        &d,
+        &["stream", "create", "made", "x/#"],
+        1,
+        "a stream named made exists",
+    );
+    fails(&d, &["stream", "create", "a/b", "x/#"], 1, "name: \"a/b\"");
+    fails(
+        &d,
+        &["stream", "create", "bad", "x/#/y"],
+        1,
+        "filter: \"x/#/y\"",
+    );
+    fails(
+        &d,
+        &["stream", "delete", "file"],
+        1,
+        "in the configuration file",
+    );
+    let (code, out, err) = run(&d, &["stream", "delete", "made"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "deleted the stream made\n"),
+        "{err}"
+    );
+    fails(&d, &["stream", "delete", "made"], 1, "no such stream: made");
+}

@@ -236,7 +236,8 @@ fn the_openapi_file_lists_exactly_the_routes_served() {
     // Every documented route answers on a running broker (not 404/405): with a client that
     // exists, a bridge that exists, the operations in an order that lets each succeed.
     let bridge = "[[bridges]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:9\"]\n\
-                  [[bridges.topics]]\npattern = \"q/#\"\ndirection = \"out\"\n";
+                  [[bridges.topics]]\npattern = \"q/#\"\ndirection = \"out\"\n\
+                  [[streams]]\nname = \"cloud\"\nfilter = \"q/#\"\n";
     let Some((_d, mqtt, api)) = daemon("admin API routes", "", bridge) else {
         return;
     };

@@ -5,7 +5,8 @@
 //! is stale, and the old broker, continued, is refused and exits. A newer schema is refused.
 //! A serving broker cut off from the database (a TCP proxy that stops forwarding) exits after
 //! about 7 s. Users and rules kept in storage (`[auth] backend = "storage"`) are the
-//! standby's once it takes over.
+//! standby's once it takes over. A stream continues on the standby: same messages, offsets
+//! and times.
 //! Waits are on events with deadlines; failover times are printed.
 #![cfg(unix)]
 
@@ -421,6 +422,79 @@ fn the_standby_takes_over_users_and_rules() {
     stream.read_exact(&mut connack).expect("CONNACK");
     assert_eq!(connack[0], 0x20);
     assert_eq!(connack[3], 0x87, "{connack:?}");
+    standby.signal(libc::SIGTERM);
+    let (code, output) = exited(&mut standby, DEADLINE);
+    assert_eq!(code, Some(0), "{output}");
+}
+
+/// A stream kept in PostgreSQL continues on the standby that takes over: a reader from
+/// `earliest` gets every acknowledged message with its offset and append time, and the
+/// offsets go on.
+#[test]
+fn a_stream_continues_on_the_standby() {
+    let Some(pg) = TestPostgres::start("standby_stream") else {
+        return;
+    };
+    let url = new_database(&pg, "stream");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let with_stream = |name: &str, standby: bool| {
+        let path = config(dir.path(), name, &url, standby);
+        let mut text = std::fs::read_to_string(&path).expect("read config");
+        text.push_str("\n[[streams]]\nname = \"s\"\nfilter = \"t/#\"\n");
+        std::fs::write(&path, text).expect("write config");
+        path
+    };
+    let mut serving = Daemon::with_file(&with_stream("a", false)).spawn();
+    let addr = serving.wait_ready();
+    let mut standby = Daemon::with_file(&with_stream("b", true)).spawn();
+    standby.wait_line("waiting for the serving broker", |l| {
+        l.contains("waiting for the serving broker")
+    });
+    let (mut publisher, _) = Client::connect(addr, persistent("pub"));
+    for i in 0..5u8 {
+        publisher.publish("t/x", &[b'0' + i], QoS::AtLeastOnce, false);
+    }
+    let position = |p: &mercurio_core::codec::Publish| {
+        let get = |k: &str| {
+            p.properties
+                .user_properties
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        (get("stream-offset"), get("stream-time"), p.payload.to_vec())
+    };
+    let (mut reader, _) = Client::connect(addr, persistent("reader"));
+    reader.subscribe("$stream/s/@earliest", QoS::AtLeastOnce);
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let p = reader.expect_publish();
+        reader.ack(&p);
+        before.push(position(&p));
+    }
+    wait_count(
+        &url,
+        "SELECT count(*) FROM mercurio_stream_entries WHERE stream = 's'",
+        5,
+    );
+    serving.signal(libc::SIGKILL);
+    let addr = standby.wait_ready();
+
+    let (mut reader, _) = Client::connect(addr, persistent("reader"));
+    reader.subscribe("$stream/s/@earliest", QoS::AtLeastOnce);
+    let mut after = Vec::new();
+    for _ in 0..5 {
+        let p = reader.expect_publish();
+        reader.ack(&p);
+        after.push(position(&p));
+    }
+    assert_eq!(after, before, "the same messages, offsets and times");
+    assert_eq!(after[4].0, "5");
+    let (mut publisher, _) = Client::connect(addr, persistent("pub"));
+    publisher.publish("t/x", b"new", QoS::AtLeastOnce, false);
+    let p = reader.expect_publish();
+    assert_eq!(position(&p).0, "6", "offsets go on");
     standby.signal(libc::SIGTERM);
     let (code, output) = exited(&mut standby, DEADLINE);
     assert_eq!(code, Some(0), "{output}");

@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use support::{exit, recado, recado_with_input, Background, TestBroker};
+use support::{common, exit, recado, recado_with_input, Background, TestBroker};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sub_pub_round_trip_in_every_protocol_version() {
@@ -978,6 +978,7 @@ async fn help_documents_every_flag() {
         "--retain-handling",
         "--no-local",
         "--retain-as-published",
+        "--stream-offset",
     ];
     let pub_only = [
         "-t, --topic",
@@ -1406,4 +1407,88 @@ async fn client_identifier_prefix() {
             "{line}"
         );
     }
+}
+
+/// `--stream-offset` starts a stream reader where it says (the SUBSCRIBE's user property);
+/// -v prints each message's offset after its topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn sub_reads_a_stream_from_an_offset() {
+    let mut config = common::test_config();
+    config.streams = vec![mercurio::config::StreamConfig {
+        name: "s".into(),
+        filter: "st/#".into(),
+        max_age: 0,
+        max_bytes: 0,
+        last_value: false,
+    }];
+    let b = TestBroker::mercurio_with(config).await;
+    let port = b.port();
+    for m in ["a", "b", "c"] {
+        recado(&[
+            "pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "st/x",
+            "-m",
+            m,
+            "-q",
+            "1",
+        ])
+        .await
+        .ok();
+    }
+    let run = recado(&[
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-V",
+        "5",
+        "-t",
+        "$stream/s",
+        "--stream-offset",
+        "2",
+        "-v",
+        "-C",
+        "2",
+        "-q",
+        "1",
+    ])
+    .await;
+    assert_eq!(run.lines(), ["st/x @2 b", "st/x @3 c"], "{run:?}");
+    assert_eq!(run.code, exit::OK);
+    let run = recado(&[
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "$stream/s",
+        "--stream-offset",
+        "2",
+    ])
+    .await;
+    assert_eq!(run.code, exit::USAGE, "{run:?}");
+    assert!(run.stderr.contains("$stream/<name>/@2"), "{run:?}");
+    let run = recado(&[
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-V",
+        "5",
+        "-t",
+        "$stream/s",
+        "--stream-offset",
+        "soon",
+    ])
+    .await;
+    assert_eq!(run.code, exit::USAGE, "{run:?}");
+    assert!(run.stderr.contains("stream-offset \"soon\""), "{run:?}");
 }

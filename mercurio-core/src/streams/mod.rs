@@ -1,0 +1,707 @@
+//! Streams: named logs of the messages whose topic matches a filter (`[[streams]]`,
+//! docs/streams.md). Each appended message gets a logical offset, strictly increasing per
+//! stream, and its append time; retention (`max_age`, `max_bytes`, `last_value`) removes the
+//! oldest entries and counts them. A log holds the `Arc<Message>` routing already made (no copy
+//! of the payload). Readers (`broker::stream_reader`) are positions in a log: they read it in
+//! bounded batches ([`Stream::read`]) and wait on [`Stream::appended`] at its end, so a
+//! reader's replay and its live part are one sequence with no gap and no duplicate.
+//!
+//! With storage, each append stores the message (once, shared with the sessions it is queued
+//! for) and a reference to it, and retention removes the references (`Persister`'s stream
+//! changes, emitted under the log's lock, so in the log's order); the restore rebuilds the
+//! logs ([`Stream::restore`]).
+//!
+//! `offset.rs`: where a reader starts ([`StartAt`]), parsed from `stream-offset`.
+
+mod offset;
+
+pub use offset::{rfc3339_ms, BadOffset, StartAt, TIME_MS_FROM};
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+
+use crate::config::StreamConfig;
+use crate::message::Message;
+use crate::persist::Persister;
+
+/// The topic prefix readers subscribe under: `$stream/<name>[/@<offset>][/<filter>]`.
+pub const STREAM_PREFIX: &str = "$stream/";
+
+/// The user property naming where a reader starts (SUBSCRIBE), and each delivery's offset.
+pub const OFFSET_PROPERTY: &str = "stream-offset";
+
+/// The user property carrying each delivery's append time, milliseconds since the Unix epoch.
+pub const TIME_PROPERTY: &str = "stream-time";
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A reader's SUBSCRIBE filter, `$stream/<name>[/@<offset>][/<filter>]`, taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadFilter<'a> {
+    /// The stream's name.
+    pub name: &'a str,
+    /// The `@<offset>` level (the form MQTT 3.1.1 readers use, having no user properties).
+    pub at: Option<StartAt>,
+    /// The part of the stream to read: a topic filter the messages must also match.
+    pub filter: Option<&'a str>,
+}
+
+/// Takes a `$stream/` filter apart; `Err` says what is wrong with it. `None` for a filter
+/// that does not start with `$stream/`.
+pub fn parse_read_filter(filter: &str) -> Option<Result<ReadFilter<'_>, String>> {
+    let rest = filter.strip_prefix(STREAM_PREFIX)?;
+    let (name, rest) = match rest.split_once('/') {
+        Some((name, rest)) => (name, Some(rest)),
+        None => (rest, None),
+    };
+    if !crate::config::valid_stream_name(name) {
+        return Some(Err(format!(
+            "{name:?} is not a stream name (letters, digits, '_', '-', '.')"
+        )));
+    }
+    let (at, sub) = match rest {
+        Some(r) if r.starts_with('@') => {
+            let (level, sub) = match r.split_once('/') {
+                Some((level, sub)) => (level, Some(sub)),
+                None => (r, None),
+            };
+            match StartAt::parse(&level[1..]) {
+                Ok(at) => (Some(at), sub),
+                Err(e) => return Some(Err(e.to_string())),
+            }
+        }
+        r => (None, r),
+    };
+    if let Some(sub) = sub {
+        if let Err(e) = crate::topic::validate_topic_filter(sub) {
+            return Some(Err(format!("{sub:?} is not a valid topic filter: {e}")));
+        }
+    }
+    Some(Ok(ReadFilter {
+        name,
+        at,
+        filter: sub,
+    }))
+}
+
+/// One message in a stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    /// Its logical offset in the stream (from 1).
+    pub offset: u64,
+    /// When it was appended, milliseconds since the Unix epoch (never earlier than the
+    /// entry before it).
+    pub time_ms: u64,
+    pub msg: Arc<Message>,
+}
+
+/// A stream's entries and what retention removed.
+#[derive(Debug, Default)]
+struct Log {
+    entries: VecDeque<Entry>,
+    /// The offset the next appended message gets.
+    next: u64,
+    /// The sum of the entries' [`Message::size`].
+    bytes: u64,
+    /// Entries retention removed (age, bytes, or a newer value of a `last_value` topic).
+    trimmed_messages: u64,
+    trimmed_bytes: u64,
+}
+
+impl Log {
+    /// The offset of the oldest entry, or the next one when empty: what a trim keeps from.
+    fn kept_from(&self) -> u64 {
+        self.first()
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(e) = self.entries.pop_front() {
+            let size = e.msg.size() as u64;
+            self.bytes -= size;
+            self.trimmed_messages += 1;
+            self.trimmed_bytes += size;
+        }
+    }
+
+    /// Removes the entries older than `max_age` seconds at `now_ms` (0: no limit). True
+    /// when it removed any.
+    fn trim_age(&mut self, max_age: u64, now_ms: u64) -> bool {
+        if max_age == 0 {
+            return false;
+        }
+        let oldest = now_ms.saturating_sub(max_age.saturating_mul(1000));
+        let mut trimmed = false;
+        while self.entries.front().is_some_and(|e| e.time_ms < oldest) {
+            self.pop_front();
+            trimmed = true;
+        }
+        trimmed
+    }
+
+    /// The offset of the oldest entry held, or the next one when the log is empty.
+    fn first(&self) -> u64 {
+        self.entries.front().map_or(self.next, |e| e.offset)
+    }
+}
+
+/// What a stream holds now: `$SYS/broker/streams/<name>/...`, `/metrics`, `mercurioctl`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StreamInfo {
+    pub name: String,
+    pub filter: String,
+    /// Seconds; 0 = no limit.
+    pub max_age: u64,
+    /// Bytes; 0 = no limit.
+    pub max_bytes: u64,
+    pub last_value: bool,
+    /// Messages held now.
+    pub messages: u64,
+    /// Bytes held now (topic, payload and properties of each message).
+    pub bytes: u64,
+    /// Offset of the oldest message held (the next offset when empty).
+    pub first_offset: u64,
+    /// Offset of the newest message appended (0 before the first).
+    pub last_offset: u64,
+    /// Readers reading it now.
+    pub readers: u64,
+    /// Created at run time (`mercurioctl stream create`), not in the configuration file.
+    pub runtime: bool,
+    /// Messages retention removed since the start.
+    pub trimmed_messages: u64,
+    /// Bytes retention removed since the start.
+    pub trimmed_bytes: u64,
+}
+
+/// One stream: its configuration, its log, its readers.
+#[derive(Debug)]
+pub struct Stream {
+    pub(crate) config: StreamConfig,
+    /// Lock: taken with no session lock held; under it only the storage writer's leaf locks
+    /// (`Persister::emit`, and a released message's), so its changes reach storage in the
+    /// log's order.
+    log: Mutex<Log>,
+    /// Signalled (all waiters) after each append, for readers at the end of the log.
+    pub(crate) appended: Notify,
+    readers: AtomicUsize,
+    /// The storage writer, when the broker has storage: set once, before the first append.
+    persist: std::sync::OnceLock<Arc<Persister>>,
+    /// Created at run time, not in `[[streams]]`.
+    runtime: bool,
+}
+
+impl Stream {
+    fn new(config: StreamConfig, runtime: bool) -> Stream {
+        Stream {
+            runtime,
+            config,
+            log: Mutex::new(Log {
+                next: 1,
+                ..Log::default()
+            }),
+            appended: Notify::new(),
+            readers: AtomicUsize::new(0),
+            persist: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Applies `max_age` at now, under the log's lock, telling storage what went.
+    fn trim_age(&self, log: &mut Log) {
+        if log.trim_age(self.config.max_age, now_ms()) {
+            if let Some(p) = self.persist.get() {
+                p.stream_trimmed(&self.config.name, log.kept_from());
+            }
+        }
+    }
+
+    /// The log as storage kept it (the restore): `entries` by offset, offsets going on at
+    /// `next_offset` at least. Retention then applies at once.
+    pub(crate) fn restore(&self, entries: Vec<Entry>, next_offset: u64) {
+        let mut log = self.log.lock();
+        let next = entries
+            .last()
+            .map_or(next_offset, |e| next_offset.max(e.offset + 1))
+            .max(1);
+        log.bytes = entries.iter().map(|e| e.msg.size() as u64).sum();
+        log.entries = entries.into();
+        log.next = next;
+        let mut trimmed = false;
+        if self.config.max_bytes > 0 {
+            while log.bytes > self.config.max_bytes && log.entries.len() > 1 {
+                log.pop_front();
+                trimmed = true;
+            }
+        }
+        // Counted as what this broker's retention removed, not what was restored.
+        log.trimmed_messages = 0;
+        log.trimmed_bytes = 0;
+        if trimmed {
+            if let Some(p) = self.persist.get() {
+                p.stream_trimmed(&self.config.name, log.kept_from());
+            }
+        }
+        self.trim_age(&mut log);
+    }
+
+    /// The stream's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Appends `msg` at `now_ms`, then applies retention: a `last_value` stream removes the
+    /// topic's older entry, then the oldest entries go while the stream is over `max_bytes`
+    /// (the newest is always kept) or older than `max_age`. Wakes the readers at the end.
+    pub(crate) fn append(&self, msg: &Arc<Message>, now_ms: u64) {
+        let size = msg.size() as u64;
+        let persist = self.persist.get();
+        let name = &self.config.name;
+        {
+            let mut log = self.log.lock();
+            if self.config.last_value {
+                if let Some(i) = log.entries.iter().rposition(|e| e.msg.topic == msg.topic) {
+                    if let Some(old) = log.entries.remove(i) {
+                        let size = old.msg.size() as u64;
+                        log.bytes -= size;
+                        log.trimmed_messages += 1;
+                        log.trimmed_bytes += size;
+                        if let Some(p) = persist {
+                            p.stream_entry_removed(name, old.offset);
+                        }
+                    }
+                }
+            }
+            let time_ms = log.entries.back().map_or(now_ms, |e| e.time_ms.max(now_ms));
+            let offset = log.next;
+            log.next += 1;
+            log.bytes += size;
+            if let Some(p) = persist {
+                p.stream_appended(name, offset, time_ms, msg);
+            }
+            log.entries.push_back(Entry {
+                offset,
+                time_ms,
+                msg: Arc::clone(msg),
+            });
+            let mut trimmed = false;
+            if self.config.max_bytes > 0 {
+                while log.bytes > self.config.max_bytes && log.entries.len() > 1 {
+                    log.pop_front();
+                    trimmed = true;
+                }
+            }
+            trimmed |= log.trim_age(self.config.max_age, now_ms);
+            if trimmed {
+                if let Some(p) = persist {
+                    p.stream_trimmed(name, log.kept_from());
+                }
+            }
+        }
+        self.appended.notify_waiters();
+    }
+
+    /// The offset a reader starting at `at` reads first (the next offset appended when
+    /// nothing held qualifies).
+    pub(crate) fn resolve(&self, at: StartAt) -> u64 {
+        let mut log = self.log.lock();
+        self.trim_age(&mut log);
+        match at {
+            StartAt::Earliest => log.first(),
+            StartAt::Latest => log.next,
+            StartAt::Offset(n) => n.max(log.first()),
+            StartAt::Time(ms) => {
+                let i = log.entries.partition_point(|e| e.time_ms < ms);
+                log.entries.get(i).map_or(log.next, |e| e.offset)
+            }
+        }
+    }
+
+    /// Up to `max` entries from offset `from` on (from the oldest held when `from` was
+    /// removed), in append order. Copies `Arc`s, never messages.
+    pub(crate) fn read(&self, from: u64, max: usize) -> Vec<Entry> {
+        let mut log = self.log.lock();
+        self.trim_age(&mut log);
+        let i = log.entries.partition_point(|e| e.offset < from);
+        log.entries.iter().skip(i).take(max).cloned().collect()
+    }
+
+    /// What the stream holds now.
+    pub fn info(&self) -> StreamInfo {
+        let mut log = self.log.lock();
+        self.trim_age(&mut log);
+        let c = &self.config;
+        StreamInfo {
+            name: c.name.clone(),
+            filter: c.filter.clone(),
+            max_age: c.max_age,
+            max_bytes: c.max_bytes,
+            last_value: c.last_value,
+            messages: log.entries.len() as u64,
+            bytes: log.bytes,
+            first_offset: log.first(),
+            last_offset: log.next - 1,
+            readers: self.readers.load(Ordering::Relaxed) as u64,
+            runtime: self.runtime,
+            trimmed_messages: log.trimmed_messages,
+            trimmed_bytes: log.trimmed_bytes,
+        }
+    }
+
+    /// Counts a reader until the returned guard drops.
+    pub(crate) fn reading(self: &Arc<Stream>) -> ReaderCount {
+        self.readers.fetch_add(1, Ordering::Relaxed);
+        ReaderCount(Arc::clone(self))
+    }
+}
+
+/// One reader counted in [`StreamInfo::readers`] while it lives.
+pub(crate) struct ReaderCount(Arc<Stream>);
+
+impl Drop for ReaderCount {
+    fn drop(&mut self) {
+        self.0.readers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A running reader: its number (to tell it from a later one on the same filter), the stream
+/// it reads and the handle that stops it.
+struct Running {
+    id: u64,
+    stream: String,
+    task: tokio::task::AbortHandle,
+}
+
+/// Why a stream could not be created or deleted at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamRefused {
+    /// A bad name or filter (what is wrong).
+    Invalid(String),
+    /// A stream of this name exists.
+    Exists(String),
+    /// No stream has this name.
+    NotFound(String),
+    /// The stream is in the configuration file: removed there, not at run time.
+    Configured(String),
+}
+
+impl std::fmt::Display for StreamRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamRefused::Invalid(why) => f.write_str(why),
+            StreamRefused::Exists(name) => write!(f, "a stream named {name} exists"),
+            StreamRefused::NotFound(name) => write!(f, "no such stream: {name}"),
+            StreamRefused::Configured(name) => write!(
+                f,
+                "stream {name} is in the configuration file ([[streams]]): remove it there; \
+                 it goes at the next start"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StreamRefused {}
+
+/// The broker's streams (`[[streams]]`, and those created at run time) and their running
+/// readers.
+#[derive(Default)]
+pub struct Streams {
+    /// Lock: read by publishes, `$SYS` and SUBSCRIBE with no other lock taken under it but a
+    /// stream's log lock (an append); written by a stream's creation and deletion.
+    list: RwLock<Vec<Arc<Stream>>>,
+    /// Whether `list` holds any stream: a publish with no stream reads one atomic.
+    any: AtomicBool,
+    /// The storage writer, for streams created after the start.
+    persist: std::sync::OnceLock<Arc<Persister>>,
+    /// Readers by (client identifier, the `$stream/...` filter subscribed to).
+    /// Lock: a leaf (nothing is taken under it; any lock may be held).
+    readers: Mutex<HashMap<(Arc<str>, String), Running>>,
+    next_reader: AtomicU64,
+}
+
+impl Streams {
+    /// The streams of `[[streams]]` (a validated configuration), empty logs.
+    pub(crate) fn new(configs: &[StreamConfig]) -> Streams {
+        Streams {
+            list: RwLock::new(
+                configs
+                    .iter()
+                    .cloned()
+                    .map(|c| Arc::new(Stream::new(c, false)))
+                    .collect(),
+            ),
+            any: AtomicBool::new(!configs.is_empty()),
+            persist: std::sync::OnceLock::new(),
+            readers: Mutex::new(HashMap::new()),
+            next_reader: AtomicU64::new(1),
+        }
+    }
+
+    /// Appends `msg` to every stream whose filter matches its topic. One atomic load when
+    /// there is no stream.
+    pub(crate) fn append(&self, msg: &Arc<Message>) {
+        if !self.any.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut now = None;
+        for s in self.list.read().iter() {
+            if crate::topic::matches(&s.config.filter, &msg.topic) {
+                let now = *now.get_or_insert_with(now_ms);
+                s.append(msg, now);
+            }
+        }
+    }
+
+    /// Tells every stream's appends and retention to storage from now on (set once, before
+    /// the restore).
+    pub(crate) fn set_persister(&self, p: &Arc<Persister>) {
+        let _ = self.persist.set(Arc::clone(p));
+        for s in self.list.read().iter() {
+            let _ = s.persist.set(Arc::clone(p));
+        }
+    }
+
+    /// The stream named `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Stream>> {
+        self.list
+            .read()
+            .iter()
+            .find(|s| s.config.name == name)
+            .cloned()
+    }
+
+    /// Every stream: those of the configuration in its order, then those created at run time.
+    pub fn all(&self) -> Vec<Arc<Stream>> {
+        self.list.read().clone()
+    }
+
+    /// Creates a stream at run time (`mercurioctl stream create`), empty, its offsets from 1;
+    /// stored (its definition) when the broker has storage, so that it is back after a
+    /// restart. Refused for a bad name or filter, or a name in use.
+    pub(crate) fn create(&self, config: StreamConfig) -> Result<Arc<Stream>, StreamRefused> {
+        config.check().map_err(StreamRefused::Invalid)?;
+        let mut list = self.list.write();
+        let stream = self.add(&mut list, config, true)?;
+        if let Some(p) = self.persist.get() {
+            // Before any append: no publish reaches it while the list is write-locked.
+            p.stream_defined(&stream.config);
+        }
+        Ok(stream)
+    }
+
+    /// A stream created at run time, back from storage at start (not stored again).
+    pub(crate) fn restore_created(
+        &self,
+        config: StreamConfig,
+    ) -> Result<Arc<Stream>, StreamRefused> {
+        config.check().map_err(StreamRefused::Invalid)?;
+        self.add(&mut self.list.write(), config, true)
+    }
+
+    fn add(
+        &self,
+        list: &mut Vec<Arc<Stream>>,
+        config: StreamConfig,
+        runtime: bool,
+    ) -> Result<Arc<Stream>, StreamRefused> {
+        if list.iter().any(|s| s.config.name == config.name) {
+            return Err(StreamRefused::Exists(config.name));
+        }
+        let stream = Arc::new(Stream::new(config, runtime));
+        if let Some(p) = self.persist.get() {
+            let _ = stream.persist.set(Arc::clone(p));
+        }
+        list.push(Arc::clone(&stream));
+        self.any.store(true, Ordering::Relaxed);
+        Ok(stream)
+    }
+
+    /// Deletes a stream created at run time: its readers stop, its messages go (from
+    /// storage too). Refused for a stream of the configuration file.
+    pub(crate) fn delete(&self, name: &str) -> Result<(), StreamRefused> {
+        let stream = {
+            let mut list = self.list.write();
+            let Some(i) = list.iter().position(|s| s.config.name == name) else {
+                return Err(StreamRefused::NotFound(name.to_string()));
+            };
+            if !list[i].runtime {
+                return Err(StreamRefused::Configured(name.to_string()));
+            }
+            let stream = list.remove(i);
+            self.any.store(!list.is_empty(), Ordering::Relaxed);
+            if let Some(p) = self.persist.get() {
+                // After its last append: no publish reaches it while the list is
+                // write-locked, and none will once it is out of the list.
+                p.stream_deleted(name);
+            }
+            stream
+        };
+        self.readers.lock().retain(|_, r| {
+            let stop = r.stream == name;
+            if stop {
+                r.task.abort();
+            }
+            !stop
+        });
+        // Its log goes with the readers' references (the readers just stopped).
+        drop(stream);
+        Ok(())
+    }
+
+    /// Records a running reader of `client` on `filter`, stopping the one it replaces.
+    /// Returns its number for [`Streams::finished`].
+    pub(crate) fn started(
+        &self,
+        client: &Arc<str>,
+        filter: &str,
+        stream: &str,
+        task: tokio::task::AbortHandle,
+    ) -> u64 {
+        let id = self.next_reader.fetch_add(1, Ordering::Relaxed);
+        let old = self.readers.lock().insert(
+            (Arc::clone(client), filter.to_string()),
+            Running {
+                id,
+                stream: stream.to_string(),
+                task,
+            },
+        );
+        if let Some(old) = old {
+            old.task.abort();
+        }
+        id
+    }
+
+    /// Forgets reader `id` (it ended by itself), unless a later one took its place.
+    pub(crate) fn finished(&self, client: &Arc<str>, filter: &str, id: u64) {
+        let mut readers = self.readers.lock();
+        let key = (Arc::clone(client), filter.to_string());
+        if readers.get(&key).is_some_and(|r| r.id == id) {
+            readers.remove(&key);
+        }
+    }
+
+    /// Stops the reader of `client` on `filter` (UNSUBSCRIBE). True when there was one.
+    pub(crate) fn stop(&self, client: &Arc<str>, filter: &str) -> bool {
+        let removed = self
+            .readers
+            .lock()
+            .remove(&(Arc::clone(client), filter.to_string()));
+        match removed {
+            Some(r) => {
+                r.task.abort();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Properties, QoS};
+
+    fn msg(topic: &str, payload: &str) -> Arc<Message> {
+        Arc::new(Message {
+            topic: topic.into(),
+            payload: bytes::Bytes::copy_from_slice(payload.as_bytes()),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: Properties::default(),
+            expires_at: None,
+            publisher: None,
+            encoded: Default::default(),
+            stored: Default::default(),
+        })
+    }
+
+    fn stream(max_age: u64, max_bytes: u64, last_value: bool) -> Stream {
+        Stream::new(
+            StreamConfig {
+                name: "s".into(),
+                filter: "t/#".into(),
+                max_age,
+                max_bytes,
+                last_value,
+            },
+            false,
+        )
+    }
+
+    #[test]
+    fn read_filters() {
+        let f = |s| parse_read_filter(s).map(|r| r.map(|r| (r.name, r.at, r.filter)));
+        assert_eq!(f("a/b"), None);
+        assert_eq!(f("$stream/s"), Some(Ok(("s", None, None))));
+        assert_eq!(f("$stream/s/a/+"), Some(Ok(("s", None, Some("a/+")))));
+        assert_eq!(
+            f("$stream/s/@7/a/#"),
+            Some(Ok(("s", Some(StartAt::Offset(7)), Some("a/#"))))
+        );
+        assert_eq!(
+            f("$stream/s/@earliest"),
+            Some(Ok(("s", Some(StartAt::Earliest), None)))
+        );
+        assert!(matches!(f("$stream/s/@soon"), Some(Err(_))));
+        assert!(matches!(f("$stream/a+b"), Some(Err(_))));
+        assert!(matches!(f("$stream/s/a/#/b"), Some(Err(_))));
+    }
+
+    #[test]
+    fn offsets_and_reads() {
+        let s = stream(0, 0, false);
+        assert_eq!(s.resolve(StartAt::Earliest), 1);
+        for i in 0..10 {
+            s.append(&msg("t/a", &i.to_string()), 1000 + i);
+        }
+        let got: Vec<u64> = s.read(4, 3).iter().map(|e| e.offset).collect();
+        assert_eq!(got, [4, 5, 6]);
+        assert_eq!(s.resolve(StartAt::Latest), 11);
+        assert_eq!(s.resolve(StartAt::Time(1005)), 6);
+        assert_eq!(s.resolve(StartAt::Time(5000)), 11);
+        let i = s.info();
+        assert_eq!((i.messages, i.first_offset, i.last_offset), (10, 1, 10));
+    }
+
+    #[test]
+    fn retention_by_bytes_and_last_value() {
+        let s = stream(0, 10, false);
+        for _ in 0..5 {
+            s.append(&msg("t/a", "12"), 1); // 5 bytes each
+        }
+        let i = s.info();
+        assert_eq!((i.messages, i.bytes, i.first_offset), (2, 10, 4));
+        assert_eq!((i.trimmed_messages, i.trimmed_bytes), (3, 15));
+        assert_eq!(s.resolve(StartAt::Offset(1)), 4);
+
+        let s = stream(0, 0, true);
+        s.append(&msg("t/a", "1"), 1);
+        s.append(&msg("t/b", "1"), 1);
+        s.append(&msg("t/a", "2"), 1);
+        let got: Vec<(u64, &str)> = s
+            .read(0, 10)
+            .iter()
+            .map(|e| (e.offset, if e.msg.topic == "t/a" { "a" } else { "b" }))
+            .collect();
+        assert_eq!(got, [(2, "b"), (3, "a")]);
+        assert_eq!(s.info().trimmed_messages, 1);
+    }
+
+    #[test]
+    fn retention_by_age() {
+        let s = stream(1, 0, false);
+        let now = now_ms();
+        s.append(&msg("t/a", "old"), now - 5000);
+        s.append(&msg("t/a", "new"), now);
+        let i = s.info();
+        assert_eq!((i.messages, i.first_offset, i.trimmed_messages), (1, 2, 1));
+    }
+}
