@@ -23,8 +23,7 @@ use crate::{
     AccessChange, AccessKind, AccessRecord, Change, DeliveryRecord, ErrorKind, InflightRecord,
     InflightState, LoadedState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
     SessionRecord, Storage, StorageError, StoredMessage, StreamDefinition, StreamEntryRecord,
-    SubscriptionRecord, WillRecord,
-    NEVER_EXPIRES,
+    SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
 /// How the checks get storages of the backend under test.
