@@ -6,7 +6,8 @@
 //! socket, so the session (which holds the link of its current connection) and the broker
 //! sit below the connection code.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -87,12 +88,17 @@ pub(crate) struct Link {
     /// its close).
     control: Mutex<Control>,
     /// QoS 1 PUBLISH packets received whose PUBACK is not written yet (inbound Receive
-    /// Maximum, with the QoS 2 ones awaiting PUBREL).
-    unanswered_qos1: AtomicUsize,
+    /// Maximum, with the QoS 2 ones awaiting PUBREL; the reader stops reading at 65,535).
+    unanswered_qos1: AtomicU32,
     /// The reader waits for the control buffer to drain: the next write signals `WRITTEN`.
     reader_waits: AtomicBool,
-    /// The client's Maximum Packet Size, in bytes (unlimited until CONNECT says).
-    max_packet_size: AtomicUsize,
+    /// The client's Maximum Packet Size, in bytes (unlimited until CONNECT says; MQTT's is a
+    /// Four Byte Integer, so `u32::MAX` is unlimited).
+    max_packet_size: AtomicU32,
+    /// The client's IPv4 address and port, packed by [`pack_v4`] (0: not known, or IPv6,
+    /// which is kept in [`Rare`]): set at CONNECT, read by `client show`. (The two counters
+    /// above were `usize`; as `u32` they make room for it.)
+    peer_v4: AtomicU64,
     /// The keep alive deadline, in the milliseconds of [`crate::keep_alive::KeepAlive`]: 0
     /// while never armed, `u64::MAX` while disarmed.
     keep_alive: AtomicU64,
@@ -144,9 +150,25 @@ struct Rare {
     /// Why the link was killed, until taken.
     kill_reason: Option<(DisconnectReason, ReasonCode)>,
     /// The Authentication Method of the connection's enhanced authentication (a
-    /// re-authentication must use it [MQTT-4.12.1-1]) and the client's address, for the
-    /// authenticator of a re-authentication.
-    auth: Option<(String, std::net::SocketAddr)>,
+    /// re-authentication must use it [MQTT-4.12.1-1]).
+    auth: Option<String>,
+    /// The client's address when it is an IPv6 one (an IPv4 one is in `Link::peer_v4`).
+    peer_v6: Option<SocketAddr>,
+}
+
+/// An IPv4 address and port in one word: bit 48 set (so that 0 is "none"), the address in
+/// bits 16 to 47, the port in bits 0 to 15.
+fn pack_v4(ip: Ipv4Addr, port: u16) -> u64 {
+    1 << 48 | u64::from(u32::from(ip)) << 16 | u64::from(port)
+}
+
+/// The address [`pack_v4`] packed, `None` for 0.
+fn unpack_v4(packed: u64) -> Option<SocketAddr> {
+    if packed == 0 {
+        return None;
+    }
+    let ip = Ipv4Addr::from((packed >> 16) as u32);
+    Some(SocketAddr::new(IpAddr::V4(ip), packed as u16))
 }
 
 impl Link {
@@ -156,9 +178,10 @@ impl Link {
             signals: AtomicU8::new(0),
             is_closed: AtomicBool::new(false),
             control: Mutex::new(Control::default()),
-            unanswered_qos1: AtomicUsize::new(0),
+            unanswered_qos1: AtomicU32::new(0),
             reader_waits: AtomicBool::new(false),
-            max_packet_size: AtomicUsize::new(usize::MAX),
+            max_packet_size: AtomicU32::new(u32::MAX),
+            peer_v4: AtomicU64::new(0),
             keep_alive: AtomicU64::new(0),
             rest: AtomicU8::new(0),
             activity: AtomicU16::new(0),
@@ -271,7 +294,33 @@ impl Link {
 
     /// Sets the client's Maximum Packet Size, in bytes, which [`Link::send`] respects.
     pub(crate) fn set_max_packet_size(&self, max: usize) {
+        let max = u32::try_from(max).unwrap_or(u32::MAX);
         self.max_packet_size.store(max, Ordering::Relaxed);
+    }
+
+    /// Records the client's address (the one a PROXY protocol header gave, if any), for
+    /// [`Link::peer`].
+    pub(crate) fn set_peer(&self, peer: SocketAddr) {
+        match peer {
+            SocketAddr::V4(v4) => {
+                self.peer_v4
+                    .store(pack_v4(*v4.ip(), v4.port()), Ordering::Relaxed);
+            }
+            SocketAddr::V6(_) => {
+                self.control
+                    .lock()
+                    .rare
+                    .get_or_insert_with(Box::default)
+                    .peer_v6 = Some(peer);
+            }
+        }
+    }
+
+    /// The client's address, once its CONNECT was accepted (`None` for an in-process or
+    /// bridge link).
+    pub(crate) fn peer(&self) -> Option<SocketAddr> {
+        unpack_v4(self.peer_v4.load(Ordering::Relaxed))
+            .or_else(|| self.control.lock().rare.as_ref().and_then(|r| r.peer_v6))
     }
 
     /// Wakes the writer: something was queued.
@@ -358,17 +407,22 @@ impl Link {
     }
 
     /// Records the Authentication Method the connection authenticated with (MQTT 5.0
-    /// section 4.12) and the client's address, for its re-authentications.
-    pub(crate) fn set_auth_method(&self, method: String, peer: std::net::SocketAddr) {
+    /// section 4.12), for its re-authentications.
+    pub(crate) fn set_auth_method(&self, method: String) {
         let mut control = self.control.lock();
-        control.rare.get_or_insert_with(Default::default).auth = Some((method, peer));
+        control.rare.get_or_insert_with(Default::default).auth = Some(method);
     }
 
     /// The Authentication Method the connection authenticated with and the client's
-    /// address, if it used one.
-    pub(crate) fn auth_method(&self) -> Option<(String, std::net::SocketAddr)> {
-        let control = self.control.lock();
-        control.rare.as_ref().and_then(|r| r.auth.clone())
+    /// address ([`Link::set_peer`]), if it used one.
+    pub(crate) fn auth_method(&self) -> Option<(String, SocketAddr)> {
+        let method = self
+            .control
+            .lock()
+            .rare
+            .as_ref()
+            .and_then(|r| r.auth.clone())?;
+        Some((method, self.peer()?))
     }
 
     /// Marks the connection closed and detached: wakes [`Link::wait_closed`].
@@ -393,7 +447,7 @@ impl Link {
             tracing::error!("cannot encode {}: {e}", packet.name());
         }
         let size = control.buf.len() - before;
-        if size > self.max_packet_size.load(Ordering::Relaxed) {
+        if size > self.max_packet_size.load(Ordering::Relaxed) as usize {
             control.buf.truncate(before);
             drop(control);
             tracing::info!(
@@ -433,7 +487,7 @@ impl Link {
 
     /// QoS 1 PUBLISH packets received and not answered on the socket yet.
     pub(crate) fn unanswered_qos1(&self) -> usize {
-        self.unanswered_qos1.load(Ordering::Acquire)
+        self.unanswered_qos1.load(Ordering::Acquire) as usize
     }
 
     /// A QoS 1 PUBLISH was received: it counts until its PUBACK is written.
@@ -469,10 +523,44 @@ impl Link {
     /// The writer wrote to the socket, `pubacks` PUBACKs among what it wrote.
     pub(crate) fn wrote(&self, pubacks: usize) {
         if pubacks > 0 {
+            let pubacks = u32::try_from(pubacks).unwrap_or(u32::MAX);
             self.unanswered_qos1.fetch_sub(pubacks, Ordering::AcqRel);
         }
         if self.reader_waits.swap(false, Ordering::AcqRel) {
             self.signal(WRITTEN);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clients_address_is_kept_for_ipv4_and_ipv6() {
+        let link = Link::new();
+        assert_eq!(link.peer(), None, "not known before CONNECT");
+        for text in [
+            "127.0.0.5:1883",
+            "0.0.0.0:0",
+            "255.255.255.255:65535",
+            "[::1]:8883",
+        ] {
+            let addr: SocketAddr = text.parse().unwrap();
+            let link = Link::new();
+            link.set_peer(addr);
+            assert_eq!(link.peer(), Some(addr), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_link_stays_within_its_memory_budget() {
+        // Every connection holds one, parked or not (docs/BENCHMARKS.md, "Parked
+        // connections"): the client's address took the room the two counters gave up.
+        assert!(
+            std::mem::size_of::<Link>() <= 120,
+            "{}",
+            std::mem::size_of::<Link>()
+        );
     }
 }

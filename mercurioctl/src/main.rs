@@ -738,6 +738,9 @@ fn show(r: &Value) -> String {
         protocol(&r["protocol_level"]),
         expiry,
     );
+    if let Some(address) = r["address"].as_str() {
+        out.push_str(&format!("address         {address}\n"));
+    }
     if let Some(secs) = r["disconnected_secs"].as_u64() {
         out.push_str(&format!("disconnected    {} ago\n", duration(secs)));
     }

@@ -268,6 +268,7 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
                 "expiry_interval": d.expiry_interval,
                 "will": d.will,
                 "disconnected_secs": d.disconnected_for.map(|t| t.as_secs()),
+                "address": d.address.map(|a| a.to_string()),
             })),
             None => failure(ErrorCode::NotFound, format!("no such client: {client_id}")),
         },

@@ -621,6 +621,7 @@ pub(super) async fn accept(
 
     let connack = encode_connack(version, session_present, ReasonCode::SUCCESS, p);
     link.set_max_packet_size(client_max);
+    link.set_peer(peer);
     let client_limits = ClientLimits {
         inflight: server
             .max_inflight

@@ -350,7 +350,7 @@ where
     } = accepted;
     session.state.lock().set_remote_bridge(bridge);
     if let Some(method) = auth_method {
-        link.set_auth_method(method, peer);
+        link.set_auth_method(method);
     }
     broker.stats.client_connected();
     if let Err(e) = stream.write_all(&connack).await {

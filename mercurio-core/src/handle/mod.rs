@@ -966,6 +966,7 @@ impl BrokerHandle {
             return None;
         }
         let session = self.inner.sessions.lock().get(client_id).cloned()?;
+        let address = session.link().and_then(|link| link.peer());
         let st = session.state.lock();
         if st.ended() {
             return None;
@@ -983,6 +984,7 @@ impl BrokerHandle {
             queued_bytes: st.queue().bytes(),
             will: st.will().is_some(),
             disconnected_for: st.disconnected_at().map(|at| at.elapsed()),
+            address,
         })
     }
 }
@@ -1002,4 +1004,7 @@ pub struct SessionDetail {
     pub will: bool,
     /// Time since the connection ended; `None` while connected.
     pub disconnected_for: Option<Duration>,
+    /// The connected client's address and port: the one a PROXY protocol header gave
+    /// (`proxy_protocol`), else the socket's peer. `None` while disconnected.
+    pub address: Option<SocketAddr>,
 }

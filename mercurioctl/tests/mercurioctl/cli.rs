@@ -235,6 +235,20 @@ fn every_command_against_a_live_broker() {
     assert_eq!(shown["subscriptions"][0]["filter"], "sensors/+/temp");
     assert_eq!(shown["subscriptions"][0]["qos"], 1);
     assert_eq!(shown["connected"], false);
+    assert_eq!(
+        shown["address"],
+        Value::Null,
+        "no address once disconnected"
+    );
+    // A connected client's address and port, as the socket shows them.
+    let five_addr = five.0.local_addr().expect("local address").to_string();
+    let (code, out, _) = run(&d, &["client", "show", "five"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains(&format!("address         {five_addr}\n")),
+        "{out}"
+    );
+    assert_eq!(json(&d, &["client", "show", "five"])["address"], five_addr);
     fails(
         &d,
         &["client", "show", "nobody"],

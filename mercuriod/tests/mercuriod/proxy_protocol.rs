@@ -1,6 +1,6 @@
 //! The PROXY protocol on listeners (`proxy_protocol`, `proxy_from`), with HAProxy in front
 //! of mercuriod: `send-proxy-v2` and `send-proxy` give the broker HAProxy's client address,
-//! which the broker logs as the client's (each client binds its own loopback source address,
+//! which the broker logs and `client show` reports as the client's (each client binds its own loopback source address,
 //! 127.0.0.5 or 127.0.0.6, to be told from HAProxy's 127.0.0.1); a header from outside
 //! `proxy_from` is refused; a header that never comes is closed within `connect_timeout`.
 #![cfg(unix)]
@@ -174,6 +174,15 @@ fn haproxy_in_front_gives_the_clients_address() {
             line.contains(&format!("peer={local}")),
             "{id} from {local}: {line}"
         );
+        // What `mercurioctl client show` prints: the client's, not HAProxy's.
+        let shown = d.admin(&format!(
+            r#"{{"command":"client.show","client_id":"{id}"}}"#
+        ));
+        assert_eq!(
+            shown["result"]["address"],
+            local.to_string(),
+            "{id}: {shown}"
+        );
     }
     // An optional listener serves a client without a header, under its own address.
     let mut plain = TcpStream::connect(optional).expect("connect");
@@ -184,6 +193,8 @@ fn haproxy_in_front_gives_the_clients_address() {
         l.contains("client connected") && l.contains("client_id=no-header")
     });
     assert!(line.contains(&format!("peer={local}")), "{line}");
+    let shown = d.admin(r#"{"command":"client.show","client_id":"no-header"}"#);
+    assert_eq!(shown["result"]["address"], local.to_string(), "{shown}");
 
     // From a peer outside proxy_from: closed, no CONNACK, a warning (the first one was
     // logged for the check that HAProxy listens, which connected through it too; the
