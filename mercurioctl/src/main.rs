@@ -382,7 +382,7 @@ fn import(cli: &Cli, socket: &Path, i: &access::Import) -> Result<(), Failure> {
             serde_json::json!({"changed": done, "kept": kept, "skipped": skipped})
         );
     } else {
-        println!("imported: {done} changes, {kept} kept as they were, {skipped} skipped");
+        println!("imported: {done} applied, {kept} already stored, {skipped} skipped");
     }
     Ok(())
 }
@@ -531,6 +531,15 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// "1 message", "2 messages" (`-` when the broker did not say).
+fn messages(v: &Value) -> String {
+    match v.as_u64() {
+        Some(1) => "1 message".to_string(),
+        Some(n) => format!("{n} messages"),
+        None => "-".to_string(),
+    }
+}
+
 fn duration(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
     match (d, h, m) {
@@ -674,7 +683,7 @@ fn stream_show(r: &Value) -> String {
         Some(n) => format!("{n} {unit}"),
     };
     format!(
-        "stream          {}\nfilter          {}\ndefined         {}\nmax age         {}\nmax bytes       {}\nlast value      {}\nmessages        {}\nbytes           {}\nfirst offset    {}\nlast offset     {}\nreaders         {}\ntrimmed         {} messages, {} bytes\n",
+        "stream          {}\nfilter          {}\ndefined         {}\nmax age         {}\nmax bytes       {}\nlast value      {}\nmessages        {}\nbytes           {}\nfirst offset    {}\nlast offset     {}\nreaders         {}\ntrimmed         {}, {} bytes\n",
         text(&r["name"]),
         text(&r["filter"]),
         if r["runtime"] == true {
@@ -690,7 +699,7 @@ fn stream_show(r: &Value) -> String {
         text(&r["first_offset"]),
         text(&r["last_offset"]),
         text(&r["readers"]),
-        text(&r["trimmed_messages"]),
+        messages(&r["trimmed_messages"]),
         text(&r["trimmed_bytes"]),
     )
 }
@@ -712,9 +721,9 @@ fn bridge_show(r: &Value) -> String {
         out.push_str(&format!("connected for   {}\n", duration(secs)));
     }
     out.push_str(&format!(
-        "last error      {}\nqueued          {} messages, {} bytes\ndropped         {}\nforwarded out   {}\nforwarded in    {}\nreconnects      {}\n",
+        "last error      {}\nqueued          {}, {} bytes\ndropped         {}\nforwarded out   {}\nforwarded in    {}\nreconnects      {}\n",
         text(&r["last_error"]),
-        text(&r["queued"]),
+        messages(&r["queued"]),
         text(&r["queued_bytes"]),
         text(&r["dropped"]),
         text(&r["forwarded_out"]),
@@ -745,8 +754,8 @@ fn show(r: &Value) -> String {
         out.push_str(&format!("disconnected    {} ago\n", duration(secs)));
     }
     out.push_str(&format!(
-        "queued          {} messages, {} bytes\ninflight        {}\nwill            {}\n",
-        text(&r["queued"]),
+        "queued          {}, {} bytes\ninflight        {}\nwill            {}\n",
+        messages(&r["queued"]),
         text(&r["queued_bytes"]),
         text(&r["inflight"]),
         if r["will"].as_bool() == Some(true) {

@@ -95,14 +95,18 @@ impl Cluster {
             })
             .collect::<Result<_, _>>()?;
         let status = Arc::downgrade(broker);
-        let ever_connected = Arc::new(AtomicBool::new(false));
+        let link_log = Arc::new(LinkLog {
+            urls: cfg.nats_urls.join(", "),
+            ever_connected: AtomicBool::new(false),
+            error_told: AtomicBool::new(false),
+        });
         let options = connect_options(cfg, format!("mercurio {}", cfg.node_name))
             .await?
             .no_echo()
             .event_callback(move |event| {
                 let status = status.clone();
-                let ever_connected = Arc::clone(&ever_connected);
-                async move { on_event(&status, &ever_connected, event) }
+                let link_log = Arc::clone(&link_log);
+                async move { on_event(&status, &link_log, event) }
             });
         let client = options
             .connect(urls.clone())
@@ -232,8 +236,18 @@ fn incarnation() -> u64 {
     u64::from_be_bytes(b)
 }
 
+/// What the NATS events' log lines need to remember between events.
+struct LinkLog {
+    /// `cluster.nats_urls`, for the lines that say what could not be reached.
+    urls: String,
+    ever_connected: AtomicBool,
+    /// An error was logged as a warning since the last connection: the next ones, one per
+    /// reconnection attempt, go to the debug level.
+    error_told: AtomicBool,
+}
+
 /// The NATS client's events, into the link's state and counters and the log.
-fn on_event(broker: &Weak<BrokerState>, ever_connected: &AtomicBool, event: async_nats::Event) {
+fn on_event(broker: &Weak<BrokerState>, log: &LinkLog, event: async_nats::Event) {
     let Some(broker) = broker.upgrade() else {
         return;
     };
@@ -241,7 +255,8 @@ fn on_event(broker: &Weak<BrokerState>, ever_connected: &AtomicBool, event: asyn
     match event {
         async_nats::Event::Connected => {
             status.connected.store(true, Ordering::Relaxed);
-            if ever_connected.swap(true, Ordering::Relaxed) {
+            log.error_told.store(false, Ordering::Relaxed);
+            if log.ever_connected.swap(true, Ordering::Relaxed) {
                 ClusterStatus::add(&status.reconnects, 1);
                 tracing::info!("cluster: reconnected to NATS");
             } else {
@@ -255,6 +270,14 @@ fn on_event(broker: &Weak<BrokerState>, ever_connected: &AtomicBool, event: asyn
         async_nats::Event::SlowConsumer(_) => {
             ClusterStatus::add(&status.slow_consumer, 1);
             tracing::warn!("cluster: NATS dropped messages for this node (slow consumer)");
+        }
+        async_nats::Event::ClientError(e) => {
+            let urls = &log.urls;
+            if log.error_told.swap(true, Ordering::Relaxed) {
+                tracing::debug!("cluster: NATS ({urls}): {e}");
+            } else {
+                tracing::warn!("cluster: NATS ({urls}): {e}; retrying (further errors at the debug level until connected)");
+            }
         }
         other => tracing::warn!("cluster: NATS: {other}"),
     }
