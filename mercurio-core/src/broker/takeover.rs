@@ -117,6 +117,12 @@ impl BrokerState {
                     self.end_session(&old);
                     continue;
                 }
+                // A restored session's queue left in storage comes back before the session
+                // is attached, and so before anything is drained (`backlog.rs`).
+                if old.state.lock().backlog().is_some() {
+                    self.load_backlog(&old).await;
+                    continue;
+                }
                 if !old.attach(&link, version, expiry_interval, &mut will) {
                     continue;
                 }
