@@ -2,7 +2,9 @@
 //!
 //! The broker keeps its state in memory and emits [`Change`]s, in order per client, to a
 //! background writer that [`apply`](Storage::apply)s them in batches; at start it
-//! [`load`](Storage::load)s everything back. This crate knows nothing of sockets or of the
+//! [`load`](Storage::load)s everything back, or everything but the queues
+//! ([`load_without_queues`](Storage::load_without_queues)), each read later with
+//! [`load_queue`](Storage::load_queue) when its client comes back. This crate knows nothing of sockets or of the
 //! MQTT codec: QoS is a `u8`, MQTT 5 properties are opaque encoded bytes.
 //!
 //! Modules:
