@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mercurio_storage::{Change, QueuedRecord};
+use mercurio_storage::{Change, QueuedRecord, StorageError};
 use parking_lot::Mutex;
 
 use super::BrokerState;
@@ -34,9 +34,11 @@ use crate::session::{Backlog, Delivery, Session};
 use crate::stats::DropCause;
 
 /// First wait before reading a backlog again after a transient storage error; doubled up to
-/// [`RETRY_MAX`].
+/// [`RETRY_MAX`], for at most [`RETRY_FOR`] in all (then the client is refused, and comes
+/// back later).
 const RETRY_FIRST: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+const RETRY_FOR: Duration = Duration::from_secs(5);
 
 /// The restored messages, held while sessions' backlogs are left in storage.
 /// Lock: a leaf (nothing is taken under it; any lock may be held).
@@ -95,30 +97,34 @@ struct Read {
 
 impl BrokerState {
     /// Reads the backlog of `session` from storage, if it has one, and puts it at the head
-    /// of its queue. Returns once the session has no backlog: installed, by this call or
-    /// another, or the session ended. A transient storage error is retried (logged) until
-    /// storage answers; a backlog storage cannot read is given up (logged as an error, its
-    /// rows left to be deleted with the session). Call it with no lock held.
-    pub(crate) async fn load_backlog(&self, session: &Arc<Session>) {
+    /// of its queue. `Ok` once the session has no backlog: installed, by this call or
+    /// another, or the session ended. A transient storage error is retried (logged) for up to
+    /// [`RETRY_FOR`]; then, or at once when storage must stop (fenced, closed), the error,
+    /// the backlog left in storage for a later attempt. A backlog storage cannot read
+    /// ([`ErrorKind::Refused`](mercurio_storage::ErrorKind::Refused)) is given up: logged as
+    /// an error, its rows left to be deleted with the session. Call it with no lock held.
+    pub(crate) async fn load_backlog(&self, session: &Arc<Session>) -> Result<(), StorageError> {
         let mut wait = RETRY_FIRST;
+        let give_up = Instant::now() + RETRY_FOR;
         loop {
             let Some(backlog) = session.state.lock().backlog() else {
-                return;
+                return Ok(());
             };
             let Some(p) = self.persist.get() else {
-                return;
+                return Ok(());
             };
             match p.storage().load_queue(&session.client_id).await {
                 Ok(records) => {
                     let read = self.check_backlog(session, backlog, records);
                     self.install_backlog(session, read);
-                    return;
+                    return Ok(());
                 }
-                Err(e) if e.is_transient() || e.must_stop() => {
+                Err(e) if e.is_transient() && Instant::now() + wait < give_up => {
                     tracing::warn!(client_id = %session.client_id, "cannot read the stored queue, retrying in {wait:?}: {e}");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(RETRY_MAX);
                 }
+                Err(e) if e.is_transient() || e.must_stop() => return Err(e),
                 Err(e) => {
                     tracing::error!(client_id = %session.client_id, queued = backlog.len, "stored queue cannot be read, its messages are not delivered: {e}");
                     self.install_backlog(
@@ -129,7 +135,7 @@ impl BrokerState {
                             not_authorized: Vec::new(),
                         },
                     );
-                    return;
+                    return Ok(());
                 }
             }
         }
