@@ -154,7 +154,9 @@ impl BrokerState {
             dequeued: Vec::new(),
             not_authorized: Vec::new(),
         };
+        // Held from the restore for as long as a backlog is pending, which this one is.
         let Some(messages) = self.held.messages() else {
+            tracing::error!(client_id = %session.client_id, "stored queue read after its messages were released: not delivered");
             return read;
         };
         let now = Instant::now();
