@@ -312,7 +312,7 @@ impl AdminApi {
         let sessions: Vec<_> = self.broker.sessions.lock().values().cloned().collect();
         for session in sessions.iter().filter(|s| !s.is_internal()) {
             let st = session.state.lock();
-            queued += st.queue().len() as u64;
+            queued += st.queued_len() as u64;
             queued_bytes += st.queue().bytes();
         }
         let bridges: Vec<_> = self

@@ -75,6 +75,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_fan_out_references(harness).await;
     check_streams(&harness.fresh().await).await;
     check_streams_across_reopen(harness).await;
+    check_queues_left_in_storage(harness).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -478,6 +479,117 @@ pub async fn check_queue<S: Storage>(storage: &S) {
     assert_eq!(
         delivered(&state, &loaded.queued[1].delivery),
         message("q/t", b"four again", 1)
+    );
+}
+
+/// [`Storage::load_without_queues`] returns what [`Storage::load`] does, each queue replaced
+/// by its count and positions ([`LoadedState::backlogs`]) and its messages still loaded;
+/// [`Storage::load_queue`] then reads one queue as `load` would (the changes applied since
+/// included), through a reopen; a session without a queue, and no session, have none.
+pub async fn check_queues_left_in_storage<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    // More deliveries than one SQLite chunk holds, queued over several batches.
+    let mut batch = vec![
+        saved("a"),
+        saved("b"),
+        saved("c"),
+        subscribed("a", "q/#", 1),
+    ];
+    for seq in 1..=150 {
+        batch.push(queued("a", seq, b"lazy one"));
+    }
+    apply(&storage, batch).await;
+    let mut batch = Vec::new();
+    for seq in 151..=300 {
+        batch.push(queued("a", seq, b"lazy two"));
+    }
+    batch.push(queued("c", 5, b"lazy three"));
+    apply(&storage, batch).await;
+    apply(&storage, vec![dequeued("a", 1), dequeued("a", 200)]).await;
+
+    let full = load(&storage).await;
+    let lazy = must("load_without_queues", storage.load_without_queues()).await;
+    assert_lazy(&full, &lazy);
+    let a = must("load_queue", storage.load_queue("a")).await;
+    assert_eq!(a, full.sessions[0].queued, "the queue as load reads it");
+    assert_eq!(a.len(), 298);
+    assert_eq!(
+        must("load_queue", storage.load_queue("b")).await,
+        [],
+        "a session with no queue"
+    );
+    assert_eq!(
+        must("load_queue", storage.load_queue("nobody")).await,
+        [],
+        "no session"
+    );
+
+    // Changes after the load: appended, dequeued at both ends; read as they are now.
+    apply(
+        &storage,
+        vec![
+            queued("a", 301, b"after the load"),
+            dequeued("a", 2),
+            dequeued("a", 300),
+        ],
+    )
+    .await;
+    let a = must("load_queue", storage.load_queue("a")).await;
+    assert_eq!(a.len(), 297);
+    assert_eq!(a.first().map(|q| q.seq), Some(3));
+    assert_eq!(
+        a.iter().rev().take(2).map(|q| q.seq).collect::<Vec<_>>(),
+        [301, 299]
+    );
+    must("flush", storage.flush()).await;
+
+    // Through a reopen, the messages only the unread queues refer to are still loaded.
+    let storage = harness.reopen(storage).await;
+    let full = load(&storage).await;
+    let storage = harness.reopen(storage).await;
+    let lazy = must("load_without_queues", storage.load_without_queues()).await;
+    assert_lazy(&full, &lazy);
+    assert_eq!(
+        must("load_queue", storage.load_queue("a")).await,
+        full.sessions[0].queued
+    );
+    assert_eq!(
+        must("load_queue", storage.load_queue("c")).await,
+        full.sessions[2].queued
+    );
+    let c = &full.sessions[2].queued[0].delivery;
+    assert_eq!(delivered(&lazy, c), message("q/t", b"lazy three", 1));
+
+    // A deleted session's queue goes with it.
+    apply(
+        &storage,
+        vec![Change::SessionDeleted {
+            client_id: "a".into(),
+        }],
+    )
+    .await;
+    assert_eq!(must("load_queue", storage.load_queue("a")).await, []);
+}
+
+/// `lazy` is `full` with each non-empty queue replaced by its backlog.
+fn assert_lazy(full: &LoadedState, lazy: &LoadedState) {
+    let mut expected = full.clone();
+    for s in &mut expected.sessions {
+        let queued = std::mem::take(&mut s.queued);
+        if let (Some(first), Some(last)) = (queued.first(), queued.last()) {
+            expected.backlogs.insert(
+                s.client_id.clone(),
+                crate::Backlog {
+                    len: queued.len() as u64,
+                    first_seq: first.seq,
+                    last_seq: last.seq,
+                },
+            );
+        }
+    }
+    assert_eq!(
+        lazy, &expected,
+        "load_without_queues is load without the queues"
     );
 }
 

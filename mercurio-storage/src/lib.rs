@@ -2,7 +2,9 @@
 //!
 //! The broker keeps its state in memory and emits [`Change`]s, in order per client, to a
 //! background writer that [`apply`](Storage::apply)s them in batches; at start it
-//! [`load`](Storage::load)s everything back. This crate knows nothing of sockets or of the
+//! [`load`](Storage::load)s everything back, or everything but the queues
+//! ([`load_without_queues`](Storage::load_without_queues)), each read later with
+//! [`load_queue`](Storage::load_queue) when its client comes back. This crate knows nothing of sockets or of the
 //! MQTT codec: QoS is a `u8`, MQTT 5 properties are opaque encoded bytes.
 //!
 //! Modules:
@@ -64,6 +66,8 @@ mod rows;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 
 pub use access::{AccessChange, AccessKind, AccessRecord};
@@ -71,9 +75,9 @@ pub use change::Change;
 pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
 pub use memory::MemoryStorage;
 pub use records::{
-    DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord,
-    SessionHeader, SessionRecord, StoredMessage, StreamDefinition, StreamEntryRecord, StreamRecord,
-    SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    Backlog, DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord,
+    RetainedRecord, SessionHeader, SessionRecord, StoredMessage, StreamDefinition,
+    StreamEntryRecord, StreamRecord, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
 /// Everything a broker reads from storage when it starts.
@@ -94,6 +98,10 @@ pub struct LoadedState {
     pub set_aside: Vec<SetAside>,
     /// Every stored stream, sorted by name, its entries by offset.
     pub streams: Vec<StreamRecord>,
+    /// From [`Storage::load_without_queues`]: the queues left in storage, by client, each
+    /// session of [`sessions`](Self::sessions) with a non-empty queue once (its
+    /// [`SessionRecord::queued`] then empty). Always empty from [`Storage::load`].
+    pub backlogs: HashMap<String, Backlog>,
 }
 
 /// A stored session that could not be read (a damaged row, one written by a newer version).
@@ -121,6 +129,23 @@ pub trait Storage: Send + Sync + 'static {
     /// newer schema ([`ErrorKind::Incompatible`]), another broker serving
     /// ([`ErrorKind::Fenced`]).
     async fn load(&self) -> Result<LoadedState, StorageError>;
+
+    /// [`load`](Storage::load), with each session's queued deliveries left in storage: a
+    /// session with a queue has an empty [`SessionRecord::queued`] and its
+    /// [`LoadedState::backlogs`] entry (count and positions) instead, so that a restart reads a
+    /// row per session rather than one per queued delivery. The messages those queues refer
+    /// to are in [`LoadedState::messages`] as with `load`, held by the new broker alike.
+    /// Errors as `load`'s.
+    async fn load_without_queues(&self) -> Result<LoadedState, StorageError>;
+
+    /// The queued deliveries of the session of `client_id`, sorted by `seq`, as
+    /// [`load`](Storage::load) would return them in [`SessionRecord::queued`] now (the
+    /// changes applied so far included); empty when it has none or no session. Their messages
+    /// are stored for as long as the broker holds them (it did since the load).
+    ///
+    /// Errors: storage unreachable ([`ErrorKind::Transient`]); a queue that cannot be read
+    /// ([`ErrorKind::Refused`]).
+    async fn load_queue(&self, client_id: &str) -> Result<Vec<QueuedRecord>, StorageError>;
 
     /// Apply `batch` in order, in one transaction: all of it or none of it.
     ///

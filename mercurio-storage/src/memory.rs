@@ -164,6 +164,7 @@ impl State {
                     definition: s.definition.clone(),
                 })
                 .collect(),
+            backlogs: HashMap::new(),
         }
     }
 
@@ -578,6 +579,38 @@ impl Storage for MemoryStorage {
         let mut state = self.shared.state.lock();
         state.start_broker();
         Ok(state.snapshot())
+    }
+
+    async fn load_without_queues(&self) -> Result<LoadedState, StorageError> {
+        let mut loaded = self.load().await?;
+        for session in &mut loaded.sessions {
+            let queued = std::mem::take(&mut session.queued);
+            if let (Some(first), Some(last)) = (queued.first(), queued.last()) {
+                loaded.backlogs.insert(
+                    session.client_id.clone(),
+                    crate::Backlog {
+                        len: queued.len() as u64,
+                        first_seq: first.seq,
+                        last_seq: last.seq,
+                    },
+                );
+            }
+        }
+        Ok(loaded)
+    }
+
+    async fn load_queue(&self, client_id: &str) -> Result<Vec<QueuedRecord>, StorageError> {
+        let state = self.shared.state.lock();
+        if state.set_aside.contains_key(client_id) {
+            return Err(StorageError::refused(format!(
+                "the queue of {client_id} cannot be read"
+            )));
+        }
+        Ok(state
+            .sessions
+            .get(client_id)
+            .map(|s| s.to_record().queued)
+            .unwrap_or_default())
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {

@@ -36,7 +36,7 @@ use tokio_postgres::Client;
 use crate::access::{validate_access, AccessChange, AccessKind, AccessRecord};
 use crate::change::{validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
-use crate::{LoadedState, Storage};
+use crate::{LoadedState, QueuedRecord, Storage};
 
 pub use leader::{Leadership, HEARTBEAT_STALE, LOST_AFTER};
 use load::load_all;
@@ -312,9 +312,27 @@ impl Storage for PostgresStorage {
         self.write(&[], true).await?;
         let guard = self.writer().await?;
         let writer = guard.as_ref().expect("open");
-        load_all(&writer.client)
+        load_all(&writer.client, true)
             .await
             .map_err(|e| classify(e, "cannot load the stored state"))
+    }
+
+    async fn load_without_queues(&self) -> Result<LoadedState, StorageError> {
+        self.write(&[], true).await?;
+        let guard = self.writer().await?;
+        let writer = guard.as_ref().expect("open");
+        load_all(&writer.client, false)
+            .await
+            .map_err(|e| classify(e, "cannot load the stored state"))
+    }
+
+    async fn load_queue(&self, client_id: &str) -> Result<Vec<QueuedRecord>, StorageError> {
+        let guard = self.writer().await?;
+        let writer = guard.as_ref().expect("open");
+        load::load_queue(&writer.client, client_id)
+            .await
+            .map_err(|e| classify(e, "cannot load a queue"))?
+            .map_err(|cause| StorageError::refused(format!("the queue of {client_id}: {cause}")))
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {

@@ -52,6 +52,19 @@ impl SessionHeader {
     }
 }
 
+/// A session's queue left in storage at load: how many deliveries it holds and the range of
+/// their positions ([`QueuedRecord::seq`]), so that the broker can count them and number new
+/// deliveries after them without reading them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// Deliveries queued, at least 1.
+    pub len: u64,
+    /// The lowest position queued.
+    pub first_seq: u64,
+    /// The highest position queued.
+    pub last_seq: u64,
+}
+
 /// A whole session, as loaded at start or written whole by
 /// [`Change::SessionWritten`](crate::Change::SessionWritten).
 ///
@@ -77,7 +90,8 @@ pub struct SessionRecord {
     /// The will to publish when the session's connection ends abnormally, if any.
     pub will: Option<WillRecord>,
     /// Messages waiting to be sent to the client, sorted by `seq`: references to stored
-    /// messages.
+    /// messages. Empty when the queue was left in storage (see
+    /// [`LoadedState::backlogs`](crate::LoadedState::backlogs)).
     pub queued: Vec<QueuedRecord>,
     /// Outbound QoS 1 and 2 messages sent and not yet acknowledged, in the order first sent.
     pub inflight: Vec<InflightRecord>,

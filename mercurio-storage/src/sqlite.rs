@@ -16,7 +16,7 @@
 
 mod queue;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use crate::access::{validate_access, AccessChange, AccessKind, AccessRecord};
 use crate::change::{refused, validate_batch, Change};
 use crate::error::StorageError;
-use crate::records::{InflightRecord, StoredMessage, SubscriptionRecord, WillRecord};
+use crate::records::{InflightRecord, QueuedRecord, StoredMessage, SubscriptionRecord, WillRecord};
 use crate::refs::Refs;
 use crate::rows::{
     self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
@@ -562,8 +562,16 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     tx.commit()
 }
 
-fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
+/// Everything stored; with `queues` false, each session's queue is left in storage and
+/// counted ([`LoadedState::backlogs`]).
+fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState> {
     start_broker(conn)?;
+    let (queued, mut backlogs) = if queues {
+        (queue::load_all(conn)?, HashMap::new())
+    } else {
+        let (backlogs, damaged) = queue::load_backlogs(conn)?;
+        (damaged, backlogs)
+    };
     let mut sessions = rows::Sessions {
         subscriptions: per_client(
             conn,
@@ -573,7 +581,7 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
             ),
             |row| rows::subscription(row),
         )?,
-        queued: queue::load_all(conn)?,
+        queued,
         inflight: per_client(
             conn,
             &format!(
@@ -606,7 +614,12 @@ fn load_all(conn: &mut Connection) -> rusqlite::Result<LoadedState> {
             }
         };
         match sessions.read(&client_id, row) {
-            Ok(record) => state.sessions.push(record),
+            Ok(record) => {
+                if let Some(backlog) = backlogs.remove(&record.client_id) {
+                    state.backlogs.insert(record.client_id.clone(), backlog);
+                }
+                state.sessions.push(record);
+            }
             Err(cause) => state.set_aside.push(SetAside { client_id, cause }),
         }
     }
@@ -1219,7 +1232,25 @@ impl Storage for SqliteStorage {
     }
 
     async fn load(&self) -> Result<LoadedState, StorageError> {
-        self.call(|conn| load_all(conn).map_err(classify)).await
+        self.call(|conn| load_all(conn, true).map_err(classify))
+            .await
+    }
+
+    async fn load_without_queues(&self) -> Result<LoadedState, StorageError> {
+        self.call(|conn| load_all(conn, false).map_err(classify))
+            .await
+    }
+
+    async fn load_queue(&self, client_id: &str) -> Result<Vec<QueuedRecord>, StorageError> {
+        let client_id = client_id.to_string();
+        self.call(move |conn| {
+            queue::load_one(conn, &client_id)
+                .map_err(classify)?
+                .map_err(|cause| {
+                    StorageError::refused(format!("the queue of {client_id}: {cause}"))
+                })
+        })
+        .await
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {
@@ -1679,5 +1710,65 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(storage.load().await.unwrap().sessions.len(), 1);
+    }
+
+    /// A queue chunk that is not a JSON array sets its session aside when queues are left in
+    /// storage, as a full load does; one that is an array of unreadable deliveries is found
+    /// when the queue is read, and refused.
+    #[tokio::test]
+    async fn damaged_queue_left_in_storage() {
+        let h = SqliteHarness::new("lazy-damaged");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        let header = |client_id: &str| crate::SessionHeader {
+            client_id: client_id.into(),
+            protocol_level: 5,
+            session_expiry_interval: 10,
+            disconnected_at: Some(1),
+            username: None,
+            certificate: None,
+        };
+        let mut batch = vec![
+            Change::MessageStored {
+                message: crate::StoredMessage {
+                    id: 1,
+                    message: crate::MessageRecord::new("t", "m", 1),
+                },
+            },
+            Change::SessionSaved(header("bad")),
+            Change::SessionSaved(header("odd")),
+        ];
+        for client_id in ["bad", "odd"] {
+            batch.push(Change::MessageQueued {
+                client_id: client_id.into(),
+                seq: 1,
+                delivery: DeliveryRecord::new(1, 1),
+            });
+        }
+        storage.apply(&batch).await.unwrap();
+        storage.close().await.unwrap();
+        drop(storage);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "UPDATE queue_chunks SET entries = 'garbage' WHERE client_id = 'bad'; \
+             UPDATE queue_chunks SET entries = '[[1, \"x\"]]' WHERE client_id = 'odd';",
+        )
+        .unwrap();
+        drop(conn);
+        let storage = SqliteStorage::open(&path).unwrap();
+        let state = storage.load_without_queues().await.unwrap();
+        assert_eq!(
+            state
+                .set_aside
+                .iter()
+                .map(|s| s.client_id.as_str())
+                .collect::<Vec<_>>(),
+            ["bad"]
+        );
+        assert_eq!(state.sessions.len(), 1);
+        assert_eq!(state.backlogs.get("odd").map(|b| b.len), Some(1));
+        let err = storage.load_queue("odd").await.unwrap_err();
+        assert!(err.is_refused(), "{err}");
+        storage.close().await.unwrap();
     }
 }

@@ -841,3 +841,126 @@ async fn a_broadcast_to_offline_sessions_is_stored_once() {
         "delivered to every session: gone"
     );
 }
+
+/// A restart leaves offline sessions' queues in storage, counted (`sessions`, `client show`)
+/// and read when their clients come back: each gets its queue with its session present,
+/// in order, the messages published after the restart behind it; one that takes part of its
+/// queue before the next restart gets the rest after it.
+#[tokio::test]
+async fn queues_left_in_storage_are_read_when_their_clients_come_back() {
+    const STORED: usize = 300;
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    for id in ["away-a", "away-b"] {
+        let (mut s, _) = connect_persistent(addr, ProtocolVersion::V5, id).await;
+        s.subscribe("fleet/#", QoS::AtLeastOnce).await;
+        s.disconnect().await;
+    }
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for n in 0..STORED {
+        let payload = format!("m{n}");
+        publisher
+            .publish("fleet/all", payload.as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+    }
+    publisher.disconnect().await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    let queued = |broker: &BrokerHandle, id: &str| {
+        broker
+            .sessions()
+            .into_iter()
+            .find(|s| s.client_id == id)
+            .map(|s| s.queued)
+    };
+    assert_eq!(queued(&broker, "away-a"), Some(STORED));
+    assert_eq!(
+        broker.session_detail("away-b").map(|d| d.info.queued),
+        Some(STORED)
+    );
+    // Published after the restart, while both are away: behind the stored queue.
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for n in STORED..STORED + 2 {
+        let payload = format!("m{n}");
+        publisher
+            .publish("fleet/all", payload.as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+    }
+    publisher.disconnect().await;
+    assert_eq!(queued(&broker, "away-a"), Some(STORED + 2));
+    let (mut a, present) = connect_persistent(addr, ProtocolVersion::V5, "away-a").await;
+    assert!(present);
+    for n in 0..STORED + 2 {
+        let p = a.expect_publish().await;
+        assert_eq!(&p.payload[..], format!("m{n}").as_bytes(), "in order");
+        a.ack(&p).await;
+    }
+    a.expect_nothing(Duration::from_millis(200)).await;
+    a.disconnect().await;
+    // away-b takes 100 of its messages, then the broker restarts.
+    let (mut b, present) = connect_persistent(addr, ProtocolVersion::V5, "away-b").await;
+    assert!(present);
+    for n in 0..100 {
+        let p = b.expect_publish().await;
+        assert_eq!(&p.payload[..], format!("m{n}").as_bytes());
+        b.ack(&p).await;
+    }
+    settle(&mut b).await;
+    drop(b);
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    let (mut b, present) = connect_persistent(addr, ProtocolVersion::V5, "away-b").await;
+    assert!(present);
+    let first = b.expect_publish().await;
+    let mut n: usize = std::str::from_utf8(&first.payload[1..])
+        .expect("text")
+        .parse()
+        .expect("a number");
+    assert!(n <= 100, "from the first unacknowledged on: m{n}");
+    b.ack(&first).await;
+    while n + 1 < STORED + 2 {
+        n += 1;
+        let p = b.expect_publish().await;
+        assert_eq!(&p.payload[..], format!("m{n}").as_bytes(), "in order");
+        b.ack(&p).await;
+    }
+    b.expect_nothing(Duration::from_millis(200)).await;
+    broker.shutdown().await;
+}
+
+/// A member of a shared subscription gets its queue back at the restart, not left in
+/// storage: when its session then ends (Clean Start) before it takes them, its deliveries go
+/// to another member of the group.
+#[tokio::test]
+async fn a_shared_member_ending_after_a_restart_passes_its_queue_on() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    let (mut a, _) = connect_persistent(addr, ProtocolVersion::V5, "member-a").await;
+    a.subscribe("$share/g/jobs", QoS::AtLeastOnce).await;
+    a.disconnect().await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for n in 0..3 {
+        let payload = format!("j{n}");
+        publisher
+            .publish("jobs", payload.as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+    }
+    publisher.disconnect().await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    let (mut b, _) = connect_persistent(addr, ProtocolVersion::V5, "member-b").await;
+    b.subscribe("$share/g/jobs", QoS::AtLeastOnce).await;
+    // member-a comes back with Clean Start: its session ends, its jobs go to member-b.
+    let (a, _) = Client::connect_with(addr, connect_packet(ProtocolVersion::V5, "member-a")).await;
+    for n in 0..3 {
+        let p = b.expect_publish().await;
+        assert_eq!(&p.payload[..], format!("j{n}").as_bytes());
+        b.ack(&p).await;
+    }
+    assert_eq!(broker.stats().shared_passed_on, 3);
+    drop(a);
+    broker.shutdown().await;
+}

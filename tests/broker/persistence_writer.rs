@@ -1,7 +1,8 @@
 //! The storage writer's handling of a backend that refuses changes: a batch refused five times
 //! is given up and its client written whole once storage takes writes again (on the memory
 //! backend's failure injection; docs/operations.md, "Persistence"); durable_ack never
-//! acknowledges what storage did not commit.
+//! acknowledges what storage did not commit; a queue left in storage at a restart, when the
+//! client is made dirty or storage cannot read it when the client comes back.
 use crate::common;
 
 use std::net::SocketAddr;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use mercurio::codec::{Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode};
-use mercurio::storage::{ErrorKind, MemoryStorage};
+use mercurio::storage::{ErrorKind, MemoryStorage, StorageError};
 use mercurio::{Broker, BrokerHandle};
 
 #[tokio::test]
@@ -56,6 +57,181 @@ async fn refused_changes_are_given_up_and_the_client_written_whole() {
     .expect("the dirty client is written whole");
     assert_eq!(broker.stats().storage_clients_dirty, 0);
     assert!(broker.stats().storage_batches_retried >= 4);
+    broker.shutdown().await;
+}
+
+/// A client made dirty while its queue is still in storage after a restart (a message queued
+/// for it given up) is written whole with that queue read back first: nothing of it is lost,
+/// and its client gets every message in order after the next restart.
+#[tokio::test]
+async fn a_dirty_client_with_its_queue_left_in_storage_is_written_whole() {
+    let storage = MemoryStorage::new();
+    let start = || async {
+        let mut config = test_config();
+        config.storage.durable_ack = false;
+        let broker = Broker::builder(config)
+            .storage(Arc::new(storage.clone()))
+            .start()
+            .await
+            .unwrap();
+        let addr = broker.local_addrs()[0];
+        (broker, addr)
+    };
+    let publish = |addr: SocketAddr, range: std::ops::Range<u32>| async move {
+        let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+        for i in range {
+            publisher
+                .publish("a", format!("m{i}").as_bytes(), QoS::AtLeastOnce, false)
+                .await;
+        }
+        publisher.disconnect().await;
+    };
+    let (broker, addr) = start().await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    sub.subscribe("a", QoS::AtLeastOnce).await;
+    sub.disconnect().await;
+    publish(addr, 0..5).await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start().await;
+    storage.fail_next(ErrorKind::Refused, 5);
+    publish(addr, 5..6).await;
+    tokio::time::timeout(DEADLINE, async {
+        while broker.stats().storage_batches_dropped == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the batch is given up");
+    publish(addr, 6..7).await;
+    let queued = |s: &mercurio::storage::LoadedState| {
+        s.sessions
+            .iter()
+            .find(|r| r.client_id == "sub")
+            .map(|r| r.queued.iter().map(|q| q.seq).collect::<Vec<_>>())
+    };
+    tokio::time::timeout(
+        DEADLINE,
+        storage.wait_until(|s| queued(s).is_some_and(|q| q.len() == 7)),
+    )
+    .await
+    .expect("the dirty client is written whole, its stored queue included");
+    assert_eq!(queued(&storage.snapshot()), Some((1..=7).collect()));
+    assert_eq!(broker.stats().storage_clients_dirty, 0);
+    broker.shutdown().await;
+
+    let (broker, addr) = start().await;
+    let (mut sub, present) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    assert!(present);
+    for i in 0..7 {
+        let p = sub.expect_publish().await;
+        assert_eq!(&p.payload[..], format!("m{i}").as_bytes(), "in order");
+        sub.ack(&p).await;
+    }
+    sub.expect_nothing(Duration::from_millis(200)).await;
+    broker.shutdown().await;
+}
+
+/// Memory storage whose `load_queue` fails while `failing` is set: storage that cannot be
+/// read when a client comes back for its queue.
+#[derive(Clone)]
+struct UnreadableQueues {
+    inner: MemoryStorage,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl mercurio::storage::Storage for UnreadableQueues {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn load(&self) -> Result<mercurio::storage::LoadedState, StorageError> {
+        self.inner.load().await
+    }
+    async fn load_without_queues(&self) -> Result<mercurio::storage::LoadedState, StorageError> {
+        self.inner.load_without_queues().await
+    }
+    async fn load_queue(
+        &self,
+        client_id: &str,
+    ) -> Result<Vec<mercurio::storage::QueuedRecord>, StorageError> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StorageError::fatal("the database is closed"));
+        }
+        self.inner.load_queue(client_id).await
+    }
+    async fn apply(&self, batch: &[mercurio::storage::Change]) -> Result<(), StorageError> {
+        self.inner.apply(batch).await
+    }
+    async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError> {
+        self.inner.delete_session(client_id).await
+    }
+    async fn load_access(&self) -> Result<Vec<mercurio::storage::AccessRecord>, StorageError> {
+        self.inner.load_access().await
+    }
+    async fn apply_access(
+        &self,
+        changes: &[mercurio::storage::AccessChange],
+    ) -> Result<(), StorageError> {
+        self.inner.apply_access(changes).await
+    }
+    async fn flush(&self) -> Result<(), StorageError> {
+        self.inner.flush().await
+    }
+}
+
+/// A client whose queue, left in storage at the restart, cannot be read when it comes back
+/// is refused (Server unavailable), its session kept: once storage reads again, it resumes
+/// with every message.
+#[tokio::test]
+async fn a_queue_that_cannot_be_read_yet_refuses_the_client_and_keeps_the_session() {
+    let storage = UnreadableQueues {
+        inner: MemoryStorage::new(),
+        failing: Arc::default(),
+    };
+    let start = || async {
+        let broker = Broker::builder(test_config())
+            .storage(Arc::new(storage.clone()))
+            .start()
+            .await
+            .unwrap();
+        let addr = broker.local_addrs()[0];
+        (broker, addr)
+    };
+    let (broker, addr) = start().await;
+    let (mut sub, _) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    sub.subscribe("a", QoS::AtLeastOnce).await;
+    sub.disconnect().await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    for i in 0..3 {
+        publisher
+            .publish("a", format!("m{i}").as_bytes(), QoS::AtLeastOnce, false)
+            .await;
+    }
+    publisher.disconnect().await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start().await;
+    storage
+        .failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (_, ack) = Client::connect_with(addr, persistent(ProtocolVersion::V5, "sub", 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SERVER_UNAVAILABLE);
+    assert_eq!(
+        broker.session_detail("sub").map(|d| d.info.queued),
+        Some(3),
+        "the session and its count are kept"
+    );
+    storage
+        .failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let (mut sub, present) = connect_persistent(addr, ProtocolVersion::V5, "sub").await;
+    assert!(present);
+    for i in 0..3 {
+        let p = sub.expect_publish().await;
+        assert_eq!(&p.payload[..], format!("m{i}").as_bytes());
+        sub.ack(&p).await;
+    }
     broker.shutdown().await;
 }
 

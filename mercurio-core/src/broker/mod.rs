@@ -3,6 +3,7 @@
 //! session over at CONNECT, ending it at DISCONNECT or expiry, and wills.
 
 pub(crate) mod access;
+mod backlog;
 pub(crate) mod drain;
 mod entry;
 pub(crate) mod restore;
@@ -126,6 +127,9 @@ pub(crate) struct BrokerState {
     pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
     /// The streams of `[[streams]]` and their readers (`streams`, `stream_reader.rs`).
     pub streams: crate::streams::Streams,
+    /// The restored messages, held while restored sessions' backlogs are left in storage
+    /// (`backlog.rs`).
+    pub(crate) held: backlog::HeldMessages,
     /// This state's own `Arc`, for the work it hands to a task of its own (a will to
     /// intercept); set where the `Arc` is made (`Arc::new_cyclic`), empty before.
     pub this: std::sync::Weak<BrokerState>,
@@ -192,6 +196,7 @@ impl BrokerState {
             cluster: Default::default(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             streams,
+            held: backlog::HeldMessages::default(),
             this: std::sync::Weak::new(),
         }
     }
@@ -603,10 +608,14 @@ impl BrokerState {
             filters,
             will,
             shared,
+            had_backlog,
         }) = session.end()
         else {
             return;
         };
+        if had_backlog {
+            self.held.done();
+        }
         {
             let mut index = self.index.write();
             for f in &filters {

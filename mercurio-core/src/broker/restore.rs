@@ -1,7 +1,11 @@
 //! The restore at start: rebuilds the broker's state from what storage loaded, before the
 //! listeners serve. One step per kind of record: retained messages, sessions set aside, then
 //! each session (its queue, in-flight messages, inbound QoS 2 identifiers, will and
-//! subscriptions), with the timers of expiry and delayed wills. Sessions that expired while the
+//! subscriptions), with the timers of expiry and delayed wills. Storage loads the sessions
+//! without their queues ([`Storage::load_without_queues`]): [`read_needed_queues`] reads those
+//! of the sessions that need theirs now (the broker's own, members of shared subscriptions;
+//! every one when access is checked), and every other one is restored with its backlog left
+//! in storage (`backlog.rs`). Sessions that expired while the
 //! broker was down are deleted, their wills published and the messages they held through
 //! shared subscriptions passed on to other members of the groups. The access rules, which may
 //! have changed while the broker was down, are then applied to what was restored, as after a
@@ -13,7 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mercurio_storage::{
-    Change, InflightState, LoadedState, RetainedRecord, SessionRecord, StoredMessage, NEVER_EXPIRES,
+    Change, InflightState, LoadedState, RetainedRecord, SessionRecord, SetAside, Storage,
+    StorageError, StoredMessage, NEVER_EXPIRES,
 };
 
 use super::BrokerState;
@@ -23,10 +28,55 @@ use crate::persist::records::{
     unix_to_instant, will_from, Restored,
 };
 use crate::persist::Persister;
-use crate::session::{Delivery, Session, SessionChanges, Will};
+use crate::session::{Backlog, Delivery, Session, SessionChanges, Will};
+
+/// Whether the session of `record` gets its queue at the restore rather than when its client
+/// comes back: the broker's own sessions (a bridge's, a durable in-process client's: attached
+/// without a CONNECT) and members of shared subscriptions (a session that ends passes its
+/// deliveries of a group on, and may end before its client comes back).
+fn needs_queue_now(record: &SessionRecord) -> bool {
+    record.client_id.starts_with(super::INTERNAL_PREFIX)
+        || record
+            .subscriptions
+            .iter()
+            .any(|s| s.filter.starts_with("$share/"))
+}
+
+/// Reads from `storage` the queues left there by [`Storage::load_without_queues`] that the
+/// restore needs now ([`needs_queue_now`]); with `checks_access`, every one: the restore
+/// applies the access rules of the restart to every queued message, dropping (and counting)
+/// those no longer readable, as it did before queues were left in storage. A queue storage
+/// cannot read sets its session aside, as [`Storage::load`] would. Errors are storage's, as
+/// `load`'s.
+pub(crate) async fn read_needed_queues(
+    storage: &dyn Storage,
+    loaded: &mut LoadedState,
+    checks_access: bool,
+) -> Result<(), StorageError> {
+    let mut unreadable = Vec::new();
+    for (i, record) in loaded.sessions.iter_mut().enumerate() {
+        let now = checks_access || needs_queue_now(record);
+        if !now || loaded.backlogs.remove(&record.client_id).is_none() {
+            continue;
+        }
+        match storage.load_queue(&record.client_id).await {
+            Ok(queued) => record.queued = queued,
+            Err(e) if e.is_refused() => unreadable.push((i, e.to_string())),
+            Err(e) => return Err(e),
+        }
+    }
+    for (i, cause) in unreadable.into_iter().rev() {
+        let record = loaded.sessions.remove(i);
+        loaded.set_aside.push(SetAside {
+            client_id: record.client_id,
+            cause,
+        });
+    }
+    Ok(())
+}
 
 /// Rebuilds the broker's state from `loaded` (nothing without a storage writer).
-pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
+pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState) {
     let Some(p) = broker.persist.get() else {
         return;
     };
@@ -52,6 +102,8 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     let mut wills_now: Vec<(String, Will)> = Vec::new();
     let mut left_shared: Vec<(String, Vec<Delivery>)> = Vec::new();
     let mut restored = 0usize;
+    let mut backlogs = std::mem::take(&mut loaded.backlogs);
+    let mut left_in_storage = 0usize;
     for record in loaded.sessions {
         let client_id = record.client_id.clone();
         if record.is_expired(now_ms) || record.session_expiry_interval == 0 {
@@ -69,9 +121,18 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
             left_shared.push((client_id, shared_left(&messages, &record)));
             continue;
         }
-        match restore_session(broker, p, &messages, record, now, now_ms) {
-            Ok(Some(will)) => wills_now.push((client_id, will)),
-            Ok(None) => {}
+        let backlog = backlogs.remove(&client_id).map(|b| Backlog {
+            len: b.len,
+            last_seq: b.last_seq,
+        });
+        let has_backlog = backlog.is_some();
+        match restore_session(broker, p, &messages, record, backlog, now, now_ms) {
+            Ok(will) => {
+                left_in_storage += usize::from(has_backlog);
+                if let Some(will) = will {
+                    wills_now.push((client_id, will));
+                }
+            }
             Err(cause) => {
                 tracing::error!(client_id = %client_id, "stored session cannot be restored, set aside: {cause}");
                 let count = p.set_aside_client(client_id);
@@ -86,12 +147,15 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, loaded: LoadedState) {
     }
     tracing::info!(
         sessions = restored,
+        queues_left_in_storage = left_in_storage,
         messages = messages.len(),
         retained = loaded.retained.len(),
         set_aside = p.set_aside_count(),
         "restored from {} storage",
         p.storage_name()
     );
+    // Held while backlogs are left in storage: they refer to them.
+    broker.held.hold(messages, left_in_storage);
     broker.revoke_unauthorized();
     for (client_id, left) in left_shared {
         broker.pass_on(&client_id, left);
@@ -235,12 +299,14 @@ fn restore_retained(
     }
 }
 
-/// Restores one session; returns its will when it is due now.
+/// Restores one session, with its `backlog` left in storage if any; returns its will when it
+/// is due now.
 fn restore_session(
     broker: &Arc<BrokerState>,
     p: &Arc<Persister>,
     messages: &Restored,
     record: SessionRecord,
+    backlog: Option<Backlog>,
     now: Instant,
     now_ms: u64,
 ) -> Result<Option<Will>, String> {
@@ -273,6 +339,9 @@ fn restore_session(
             record.certificate.as_deref().map(Arc::from),
         );
         restore_queue(p, messages, &record, &mut st, now)?;
+        if let Some(backlog) = backlog {
+            st.restore_backlog(backlog);
+        }
         for f in &record.inflight {
             st.restore_inflight(inflight_from(messages, f)?);
         }

@@ -53,6 +53,9 @@ impl BrokerState {
     /// another identity connecting with its client identifier (another user name, another
     /// certificate, or none where there was one) gets a new session, as with Clean Start, so
     /// it never sees the owner's subscriptions, queued or in-flight messages.
+    ///
+    /// Errors: the session's queue left in storage at the restart cannot be read now
+    /// (`BrokerState::load_backlog`); the connection is refused, the session kept.
     pub(crate) async fn take_session(
         &self,
         client_id: &Arc<str>,
@@ -61,7 +64,7 @@ impl BrokerState {
         version: ProtocolVersion,
         expiry_interval: u32,
         mut will: Option<Will>,
-    ) -> (Arc<Session>, Arc<Link>, bool) {
+    ) -> Result<(Arc<Session>, Arc<Link>, bool), mercurio_storage::StorageError> {
         let link = Arc::new(Link::new());
         // Whether this connection took over a connected client (rather than a session whose
         // client was away): it decides the fate of a will waiting for its delay below.
@@ -117,10 +120,16 @@ impl BrokerState {
                     self.end_session(&old);
                     continue;
                 }
+                // A restored session's queue left in storage comes back before the session
+                // is attached, and so before anything is drained (`backlog.rs`).
+                if old.state.lock().backlog().is_some() {
+                    self.load_backlog(&old).await?;
+                    continue;
+                }
                 if !old.attach(&link, version, expiry_interval, &mut will) {
                     continue;
                 }
-                return (old, link, true);
+                return Ok((old, link, true));
             }
             let fresh = Arc::new(Session::new(
                 Arc::clone(client_id),
@@ -133,7 +142,7 @@ impl BrokerState {
             }
             fresh.attach(&link, version, expiry_interval, &mut will);
             sessions.insert(Arc::clone(client_id), Arc::clone(&fresh));
-            return (fresh, link, false);
+            return Ok((fresh, link, false));
         }
     }
 }

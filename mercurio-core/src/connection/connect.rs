@@ -583,7 +583,7 @@ pub(super) async fn accept(
         ));
     }
     // Take the session over [MQTT-3.1.4-3], or start a new one [MQTT-3.1.2-4].
-    let (session, link, session_present) = broker
+    let taken = broker
         .take_session(
             &client_id,
             crate::broker::Owner {
@@ -596,6 +596,15 @@ pub(super) async fn accept(
             will,
         )
         .await;
+    let (session, link, session_present) = match taken {
+        Ok(taken) => taken,
+        Err(e) => {
+            return Err(refuse(
+                ReasonCode::SERVER_UNAVAILABLE,
+                &format!("its stored queue cannot be read now: {e}"),
+            ))
+        }
+    };
 
     broker.events.fire(|| Event::Connected {
         client_id: client_id.to_string(),

@@ -279,8 +279,21 @@ impl BrokerBuilder {
             Some(storage) => Some(storage),
             None => open_configured(&self.config.storage).await?,
         };
+        let checks_access =
+            auth.checks_access() || listener_auth.iter().flatten().any(|a| a.checks_access());
+        // Queues are left in storage, read when their clients come back (`broker::backlog`);
+        // with access checks, read now (`read_needed_queues`).
         let loaded = match &storage {
-            Some(storage) => Some(storage.load().await?),
+            Some(storage) => {
+                let mut loaded = storage.load_without_queues().await?;
+                crate::broker::restore::read_needed_queues(
+                    storage.as_ref(),
+                    &mut loaded,
+                    checks_access,
+                )
+                .await?;
+                Some(loaded)
+            }
             None => None,
         };
         if let Some(stored) = &stored {
@@ -309,8 +322,7 @@ impl BrokerBuilder {
         let durable_ack = self.config.storage.durable_ack;
         let pending_limits = crate::persist::PendingLimits::from_config(&self.config.storage);
         let mut inner = BrokerState::new(self.config);
-        inner.checks_access =
-            auth.checks_access() || listener_auth.iter().flatten().any(|a| a.checks_access());
+        inner.checks_access = checks_access;
         inner.auth = auth;
         inner.events = Events::new(self.event_capacity);
         inner.interceptors = self.interceptors;
@@ -491,7 +503,7 @@ impl SessionInfo {
             connected: st.is_connected(),
             protocol_level: st.protocol().level(),
             subscriptions: st.subscriptions().len(),
-            queued: st.queue().len(),
+            queued: st.queued_len(),
             inflight: st.inflight().len(),
         }
     }

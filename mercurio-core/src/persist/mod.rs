@@ -389,7 +389,7 @@ impl Persister {
         } else {
             // A new session: written whole (it may already hold subscriptions or messages if
             // it was made before this call).
-            p.emit(p.session_written(client_id, &st));
+            p.emit(p.session_written(client_id, &st, Vec::new()));
         }
     }
 
@@ -426,8 +426,14 @@ impl Persister {
     }
 
     /// The whole session as stored (QoS 0 messages are not kept), with the messages it
-    /// refers to.
-    pub(crate) fn session_written(&self, client_id: &str, st: &SessionState) -> Change {
+    /// refers to; its queue is `backlog` (the part left in storage at the restore, read back,
+    /// its messages stored) then the deliveries in memory.
+    pub(crate) fn session_written(
+        &self,
+        client_id: &str,
+        st: &SessionState,
+        backlog: Vec<QueuedRecord>,
+    ) -> Change {
         let mut record = SessionRecord::new(header(client_id, st));
         let mut subs: Vec<_> = st
             .subscriptions()
@@ -446,15 +452,16 @@ impl Persister {
             });
             id
         };
-        record.queued = st
-            .queue()
-            .iter()
-            .filter(|q| q.qos > QoS::AtMostOnce)
-            .map(|q| QueuedRecord {
-                seq: q.seq,
-                delivery: delivery_record(stored(&q.msg), q),
-            })
-            .collect();
+        record.queued = backlog;
+        record.queued.extend(
+            st.queue()
+                .iter()
+                .filter(|q| q.qos > QoS::AtMostOnce)
+                .map(|q| QueuedRecord {
+                    seq: q.seq,
+                    delivery: delivery_record(stored(&q.msg), q),
+                }),
+        );
         record.inflight = st
             .inflight()
             .iter()
@@ -477,6 +484,11 @@ impl Persister {
         let mut set_aside = self.set_aside.lock();
         set_aside.insert(client_id);
         set_aside.len()
+    }
+
+    /// The storage backend, for reads made after the restore (a session's backlog).
+    pub(crate) fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
     }
 
     /// The storage backend's name, for logs.

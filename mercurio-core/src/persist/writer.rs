@@ -411,11 +411,31 @@ impl BatchWriter {
         let mut batch = Vec::new();
         for client_id in dirty {
             let session = sessions.lock().get(client_id.as_str()).cloned();
+            // A backlog still in storage is written again with the rest of the queue: read
+            // first (what storage holds above its last position is in memory).
+            let backlog = session.as_ref().and_then(|s| s.state.lock().backlog());
+            let stored = match backlog {
+                None => Vec::new(),
+                Some(b) => match self.persister.storage().load_queue(&client_id).await {
+                    Ok(queued) => queued.into_iter().filter(|q| q.seq <= b.last_seq).collect(),
+                    Err(e) => {
+                        tracing::warn!(%client_id, "cannot read the stored queue to write the session again, retried later: {e}");
+                        self.dirty.insert(client_id);
+                        continue;
+                    }
+                },
+            };
             let change = session
                 .and_then(|s| {
                     let st = s.state.lock();
+                    // Read into memory meanwhile: the queue in memory holds it.
+                    let stored = if st.backlog().is_some() {
+                        stored
+                    } else {
+                        Vec::new()
+                    };
                     (!st.ended() && st.expiry_interval() > 0)
-                        .then(|| self.persister.session_written(&client_id, &st))
+                        .then(|| self.persister.session_written(&client_id, &st, stored))
                 })
                 .unwrap_or(Change::SessionDeleted { client_id });
             batch.push(change);

@@ -5,9 +5,11 @@
 //! A session is shared (`Arc<Session>`): publishers' tasks push into its queue while the
 //! owning connection's writer drains it. Everything sits behind one short-held mutex.
 
+mod backlog;
 mod queue;
 mod state;
 
+pub(crate) use backlog::Backlog;
 pub(crate) use queue::{Queue, QueueLimits};
 
 use std::collections::{HashMap, VecDeque};
@@ -99,6 +101,9 @@ pub(crate) struct SessionState {
     subscriptions: LazyMap<String, Granted>,
     /// Deliveries waiting for the client, with the bytes they hold.
     queue: Queue,
+    /// The queue's part left in storage at the restore, ahead of `queue` (`backlog.rs`).
+    /// Boxed: only restored sessions whose client has not come back have one.
+    backlog: Option<Box<Backlog>>,
     /// Outbound QoS 1/2 messages, in the order they were first sent.
     inflight: VecDeque<Inflight>,
     /// Inbound QoS 2 packet identifiers whose PUBREC was sent, awaiting PUBREL (changed
@@ -250,6 +255,7 @@ impl Session {
                 generation: 0,
                 ended: false,
                 dropping: None,
+                backlog: None,
                 dropped: 0,
                 own_limits: None,
                 remote_bridge: false,
@@ -299,7 +305,7 @@ impl Session {
         }
         let own = st.own_limits.as_deref().copied();
         let limits = own.as_ref().unwrap_or(limits);
-        let len = st.queue.len();
+        let len = st.queued_len();
         // The limit that refuses it, if any (named in the warning).
         let limit = if delivery.qos == QoS::AtMostOnce && len >= limits.max_qos0_messages {
             Some("max_queued_qos0_messages")
@@ -346,7 +352,7 @@ impl Session {
         // empty, or stops for a reason that wakes it again (an acknowledgement opening the
         // window, the write chunk limit, which loops), and a wake-up while it runs is kept
         // as a permit. So no `Arc<Link>` clone and drop, and no `notify_one`, per message.
-        let was_empty = len == 0;
+        let was_empty = st.queue.is_empty();
         st.queue.push_back_costing(delivery, bytes);
         if was_empty {
             st.woken_unfilled = true;
@@ -485,6 +491,9 @@ pub(crate) struct Ended {
     /// Its queued and unacknowledged deliveries made through shared subscriptions, for
     /// other members of their groups (MQTT 5.0 section 4.8.2).
     pub shared: Vec<Delivery>,
+    /// It ended with its backlog in storage (never read: none of it was made through a
+    /// shared subscription, see `broker/backlog.rs`).
+    pub had_backlog: bool,
 }
 
 /// The session's life: taken by a connection, left, ended; its subscriptions.
@@ -505,7 +514,8 @@ impl Session {
         will: &mut Option<Will>,
     ) -> bool {
         let mut st = self.state.lock();
-        if st.ended || st.link.is_some() {
+        // A backlog still in storage is read first (`BrokerState::load_backlog`).
+        if st.ended || st.link.is_some() || st.backlog.is_some() {
             return false;
         }
         st.link = Some(Arc::clone(link));
@@ -576,12 +586,14 @@ impl Session {
         shared.retain(|q| q.share.is_some());
         let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
         let will = st.take_will();
+        let had_backlog = st.drop_backlog();
         drop(st);
         self.release_waiters();
         Some(Ended {
             filters,
             will,
             shared,
+            had_backlog,
         })
     }
 

@@ -1,7 +1,7 @@
 //! The restore's read: every table in one round of queries, each row read with the checks
 //! shared with SQLite ([`crate::rows`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use tokio_postgres::{Client, Row};
 
@@ -9,7 +9,7 @@ use crate::rows::{
     self, Columns, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
     SUBSCRIPTION_COLUMNS,
 };
-use crate::{LoadedState, SetAside};
+use crate::{Backlog, LoadedState, QueuedRecord, SetAside};
 
 fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, String> {
     row.try_get::<_, T>(i).map_err(|e| {
@@ -29,15 +29,25 @@ fn per_client<T>(found: &[Row], read: impl Fn(&Row) -> Result<T, String>) -> row
 }
 
 /// Everything stored: sessions with their collections (those that cannot be read set aside),
-/// and the retained messages.
-pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postgres::Error> {
+/// and the retained messages. With `queues` false, each session's queue is left in storage
+/// and counted ([`LoadedState::backlogs`]).
+pub(super) async fn load_all(
+    client: &Client,
+    queues: bool,
+) -> Result<LoadedState, tokio_postgres::Error> {
     let subscriptions_sql = format!(
         "SELECT client_id, {SUBSCRIPTION_COLUMNS} FROM mercurio_subscriptions \
          ORDER BY client_id, filter"
     );
-    let queued_sql = format!(
-        "SELECT client_id, seq, {DELIVERY_COLUMNS} FROM mercurio_queued ORDER BY client_id, seq"
-    );
+    let queued_sql = if queues {
+        format!(
+            "SELECT client_id, seq, {DELIVERY_COLUMNS} FROM mercurio_queued \
+             ORDER BY client_id, seq"
+        )
+    } else {
+        "SELECT client_id, count(*), min(seq), max(seq) FROM mercurio_queued GROUP BY client_id"
+            .to_string()
+    };
     let inflight_sql = format!(
         "SELECT client_id, packet_id, state, {DELIVERY_COLUMNS} FROM mercurio_inflight \
          ORDER BY client_id, ord"
@@ -66,9 +76,14 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
             &[],
         ),
     )?;
+    let (queued, mut backlogs) = if queues {
+        (per_client(&queued, rows::queued), HashMap::new())
+    } else {
+        (rows::PerClient::new(), backlogs(&queued)?)
+    };
     let mut children = rows::Sessions {
         subscriptions: per_client(&subs, rows::subscription),
-        queued: per_client(&queued, rows::queued),
+        queued,
         inflight: per_client(&inflight, rows::inflight),
         inbound: per_client(&inbound, rows::inbound),
     };
@@ -85,7 +100,12 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
             }
         };
         match children.read(&client_id, row) {
-            Ok(record) => state.sessions.push(record),
+            Ok(record) => {
+                if let Some(backlog) = backlogs.remove(&record.client_id) {
+                    state.backlogs.insert(record.client_id.clone(), backlog);
+                }
+                state.sessions.push(record);
+            }
             Err(cause) => state.set_aside.push(SetAside { client_id, cause }),
         }
     }
@@ -132,4 +152,39 @@ pub(super) async fn load_all(client: &Client) -> Result<LoadedState, tokio_postg
         }
     }
     Ok(state)
+}
+
+/// Each queue's count and positions, per client, from rows of `client_id, count, min(seq),
+/// max(seq)`.
+fn backlogs(found: &[Row]) -> Result<HashMap<String, Backlog>, tokio_postgres::Error> {
+    let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+    let mut out = HashMap::new();
+    for row in found {
+        let client_id: String = row.try_get(0)?;
+        let len = unsigned(row.try_get(1)?);
+        if len > 0 {
+            out.insert(
+                client_id,
+                Backlog {
+                    len,
+                    first_seq: unsigned(row.try_get(2)?),
+                    last_seq: unsigned(row.try_get(3)?),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// The queue of `client_id`, in order; `Err` names a row that cannot be read.
+pub(super) async fn load_queue(
+    client: &Client,
+    client_id: &str,
+) -> Result<Result<Vec<QueuedRecord>, String>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT client_id, seq, {DELIVERY_COLUMNS} FROM mercurio_queued WHERE client_id = $1 \
+         ORDER BY seq"
+    );
+    let found = client.query(&sql, &[&client_id]).await?;
+    Ok(found.iter().map(rows::queued).collect())
 }

@@ -53,6 +53,74 @@ pub(super) fn load_all(conn: &Connection) -> rusqlite::Result<rows::PerClient<Qu
     Ok(out)
 }
 
+/// Each stored queue's count and positions, per client, without reading its deliveries
+/// (SQLite counts each chunk's JSON array). A chunk that is not a JSON array sets its session
+/// aside, as [`load_all`] would.
+pub(super) fn load_backlogs(
+    conn: &Connection,
+) -> rusqlite::Result<(
+    HashMap<String, crate::Backlog>,
+    rows::PerClient<QueuedRecord>,
+)> {
+    let mut backlogs = HashMap::new();
+    let mut damaged = rows::PerClient::new();
+    let mut stmt = conn.prepare(
+        "SELECT client_id, min(readable), sum(iif(readable, json_array_length(entries), 0)), \
+         min(first_seq), max(last_seq) FROM (SELECT client_id, entries, first_seq, last_seq, \
+         CASE WHEN json_valid(entries) THEN json_type(entries) = 'array' ELSE 0 END AS readable \
+         FROM queue_chunks) GROUP BY client_id",
+    )?;
+    let mut found = stmt.query([])?;
+    while let Some(row) = found.next()? {
+        let Ok(client_id) = row.get::<_, String>(0) else {
+            continue;
+        };
+        let readable: bool = row.get::<_, Option<bool>>(1)?.unwrap_or(false);
+        let len = u64::try_from(row.get::<_, i64>(2)?).unwrap_or(0);
+        let first_seq = u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0);
+        let last_seq = u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0);
+        if !readable {
+            damaged.insert(
+                client_id,
+                Err("queued messages: not a JSON array".to_string()),
+            );
+        } else if len > 0 {
+            backlogs.insert(
+                client_id,
+                crate::Backlog {
+                    len,
+                    first_seq,
+                    last_seq,
+                },
+            );
+        }
+    }
+    Ok((backlogs, damaged))
+}
+
+/// The queue of `client_id`, in order; `Err` names a chunk that cannot be read.
+pub(super) fn load_one(
+    conn: &Connection,
+    client_id: &str,
+) -> rusqlite::Result<Result<Vec<QueuedRecord>, String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT entries FROM queue_chunks WHERE client_id = ?1 ORDER BY first_seq",
+    )?;
+    let mut found = stmt.query([client_id])?;
+    let mut out = Vec::new();
+    while let Some(row) = found.next()? {
+        let text: String = match row.get(0) {
+            Ok(text) => text,
+            Err(e) => return Ok(Err(format!("queued messages: {e}"))),
+        };
+        match decode(&text) {
+            Ok(mut more) => out.append(&mut more),
+            Err(e) => return Ok(Err(format!("queued messages: {e}"))),
+        }
+    }
+    Ok(Ok(out))
+}
+
 /// The deliveries of the chunk of `client_id` starting at `first`.
 fn read_chunk(
     tx: &Transaction<'_>,

@@ -1,8 +1,9 @@
 //! Persistence with mercuriod as a process on a SQLite database: restarts after SIGTERM and
 //! after SIGKILL (sessions of 3.1.1 clean session 0 and 5.0 session expiry, queued QoS 1/2
 //! messages, an in-flight QoS 2 message, retained messages, the will of a client connected at
-//! the crash), durable_ack under SIGKILL in the middle of a QoS 1 stream, and a second daemon
-//! on the same database. A small blocking client on the broker's codec; waits have deadlines.
+//! the crash), durable_ack under SIGKILL in the middle of a QoS 1 stream, a queue left in
+//! storage at the restart and read back under SIGKILL mid-drain, and a second daemon on the
+//! same database. A small blocking client on the broker's codec; waits have deadlines.
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
@@ -238,6 +239,92 @@ fn durable_ack_loses_no_acknowledged_message_under_sigkill() {
     }
     for i in &acked {
         assert!(received.contains(i), "acknowledged message {i} lost");
+    }
+    stop(daemon, libc::SIGTERM);
+}
+
+/// A restart leaves an offline session's queue in storage; messages published after it queue
+/// behind the stored ones; a SIGKILL once the client has taken part of the queue loses
+/// nothing (durable_ack): after the next restart the client gets the rest, in order, from at
+/// most the first message it had not acknowledged on.
+#[test]
+fn a_queue_left_in_storage_survives_sigkill_mid_drain() {
+    const STORED: u32 = 300;
+    const AFTER: u32 = 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("mercurio.db");
+    let cfg = config(dir.path(), &db, true);
+    let socket = dir.path().join("admin.sock");
+    let mut text = std::fs::read_to_string(&cfg).expect("config");
+    text.push_str(&format!("\n[admin]\nsocket = \"{}\"\n", socket.display()));
+    std::fs::write(&cfg, text).expect("config");
+    let start = |cfg: &Path| Daemon::with_file(cfg).socket(&socket).start();
+    let daemon = start(&cfg);
+    let (mut sub, _) = Client::connect(
+        daemon.addr(),
+        connect_packet(ProtocolVersion::V5, "sub", true),
+    );
+    sub.subscribe("s", QoS::AtLeastOnce);
+    sub.disconnect();
+    let (mut publisher, _) = Client::connect(
+        daemon.addr(),
+        connect_packet(ProtocolVersion::V311, "pub", false),
+    );
+    for i in 0..STORED {
+        publisher.publish("s", &i.to_be_bytes(), QoS::AtLeastOnce, false);
+    }
+    publisher.disconnect();
+    stop(daemon, libc::SIGTERM);
+
+    let daemon = start(&cfg);
+    let show = daemon.admin(r#"{"command":"client.show","client_id":"sub"}"#);
+    assert_eq!(
+        show["result"]["queued"], STORED,
+        "the stored queue is counted: {show}"
+    );
+    let (mut publisher, _) = Client::connect(
+        daemon.addr(),
+        connect_packet(ProtocolVersion::V311, "pub", false),
+    );
+    for i in STORED..STORED + AFTER {
+        publisher.publish("s", &i.to_be_bytes(), QoS::AtLeastOnce, false);
+    }
+    publisher.disconnect();
+    let (mut sub, present) = Client::connect(
+        daemon.addr(),
+        connect_packet(ProtocolVersion::V5, "sub", true),
+    );
+    assert!(present);
+    let number = |p: &mercurio_core::codec::Publish| {
+        u32::from_be_bytes(p.payload[..4].try_into().expect("4 bytes"))
+    };
+    for want in 0..100 {
+        let p = sub.expect_publish();
+        assert_eq!(number(&p), want, "in order");
+        sub.ack(&p);
+    }
+    sub.settle();
+    stop(daemon, libc::SIGKILL);
+
+    let daemon = start(&cfg);
+    let (mut sub, present) = Client::connect(
+        daemon.addr(),
+        connect_packet(ProtocolVersion::V5, "sub", true),
+    );
+    assert!(present);
+    let p = sub.expect_publish();
+    let first = number(&p);
+    sub.ack(&p);
+    assert!(
+        first <= 100,
+        "starts at or before the first unacknowledged: {first}"
+    );
+    let mut next = first + 1;
+    while next < STORED + AFTER {
+        let p = sub.expect_publish();
+        assert_eq!(number(&p), next, "every message, in order");
+        sub.ack(&p);
+        next += 1;
     }
     stop(daemon, libc::SIGTERM);
 }

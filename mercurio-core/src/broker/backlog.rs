@@ -1,0 +1,216 @@
+//! Restored backlogs, read from storage when they are needed: a session restored with its
+//! queue left in storage ([`Backlog`]) gets it back when its client reconnects
+//! (`take_session`, before the session is attached and drained), so that a restart reads a
+//! row per session, not every queued delivery, and an offline fleet's backlog costs disk,
+//! not memory (ARCHITECTURE.md, "Restore").
+//!
+//! Which sessions are restored so: every one except the broker's own (`$internal/...`,
+//! attached without `take_session`) and those with a shared subscription, whose queue is read
+//! at the restore; none when access is checked (the restore applies the rules of the restart
+//! to every queued message, `restore::read_needed_queues`). A delivery made through a shared subscription is queued only while the
+//! session is in the group (leaving it passes those deliveries on), so a backlog left in
+//! storage holds none: a session that ends with its backlog unread (expiry, Clean Start,
+//! `delete-session`) has nothing to pass on, and storage deletes the backlog with it.
+//!
+//! The messages the backlogs refer to are restored with the rest ([`HeldMessages`]) and held
+//! until the last backlog is read or dropped: storage keeps a message the broker holds, so
+//! each one is there when its backlog is read.
+//!
+//! Each delivery read is checked as the restore would have: expired ones and those whose
+//! message cannot be read are dequeued from storage (logged), and with access control those
+//! the client may no longer read are dropped (`not_authorized`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mercurio_storage::{Change, QueuedRecord, StorageError};
+use parking_lot::Mutex;
+
+use super::BrokerState;
+use crate::auth::hooks::Action;
+use crate::message::Message;
+use crate::persist::records::{delivery_from, Restored};
+use crate::session::{Backlog, Delivery, Session};
+use crate::stats::DropCause;
+
+/// First wait before reading a backlog again after a transient storage error; doubled up to
+/// [`RETRY_MAX`], for at most [`RETRY_FOR`] in all (then the client is refused, and comes
+/// back later).
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+const RETRY_FOR: Duration = Duration::from_secs(5);
+
+/// The restored messages, held while sessions' backlogs are left in storage.
+/// Lock: a leaf (nothing is taken under it; any lock may be held).
+#[derive(Default)]
+pub(crate) struct HeldMessages {
+    inner: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    /// Every restored message by stored id; `None` once no backlog is left.
+    messages: Option<Arc<Restored>>,
+    /// Sessions whose backlog is still in storage.
+    pending: usize,
+}
+
+impl HeldMessages {
+    /// Holds `messages` for `pending` backlogs left in storage (nothing when 0).
+    pub(crate) fn hold(&self, messages: Restored, pending: usize) {
+        if pending > 0 {
+            *self.inner.lock() = Held {
+                messages: Some(Arc::new(messages)),
+                pending,
+            };
+        }
+    }
+
+    /// The restored messages, while a backlog is left.
+    fn messages(&self) -> Option<Arc<Restored>> {
+        self.inner.lock().messages.clone()
+    }
+
+    /// One backlog was read or dropped; after the last one, the messages no session holds
+    /// are released (their `Arc`s dropped with the lock released).
+    pub(crate) fn done(&self) {
+        let released = {
+            let mut held = self.inner.lock();
+            held.pending = held.pending.saturating_sub(1);
+            if held.pending == 0 {
+                held.messages.take()
+            } else {
+                None
+            }
+        };
+        drop(released);
+    }
+}
+
+/// A backlog read from storage, checked: what goes to the queue and what is dropped.
+struct Read {
+    deliveries: Vec<Delivery>,
+    /// Positions to dequeue from storage: expired, unreadable or not authorized.
+    dequeued: Vec<u64>,
+    not_authorized: Vec<Arc<Message>>,
+}
+
+impl BrokerState {
+    /// Reads the backlog of `session` from storage, if it has one, and puts it at the head
+    /// of its queue. `Ok` once the session has no backlog: installed, by this call or
+    /// another, or the session ended. A transient storage error is retried (logged) for up to
+    /// [`RETRY_FOR`]; then, or at once when storage must stop (fenced, closed), the error,
+    /// the backlog left in storage for a later attempt. A backlog storage cannot read
+    /// ([`ErrorKind::Refused`](mercurio_storage::ErrorKind::Refused)) is given up: logged as
+    /// an error, its rows left to be deleted with the session. Call it with no lock held.
+    pub(crate) async fn load_backlog(&self, session: &Arc<Session>) -> Result<(), StorageError> {
+        let mut wait = RETRY_FIRST;
+        let give_up = Instant::now() + RETRY_FOR;
+        loop {
+            let Some(backlog) = session.state.lock().backlog() else {
+                return Ok(());
+            };
+            let Some(p) = self.persist.get() else {
+                return Ok(());
+            };
+            match p.storage().load_queue(&session.client_id).await {
+                Ok(records) => {
+                    let read = self.check_backlog(session, backlog, records);
+                    self.install_backlog(session, read);
+                    return Ok(());
+                }
+                Err(e) if e.is_transient() && Instant::now() + wait < give_up => {
+                    tracing::warn!(client_id = %session.client_id, "cannot read the stored queue, retrying in {wait:?}: {e}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_MAX);
+                }
+                Err(e) if e.is_transient() || e.must_stop() => return Err(e),
+                Err(e) => {
+                    tracing::error!(client_id = %session.client_id, queued = backlog.len, "stored queue cannot be read, its messages are not delivered: {e}");
+                    self.install_backlog(
+                        session,
+                        Read {
+                            deliveries: Vec::new(),
+                            dequeued: Vec::new(),
+                            not_authorized: Vec::new(),
+                        },
+                    );
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The deliveries of `records` that belong to `backlog` (storage may hold deliveries
+    /// queued since the restore, above its last position: those are in memory), as restored.
+    fn check_backlog(
+        &self,
+        session: &Session,
+        backlog: Backlog,
+        records: Vec<QueuedRecord>,
+    ) -> Read {
+        let mut read = Read {
+            deliveries: Vec::with_capacity(records.len()),
+            dequeued: Vec::new(),
+            not_authorized: Vec::new(),
+        };
+        // Held from the restore for as long as a backlog is pending, which this one is.
+        let Some(messages) = self.held.messages() else {
+            tracing::error!(client_id = %session.client_id, "stored queue read after its messages were released: not delivered");
+            return read;
+        };
+        let now = Instant::now();
+        for q in records.iter().filter(|q| q.seq <= backlog.last_seq) {
+            match delivery_from(&messages, &q.delivery, q.seq) {
+                Ok(d) if d.msg.is_expired(now) => read.dequeued.push(q.seq),
+                Ok(d)
+                    if self.checks_access
+                        && !session.is_internal()
+                        && !self.check_now(session, &d.msg.topic, Action::Read) =>
+                {
+                    read.dequeued.push(q.seq);
+                    read.not_authorized.push(d.msg);
+                }
+                Ok(d) => read.deliveries.push(d),
+                Err(cause) => {
+                    tracing::error!(client_id = %session.client_id, seq = q.seq, "stored queued message cannot be restored, dropped: {cause}");
+                    read.dequeued.push(q.seq);
+                }
+            }
+        }
+        read
+    }
+
+    /// Puts `read` at the head of the queue of `session` and dequeues from storage what it
+    /// drops, under the session's lock (in order with its other changes); nothing when the
+    /// session has no backlog any more.
+    fn install_backlog(&self, session: &Session, read: Read) {
+        let installed = {
+            let mut st = session.state.lock();
+            let installed = st.install_backlog(read.deliveries);
+            if installed {
+                if let Some(p) = self.persist.get() {
+                    for seq in &read.dequeued {
+                        p.emit(Change::MessageDequeued {
+                            client_id: session.client_id.to_string(),
+                            seq: *seq,
+                        });
+                    }
+                }
+            }
+            installed
+        };
+        if !installed {
+            return;
+        }
+        self.held.done();
+        for msg in &read.not_authorized {
+            self.dropped(
+                Some(&session.client_id),
+                &msg.topic,
+                DropCause::NotAuthorized,
+            );
+        }
+        tracing::debug!(client_id = %session.client_id, dropped = read.dequeued.len(), "stored queue read");
+    }
+}
