@@ -266,16 +266,44 @@ impl PostgresStorage {
             return Err(StorageError::fatal("the PostgreSQL storage is closed"));
         };
         let result = write_batch(writer, batch, self.epoch(), start).await;
+        self.written(guard, result).await
+    }
+
+    /// The end of a write on the writer connection: a refusal by epoch stops the broker; a
+    /// transient error drops a closed connection and asks whether a takeover caused it.
+    async fn written(
+        &self,
+        mut guard: tokio::sync::MutexGuard<'_, Option<WriteConnection>>,
+        result: Result<(), WriteError>,
+    ) -> Result<(), StorageError> {
         match result {
             Err(WriteError::Fenced(epoch)) => Err(self.fenced(epoch)),
             Err(WriteError::Storage(e)) => {
-                if e.is_transient() && writer.client.is_closed() {
+                if !e.is_transient() {
+                    return Err(e);
+                }
+                if guard.as_ref().is_some_and(|w| w.client.is_closed()) {
                     *guard = None;
                 }
-                Err(e)
+                drop(guard);
+                Err(self.fenced_since().await.unwrap_or(e))
             }
             Ok(()) => Ok(()),
         }
+    }
+
+    /// Whether another broker took over since our epoch, asked on a new connection. A standby
+    /// that takes over ends the serving broker's connections, so the replaced broker's next
+    /// write fails with a lost connection before it can read the epoch: this turns that into
+    /// [`ErrorKind::Fenced`]. `None` when the epoch is still ours or cannot be read.
+    async fn fenced_since(&self) -> Option<StorageError> {
+        let client = connect(&self.config).await.ok()?;
+        let row = client
+            .query_opt("SELECT epoch FROM mercurio_leader WHERE id = 1", &[])
+            .await
+            .ok()??;
+        let current: i64 = row.get(0);
+        (current != self.epoch()).then(|| self.fenced(current))
     }
 }
 
@@ -401,16 +429,8 @@ impl Storage for PostgresStorage {
         let Some(writer) = guard.as_mut() else {
             return Err(StorageError::fatal("the PostgreSQL storage is closed"));
         };
-        match plan::write_access(writer, changes, self.epoch()).await {
-            Err(WriteError::Fenced(epoch)) => Err(self.fenced(epoch)),
-            Err(WriteError::Storage(e)) => {
-                if e.is_transient() && writer.client.is_closed() {
-                    *guard = None;
-                }
-                Err(e)
-            }
-            Ok(()) => Ok(()),
-        }
+        let result = plan::write_access(writer, changes, self.epoch()).await;
+        self.written(guard, result).await
     }
 
     async fn flush(&self) -> Result<(), StorageError> {
