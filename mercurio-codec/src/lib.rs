@@ -5,6 +5,8 @@
 //! - [`topic`]: topic names, topic filters and shared-subscription filters: validation and
 //!   matching (MQTT 5.0 sections 4.7 and 4.8.2).
 //!
+//! - [`client`] (feature `client`): an async MQTT client on the codec, over any byte stream.
+//!
 //! The broker (`mercurio-core`) re-exports both as `mercurio_core::codec` and
 //! `mercurio_core::topic`.
 //!
@@ -12,8 +14,12 @@
 //! - bytes: payloads and buffers shared without copies (`Bytes`, `BytesMut`), as the broker
 //!   holds them;
 //! - thiserror: the `Display` of the error enums ([`codec::DecodeError`],
-//!   [`codec::EncodeError`], [`topic::TopicError`]).
+//!   [`codec::EncodeError`], [`topic::TopicError`], `client::ClientError`);
+//! - tokio (feature `client` only): the `AsyncRead` / `AsyncWrite` traits a transport is,
+//!   the timers of the keep alive and the CONNACK wait, and `select!`; no runtime is started.
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod codec;
 pub mod topic;
 
