@@ -141,12 +141,7 @@ impl<T: Transport> Connection<T> {
         options: &ConnectOptions,
     ) -> Result<&ConnAck, ClientError> {
         let packet = Packet::Connect(Box::new(connect.clone()));
-        let start = self.out.len();
-        codec::encode(&packet, self.version, &mut self.out)
-            .map_err(|e| ClientError::encode("CONNECT", e))?;
-        if options.bridge_bit {
-            set_bridge_bit(&mut self.out[start..]);
-        }
+        encode_connect(&packet, self.version, options, &mut self.out)?;
         self.observe(Direction::Sent, &packet);
         self.flush().await?;
         self.keep_alive =
@@ -370,6 +365,26 @@ impl<T: Transport> Connection<T> {
     pub async fn close(&mut self) {
         self.transport.close().await;
     }
+}
+
+/// Encodes `connect` (a [`Packet::Connect`]) for `version` after what `out` holds, as
+/// [`Connection::connect`] sends it: with the bridge bit when `options.bridge_bit`.
+///
+/// # Errors
+///
+/// [`ClientError::Encode`]; `out` is left as it was.
+pub fn encode_connect(
+    connect: &Packet,
+    version: ProtocolVersion,
+    options: &ConnectOptions,
+    out: &mut BytesMut,
+) -> Result<(), ClientError> {
+    let start = out.len();
+    codec::encode(connect, version, out).map_err(|e| ClientError::encode(connect.name(), e))?;
+    if options.bridge_bit {
+        set_bridge_bit(&mut out[start..]);
+    }
+    Ok(())
 }
 
 /// Sets the 0x80 bit of the protocol level of an encoded CONNECT: after the fixed header

@@ -19,7 +19,7 @@ mod error;
 use std::collections::{HashMap, HashSet};
 
 pub use connection::{
-    ConnectOptions, Connection, Direction, Transport, CONNACK_TIMEOUT, MAX_PACKET,
+    encode_connect, ConnectOptions, Connection, Direction, Transport, CONNACK_TIMEOUT, MAX_PACKET,
 };
 pub use error::ClientError;
 
