@@ -184,14 +184,14 @@ impl<T: Transport> Client<T> {
         filters: Vec<SubscribeFilter>,
         properties: Properties,
     ) -> Result<u16, ClientError> {
-        let packet_id = self.next_packet_id();
-        let subscribe = Subscribe {
-            packet_id,
-            filters,
-            properties,
-        };
-        self.conn.send(&Packet::Subscribe(subscribe)).await?;
-        Ok(packet_id)
+        self.send_with_id(|packet_id| {
+            Packet::Subscribe(Subscribe {
+                packet_id,
+                filters,
+                properties,
+            })
+        })
+        .await
     }
 
     /// Sends UNSUBSCRIBE (MQTT 5.0 section 3.10) with a new packet identifier, returned; its
@@ -205,13 +205,20 @@ impl<T: Transport> Client<T> {
         filters: Vec<String>,
         properties: Properties,
     ) -> Result<u16, ClientError> {
+        self.send_with_id(|packet_id| {
+            Packet::Unsubscribe(Unsubscribe {
+                packet_id,
+                filters,
+                properties,
+            })
+        })
+        .await
+    }
+
+    /// Sends the packet `make` builds around a new packet identifier; returns the identifier.
+    async fn send_with_id(&mut self, make: impl FnOnce(u16) -> Packet) -> Result<u16, ClientError> {
         let packet_id = self.next_packet_id();
-        let unsubscribe = Unsubscribe {
-            packet_id,
-            filters,
-            properties,
-        };
-        self.conn.send(&Packet::Unsubscribe(unsubscribe)).await?;
+        self.conn.send(&make(packet_id)).await?;
         Ok(packet_id)
     }
 
