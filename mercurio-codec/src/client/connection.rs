@@ -222,6 +222,20 @@ impl<T: Transport> Connection<T> {
         &self.transport
     }
 
+    /// The transport and the bytes read from it but not yet decoded, for a caller that
+    /// parses and writes on its own for a while (a load generator's hot loop). What it reads
+    /// must be appended to the buffer and what it takes out removed from its front; what it
+    /// writes does not count for the keep alive.
+    pub fn parts_mut(&mut self) -> (&mut T, &mut BytesMut) {
+        (&mut self.transport, &mut self.rbuf)
+    }
+
+    /// The transport and the bytes read from it but not yet decoded, the connection ended
+    /// (for instance to split the transport into halves).
+    pub fn into_parts(self) -> (T, BytesMut) {
+        (self.transport, self.rbuf)
+    }
+
     fn observe(&mut self, direction: Direction, packet: &Packet) {
         if let Some(f) = &mut self.observer {
             f(direction, packet);
