@@ -9,7 +9,6 @@ use bytes::Bytes;
 use mercurio_codec::client::{ClientError, ConnectOptions, Connection, MAX_PACKET};
 use mercurio_core::codec::{
     Connect, Packet, Properties, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
-    SubscriptionOptions,
 };
 use tokio::runtime::Runtime;
 
@@ -121,13 +120,7 @@ impl Client {
     pub fn subscribe(&mut self, filter: &str, qos: QoS) {
         self.send(Packet::Subscribe(Subscribe {
             packet_id: 1,
-            filters: vec![SubscribeFilter {
-                filter: filter.into(),
-                options: SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            }],
+            filters: vec![SubscribeFilter::new(filter, qos)],
             properties: Properties::default(),
         }));
         assert!(matches!(self.recv(), Some(Packet::SubAck(_))));

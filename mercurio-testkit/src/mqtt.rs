@@ -8,7 +8,6 @@ use std::net::{SocketAddr, TcpStream};
 use bytes::{Bytes, BytesMut};
 use mercurio_core::codec::{
     self, Connect, Packet, Properties, ProtocolVersion, Publish, QoS, Subscribe, SubscribeFilter,
-    SubscriptionOptions,
 };
 
 use crate::DEADLINE;
@@ -67,20 +66,12 @@ impl Mqtt {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
         let mut mqtt = Mqtt(stream);
-        let mut properties = Properties::default();
+        let mut connect = Connect::new(version(level), client_id);
+        connect.clean_start = clean;
+        connect.keep_alive = 60;
         if level == 5 && !clean {
-            properties.session_expiry_interval = Some(3600);
+            connect.properties.session_expiry_interval = Some(3600);
         }
-        let connect = Connect {
-            protocol: version(level),
-            clean_start: clean,
-            keep_alive: 60,
-            client_id: client_id.into(),
-            will: None,
-            username: None,
-            password: None,
-            properties,
-        };
         mqtt.send(&encoded(Packet::Connect(Box::new(connect)), version(level)));
         let (kind, body) = mqtt.read().expect("CONNACK before the close");
         assert_eq!(kind, 0x20, "CONNACK expected, got {kind:#x} {body:?}");
@@ -97,13 +88,10 @@ impl Mqtt {
     pub fn subscribe(&mut self, level: u8, filter: &str, qos: u8) {
         let subscribe = Subscribe {
             packet_id: 1,
-            filters: vec![SubscribeFilter {
-                filter: filter.into(),
-                options: SubscriptionOptions {
-                    qos: QoS::from_u8(qos).expect("QoS 0, 1 or 2"),
-                    ..Default::default()
-                },
-            }],
+            filters: vec![SubscribeFilter::new(
+                filter,
+                QoS::from_u8(qos).expect("QoS 0, 1 or 2"),
+            )],
             properties: Properties::default(),
         };
         self.send(&encoded(Packet::Subscribe(subscribe), version(level)));

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use mercurio_core::codec::{self, Properties, Publish, PublishRef, QoS};
+use mercurio_core::codec::{self, Properties, Publish, QoS};
 use mercurio_core::topic;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines, Stdin};
 
@@ -186,7 +186,7 @@ pub async fn publish_all(
                 };
                 // The broker would close the connection on a larger packet [MQTT-3.1.2-24].
                 if let Some(max) = session.connack.properties.maximum_packet_size {
-                    let size = codec::publish_encoded_len(&publish_ref(&publish), session.version);
+                    let size = codec::publish_encoded_len(&codec::publish_ref(&publish), session.version);
                     if size > max as usize {
                         return Err(Failure::new(
                             Exit::Rejected,
@@ -222,18 +222,6 @@ pub async fn publish_all(
         ));
     }
     Ok(())
-}
-
-fn publish_ref(p: &Publish) -> PublishRef<'_> {
-    PublishRef {
-        dup: p.dup,
-        qos: p.qos,
-        retain: p.retain,
-        topic: &p.topic,
-        packet_id: p.packet_id,
-        properties: &p.properties,
-        payload: &p.payload,
-    }
 }
 
 /// Runs `recado pub`: connects, publishes, waits for the acknowledgements, disconnects.

@@ -427,16 +427,7 @@ mod tests {
     fn the_bridge_bit_is_on_the_protocol_level() {
         for (version, at) in [(ProtocolVersion::V311, 8), (ProtocolVersion::V31, 10)] {
             let mut out = BytesMut::new();
-            let connect = Connect {
-                protocol: version,
-                clean_start: true,
-                keep_alive: 60,
-                client_id: "b".into(),
-                will: None,
-                username: None,
-                password: None,
-                properties: Default::default(),
-            };
+            let connect = Connect::new(version, "b");
             codec::encode(&Packet::Connect(Box::new(connect)), version, &mut out).unwrap();
             let level = out[at];
             set_bridge_bit(&mut out);

@@ -205,14 +205,15 @@ impl<T: Transport> Client<T> {
         filters: Vec<String>,
         properties: Properties,
     ) -> Result<u16, ClientError> {
-        self.send_with_id(|packet_id| {
-            Packet::Unsubscribe(Unsubscribe {
+        let unsubscribe = |packet_id| {
+            let packet = Unsubscribe {
                 packet_id,
                 filters,
                 properties,
-            })
-        })
-        .await
+            };
+            Packet::Unsubscribe(packet)
+        };
+        self.send_with_id(unsubscribe).await
     }
 
     /// Sends the packet `make` builds around a new packet identifier; returns the identifier.
@@ -346,16 +347,7 @@ mod tests {
     const V5: ProtocolVersion = ProtocolVersion::V5;
 
     fn connect_packet() -> Connect {
-        Connect {
-            protocol: V5,
-            clean_start: true,
-            keep_alive: 0,
-            client_id: "c".into(),
-            will: None,
-            username: None,
-            password: None,
-            properties: Properties::default(),
-        }
+        Connect::new(V5, "c")
     }
 
     /// The server's side: reads one packet, writes packets.

@@ -186,8 +186,9 @@ pub fn encode_properties(props: &Properties, out: &mut BytesMut) -> Result<(), E
     result
 }
 
-/// A [`PublishRef`] borrowing an owned [`Publish`].
-fn publish_ref(p: &Publish) -> PublishRef<'_> {
+/// A [`PublishRef`] borrowing an owned [`Publish`] (for [`encode_publish`] and
+/// [`publish_encoded_len`]).
+pub fn publish_ref(p: &Publish) -> PublishRef<'_> {
     PublishRef {
         dup: p.dup,
         qos: p.qos,

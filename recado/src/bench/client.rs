@@ -13,7 +13,6 @@ use bytes::Buf;
 use mercurio_codec::client::{self, ClientError, Connection};
 use mercurio_core::codec::{
     ConnAck, Connect, Packet, Properties, ProtocolVersion, QoS, Subscribe, SubscribeFilter,
-    SubscriptionOptions,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -139,13 +138,7 @@ impl Client {
             packet_id: 1,
             filters: filters
                 .iter()
-                .map(|f| SubscribeFilter {
-                    filter: f.clone(),
-                    options: SubscriptionOptions {
-                        qos,
-                        ..Default::default()
-                    },
-                })
+                .map(|f| SubscribeFilter::new(f.as_str(), qos))
                 .collect(),
             properties: Properties::default(),
         };
