@@ -13,6 +13,8 @@
 //!
 //! Session state lives as long as the [`Client`]: a new connection starts a new one.
 
+#![warn(missing_docs)]
+
 mod connection;
 mod error;
 

@@ -1,7 +1,7 @@
 //! Encoding: every packet of MQTT 3.1, 3.1.1 and 5.0 into a buffer, in the shortest form
 //! the specification allows.
 //!
-//! Each packet body is produced by one function run twice over a [`Sink`]: first counting
+//! Each packet body is produced by one function run twice over a `Sink`: first counting
 //! bytes (which also validates every field), then writing into the output after the fixed
 //! header. Nothing is written when a field cannot be encoded, and nothing is truncated.
 
