@@ -5,9 +5,7 @@
 
 use bytes::{Bytes, BytesMut};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use mercurio::codec::{
-    self, Connect, LastWill, Packet, Properties, ProtocolVersion, Publish, PublishRef, QoS,
-};
+use mercurio::codec::{self, Connect, LastWill, Packet, Properties, ProtocolVersion, Publish, QoS};
 
 /// The properties a typical MQTT 5.0 publisher sends: content type, message expiry,
 /// correlation data, response topic and two user properties.
@@ -112,15 +110,7 @@ fn bench_publish(c: &mut Criterion) {
         let mut encode = c.benchmark_group(format!("publish_encode_{what}"));
         for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
             let p = publish(version, payload);
-            let r = PublishRef {
-                dup: p.dup,
-                qos: p.qos,
-                retain: p.retain,
-                topic: &p.topic,
-                packet_id: p.packet_id,
-                properties: &p.properties,
-                payload: &p.payload,
-            };
+            let r = codec::publish_ref(&p);
             let mut out = BytesMut::with_capacity(8192);
             encode.throughput(Throughput::Bytes(
                 codec::publish_encoded_len(&r, version) as u64

@@ -78,16 +78,10 @@ fn encode(p: Packet) -> BytesMut {
 }
 
 fn connect(client_id: &str) -> BytesMut {
-    encode(Packet::Connect(Box::new(Connect {
-        protocol: ProtocolVersion::V311,
-        clean_start: true,
-        keep_alive: 0,
-        client_id: client_id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Properties::default(),
-    })))
+    encode(Packet::Connect(Box::new(Connect::new(
+        ProtocolVersion::V311,
+        client_id,
+    ))))
 }
 
 fn subscribe(filter: &str) -> BytesMut {

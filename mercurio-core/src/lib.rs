@@ -5,7 +5,8 @@
 //! pushes one shared [`message::Message`] into each subscriber's [`session`] queue, which wakes
 //! that subscriber's writer; the writer drains its queue into one buffer and one write.
 //!
-//! Dependencies: tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
+//! Dependencies: mercurio-codec (the packet codec and topic rules, re-exported as [`codec`]
+//! and [`topic`]), tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
 //! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
 //! configuration), tracing (logs), async-trait (hook traits), mercurio-storage (the `Storage`
 //! trait and backends; its `sqlite` feature through ours).
@@ -38,7 +39,8 @@ mod busy_poll;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod cluster_status;
-pub mod codec;
+/// The MQTT codec, from the `mercurio-codec` crate.
+pub use mercurio_codec::codec;
 pub mod config;
 pub mod config_file;
 mod connection;

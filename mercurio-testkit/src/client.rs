@@ -1,24 +1,29 @@
-//! A blocking MQTT client on the broker's codec (used by the tests that restart daemons:
-//! persistence, standby). Every wait ends by [`DEADLINE`].
+//! A blocking MQTT client on the shared client's [`Connection`] (`mercurio_codec::client`),
+//! driven by a runtime of its own (used by the tests that restart daemons: persistence,
+//! standby). The tests see every packet: nothing is acknowledged for them. Every wait ends by
+//! [`DEADLINE`].
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use mercurio_codec::client::{ClientError, ConnectOptions, Connection, MAX_PACKET};
 use mercurio_core::codec::{
-    self, Connect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, Subscribe,
-    SubscribeFilter, SubscriptionOptions,
+    Connect, Packet, Properties, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
 };
+use tokio::runtime::Runtime;
 
 use crate::DEADLINE;
 
+/// Largest packet accepted from the broker, in bytes.
+const MAX_INCOMING: u32 = 1 << 20;
+
 /// One MQTT connection; its methods panic on what a test does not expect.
 pub struct Client {
-    /// The connection.
+    /// The connection's socket (the same one the client reads and writes, in non-blocking
+    /// mode): shutting it down from another thread ends a [`Client::recv`] there.
     pub stream: TcpStream,
-    version: ProtocolVersion,
-    buf: BytesMut,
+    conn: Connection<tokio::net::TcpStream>,
+    runtime: Runtime,
     next_id: u16,
 }
 
@@ -27,44 +32,51 @@ impl Client {
     pub fn connect(addr: SocketAddr, connect: Connect) -> (Client, bool) {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).ok();
-        let mut c = Client {
+        stream.set_nonblocking(true).expect("non-blocking socket");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let io = {
+            let _entered = runtime.enter();
+            tokio::net::TcpStream::from_std(stream.try_clone().expect("clone the socket"))
+                .expect("register the socket")
+        };
+        let mut conn = Connection::new(io, connect.protocol, MAX_INCOMING.min(MAX_PACKET));
+        let options = ConnectOptions {
+            connack_timeout: DEADLINE,
+            bridge_bit: false,
+        };
+        let session_present = match runtime.block_on(conn.connect(&connect, &options)) {
+            Ok(ack) => ack.session_present,
+            Err(ClientError::Refused { code, .. }) => panic!("CONNACK {code:?}"),
+            Err(e) => panic!("expected CONNACK, got {e}"),
+        };
+        let c = Client {
             stream,
-            version: connect.protocol,
-            buf: BytesMut::new(),
+            conn,
+            runtime,
             next_id: 1,
         };
-        c.send(Packet::Connect(Box::new(connect)));
-        match c.recv() {
-            Some(Packet::ConnAck(a)) => {
-                assert!(!a.reason_code.is_failure(), "CONNACK {:?}", a.reason_code);
-                (c, a.session_present)
-            }
-            other => panic!("expected CONNACK, got {other:?}"),
-        }
+        (c, session_present)
     }
 
     /// Writes one packet.
     pub fn send(&mut self, p: Packet) {
-        let mut out = BytesMut::new();
-        codec::encode(&p, self.version, &mut out).expect("encode");
-        self.stream.write_all(&out).expect("write");
+        self.runtime.block_on(self.conn.send(&p)).expect("write");
     }
 
     /// The next packet; `None` when the connection closed.
     pub fn recv(&mut self) -> Option<Packet> {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(p) = codec::decode(&mut self.buf, self.version, 1 << 20).expect("decode") {
-                return Some(p);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "no packet before the deadline");
-            self.stream.set_read_timeout(Some(left)).ok();
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            }
+        let conn = &mut self.conn;
+        let read = self
+            .runtime
+            .block_on(async { tokio::time::timeout(DEADLINE, conn.recv()).await });
+        match read {
+            Err(_) => panic!("no packet before the deadline"),
+            Ok(Ok(p)) => Some(p),
+            Ok(Err(ClientError::Decode { error, .. })) => panic!("decode: {error}"),
+            Ok(Err(_)) => None,
         }
     }
 
@@ -108,13 +120,7 @@ impl Client {
     pub fn subscribe(&mut self, filter: &str, qos: QoS) {
         self.send(Packet::Subscribe(Subscribe {
             packet_id: 1,
-            filters: vec![SubscribeFilter {
-                filter: filter.into(),
-                options: SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            }],
+            filters: vec![SubscribeFilter::new(filter, qos)],
             properties: Properties::default(),
         }));
         assert!(matches!(self.recv(), Some(Packet::SubAck(_))));

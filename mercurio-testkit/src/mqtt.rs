@@ -1,46 +1,51 @@
-//! A few MQTT packets written by hand, for tests that check bytes on the wire.
+//! A raw MQTT connection, for tests that check bytes on the wire: packets encoded by the
+//! shared codec (`mercurio_core::codec`), or written by hand by the test, and read back as
+//! bytes.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+
+use bytes::{Bytes, BytesMut};
+use mercurio_core::codec::{
+    self, Connect, Packet, Properties, ProtocolVersion, Publish, QoS, Subscribe, SubscribeFilter,
+};
 
 use crate::DEADLINE;
 
 /// A raw MQTT connection to 127.0.0.1.
 pub struct Mqtt(pub TcpStream);
 
-fn with_length(first: u8, body: &[u8]) -> Vec<u8> {
-    let mut packet = vec![first];
-    let mut n = body.len();
-    loop {
-        let mut byte = (n % 128) as u8;
-        n /= 128;
-        if n > 0 {
-            byte |= 0x80;
-        }
-        packet.push(byte);
-        if n == 0 {
-            break;
-        }
+/// The protocol of a protocol level: 3 (3.1), 4 (3.1.1) or 5.
+fn version(level: u8) -> ProtocolVersion {
+    match level {
+        3 => ProtocolVersion::V31,
+        4 => ProtocolVersion::V311,
+        5 => ProtocolVersion::V5,
+        _ => panic!("protocol level {level}: 3, 4 or 5"),
     }
-    packet.extend_from_slice(body);
-    packet
 }
 
-fn string(s: &str) -> Vec<u8> {
-    let mut v = (s.len() as u16).to_be_bytes().to_vec();
-    v.extend_from_slice(s.as_bytes());
-    v
+/// The bytes of `packet` in `version`.
+fn encoded(packet: Packet, version: ProtocolVersion) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    codec::encode(&packet, version, &mut out).expect("encode");
+    out.to_vec()
 }
 
 /// A 3.1.1 PUBLISH of `payload` to `topic` at `qos` 0 or 1 (packet identifier `id`, unused
 /// at QoS 0), as bytes for [`Mqtt::send`].
 pub fn publish_packet(topic: &str, qos: u8, id: u16, payload: &[u8]) -> Vec<u8> {
-    let mut body = string(topic);
-    if qos > 0 {
-        body.extend_from_slice(&id.to_be_bytes());
-    }
-    body.extend_from_slice(payload);
-    with_length(0x30 | (qos << 1), &body)
+    let qos = QoS::from_u8(qos).expect("QoS 0, 1 or 2");
+    let publish = Publish {
+        dup: false,
+        qos,
+        retain: false,
+        topic: topic.into(),
+        packet_id: if qos == QoS::AtMostOnce { 0 } else { id },
+        properties: Properties::default(),
+        payload: Bytes::copy_from_slice(payload),
+    };
+    encoded(Packet::Publish(publish), ProtocolVersion::V311)
 }
 
 impl Mqtt {
@@ -61,20 +66,13 @@ impl Mqtt {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
         let mut mqtt = Mqtt(stream);
-        let mut body = string(if level == 3 { "MQIsdp" } else { "MQTT" });
-        body.push(level);
-        body.push(if clean { 0x02 } else { 0x00 });
-        body.extend_from_slice(&60u16.to_be_bytes());
-        if level == 5 {
-            if clean {
-                body.push(0);
-            } else {
-                // Session Expiry Interval: 3600 s.
-                body.extend_from_slice(&[5, 0x11, 0, 0, 0x0e, 0x10]);
-            }
+        let mut connect = Connect::new(version(level), client_id);
+        connect.clean_start = clean;
+        connect.keep_alive = 60;
+        if level == 5 && !clean {
+            connect.properties.session_expiry_interval = Some(3600);
         }
-        body.extend_from_slice(&string(client_id));
-        mqtt.send(&with_length(0x10, &body));
+        mqtt.send(&encoded(Packet::Connect(Box::new(connect)), version(level)));
         let (kind, body) = mqtt.read().expect("CONNACK before the close");
         assert_eq!(kind, 0x20, "CONNACK expected, got {kind:#x} {body:?}");
         assert_eq!(body[1], 0, "CONNACK code for {client_id}: {body:?}");
@@ -88,13 +86,15 @@ impl Mqtt {
 
     /// Subscribes (packet id 1) and waits for SUBACK.
     pub fn subscribe(&mut self, level: u8, filter: &str, qos: u8) {
-        let mut body = 1u16.to_be_bytes().to_vec();
-        if level == 5 {
-            body.push(0);
-        }
-        body.extend_from_slice(&string(filter));
-        body.push(qos);
-        self.send(&with_length(0x82, &body));
+        let subscribe = Subscribe {
+            packet_id: 1,
+            filters: vec![SubscribeFilter::new(
+                filter,
+                QoS::from_u8(qos).expect("QoS 0, 1 or 2"),
+            )],
+            properties: Properties::default(),
+        };
+        self.send(&encoded(Packet::Subscribe(subscribe), version(level)));
         let (kind, _) = self.read().expect("SUBACK");
         assert_eq!(kind, 0x90, "SUBACK expected");
     }

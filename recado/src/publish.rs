@@ -1,11 +1,10 @@
 //! `recado pub`: publish a message, a file, standard input, or one message per line
 //! (mosquitto_pub), waiting for the acknowledgement of every QoS 1 and 2 message.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use mercurio_core::codec::{self, Packet, Properties, Publish, PublishRef, QoS};
+use mercurio_core::codec::{self, Properties, Publish, QoS};
 use mercurio_core::topic;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines, Stdin};
 
@@ -158,30 +157,19 @@ pub async fn publish_all(
         }
     }
     let window = usize::from(session.receive_maximum()).min(1000);
-    let mut inflight: HashSet<u16> = HashSet::new();
     let mut refused = 0u64;
     let mut source_done = false;
     let mut alias_set = false;
     loop {
-        if source_done && inflight.is_empty() {
+        if source_done && session.in_flight() == 0 {
             break;
         }
-        let can_send = !source_done && inflight.len() < window;
+        let can_send = !source_done && session.in_flight() < window;
         tokio::select! {
             next = source.next(), if can_send => {
                 let Some(payload) = next? else {
                     source_done = true;
                     continue;
-                };
-                let packet_id = if qos == QoS::AtMostOnce {
-                    0
-                } else {
-                    let mut id = session.next_packet_id();
-                    while inflight.contains(&id) {
-                        id = session.next_packet_id();
-                    }
-                    inflight.insert(id);
-                    id
                 };
                 // With a Topic Alias, the topic goes once; then the alias stands for it.
                 let topic = if alias_set { String::new() } else { topic.to_string() };
@@ -191,13 +179,14 @@ pub async fn publish_all(
                     qos,
                     retain,
                     topic,
-                    packet_id,
+                    // Allocated by the session (QoS 1 and 2).
+                    packet_id: 0,
                     properties: properties.clone(),
                     payload,
                 };
                 // The broker would close the connection on a larger packet [MQTT-3.1.2-24].
                 if let Some(max) = session.connack.properties.maximum_packet_size {
-                    let size = codec::publish_encoded_len(&publish_ref(&publish), session.version);
+                    let size = codec::publish_encoded_len(&codec::publish_ref(&publish), session.version);
                     if size > max as usize {
                         return Err(Failure::new(
                             Exit::Rejected,
@@ -205,12 +194,12 @@ pub async fn publish_all(
                         ));
                     }
                 }
-                session.send(&Packet::Publish(publish)).await?;
+                session.publish(publish).await?;
             }
             event = session.next() => {
                 match event? {
                     Event::Published { packet_id, reason } => {
-                        if inflight.remove(&packet_id) && reason.is_failure() {
+                        if reason.is_failure() {
                             refused += 1;
                             if !quiet {
                                 eprintln!(
@@ -233,18 +222,6 @@ pub async fn publish_all(
         ));
     }
     Ok(())
-}
-
-fn publish_ref(p: &Publish) -> PublishRef<'_> {
-    PublishRef {
-        dup: p.dup,
-        qos: p.qos,
-        retain: p.retain,
-        topic: &p.topic,
-        packet_id: p.packet_id,
-        properties: &p.properties,
-        payload: &p.payload,
-    }
 }
 
 /// Runs `recado pub`: connects, publishes, waits for the acknowledgements, disconnects.

@@ -161,3 +161,18 @@ impl Transport {
         }
     }
 }
+
+/// The shared client's view of the connection: MQTT bytes in and out, whatever the framing.
+impl mercurio_codec::client::Transport for Transport {
+    async fn read_into(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        self.read(buf).await
+    }
+
+    async fn write_flush(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.write(bytes).await
+    }
+
+    async fn close(&mut self) {
+        Transport::close(self).await
+    }
+}

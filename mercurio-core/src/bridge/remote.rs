@@ -1,16 +1,21 @@
-//! The bridge's connection to its remote broker, as an MQTT client built on the project's own
-//! codec: TCP or TLS (rustls, the CA of `cafile`, the client certificate of `certfile` and
-//! `keyfile`), CONNECT with the bridge's will, CONNACK, then packets read and written whole.
+//! The bridge's connection to its remote broker, on the shared MQTT client's [`Connection`]
+//! (crate `mercurio-codec`): TCP or TLS (rustls, the CA of `cafile`, the client certificate
+//! of `certfile` and `keyfile`), CONNECT with the bridge's will, CONNACK, then packets read
+//! and written whole. Acknowledgements and packet identifiers stay with the bridge: they
+//! live in its session, in storage.
 
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+#[cfg(test)]
+use bytes::BytesMut;
+use mercurio_codec::client::{ClientError, ConnectOptions, Connection};
 use rustls::pki_types::ServerName;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::PrivateKeyDer;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -196,15 +201,10 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
-/// A connected remote broker.
+/// A connected remote broker: a [`Connection`] of the shared client over TCP or TLS.
 pub(crate) struct Remote {
-    reader: ReadHalf<Box<dyn Io>>,
-    writer: WriteHalf<Box<dyn Io>>,
-    inbuf: BytesMut,
-    /// Largest packet accepted from the remote, bytes (fixed header included): a larger one
-    /// is refused from its fixed header, before its body is read.
-    max_incoming: u32,
-    /// Set when a packet over `max_incoming` ended the connection.
+    conn: Connection<Box<dyn Io>>,
+    /// Set when a packet over the bridge's largest incoming packet ended the connection.
     pub too_large: bool,
     pub version: ProtocolVersion,
     pub connack: ConnAck,
@@ -223,7 +223,7 @@ impl Remote {
         timeout: Duration,
         max_incoming: u32,
     ) -> Result<Remote, ConnectError> {
-        let attempt = Self::connect_inner(cfg, tls, address, private, max_incoming);
+        let attempt = Self::connect_inner(cfg, tls, address, private, timeout, max_incoming);
         match tokio::time::timeout(timeout, attempt).await {
             Ok(r) => r,
             Err(_) => Err(ConnectError::Closed(format!(
@@ -238,6 +238,7 @@ impl Remote {
         tls: Option<&TlsConnector>,
         address: &str,
         private: bool,
+        timeout: Duration,
         max_incoming: u32,
     ) -> Result<Remote, ConnectError> {
         let default_port = if tls.is_some() { 8883 } else { 1883 };
@@ -259,106 +260,95 @@ impl Remote {
             }
             None => Box::new(tcp),
         };
-        let (reader, writer) = tokio::io::split(io);
         let version = match cfg.protocol_version {
             BridgeProtocol::Mqttv5 => ProtocolVersion::V5,
             BridgeProtocol::Mqttv311 => ProtocolVersion::V311,
         };
-        let mut remote = Remote {
-            reader,
-            writer,
-            inbuf: BytesMut::with_capacity(8192),
-            max_incoming,
+        let mut conn = Connection::new(io, version, max_incoming);
+        let options = ConnectOptions {
+            connack_timeout: timeout,
+            bridge_bit: private,
+        };
+        let connack = match conn
+            .connect(&connect_packet(cfg, version, max_incoming), &options)
+            .await
+        {
+            Ok(ack) => ack.clone(),
+            Err(ClientError::Refused { code, version, .. }) => {
+                return Err(ConnectError::Refused(code, version))
+            }
+            Err(ClientError::Encode { error, .. }) => {
+                return Err(ConnectError::Io(format!("CONNECT: {error}")))
+            }
+            Err(ClientError::NotConnAck(name)) => {
+                return Err(ConnectError::Closed(format!("{name} instead of CONNACK")))
+            }
+            Err(ClientError::ConnackTimeout(s)) => {
+                return Err(ConnectError::Closed(format!("no CONNACK within {s} s")))
+            }
+            Err(e) => return Err(ConnectError::Closed(format!("no CONNACK: {e}"))),
+        };
+        Ok(Remote {
+            conn,
             too_large: false,
             version,
-            connack: ConnAck::default(),
-        };
-        let mut out = BytesMut::new();
-        encode_connect(cfg, version, private, max_incoming, &mut out)?;
-        remote
-            .write(&out)
-            .await
-            .map_err(|e| ConnectError::Closed(format!("write CONNECT: {e}")))?;
-        let packet = remote
-            .read()
-            .await
-            .map_err(|e| ConnectError::Closed(format!("no CONNACK: {e}")))?;
-        let Packet::ConnAck(ack) = packet else {
-            return Err(ConnectError::Closed(format!(
-                "{} instead of CONNACK",
-                packet.name()
-            )));
-        };
-        if ack.reason_code != ReasonCode::SUCCESS {
-            return Err(ConnectError::Refused(ack.reason_code, version));
-        }
-        remote.connack = ack;
-        Ok(remote)
+            connack,
+        })
     }
 
     /// The next packet already buffered, if any.
     pub(crate) fn buffered(&mut self) -> io::Result<Option<Packet>> {
-        codec::decode(&mut self.inbuf, self.version, self.max_incoming)
-            .map_err(|e| self.undecodable(e))
+        let r = self.conn.buffered();
+        r.map_err(|e| self.lost(e))
     }
 
-    /// The error for a packet that cannot be decoded; notes one over `max_incoming`, which
-    /// [`codec::check_frame`] finds from its fixed header.
-    fn undecodable(&mut self, e: codec::DecodeError) -> io::Error {
-        let mut why = e.to_string();
-        if let codec::DecodeError::PacketTooLarge { .. } = e {
-            self.too_large = true;
-            why.push_str(" (the bridge's max_packet_size)");
+    /// The I/O error for a connection lost; notes a packet over the bridge's largest
+    /// incoming one, which [`codec::check_frame`] finds from its fixed header.
+    fn lost(&mut self, e: ClientError) -> io::Error {
+        match e {
+            ClientError::Io(e) => e,
+            ClientError::Closed => io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed by the remote",
+            ),
+            ClientError::Decode { error, .. } => {
+                let mut why = error.to_string();
+                if let codec::DecodeError::PacketTooLarge { .. } = error {
+                    self.too_large = true;
+                    why.push_str(" (the bridge's max_packet_size)");
+                }
+                io::Error::new(io::ErrorKind::InvalidData, why)
+            }
+            other => io::Error::other(other.to_string()),
         }
-        io::Error::new(io::ErrorKind::InvalidData, why)
     }
 
     /// The next whole packet. Cancel safe: bytes read stay in the buffer.
     pub(crate) async fn read(&mut self) -> io::Result<Packet> {
-        loop {
-            match codec::decode(&mut self.inbuf, self.version, self.max_incoming) {
-                Ok(Some(p)) => return Ok(p),
-                Ok(None) => {}
-                Err(e) => return Err(self.undecodable(e)),
-            }
-            if self.reader.read_buf(&mut self.inbuf).await? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "connection closed by the remote",
-                ));
-            }
-        }
+        let r = self.conn.recv().await;
+        r.map_err(|e| self.lost(e))
     }
 
-    /// Writes `bytes` whole.
+    /// Writes `bytes` (packets encoded for the remote's version) whole.
     pub(crate) async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.writer.write_all(bytes).await?;
-        self.writer.flush().await
+        let r = self.conn.write_encoded(bytes).await;
+        r.map_err(|e| self.lost(e))
     }
 
     /// Receive Maximum of the remote (5.0 CONNACK; 65,535 when absent).
     pub(crate) fn receive_maximum(&self) -> u16 {
-        self.connack.properties.receive_maximum.unwrap_or(u16::MAX)
+        self.conn.receive_maximum()
     }
 
     /// Maximum Packet Size of the remote (5.0 CONNACK), in bytes.
     pub(crate) fn maximum_packet_size(&self) -> usize {
-        self.connack
-            .properties
-            .maximum_packet_size
-            .map_or(usize::MAX, |m| m as usize)
+        self.conn.maximum_packet_size()
     }
 }
 
 /// CONNECT for this bridge: its client id, Clean Start, keep alive, credentials, and the will
 /// that sets its state to 0 on the remote when notifications are on.
-fn encode_connect(
-    cfg: &BridgeConfig,
-    version: ProtocolVersion,
-    private: bool,
-    max_incoming: u32,
-    out: &mut BytesMut,
-) -> Result<(), ConnectError> {
+fn connect_packet(cfg: &BridgeConfig, version: ProtocolVersion, max_incoming: u32) -> Connect {
     let mut properties = Properties::default();
     if version.is_v5() && !cfg.clean_start {
         // Keep the session on the remote while the link is down [MQTT-3.1.2-23].
@@ -375,7 +365,7 @@ fn encode_connect(
         retain: true,
         properties: Properties::default(),
     });
-    let connect = Connect {
+    Connect {
         protocol: version,
         clean_start: cfg.clean_start,
         keep_alive: cfg.keepalive,
@@ -384,27 +374,6 @@ fn encode_connect(
         username: cfg.username.clone(),
         password: cfg.password.clone().map(Bytes::from),
         properties,
-    };
-    let start = out.len();
-    codec::encode(&Packet::Connect(Box::new(connect)), version, out)
-        .map_err(|e| ConnectError::Io(format!("CONNECT: {e}")))?;
-    if private {
-        set_private_bit(&mut out[start..]);
-    }
-    Ok(())
-}
-
-/// Sets the 0x80 bit of the protocol level of an encoded CONNECT (after the fixed header and
-/// the protocol name "MQTT").
-fn set_private_bit(connect: &mut [u8]) {
-    let mut i = 1;
-    while i < connect.len() && connect[i] & 0x80 != 0 {
-        i += 1;
-    }
-    // Fixed header (type byte + remaining length), then 2 + 4 bytes of "MQTT".
-    let level = i + 1 + 6;
-    if let Some(b) = connect.get_mut(level) {
-        *b |= 0x80;
     }
 }
 
@@ -424,6 +393,23 @@ pub(crate) fn refuses_private(e: &ConnectError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The CONNECT [`Remote::connect`] writes, encoded.
+    fn encode_connect(
+        cfg: &BridgeConfig,
+        version: ProtocolVersion,
+        private: bool,
+        max_incoming: u32,
+        out: &mut BytesMut,
+    ) -> Result<(), ClientError> {
+        let connect = Packet::Connect(Box::new(connect_packet(cfg, version, max_incoming)));
+        let options = ConnectOptions {
+            bridge_bit: private,
+            ..ConnectOptions::default()
+        };
+        mercurio_codec::client::encode_connect(&connect, version, &options, out)
+    }
 
     #[test]
     fn private_bit_on_the_protocol_level() {

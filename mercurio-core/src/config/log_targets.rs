@@ -13,7 +13,6 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::broker",
     "mercurio_core::busy_poll",
     "mercurio_core::cluster",
-    "mercurio_core::codec",
     "mercurio_core::config",
     "mercurio_core::connection",
     "mercurio_core::error",

@@ -1,5 +1,6 @@
-//! A minimal MQTT client over TCP or TLS, on mercurio-core's codec: connect, subscribe and the
-//! handful of packets a load generator needs. Reads go into one large buffer and writes are
+//! A minimal MQTT client over TCP or TLS, on the shared client's [`Connection`]
+//! (`mercurio_codec::client`): connect, subscribe and the handful of packets a load generator
+//! needs. Reads go into one large buffer and writes are
 //! batched by the callers (one `write_all` per batch), so that the generator is not the
 //! bottleneck. Nothing here is specific to any broker.
 
@@ -8,15 +9,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::Buf;
+use mercurio_codec::client::{self, ClientError, Connection};
 use mercurio_core::codec::{
-    self, ConnAck, Connect, Packet, Properties, ProtocolVersion, QoS, Subscribe, SubscribeFilter,
-    SubscriptionOptions,
+    ConnAck, Connect, Packet, Properties, ProtocolVersion, QoS, Subscribe, SubscribeFilter,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::stream::{write_flush, Stream};
+use crate::stream::Stream;
 use crate::tls::Tls;
 
 /// Largest packet the generator accepts from a broker.
@@ -32,10 +33,11 @@ pub struct Target {
     pub tls: Option<Arc<Tls>>,
 }
 
-/// A connected client: the stream, the bytes read but not yet decoded, and the version.
+/// A connected client: the shared client's [`Connection`] over the stream, and the version.
+/// The hot loops take the stream and the bytes read but not yet decoded from it
+/// ([`Connection::parts_mut`], [`Connection::into_parts`]) and parse PUBLISH in place.
 pub struct Client {
-    pub stream: Stream,
-    pub rbuf: BytesMut,
+    pub conn: Connection<Stream>,
     pub version: ProtocolVersion,
 }
 
@@ -50,6 +52,18 @@ pub struct ConnectOptions<'a> {
 
 fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
+}
+
+/// A client error as the generator reports it.
+fn io_err(e: ClientError) -> io::Error {
+    match e {
+        ClientError::Io(e) => e,
+        ClientError::ConnackTimeout(_) => err("no CONNACK in time"),
+        ClientError::Closed => err("connection closed before CONNACK"),
+        ClientError::Refused { code, .. } => err(format!("CONNACK refused: {code:?}")),
+        ClientError::NotConnAck(name) => err(format!("expected CONNACK, got {name}")),
+        other => err(other.to_string()),
+    }
 }
 
 impl Client {
@@ -73,11 +87,6 @@ impl Client {
                 }
             }
         };
-        let mut client = Client {
-            stream,
-            rbuf: BytesMut::with_capacity(4096),
-            version,
-        };
         let mut properties = Properties::default();
         if version.is_v5() {
             if opts.session_expiry > 0 {
@@ -96,39 +105,30 @@ impl Client {
             password: None,
             properties,
         };
-        client.send(&Packet::Connect(Box::new(connect))).await?;
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, client.recv()).await {
-            Err(_) => Err(err("no CONNACK in time")),
-            Ok(Ok(Some(Packet::ConnAck(ack)))) => {
-                if ack.reason_code.0 != 0 {
-                    return Err(err(format!("CONNACK refused: {:?}", ack.reason_code)));
-                }
-                Ok((client, ack))
-            }
-            Ok(Ok(Some(other))) => Err(err(format!("expected CONNACK, got {}", other.name()))),
-            Ok(Ok(None)) => Err(err("connection closed before CONNACK")),
-            Ok(Err(e)) => Err(e),
-        }
+        let mut conn = Connection::new(stream, version, MAX_PACKET);
+        let options = client::ConnectOptions {
+            connack_timeout: HANDSHAKE_TIMEOUT,
+            bridge_bit: false,
+        };
+        let ack = conn
+            .connect(&connect, &options)
+            .await
+            .map_err(io_err)?
+            .clone();
+        Ok((Client { conn, version }, ack))
     }
 
     /// Encodes and writes one packet.
     pub async fn send(&mut self, packet: &Packet) -> io::Result<()> {
-        let mut out = BytesMut::with_capacity(64);
-        codec::encode(packet, self.version, &mut out).map_err(|e| err(e.to_string()))?;
-        write_flush(&mut self.stream, &out).await
+        self.conn.send(packet).await.map_err(io_err)
     }
 
     /// Reads the next packet; `None` at end of stream.
     pub async fn recv(&mut self) -> io::Result<Option<Packet>> {
-        loop {
-            if let Some(p) = codec::decode(&mut self.rbuf, self.version, MAX_PACKET)
-                .map_err(|e| err(e.to_string()))?
-            {
-                return Ok(Some(p));
-            }
-            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-                return Ok(None);
-            }
+        match self.conn.recv().await {
+            Ok(p) => Ok(Some(p)),
+            Err(ClientError::Closed) => Ok(None),
+            Err(e) => Err(io_err(e)),
         }
     }
 
@@ -138,13 +138,7 @@ impl Client {
             packet_id: 1,
             filters: filters
                 .iter()
-                .map(|f| SubscribeFilter {
-                    filter: f.clone(),
-                    options: SubscriptionOptions {
-                        qos,
-                        ..Default::default()
-                    },
-                })
+                .map(|f| SubscribeFilter::new(f.as_str(), qos))
                 .collect(),
             properties: Properties::default(),
         };
@@ -175,9 +169,10 @@ impl Client {
     /// the next run (the next broker's), which is not what a benchmark compares.
     pub async fn disconnect(mut self) -> io::Result<()> {
         self.send(&Packet::Disconnect(Default::default())).await?;
+        let (stream, _) = self.conn.parts_mut();
         let mut scratch = [0u8; 256];
         let broker_closed = async {
-            while let Ok(n) = self.stream.read(&mut scratch).await {
+            while let Ok(n) = stream.read(&mut scratch).await {
                 if n == 0 {
                     break;
                 }
@@ -187,7 +182,8 @@ impl Client {
             .await
             .is_err()
         {
-            self.stream.shutdown().await?;
+            let (stream, _) = self.conn.parts_mut();
+            stream.shutdown().await?;
         }
         Ok(())
     }
@@ -255,8 +251,8 @@ pub fn parse_publish(frame: &[u8], version: ProtocolVersion) -> Option<PublishVi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
-    use mercurio_core::codec::Publish;
+    use bytes::{Bytes, BytesMut};
+    use mercurio_core::codec::{self, Publish};
 
     #[test]
     fn parse_publish_matches_the_codec() {

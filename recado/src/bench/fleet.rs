@@ -420,7 +420,7 @@ impl Device {
                         seq -= 1;
                         break;
                     }
-                    if let Err(e) = crate::stream::write_flush(&mut c.stream, &out).await {
+                    if let Err(e) = crate::stream::write_flush(c.conn.parts_mut().0, &out).await {
                         result.error = Some(format!("publish: {e}"));
                         pending.push((packet_id, seq));
                         break;

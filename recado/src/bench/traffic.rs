@@ -97,7 +97,8 @@ pub async fn subscribe_loop(
 ) -> SubResult {
     let version = c.version;
     let mut out = BytesMut::with_capacity(16 * 1024);
-    c.rbuf.reserve(256 * 1024);
+    let (stream, rbuf) = c.conn.parts_mut();
+    rbuf.reserve(256 * 1024);
     let err = loop {
         // Whatever is buffered (first: what the handshake left) is processed, then read more.
         {
@@ -105,12 +106,12 @@ pub async fn subscribe_loop(
             let mut new = 0u64;
             let mut off = 0;
             loop {
-                let frame_len = match codec::check_frame(&c.rbuf[off..], client::MAX_PACKET) {
+                let frame_len = match codec::check_frame(&rbuf[off..], client::MAX_PACKET) {
                     Ok(Some(n)) => n,
                     Ok(None) => break,
                     Err(e) => return fail(result, format!("subscriber: {e}")),
                 };
-                let frame = &c.rbuf[off..off + frame_len];
+                let frame = &rbuf[off..off + frame_len];
                 off += frame_len;
                 if let Some(p) = client::parse_publish(frame, version) {
                     if p.payload.len() >= STAMP {
@@ -155,25 +156,25 @@ pub async fn subscribe_loop(
                     Err(e) => return fail(result, format!("subscriber decode: {e}")),
                 }
             }
-            c.rbuf.advance(off);
+            rbuf.advance(off);
             if new > 0 {
                 shared.delivered.fetch_add(new, Ordering::Relaxed);
                 shared.last_delivery_ns.fetch_max(now, Ordering::Relaxed);
             }
             if !out.is_empty() {
-                if let Err(e) = crate::stream::write_flush(&mut c.stream, &out).await {
+                if let Err(e) = crate::stream::write_flush(stream, &out).await {
                     break Some(format!("subscriber write: {e}"));
                 }
                 out.clear();
             }
-            if c.rbuf.capacity() - c.rbuf.len() < 64 * 1024 {
-                c.rbuf.reserve(256 * 1024);
+            if rbuf.capacity() - rbuf.len() < 64 * 1024 {
+                rbuf.reserve(256 * 1024);
             }
         }
         tokio::select! {
             biased;
             _ = stop.changed() => break None,
-            r = c.stream.read_buf(&mut c.rbuf) => match r {
+            r = stream.read_buf(rbuf) => match r {
                 Ok(0) => break Some("subscriber: connection closed by the broker".to_string()),
                 Ok(_) => {}
                 Err(e) => break Some(format!("subscriber read: {e}")),
@@ -243,8 +244,8 @@ pub async fn publish(
 ) -> PubResult {
     let version = c.version;
     let qos = cfg.qos;
-    let (mut rd, mut wr) = c.stream.split();
-    let mut rbuf = c.rbuf;
+    let (stream, mut rbuf) = c.conn.into_parts();
+    let (mut rd, mut wr) = stream.split();
     let state = Arc::new((
         Mutex::new(AckState {
             free: (1..=cfg.inflight.max(1)).rev().collect(),

@@ -6,8 +6,8 @@
 //!
 //! - [`check_frame`]: is a whole packet buffered? (fixed header only; size limit enforced
 //!   before the body arrives);
-//! - [`decode`] / [`decode_packet`]: parse one packet, strictly;
-//! - [`encode`] / [`encode_publish`] / [`publish_encoded_len`]: write packets;
+//! - [`decode()`] / [`decode_packet`]: parse one packet, strictly;
+//! - [`encode()`] / [`encode_publish`] / [`publish_encoded_len`]: write packets;
 //! - [`encode_properties`] / [`decode_properties`]: a property block on its own, for storage.
 
 pub mod decode;

@@ -9,7 +9,7 @@ use super::reason::ReasonCode;
 /// Every variant is fatal for the connection: the broker answers with the reason code
 /// [`DecodeError::reason_code`] names (a DISCONNECT in 5.0, or a CONNACK when the packet was
 /// CONNECT) and closes it (MQTT 5.0 section 4.13). "More bytes are needed" is never an error:
-/// [`check_frame`](super::check_frame) and [`decode`](super::decode) return `Ok(None)` for it.
+/// [`check_frame`](super::check_frame) and [`decode`](super::decode()) return `Ok(None)` for it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// The bytes do not follow the specification's grammar (MQTT 5.0 section 1.2 "Malformed

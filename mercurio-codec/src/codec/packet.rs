@@ -124,6 +124,24 @@ pub struct Connect {
     pub properties: Properties,
 }
 
+impl Connect {
+    /// A CONNECT of `protocol` for `client_id` with Clean Start (Clean Session in 3.x) set,
+    /// the keep alive off (0 s), no will, no user name or password and no properties; the
+    /// fields are public to change any of these.
+    pub fn new(protocol: ProtocolVersion, client_id: impl Into<String>) -> Connect {
+        Connect {
+            protocol,
+            clean_start: true,
+            keep_alive: 0,
+            client_id: client_id.into(),
+            will: None,
+            username: None,
+            password: None,
+            properties: Properties::default(),
+        }
+    }
+}
+
 /// The Will Message of a CONNECT (MQTT 5.0 section 3.1.3.2 - 3.1.3.4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastWill {
@@ -201,6 +219,21 @@ pub struct SubscriptionOptions {
 pub struct SubscribeFilter {
     pub filter: String,
     pub options: SubscriptionOptions,
+}
+
+impl SubscribeFilter {
+    /// `filter` at maximum QoS `qos`, the other Subscription Options at their defaults (No
+    /// Local and Retain As Published off, Retain Handling 0: retained messages sent at
+    /// subscribe).
+    pub fn new(filter: impl Into<String>, qos: QoS) -> SubscribeFilter {
+        SubscribeFilter {
+            filter: filter.into(),
+            options: SubscriptionOptions {
+                qos,
+                ..SubscriptionOptions::default()
+            },
+        }
+    }
 }
 
 /// SUBSCRIBE (MQTT 5.0 section 3.8).

@@ -1,7 +1,7 @@
 //! Encoding: every packet of MQTT 3.1, 3.1.1 and 5.0 into a buffer, in the shortest form
 //! the specification allows.
 //!
-//! Each packet body is produced by one function run twice over a [`Sink`]: first counting
+//! Each packet body is produced by one function run twice over a `Sink`: first counting
 //! bytes (which also validates every field), then writing into the output after the fixed
 //! header. Nothing is written when a field cannot be encoded, and nothing is truncated.
 
@@ -186,8 +186,9 @@ pub fn encode_properties(props: &Properties, out: &mut BytesMut) -> Result<(), E
     result
 }
 
-/// A [`PublishRef`] borrowing an owned [`Publish`].
-fn publish_ref(p: &Publish) -> PublishRef<'_> {
+/// A [`PublishRef`] borrowing an owned [`Publish`] (for [`encode_publish`] and
+/// [`publish_encoded_len`]).
+pub fn publish_ref(p: &Publish) -> PublishRef<'_> {
     PublishRef {
         dup: p.dup,
         qos: p.qos,
