@@ -54,6 +54,29 @@ impl NatsServer {
     /// [`NatsServer::start`] with its client port `port` (0: a free one), to start it again
     /// where clients expect it.
     pub fn start_on(test: &str, port: u16) -> Option<NatsServer> {
+        NatsServer::launch(test, port, None)
+    }
+
+    /// A member of a NATS cluster (no JetStream, and not advertising the other members to its
+    /// clients): clients on `port` (0: a free one), routes
+    /// between servers on `cluster_port`, connecting to the members whose cluster ports are
+    /// `routes`. Returns once its ports accept connections (the routes may come later: see
+    /// [`NatsServer::routes`]). `None` as [`NatsServer::start`].
+    pub fn start_clustered(
+        test: &str,
+        port: u16,
+        cluster_port: u16,
+        routes: &[u16],
+    ) -> Option<NatsServer> {
+        NatsServer::launch(test, port, Some((cluster_port, routes)))
+    }
+
+    /// Routes to other servers of its NATS cluster now (`/routez`'s `num_routes`).
+    pub fn routes(&self) -> u64 {
+        self.monitor("/routez")["num_routes"].as_u64().unwrap_or(0)
+    }
+
+    fn launch(test: &str, port: u16, cluster: Option<(u16, &[u16])>) -> Option<NatsServer> {
         let Some(bin) = nats_server_bin() else {
             prerequisite(
                 test,
@@ -68,8 +91,28 @@ impl NatsServer {
         let mut command = Command::new(bin);
         command
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .args(["-m", &monitor_port.to_string(), "-js", "-sd"])
-            .arg(dir.path());
+            .args(["-m", &monitor_port.to_string()]);
+        match cluster {
+            None => {
+                command.args(["-js", "-sd"]).arg(dir.path());
+            }
+            Some((cluster_port, routes)) => {
+                command
+                    .arg("--cluster")
+                    .arg(format!("nats://127.0.0.1:{cluster_port}"))
+                    .args(["--cluster_name", "mercurio-test"])
+                    // Clients keep to the server they were given: a test stopping it cuts
+                    // them off NATS, rather than sending them to another member.
+                    .arg("--no_advertise");
+                if !routes.is_empty() {
+                    let routes: Vec<String> = routes
+                        .iter()
+                        .map(|p| format!("nats://127.0.0.1:{p}"))
+                        .collect();
+                    command.arg("--routes").arg(routes.join(","));
+                }
+            }
+        }
         let proc = Proc::spawn_merged("nats-server", &mut command);
         let deadline = Instant::now() + DEADLINE;
         for p in [port, monitor_port] {

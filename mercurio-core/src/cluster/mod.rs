@@ -21,6 +21,7 @@
 //! Dependency: `async-nats`, the NATS client of the NATS project (recorded in the crate's
 //! Cargo.toml).
 
+mod control;
 pub(crate) mod dedup;
 pub mod envelope;
 pub mod subject;
@@ -64,6 +65,10 @@ const OUT_BATCH: usize = 64;
 /// The running cluster link: its tasks, and the NATS connection they share.
 pub(crate) struct Cluster {
     tasks: Vec<JoinHandle<()>>,
+    /// This node's heartbeat subject, for the last one, at stop.
+    heartbeat_subject: String,
+    /// The connection of the retained changes and heartbeats.
+    control: async_nats::Client,
     client: async_nats::Client,
     /// The connection of the shared subscription groups' queue subscriptions.
     shares: async_nats::Client,
@@ -122,6 +127,28 @@ impl Cluster {
                     tracing::debug!("cluster: NATS (shared subscriptions): {event}");
                 }
             })
+            .connect(urls.clone())
+            .await
+            .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
+        // Retained changes and heartbeats, on a third connection (no echo): apart from the
+        // routed messages, and asking for the retained messages it missed at each (re)connection.
+        let connects = Arc::downgrade(broker);
+        let control_client = connect_options(cfg, format!("mercurio {} control", cfg.node_name))
+            .await?
+            .no_echo()
+            .event_callback(move |event| {
+                let connects = connects.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            if let Some(b) = connects.upgrade() {
+                                b.cluster.connects.notify_one();
+                            }
+                        }
+                        other => tracing::debug!("cluster: NATS (control): {other}"),
+                    }
+                }
+            })
             .connect(urls)
             .await
             .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
@@ -147,6 +174,23 @@ impl Cluster {
             },
         );
         let origin = incarnation();
+        // Retained messages held before the start (from storage) are older than any change
+        // made in the cluster.
+        let mut held = Vec::new();
+        broker
+            .retained
+            .lock()
+            .for_each_matching("#", |m: &Arc<Message>| held.push(m.topic.clone()));
+        broker.cluster.retained.start(&cfg.node_name, held);
+        let subjects = control::Subjects::new(&prefix, &cfg.node_name);
+        let heartbeat_subject = subjects.heartbeat_subject().to_string();
+        let control = tokio::spawn(control::run(
+            Arc::clone(broker),
+            control_client.clone(),
+            subjects,
+            origin,
+            Arc::clone(&id),
+        ));
         let out = tokio::spawn(send_out(
             Arc::clone(broker),
             Arc::clone(&session),
@@ -163,7 +207,9 @@ impl Cluster {
             prefix,
         ));
         Ok(Some(Cluster {
-            tasks: vec![out, inbound],
+            tasks: vec![out, inbound, control],
+            heartbeat_subject,
+            control: control_client,
             client,
             shares,
             session,
@@ -184,6 +230,10 @@ impl Cluster {
         broker.end_session(&self.session);
         // Bounded: with NATS unreachable neither would end.
         let grace = std::time::Duration::from_secs(2);
+        // The others show this node as gone at once.
+        let leaving = control::announce(broker, &self.control, &self.heartbeat_subject, true);
+        let _ = tokio::time::timeout(grace, leaving).await;
+        let _ = tokio::time::timeout(grace, self.control.drain()).await;
         let _ = tokio::time::timeout(grace, self.client.flush()).await;
         let _ = tokio::time::timeout(grace, self.client.drain()).await;
         let _ = tokio::time::timeout(grace, self.shares.drain()).await;
@@ -255,6 +305,10 @@ fn on_event(broker: &Weak<BrokerState>, log: &LinkLog, event: async_nats::Event)
     match event {
         async_nats::Event::Connected => {
             status.connected.store(true, Ordering::Relaxed);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            status.connected_since.store(now, Ordering::Relaxed);
             log.error_told.store(false, Ordering::Relaxed);
             if log.ever_connected.swap(true, Ordering::Relaxed) {
                 ClusterStatus::add(&status.reconnects, 1);

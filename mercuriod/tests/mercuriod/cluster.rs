@@ -426,3 +426,189 @@ fn a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster() {
     assert_eq!(got.len(), 40, "copies: {got:?}");
     drop((a, b, c));
 }
+
+/// The `cluster.status` answer of node `d`.
+fn cluster_status(d: &Daemon) -> serde_json::Value {
+    let answer = d.admin(r#"{"command":"cluster.status"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    answer["result"].clone()
+}
+
+/// A counter of `cluster.status` (`retained_in`, `nodes`...) on node `d`.
+fn status_count(d: &Daemon, key: &str) -> u64 {
+    cluster_status(d)[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} in cluster.status"))
+}
+
+/// The state `d` shows for node `name` in `cluster.status`.
+fn member_state(d: &Daemon, name: &str) -> Option<String> {
+    let status = cluster_status(d);
+    status["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == name)
+        .and_then(|m| m["state"].as_str().map(String::from))
+}
+
+/// Subscribes `c` to `filter` and returns the retained messages that come before the broker
+/// answers a PINGREQ sent after the SUBACK (retained messages are sent with the SUBACK).
+fn retained_for(c: &mut Client, filter: &str) -> Vec<(String, Vec<u8>)> {
+    c.subscribe(filter, QoS::AtMostOnce);
+    c.send(Packet::PingReq);
+    let mut got = Vec::new();
+    loop {
+        match c.recv() {
+            Some(Packet::PingResp) => return got,
+            Some(Packet::Publish(p)) => {
+                assert!(p.retain, "a retained message: {p:?}");
+                got.push((p.topic.clone(), p.payload.to_vec()));
+            }
+            other => panic!("expected PUBLISH or PINGRESP, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn retained_messages_are_cluster_wide_and_a_node_away_catches_up() {
+    const TEST: &str = "retained_messages_are_cluster_wide_and_a_node_away_catches_up";
+    if nats_server_bin().is_none() {
+        let _ = NatsServer::start(TEST);
+        return;
+    }
+    // Two NATS servers in one NATS cluster: A and B on the first, C on the second, which
+    // stops for a while below (C alone then loses NATS).
+    let (route1, route2, port2) = (free_port(), free_port(), free_port());
+    let nats1 = NatsServer::start_clustered(TEST, 0, route1, &[route2]).expect("nats-server");
+    let nats2 = NatsServer::start_clustered(TEST, port2, route2, &[route1]).expect("nats-server");
+    wait_until("the NATS servers routed", || {
+        nats1.routes() >= 1 && nats2.routes() >= 1
+    });
+    let extra = "[server]\nsys_interval = 1\n\n";
+    let cluster = "[cluster]\nheartbeat_interval = 1\n";
+    let start = |nats: &NatsServer, name: &str, more: &str, listeners: usize| {
+        let mut d = Daemon::start(&format!(
+            "{extra}{more}{cluster}nats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+            nats.url()
+        ));
+        d.wait_listeners(listeners);
+        d.wait_logged("the connection to NATS", |l| {
+            l.contains("cluster: connected to NATS")
+        });
+        d
+    };
+    let a = start(&nats1, "a", "", 1);
+    let b = start(&nats1, "b", "", 1);
+    let mut c = start(
+        &nats2,
+        "c",
+        "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\nmetrics = true\n\n",
+        2,
+    );
+    let c_metrics = c.addrs()[1];
+    wait_until("three nodes up, as A, B and C see it", || {
+        [&a, &b, &c].iter().all(|d| status_count(d, "nodes") == 3)
+    });
+
+    // Retained on A: a new subscriber on C gets it.
+    let mut pa = client(&a, "pa");
+    pa.publish("r/1", b"one", QoS::AtLeastOnce, true);
+    wait_until("C has A's retained message", || {
+        status_count(&c, "retained_in") == 1
+    });
+    let mut sc = client(&c, "sc");
+    assert_eq!(
+        retained_for(&mut sc, "r/#"),
+        [("r/1".to_string(), b"one".to_vec())]
+    );
+    assert_eq!(status_count(&a, "retained_out"), 1);
+
+    // Cleared on B: a new subscriber on A gets nothing.
+    let mut pb = client(&b, "pb");
+    pb.publish("r/1", b"", QoS::AtLeastOnce, true);
+    wait_until("A and C applied B's clear", || {
+        status_count(&a, "retained_in") == 1 && status_count(&c, "retained_in") == 2
+    });
+    // (C's subscriber got the clear itself, routed as any message.)
+    let p = sc.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("r/1", &b""[..]));
+    let mut sa = client(&a, "sa");
+    assert_eq!(retained_for(&mut sa, "r/#"), []);
+    let mut sc2 = client(&c, "sc2");
+    assert_eq!(retained_for(&mut sc2, "r/#"), []);
+
+    // C loses NATS (its server stops): it reports degraded, keeps serving its own clients,
+    // and the others show it as gone after three missed heartbeats.
+    let mut sys = client(&c, "sys");
+    sys.subscribe("$SYS/broker/cluster/degraded", QoS::AtMostOnce);
+    drop(nats2);
+    c.wait_logged("the disconnection", |l| {
+        l.contains("cluster: disconnected from NATS")
+    });
+    assert_eq!(member_state(&c, "c").as_deref(), Some("degraded"));
+    loop {
+        let p = sys.expect_publish();
+        if &p.payload[..] == b"1" {
+            break;
+        }
+    }
+    let metric = |name: &str| -> u64 {
+        let body = http::get(c_metrics, "/metrics").body;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {body}"))
+    };
+    assert_eq!(metric("mercurio_cluster_degraded"), 1);
+    assert_eq!(metric("mercurio_cluster_connected"), 0);
+    let mut local = client(&c, "local");
+    local.publish("r/local", b"here", QoS::AtLeastOnce, false);
+    let p = sc.expect_publish();
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("r/local", &b"here"[..])
+    );
+    wait_until("C gone, as A sees it", || {
+        member_state(&a, "c").as_deref() == Some("gone") && status_count(&a, "nodes") == 2
+    });
+
+    // Meanwhile A retains r/2 and B r/3, then clears r/3: C missed all three.
+    pa.publish("r/2", b"two", QoS::AtLeastOnce, true);
+    pb.publish("r/3", b"three", QoS::AtLeastOnce, true);
+    pb.publish("r/3", b"", QoS::AtLeastOnce, true);
+    wait_until("A and B applied each other's changes", || {
+        status_count(&a, "retained_in") == 3 && status_count(&b, "retained_in") == 2
+    });
+
+    // C's NATS server is back: C reconnects, asks for what it missed, and a new subscriber on
+    // C gets r/2 (and not r/3).
+    let nats2 = NatsServer::start_clustered(TEST, port2, route2, &[route1]).expect("nats-server");
+    c.wait_logged("the reconnection", |l| {
+        l.contains("cluster: reconnected to NATS")
+    });
+    wait_until("C caught up", || {
+        let s = cluster_status(&c);
+        s["state"] == "connected" && s["retained_stamps"] == 3 && s["nodes"] == 3
+    });
+    assert_eq!(metric("mercurio_cluster_degraded"), 0);
+    let mut sc3 = client(&c, "sc3");
+    assert_eq!(
+        retained_for(&mut sc3, "r/#"),
+        [("r/2".to_string(), b"two".to_vec())]
+    );
+    wait_until("C up again, as A sees it", || {
+        member_state(&a, "c").as_deref() == Some("up")
+    });
+    // The totals: three nodes, and the clients of all three.
+    let clients: u64 = [&a, &b, &c]
+        .iter()
+        .map(|d| {
+            d.admin(r#"{"command":"broker.status"}"#)["result"]["clients_connected"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    wait_until("the clients of the three nodes in A's totals", || {
+        status_count(&a, "clients") == clients
+    });
+    drop((nats1, nats2));
+}
