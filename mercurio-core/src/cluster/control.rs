@@ -6,7 +6,9 @@
 //!   when it is newer than what it has (last writer wins);
 //! - `{prefix}.retained.sync`: a node that (re)connects to NATS asks for what it missed; every
 //!   node answers on the asker's `{prefix}.retained.reply.{node}`, one message per retained
-//!   topic (and per recent clear), applied the same way;
+//!   topic (and per recent clear), applied the same way; and a node that hears a node it
+//!   did not (one joining, or back after a partition of NATS) asks that one alone, on
+//!   `{prefix}.retained.sync.{node}`;
 //! - `{prefix}.node.{node}`: each node's [`Heartbeat`], every `heartbeat_interval`.
 
 use std::sync::atomic::Ordering;
@@ -29,8 +31,11 @@ const FORGET_GONE: Duration = Duration::from_secs(3600);
 
 /// The subjects of the control task.
 pub(super) struct Subjects {
+    prefix: String,
     retained: String,
     sync: String,
+    /// This node's own sync subject.
+    sync_here: String,
     reply: String,
     heartbeats: String,
     heartbeat: String,
@@ -44,8 +49,10 @@ impl Subjects {
 
     pub(super) fn new(prefix: &str, node: &str) -> Subjects {
         Subjects {
+            prefix: prefix.to_string(),
             retained: format!("{prefix}.retained"),
             sync: format!("{prefix}.retained.sync"),
+            sync_here: format!("{prefix}.retained.sync.{node}"),
             reply: format!("{prefix}.retained.reply.{node}"),
             heartbeats: format!("{prefix}.node.*"),
             heartbeat: format!("{prefix}.node.{node}"),
@@ -103,19 +110,22 @@ pub(super) async fn run(
 ) {
     let status: &ClusterStatus = &broker.cluster;
     let subscribe = |s: &str| client.subscribe(s.to_string());
-    let (retained, sync, replies, beats) = match (
+    let (retained, sync, sync_here, replies, beats) = match (
         subscribe(&subjects.retained).await,
         subscribe(&subjects.sync).await,
+        subscribe(&subjects.sync_here).await,
         subscribe(&subjects.reply).await,
         subscribe(&subjects.heartbeats).await,
     ) {
-        (Ok(a), Ok(b), Ok(c), Ok(d)) => (a, b, c, d),
+        (Ok(a), Ok(b), Ok(c), Ok(d), Ok(e)) => (a, b, c, d, e),
         _ => {
             // Only a closed client refuses (it buffers while disconnected).
             tracing::warn!("cluster: cannot subscribe to the control subjects on NATS");
             return;
         }
     };
+    // Both sync subjects are answered alike.
+    let sync = futures_util::stream::select(sync, sync_here);
     let (mut retained, mut sync, mut replies, mut beats) =
         (retained.fuse(), sync.fuse(), replies.fuse(), beats.fuse());
     let own = broker.config.cluster.node_name.clone();
@@ -162,7 +172,25 @@ pub(super) async fn run(
             Some(m) = beats.next() => {
                 match serde_json::from_slice::<Heartbeat>(&m.payload) {
                     Ok(h) if h.node != own => {
-                        status.peers.lock().insert(h.node.clone(), Peer { heartbeat: h, seen: Instant::now() });
+                        let now = Instant::now();
+                        let name = h.node.clone();
+                        let new = status
+                            .peers
+                            .lock()
+                            .insert(name.clone(), Peer { heartbeat: h, seen: now })
+                            .is_none_or(|p| !p.up(now));
+                        if new {
+                            // A node this one did not hear (joining, or back after a
+                            // partition of NATS that left both connected): its retained
+                            // changes meanwhile.
+                            let to = format!("{}.retained.sync.{name}", subjects.prefix);
+                            if let Err(e) = client
+                                .publish_with_reply(to, subjects.reply.clone(), Bytes::from(own.clone()))
+                                .await
+                            {
+                                tracing::debug!("cluster: retained messages not asked for: {e}");
+                            }
+                        }
                     }
                     Ok(_) => {}
                     Err(e) => super::unreadable(status, &mut warned, &m.subject, &format!("unreadable heartbeat: {e}")),
