@@ -3,12 +3,13 @@
 //! `cluster` module, which runs the link on top of the broker, so that the broker's state can
 //! hold them without the two modules importing each other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::message::Message;
@@ -55,6 +56,12 @@ pub(crate) struct ClusterStatus {
     pub retained: RetainedClock,
     /// The other nodes, by name, as their heartbeats announce them.
     pub peers: Mutex<HashMap<String, Peer>>,
+    /// This node's interest (filters and shared groups subscribed to here) as announced to
+    /// the others.
+    pub interest: Mutex<LocalInterest>,
+    /// Woken when this node's interest changed.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub interest_wake: Notify,
 }
 
 /// One reading of [`ClusterStatus`].
@@ -328,6 +335,8 @@ impl RetainedClock {
 pub(crate) struct Peer {
     pub heartbeat: crate::admin::Heartbeat,
     pub seen: Instant,
+    /// Filters and shared groups of its clients known here.
+    pub interest: Option<u64>,
 }
 
 impl Peer {
@@ -341,3 +350,98 @@ impl Peer {
 
 /// Heartbeats a node may miss before the others show it as gone.
 pub(crate) const MISSED_HEARTBEATS: u32 = 3;
+
+/// Keys per part of a whole interest set sent to a node catching up.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+const PART: usize = 1000;
+
+/// One change of a node's interest.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Delta {
+    /// The node's incarnation.
+    pub inc: u64,
+    /// This change's number, from 1.
+    pub v: u64,
+    /// Filters and shared groups (`$share/{group}/{filter}`) that appeared.
+    pub add: Vec<String>,
+    /// Those that disappeared.
+    pub remove: Vec<String>,
+}
+
+/// A part of a node's whole interest, as of change `v`.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Part {
+    pub node: String,
+    pub inc: u64,
+    pub v: u64,
+    /// This part's index, from 0, of `parts`.
+    pub part: u64,
+    pub parts: u64,
+    pub keys: Vec<String>,
+}
+
+/// This node's interest as announced: its keys, and the changes not sent yet.
+#[derive(Debug, Default)]
+pub(crate) struct LocalInterest {
+    /// The number of the last change sent.
+    pub v: u64,
+    pub keys: HashSet<String>,
+    pub add: Vec<String>,
+    pub remove: Vec<String>,
+}
+
+impl LocalInterest {
+    /// A key appeared (true) or disappeared.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn change(&mut self, key: String, present: bool) {
+        if present {
+            self.keys.insert(key.clone());
+            self.add.push(key);
+        } else {
+            self.keys.remove(&key);
+            self.remove.push(key);
+        }
+    }
+
+    /// The changes to send, numbered, or `None` when there are none.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn delta(&mut self, inc: u64) -> Option<Delta> {
+        if self.add.is_empty() && self.remove.is_empty() {
+            return None;
+        }
+        self.v += 1;
+        Some(Delta {
+            inc,
+            v: self.v,
+            add: std::mem::take(&mut self.add),
+            remove: std::mem::take(&mut self.remove),
+        })
+    }
+
+    /// The whole set, in parts, for a node catching up. Changes not yet sent are in the
+    /// set but not in `v`: the delta that sends them is then applied again, harmlessly.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn parts(&self, node: &str, inc: u64) -> Vec<Part> {
+        let keys: Vec<String> = self.keys.iter().cloned().collect();
+        let chunks: Vec<Vec<String>> = if keys.is_empty() {
+            vec![Vec::new()]
+        } else {
+            keys.chunks(PART).map(<[String]>::to_vec).collect()
+        };
+        let parts = chunks.len() as u64;
+        chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, keys)| Part {
+                node: node.to_string(),
+                inc,
+                v: self.v,
+                part: i as u64,
+                parts,
+                keys,
+            })
+            .collect()
+    }
+}

@@ -26,6 +26,13 @@ pub struct Heartbeat {
     /// True in the last heartbeat of a node that stops: the others show it as gone at once.
     #[serde(default)]
     pub leaving: bool,
+    /// The incarnation (random at each start) whose interest changes it numbers.
+    #[serde(default)]
+    pub interest_incarnation: u64,
+    /// The number of its last interest change (docs/cluster.md, "Interest"): a node that
+    /// knows an older one asks for the whole set.
+    #[serde(default)]
+    pub interest_version: u64,
 }
 
 /// A node's state as `cluster.status` shows it.
@@ -76,6 +83,9 @@ pub struct ClusterNode {
     pub connected_since: Option<u64>,
     /// Milliseconds since its last heartbeat arrived; `null` for the answering node.
     pub last_heartbeat_ms: Option<u64>,
+    /// The filters and shared groups its clients subscribe to (outside `$` topics), as the
+    /// answering node knows them; `null` for another node whose set is not known yet.
+    pub interest: Option<u64>,
 }
 
 /// The result of `cluster.status`: the answering node, the totals over the nodes up, and every

@@ -9,7 +9,8 @@
 //!   topic (and per recent clear), applied the same way; and a node that hears a node it
 //!   did not (one joining, or back after a partition of NATS) asks that one alone, on
 //!   `{prefix}.retained.sync.{node}`;
-//! - `{prefix}.node.{node}`: each node's [`Heartbeat`], every `heartbeat_interval`.
+//! - `{prefix}.node.{node}`: each node's [`Heartbeat`], every `heartbeat_interval`;
+//! - `{prefix}.interest...`: the filters each node's clients want ([`super::remote`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,10 +20,13 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::envelope::{Envelope, RetainedUpdate};
+use super::remote::{LinkFilters, Next, Remote};
 use super::Throttle;
 use crate::admin::Heartbeat;
 use crate::broker::BrokerState;
-use crate::cluster_status::{ClusterStatus, Peer, RetainedChange, Stamp, TOMBSTONE_TTL};
+use crate::cluster_status::{
+    ClusterStatus, Delta, Part, Peer, RetainedChange, Stamp, MISSED_HEARTBEATS, TOMBSTONE_TTL,
+};
 use crate::codec::QoS;
 use crate::message::Message;
 
@@ -39,6 +43,14 @@ pub(super) struct Subjects {
     reply: String,
     heartbeats: String,
     heartbeat: String,
+    /// Every node's interest changes: `{prefix}.interest.*`.
+    interest_all: String,
+    /// This node's: `{prefix}.interest.{node}`.
+    interest_here: String,
+    /// Asking this node for its whole interest.
+    interest_sync_here: String,
+    /// The answers to this node's asking.
+    interest_reply: String,
 }
 
 impl Subjects {
@@ -56,6 +68,10 @@ impl Subjects {
             reply: format!("{prefix}.retained.reply.{node}"),
             heartbeats: format!("{prefix}.node.*"),
             heartbeat: format!("{prefix}.node.{node}"),
+            interest_all: format!("{prefix}.interest.*"),
+            interest_here: format!("{prefix}.interest.{node}"),
+            interest_sync_here: format!("{prefix}.interest.sync.{node}"),
+            interest_reply: format!("{prefix}.interest.reply.{node}"),
         }
     }
 }
@@ -66,8 +82,8 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// This node's heartbeat now.
-pub(super) fn heartbeat(broker: &BrokerState, leaving: bool) -> Heartbeat {
+/// This node's heartbeat now; `origin`, its incarnation.
+pub(super) fn heartbeat(broker: &BrokerState, origin: u64, leaving: bool) -> Heartbeat {
     let cfg = &broker.config.cluster;
     Heartbeat {
         node: cfg.node_name.clone(),
@@ -78,6 +94,8 @@ pub(super) fn heartbeat(broker: &BrokerState, leaving: bool) -> Heartbeat {
         started: unix_now().saturating_sub(broker.started.elapsed().as_secs()),
         interval_ms: cfg.heartbeat().as_millis() as u64,
         leaving,
+        interest_incarnation: origin,
+        interest_version: broker.cluster.interest.lock().v,
     }
 }
 
@@ -87,12 +105,13 @@ pub(super) async fn announce(
     broker: &BrokerState,
     client: &async_nats::Client,
     subject: &str,
+    origin: u64,
     leaving: bool,
 ) {
     if !broker.cluster.connected.load(Ordering::Relaxed) {
         return;
     }
-    let Ok(json) = serde_json::to_vec(&heartbeat(broker, leaving)) else {
+    let Ok(json) = serde_json::to_vec(&heartbeat(broker, origin, leaving)) else {
         return;
     };
     if let Err(e) = client.publish(subject.to_string(), json.into()).await {
@@ -107,17 +126,21 @@ pub(super) async fn run(
     subjects: Subjects,
     origin: u64,
     publisher: Arc<str>,
+    link: Arc<LinkFilters>,
 ) {
     let status: &ClusterStatus = &broker.cluster;
     let subscribe = |s: &str| client.subscribe(s.to_string());
-    let (retained, sync, sync_here, replies, beats) = match (
+    let (retained, sync, sync_here, replies, beats, deltas, asked, parts) = match (
         subscribe(&subjects.retained).await,
         subscribe(&subjects.sync).await,
         subscribe(&subjects.sync_here).await,
         subscribe(&subjects.reply).await,
         subscribe(&subjects.heartbeats).await,
+        subscribe(&subjects.interest_all).await,
+        subscribe(&subjects.interest_sync_here).await,
+        subscribe(&subjects.interest_reply).await,
     ) {
-        (Ok(a), Ok(b), Ok(c), Ok(d), Ok(e)) => (a, b, c, d, e),
+        (Ok(a), Ok(b), Ok(c), Ok(d), Ok(e), Ok(f), Ok(g), Ok(h)) => (a, b, c, d, e, f, g, h),
         _ => {
             // Only a closed client refuses (it buffers while disconnected).
             tracing::warn!("cluster: cannot subscribe to the control subjects on NATS");
@@ -128,6 +151,25 @@ pub(super) async fn run(
     let sync = futures_util::stream::select(sync, sync_here);
     let (mut retained, mut sync, mut replies, mut beats) =
         (retained.fuse(), sync.fuse(), replies.fuse(), beats.fuse());
+    let (mut deltas, mut asked, mut parts) = (deltas.fuse(), asked.fuse(), parts.fuse());
+    let mut remote = Remote::default();
+    // Asks `node` for its whole interest.
+    let ask = |node: String| {
+        let client = client.clone();
+        let reply = subjects.interest_reply.clone();
+        let to = format!("{}.interest.sync.{node}", subjects.prefix);
+        async move {
+            if let Err(e) = client.publish_with_reply(to, reply, Bytes::new()).await {
+                tracing::debug!("cluster: interest not asked for: {e}");
+            }
+        }
+    };
+    // Shows what is known of `node`'s interest in the status.
+    let counted = |remote: &Remote, node: &str| {
+        if let Some(p) = status.peers.lock().get_mut(node) {
+            p.interest = remote.count(node);
+        }
+    };
     let own = broker.config.cluster.node_name.clone();
     let mut tick = tokio::time::interval(broker.config.cluster.heartbeat());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,13 +192,75 @@ pub(super) async fn run(
                 {
                     tracing::debug!("cluster: retained messages not asked for: {e}");
                 }
-                announce(&broker, &client, &subjects.heartbeat, false).await;
+                announce(&broker, &client, &subjects.heartbeat, origin, false).await;
             }
             _ = tick.tick() => {
-                announce(&broker, &client, &subjects.heartbeat, false).await;
+                announce(&broker, &client, &subjects.heartbeat, origin, false).await;
                 status.retained.prune(TOMBSTONE_TTL);
                 let now = Instant::now();
                 status.peers.lock().retain(|_, p| now.duration_since(p.seen) < FORGET_GONE);
+                // A node gone takes its interest with it; but while this node is cut off
+                // from NATS (or just back, not having heard the others yet), it keeps what
+                // it knows, so that messages for the others wait for NATS as before.
+                let heard_long_enough = status.connected.load(Ordering::Relaxed)
+                    && unix_now().saturating_sub(status.connected_since.load(Ordering::Relaxed))
+                        > broker.config.cluster.heartbeat().as_secs() * u64::from(MISSED_HEARTBEATS);
+                for node in remote.nodes().into_iter().filter(|_| heard_long_enough) {
+                    let up = status.peers.lock().get(&node).is_some_and(|p| p.up(now));
+                    if !up {
+                        remote.forget(&broker, &link, &node);
+                        if let Some(p) = status.peers.lock().get_mut(&node) {
+                            p.interest = None;
+                        }
+                    }
+                }
+            }
+            _ = status.interest_wake.notified() => {
+                let delta = status.interest.lock().delta(origin);
+                if let Some(json) = delta.and_then(|d| serde_json::to_vec(&d).ok()) {
+                    if let Err(e) = client.publish(subjects.interest_here.clone(), json.into()).await {
+                        tracing::debug!("cluster: interest change not sent: {e}");
+                    }
+                }
+            }
+            Some(m) = asked.next() => {
+                let Some(reply) = m.reply else { continue };
+                let answer = status.interest.lock().parts(&own, origin);
+                for part in answer {
+                    let Ok(json) = serde_json::to_vec(&part) else { continue };
+                    if let Err(e) = client.publish(reply.clone(), json.into()).await {
+                        tracing::debug!("cluster: interest not sent: {e}");
+                    }
+                }
+            }
+            Some(m) = deltas.next() => {
+                let Some(node) = m.subject.rsplit('.').next().map(str::to_string) else { continue };
+                if node == own {
+                    continue;
+                }
+                match serde_json::from_slice::<Delta>(&m.payload) {
+                    Ok(d) => {
+                        if remote.delta(&broker, &link, &node, d) == Next::Ask {
+                            ask(node.clone()).await;
+                        }
+                        counted(&remote, &node);
+                    }
+                    Err(e) => super::unreadable(status, &mut warned, &m.subject, &format!("unreadable interest change: {e}")),
+                }
+            }
+            Some(m) = parts.next() => {
+                if m.status.is_some() {
+                    continue;
+                }
+                match serde_json::from_slice::<Part>(&m.payload) {
+                    Ok(p) if p.node != own => {
+                        let node = p.node.clone();
+                        remote.part(&broker, &link, p);
+                        counted(&remote, &node);
+                    }
+                    Ok(_) => {}
+                    Err(e) => super::unreadable(status, &mut warned, &m.subject, &format!("unreadable interest: {e}")),
+                }
             }
             Some(m) = retained.next() => apply(&broker, &publisher, m, &mut warned),
             Some(m) = replies.next() => apply(&broker, &publisher, m, &mut warned),
@@ -174,11 +278,18 @@ pub(super) async fn run(
                     Ok(h) if h.node != own => {
                         let now = Instant::now();
                         let name = h.node.clone();
+                        let (inc, v, leaving) = (h.interest_incarnation, h.interest_version, h.leaving);
                         let new = status
                             .peers
                             .lock()
-                            .insert(name.clone(), Peer { heartbeat: h, seen: now })
+                            .insert(name.clone(), Peer { heartbeat: h, seen: now, interest: remote.count(&name) })
                             .is_none_or(|p| !p.up(now));
+                        if leaving {
+                            remote.forget(&broker, &link, &name);
+                            counted(&remote, &name);
+                        } else if remote.heard(&name, inc, v) == Next::Ask {
+                            ask(name.clone()).await;
+                        }
                         if new {
                             // A node this one did not hear (joining, or back after a
                             // partition of NATS that left both connected): its retained

@@ -24,6 +24,7 @@
 mod control;
 pub(crate) mod dedup;
 pub mod envelope;
+mod remote;
 pub mod subject;
 
 use std::collections::HashMap;
@@ -39,12 +40,12 @@ use tokio::task::JoinHandle;
 use crate::broker::drain::{Outlet, Unsent};
 use crate::broker::{BrokerState, CLUSTER_CLIENT_ID};
 use crate::cluster_status::ClusterStatus;
-use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
+use crate::codec::{ProtocolVersion, QoS};
 use crate::error::Error;
 use crate::interest::Key;
 use crate::link::Link;
 use crate::message::Message;
-use crate::session::{Delivery, Granted, Session};
+use crate::session::{Delivery, Session};
 use envelope::Envelope;
 
 /// The token, after the prefix, of the subject of topics too long for a subject of their own.
@@ -69,6 +70,8 @@ pub(crate) struct Cluster {
     heartbeat_subject: String,
     /// The connection of the retained changes and heartbeats.
     control: async_nats::Client,
+    /// This start's incarnation.
+    origin: u64,
     client: async_nats::Client,
     /// The connection of the shared subscription groups' queue subscriptions.
     shares: async_nats::Client,
@@ -159,20 +162,9 @@ impl Cluster {
         let (session, _) = broker.internal_session(&id);
         let link = Arc::new(Link::new());
         session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
-        let options = SubscriptionOptions {
-            qos: QoS::ExactlyOnce,
-            no_local: true,
-            retain_as_published: true,
-            retain_handling: 2,
-        };
-        broker.subscribe(
-            &session,
-            "#",
-            Granted {
-                options,
-                identifier: None,
-            },
-        );
+        // The link subscribes to what other nodes want, and to this node's shared groups
+        // (remote.rs), no more.
+        let link_filters = Arc::new(remote::LinkFilters::new(Arc::clone(&session)));
         let origin = incarnation();
         // Retained messages held before the start (from storage) are older than any change
         // made in the cluster.
@@ -190,6 +182,7 @@ impl Cluster {
             subjects,
             origin,
             Arc::clone(&id),
+            Arc::clone(&link_filters),
         ));
         let out = tokio::spawn(send_out(
             Arc::clone(broker),
@@ -205,10 +198,12 @@ impl Cluster {
             client.clone(),
             shares.clone(),
             prefix,
+            link_filters,
         ));
         Ok(Some(Cluster {
             tasks: vec![out, inbound, control],
             heartbeat_subject,
+            origin,
             control: control_client,
             client,
             shares,
@@ -231,7 +226,13 @@ impl Cluster {
         // Bounded: with NATS unreachable neither would end.
         let grace = std::time::Duration::from_secs(2);
         // The others show this node as gone at once.
-        let leaving = control::announce(broker, &self.control, &self.heartbeat_subject, true);
+        let leaving = control::announce(
+            broker,
+            &self.control,
+            &self.heartbeat_subject,
+            self.origin,
+            true,
+        );
         let _ = tokio::time::timeout(grace, leaving).await;
         let _ = tokio::time::timeout(grace, self.control.drain()).await;
         let _ = tokio::time::timeout(grace, self.client.flush()).await;
@@ -448,6 +449,7 @@ async fn take_in(
     client: async_nats::Client,
     shares: async_nats::Client,
     prefix: String,
+    link_filters: Arc<remote::LinkFilters>,
 ) {
     let (tx, mut rx) = mpsc::channel::<Inbound>(1024);
     // Subject -> (filters needing it, the task forwarding its messages).
@@ -476,6 +478,13 @@ async fn take_in(
                     if !changed {
                         continue;
                     }
+                    // Told to the other nodes (control.rs).
+                    broker
+                        .cluster
+                        .interest
+                        .lock()
+                        .change(filter.clone(), present);
+                    broker.cluster.interest_wake.notify_one();
                     for s in subject::filter_subjects(&prefix, &filter) {
                         if present {
                             subscribe(&client, &s, &tx, &mut subs).await;
@@ -491,12 +500,21 @@ async fn take_in(
                 }
                 Key::Group(full) if present => {
                     if let std::collections::hash_map::Entry::Vacant(e) = groups.entry(full) {
+                        // Its messages go through NATS, from this node too: the link takes
+                        // them; and the other nodes are told.
+                        link_filters.add(&broker, e.key());
+                        broker.cluster.interest.lock().change(e.key().clone(), true);
+                        broker.cluster.interest_wake.notify_one();
                         let forwards = subscribe_group(&shares, &prefix, e.key(), &tx).await;
                         e.insert(forwards);
                     }
                 }
                 Key::Group(full) => {
-                    groups.remove(&full);
+                    if groups.remove(&full).is_some() {
+                        link_filters.remove(&broker, &full);
+                        broker.cluster.interest.lock().change(full, false);
+                        broker.cluster.interest_wake.notify_one();
+                    }
                 }
             }
         }

@@ -861,6 +861,7 @@ impl BrokerHandle {
             version: env!("CARGO_PKG_VERSION").to_string(),
             connected_since: (since > 0).then_some(since),
             last_heartbeat_ms: None,
+            interest: Some(b.cluster.interest.lock().keys.len() as u64),
         }];
         let now = std::time::Instant::now();
         let mut peers: Vec<ClusterNode> = b
@@ -881,6 +882,7 @@ impl BrokerHandle {
                 version: p.heartbeat.version.clone(),
                 connected_since: Some(p.heartbeat.connected_since),
                 last_heartbeat_ms: Some(now.duration_since(p.seen).as_millis() as u64),
+                interest: p.interest,
             })
             .collect();
         peers.sort_by(|a, b| a.node.cmp(&b.node));

@@ -62,6 +62,17 @@ fn subjects(nats: &NatsServer, name: &str) -> Vec<String> {
     v
 }
 
+/// The filters and shared groups of node `name` that `d` knows (`cluster.status`), `None`
+/// while it knows none.
+fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
+    let answer = d.admin(r#"{"command":"cluster.status"}"#);
+    answer["result"]["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == name)
+        .and_then(|m| m["interest"].as_u64())
+}
+
 #[test]
 fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() {
     const TEST: &str = "a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once";
@@ -102,6 +113,10 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     });
     wait_until("C's interest at the NATS server", || {
         subjects(&nats, "c").len() == 3
+    });
+    // B, the publisher, knows what A and C want: its link takes those topics only.
+    wait_until("A's and C's interest known to B", || {
+        interest_of(&b, "a") == Some(3) && interest_of(&b, "c") == Some(1)
     });
 
     // From B: QoS 0, QoS 1, then QoS 0 again, and one on a topic nobody subscribes to.
@@ -195,6 +210,7 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     wide.subscribe("l/#", QoS::AtMostOnce);
     wait_until("A's interest in l/#", || {
         subjects(&nats, "a").contains(&"mercurio.msg.l.>".to_string())
+            && interest_of(&b, "a") == Some(1)
     });
     publisher.publish(&long_topic, b"long", QoS::AtMostOnce, false);
     let p = wide.expect_publish();
@@ -252,8 +268,8 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
         });
     }
     let a_subjects = ["mercurio.long", "mercurio.msg.t", "mercurio.msg.t.>"];
-    wait_until("A's interest at the NATS server", || {
-        subjects(&nats, "a") == a_subjects
+    wait_until("A's interest at the NATS server, and known to B", || {
+        subjects(&nats, "a") == a_subjects && interest_of(&b, "a") == Some(1)
     });
     let mut publisher = client(&b, "publisher");
     publisher.publish("t/1", b"one", QoS::AtLeastOnce, false);
@@ -289,6 +305,7 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
     q2.subscribe("p/#", QoS::ExactlyOnce);
     wait_until("A's interest in p/#", || {
         subjects(&nats, "a").contains(&"mercurio.msg.p.>".to_string())
+            && interest_of(&b, "a") == Some(2)
     });
     let properties = Properties {
         content_type: Some("text/plain".into()),
@@ -374,6 +391,8 @@ fn a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster() {
         subjects(&nats, "a shares") == group_subjects
             && subjects(&nats, "c shares") == group_subjects
             && subjects(&nats, "a").len() == 3
+            && interest_of(&b, "a") == Some(2)
+            && interest_of(&b, "c") == Some(1)
     });
 
     // Each member's messages, read on a thread of its own until its socket is shut down.
@@ -524,6 +543,9 @@ fn retained_messages_are_cluster_wide_and_a_node_away_catches_up() {
     assert_eq!(status_count(&a, "retained_out"), 1);
 
     // Cleared on B: a new subscriber on A gets nothing.
+    wait_until("C's interest known to B", || {
+        interest_of(&b, "c") == Some(1)
+    });
     let mut pb = client(&b, "pb");
     pb.publish("r/1", b"", QoS::AtLeastOnce, true);
     wait_until("A and C applied B's clear", || {
