@@ -21,13 +21,16 @@ use crate::codec::{QoS, SubscriptionOptions};
 use crate::session::{Granted, Session};
 use parking_lot::Mutex;
 
-/// The filter the link subscribes to for a key: a shared group's filter, or the filter.
+/// The filter the link subscribes to for a key: a shared group's filter, or the filter;
+/// `None` for a key that is neither (another node's message is outside input).
 fn link_filter(key: &str) -> Option<&str> {
-    match crate::topic::parse_shared(key) {
-        Ok(Some(shared)) => Some(shared.filter),
-        Ok(None) => Some(key),
-        Err(_) => None,
-    }
+    let filter = match crate::topic::parse_shared(key) {
+        Ok(Some(shared)) => shared.filter,
+        Ok(None) => key,
+        Err(_) => return None,
+    };
+    crate::topic::validate_topic_filter(filter).ok()?;
+    Some(filter)
 }
 
 /// The link session's subscriptions, counted: one per filter however many nodes (or local

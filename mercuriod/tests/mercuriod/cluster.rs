@@ -161,6 +161,12 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     assert_eq!(out_msgs(&nats, "c"), 1);
     assert_eq!(out_msgs(&nats, "a"), 9);
     assert_eq!(out_msgs(&nats, "b"), 0);
+    // B sent NATS the four messages other nodes want, not `nobody/here`.
+    let in_msgs = nats
+        .connection("mercurio b")
+        .and_then(|c| c["in_msgs"].as_u64())
+        .expect("B's in_msgs");
+    assert_eq!(in_msgs, 4);
     // A's metrics: three messages in, six copies dropped (once each has come).
     let metric = |name: &str| -> u64 {
         let body = http::get(metrics_addr, "/metrics").body;
