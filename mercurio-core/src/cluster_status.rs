@@ -445,3 +445,84 @@ impl LocalInterest {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn msg(topic: &str, payload: &'static [u8]) -> Arc<Message> {
+        Arc::new(Message {
+            topic: topic.into(),
+            payload: Bytes::from_static(payload),
+            qos: crate::codec::QoS::AtMostOnce,
+            retain: true,
+            properties: Default::default(),
+            expires_at: None,
+            publisher: None,
+            encoded: Default::default(),
+            stored: Default::default(),
+        })
+    }
+
+    fn stamp(ms: u64, node: &str) -> Stamp {
+        Stamp {
+            ms,
+            node: Arc::from(node),
+        }
+    }
+
+    #[test]
+    fn the_greatest_stamp_wins_whatever_the_order() {
+        let clock = RetainedClock::default();
+        // Before the start, nothing is stamped: the caller applies alone.
+        assert_eq!(clock.local(&msg("t", b"x"), || 1), None);
+        clock.start("a", ["held".to_string()]);
+        // A change from another node beats a message loaded from storage.
+        assert_eq!(clock.remote("held", &stamp(1, "b"), false, || ()), Some(()));
+        // Older, or equal, is ignored; newer applies; at the same millisecond the node name
+        // decides.
+        assert_eq!(clock.remote("t", &stamp(100, "b"), false, || ()), Some(()));
+        assert_eq!(clock.remote("t", &stamp(99, "c"), false, || ()), None);
+        assert_eq!(clock.remote("t", &stamp(100, "b"), false, || ()), None);
+        assert_eq!(clock.remote("t", &stamp(100, "c"), false, || ()), Some(()));
+        // A local change after one from a node whose clock is far ahead still wins: its stamp
+        // is one more than the topic's last.
+        let future = now_ms() + 3_600_000;
+        assert_eq!(
+            clock.remote("t", &stamp(future, "z"), false, || ()),
+            Some(())
+        );
+        assert_eq!(clock.local(&msg("t", b"mine"), || 2), Some(2));
+        let out = clock.take_outbox();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].stamp, stamp(future + 1, "a"));
+        assert!(clock.take_outbox().is_empty());
+        assert_eq!(clock.remote("t", &stamp(future, "z"), false, || ()), None);
+    }
+
+    #[test]
+    fn a_clear_is_a_tombstone_until_pruned() {
+        let clock = RetainedClock::default();
+        clock.start("a", []);
+        clock.local(&msg("gone", b""), || ());
+        clock.local(&msg("kept", b"v"), || ());
+        // The snapshot has the clear as an empty message, and the set topic's message.
+        let snapshot = clock.snapshot(|t| Some(msg(t, b"v")), |t| msg(t, b""));
+        let mut got: Vec<(String, bool)> = snapshot
+            .iter()
+            .map(|c| (c.topic.clone(), c.msg.payload.is_empty()))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [("gone".to_string(), true), ("kept".to_string(), false)]
+        );
+        // An older set does not bring the cleared message back...
+        assert_eq!(clock.remote("gone", &stamp(1, "b"), false, || ()), None);
+        // ...until the tombstone is pruned; set topics stay.
+        clock.prune(Duration::ZERO);
+        assert_eq!(clock.len(), 1);
+        assert_eq!(clock.remote("gone", &stamp(1, "b"), false, || ()), Some(()));
+    }
+}

@@ -223,3 +223,115 @@ impl Remote {
         self.nodes.keys().cloned().collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// A broker and a link session, with the link's subscriptions read from the session.
+    fn setup() -> (Arc<BrokerState>, LinkFilters, Arc<Session>) {
+        let broker = Arc::new(BrokerState::new(Config::default()));
+        let id: Arc<str> = Arc::from("$internal/cluster");
+        let (session, _) = broker.internal_session(&id);
+        (
+            Arc::clone(&broker),
+            LinkFilters::new(Arc::clone(&session)),
+            session,
+        )
+    }
+
+    fn subscribed(session: &Session) -> Vec<String> {
+        let mut v: Vec<String> = session
+            .state
+            .lock()
+            .subscriptions()
+            .keys()
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn delta(inc: u64, v: u64, add: &[&str], remove: &[&str]) -> Delta {
+        Delta {
+            inc,
+            v,
+            add: add.iter().map(|s| s.to_string()).collect(),
+            remove: remove.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn changes_in_order_apply_and_a_gap_asks_for_the_whole_set() {
+        let (broker, link, session) = setup();
+        let mut remote = Remote::default();
+        // Not known yet: ask.
+        assert_eq!(
+            remote.delta(&broker, &link, "b", delta(7, 1, &["a/#"], &[])),
+            Next::Ask
+        );
+        assert!(subscribed(&session).is_empty());
+        // The whole set, in two parts, then changes in order.
+        for (i, keys) in [
+            vec!["a/#".to_string()],
+            vec!["$share/g/s/+".to_string(), "bad/#/x".to_string()],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let part = Part {
+                node: "b".into(),
+                inc: 7,
+                v: 1,
+                part: i as u64,
+                parts: 2,
+                keys,
+            };
+            remote.part(&broker, &link, part);
+        }
+        // A group's filter is subscribed to; an invalid filter is not.
+        assert_eq!(subscribed(&session), ["a/#", "s/+"]);
+        assert_eq!(remote.count("b"), Some(3));
+        assert_eq!(
+            remote.delta(&broker, &link, "b", delta(7, 2, &["c"], &["a/#"])),
+            Next::Nothing
+        );
+        assert_eq!(subscribed(&session), ["c", "s/+"]);
+        // An old change is ignored; one after a gap, or from a new incarnation, asks.
+        assert_eq!(
+            remote.delta(&broker, &link, "b", delta(7, 2, &["x"], &[])),
+            Next::Nothing
+        );
+        assert_eq!(
+            remote.delta(&broker, &link, "b", delta(7, 4, &["x"], &[])),
+            Next::Ask
+        );
+        assert_eq!(
+            remote.delta(&broker, &link, "b", delta(8, 1, &["x"], &[])),
+            Next::Ask
+        );
+        assert_eq!(subscribed(&session), ["c", "s/+"]);
+        // A heartbeat at the known number asks nothing; a later one asks.
+        assert_eq!(remote.heard("b", 7, 2), Next::Nothing);
+        assert_eq!(remote.heard("b", 7, 3), Next::Ask);
+        // Two nodes wanting one filter: one subscription, gone with the last.
+        remote.part(
+            &broker,
+            &link,
+            Part {
+                node: "c".into(),
+                inc: 1,
+                v: 0,
+                part: 0,
+                parts: 1,
+                keys: vec!["c".into()],
+            },
+        );
+        remote.forget(&broker, &link, "b");
+        assert_eq!(subscribed(&session), ["c"]);
+        remote.forget(&broker, &link, "c");
+        assert!(subscribed(&session).is_empty());
+        assert_eq!(remote.count("b"), None);
+    }
+}
