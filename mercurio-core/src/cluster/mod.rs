@@ -2,8 +2,9 @@
 //! each other through NATS (docs/cluster.md). Below `handle`, which starts it with the broker
 //! and stops it at shutdown.
 //!
-//! - Out: the link's own session, `$internal/cluster`, subscribes to `#` with No Local (so
-//!   what the link brings in is not sent back) and Retain As Published; its queue is drained
+//! - Out: the link's own session, `$internal/cluster`, subscribes with No Local (so what the
+//!   link brings in is not sent back) and Retain As Published to what other nodes want and to
+//!   this node's shared groups' filters (`remote.rs`), no more; its queue is drained
 //!   like any session's (`BrokerState::drain`: its limits, back pressure, drop counting) and
 //!   each message is published on NATS on its topic's subject ([`subject::topic_subject`]) as
 //!   an [`envelope::Envelope`]. NATS forwards it only to nodes subscribed to a matching
@@ -12,7 +13,8 @@
 //!   subscriptions ([`subject::filter_subjects`]), added and removed as they change.
 //! - In: a message from NATS is taken once ([`dedup::Seen`]), then routed to the local
 //!   subscriptions that match it, as published by `$internal/cluster`; the RETAIN flag goes
-//!   with it for Retain As Published, but it is not kept as a retained message here.
+//!   with it for Retain As Published; what is kept as the topic's retained message comes
+//!   separately (`control.rs`: retained changes, heartbeats, on a third connection).
 //! - Shared subscription groups: routing leaves them out in cluster mode; each group with
 //!   members here is a NATS queue subscription (on a second connection, which receives this
 //!   node's own messages too), so that NATS gives each message to one node with members, and
@@ -82,7 +84,7 @@ pub(crate) struct Cluster {
 impl Cluster {
     /// Starts cluster mode when `[cluster] nats_urls` is set: connects to NATS (in the
     /// background: an unreachable NATS does not stop the broker from starting; the client
-    /// retries), subscribes the link's session to `#` and starts the tasks.
+    /// retries), makes the link's session and starts the tasks.
     ///
     /// Errors: [`Error::File`] for a password or token file that cannot be read,
     /// [`Error::Config`] for a credentials file that cannot be used or an unusable NATS URL,
