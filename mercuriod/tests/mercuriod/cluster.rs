@@ -640,3 +640,69 @@ fn retained_messages_are_cluster_wide_and_a_node_away_catches_up() {
     });
     drop((nats1, nats2));
 }
+
+#[test]
+fn retained_changes_on_both_sides_of_a_partition_meet_when_it_heals() {
+    const TEST: &str = "retained_changes_on_both_sides_of_a_partition_meet_when_it_heals";
+    if nats_server_bin().is_none() {
+        let _ = NatsServer::start(TEST);
+        return;
+    }
+    // Two NATS servers not routed to each other yet: A on one, C on the other, each side
+    // connected to NATS, neither hearing the other.
+    let (route1, route2) = (free_port(), free_port());
+    let nats1 = NatsServer::start_partitioned(TEST, route1).expect("nats-server");
+    let nats2 = NatsServer::start_partitioned(TEST, route2).expect("nats-server");
+    let start = |nats: &NatsServer, name: &str| {
+        let mut d = Daemon::start(&format!(
+            "[cluster]\nheartbeat_interval = 1\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+            nats.url()
+        ));
+        d.wait_listeners(1);
+        d.wait_logged("the connection to NATS", |l| {
+            l.contains("cluster: connected to NATS")
+        });
+        d
+    };
+    let a = start(&nats1, "a");
+    let c = start(&nats2, "c");
+    let mut pa = client(&a, "pa");
+    pa.publish("p/a", b"from a", QoS::AtLeastOnce, true);
+    pa.publish("p/both", b"older", QoS::AtLeastOnce, true);
+    let mut pc = client(&c, "pc");
+    pc.publish("p/c", b"from c", QoS::AtLeastOnce, true);
+    // The later change of p/both: A acknowledged its own before C's is made, so C's stamp is
+    // not earlier on this one clock (and at the same millisecond, "c" is after "a").
+    pc.publish("p/both", b"newer", QoS::AtLeastOnce, true);
+    assert_eq!(status_count(&a, "nodes"), 1);
+    assert_eq!(status_count(&c, "nodes"), 1);
+
+    // The partition heals (the servers route to each other; no node reconnects): each node
+    // hears the other, asks for its set, and both end with the same three topics, the later
+    // change of p/both winning.
+    nats2.route_to(route2, &[route1]);
+    wait_until("the NATS servers routed", || {
+        nats1.routes() >= 1 && nats2.routes() >= 1
+    });
+    wait_until("A and C caught up with each other", || {
+        status_count(&a, "nodes") == 2
+            && status_count(&c, "nodes") == 2
+            && status_count(&a, "retained_stamps") == 3
+            && status_count(&c, "retained_stamps") == 3
+            && status_count(&a, "retained_in") >= 2
+            && status_count(&c, "retained_in") >= 1
+    });
+    for d in [&a, &c] {
+        let mut s = client(d, "reader");
+        let mut got = retained_for(&mut s, "p/#");
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("p/a".to_string(), b"from a".to_vec()),
+                ("p/both".to_string(), b"newer".to_vec()),
+                ("p/c".to_string(), b"from c".to_vec()),
+            ]
+        );
+    }
+}
