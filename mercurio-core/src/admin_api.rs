@@ -55,6 +55,7 @@ pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v1/bridges/{name}"),
     ("GET", "/api/v1/streams"),
     ("GET", "/api/v1/streams/{name}"),
+    ("GET", "/api/v1/cluster"),
     ("PUT", "/api/v1/log-level"),
 ];
 
@@ -199,6 +200,7 @@ impl AdminApi {
             "/api/v1/bridges/{name}" => admin::Request::BridgeShow { name: param(0) },
             "/api/v1/streams" => admin::Request::StreamList,
             "/api/v1/streams/{name}" => admin::Request::StreamShow { name: param(0) },
+            "/api/v1/cluster" => admin::Request::ClusterStatus,
             "/api/v1/log-level" => {
                 let body = match read_body(req.into_body()).await {
                     Ok(b) => b,

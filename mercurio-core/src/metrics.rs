@@ -134,7 +134,9 @@ impl Snapshot {
             storage_unwritable: get(&s.storage_unwritable),
             connections_total: get(&s.connections_total),
             uptime_seconds: broker.started.elapsed().as_secs(),
-            cluster: broker.cluster.info(),
+            cluster: broker
+                .cluster
+                .info(broker.stats.clients_connected.load(Ordering::Relaxed)),
         }
     }
 }
@@ -570,6 +572,31 @@ fn cluster_families(c: crate::cluster_status::ClusterInfo) -> Vec<Family> {
             "mercurio_cluster_connected",
             "1 while connected to a NATS server, else 0",
             u64::from(c.connected),
+        ),
+        Family::gauge(
+            "mercurio_cluster_degraded",
+            "1 while cluster mode is on and NATS is unreachable (local clients served, messages for other nodes waiting), else 0",
+            u64::from(c.degraded),
+        ),
+        Family::gauge(
+            "mercurio_cluster_nodes",
+            "Nodes up (their heartbeats arriving), this one included",
+            c.nodes,
+        ),
+        Family::gauge(
+            "mercurio_cluster_clients",
+            "Clients connected to the nodes up, this node's included",
+            c.clients,
+        ),
+        Family::counter(
+            "mercurio_cluster_retained_out",
+            "Retained changes (set or cleared) made here and sent to the other nodes",
+            c.retained_out,
+        ),
+        Family::counter(
+            "mercurio_cluster_retained_in",
+            "Retained changes from other nodes applied here",
+            c.retained_in,
         ),
         Family::counter(
             "mercurio_cluster_reconnects",

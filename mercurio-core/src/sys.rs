@@ -249,9 +249,15 @@ impl SysPublisher {
                 x.packets_too_large.to_string(),
             ));
         }
-        if let Some(c) = b.cluster.info() {
+        let own_clients = b.stats.clients_connected.load(Ordering::Relaxed);
+        if let Some(c) = b.cluster.info(own_clients) {
             for (name, value) in [
                 ("connected", u64::from(c.connected)),
+                ("degraded", u64::from(c.degraded)),
+                ("nodes", c.nodes),
+                ("clients", c.clients),
+                ("retained/out", c.retained_out),
+                ("retained/in", c.retained_in),
                 ("reconnects", c.reconnects),
                 ("subscriptions", c.subscriptions),
                 ("messages/out", c.messages_out),

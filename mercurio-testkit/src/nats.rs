@@ -54,6 +54,48 @@ impl NatsServer {
     /// [`NatsServer::start`] with its client port `port` (0: a free one), to start it again
     /// where clients expect it.
     pub fn start_on(test: &str, port: u16) -> Option<NatsServer> {
+        NatsServer::launch(test, port, None)
+    }
+
+    /// A member of a NATS cluster (no JetStream, and not advertising the other members to its
+    /// clients): clients on `port` (0: a free one), routes
+    /// between servers on `cluster_port`, connecting to the members whose cluster ports are
+    /// `routes`. Returns once its ports accept connections (the routes may come later: see
+    /// [`NatsServer::routes`]). `None` as [`NatsServer::start`].
+    pub fn start_clustered(
+        test: &str,
+        port: u16,
+        cluster_port: u16,
+        routes: &[u16],
+    ) -> Option<NatsServer> {
+        NatsServer::launch(test, port, Some((cluster_port, routes)))
+    }
+
+    /// A member of a NATS cluster whose routes change at run time: as
+    /// [`NatsServer::start_clustered`], configured through a file that [`NatsServer::route_to`]
+    /// rewrites. It starts with no route: a partition, until routes are added.
+    pub fn start_partitioned(test: &str, cluster_port: u16) -> Option<NatsServer> {
+        NatsServer::launch(test, 0, Some((cluster_port, &[])))
+    }
+
+    /// Rewrites this server's configuration with routes to the members whose cluster ports
+    /// are `routes` and has it reread (SIGHUP): a partition heals without its clients
+    /// reconnecting.
+    pub fn route_to(&self, cluster_port: u16, routes: &[u16]) {
+        std::fs::write(
+            self._dir.path().join("nats.conf"),
+            cluster_conf(cluster_port, routes),
+        )
+        .expect("write nats.conf");
+        self.proc.signal(libc::SIGHUP);
+    }
+
+    /// Routes to other servers of its NATS cluster now (`/routez`'s `num_routes`).
+    pub fn routes(&self) -> u64 {
+        self.monitor("/routez")["num_routes"].as_u64().unwrap_or(0)
+    }
+
+    fn launch(test: &str, port: u16, cluster: Option<(u16, &[u16])>) -> Option<NatsServer> {
         let Some(bin) = nats_server_bin() else {
             prerequisite(
                 test,
@@ -68,8 +110,20 @@ impl NatsServer {
         let mut command = Command::new(bin);
         command
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .args(["-m", &monitor_port.to_string(), "-js", "-sd"])
-            .arg(dir.path());
+            .args(["-m", &monitor_port.to_string()]);
+        match cluster {
+            None => {
+                command.args(["-js", "-sd"]).arg(dir.path());
+            }
+            Some((cluster_port, routes)) => {
+                // The cluster's settings in a file, which `route_to` may rewrite and have
+                // reread. Clients keep to the server they were given (`no_advertise`): a test
+                // stopping it cuts them off NATS, rather than sending them to another member.
+                let conf = dir.path().join("nats.conf");
+                std::fs::write(&conf, cluster_conf(cluster_port, routes)).expect("nats.conf");
+                command.arg("-c").arg(&conf);
+            }
+        }
         let proc = Proc::spawn_merged("nats-server", &mut command);
         let deadline = Instant::now() + DEADLINE;
         for p in [port, monitor_port] {
@@ -122,6 +176,19 @@ impl NatsServer {
             .find(|c| c["name"] == name)
             .cloned()
     }
+}
+
+/// The `cluster` block of a member's configuration: its route port, routes to `routes`.
+fn cluster_conf(cluster_port: u16, routes: &[u16]) -> String {
+    let routes: Vec<String> = routes
+        .iter()
+        .map(|p| format!("\"nats://127.0.0.1:{p}\""))
+        .collect();
+    format!(
+        "cluster {{\n  name: mercurio-test\n  listen: \"127.0.0.1:{cluster_port}\"\n  \
+         no_advertise: true\n  routes: [{}]\n}}\n",
+        routes.join(", ")
+    )
 }
 
 /// A chunked body's data (RFC 9112 section 7.1): each chunk's size line dropped.

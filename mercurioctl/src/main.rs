@@ -132,6 +132,9 @@ enum Command {
     /// Streams ([[streams]]): messages and bytes held, offsets, readers, what retention removed.
     #[command(subcommand)]
     Stream(StreamCommand),
+    /// Cluster mode ([cluster]): the nodes as this one sees them.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Add a user to a password file or change its password (needs no running broker).
     Passwd(passwd::Passwd),
     /// Configuration files (need no running broker).
@@ -228,6 +231,15 @@ enum BridgeCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Every node known (this one first): its state (connected or degraded for this node, up
+    /// or gone for the others), clients, sessions, version, when it connected to NATS and
+    /// when its last heartbeat came; then the totals over the nodes up. Fails (exit 1) when
+    /// cluster mode is off.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
 enum StreamCommand {
     /// Every stream: messages and bytes held, first and last offsets, readers.
     List,
@@ -312,6 +324,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Stream(StreamCommand::Delete { name }) => {
             Request::StreamDelete { name: name.clone() }
         }
+        Command::Cluster(ClusterCommand::Status) => Request::ClusterStatus,
         Command::Client(ClientCommand::Show { client_id }) => Request::ClientShow {
             client_id: client_id.clone(),
         },
@@ -505,6 +518,7 @@ fn human(command: &Command, result: &Value) -> String {
         Command::Stream(StreamCommand::Show { .. }) => stream_show(result),
         Command::Stream(StreamCommand::Create { .. }) => stream_show(result),
         Command::Stream(StreamCommand::Delete { name }) => format!("deleted the stream {name}\n"),
+        Command::Cluster(ClusterCommand::Status) => cluster_status(result),
         Command::Client(ClientCommand::Show { .. }) => show(result),
         Command::Client(ClientCommand::Disconnect { client_id }) => {
             format!("disconnected {client_id}\n")
@@ -644,6 +658,68 @@ fn bridge_list(r: &Value) -> String {
             text(&b["address"]),
         ));
     }
+    out
+}
+
+/// `cluster status` for people: one line per node, then the totals.
+fn cluster_status(r: &Value) -> String {
+    use mercurio_core::admin::NodeState;
+    let status: mercurio_core::admin::ClusterStatus = match serde_json::from_value(r.clone()) {
+        Ok(s) => s,
+        Err(e) => return format!("an answer this version cannot read ({e}):\n{r}\n"),
+    };
+    let width = status
+        .members
+        .iter()
+        .map(|n| n.node.chars().count() + 2)
+        .max()
+        .unwrap_or(0)
+        .max("NODE".len());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut out = format!(
+        "{:<width$}  {:<9}  {:>8}  {:>8}  {:<10}  {:>15}  {:>10}\n",
+        "NODE", "STATE", "CLIENTS", "SESSIONS", "VERSION", "NATS FOR", "HEARTBEAT"
+    );
+    for n in &status.members {
+        let name = if n.this {
+            format!("{} *", n.node)
+        } else {
+            n.node.clone()
+        };
+        let nats_for = match n.connected_since {
+            Some(t) if matches!(n.state, NodeState::Connected | NodeState::Up) => {
+                format!("{} s", now.saturating_sub(t))
+            }
+            _ => "-".to_string(),
+        };
+        let heartbeat = match n.last_heartbeat_ms {
+            Some(ms) => format!("{:.1} s ago", ms as f64 / 1000.0),
+            None => "-".to_string(),
+        };
+        out.push_str(&format!(
+            "{:<width$}  {:<9}  {:>8}  {:>8}  {:<10}  {:>15}  {:>10}\n",
+            name,
+            n.state.as_str(),
+            n.clients,
+            n.sessions,
+            n.version,
+            nats_for,
+            heartbeat,
+        ));
+    }
+    out.push_str(&format!(
+        "\n* this node ({}), {}\n{} nodes up, {} clients on them\n",
+        status.node,
+        if status.state == NodeState::Degraded {
+            "degraded: NATS unreachable; it serves its own clients, messages for other nodes wait"
+        } else {
+            "connected to NATS"
+        },
+        status.nodes,
+        status.clients,
+    ));
     out
 }
 

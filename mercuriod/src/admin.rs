@@ -335,6 +335,13 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
             }
             Err(e) => failure(stream_refused(&e), e.to_string()),
         },
+        Request::ClusterStatus => match handle.cluster_status() {
+            Some(status) => ok(json!(status)),
+            None => failure(
+                ErrorCode::Unsupported,
+                "cluster mode is off on this broker (no [cluster] nats_urls)",
+            ),
+        },
         // Answered by `BrokerHandle::access` above.
         _ => failure(ErrorCode::Unsupported, "unsupported request"),
     }

@@ -41,6 +41,7 @@
 //! | `{"command":"stream.show","name":"x"}` | one stream in detail |
 //! | `{"command":"stream.create","name":"x","filter":"t/#","max_age":0,"max_bytes":0,"last_value":false}` | the new stream (the bounds optional, 0 / false by default) |
 //! | `{"command":"stream.delete","name":"x"}` | `{}`; refused for a stream of the configuration file |
+//! | `{"command":"cluster.status"}` | [`ClusterStatus`]: `{node, state, nodes, clients, retained_stamps, retained_out, retained_in, members: [{node, state, this, clients, ...}]}`; `unsupported` when cluster mode is off |
 //!
 //! The `user.*`, `group.*`, `role.*` and `acl.*` requests change the access rules kept in
 //! storage (`[auth] backend = "storage"`, docs/access.md); another broker answers them with
@@ -56,7 +57,10 @@
 //!
 //! [`socket_path`]: where the admin socket is when the configuration does not say.
 
+mod cluster;
 pub mod socket_path;
+
+pub use cluster::{ClusterNode, ClusterStatus, Heartbeat, NodeState};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -285,6 +289,10 @@ pub enum Request {
         /// The stream's name.
         name: String,
     },
+    /// `cluster.status`: the nodes of the cluster as this node sees them ([`ClusterStatus`]);
+    /// `unsupported` when cluster mode is off.
+    #[serde(rename = "cluster.status")]
+    ClusterStatus,
 }
 
 impl Request {
@@ -357,7 +365,8 @@ impl Request {
             | Request::UserList
             | Request::GroupList
             | Request::RoleList
-            | Request::StreamList => &[],
+            | Request::StreamList
+            | Request::ClusterStatus => &[],
             Request::UserAdd { .. } | Request::UserPasswd { .. } => &["username", "credentials"],
             Request::UserRemove { .. } | Request::UserShow { .. } => &["username"],
             Request::UserAddRole { .. } | Request::UserRemoveRole { .. } => &["username", "role"],
@@ -574,6 +583,7 @@ mod tests {
                 last_value: false,
             },
             Request::StreamDelete { name: "x".into() },
+            Request::ClusterStatus,
         ];
         assert_eq!(table.len(), requests.len(), "{table:?}");
         for (request, json) in requests.iter().zip(&table) {
@@ -626,6 +636,7 @@ mod tests {
             Request::StreamList,
             Request::StreamShow { name: "s".into() },
             Request::StreamDelete { name: "s".into() },
+            Request::ClusterStatus,
         ] {
             assert!(!request.is_access(), "{request:?}");
         }

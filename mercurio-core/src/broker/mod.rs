@@ -42,6 +42,15 @@ pub(crate) const INTERNAL_PREFIX: &str = "$internal/";
 /// The client identifier of the cluster link's session (`cluster`).
 pub(crate) const CLUSTER_CLIENT_ID: &str = "$internal/cluster";
 
+/// A change of the retained set to report to the embedding application's callback
+/// ([`BrokerState::retain_quietly`]).
+pub(crate) enum RetainedNotice {
+    /// The topic's retained message is now this one.
+    Set(Arc<Message>),
+    /// The topic's retained message was deleted.
+    Cleared(String),
+}
+
 /// What the subscription index holds for each subscription.
 #[derive(Debug, Clone)]
 pub(crate) struct SubEntry {
@@ -232,8 +241,23 @@ impl BrokerState {
                 } else {
                     sys.insert(&msg.topic, Arc::clone(&msg));
                 }
-            } else {
+            } else if msg.topic.starts_with('$') || !self.cluster.enabled.load(Ordering::Relaxed) {
+                // This node's retained set alone: not in cluster mode, or a `$` topic, which
+                // stays on its node.
                 self.retain(&msg);
+            } else {
+                // In cluster mode the change is stamped and queued for the other nodes too
+                // (docs/cluster.md, "Retained messages"); the callback runs once the clock's
+                // lock is released.
+                match self
+                    .cluster
+                    .retained
+                    .local(&msg, || self.retain_quietly(&msg))
+                {
+                    Some(Some(change)) => self.retained_changed(change),
+                    Some(None) => {}
+                    None => self.retain(&msg),
+                }
             }
         }
         self.streams.append(&msg);
@@ -287,9 +311,28 @@ impl BrokerState {
     /// never counts against the topic limit, and against the byte limit only by what it
     /// adds; a replacement that is not kept deletes the message it replaced, which is no
     /// longer the topic's latest.
-    fn retain(&self, msg: &Arc<Message>) {
+    pub(crate) fn retain(&self, msg: &Arc<Message>) {
+        if let Some(change) = self.retain_quietly(msg) {
+            self.retained_changed(change);
+        }
+    }
+
+    /// Tells the embedding application's retained-change callback about `change` (with no
+    /// lock held).
+    pub(crate) fn retained_changed(&self, change: RetainedNotice) {
+        match &change {
+            RetainedNotice::Set(msg) => self.observers.retained(RetainedChange::Set(msg)),
+            RetainedNotice::Cleared(topic) => {
+                self.observers.retained(RetainedChange::Cleared { topic })
+            }
+        }
+    }
+
+    /// [`BrokerState::retain`] without the callback: returns the change to report, for the
+    /// caller to report once it holds no lock.
+    pub(crate) fn retain_quietly(&self, msg: &Arc<Message>) -> Option<RetainedNotice> {
         if !self.config.server.retain_available {
-            return;
+            return None;
         }
         let mut store = self.retained.lock();
         if msg.payload.is_empty() {
@@ -298,11 +341,9 @@ impl BrokerState {
                     p.retained_deleted(&msg.topic);
                 }
                 self.retained_room(&store);
-                drop(store);
-                self.observers
-                    .retained(RetainedChange::Cleared { topic: &msg.topic });
+                return Some(RetainedNotice::Cleared(msg.topic.clone()));
             }
-            return;
+            return None;
         }
         let s = &self.config.server;
         let replaced = store.get(&msg.topic).map(|m| m.size() as u64);
@@ -336,10 +377,6 @@ impl BrokerState {
             }
             let (len, bytes) = (store.len(), store.bytes());
             drop(store);
-            if cleared {
-                self.observers
-                    .retained(RetainedChange::Cleared { topic: &msg.topic });
-            }
             crate::stats::Counters::add(counter, 1);
             if !self.retained_full.swap(true, Ordering::Relaxed) {
                 let client_id = msg.publisher.as_deref().unwrap_or("(in-process)");
@@ -355,15 +392,14 @@ impl BrokerState {
                      back under half its limits"
                 );
             }
-            return;
+            return cleared.then(|| RetainedNotice::Cleared(msg.topic.clone()));
         }
         store.insert(&msg.topic, Arc::clone(msg));
         if let Some(p) = self.persist.get() {
             p.retained_set(msg);
         }
         self.retained_room(&store);
-        drop(store);
-        self.observers.retained(RetainedChange::Set(msg));
+        Some(RetainedNotice::Set(Arc::clone(msg)))
     }
 
     /// After a change to the retained set: when a message was not kept for a limit, and the

@@ -2,8 +2,9 @@
 //! each other through NATS (docs/cluster.md). Below `handle`, which starts it with the broker
 //! and stops it at shutdown.
 //!
-//! - Out: the link's own session, `$internal/cluster`, subscribes to `#` with No Local (so
-//!   what the link brings in is not sent back) and Retain As Published; its queue is drained
+//! - Out: the link's own session, `$internal/cluster`, subscribes with No Local (so what the
+//!   link brings in is not sent back) and Retain As Published to what other nodes want and to
+//!   this node's shared groups' filters (`remote.rs`), no more; its queue is drained
 //!   like any session's (`BrokerState::drain`: its limits, back pressure, drop counting) and
 //!   each message is published on NATS on its topic's subject ([`subject::topic_subject`]) as
 //!   an [`envelope::Envelope`]. NATS forwards it only to nodes subscribed to a matching
@@ -12,7 +13,8 @@
 //!   subscriptions ([`subject::filter_subjects`]), added and removed as they change.
 //! - In: a message from NATS is taken once ([`dedup::Seen`]), then routed to the local
 //!   subscriptions that match it, as published by `$internal/cluster`; the RETAIN flag goes
-//!   with it for Retain As Published, but it is not kept as a retained message here.
+//!   with it for Retain As Published; what is kept as the topic's retained message comes
+//!   separately (`control.rs`: retained changes, heartbeats, on a third connection).
 //! - Shared subscription groups: routing leaves them out in cluster mode; each group with
 //!   members here is a NATS queue subscription (on a second connection, which receives this
 //!   node's own messages too), so that NATS gives each message to one node with members, and
@@ -21,8 +23,10 @@
 //! Dependency: `async-nats`, the NATS client of the NATS project (recorded in the crate's
 //! Cargo.toml).
 
+mod control;
 pub(crate) mod dedup;
 pub mod envelope;
+mod remote;
 pub mod subject;
 
 use std::collections::HashMap;
@@ -38,12 +42,12 @@ use tokio::task::JoinHandle;
 use crate::broker::drain::{Outlet, Unsent};
 use crate::broker::{BrokerState, CLUSTER_CLIENT_ID};
 use crate::cluster_status::ClusterStatus;
-use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
+use crate::codec::{ProtocolVersion, QoS};
 use crate::error::Error;
 use crate::interest::Key;
 use crate::link::Link;
 use crate::message::Message;
-use crate::session::{Delivery, Granted, Session};
+use crate::session::{Delivery, Session};
 use envelope::Envelope;
 
 /// The token, after the prefix, of the subject of topics too long for a subject of their own.
@@ -64,6 +68,12 @@ const OUT_BATCH: usize = 64;
 /// The running cluster link: its tasks, and the NATS connection they share.
 pub(crate) struct Cluster {
     tasks: Vec<JoinHandle<()>>,
+    /// This node's heartbeat subject, for the last one, at stop.
+    heartbeat_subject: String,
+    /// The connection of the retained changes and heartbeats.
+    control: async_nats::Client,
+    /// This start's incarnation.
+    origin: u64,
     client: async_nats::Client,
     /// The connection of the shared subscription groups' queue subscriptions.
     shares: async_nats::Client,
@@ -74,7 +84,7 @@ pub(crate) struct Cluster {
 impl Cluster {
     /// Starts cluster mode when `[cluster] nats_urls` is set: connects to NATS (in the
     /// background: an unreachable NATS does not stop the broker from starting; the client
-    /// retries), subscribes the link's session to `#` and starts the tasks.
+    /// retries), makes the link's session and starts the tasks.
     ///
     /// Errors: [`Error::File`] for a password or token file that cannot be read,
     /// [`Error::Config`] for a credentials file that cannot be used or an unusable NATS URL,
@@ -122,6 +132,28 @@ impl Cluster {
                     tracing::debug!("cluster: NATS (shared subscriptions): {event}");
                 }
             })
+            .connect(urls.clone())
+            .await
+            .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
+        // Retained changes and heartbeats, on a third connection (no echo): apart from the
+        // routed messages, and asking for the retained messages it missed at each (re)connection.
+        let connects = Arc::downgrade(broker);
+        let control_client = connect_options(cfg, format!("mercurio {} control", cfg.node_name))
+            .await?
+            .no_echo()
+            .event_callback(move |event| {
+                let connects = connects.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            if let Some(b) = connects.upgrade() {
+                                b.cluster.connects.notify_one();
+                            }
+                        }
+                        other => tracing::debug!("cluster: NATS (control): {other}"),
+                    }
+                }
+            })
             .connect(urls)
             .await
             .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
@@ -132,21 +164,28 @@ impl Cluster {
         let (session, _) = broker.internal_session(&id);
         let link = Arc::new(Link::new());
         session.attach(&link, ProtocolVersion::V5, u32::MAX, &mut None);
-        let options = SubscriptionOptions {
-            qos: QoS::ExactlyOnce,
-            no_local: true,
-            retain_as_published: true,
-            retain_handling: 2,
-        };
-        broker.subscribe(
-            &session,
-            "#",
-            Granted {
-                options,
-                identifier: None,
-            },
-        );
+        // The link subscribes to what other nodes want, and to this node's shared groups
+        // (remote.rs), no more.
+        let link_filters = Arc::new(remote::LinkFilters::new(Arc::clone(&session)));
         let origin = incarnation();
+        // Retained messages held before the start (from storage) are older than any change
+        // made in the cluster.
+        let mut held = Vec::new();
+        broker
+            .retained
+            .lock()
+            .for_each_matching("#", |m: &Arc<Message>| held.push(m.topic.clone()));
+        broker.cluster.retained.start(&cfg.node_name, held);
+        let subjects = control::Subjects::new(&prefix, &cfg.node_name);
+        let heartbeat_subject = subjects.heartbeat_subject().to_string();
+        let control = tokio::spawn(control::run(
+            Arc::clone(broker),
+            control_client.clone(),
+            subjects,
+            origin,
+            Arc::clone(&id),
+            Arc::clone(&link_filters),
+        ));
         let out = tokio::spawn(send_out(
             Arc::clone(broker),
             Arc::clone(&session),
@@ -161,9 +200,13 @@ impl Cluster {
             client.clone(),
             shares.clone(),
             prefix,
+            link_filters,
         ));
         Ok(Some(Cluster {
-            tasks: vec![out, inbound],
+            tasks: vec![out, inbound, control],
+            heartbeat_subject,
+            origin,
+            control: control_client,
             client,
             shares,
             session,
@@ -184,6 +227,16 @@ impl Cluster {
         broker.end_session(&self.session);
         // Bounded: with NATS unreachable neither would end.
         let grace = std::time::Duration::from_secs(2);
+        // The others show this node as gone at once.
+        let leaving = control::announce(
+            broker,
+            &self.control,
+            &self.heartbeat_subject,
+            self.origin,
+            true,
+        );
+        let _ = tokio::time::timeout(grace, leaving).await;
+        let _ = tokio::time::timeout(grace, self.control.drain()).await;
         let _ = tokio::time::timeout(grace, self.client.flush()).await;
         let _ = tokio::time::timeout(grace, self.client.drain()).await;
         let _ = tokio::time::timeout(grace, self.shares.drain()).await;
@@ -255,6 +308,10 @@ fn on_event(broker: &Weak<BrokerState>, log: &LinkLog, event: async_nats::Event)
     match event {
         async_nats::Event::Connected => {
             status.connected.store(true, Ordering::Relaxed);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            status.connected_since.store(now, Ordering::Relaxed);
             log.error_told.store(false, Ordering::Relaxed);
             if log.ever_connected.swap(true, Ordering::Relaxed) {
                 ClusterStatus::add(&status.reconnects, 1);
@@ -394,6 +451,7 @@ async fn take_in(
     client: async_nats::Client,
     shares: async_nats::Client,
     prefix: String,
+    link_filters: Arc<remote::LinkFilters>,
 ) {
     let (tx, mut rx) = mpsc::channel::<Inbound>(1024);
     // Subject -> (filters needing it, the task forwarding its messages).
@@ -422,6 +480,13 @@ async fn take_in(
                     if !changed {
                         continue;
                     }
+                    // Told to the other nodes (control.rs).
+                    broker
+                        .cluster
+                        .interest
+                        .lock()
+                        .change(filter.clone(), present);
+                    broker.cluster.interest_wake.notify_one();
                     for s in subject::filter_subjects(&prefix, &filter) {
                         if present {
                             subscribe(&client, &s, &tx, &mut subs).await;
@@ -437,12 +502,21 @@ async fn take_in(
                 }
                 Key::Group(full) if present => {
                     if let std::collections::hash_map::Entry::Vacant(e) = groups.entry(full) {
+                        // Its messages go through NATS, from this node too: the link takes
+                        // them; and the other nodes are told.
+                        link_filters.add(&broker, e.key());
+                        broker.cluster.interest.lock().change(e.key().clone(), true);
+                        broker.cluster.interest_wake.notify_one();
                         let forwards = subscribe_group(&shares, &prefix, e.key(), &tx).await;
                         e.insert(forwards);
                     }
                 }
                 Key::Group(full) => {
-                    groups.remove(&full);
+                    if groups.remove(&full).is_some() {
+                        link_filters.remove(&broker, &full);
+                        broker.cluster.interest.lock().change(full, false);
+                        broker.cluster.interest_wake.notify_one();
+                    }
                 }
             }
         }

@@ -39,6 +39,10 @@ pub struct ClusterConfig {
     pub cert_file: Option<PathBuf>,
     /// The private key of `cert_file`, PEM.
     pub key_file: Option<PathBuf>,
+    /// Seconds between this node's heartbeats (1 to 300; default 2): each node announces
+    /// itself to the others this often, and a node that misses three is shown as gone
+    /// (docs/cluster.md, "Status"). Give every node the same.
+    pub heartbeat_interval: Option<u64>,
 }
 
 /// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
@@ -73,6 +77,9 @@ fn check_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The heartbeat interval when `heartbeat_interval` is not set, in seconds.
+pub const DEFAULT_HEARTBEAT_INTERVAL: u64 = 2;
+
 /// The subject prefix when `subject_prefix` is not set.
 pub const DEFAULT_SUBJECT_PREFIX: &str = "mercurio";
 
@@ -87,6 +94,15 @@ impl ClusterConfig {
         self.subject_prefix
             .as_deref()
             .unwrap_or(DEFAULT_SUBJECT_PREFIX)
+    }
+
+    /// The time between two heartbeats: `heartbeat_interval`, or
+    /// [`DEFAULT_HEARTBEAT_INTERVAL`] seconds.
+    pub fn heartbeat(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.heartbeat_interval
+                .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL),
+        )
     }
 
     /// Checks the section's values and combinations; the files are checked when opened.
@@ -112,7 +128,8 @@ impl ClusterConfig {
             || self.token_file.is_some()
             || self.ca_file.is_some()
             || self.cert_file.is_some()
-            || self.key_file.is_some();
+            || self.key_file.is_some()
+            || self.heartbeat_interval.is_some();
         if !self.enabled() {
             if has_settings {
                 return Err(ConfigError::new(
@@ -141,6 +158,15 @@ impl ClusterConfig {
             return Err(ConfigError::new(
                 "cluster.node_name",
                 "must be 1 to 64 letters, digits, '-' or '_'",
+            ));
+        }
+        if self
+            .heartbeat_interval
+            .is_some_and(|s| !(1..=300).contains(&s))
+        {
+            return Err(ConfigError::new(
+                "cluster.heartbeat_interval",
+                "must be 1 to 300 seconds",
             ));
         }
         if self.username.is_some() != self.password_file.is_some() {

@@ -20,7 +20,7 @@ pub use bridges::{
     DEFAULT_BRIDGE_QUEUED_BYTES, DEFAULT_BRIDGE_QUEUED_MESSAGES,
 };
 pub use cidr::Cidr;
-pub use cluster::{ClusterConfig, DEFAULT_SUBJECT_PREFIX};
+pub use cluster::{ClusterConfig, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SUBJECT_PREFIX};
 pub use streams::{valid_name as valid_stream_name, StreamConfig};
 
 /// The whole configuration: `[server]`, `[[listeners]]`, `[[bridges]]`, `[[streams]]`,

@@ -837,6 +837,68 @@ impl BrokerHandle {
         self.bridges.reload(bridges).await
     }
 
+    /// The cluster as this node sees it (`cluster.status`, docs/cluster.md "Status"): this
+    /// node, the totals over the nodes up, and every node known, this one first, then by
+    /// name. `None` while cluster mode is off.
+    pub fn cluster_status(&self) -> Option<crate::admin::ClusterStatus> {
+        use crate::admin::{ClusterNode, NodeState};
+        let b = &self.inner;
+        let own_clients = b.stats.clients_connected.load(Ordering::Relaxed);
+        let info = b.cluster.info(own_clients)?;
+        let node = b.config.cluster.node_name.clone();
+        let state = if info.degraded {
+            NodeState::Degraded
+        } else {
+            NodeState::Connected
+        };
+        let since = b.cluster.connected_since.load(Ordering::Relaxed);
+        let mut members = vec![ClusterNode {
+            node: node.clone(),
+            state,
+            this: true,
+            clients: own_clients,
+            sessions: b.sessions.lock().len() as u64,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            connected_since: (since > 0).then_some(since),
+            last_heartbeat_ms: None,
+            interest: Some(b.cluster.interest.lock().keys.len() as u64),
+        }];
+        let now = std::time::Instant::now();
+        let mut peers: Vec<ClusterNode> = b
+            .cluster
+            .peers
+            .lock()
+            .values()
+            .map(|p| ClusterNode {
+                node: p.heartbeat.node.clone(),
+                state: if p.up(now) {
+                    NodeState::Up
+                } else {
+                    NodeState::Gone
+                },
+                this: false,
+                clients: p.heartbeat.clients,
+                sessions: p.heartbeat.sessions,
+                version: p.heartbeat.version.clone(),
+                connected_since: Some(p.heartbeat.connected_since),
+                last_heartbeat_ms: Some(now.duration_since(p.seen).as_millis() as u64),
+                interest: p.interest,
+            })
+            .collect();
+        peers.sort_by(|a, b| a.node.cmp(&b.node));
+        members.extend(peers);
+        Some(crate::admin::ClusterStatus {
+            node,
+            state,
+            nodes: info.nodes,
+            clients: info.clients,
+            retained_stamps: b.cluster.retained.len() as u64,
+            retained_out: info.retained_out,
+            retained_in: info.retained_in,
+            members,
+        })
+    }
+
     /// Number of retained messages held.
     pub fn retained_count(&self) -> usize {
         self.inner.retained.lock().len()

@@ -582,3 +582,76 @@ fn stream_create_and_delete_at_run_time() {
     );
     fails(&d, &["stream", "delete", "made"], 1, "no such stream: made");
 }
+
+#[test]
+fn cluster_status() {
+    const TEST: &str = "cluster_status";
+    // Cluster mode off: refused, exit 1, one line saying so.
+    let off = Daemon::start("");
+    fails(&off, &["cluster", "status"], 1, "cluster mode is off");
+    // No broker: exit 69.
+    let dir = tempfile::tempdir().expect("dir");
+    let missing = dir.path().join("mercuriod.sock");
+    let out = ctl(&[
+        "--socket",
+        missing.to_str().expect("utf-8"),
+        "cluster",
+        "status",
+    ]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mercuriod is not running"));
+
+    let Some(nats) = mercurio_testkit::NatsServer::start(TEST) else {
+        return;
+    };
+    let node = |name: &str| {
+        let mut d = Daemon::start(&format!(
+            "[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\n",
+            nats.url()
+        ));
+        d.wait_listeners(1);
+        d
+    };
+    let a = node("a");
+    let b = node("b");
+    let _client = Mqtt::connect(b.port(), 4, "on-b", true);
+    wait_until("A sees B up with its client", || {
+        let s = json(&a, &["cluster", "status"]);
+        s["nodes"] == 2 && s["clients"] == 1
+    });
+    let s = json(&a, &["cluster", "status"]);
+    assert_eq!(s["node"], "a");
+    assert_eq!(s["state"], "connected");
+    let members = s["members"].as_array().expect("members");
+    assert_eq!(members.len(), 2, "{s}");
+    assert_eq!(
+        (&members[0]["node"], &members[0]["this"]),
+        (&"a".into(), &true.into())
+    );
+    assert_eq!(
+        (&members[1]["node"], &members[1]["state"]),
+        (&"b".into(), &"up".into())
+    );
+    assert_eq!(members[1]["clients"], 1);
+    assert_eq!(members[1]["version"], env!("CARGO_PKG_VERSION"));
+    let (code, out, err) = run(&a, &["cluster", "status"]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("NODE"), "{out}");
+    assert!(
+        lines[1].starts_with("a *") && lines[1].contains("connected"),
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with("b ") && lines[2].contains(" up "),
+        "{out}"
+    );
+    assert!(out.contains("2 nodes up, 1 clients on them"), "{out}");
+
+    // B stops: its last heartbeat says so, and A shows it as gone at once.
+    drop(b);
+    wait_until("B gone, as A sees it", || {
+        let s = json(&a, &["cluster", "status"]);
+        s["nodes"] == 1 && s["members"][1]["state"] == "gone"
+    });
+}

@@ -62,6 +62,17 @@ fn subjects(nats: &NatsServer, name: &str) -> Vec<String> {
     v
 }
 
+/// The filters and shared groups of node `name` that `d` knows (`cluster.status`), `None`
+/// while it knows none.
+fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
+    let answer = d.admin(r#"{"command":"cluster.status"}"#);
+    answer["result"]["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == name)
+        .and_then(|m| m["interest"].as_u64())
+}
+
 #[test]
 fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() {
     const TEST: &str = "a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once";
@@ -102,6 +113,10 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     });
     wait_until("C's interest at the NATS server", || {
         subjects(&nats, "c").len() == 3
+    });
+    // B, the publisher, knows what A and C want: its link takes those topics only.
+    wait_until("A's and C's interest known to B", || {
+        interest_of(&b, "a") == Some(3) && interest_of(&b, "c") == Some(1)
     });
 
     // From B: QoS 0, QoS 1, then QoS 0 again, and one on a topic nobody subscribes to.
@@ -146,6 +161,12 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     assert_eq!(out_msgs(&nats, "c"), 1);
     assert_eq!(out_msgs(&nats, "a"), 9);
     assert_eq!(out_msgs(&nats, "b"), 0);
+    // B sent NATS the four messages other nodes want, not `nobody/here`.
+    let in_msgs = nats
+        .connection("mercurio b")
+        .and_then(|c| c["in_msgs"].as_u64())
+        .expect("B's in_msgs");
+    assert_eq!(in_msgs, 4);
     // A's metrics: three messages in, six copies dropped (once each has come).
     let metric = |name: &str| -> u64 {
         let body = http::get(metrics_addr, "/metrics").body;
@@ -195,6 +216,7 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
     wide.subscribe("l/#", QoS::AtMostOnce);
     wait_until("A's interest in l/#", || {
         subjects(&nats, "a").contains(&"mercurio.msg.l.>".to_string())
+            && interest_of(&b, "a") == Some(1)
     });
     publisher.publish(&long_topic, b"long", QoS::AtMostOnce, false);
     let p = wide.expect_publish();
@@ -252,8 +274,8 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
         });
     }
     let a_subjects = ["mercurio.long", "mercurio.msg.t", "mercurio.msg.t.>"];
-    wait_until("A's interest at the NATS server", || {
-        subjects(&nats, "a") == a_subjects
+    wait_until("A's interest at the NATS server, and known to B", || {
+        subjects(&nats, "a") == a_subjects && interest_of(&b, "a") == Some(1)
     });
     let mut publisher = client(&b, "publisher");
     publisher.publish("t/1", b"one", QoS::AtLeastOnce, false);
@@ -289,6 +311,7 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
     q2.subscribe("p/#", QoS::ExactlyOnce);
     wait_until("A's interest in p/#", || {
         subjects(&nats, "a").contains(&"mercurio.msg.p.>".to_string())
+            && interest_of(&b, "a") == Some(2)
     });
     let properties = Properties {
         content_type: Some("text/plain".into()),
@@ -374,6 +397,8 @@ fn a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster() {
         subjects(&nats, "a shares") == group_subjects
             && subjects(&nats, "c shares") == group_subjects
             && subjects(&nats, "a").len() == 3
+            && interest_of(&b, "a") == Some(2)
+            && interest_of(&b, "c") == Some(1)
     });
 
     // Each member's messages, read on a thread of its own until its socket is shut down.
@@ -425,4 +450,259 @@ fn a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster() {
     assert_eq!(distinct.len(), 40, "{got:?}");
     assert_eq!(got.len(), 40, "copies: {got:?}");
     drop((a, b, c));
+}
+
+/// The `cluster.status` answer of node `d`.
+fn cluster_status(d: &Daemon) -> serde_json::Value {
+    let answer = d.admin(r#"{"command":"cluster.status"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    answer["result"].clone()
+}
+
+/// A counter of `cluster.status` (`retained_in`, `nodes`...) on node `d`.
+fn status_count(d: &Daemon, key: &str) -> u64 {
+    cluster_status(d)[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} in cluster.status"))
+}
+
+/// The state `d` shows for node `name` in `cluster.status`.
+fn member_state(d: &Daemon, name: &str) -> Option<String> {
+    let status = cluster_status(d);
+    status["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == name)
+        .and_then(|m| m["state"].as_str().map(String::from))
+}
+
+/// Subscribes `c` to `filter` and returns the retained messages that come before the broker
+/// answers a PINGREQ sent after the SUBACK (retained messages are sent with the SUBACK).
+fn retained_for(c: &mut Client, filter: &str) -> Vec<(String, Vec<u8>)> {
+    c.subscribe(filter, QoS::AtMostOnce);
+    c.send(Packet::PingReq);
+    let mut got = Vec::new();
+    loop {
+        match c.recv() {
+            Some(Packet::PingResp) => return got,
+            Some(Packet::Publish(p)) => {
+                assert!(p.retain, "a retained message: {p:?}");
+                got.push((p.topic.clone(), p.payload.to_vec()));
+            }
+            other => panic!("expected PUBLISH or PINGRESP, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn retained_messages_are_cluster_wide_and_a_node_away_catches_up() {
+    const TEST: &str = "retained_messages_are_cluster_wide_and_a_node_away_catches_up";
+    if nats_server_bin().is_none() {
+        let _ = NatsServer::start(TEST);
+        return;
+    }
+    // Two NATS servers in one NATS cluster: A and B on the first, C on the second, which
+    // stops for a while below (C alone then loses NATS).
+    let (route1, route2, port2) = (free_port(), free_port(), free_port());
+    let nats1 = NatsServer::start_clustered(TEST, 0, route1, &[route2]).expect("nats-server");
+    let nats2 = NatsServer::start_clustered(TEST, port2, route2, &[route1]).expect("nats-server");
+    wait_until("the NATS servers routed", || {
+        nats1.routes() >= 1 && nats2.routes() >= 1
+    });
+    let extra = "[server]\nsys_interval = 1\n\n";
+    let cluster = "[cluster]\nheartbeat_interval = 1\n";
+    let start = |nats: &NatsServer, name: &str, more: &str, listeners: usize| {
+        let mut d = Daemon::start(&format!(
+            "{extra}{more}{cluster}nats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+            nats.url()
+        ));
+        d.wait_listeners(listeners);
+        d.wait_logged("the connection to NATS", |l| {
+            l.contains("cluster: connected to NATS")
+        });
+        d
+    };
+    let a = start(&nats1, "a", "", 1);
+    let b = start(&nats1, "b", "", 1);
+    let mut c = start(
+        &nats2,
+        "c",
+        "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\nmetrics = true\n\n",
+        2,
+    );
+    let c_metrics = c.addrs()[1];
+    wait_until("three nodes up, as A, B and C see it", || {
+        [&a, &b, &c].iter().all(|d| status_count(d, "nodes") == 3)
+    });
+
+    // Retained on A: a new subscriber on C gets it.
+    let mut pa = client(&a, "pa");
+    pa.publish("r/1", b"one", QoS::AtLeastOnce, true);
+    wait_until("C has A's retained message", || {
+        status_count(&c, "retained_in") == 1
+    });
+    let mut sc = client(&c, "sc");
+    assert_eq!(
+        retained_for(&mut sc, "r/#"),
+        [("r/1".to_string(), b"one".to_vec())]
+    );
+    assert_eq!(status_count(&a, "retained_out"), 1);
+
+    // Cleared on B: a new subscriber on A gets nothing.
+    wait_until("C's interest known to B", || {
+        interest_of(&b, "c") == Some(1)
+    });
+    let mut pb = client(&b, "pb");
+    pb.publish("r/1", b"", QoS::AtLeastOnce, true);
+    wait_until("A and C applied B's clear", || {
+        status_count(&a, "retained_in") == 1 && status_count(&c, "retained_in") == 2
+    });
+    // (C's subscriber got the clear itself, routed as any message.)
+    let p = sc.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("r/1", &b""[..]));
+    let mut sa = client(&a, "sa");
+    assert_eq!(retained_for(&mut sa, "r/#"), []);
+    let mut sc2 = client(&c, "sc2");
+    assert_eq!(retained_for(&mut sc2, "r/#"), []);
+
+    // C loses NATS (its server stops): it reports degraded, keeps serving its own clients,
+    // and the others show it as gone after three missed heartbeats.
+    let mut sys = client(&c, "sys");
+    sys.subscribe("$SYS/broker/cluster/degraded", QoS::AtMostOnce);
+    drop(nats2);
+    c.wait_logged("the disconnection", |l| {
+        l.contains("cluster: disconnected from NATS")
+    });
+    assert_eq!(member_state(&c, "c").as_deref(), Some("degraded"));
+    loop {
+        let p = sys.expect_publish();
+        if &p.payload[..] == b"1" {
+            break;
+        }
+    }
+    let metric = |name: &str| -> u64 {
+        let body = http::get(c_metrics, "/metrics").body;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {body}"))
+    };
+    assert_eq!(metric("mercurio_cluster_degraded"), 1);
+    assert_eq!(metric("mercurio_cluster_connected"), 0);
+    let mut local = client(&c, "local");
+    local.publish("r/local", b"here", QoS::AtLeastOnce, false);
+    let p = sc.expect_publish();
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("r/local", &b"here"[..])
+    );
+    wait_until("C gone, as A sees it", || {
+        member_state(&a, "c").as_deref() == Some("gone") && status_count(&a, "nodes") == 2
+    });
+
+    // Meanwhile A retains r/2 and B r/3, then clears r/3: C missed all three.
+    pa.publish("r/2", b"two", QoS::AtLeastOnce, true);
+    pb.publish("r/3", b"three", QoS::AtLeastOnce, true);
+    pb.publish("r/3", b"", QoS::AtLeastOnce, true);
+    wait_until("A and B applied each other's changes", || {
+        status_count(&a, "retained_in") == 3 && status_count(&b, "retained_in") == 2
+    });
+
+    // C's NATS server is back: C reconnects, asks for what it missed, and a new subscriber on
+    // C gets r/2 (and not r/3).
+    let nats2 = NatsServer::start_clustered(TEST, port2, route2, &[route1]).expect("nats-server");
+    c.wait_logged("the reconnection", |l| {
+        l.contains("cluster: reconnected to NATS")
+    });
+    wait_until("C caught up", || {
+        let s = cluster_status(&c);
+        s["state"] == "connected" && s["retained_stamps"] == 3 && s["nodes"] == 3
+    });
+    assert_eq!(metric("mercurio_cluster_degraded"), 0);
+    let mut sc3 = client(&c, "sc3");
+    assert_eq!(
+        retained_for(&mut sc3, "r/#"),
+        [("r/2".to_string(), b"two".to_vec())]
+    );
+    wait_until("C up again, as A sees it", || {
+        member_state(&a, "c").as_deref() == Some("up")
+    });
+    // The totals: three nodes, and the clients of all three.
+    let clients: u64 = [&a, &b, &c]
+        .iter()
+        .map(|d| {
+            d.admin(r#"{"command":"broker.status"}"#)["result"]["clients_connected"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    wait_until("the clients of the three nodes in A's totals", || {
+        status_count(&a, "clients") == clients
+    });
+    drop((nats1, nats2));
+}
+
+#[test]
+fn retained_changes_on_both_sides_of_a_partition_meet_when_it_heals() {
+    const TEST: &str = "retained_changes_on_both_sides_of_a_partition_meet_when_it_heals";
+    if nats_server_bin().is_none() {
+        let _ = NatsServer::start(TEST);
+        return;
+    }
+    // Two NATS servers not routed to each other yet: A on one, C on the other, each side
+    // connected to NATS, neither hearing the other.
+    let (route1, route2) = (free_port(), free_port());
+    let nats1 = NatsServer::start_partitioned(TEST, route1).expect("nats-server");
+    let nats2 = NatsServer::start_partitioned(TEST, route2).expect("nats-server");
+    let start = |nats: &NatsServer, name: &str| {
+        let mut d = Daemon::start(&format!(
+            "[cluster]\nheartbeat_interval = 1\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+            nats.url()
+        ));
+        d.wait_listeners(1);
+        d.wait_logged("the connection to NATS", |l| {
+            l.contains("cluster: connected to NATS")
+        });
+        d
+    };
+    let a = start(&nats1, "a");
+    let c = start(&nats2, "c");
+    let mut pa = client(&a, "pa");
+    pa.publish("p/a", b"from a", QoS::AtLeastOnce, true);
+    pa.publish("p/both", b"older", QoS::AtLeastOnce, true);
+    let mut pc = client(&c, "pc");
+    pc.publish("p/c", b"from c", QoS::AtLeastOnce, true);
+    // The later change of p/both: A acknowledged its own before C's is made, so C's stamp is
+    // not earlier on this one clock (and at the same millisecond, "c" is after "a").
+    pc.publish("p/both", b"newer", QoS::AtLeastOnce, true);
+    assert_eq!(status_count(&a, "nodes"), 1);
+    assert_eq!(status_count(&c, "nodes"), 1);
+
+    // The partition heals (the servers route to each other; no node reconnects): each node
+    // hears the other, asks for its set, and both end with the same three topics, the later
+    // change of p/both winning.
+    nats2.route_to(route2, &[route1]);
+    wait_until("the NATS servers routed", || {
+        nats1.routes() >= 1 && nats2.routes() >= 1
+    });
+    wait_until("A and C caught up with each other", || {
+        status_count(&a, "nodes") == 2
+            && status_count(&c, "nodes") == 2
+            && status_count(&a, "retained_stamps") == 3
+            && status_count(&c, "retained_stamps") == 3
+            && status_count(&a, "retained_in") >= 2
+            && status_count(&c, "retained_in") >= 1
+    });
+    for d in [&a, &c] {
+        let mut s = client(d, "reader");
+        let mut got = retained_for(&mut s, "p/#");
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("p/a".to_string(), b"from a".to_vec()),
+                ("p/both".to_string(), b"newer".to_vec()),
+                ("p/c".to_string(), b"from c".to_vec()),
+            ]
+        );
+    }
 }
