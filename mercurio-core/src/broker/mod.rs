@@ -6,6 +6,7 @@ pub(crate) mod access;
 mod backlog;
 pub(crate) mod drain;
 mod entry;
+mod memory_bound;
 pub(crate) mod restore;
 mod shared;
 mod stream_reader;
@@ -53,6 +54,9 @@ pub(crate) struct SubEntry {
 pub(crate) struct BrokerState {
     pub config: Config,
     pub limits: QueueLimits,
+    /// The bytes every session's queue holds, and `max_queued_memory` (`queued_memory`,
+    /// `memory_bound.rs`); each session's queue holds it.
+    pub queued_memory: Arc<crate::queued_memory::QueuedMemory>,
     /// Shared with the storage writer, which writes a session whole after a failure.
     /// Lock: first in the lock order, taken with no other lock held; a session's `state`
     /// and `identity` may be taken under it (ARCHITECTURE.md, "Concurrency model and lock
@@ -162,9 +166,13 @@ impl BrokerState {
             interest.start(Arc::from(CLUSTER_CLIENT_ID));
         }
         let streams = crate::streams::Streams::new(&config.streams);
+        let queued_memory = Arc::new(crate::queued_memory::QueuedMemory::new(
+            config.server.max_queued_memory,
+        ));
         BrokerState {
             config,
             limits,
+            queued_memory,
             sessions: Arc::new(Mutex::new(HashMap::new())),
             index: RwLock::new(SubscriptionIndex::new()),
             retained: Mutex::new(RetainedStore::weighed(|m: &Arc<Message>| m.size())),

@@ -315,6 +315,7 @@ fn restore_session(
         Arc::clone(&client_id),
         protocol_from_level(record.protocol_level),
         record.session_expiry_interval,
+        &broker.queued_memory,
     ));
     // The client was connected when the previous broker stopped: its connection ended now.
     let crashed = record.disconnected_at.is_none();

@@ -23,6 +23,7 @@ use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::lazy_map::LazyMap;
 use crate::link::Link;
 use crate::message::Message;
+use crate::queued_memory::QueuedMemory;
 use crate::stats::DropCause;
 
 /// One delivery of a message to one session: the shared message, plus what this delivery adds
@@ -235,17 +236,19 @@ impl Enqueued {
 }
 
 impl Session {
+    /// A session with nothing in it, its queue's bytes counted in `memory` (the broker's).
     pub(crate) fn new(
         client_id: Arc<str>,
         protocol: ProtocolVersion,
         expiry_interval: u32,
+        memory: &Arc<QueuedMemory>,
     ) -> Session {
         Session {
             client_id,
             state: Mutex::new(SessionState {
                 protocol,
                 subscriptions: LazyMap::new(),
-                queue: Queue::default(),
+                queue: Queue::new(Arc::clone(memory)),
                 inflight: VecDeque::new(),
                 inbound_qos2: LazyMap::new(),
                 next_packet_id: 1,
@@ -468,6 +471,52 @@ impl Session {
     }
 }
 
+/// What a session gives up for the broker-wide bound (`max_queued_memory`,
+/// `broker::memory_bound`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shed {
+    /// Its queued QoS 0 deliveries, connected or not.
+    Qos0,
+    /// Its oldest queued deliveries, from the head of the queue, until at least this many
+    /// bytes are freed; only while no client is connected.
+    Oldest(u64),
+}
+
+impl Session {
+    /// Drops what `shed` asks from the queue (reported to storage as any dequeue), counted
+    /// in the session's own drop count. Returns the dropped deliveries' messages, for the
+    /// caller to count and tell with no lock held; none when the session ended.
+    pub(crate) fn shed(&self, shed: Shed) -> Vec<Arc<Message>> {
+        let mut st = self.state.lock();
+        if st.ended {
+            return Vec::new();
+        }
+        let dropped = match shed {
+            Shed::Qos0 => st.queue.retain(|q| q.qos != QoS::AtMostOnce),
+            Shed::Oldest(_) if st.link.is_some() => return Vec::new(),
+            Shed::Oldest(bytes) => {
+                let mut freed = 0;
+                let mut dropped = Vec::new();
+                while freed < bytes {
+                    let before = st.queue.bytes();
+                    let Some(q) = st.queue.pop_front() else {
+                        break;
+                    };
+                    freed += before - st.queue.bytes();
+                    dropped.push(q);
+                }
+                dropped
+            }
+        };
+        for q in &dropped {
+            st.persist_dequeued(&self.client_id, q);
+        }
+        st.dropped += dropped.len() as u64;
+        drop(st);
+        dropped.into_iter().map(|q| q.msg).collect()
+    }
+}
+
 /// What [`Session::detach`] leaves for the broker to do.
 #[derive(Debug)]
 pub(crate) struct Detached {
@@ -664,5 +713,75 @@ impl Session {
     /// The filters of the session's subscriptions.
     pub(crate) fn filters(&self) -> Vec<String> {
         self.state.lock().subscriptions.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn delivery(qos: QoS, n: u8) -> Delivery {
+        Delivery {
+            msg: Arc::new(Message {
+                topic: "t".into(),
+                payload: bytes::Bytes::from(vec![n; 10]),
+                qos,
+                retain: false,
+                properties: Default::default(),
+                expires_at: None,
+                publisher: None,
+                encoded: OnceLock::new(),
+                stored: OnceLock::new(),
+            }),
+            qos,
+            retain: false,
+            subscription_ids: Vec::new(),
+            seq: 0,
+            share: None,
+        }
+    }
+
+    /// An offline session sheds its QoS 0 deliveries, then its oldest, from the head, until
+    /// the bytes asked for are freed; the broker's account follows.
+    #[test]
+    fn an_offline_session_sheds_qos0_then_its_oldest() {
+        let memory = Arc::new(QueuedMemory::new(0));
+        let s = Session::new("c".into(), ProtocolVersion::V5, u32::MAX, &memory);
+        let limits = QueueLimits::new(&ServerConfig::default());
+        // Offline, QoS 0 is not queued: put one in as a connected session would have.
+        s.state.lock().queue.push_back(delivery(QoS::AtMostOnce, 0));
+        for n in 1..=4 {
+            assert!(s
+                .enqueue(delivery(QoS::AtLeastOnce, n), &limits)
+                .is_queued());
+        }
+        let cost = delivery(QoS::AtLeastOnce, 0).cost();
+        assert_eq!(memory.bytes(), 5 * cost);
+
+        let dropped = s.shed(Shed::Qos0);
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].qos, QoS::AtMostOnce);
+        assert_eq!(memory.bytes(), 4 * cost);
+
+        // Just over one delivery's bytes: two go, the oldest two.
+        let dropped = s.shed(Shed::Oldest(cost + 1));
+        let firsts: Vec<u8> = dropped.iter().map(|m| m.payload[0]).collect();
+        assert_eq!(firsts, [1, 2]);
+        assert_eq!(memory.bytes(), 2 * cost);
+        let st = s.state.lock();
+        let left: Vec<u8> = st.queue.iter().map(|d| d.msg.payload[0]).collect();
+        assert_eq!(left, [3, 4]);
+        assert_eq!(st.dropped, 3, "counted in the session's own drops");
+        drop(st);
+
+        s.end();
+        assert_eq!(memory.bytes(), 0);
+        assert!(
+            s.shed(Shed::Oldest(u64::MAX)).is_empty(),
+            "an ended session"
+        );
     }
 }

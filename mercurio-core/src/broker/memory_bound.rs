@@ -1,0 +1,109 @@
+//! The broker-wide bound on queued memory (`[server] max_queued_memory`, memory backend;
+//! ARCHITECTURE.md, "Flow control"; what is counted: `queued_memory`).
+//!
+//! Over the bound, the entry's back pressure ([`BrokerState::wait_congested`]) makes the
+//! publisher wait, as for a session at its high-water mark, until the queues' drains bring
+//! the total back to the bound. If they do not within `stall_time` (nobody takes messages:
+//! the queues belong to offline sessions), the memory is stalled: the waiting publisher
+//! sheds, and from then on publishers that find the total over the bound shed at once
+//! rather than wait, until the drains bring it down to half the bound.
+//!
+//! Shedding drops queued QoS 0 messages first (any session's), then the oldest queued
+//! messages of offline sessions, the session offline longest first and from the head of
+//! its queue, until the total is down to [`SHED_TO`] of the bound: a margin so that each
+//! publish does not shed again (each shed visits every session). Each drop is counted
+//! `memory_full` and told as any other (`on_dropped`, `Event::MessageDropped`). Connected
+//! sessions keep their QoS 1/2 messages: their clients are taking them.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::BrokerState;
+use crate::session::{Session, Shed};
+use crate::stats::DropCause;
+
+/// Shedding stops once the total is at this fraction of the bound (numerator, denominator).
+const SHED_TO: (u64, u64) = (7, 8);
+
+impl BrokerState {
+    /// True when a publisher must wait for queued memory ([`BrokerState::wait_memory`]):
+    /// a bound is set and the queues hold more than it.
+    #[inline]
+    pub(crate) fn memory_congested(&self) -> bool {
+        self.queued_memory.over()
+    }
+
+    /// The publisher's side of the bound: waits for the total to go back under it, for up
+    /// to `stall_time` (not at all while the memory is stalled), then sheds.
+    pub(crate) async fn wait_memory(&self) {
+        let m = &self.queued_memory;
+        if !m.over() {
+            return;
+        }
+        if !m.stalled() {
+            if m.wait_under(self.limits.stall_time).await {
+                return;
+            }
+            if m.set_stalled() {
+                tracing::warn!(
+                    queued_bytes = m.bytes(),
+                    max_queued_memory = m.limit(),
+                    stall_time = self.limits.stall_time.as_secs(),
+                    "queued messages over max_queued_memory for stall_time: dropping QoS 0 then the oldest messages of offline sessions"
+                );
+            }
+        }
+        self.shed_memory();
+    }
+
+    /// Drops queued messages until the total is at [`SHED_TO`] of the bound: QoS 0 ones,
+    /// then the oldest of offline sessions. Takes the session table's lock to list the
+    /// sessions, then each session's, one at a time (never both).
+    fn shed_memory(&self) {
+        let m = &self.queued_memory;
+        let target = m.limit() / SHED_TO.1 * SHED_TO.0;
+        let to_free = || m.bytes().saturating_sub(target);
+        if to_free() == 0 {
+            return;
+        }
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        let mut dropped = 0u64;
+        for s in &sessions {
+            if to_free() == 0 {
+                break;
+            }
+            dropped += self.count_shed(s, s.shed(Shed::Qos0));
+        }
+        if to_free() > 0 {
+            let mut offline: Vec<(Instant, &Arc<Session>)> = sessions
+                .iter()
+                .filter_map(|s| {
+                    let st = s.state.lock();
+                    let at = st.disconnected_at()?;
+                    (!st.queue().is_empty()).then_some((at, s))
+                })
+                .collect();
+            offline.sort_by_key(|(at, _)| *at);
+            for (_, s) in offline {
+                let bytes = to_free();
+                if bytes == 0 {
+                    break;
+                }
+                dropped += self.count_shed(s, s.shed(Shed::Oldest(bytes)));
+            }
+        }
+        tracing::debug!(
+            dropped,
+            queued_bytes = m.bytes(),
+            "queued messages shed for max_queued_memory"
+        );
+    }
+
+    /// Counts and tells the drops of one session's shed; returns how many.
+    fn count_shed(&self, s: &Session, msgs: Vec<Arc<crate::message::Message>>) -> u64 {
+        for msg in &msgs {
+            self.dropped(Some(&s.client_id), &msg.topic, DropCause::MemoryFull);
+        }
+        msgs.len() as u64
+    }
+}
