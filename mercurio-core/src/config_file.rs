@@ -973,9 +973,6 @@ mod tests {
             e.message,
             "`-1` is out of range: expected a whole number of bytes, 0 (no limit) or 65536 or more"
         );
-        let e = err("[server]\nmax_queued_memory = 1048576\n\n[storage]\nbackend = \"sqlite\"\npath = \"m.db\"\n");
-        assert_eq!(e.line, Some(2), "{e}");
-        assert!(e.message.contains("storage backend"), "{e}");
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The broker-wide bound on queued memory (`[server] max_queued_memory`; docs/operations.md,
-//! "Memory of queued messages"), memory backend, through real sockets: a publisher feeding
+//! "Memory of queued messages"), through real sockets. Memory backend: a publisher feeding
 //! an offline fleet past the bound is held for `stall_time`, then the oldest queued messages
 //! are dropped (counted `memory_full`, told to `on_dropped`), the total stays within the bound
 //! and one fan-out, and each client gets the newest of its messages, in order, when it comes
-//! back.
+//! back. SQLite: the fleet's queues are left in storage instead, nothing is dropped, the total
+//! stays within the bound and one fan-out, and each client gets every message, in order,
+//! before and after a restart.
 //!
 //! No timing is asserted: the outcomes are counts, the log line and the order.
 use crate::common;
@@ -13,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use mercurio::codec::{ProtocolVersion, QoS, ReasonCode};
+use mercurio::config::{Config, StorageBackend};
 use mercurio::stats::DropCause;
 use mercurio::Broker;
 
@@ -158,5 +161,108 @@ async fn connected_subscribers_that_drain_lose_nothing() {
         r.await.expect("subscriber got every message");
     }
     assert_eq!(broker.stats().dropped_count(DropCause::MemoryFull), 0);
+    broker.shutdown().await;
+}
+
+fn sqlite(path: &std::path::Path) -> Config {
+    let mut config = test_config();
+    config.server.max_queued_memory = BOUND;
+    config.storage.backend = StorageBackend::Sqlite;
+    config.storage.path = Some(path.to_path_buf());
+    config
+}
+
+/// Subscribes `ids` to `topic` at QoS 1 with persistent sessions, then disconnects them.
+async fn offline_fleet(addr: std::net::SocketAddr, ids: &[String], topic: &str) {
+    for id in ids {
+        let (mut c, _) = Client::connect_persistent(addr, V5, id).await;
+        c.subscribe(topic, QoS::AtLeastOnce).await;
+        c.disconnect().await;
+    }
+}
+
+/// Reconnects `id` and takes messages `from..to` of [`publish_numbered`], in order.
+async fn drain_in_order(addr: std::net::SocketAddr, id: &str, from: usize, to: usize) {
+    let (mut c, present) = Client::connect_persistent(addr, V5, id).await;
+    assert!(present, "{id}");
+    for n in from..to {
+        let p = c.expect_publish().await;
+        assert_eq!(
+            &p.payload[..4],
+            format!("{n:04}").as_bytes(),
+            "{id}: in order"
+        );
+        c.ack(&p).await;
+    }
+    c.disconnect().await;
+}
+
+#[tokio::test]
+async fn with_sqlite_an_offline_fleet_over_the_bound_stays_in_storage_and_comes_back_whole() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("mercurio.db");
+    let (broker, addr) = start_with(sqlite(&path)).await;
+    let ids: Vec<String> = (0..SESSIONS).map(|i| format!("stored-{i}")).collect();
+    offline_fleet(addr, &ids, "stored/all").await;
+    wait_until("the fleet is offline", || {
+        broker.stats().clients_connected == 0
+    })
+    .await;
+
+    let mut publisher = Client::connect(addr, V5, "stored-publisher").await;
+    let mut fan_out = 0;
+    for n in 0..MESSAGES {
+        let mut payload = format!("{n:04}").into_bytes();
+        payload.resize(PAYLOAD, b'.');
+        let before = broker.stats().queued_bytes;
+        assert_eq!(
+            publisher
+                .publish("stored/all", &payload, QoS::AtLeastOnce, false)
+                .await,
+            ReasonCode::SUCCESS
+        );
+        let after = broker.stats().queued_bytes;
+        if n == 0 {
+            fan_out = after - before;
+        }
+        assert!(
+            after <= BOUND + fan_out,
+            "message {n}: {after} bytes queued, over {BOUND} and one fan-out ({fan_out})"
+        );
+    }
+    publisher.disconnect().await;
+    let stats = broker.stats();
+    assert_eq!(
+        DropCause::ALL.map(|c| stats.dropped_count(c)),
+        [0; 7],
+        "nothing dropped"
+    );
+    assert!(
+        stats.queued_bytes <= BOUND,
+        "{} bytes queued in memory",
+        stats.queued_bytes
+    );
+    for s in broker
+        .sessions()
+        .iter()
+        .filter(|s| ids.contains(&s.client_id))
+    {
+        assert_eq!(
+            s.queued, MESSAGES,
+            "{}: counted, in storage or not",
+            s.client_id
+        );
+    }
+
+    // Half the fleet comes back now, the other half after a restart.
+    for id in &ids[..SESSIONS / 2] {
+        drain_in_order(addr, id, 0, MESSAGES).await;
+    }
+    broker.shutdown().await;
+    let (broker, addr) = start_with(sqlite(&path)).await;
+    for id in &ids[SESSIONS / 2..] {
+        drain_in_order(addr, id, 0, MESSAGES).await;
+    }
+    assert_eq!(broker.stats().queued_bytes, 0);
     broker.shutdown().await;
 }

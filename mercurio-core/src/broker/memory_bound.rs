@@ -1,7 +1,21 @@
-//! The broker-wide bound on queued memory (`[server] max_queued_memory`, memory backend;
-//! ARCHITECTURE.md, "Flow control"; what is counted: `queued_memory`).
+//! The broker-wide bound on queued memory (`[server] max_queued_memory`; ARCHITECTURE.md,
+//! "Flow control"; what is counted: `queued_memory`).
 //!
-//! Over the bound, the entry's back pressure ([`BrokerState::wait_congested`]) makes the
+//! With a storage backend, over the bound, the publisher releases offline sessions' queues
+//! to storage ([`BrokerState::release_to_storage`]): the largest first, until the total is
+//! at [`SHED_TO`] of the bound, each session's queue up to its last delivery when the
+//! release began, once the storage writer has committed everything emitted until then (the
+//! publisher waits for that commit). The released deliveries become the session's backlog,
+//! as a restored session's (`backlog.rs`): read back from storage when its client comes
+//! back, before the session is attached. Nothing is dropped. Kept in memory, as at a
+//! restore: sessions with a shared subscription, the broker's own (`$internal/...`), every
+//! session while access is checked, connected ones, and a session the writer gave up a
+//! change of (the commit then reports that storage does not hold everything, and nothing is
+//! released that round). If what can be released does not bring the total back under the
+//! bound, the publisher waits as below, for up to `stall_time`, then goes on (nothing is
+//! dropped with storage).
+//!
+//! With the memory backend, over the bound, the entry's back pressure ([`BrokerState::wait_congested`]) makes the
 //! publisher wait, as for a session at its high-water mark, until the queues' drains bring
 //! the total back to the bound. If they do not within `stall_time` (nobody takes messages:
 //! the queues belong to offline sessions), the memory is stalled: the waiting publisher
@@ -19,6 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::BrokerState;
+use crate::persist::Persister;
 use crate::session::{Session, Shed};
 use crate::stats::DropCause;
 
@@ -38,6 +53,21 @@ impl BrokerState {
     pub(crate) async fn wait_memory(&self) {
         let m = &self.queued_memory;
         if !m.over() {
+            return;
+        }
+        if let Some(p) = self.persist.get() {
+            self.release_to_storage(p).await;
+            if m.over()
+                && !m.stalled()
+                && !m.wait_under(self.limits.stall_time).await
+                && m.set_stalled()
+            {
+                tracing::warn!(
+                    queued_bytes = m.bytes(),
+                    max_queued_memory = m.limit(),
+                    "queued messages over max_queued_memory and none can be left in storage (connected clients, shared subscriptions, access checks): publishers no longer wait"
+                );
+            }
             return;
         }
         if !m.stalled() {
@@ -96,6 +126,75 @@ impl BrokerState {
             dropped,
             queued_bytes = m.bytes(),
             "queued messages shed for max_queued_memory"
+        );
+    }
+
+    /// With storage: releases offline sessions' queues to storage, the largest first, until
+    /// the total is at [`SHED_TO`] of the bound, once their deliveries are committed. One
+    /// publisher releases at a time (`releasing`); the others wait for it, then find the
+    /// total under the bound, or release in turn.
+    async fn release_to_storage(&self, p: &Persister) {
+        let _releasing = self.releasing.lock().await;
+        let m = &self.queued_memory;
+        let target = m.limit() / SHED_TO.1 * SHED_TO.0;
+        let to_free = m.bytes().saturating_sub(target);
+        if to_free == 0 || self.checks_access {
+            return;
+        }
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        let mut candidates: Vec<(u64, u64, Arc<Session>)> = sessions
+            .into_iter()
+            .filter(|s| !s.is_internal())
+            .filter_map(|s| {
+                let st = s.state.lock();
+                if st.is_connected() || st.ended() || st.disconnected_at().is_none() {
+                    return None;
+                }
+                if st.subscriptions().keys().any(|f| f.starts_with("$share/")) {
+                    return None;
+                }
+                let upto = st.queue().back()?.seq;
+                let bytes = st.queue().bytes();
+                drop(st);
+                Some((bytes, upto, s))
+            })
+            .collect();
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+        let mut chosen = Vec::new();
+        let mut sum = 0;
+        for c in candidates {
+            if sum >= to_free {
+                break;
+            }
+            sum += c.0;
+            chosen.push(c);
+        }
+        if chosen.is_empty() {
+            return;
+        }
+        // Every delivery up to each chosen `upto` was emitted before this point.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        p.after_commit(Box::new(move |stored| {
+            let _ = tx.send(stored);
+        }));
+        if !rx.await.unwrap_or(false) {
+            tracing::debug!("storage does not hold every queued message yet: none released");
+            return;
+        }
+        let mut freed = 0;
+        let mut released = 0;
+        for (_, upto, s) in &chosen {
+            let bytes = s.state.lock().release_to_storage(*upto);
+            if bytes > 0 {
+                freed += bytes;
+                released += 1;
+            }
+        }
+        tracing::debug!(
+            sessions = released,
+            freed,
+            queued_bytes = m.bytes(),
+            "queues left in storage for max_queued_memory"
         );
     }
 

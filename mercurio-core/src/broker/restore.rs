@@ -124,6 +124,7 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState) {
         let backlog = backlogs.remove(&client_id).map(|b| Backlog {
             len: b.len,
             last_seq: b.last_seq,
+            restored: true,
         });
         let has_backlog = backlog.is_some();
         match restore_session(broker, p, &messages, record, backlog, now, now_ms) {

@@ -109,10 +109,11 @@ pub struct ServerConfig {
     /// Bytes all sessions' queues may hold in memory together (each queued delivery counted
     /// as `max_queued_bytes` counts it: a message queued for 3 sessions counts 3 times);
     /// 0 = no limit (default), else at least [`MIN_QUEUED_MEMORY`]. Over it, publishers are
-    /// slowed as for a queue at its high-water mark; past `stall_time`, queued QoS 0
-    /// messages, then the oldest queued messages of offline sessions (the longest offline
-    /// first) are dropped until the total is back under it. Only with the memory backend:
-    /// a storage backend refuses it.
+    /// slowed as for a queue at its high-water mark; with the memory backend, past
+    /// `stall_time`, queued QoS 0 messages, then the oldest queued messages of offline
+    /// sessions (the longest offline first) are dropped until the total is back under it;
+    /// with a storage backend, offline sessions' queues are left in storage instead (read
+    /// back when their clients return), and nothing is dropped.
     pub max_queued_memory: u64,
     /// Back pressure: a session with this many queued messages is over its high-water mark,
     /// and publishers routing into it wait (stop reading) until it is back under half of it,
@@ -769,12 +770,6 @@ impl Config {
                     ));
                 }
             }
-            StorageBackend::Sqlite | StorageBackend::Postgres if s.max_queued_memory > 0 => {
-                return Err(ConfigError::new(
-                    "server.max_queued_memory",
-                    "is not supported with a storage backend yet (only with backend = \"memory\")",
-                ));
-            }
             StorageBackend::Sqlite => {
                 if st.path.is_none() {
                     return Err(ConfigError::new(
@@ -931,14 +926,6 @@ mod tests {
             ),
             (
                 |c| c.server.max_queued_memory = MIN_QUEUED_MEMORY - 1,
-                "server.max_queued_memory",
-            ),
-            (
-                |c| {
-                    c.server.max_queued_memory = MIN_QUEUED_MEMORY;
-                    c.storage.backend = StorageBackend::Sqlite;
-                    c.storage.path = Some("m.db".into());
-                },
                 "server.max_queued_memory",
             ),
         ] {

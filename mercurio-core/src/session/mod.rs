@@ -540,9 +540,9 @@ pub(crate) struct Ended {
     /// Its queued and unacknowledged deliveries made through shared subscriptions, for
     /// other members of their groups (MQTT 5.0 section 4.8.2).
     pub shared: Vec<Delivery>,
-    /// It ended with its backlog in storage (never read: none of it was made through a
-    /// shared subscription, see `broker/backlog.rs`).
-    pub had_backlog: bool,
+    /// The backlog it ended with in storage, if any (never read: none of it was made
+    /// through a shared subscription, see `broker/backlog.rs`).
+    pub backlog: Option<Backlog>,
 }
 
 /// The session's life: taken by a connection, left, ended; its subscriptions.
@@ -635,14 +635,14 @@ impl Session {
         shared.retain(|q| q.share.is_some());
         let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
         let will = st.take_will();
-        let had_backlog = st.drop_backlog();
+        let backlog = st.drop_backlog();
         drop(st);
         self.release_waiters();
         Some(Ended {
             filters,
             will,
             shared,
-            had_backlog,
+            backlog,
         })
     }
 
@@ -783,5 +783,57 @@ mod tests {
             s.shed(Shed::Oldest(u64::MAX)).is_empty(),
             "an ended session"
         );
+    }
+
+    /// Storage that takes every report and keeps none.
+    #[derive(Debug)]
+    struct Reported;
+
+    impl SessionChanges for Reported {
+        fn queued(&self, _: &Arc<str>, _: &Delivery) {}
+        fn dequeued(&self, _: &str, _: u64) {}
+        fn inflight_set(&self, _: &str, _: &Inflight) {}
+        fn inflight_removed(&self, _: &str, _: u16) {}
+        fn inbound_qos2(&self, _: &str, _: u16, _: bool) {}
+        fn subscription(&self, _: &str, _: &str, _: Option<&Granted>) {}
+        fn will_cleared(&self, _: &str) {}
+        fn detached(&self, _: &str, _: &SessionState) {}
+        fn ended(&self, _: &str) {}
+    }
+
+    /// A stored offline session leaves the head of its queue, up to a position, in storage:
+    /// it joins the backlog (counted, not in memory), twice over, and the queue's bytes leave
+    /// the broker's account; a session not stored keeps its queue.
+    #[test]
+    fn the_head_of_a_stored_queue_joins_the_backlog() {
+        let memory = Arc::new(QueuedMemory::new(0));
+        let limits = QueueLimits::new(&ServerConfig::default());
+        let s = Session::new("c".into(), ProtocolVersion::V5, u32::MAX, &memory);
+        for n in 1..=5 {
+            assert!(s
+                .enqueue(delivery(QoS::AtLeastOnce, n), &limits)
+                .is_queued());
+        }
+        let cost = delivery(QoS::AtLeastOnce, 0).cost();
+        assert_eq!(s.state.lock().release_to_storage(5), 0, "not stored");
+
+        s.state.lock().report_changes_to(Arc::new(Reported));
+        let mut st = s.state.lock();
+        assert_eq!(st.release_to_storage(2), 2 * cost);
+        let backlog = |len, last_seq| {
+            Some(Backlog {
+                len,
+                last_seq,
+                restored: false,
+            })
+        };
+        assert_eq!(st.backlog(), backlog(2, 2));
+        assert_eq!(st.release_to_storage(4), 2 * cost);
+        assert_eq!(st.backlog(), backlog(4, 4));
+        assert_eq!(st.release_to_storage(4), 0, "the head is above 4");
+        assert_eq!(st.queued_len(), 5, "the backlog still counts");
+        assert_eq!(memory.bytes(), cost);
+        let left: Vec<u64> = st.queue.iter().map(|d| d.seq).collect();
+        assert_eq!(left, [5]);
     }
 }

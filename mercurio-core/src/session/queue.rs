@@ -118,6 +118,11 @@ impl Queue {
         self.items.front().map(|(q, _)| q)
     }
 
+    /// The last delivery queued.
+    pub(crate) fn back(&self) -> Option<&Delivery> {
+        self.items.back().map(|(q, _)| q)
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Delivery> {
         self.items.iter().map(|(q, _)| q)
     }
