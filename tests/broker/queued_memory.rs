@@ -237,11 +237,11 @@ async fn with_sqlite_an_offline_fleet_over_the_bound_stays_in_storage_and_comes_
         [0; 7],
         "nothing dropped"
     );
-    assert!(
-        stats.queued_bytes <= BOUND,
-        "{} bytes queued in memory",
-        stats.queued_bytes
-    );
+    // The last PUBLISH's release runs before its connection reads the DISCONNECT.
+    wait_until("the total is back under the bound", || {
+        broker.stats().queued_bytes <= BOUND
+    })
+    .await;
     for s in broker
         .sessions()
         .iter()

@@ -3,7 +3,7 @@
 //!
 //! With a storage backend, over the bound, the publisher releases offline sessions' queues
 //! to storage ([`BrokerState::release_to_storage`]): the largest first, until the total is
-//! at [`SHED_TO`] of the bound, each session's queue up to its last delivery when the
+//! at [`RELEASE_TO`] of the bound, each session's queue up to its last delivery when the
 //! release began, once the storage writer has committed everything emitted until then (the
 //! publisher waits for that commit). The released deliveries become the session's backlog,
 //! as a restored session's (`backlog.rs`): read back from storage when its client comes
@@ -39,6 +39,10 @@ use crate::stats::DropCause;
 
 /// Shedding stops once the total is at this fraction of the bound (numerator, denominator).
 const SHED_TO: (u64, u64) = (7, 8);
+
+/// Releasing to storage stops once the total is at this fraction of the bound: lower than
+/// [`SHED_TO`], since each round waits for the writer's commit (fewer, larger rounds).
+const RELEASE_TO: (u64, u64) = (1, 2);
 
 impl BrokerState {
     /// True when a publisher must wait for queued memory ([`BrokerState::wait_memory`]):
@@ -130,13 +134,13 @@ impl BrokerState {
     }
 
     /// With storage: releases offline sessions' queues to storage, the largest first, until
-    /// the total is at [`SHED_TO`] of the bound, once their deliveries are committed. One
+    /// the total is at [`RELEASE_TO`] of the bound, once their deliveries are committed. One
     /// publisher releases at a time (`releasing`); the others wait for it, then find the
     /// total under the bound, or release in turn.
     async fn release_to_storage(&self, p: &Persister) {
         let _releasing = self.releasing.lock().await;
         let m = &self.queued_memory;
-        let target = m.limit() / SHED_TO.1 * SHED_TO.0;
+        let target = m.limit() / RELEASE_TO.1 * RELEASE_TO.0;
         let to_free = m.bytes().saturating_sub(target);
         if to_free == 0 || self.checks_access {
             return;

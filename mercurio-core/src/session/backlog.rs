@@ -92,6 +92,7 @@ impl SessionState {
         let Some(last_seq) = last else {
             return 0;
         };
+        self.queue.shrink();
         match self.backlog.as_deref_mut() {
             Some(b) => {
                 b.len += released;

@@ -511,6 +511,7 @@ impl Session {
         for q in &dropped {
             st.persist_dequeued(&self.client_id, q);
         }
+        st.queue.shrink();
         st.dropped += dropped.len() as u64;
         drop(st);
         dropped.into_iter().map(|q| q.msg).collect()

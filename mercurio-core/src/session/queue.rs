@@ -118,6 +118,15 @@ impl Queue {
         self.items.front().map(|(q, _)| q)
     }
 
+    /// Gives back the room of deliveries gone when the queue holds less than a quarter of
+    /// it (after a release to storage: a queue's room would otherwise stay at the most it
+    /// ever held).
+    pub(crate) fn shrink(&mut self) {
+        if self.items.len() < self.items.capacity() / 4 {
+            self.items.shrink_to_fit();
+        }
+    }
+
     /// The last delivery queued.
     pub(crate) fn back(&self) -> Option<&Delivery> {
         self.items.back().map(|(q, _)| q)
