@@ -15,9 +15,9 @@
 //! bound, the publisher waits as below, for up to `stall_time`, then goes on (nothing is
 //! dropped with storage).
 //!
-//! With the memory backend, over the bound, the entry's back pressure ([`BrokerState::wait_congested`]) makes the
-//! publisher wait, as for a session at its high-water mark, until the queues' drains bring
-//! the total back to the bound. If they do not within `stall_time` (nobody takes messages:
+//! With the memory backend, over the bound, the entry's back pressure
+//! ([`BrokerState::wait_congested`]) makes the publisher wait, as for a session at its
+//! high-water mark, until the queues' drains bring the total back to the bound. If they do not within `stall_time` (nobody takes messages:
 //! the queues belong to offline sessions), the memory is stalled: the waiting publisher
 //! sheds, and from then on publishers that find the total over the bound shed at once
 //! rather than wait, until the drains bring it down to half the bound.
@@ -52,8 +52,11 @@ impl BrokerState {
         self.queued_memory.over()
     }
 
-    /// The publisher's side of the bound: waits for the total to go back under it, for up
-    /// to `stall_time` (not at all while the memory is stalled), then sheds.
+    /// The publisher's side of the bound. With storage: releases offline sessions' queues
+    /// to storage, then, if the total is still over, waits for up to `stall_time` (not at
+    /// all while the memory is stalled). With the memory backend: waits for the total to go
+    /// back under it, for up to `stall_time` (not at all while the memory is stalled), then
+    /// sheds.
     pub(crate) async fn wait_memory(&self) {
         let m = &self.queued_memory;
         if !m.over() {
