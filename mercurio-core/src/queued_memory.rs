@@ -32,6 +32,11 @@ pub(crate) struct QueuedMemory {
     stalled: AtomicBool,
     /// Signalled when the total goes back to `limit` while `waited` is set.
     room: Notify,
+    /// The total when the last round of releasing or shedding freed nothing (0: it did, or
+    /// none ran since the total was last at half the bound): the next round waits until
+    /// the total has grown by an eighth of the bound, so that a bound held by what cannot
+    /// be freed (connected clients) does not make every PUBLISH visit every session.
+    fruitless: AtomicU64,
 }
 
 impl QueuedMemory {
@@ -77,6 +82,9 @@ impl QueuedMemory {
         if self.waited.load(Ordering::SeqCst) && self.waited.swap(false, Ordering::SeqCst) {
             self.room.notify_waiters();
         }
+        if after <= self.limit / 2 && self.fruitless.load(Ordering::Relaxed) != 0 {
+            self.fruitless.store(0, Ordering::Relaxed);
+        }
         if after <= self.limit / 2
             && self.stalled.load(Ordering::Relaxed)
             && self.stalled.swap(false, Ordering::Relaxed)
@@ -92,6 +100,20 @@ impl QueuedMemory {
     /// been back at half the bound since.
     pub(crate) fn stalled(&self) -> bool {
         self.stalled.load(Ordering::Relaxed)
+    }
+
+    /// Whether a round of releasing or shedding may free something: none since the last
+    /// fruitless one, or the total grew by an eighth of the bound since.
+    pub(crate) fn worth_a_round(&self) -> bool {
+        let at = self.fruitless.load(Ordering::Relaxed);
+        at == 0 || self.bytes() >= at.saturating_add(self.limit / 8)
+    }
+
+    /// A round of releasing or shedding is over: `freed_any` false when it freed nothing
+    /// (the next waits, see [`QueuedMemory::worth_a_round`]).
+    pub(crate) fn round_done(&self, freed_any: bool) {
+        let at = if freed_any { 0 } else { self.bytes().max(1) };
+        self.fruitless.store(at, Ordering::Relaxed);
     }
 
     /// Marks the memory stalled; true when it was not (the caller logs it, once).
@@ -140,6 +162,18 @@ mod tests {
         m.sub(20);
         assert_eq!(m.bytes(), 100);
         assert!(!m.over(), "at the bound is not over it");
+        assert!(m.worth_a_round());
+        m.round_done(false);
+        assert!(!m.worth_a_round(), "nothing freed at 100");
+        m.add(11);
+        assert!(!m.worth_a_round(), "grown by less than an eighth");
+        m.add(1);
+        assert!(m.worth_a_round(), "grown by an eighth");
+        m.round_done(true);
+        assert!(m.worth_a_round());
+        m.round_done(false);
+        m.sub(62);
+        assert!(m.worth_a_round(), "back at half the bound");
         let unbounded = QueuedMemory::new(0);
         unbounded.add(u64::MAX / 2);
         assert!(!unbounded.over());

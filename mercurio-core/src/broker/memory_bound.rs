@@ -25,7 +25,10 @@
 //! Shedding drops queued QoS 0 messages first (any session's), then the oldest queued
 //! messages of offline sessions, the session offline longest first and from the head of
 //! its queue, until the total is down to [`SHED_TO`] of the bound: a margin so that each
-//! publish does not shed again (each shed visits every session). Each drop is counted
+//! publish does not shed again (each shed visits every session). A round of either kind
+//! that frees nothing is not tried again until the total has grown by an eighth of the
+//! bound (or been back at half of it): what cannot be freed (connected sessions' QoS 1/2
+//! messages) may then take the total over the bound by that eighth. Each drop is counted
 //! `memory_full` and told as any other (`on_dropped`, `Event::MessageDropped`). Connected
 //! sessions keep their QoS 1/2 messages: their clients are taking them.
 
@@ -100,7 +103,7 @@ impl BrokerState {
         let m = &self.queued_memory;
         let target = m.limit() / SHED_TO.1 * SHED_TO.0;
         let to_free = || m.bytes().saturating_sub(target);
-        if to_free() == 0 {
+        if to_free() == 0 || !m.worth_a_round() {
             return;
         }
         let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
@@ -129,6 +132,7 @@ impl BrokerState {
                 dropped += self.count_shed(s, s.shed(Shed::Oldest(bytes)));
             }
         }
+        m.round_done(dropped > 0);
         tracing::debug!(
             dropped,
             queued_bytes = m.bytes(),
@@ -145,7 +149,7 @@ impl BrokerState {
         let m = &self.queued_memory;
         let target = m.limit() / RELEASE_TO.1 * RELEASE_TO.0;
         let to_free = m.bytes().saturating_sub(target);
-        if to_free == 0 || self.checks_access {
+        if to_free == 0 || self.checks_access || !m.worth_a_round() {
             return;
         }
         let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
@@ -177,6 +181,7 @@ impl BrokerState {
             chosen.push(c);
         }
         if chosen.is_empty() {
+            m.round_done(false);
             return;
         }
         // Every delivery up to each chosen `upto` was emitted before this point.
@@ -197,6 +202,7 @@ impl BrokerState {
                 released += 1;
             }
         }
+        m.round_done(freed > 0);
         tracing::debug!(
             sessions = released,
             freed,
