@@ -954,6 +954,28 @@ mod tests {
     }
 
     #[test]
+    fn max_queued_memory_is_read_and_checked() {
+        let c = parse(
+            Path::new("m.toml"),
+            "[server]\nmax_queued_memory = 16777216\n",
+        )
+        .expect("parse");
+        assert_eq!(c.server.max_queued_memory, 16 << 20);
+        let c = parse(Path::new("m.toml"), "[server]\nmax_queued_memory = 0\n").expect("parse");
+        assert_eq!(c.server.max_queued_memory, 0, "0 = no limit");
+        let e = err("[server]\nsys_interval = 5\nmax_queued_memory = 16\n");
+        assert_eq!(
+            e.to_string(),
+            "m.toml:3: server.max_queued_memory: must be a whole number of bytes, 0 (no limit) or 65536 or more, not 16"
+        );
+        let e = err("[server]\nmax_queued_memory = -1\n");
+        assert_eq!(
+            e.message,
+            "`-1` is out of range: expected a whole number of bytes, 0 (no limit) or 65536 or more"
+        );
+    }
+
+    #[test]
     fn publish_rates_are_read_and_checked() {
         let c = parse(
             Path::new("m.toml"),

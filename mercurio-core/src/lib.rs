@@ -64,6 +64,7 @@ pub mod observe;
 mod parking;
 pub(crate) mod persist;
 mod proxy_protocol;
+mod queued_memory;
 pub mod router;
 mod session;
 pub mod stats;

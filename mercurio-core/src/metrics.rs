@@ -78,7 +78,9 @@ pub(crate) struct Snapshot {
     pub retained_not_kept_count: u64,
     pub retained_not_kept_bytes: u64,
     pub subscriptions: u64,
-    pub dropped: [(DropCause, u64); 6],
+    pub dropped: [(DropCause, u64); 7],
+    /// Bytes held by the messages in every session's queue (`queued_memory`).
+    pub queued_bytes: u64,
     pub storage_batches_retried: u64,
     pub storage_batches_dropped: u64,
     pub storage_dirty_clients: u64,
@@ -125,6 +127,7 @@ impl Snapshot {
             retained_not_kept_bytes: get(&s.retained_not_kept_bytes),
             subscriptions: broker.index.read().len() as u64,
             dropped: DropCause::ALL.map(|c| (c, s.dropped_count(c))),
+            queued_bytes: broker.queued_memory.bytes(),
             storage_batches_retried: get(&s.storage_batches_retried),
             storage_batches_dropped: get(&s.storage_batches_dropped),
             storage_dirty_clients: get(&s.storage_clients_dirty),
@@ -434,6 +437,11 @@ fn families(
             ],
         },
         Family::gauge("mercurio_subscriptions", "Subscriptions", s.subscriptions),
+        Family::gauge(
+            "mercurio_queued_bytes",
+            "Bytes the messages waiting in sessions' queues hold in memory (topic, payload and properties, once per queue), what max_queued_memory bounds",
+            s.queued_bytes,
+        ),
         Family {
             name: "mercurio_messages_dropped",
             help: "Messages lost before reaching a subscriber, by cause",

@@ -21,21 +21,25 @@ pub enum DropCause {
     NotAuthorized,
     /// No member of a shared subscription's group could take it.
     NoShareMember,
+    /// Dropped from a queue for the broker-wide `max_queued_memory`: a queued QoS 0
+    /// message, or one of the oldest queued messages of an offline session.
+    MemoryFull,
 }
 
 impl DropCause {
     /// Every cause, in the order `$SYS` and `/metrics` list them.
-    pub const ALL: [DropCause; 6] = [
+    pub const ALL: [DropCause; 7] = [
         DropCause::QueueFullQos0,
         DropCause::QueueFull,
         DropCause::Expired,
         DropCause::TooLarge,
         DropCause::NotAuthorized,
         DropCause::NoShareMember,
+        DropCause::MemoryFull,
     ];
 
     /// The name in `$SYS` and `/metrics`: `queue_full_qos0`, `queue_full`, `expired`, `too_large`,
-    /// `not_authorized`, `no_share_member`.
+    /// `not_authorized`, `no_share_member`, `memory_full`.
     pub fn name(self) -> &'static str {
         match self {
             DropCause::QueueFullQos0 => "queue_full_qos0",
@@ -44,6 +48,7 @@ impl DropCause {
             DropCause::TooLarge => "too_large",
             DropCause::NotAuthorized => "not_authorized",
             DropCause::NoShareMember => "no_share_member",
+            DropCause::MemoryFull => "memory_full",
         }
     }
 }
@@ -103,7 +108,11 @@ pub struct Stats {
     /// Retained messages not kept because they would have taken the retained messages'
     /// total over `max_retained_bytes` (delivered to the subscribers all the same).
     pub retained_not_kept_bytes: u64,
-    dropped: [u64; 6],
+    /// Bytes the messages waiting in every session's queue hold (a gauge, what
+    /// `max_queued_memory` bounds; `$SYS/broker/queued messages/bytes`): each queued
+    /// delivery's topic, properties and payload, once per queue it is in.
+    pub queued_bytes: u64,
+    dropped: [u64; 7],
 }
 
 /// The broker's live counters, private to the crate: plain relaxed atomics, updated where
@@ -158,7 +167,7 @@ pub(crate) struct Counters {
     /// Retained messages not kept because they would have taken the retained messages'
     /// total over `max_retained_bytes` (delivered to the subscribers all the same).
     pub(crate) retained_not_kept_bytes: AtomicU64,
-    dropped: [AtomicU64; 6],
+    dropped: [AtomicU64; 7],
 }
 
 impl Counters {
@@ -218,6 +227,8 @@ impl Counters {
             storage_unwritable: self.storage_unwritable.load(Ordering::Relaxed),
             retained_not_kept_count: self.retained_not_kept_count.load(Ordering::Relaxed),
             retained_not_kept_bytes: self.retained_not_kept_bytes.load(Ordering::Relaxed),
+            // Kept by the broker's `queued_memory`, not a counter: set by the handle.
+            queued_bytes: 0,
             dropped: std::array::from_fn(|i| self.dropped[i].load(Ordering::Relaxed)),
         }
     }

@@ -155,6 +155,10 @@ impl SysPublisher {
                 "publish/messages/shared_passed_on".into(),
                 get(&s.shared_passed_on).to_string(),
             ),
+            (
+                "queued messages/bytes".into(),
+                b.queued_memory.bytes().to_string(),
+            ),
             ("retained messages/count".into(), retained.to_string()),
             ("retained messages/bytes".into(), retained_bytes.to_string()),
             (

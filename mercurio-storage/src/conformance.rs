@@ -76,6 +76,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_streams(&harness.fresh().await).await;
     check_streams_across_reopen(harness).await;
     check_queues_left_in_storage(harness).await;
+    check_messages_read_by_id(harness).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -569,6 +570,39 @@ pub async fn check_queues_left_in_storage<H: Harness>(harness: &mut H) {
     )
     .await;
     assert_eq!(must("load_queue", storage.load_queue("a")).await, []);
+}
+
+/// [`Storage::load_messages`] reads the stored messages of the ids asked, each once, sorted,
+/// leaving out ids not stored, through a reopen; asking for none reads none.
+pub async fn check_messages_read_by_id<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    let mut batch = vec![saved("a"), subscribed("a", "q/#", 1)];
+    for seq in 1..=700 {
+        let m = MessageRecord::new("q/t", Bytes::from(format!("by id {seq}")), 1);
+        batch.push(Change::MessageQueued {
+            client_id: "a".to_string(),
+            seq,
+            delivery: delivery_of(&m),
+        });
+    }
+    apply(&storage, batch).await;
+    let full = load(&storage).await;
+    assert_eq!(full.messages.len(), 700);
+    let mut ids: Vec<u64> = full.messages.iter().rev().map(|m| m.id).collect();
+    ids.push(full.messages[0].id);
+    ids.push(u64::MAX >> 2);
+    let read = must("load_messages", storage.load_messages(&ids)).await;
+    assert_eq!(read, full.messages, "every message asked, once, by id");
+    assert_eq!(must("load_messages", storage.load_messages(&[])).await, []);
+    let some = [full.messages[10].id, full.messages[3].id];
+    assert_eq!(
+        must("load_messages", storage.load_messages(&some)).await,
+        [full.messages[3].clone(), full.messages[10].clone()]
+    );
+    must("flush", storage.flush()).await;
+    let storage = harness.reopen(storage).await;
+    let read = must("load_messages", storage.load_messages(&ids)).await;
+    assert_eq!(read, full.messages, "through a reopen");
 }
 
 /// `lazy` is `full` with each non-empty queue replaced by its backlog.

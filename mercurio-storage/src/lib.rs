@@ -147,6 +147,15 @@ pub trait Storage: Send + Sync + 'static {
     /// ([`ErrorKind::Refused`]).
     async fn load_queue(&self, client_id: &str) -> Result<Vec<QueuedRecord>, StorageError>;
 
+    /// The stored messages of `ids` that are in the message store, sorted by id (an id not
+    /// there is left out; one that cannot be read too: the caller names what it misses).
+    /// The broker reads the messages of a queue it left in storage while running (its
+    /// `max_queued_memory`) with it: they are stored for as long as a delivery refers to
+    /// them. Reading holds nothing: the broker gives a message read so no stored identity.
+    ///
+    /// Errors: storage unreachable ([`ErrorKind::Transient`]).
+    async fn load_messages(&self, ids: &[u64]) -> Result<Vec<StoredMessage>, StorageError>;
+
     /// Apply `batch` in order, in one transaction: all of it or none of it.
     ///
     /// The meaning of each change is on [`Change`]. On error nothing was applied and the

@@ -613,6 +613,22 @@ impl Storage for MemoryStorage {
             .unwrap_or_default())
     }
 
+    async fn load_messages(&self, ids: &[u64]) -> Result<Vec<StoredMessage>, StorageError> {
+        let state = self.shared.state.lock();
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids
+            .into_iter()
+            .filter_map(|id| {
+                state.messages.get(&id).map(|stored| StoredMessage {
+                    id,
+                    message: stored.message.clone(),
+                })
+            })
+            .collect())
+    }
+
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {
         if batch.is_empty() {
             return Ok(());

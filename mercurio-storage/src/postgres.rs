@@ -36,7 +36,7 @@ use tokio_postgres::Client;
 use crate::access::{validate_access, AccessChange, AccessKind, AccessRecord};
 use crate::change::{validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
-use crate::{LoadedState, QueuedRecord, Storage};
+use crate::{LoadedState, QueuedRecord, Storage, StoredMessage};
 
 pub use leader::{Leadership, HEARTBEAT_STALE, LOST_AFTER};
 use load::load_all;
@@ -361,6 +361,14 @@ impl Storage for PostgresStorage {
             .await
             .map_err(|e| classify(e, "cannot load a queue"))?
             .map_err(|cause| StorageError::refused(format!("the queue of {client_id}: {cause}")))
+    }
+
+    async fn load_messages(&self, ids: &[u64]) -> Result<Vec<StoredMessage>, StorageError> {
+        let guard = self.writer().await?;
+        let writer = guard.as_ref().expect("open");
+        load::load_messages(&writer.client, ids)
+            .await
+            .map_err(|e| classify(e, "cannot load messages"))
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {

@@ -562,6 +562,33 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     tx.commit()
 }
 
+/// The readable stored messages among `ids` (sorted, without duplicates), in order: in
+/// statements of at most [`IDS_PER_READ`] ids.
+fn load_messages(conn: &Connection, ids: &[u64]) -> rusqlite::Result<Vec<StoredMessage>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(IDS_PER_READ) {
+        let marks = vec!["?"; chunk.len()].join(",");
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {STORED_COLUMNS} FROM messages WHERE id IN ({marks}) ORDER BY id"
+        ))?;
+        let params: Vec<i64> = chunk
+            .iter()
+            .filter_map(|id| i64::try_from(*id).ok())
+            .collect();
+        let mut found = stmt.query(rusqlite::params_from_iter(params))?;
+        while let Some(row) = found.next()? {
+            if let Ok(m) = rows::stored(row) {
+                out.push(m);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Ids one statement of [`load_messages`] reads: under SQLite's smallest limit of bound
+/// parameters (999).
+const IDS_PER_READ: usize = 500;
+
 /// Everything stored; with `queues` false, each session's queue is left in storage and
 /// counted ([`LoadedState::backlogs`]).
 fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState> {
@@ -1251,6 +1278,14 @@ impl Storage for SqliteStorage {
                 })
         })
         .await
+    }
+
+    async fn load_messages(&self, ids: &[u64]) -> Result<Vec<StoredMessage>, StorageError> {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        self.call(move |conn| load_messages(conn, &ids).map_err(classify))
+            .await
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {

@@ -149,13 +149,14 @@ async fn scrape(python: &str, http: SocketAddr) -> (Parsed, String) {
     scrape_with(python, http, None).await
 }
 
-const CAUSES: [&str; 6] = [
+const CAUSES: [&str; 7] = [
     "queue_full_qos0",
     "queue_full",
     "expired",
     "too_large",
     "not_authorized",
     "no_share_member",
+    "memory_full",
 ];
 
 /// (metric sample name, its type, the `$SYS/broker/` topic it equals).
@@ -203,6 +204,7 @@ fn metric_table() -> Vec<(String, &'static str, String)> {
             "retained messages/not kept/max_retained_bytes",
         ),
         ("mercurio_subscriptions", "gauge", "subscriptions/count"),
+        ("mercurio_queued_bytes", "gauge", "queued messages/bytes"),
         (
             "mercurio_storage_batches_retried_total",
             "counter",

@@ -24,6 +24,7 @@ mod persistence_pressure;
 mod persistence_sqlite;
 mod persistence_writer;
 mod publish_subscribe;
+mod queued_memory;
 mod retain;
 mod security_acl;
 mod security_auth;

@@ -160,6 +160,12 @@ impl mercurio::storage::Storage for UnreadableQueues {
         }
         self.inner.load_queue(client_id).await
     }
+    async fn load_messages(
+        &self,
+        ids: &[u64],
+    ) -> Result<Vec<mercurio::storage::StoredMessage>, StorageError> {
+        self.inner.load_messages(ids).await
+    }
     async fn apply(&self, batch: &[mercurio::storage::Change]) -> Result<(), StorageError> {
         self.inner.apply(batch).await
     }

@@ -29,6 +29,8 @@ const TOPICS: &[&str] = &[
     "publish/messages/dropped/too_large",
     "publish/messages/dropped/not_authorized",
     "publish/messages/dropped/no_share_member",
+    "publish/messages/dropped/memory_full",
+    "queued messages/bytes",
     "storage/batches/retried",
     "storage/batches/dropped",
     "storage/clients/dirty",

@@ -622,7 +622,10 @@ impl Task {
             // messages, nor while storage is too far behind.
             if published {
                 let persist = self.broker.persist.get();
-                if persist.is_some_and(|p| p.durable_ack()) || !congested.is_empty() {
+                if persist.is_some_and(|p| p.durable_ack())
+                    || !congested.is_empty()
+                    || self.broker.memory_congested()
+                {
                     if let Some(p) = persist.filter(|p| p.durable_ack()) {
                         p.flush().await;
                     }

@@ -1,5 +1,7 @@
-//! Restored backlogs, read from storage when they are needed: a session restored with its
-//! queue left in storage ([`Backlog`]) gets it back when its client reconnects
+//! Backlogs, read from storage when they are needed: a session restored with its queue left
+//! in storage, or whose queue the broker released to storage while its client was away
+//! (`max_queued_memory`, `memory_bound.rs`) ([`Backlog`]), gets it back when its client
+//! reconnects
 //! (`take_session`, before the session is attached and drained), so that a restart reads a
 //! row per session, not every queued delivery, and an offline fleet's backlog costs disk,
 //! not memory (ARCHITECTURE.md, "Restore").
@@ -12,9 +14,11 @@
 //! storage holds none: a session that ends with its backlog unread (expiry, Clean Start,
 //! `delete-session`) has nothing to pass on, and storage deletes the backlog with it.
 //!
-//! The messages the backlogs refer to are restored with the rest ([`HeldMessages`]) and held
-//! until the last backlog is read or dropped: storage keeps a message the broker holds, so
-//! each one is there when its backlog is read.
+//! The messages restored backlogs refer to are restored with the rest ([`HeldMessages`]) and
+//! held until the last restored backlog is read or dropped: storage keeps a message the
+//! broker holds, so each one is there when its backlog is read. A backlog released while
+//! running holds nothing in memory: its queue rows keep its messages in storage, and the
+//! read fetches them (`Storage::load_messages`).
 //!
 //! Each delivery read is checked as the restore would have: expired ones and those whose
 //! message cannot be read are dequeued from storage (logged), and with access control those
@@ -29,7 +33,7 @@ use parking_lot::Mutex;
 use super::BrokerState;
 use crate::auth::hooks::Action;
 use crate::message::Message;
-use crate::persist::records::{delivery_from, Restored};
+use crate::persist::records::{delivery_from, message_from, Restored};
 use crate::session::{Backlog, Delivery, Session};
 use crate::stats::DropCause;
 
@@ -71,8 +75,8 @@ impl HeldMessages {
         self.inner.lock().messages.clone()
     }
 
-    /// One backlog was read or dropped; after the last one, the messages no session holds
-    /// are released (their `Arc`s dropped with the lock released).
+    /// One restored backlog was read or dropped; after the last one, the messages no session
+    /// holds are released (their `Arc`s dropped with the lock released).
     pub(crate) fn done(&self) {
         let released = {
             let mut held = self.inner.lock();
@@ -113,9 +117,9 @@ impl BrokerState {
             let Some(p) = self.persist.get() else {
                 return Ok(());
             };
-            match p.storage().load_queue(&session.client_id).await {
-                Ok(records) => {
-                    let read = self.check_backlog(session, backlog, records);
+            match self.read_backlog(p, session, backlog).await {
+                Ok((records, loaded)) => {
+                    let read = self.check_backlog(session, backlog, records, &loaded);
                     self.install_backlog(session, read);
                     return Ok(());
                 }
@@ -141,27 +145,72 @@ impl BrokerState {
         }
     }
 
+    /// The stored queue of `session`, and the messages of its deliveries up to the
+    /// backlog's last position that the restored ones held in memory do not have (those of
+    /// deliveries released while running, `max_queued_memory`), read from storage: without a
+    /// stored identity, so that each is stored again, under a new id, if it is referred to
+    /// again (a message this broker released may be deleted once nothing refers to it).
+    async fn read_backlog(
+        &self,
+        p: &crate::persist::Persister,
+        session: &Session,
+        backlog: Backlog,
+    ) -> Result<(Vec<QueuedRecord>, Restored), StorageError> {
+        let records = p.storage().load_queue(&session.client_id).await?;
+        let held = self.held.messages();
+        let mut missing: Vec<u64> = records
+            .iter()
+            .filter(|q| q.seq <= backlog.last_seq)
+            .map(|q| q.delivery.message_id)
+            .filter(|id| !held.as_ref().is_some_and(|h| h.contains_key(id)))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok((records, Restored::new()));
+        }
+        let stored = p.storage().load_messages(&missing).await?;
+        let now = Instant::now();
+        let now_ms = crate::persist::records::unix_ms();
+        let loaded = stored
+            .into_iter()
+            .map(|m| {
+                let msg =
+                    message_from(&m.message, now, now_ms).map(|(msg, ids)| (Arc::new(msg), ids));
+                (m.id, msg)
+            })
+            .collect();
+        Ok((records, loaded))
+    }
+
     /// The deliveries of `records` that belong to `backlog` (storage may hold deliveries
-    /// queued since the restore, above its last position: those are in memory), as restored.
+    /// queued since, above its last position: those are in memory), as restored: their
+    /// messages from those held since the restore, else from `loaded`.
     fn check_backlog(
         &self,
         session: &Session,
         backlog: Backlog,
         records: Vec<QueuedRecord>,
+        loaded: &Restored,
     ) -> Read {
         let mut read = Read {
             deliveries: Vec::with_capacity(records.len()),
             dequeued: Vec::new(),
             not_authorized: Vec::new(),
         };
-        // Held from the restore for as long as a backlog is pending, which this one is.
-        let Some(messages) = self.held.messages() else {
+        // Held from the restore for as long as a restored backlog is pending.
+        let held = self.held.messages();
+        if backlog.restored && held.is_none() {
             tracing::error!(client_id = %session.client_id, "stored queue read after its messages were released: not delivered");
             return read;
-        };
+        }
         let now = Instant::now();
         for q in records.iter().filter(|q| q.seq <= backlog.last_seq) {
-            match delivery_from(&messages, &q.delivery, q.seq) {
+            let messages = match &held {
+                Some(h) if h.contains_key(&q.delivery.message_id) => h,
+                _ => loaded,
+            };
+            match delivery_from(messages, &q.delivery, q.seq) {
                 Ok(d) if d.msg.is_expired(now) => read.dequeued.push(q.seq),
                 Ok(d)
                     if self.checks_access
@@ -188,7 +237,7 @@ impl BrokerState {
         let installed = {
             let mut st = session.state.lock();
             let installed = st.install_backlog(read.deliveries);
-            if installed {
+            if installed.is_some() {
                 if let Some(p) = self.persist.get() {
                     for seq in &read.dequeued {
                         p.emit(Change::MessageDequeued {
@@ -200,10 +249,12 @@ impl BrokerState {
             }
             installed
         };
-        if !installed {
+        let Some(installed) = installed else {
             return;
+        };
+        if installed.restored {
+            self.held.done();
         }
-        self.held.done();
         for msg in &read.not_authorized {
             self.dropped(
                 Some(&session.client_id),

@@ -11,7 +11,9 @@
 //! 4. back pressure for the entering side ([`BrokerState::wait_congested`]): the publisher
 //!    waits while a session it fed is over its high-water mark and its client takes
 //!    messages (a network reader stops reading its socket, a bridge its remote, an
-//!    in-process `publish` future does not resolve); a will has no publisher left to slow;
+//!    in-process `publish` future does not resolve), and while the queues together hold
+//!    more than `max_queued_memory` (`memory_bound.rs`); a will has no publisher left to
+//!    slow;
 //! 5. storage back pressure ([`Persister::wait_room`](crate::persist::Persister::wait_room)).
 //!
 //! The network reader and a bridge run the steps themselves, around their packet loops (they
@@ -132,7 +134,9 @@ impl BrokerState {
 
     /// Step 4 of the entry: waits for each session in `congested` but `own` (the publisher's
     /// own session, which only the publisher's side drains) until it is back under its
-    /// low-water mark, stalled, gone or ended ([`Session::wait_room`]). Empties `congested`.
+    /// low-water mark, stalled, gone or ended ([`Session::wait_room`]); then, while the
+    /// queues hold more than `max_queued_memory`, for them to drain
+    /// ([`BrokerState::wait_memory`], `memory_bound.rs`). Empties `congested`.
     pub(crate) async fn wait_congested(
         &self,
         own: Option<&Session>,
@@ -142,6 +146,9 @@ impl BrokerState {
             if !own.is_some_and(|own| std::ptr::eq(own, &*s)) {
                 s.wait_room(&self.limits, &self.stats).await;
             }
+        }
+        if self.memory_congested() {
+            self.wait_memory().await;
         }
     }
 

@@ -6,6 +6,7 @@ pub(crate) mod access;
 mod backlog;
 pub(crate) mod drain;
 mod entry;
+mod memory_bound;
 pub(crate) mod restore;
 mod shared;
 mod stream_reader;
@@ -62,6 +63,15 @@ pub(crate) struct SubEntry {
 pub(crate) struct BrokerState {
     pub config: Config,
     pub limits: QueueLimits,
+    /// The bytes every session's queue holds, and `max_queued_memory` (`queued_memory`,
+    /// `memory_bound.rs`); each session's queue holds it.
+    pub queued_memory: Arc<crate::queued_memory::QueuedMemory>,
+    /// Held by the publisher releasing queues to storage for `max_queued_memory`
+    /// (`memory_bound.rs`), one at a time.
+    /// Lock: an async mutex, taken with no lock held and held across the wait for the
+    /// storage writer's commit; under it, the session table, then each session's state in
+    /// turn (never both).
+    pub(crate) releasing: tokio::sync::Mutex<()>,
     /// Shared with the storage writer, which writes a session whole after a failure.
     /// Lock: first in the lock order, taken with no other lock held; a session's `state`
     /// and `identity` may be taken under it (ARCHITECTURE.md, "Concurrency model and lock
@@ -171,9 +181,14 @@ impl BrokerState {
             interest.start(Arc::from(CLUSTER_CLIENT_ID));
         }
         let streams = crate::streams::Streams::new(&config.streams);
+        let queued_memory = Arc::new(crate::queued_memory::QueuedMemory::new(
+            config.server.max_queued_memory,
+        ));
         BrokerState {
             config,
             limits,
+            queued_memory,
+            releasing: tokio::sync::Mutex::new(()),
             sessions: Arc::new(Mutex::new(HashMap::new())),
             index: RwLock::new(SubscriptionIndex::new()),
             retained: Mutex::new(RetainedStore::weighed(|m: &Arc<Message>| m.size())),
@@ -644,12 +659,12 @@ impl BrokerState {
             filters,
             will,
             shared,
-            had_backlog,
+            backlog,
         }) = session.end()
         else {
             return;
         };
-        if had_backlog {
+        if backlog.is_some_and(|b| b.restored) {
             self.held.done();
         }
         {

@@ -124,6 +124,7 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState) {
         let backlog = backlogs.remove(&client_id).map(|b| Backlog {
             len: b.len,
             last_seq: b.last_seq,
+            restored: true,
         });
         let has_backlog = backlog.is_some();
         match restore_session(broker, p, &messages, record, backlog, now, now_ms) {
@@ -315,6 +316,7 @@ fn restore_session(
         Arc::clone(&client_id),
         protocol_from_level(record.protocol_level),
         record.session_expiry_interval,
+        &broker.queued_memory,
     ));
     // The client was connected when the previous broker stopped: its connection ended now.
     let crashed = record.disconnected_at.is_none();

@@ -33,7 +33,12 @@ impl BrokerState {
         let (session, existed) = match sessions.get(id) {
             Some(s) => (Arc::clone(s), true),
             None => {
-                let s = Arc::new(Session::new(Arc::clone(id), ProtocolVersion::V5, u32::MAX));
+                let s = Arc::new(Session::new(
+                    Arc::clone(id),
+                    ProtocolVersion::V5,
+                    u32::MAX,
+                    &self.queued_memory,
+                ));
                 sessions.insert(Arc::clone(id), Arc::clone(&s));
                 (s, false)
             }
@@ -135,6 +140,7 @@ impl BrokerState {
                 Arc::clone(client_id),
                 version,
                 expiry_interval,
+                &self.queued_memory,
             ));
             let mut sessions = self.sessions.lock();
             if sessions.contains_key(client_id) {

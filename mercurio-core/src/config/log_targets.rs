@@ -28,6 +28,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::parking",
     "mercurio_core::persist",
     "mercurio_core::proxy_protocol",
+    "mercurio_core::queued_memory",
     "mercurio_core::router",
     "mercurio_core::session",
     "mercurio_core::stats",

@@ -106,6 +106,15 @@ pub struct ServerConfig {
     /// Bytes queued per session (topic, properties and payload of each message) before any
     /// is dropped; 0 = unlimited. Default 16 MiB.
     pub max_queued_bytes: u64,
+    /// Bytes all sessions' queues may hold in memory together (each queued delivery counted
+    /// as `max_queued_bytes` counts it: a message queued for 3 sessions counts 3 times);
+    /// 0 = no limit (default), else at least [`MIN_QUEUED_MEMORY`]. Over it, publishers are
+    /// slowed as for a queue at its high-water mark; with the memory backend, past
+    /// `stall_time`, queued QoS 0 messages, then the oldest queued messages of offline
+    /// sessions (the longest offline first) are dropped until the total is back under it;
+    /// with a storage backend, offline sessions' queues are left in storage instead (read
+    /// back when their clients return), and nothing is dropped.
+    pub max_queued_memory: u64,
     /// Back pressure: a session with this many queued messages is over its high-water mark,
     /// and publishers routing into it wait (stop reading) until it is back under half of it,
     /// unless it is stalled. QoS 0 messages count a quarter each (fewer when
@@ -189,6 +198,7 @@ impl Default for ServerConfig {
             max_queued_messages: 10_000,
             max_queued_qos0_messages: 1_000,
             max_queued_bytes: 16 * 1024 * 1024,
+            max_queued_memory: 0,
             queue_high_water: 100,
             queue_high_water_bytes: 1024 * 1024,
             stall_time: 2,
@@ -495,6 +505,10 @@ pub const MIN_PACKET_SIZE_LIMIT: u32 = 14;
 /// is taken for a unit mistake (64 meant as MiB) and refused.
 pub const MIN_RETAINED_BYTES: u64 = 1024;
 
+/// Smallest `max_queued_memory` other than 0: 64 KiB. The bound is in bytes; a smaller value
+/// is taken for a unit mistake (512 meant as MiB) and refused.
+pub const MIN_QUEUED_MEMORY: u64 = 64 * 1024;
+
 /// Smallest `max_publish_bytes_rate` other than 0: 1 KiB per second. The rate is in bytes; a
 /// smaller value is taken for a unit mistake (64 meant as KiB) and refused.
 pub const MIN_PUBLISH_BYTES_RATE: u32 = 1024;
@@ -582,6 +596,7 @@ impl Config {
         ranges::STALL_TIME.check(s.stall_time)?;
         ranges::BUSY_POLL.check(s.busy_poll)?;
         ranges::MAX_RETAINED_BYTES.check(s.max_retained_bytes)?;
+        ranges::MAX_QUEUED_MEMORY.check(s.max_queued_memory)?;
         ranges::MAX_PUBLISH_BYTES_RATE.check(s.max_publish_bytes_rate)?;
         ranges::MAX_QOS.check(s.max_qos)?;
         ranges::CONNECT_TIMEOUT.check(s.connect_timeout)?;
@@ -878,6 +893,8 @@ mod tests {
         assert_eq!(c.validate(), Ok(()));
         c.server.max_retained_bytes = MIN_RETAINED_BYTES;
         assert_eq!(c.validate(), Ok(()));
+        c.server.max_queued_memory = MIN_QUEUED_MEMORY;
+        assert_eq!(c.validate(), Ok(()));
         c.server.max_publish_bytes_rate = MIN_PUBLISH_BYTES_RATE;
         c.server.max_publish_rate = 1;
         assert_eq!(c.validate(), Ok(()));
@@ -906,6 +923,10 @@ mod tests {
             (
                 |c| c.server.max_publish_bytes_rate = 100,
                 "server.max_publish_bytes_rate",
+            ),
+            (
+                |c| c.server.max_queued_memory = MIN_QUEUED_MEMORY - 1,
+                "server.max_queued_memory",
             ),
         ] {
             let mut c = Config::default();

@@ -6,7 +6,7 @@
 
 use super::{
     ConfigError, MAX_BUSY_POLL, MAX_PACKET_SIZE_LIMIT, MIN_PACKET_SIZE_LIMIT,
-    MIN_PUBLISH_BYTES_RATE, MIN_RETAINED_BYTES,
+    MIN_PUBLISH_BYTES_RATE, MIN_QUEUED_MEMORY, MIN_RETAINED_BYTES,
 };
 
 /// The valid values of one numeric key: `min..=max`, and 0 besides when `zero` says what 0
@@ -56,6 +56,14 @@ pub const MAX_RETAINED_BYTES: KeyRange = KeyRange {
     zero: Some("unlimited"),
     unit: "bytes",
 };
+/// `[server] max_queued_memory`: 0 (no limit) or at least 64 KiB.
+pub const MAX_QUEUED_MEMORY: KeyRange = KeyRange {
+    key: "server.max_queued_memory",
+    min: MIN_QUEUED_MEMORY,
+    max: u64::MAX,
+    zero: Some("no limit"),
+    unit: "bytes",
+};
 /// `[server] max_publish_bytes_rate`: 0 (unlimited) or at least 1 KiB per second.
 pub const MAX_PUBLISH_BYTES_RATE: KeyRange = KeyRange {
     key: "server.max_publish_bytes_rate",
@@ -100,6 +108,7 @@ pub const RANGES: &[KeyRange] = &[
     STALL_TIME,
     BUSY_POLL,
     MAX_RETAINED_BYTES,
+    MAX_QUEUED_MEMORY,
     MAX_PUBLISH_BYTES_RATE,
     MAX_QOS,
     CONNECT_TIMEOUT,

@@ -416,6 +416,7 @@ where
                     c: shared,
                     aliases: aliases.inbound,
                     congested: Vec::new(),
+                    memory_congested: false,
                     rate: rate::PublishRate::of(&shared.broker.config.server),
                     reauth: None,
                 };

@@ -79,6 +79,10 @@ pub(super) struct Reader<'a> {
     /// Sessions the last PUBLISH left at their high-water mark: waited on before the next
     /// packet (back pressure).
     pub(super) congested: Vec<Arc<Session>>,
+    /// The last PUBLISH left the queues over `max_queued_memory`: waited on before the next
+    /// packet, with `congested` (only after a PUBLISH: an acknowledgement that lets a queue
+    /// drain is never held up).
+    pub(super) memory_congested: bool,
     /// `max_publish_rate` and `max_publish_bytes_rate`; `None` when both are 0.
     pub(super) rate: Option<Box<super::rate::PublishRate>>,
     /// A re-authentication under way: what takes the client's next AUTH 0x18 (a thin
@@ -177,9 +181,10 @@ impl<'a> Reader<'a> {
                     }
                     // Back pressure: nothing more is read while a session this
                     // connection published into is at its high-water mark and its client
-                    // takes messages; nor while the answers owed to this client are over
-                    // their limit (it does not read its socket).
-                    if !self.congested.is_empty() {
+                    // takes messages, or the queues together are over max_queued_memory;
+                    // nor while the answers owed to this client are over their limit (it
+                    // does not read its socket).
+                    if !self.congested.is_empty() || std::mem::take(&mut self.memory_congested) {
                         let broker = &self.c.broker;
                         Box::pin(broker.wait_congested(Some(&self.c.session), &mut self.congested))
                             .await;
@@ -707,6 +712,7 @@ impl<'a> Reader<'a> {
         }
         let msg = Arc::new(msg);
         let matched = broker.publish_from(msg, &mut self.congested);
+        self.memory_congested = broker.memory_congested();
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
         // PUBREC stays 0x00, as in mosquitto.

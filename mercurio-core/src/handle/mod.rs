@@ -533,7 +533,9 @@ impl BrokerHandle {
     /// The broker's counters now: a snapshot of plain values (what `$SYS` and `/metrics`
     /// report), taken at each call; read it again to see later activity.
     pub fn stats(&self) -> Stats {
-        self.inner.stats.snapshot()
+        let mut stats = self.inner.stats.snapshot();
+        stats.queued_bytes = self.inner.queued_memory.bytes();
+        stats
     }
 
     /// Seconds since start.

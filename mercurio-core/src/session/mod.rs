@@ -23,6 +23,7 @@ use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::lazy_map::LazyMap;
 use crate::link::Link;
 use crate::message::Message;
+use crate::queued_memory::QueuedMemory;
 use crate::stats::DropCause;
 
 /// One delivery of a message to one session: the shared message, plus what this delivery adds
@@ -235,17 +236,19 @@ impl Enqueued {
 }
 
 impl Session {
+    /// A session with nothing in it, its queue's bytes counted in `memory` (the broker's).
     pub(crate) fn new(
         client_id: Arc<str>,
         protocol: ProtocolVersion,
         expiry_interval: u32,
+        memory: &Arc<QueuedMemory>,
     ) -> Session {
         Session {
             client_id,
             state: Mutex::new(SessionState {
                 protocol,
                 subscriptions: LazyMap::new(),
-                queue: Queue::default(),
+                queue: Queue::new(Arc::clone(memory)),
                 inflight: VecDeque::new(),
                 inbound_qos2: LazyMap::new(),
                 next_packet_id: 1,
@@ -468,6 +471,53 @@ impl Session {
     }
 }
 
+/// What a session gives up for the broker-wide bound (`max_queued_memory`,
+/// `broker::memory_bound`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shed {
+    /// Its queued QoS 0 deliveries, connected or not.
+    Qos0,
+    /// Its oldest queued deliveries, from the head of the queue, until at least this many
+    /// bytes are freed; only while no client is connected.
+    Oldest(u64),
+}
+
+impl Session {
+    /// Drops what `shed` asks from the queue (reported to storage as any dequeue), counted
+    /// in the session's own drop count. Returns the dropped deliveries' messages, for the
+    /// caller to count and tell with no lock held; none when the session ended.
+    pub(crate) fn shed(&self, shed: Shed) -> Vec<Arc<Message>> {
+        let mut st = self.state.lock();
+        if st.ended {
+            return Vec::new();
+        }
+        let dropped = match shed {
+            Shed::Qos0 => st.queue.retain(|q| q.qos != QoS::AtMostOnce),
+            Shed::Oldest(_) if st.link.is_some() => return Vec::new(),
+            Shed::Oldest(bytes) => {
+                let mut freed = 0;
+                let mut dropped = Vec::new();
+                while freed < bytes {
+                    let before = st.queue.bytes();
+                    let Some(q) = st.queue.pop_front() else {
+                        break;
+                    };
+                    freed += before - st.queue.bytes();
+                    dropped.push(q);
+                }
+                dropped
+            }
+        };
+        for q in &dropped {
+            st.persist_dequeued(&self.client_id, q);
+        }
+        st.queue.shrink();
+        st.dropped += dropped.len() as u64;
+        drop(st);
+        dropped.into_iter().map(|q| q.msg).collect()
+    }
+}
+
 /// What [`Session::detach`] leaves for the broker to do.
 #[derive(Debug)]
 pub(crate) struct Detached {
@@ -491,9 +541,9 @@ pub(crate) struct Ended {
     /// Its queued and unacknowledged deliveries made through shared subscriptions, for
     /// other members of their groups (MQTT 5.0 section 4.8.2).
     pub shared: Vec<Delivery>,
-    /// It ended with its backlog in storage (never read: none of it was made through a
-    /// shared subscription, see `broker/backlog.rs`).
-    pub had_backlog: bool,
+    /// The backlog it ended with in storage, if any (never read: none of it was made
+    /// through a shared subscription, see `broker/backlog.rs`).
+    pub backlog: Option<Backlog>,
 }
 
 /// The session's life: taken by a connection, left, ended; its subscriptions.
@@ -586,14 +636,14 @@ impl Session {
         shared.retain(|q| q.share.is_some());
         let filters: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
         let will = st.take_will();
-        let had_backlog = st.drop_backlog();
+        let backlog = st.drop_backlog();
         drop(st);
         self.release_waiters();
         Some(Ended {
             filters,
             will,
             shared,
-            had_backlog,
+            backlog,
         })
     }
 
@@ -664,5 +714,127 @@ impl Session {
     /// The filters of the session's subscriptions.
     pub(crate) fn filters(&self) -> Vec<String> {
         self.state.lock().subscriptions.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn delivery(qos: QoS, n: u8) -> Delivery {
+        Delivery {
+            msg: Arc::new(Message {
+                topic: "t".into(),
+                payload: bytes::Bytes::from(vec![n; 10]),
+                qos,
+                retain: false,
+                properties: Default::default(),
+                expires_at: None,
+                publisher: None,
+                encoded: OnceLock::new(),
+                stored: OnceLock::new(),
+            }),
+            qos,
+            retain: false,
+            subscription_ids: Vec::new(),
+            seq: 0,
+            share: None,
+        }
+    }
+
+    /// An offline session sheds its QoS 0 deliveries, then its oldest, from the head, until
+    /// the bytes asked for are freed; the broker's account follows.
+    #[test]
+    fn an_offline_session_sheds_qos0_then_its_oldest() {
+        let memory = Arc::new(QueuedMemory::new(0));
+        let s = Session::new("c".into(), ProtocolVersion::V5, u32::MAX, &memory);
+        let limits = QueueLimits::new(&ServerConfig::default());
+        // Offline, QoS 0 is not queued: put one in as a connected session would have.
+        s.state.lock().queue.push_back(delivery(QoS::AtMostOnce, 0));
+        for n in 1..=4 {
+            assert!(s
+                .enqueue(delivery(QoS::AtLeastOnce, n), &limits)
+                .is_queued());
+        }
+        let cost = delivery(QoS::AtLeastOnce, 0).cost();
+        assert_eq!(memory.bytes(), 5 * cost);
+
+        let dropped = s.shed(Shed::Qos0);
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].qos, QoS::AtMostOnce);
+        assert_eq!(memory.bytes(), 4 * cost);
+
+        // Just over one delivery's bytes: two go, the oldest two.
+        let dropped = s.shed(Shed::Oldest(cost + 1));
+        let firsts: Vec<u8> = dropped.iter().map(|m| m.payload[0]).collect();
+        assert_eq!(firsts, [1, 2]);
+        assert_eq!(memory.bytes(), 2 * cost);
+        let st = s.state.lock();
+        let left: Vec<u8> = st.queue.iter().map(|d| d.msg.payload[0]).collect();
+        assert_eq!(left, [3, 4]);
+        assert_eq!(st.dropped, 3, "counted in the session's own drops");
+        drop(st);
+
+        s.end();
+        assert_eq!(memory.bytes(), 0);
+        assert!(
+            s.shed(Shed::Oldest(u64::MAX)).is_empty(),
+            "an ended session"
+        );
+    }
+
+    /// Storage that takes every report and keeps none.
+    #[derive(Debug)]
+    struct Reported;
+
+    impl SessionChanges for Reported {
+        fn queued(&self, _: &Arc<str>, _: &Delivery) {}
+        fn dequeued(&self, _: &str, _: u64) {}
+        fn inflight_set(&self, _: &str, _: &Inflight) {}
+        fn inflight_removed(&self, _: &str, _: u16) {}
+        fn inbound_qos2(&self, _: &str, _: u16, _: bool) {}
+        fn subscription(&self, _: &str, _: &str, _: Option<&Granted>) {}
+        fn will_cleared(&self, _: &str) {}
+        fn detached(&self, _: &str, _: &SessionState) {}
+        fn ended(&self, _: &str) {}
+    }
+
+    /// A stored offline session leaves the head of its queue, up to a position, in storage:
+    /// it joins the backlog (counted, not in memory), twice over, and the queue's bytes leave
+    /// the broker's account; a session not stored keeps its queue.
+    #[test]
+    fn the_head_of_a_stored_queue_joins_the_backlog() {
+        let memory = Arc::new(QueuedMemory::new(0));
+        let limits = QueueLimits::new(&ServerConfig::default());
+        let s = Session::new("c".into(), ProtocolVersion::V5, u32::MAX, &memory);
+        for n in 1..=5 {
+            assert!(s
+                .enqueue(delivery(QoS::AtLeastOnce, n), &limits)
+                .is_queued());
+        }
+        let cost = delivery(QoS::AtLeastOnce, 0).cost();
+        assert_eq!(s.state.lock().release_to_storage(5), 0, "not stored");
+
+        s.state.lock().report_changes_to(Arc::new(Reported));
+        let mut st = s.state.lock();
+        assert_eq!(st.release_to_storage(2), 2 * cost);
+        let backlog = |len, last_seq| {
+            Some(Backlog {
+                len,
+                last_seq,
+                restored: false,
+            })
+        };
+        assert_eq!(st.backlog(), backlog(2, 2));
+        assert_eq!(st.release_to_storage(4), 2 * cost);
+        assert_eq!(st.backlog(), backlog(4, 4));
+        assert_eq!(st.release_to_storage(4), 0, "the head is above 4");
+        assert_eq!(st.queued_len(), 5, "the backlog still counts");
+        assert_eq!(memory.bytes(), cost);
+        let left: Vec<u64> = st.queue.iter().map(|d| d.seq).collect();
+        assert_eq!(left, [5]);
     }
 }

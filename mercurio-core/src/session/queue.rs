@@ -1,10 +1,12 @@
 //! A session's queue and the limits it is held to.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Delivery;
 use crate::codec::QoS;
+use crate::queued_memory::QueuedMemory;
 
 /// QoS 0 deliveries that count as one message towards the high-water mark. They wait for no
 /// acknowledgement, so the writer takes all of them at each wake-up: a deeper QoS 0 queue
@@ -61,16 +63,36 @@ impl QueueLimits {
 
 /// A session's queue: deliveries waiting for the client, and the bytes they hold (topic,
 /// properties and payload: what `max_queued_bytes` bounds), kept together by every change.
-/// Each delivery's cost is computed once, when it is queued, and kept beside it.
-#[derive(Debug, Default)]
+/// Each delivery's cost is computed once, when it is queued, and kept beside it, and added
+/// to the broker-wide account ([`QueuedMemory`]) while it is queued.
+#[derive(Debug)]
 pub(crate) struct Queue {
     items: VecDeque<(Delivery, u64)>,
     bytes: u64,
     /// How many of `items` are QoS 0.
     qos0: usize,
+    /// The broker's account of every queue's bytes.
+    memory: Arc<QueuedMemory>,
+}
+
+impl Drop for Queue {
+    /// What the queue still holds leaves the broker's account with it.
+    fn drop(&mut self) {
+        self.memory.sub(self.bytes);
+    }
 }
 
 impl Queue {
+    /// An empty queue whose bytes count in `memory`.
+    pub(crate) fn new(memory: Arc<QueuedMemory>) -> Queue {
+        Queue {
+            items: VecDeque::new(),
+            bytes: 0,
+            qos0: 0,
+            memory,
+        }
+    }
+
     /// Deliveries queued.
     pub(crate) fn len(&self) -> usize {
         self.items.len()
@@ -94,6 +116,20 @@ impl Queue {
     /// The next delivery, left in place.
     pub(crate) fn front(&self) -> Option<&Delivery> {
         self.items.front().map(|(q, _)| q)
+    }
+
+    /// Gives back the room of deliveries gone when the queue holds less than a quarter of
+    /// it (after a release to storage: a queue's room would otherwise stay at the most it
+    /// ever held).
+    pub(crate) fn shrink(&mut self) {
+        if self.items.len() < self.items.capacity() / 4 {
+            self.items.shrink_to_fit();
+        }
+    }
+
+    /// The last delivery queued.
+    pub(crate) fn back(&self) -> Option<&Delivery> {
+        self.items.back().map(|(q, _)| q)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Delivery> {
@@ -142,11 +178,14 @@ impl Queue {
 
     fn added(&mut self, q: &Delivery, cost: u64) {
         self.bytes += cost;
+        self.memory.add(cost);
         self.qos0 += usize::from(q.qos == QoS::AtMostOnce);
     }
 
     fn removed(&mut self, q: &Delivery, cost: u64) {
-        self.bytes = self.bytes.saturating_sub(cost);
+        let cost = cost.min(self.bytes);
+        self.bytes -= cost;
+        self.memory.sub(cost);
         self.qos0 -= usize::from(q.qos == QoS::AtMostOnce);
     }
 }
@@ -183,7 +222,7 @@ mod tests {
 
     #[test]
     fn qos0_deliveries_weigh_a_share_of_a_message_on_the_high_water_mark() {
-        let mut q = Queue::default();
+        let mut q = Queue::new(Arc::default());
         for _ in 0..5 {
             q.push_back(delivery(QoS::AtMostOnce));
         }
@@ -200,6 +239,40 @@ mod tests {
         assert_eq!(q.pressure(4), 2);
         while q.pop_front().is_some() {}
         assert_eq!((q.pressure(4), q.bytes()), (0, 0));
+    }
+
+    /// The broker's account is the sum of its queues' bytes through every change, and a
+    /// dropped queue gives back what it held.
+    #[test]
+    fn queues_count_their_bytes_in_the_broker_account() {
+        let memory = Arc::new(QueuedMemory::new(0));
+        let mut a = Queue::new(Arc::clone(&memory));
+        let mut b = Queue::new(Arc::clone(&memory));
+        let cost = delivery(QoS::AtLeastOnce).cost();
+        for _ in 0..3 {
+            a.push_back(delivery(QoS::AtLeastOnce));
+        }
+        // One message queued for two sessions counts twice, as each queue counts it.
+        let shared = delivery(QoS::AtMostOnce);
+        a.push_back(shared.clone());
+        b.push_back(shared);
+        assert_eq!(memory.bytes(), 5 * cost);
+        assert_eq!(memory.bytes(), a.bytes() + b.bytes());
+        let head = a.pop_front().expect("queued");
+        a.push_front(head);
+        a.pop_front();
+        assert_eq!(memory.bytes(), 4 * cost);
+        let removed = a.retain(|d| d.qos != QoS::AtMostOnce);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(memory.bytes(), 3 * cost);
+        drop(a);
+        assert_eq!(
+            memory.bytes(),
+            cost,
+            "what a dropped queue held leaves the account"
+        );
+        drop(b);
+        assert_eq!(memory.bytes(), 0);
     }
 
     #[test]

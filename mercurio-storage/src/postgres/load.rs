@@ -9,7 +9,7 @@ use crate::rows::{
     self, Columns, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
     SUBSCRIPTION_COLUMNS,
 };
-use crate::{Backlog, LoadedState, QueuedRecord, SetAside};
+use crate::{Backlog, LoadedState, QueuedRecord, SetAside, StoredMessage};
 
 fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, String> {
     row.try_get::<_, T>(i).map_err(|e| {
@@ -174,6 +174,22 @@ fn backlogs(found: &[Row]) -> Result<HashMap<String, Backlog>, tokio_postgres::E
         }
     }
     Ok(out)
+}
+
+/// The readable stored messages among `ids`, sorted by id.
+pub(super) async fn load_messages(
+    client: &Client,
+    ids: &[u64],
+) -> Result<Vec<StoredMessage>, tokio_postgres::Error> {
+    let ids: Vec<i64> = ids
+        .iter()
+        .filter_map(|id| i64::try_from(*id).ok())
+        .collect();
+    let sql = format!(
+        "SELECT {STORED_COLUMNS} FROM mercurio_messages WHERE id = ANY($1::bigint[]) ORDER BY id"
+    );
+    let found = client.query(&sql, &[&ids]).await?;
+    Ok(found.iter().filter_map(|r| rows::stored(r).ok()).collect())
 }
 
 /// The queue of `client_id`, in order; `Err` names a row that cannot be read.

@@ -2,8 +2,9 @@
 //! after SIGKILL (sessions of 3.1.1 clean session 0 and 5.0 session expiry, queued QoS 1/2
 //! messages, an in-flight QoS 2 message, retained messages, the will of a client connected at
 //! the crash), durable_ack under SIGKILL in the middle of a QoS 1 stream, a queue left in
-//! storage at the restart and read back under SIGKILL mid-drain, and a second daemon on the
-//! same database. A small blocking client on the broker's codec; waits have deadlines.
+//! storage at the restart and read back under SIGKILL mid-drain, queues left in storage for
+//! `max_queued_memory` under SIGKILL in the middle of a QoS 1 stream, and a second daemon on
+//! the same database. A small blocking client on the broker's codec; waits have deadlines.
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
@@ -325,6 +326,82 @@ fn a_queue_left_in_storage_survives_sigkill_mid_drain() {
         assert_eq!(number(&p), next, "every message, in order");
         sub.ack(&p);
         next += 1;
+    }
+    stop(daemon, libc::SIGTERM);
+}
+
+/// `max_queued_memory` with durable_ack: an offline fleet's queues go to storage as a QoS 1
+/// stream fills them past the bound; a SIGKILL in the middle of the stream loses no
+/// acknowledged message: after the restart each client gets every one, in order.
+#[test]
+fn queues_left_in_storage_for_max_queued_memory_lose_nothing_under_sigkill() {
+    const FLEET: usize = 6;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("mercurio.db");
+    let cfg = config(dir.path(), &db, true);
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(
+        &cfg,
+        format!("[server]\nmax_queued_memory = 65536\n\n{text}"),
+    )
+    .expect("config");
+    let daemon = start(&cfg);
+    let addr = daemon.addr();
+    let ids: Vec<String> = (0..FLEET).map(|i| format!("fleet-{i}")).collect();
+    for id in &ids {
+        let (mut sub, _) = Client::connect(addr, connect_packet(ProtocolVersion::V5, id, true));
+        sub.subscribe("s", QoS::AtLeastOnce);
+        sub.disconnect();
+    }
+
+    // 1 KiB messages, each queued for the whole fleet: the bound is passed every 10 or so.
+    let (acked_tx, acked_rx) = mpsc::channel::<u32>();
+    let stream = std::thread::spawn(move || {
+        let (mut publisher, _) =
+            Client::connect(addr, connect_packet(ProtocolVersion::V311, "pub", false));
+        let mut sent = std::collections::VecDeque::new();
+        for i in 0u32..1_000_000 {
+            let mut payload = i.to_be_bytes().to_vec();
+            payload.resize(1024, b'.');
+            let id = publisher.publish_packet("s", &payload, QoS::AtLeastOnce, false);
+            sent.push_back((id, i));
+            while sent.len() >= 16 {
+                match publisher.recv() {
+                    Some(Packet::PubAck(a)) => {
+                        let (id, i) = sent.pop_front().expect("sent");
+                        assert_eq!(a.packet_id, id);
+                        if acked_tx.send(i).is_err() {
+                            return;
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        }
+    });
+    let mut acked = Vec::new();
+    while acked.len() < 300 {
+        acked.push(acked_rx.recv_timeout(DEADLINE).expect("acknowledgements"));
+    }
+    stop(daemon, libc::SIGKILL);
+    let _ = stream.join();
+    acked.extend(acked_rx.try_iter());
+    let last = *acked.last().expect("acked");
+
+    let daemon = start(&cfg);
+    for id in &ids {
+        let (mut sub, present) =
+            Client::connect(daemon.addr(), connect_packet(ProtocolVersion::V5, id, true));
+        assert!(present);
+        let mut next = 0;
+        while next <= last {
+            let p = sub.expect_publish();
+            let i = u32::from_be_bytes(p.payload[..4].try_into().expect("4 bytes"));
+            sub.ack(&p);
+            assert_eq!(i, next, "{id}: every acknowledged message, in order");
+            next += 1;
+        }
+        sub.disconnect();
     }
     stop(daemon, libc::SIGTERM);
 }
