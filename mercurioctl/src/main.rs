@@ -829,8 +829,13 @@ fn show(r: &Value) -> String {
     if let Some(secs) = r["disconnected_secs"].as_u64() {
         out.push_str(&format!("disconnected    {} ago\n", duration(secs)));
     }
+    // Bytes of a queue left in storage are known only once it is read.
+    let in_storage = match r["queued_in_storage"].as_u64() {
+        Some(n) if n > 0 => format!(" in memory; {n} of them in storage until the client returns"),
+        _ => String::new(),
+    };
     out.push_str(&format!(
-        "queued          {}, {} bytes\ninflight        {}\nwill            {}\n",
+        "queued          {}, {} bytes{in_storage}\ninflight        {}\nwill            {}\n",
         messages(&r["queued"]),
         text(&r["queued_bytes"]),
         text(&r["inflight"]),
@@ -872,6 +877,26 @@ mod tests {
         assert!(lines[1].starts_with("cloud  connected"), "{out}");
         assert!(lines[1].ends_with("broker.example.com:8883"), "{out}");
         assert_eq!(bridge_list(&json!({"bridges": []})), "no bridges\n");
+    }
+
+    #[test]
+    fn client_show_says_what_is_in_storage() {
+        let client = |in_storage: u64| {
+            json!({"client_id": "sensor-12", "connected": false, "protocol_level": 5,
+                "expiry_interval": 3600, "queued": 100, "queued_bytes": 0,
+                "queued_in_storage": in_storage, "inflight": 0, "will": false,
+                "subscriptions": []})
+        };
+        let stored = show(&client(100));
+        assert!(
+            stored.contains("queued          100 messages, 0 bytes in memory; 100 of them in storage until the client returns\n"),
+            "{stored}"
+        );
+        let held = show(&client(0));
+        assert!(
+            held.contains("queued          100 messages, 0 bytes\n"),
+            "{held}"
+        );
     }
 
     #[test]

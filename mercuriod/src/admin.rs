@@ -264,6 +264,7 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
                     .collect::<Vec<_>>(),
                 "queued": d.info.queued,
                 "queued_bytes": d.queued_bytes,
+                "queued_in_storage": d.queued_in_storage,
                 "inflight": d.info.inflight,
                 "expiry_interval": d.expiry_interval,
                 "will": d.will,

@@ -1058,6 +1058,7 @@ impl BrokerHandle {
             subscriptions,
             expiry_interval: st.expiry_interval(),
             queued_bytes: st.queue().bytes(),
+            queued_in_storage: st.backlog().map_or(0, |b| b.len),
             will: st.will().is_some(),
             disconnected_for: st.disconnected_at().map(|at| at.elapsed()),
             address,
@@ -1076,6 +1077,10 @@ pub struct SessionDetail {
     /// Bytes of queued messages (topic, properties and payload of each, as `max_queued_bytes`
     /// counts them).
     pub queued_bytes: u64,
+    /// How many of `info.queued` are in storage only (left there at a restart or by
+    /// `max_queued_memory`), read when the client comes back; their bytes are not in
+    /// `queued_bytes` until then. 0 with the memory backend.
+    pub queued_in_storage: u64,
     /// Whether a will is pending.
     pub will: bool,
     /// Time since the connection ended; `None` while connected.

@@ -283,6 +283,10 @@ fn a_queue_left_in_storage_survives_sigkill_mid_drain() {
         show["result"]["queued"], STORED,
         "the stored queue is counted: {show}"
     );
+    assert_eq!(
+        show["result"]["queued_in_storage"], STORED,
+        "and said to be in storage: {show}"
+    );
     let (mut publisher, _) = Client::connect(
         daemon.addr(),
         connect_packet(ProtocolVersion::V311, "pub", false),
