@@ -121,16 +121,12 @@ pub(crate) struct SessionState {
     generation: u32,
     /// Set when the session has ended (expired, cleaned, taken over by a clean start).
     ended: bool,
-    /// While the queue is dropping (to log once when it starts and once when it stops): the
-    /// messages and payload bytes it must be back to (half its limits) for the "room again"
-    /// line, checked as messages leave the queue, and the count dropped since it started.
-    /// Boxed: most queues never drop.
-    dropping: Option<Box<Dropping>>,
+    /// What few sessions have (a dropping period, a bridge's own limits), in one box so
+    /// that the others pay one pointer for both: an idle session's size is budgeted
+    /// (tests/idle_memory.rs).
+    rare: Option<Box<Rare>>,
     /// Messages this session's queue dropped since it was made (a bridge reports it).
     dropped: u64,
-    /// Queue limits of this session in place of the broker's (a bridge's queue has its
-    /// own); `None`: the broker's. Boxed: only bridges have them.
-    own_limits: Option<Box<QueueLimits>>,
     /// The client connected as another broker's bridge (mosquitto's `try_private`): what
     /// this broker's own bridges bring in is not delivered to it (docs/bridges.md, Loops).
     remote_bridge: bool,
@@ -159,6 +155,18 @@ pub(crate) struct SessionState {
 }
 
 /// A dropping queue's marks ([`SessionState`]'s `dropping`).
+/// The rarely present part of a [`SessionState`]; the box goes when both are `None`.
+#[derive(Debug, Default)]
+struct Rare {
+    /// While the queue is dropping (to log once when it starts and once when it stops): the
+    /// messages and payload bytes it must be back to (half its limits) for the "room again"
+    /// line, checked as messages leave the queue, and the count dropped since it started.
+    dropping: Option<Dropping>,
+    /// Queue limits of this session in place of the broker's (a bridge's queue has its
+    /// own); `None`: the broker's.
+    own_limits: Option<QueueLimits>,
+}
+
 #[derive(Debug)]
 struct Dropping {
     room_messages: usize,
@@ -257,10 +265,9 @@ impl Session {
                 link: None,
                 generation: 0,
                 ended: false,
-                dropping: None,
+                rare: None,
                 backlog: None,
                 dropped: 0,
-                own_limits: None,
                 remote_bridge: false,
                 disconnected_at: None,
                 username: None,
@@ -306,7 +313,7 @@ impl Session {
         if st.link.is_none() && delivery.qos == QoS::AtMostOnce {
             return Enqueued::Skipped;
         }
-        let own = st.own_limits.as_deref().copied();
+        let own = st.own_limits().copied();
         let limits = own.as_ref().unwrap_or(limits);
         let len = st.queued_len();
         // The limit that refuses it, if any (named in the warning).
@@ -327,10 +334,10 @@ impl Session {
             }
         });
         if let Some(cause) = cause {
-            if st.dropping.is_none() {
+            if st.rare.as_ref().is_none_or(|r| r.dropping.is_none()) {
                 // Half its limits, not the first message that fits, or a queue hovering at a
                 // limit would log at every message.
-                st.dropping = Some(Box::new(Dropping {
+                st.rare.get_or_insert_default().dropping = Some(Dropping {
                     room_messages: limits.max_qos0_messages.min(limits.max_messages) / 2,
                     room_bytes: if limits.max_bytes == 0 {
                         u64::MAX
@@ -338,10 +345,10 @@ impl Session {
                         limits.max_bytes / 2
                     },
                     dropped: 0,
-                }));
+                });
                 tracing::warn!(client_id = %self.client_id, queued = len, queued_bytes = st.queue.bytes(), limit = limit.unwrap_or_default(), "session queue full: dropping messages");
             }
-            if let Some(d) = st.dropping.as_mut() {
+            if let Some(d) = st.rare.as_mut().and_then(|r| r.dropping.as_mut()) {
                 d.dropped += 1;
             }
             st.dropped += 1;

@@ -33,7 +33,7 @@ impl SessionState {
     /// Ends a dropping period once the queue is back to half its limits: one line with the
     /// count of messages dropped.
     pub(super) fn note_room(&mut self, client_id: &str) {
-        let Some(d) = &self.dropping else {
+        let Some(d) = self.rare.as_ref().and_then(|r| r.dropping.as_ref()) else {
             return;
         };
         if self.queue.len() <= d.room_messages && self.queue.bytes() <= d.room_bytes {
@@ -42,14 +42,31 @@ impl SessionState {
                 dropped = d.dropped,
                 "session queue has room again"
             );
-            self.dropping = None;
+            self.set_rare(|r| r.dropping = None);
         }
+    }
+
+    /// Changes the rare part, dropping its box when nothing is left in it.
+    fn set_rare(&mut self, change: impl FnOnce(&mut super::Rare)) {
+        change(self.rare.get_or_insert_default());
+        if self
+            .rare
+            .as_ref()
+            .is_some_and(|r| r.dropping.is_none() && r.own_limits.is_none())
+        {
+            self.rare = None;
+        }
+    }
+
+    /// This session's own queue limits, if it has them (a bridge's queue).
+    pub(super) fn own_limits(&self) -> Option<&QueueLimits> {
+        self.rare.as_ref().and_then(|r| r.own_limits.as_ref())
     }
 
     /// Back under the low-water mark: half the high-water mark, in messages (as
     /// [`Queue::pressure`](super::queue::Queue::pressure) counts them) and in bytes.
     pub(super) fn under_low_water(&self, limits: &QueueLimits) -> bool {
-        let limits = self.own_limits.as_deref().unwrap_or(limits);
+        let limits = self.own_limits().unwrap_or(limits);
         self.queue.pressure(limits.qos0_share) <= limits.high_water_messages / 2
             && self.queue.bytes() <= limits.high_water_bytes / 2
     }
@@ -57,7 +74,7 @@ impl SessionState {
     /// Gives this session queue limits of its own in place of the broker's (`None`: the
     /// broker's again). A bridge's queue uses it.
     pub(crate) fn set_own_limits(&mut self, limits: Option<QueueLimits>) {
-        self.own_limits = limits.map(Box::new);
+        self.set_rare(|r| r.own_limits = limits);
     }
 
     /// Records whether the connection serving the session is another broker's bridge
