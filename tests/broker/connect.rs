@@ -664,7 +664,7 @@ async fn connack_properties_in_mosquitto_order() {
         use tokio::io::AsyncReadExt;
         let mut b = [0u8; 256];
         while raw.len() < 2 || raw.len() < 2 + raw[1] as usize {
-            let n = c.stream.read(&mut b).await.expect("read");
+            let n = c.stream_mut().read(&mut b).await.expect("read");
             assert!(n > 0, "closed after {raw:02x?}");
             raw.extend_from_slice(&b[..n]);
         }

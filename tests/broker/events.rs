@@ -42,7 +42,7 @@ fn connected(
         client_id: client_id.into(),
         username: username.map(str::to_string),
         protocol,
-        peer: client.stream.local_addr().unwrap(),
+        peer: client.stream().local_addr().unwrap(),
         clean_start,
         session_present,
     }

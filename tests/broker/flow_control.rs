@@ -284,7 +284,7 @@ async fn pingreq_flood_without_reading_is_bounded_and_closed() {
         .send(Packet::Connect(Box::new(connect_packet(V311, "flooder"))))
         .await;
     assert!(matches!(flooder.recv().await, Some(Packet::ConnAck(_))));
-    let (_rd, wr) = flooder.stream.into_split();
+    let (_rd, wr) = flooder.into_stream().into_split();
     let cap = 64 << 20;
     let pings = [0xC0u8, 0x00].repeat(32 * 1024);
     let flood = write_without_reading(wr, pings, cap);
@@ -339,7 +339,7 @@ async fn qos1_receive_maximum_exceeded() {
         );
         codec::encode(&p, V5, &mut batch).expect("encode");
     }
-    let (mut rd, wr) = c.stream.into_split();
+    let (mut rd, wr) = c.into_stream().into_split();
     let flood = write_without_reading(wr, batch.to_vec(), 64 << 20);
 
     // The broker says why it closes (and logs it) once the PUBACKs it cannot write pile up.

@@ -374,7 +374,7 @@ async fn max_connections_global() {
     for version in [V5, V311] {
         let mut c = Client::open(addr, version).await;
         // Sending may fail if the broker already closed it; what matters is the close.
-        let _ = c.stream.try_write(&encode(
+        let _ = c.stream().try_write(&encode(
             version,
             Packet::Connect(Box::new(connect_packet(version, "c"))),
         ));
@@ -472,7 +472,7 @@ async fn max_connections_per_listener() {
     let other = broker.local_addrs()[1];
     let mut a = Client::connect(small, V5, "a").await;
     let mut refused = Client::open(small, V5).await;
-    let _ = refused.stream.try_write(&encode(
+    let _ = refused.stream().try_write(&encode(
         V5,
         Packet::Connect(Box::new(connect_packet(V5, "b"))),
     ));

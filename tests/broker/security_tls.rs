@@ -266,7 +266,7 @@ async fn tls12_and_tls13_handshakes() {
         ))))
         .await;
     let mut junk = [0u8; 64];
-    let n = tokio::time::timeout(DEADLINE, plain.stream.read(&mut junk))
+    let n = tokio::time::timeout(DEADLINE, plain.stream_mut().read(&mut junk))
         .await
         .unwrap()
         .unwrap_or(0);

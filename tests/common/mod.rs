@@ -1,18 +1,20 @@
-//! Shared test support: an in-process broker on port 0 and a raw MQTT client built on the
-//! broker's own codec, which can send anything (including what a well-behaved client library
-//! never would) and waits for packets with deadlines, never with sleeps.
+//! Shared test support: an in-process broker on port 0 and a raw MQTT client on the shared
+//! client's [`Connection`] (`mercurio_codec::client`), which can send anything (including
+//! what a well-behaved client library never would) and waits for packets with deadlines,
+//! never with sleeps.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use mercurio::codec::{
     self, Connect, LastWill, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
     Subscribe, SubscribeFilter, SubscriptionOptions, Unsubscribe,
 };
 use mercurio::config::{Config, ListenerConfig};
 use mercurio::{Broker, BrokerHandle};
+use mercurio_codec::client::{ClientError, Connection, MAX_PACKET};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -70,11 +72,14 @@ pub fn will(topic: &str, payload: &str, qos: QoS, retain: bool) -> LastWill {
     }
 }
 
-/// A raw MQTT client.
+/// A raw MQTT client: packets framed, read whole and encoded for its protocol version by a
+/// [`Connection`], which acknowledges nothing by itself (the tests see every packet). Its
+/// socket stays reachable ([`Client::stream`], [`Client::stream_mut`],
+/// [`Client::into_stream`]) for what a test writes or reads beside the connection.
 pub struct Client {
-    pub stream: TcpStream,
+    /// The protocol version the connection was opened with (its packets' encoding).
     pub version: ProtocolVersion,
-    buf: BytesMut,
+    conn: Connection<TcpStream>,
     next_id: u16,
 }
 
@@ -82,13 +87,36 @@ impl Client {
     /// Opens a TCP connection without sending anything.
     pub async fn open(addr: SocketAddr, version: ProtocolVersion) -> Client {
         let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        Client::over(stream, version)
+    }
+
+    /// A client over a connected socket (no delay set), nothing sent yet. Packets as large
+    /// as MQTT allows are accepted from the broker.
+    fn over(stream: TcpStream, version: ProtocolVersion) -> Client {
         stream.set_nodelay(true).ok();
         Client {
-            stream,
             version,
-            buf: BytesMut::new(),
+            conn: Connection::new(stream, version, MAX_PACKET),
             next_id: 1,
         }
+    }
+
+    /// The socket, for what the connection does not do (its local address, a write that
+    /// must not wait). Bytes read from it directly bypass [`Client::recv`].
+    pub fn stream(&self) -> &TcpStream {
+        self.conn.transport()
+    }
+
+    /// The socket, to read or write raw bytes beside the connection (bytes the client
+    /// already buffered are not seen there).
+    pub fn stream_mut(&mut self) -> &mut TcpStream {
+        self.conn.parts_mut().0
+    }
+
+    /// The socket alone (to split it into halves); bytes buffered and not yet received as
+    /// packets are dropped.
+    pub fn into_stream(self) -> TcpStream {
+        self.conn.into_parts().0
     }
 
     /// Connects with `connect` and returns the CONNACK (whatever its code).
@@ -118,14 +146,20 @@ impl Client {
         id
     }
 
+    /// Encodes `packet` for the client's version and writes it. Panics when it cannot be
+    /// encoded or written.
     pub async fn send(&mut self, packet: Packet) {
-        let mut out = BytesMut::new();
-        codec::encode(&packet, self.version, &mut out).expect("encode");
-        self.stream.write_all(&out).await.expect("write");
+        match self.conn.send(&packet).await {
+            Ok(()) => {}
+            Err(e @ ClientError::Encode { .. }) => panic!("encode: {e}"),
+            Err(e) => panic!("write: {e}"),
+        }
     }
 
+    /// Writes `bytes` as they are (malformed packets included). Panics when they cannot be
+    /// written.
     pub async fn send_raw(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.expect("write");
+        self.conn.write_encoded(bytes).await.expect("write");
     }
 
     /// The next packet, or `None` when the broker closed the connection. Panics after
@@ -137,19 +171,18 @@ impl Client {
     }
 
     /// `Err(())` when nothing (no packet, no close) came within `wait`.
+    /// A packet already buffered is returned even when `wait` is zero. A connection closed
+    /// or broken (reset) is `Ok(None)`; a malformed packet from the broker panics.
     pub async fn recv_within(&mut self, wait: Duration) -> Result<Option<Packet>, ()> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            match codec::decode(&mut self.buf, self.version, u32::MAX) {
-                Ok(Some(p)) => return Ok(Some(p)),
-                Ok(None) => {}
-                Err(e) => panic!("broker sent a packet we cannot decode: {e}"),
+        // `Connection::recv` is cancel safe (what was read stays buffered), and `timeout`
+        // polls it before looking at the clock.
+        match tokio::time::timeout(wait, self.conn.recv()).await {
+            Err(_) => Err(()),
+            Ok(Ok(p)) => Ok(Some(p)),
+            Ok(Err(ClientError::Decode { error, .. })) => {
+                panic!("broker sent a packet we cannot decode: {error}")
             }
-            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
-                Err(_) => return Err(()),
-                Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
-                Ok(Ok(_)) => {}
-            }
+            Ok(Err(_)) => Ok(None),
         }
     }
 
@@ -258,15 +291,9 @@ impl Client {
         } else {
             self.next_packet_id()
         };
-        self.send(Packet::Publish(Publish {
-            dup: false,
-            qos,
-            retain,
-            topic: topic.to_string(),
-            packet_id,
-            properties,
-            payload: Bytes::copy_from_slice(payload),
-        }))
+        self.send(publish_packet(
+            topic, payload, qos, retain, packet_id, properties,
+        ))
         .await;
         match qos {
             QoS::AtMostOnce => ReasonCode::SUCCESS,
@@ -328,7 +355,7 @@ impl Client {
 
     pub async fn disconnect(mut self) {
         self.send(Packet::Disconnect(Default::default())).await;
-        let _ = self.stream.shutdown().await;
+        self.conn.close().await;
     }
 }
 
@@ -358,13 +385,7 @@ impl Client {
         .expect("socket");
         socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
         let stream = socket.connect(addr).await.expect("tcp connect");
-        stream.set_nodelay(true).ok();
-        Client {
-            stream,
-            version,
-            buf: BytesMut::new(),
-            next_id: 1,
-        }
+        Client::over(stream, version)
     }
 
     /// PINGREQ, and asserts PINGRESP comes back: the connection is alive and served.
@@ -680,7 +701,7 @@ impl Client {
 
     /// Closes the socket without DISCONNECT (an abnormal close: the will goes out).
     pub async fn drop_connection(self) {
-        drop(self.stream);
+        drop(self);
     }
 }
 

@@ -281,7 +281,8 @@ impl<T: Transport> Connection<T> {
         self.flush().await
     }
 
-    /// Writes packets already encoded for this connection's version, whole.
+    /// Writes packets already encoded for this connection's version, whole. The bytes are
+    /// not checked: a test may write a malformed packet through here on purpose.
     ///
     /// # Errors
     ///
