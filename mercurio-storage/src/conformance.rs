@@ -73,6 +73,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_messages_across_reopen(harness).await;
     check_access_records(harness).await;
     check_fan_out_references(harness).await;
+    check_fan_out_into_stored_queues(harness).await;
     check_streams(&harness.fresh().await).await;
     check_streams_across_reopen(harness).await;
     check_queues_left_in_storage(harness).await;
@@ -1734,6 +1735,94 @@ pub async fn check_fan_out_references<H: Harness>(harness: &mut H) {
     apply(&storage, vec![dequeued("a", 311)]).await;
     assert!(!is_stored(&storage, 300).await, "its last reference went");
     assert!(load(&storage).await.messages.is_empty());
+}
+
+/// Fan-outs (batches where each session's only changes are deliveries queued) that do more
+/// than append: a delivery queued below a session's last stored position, one replacing a
+/// stored position (its former message loses that reference), and one after a queue longer
+/// than a backend's chunk; then removals across the whole queue. Every queue reads back in
+/// order after a reopen, and each message goes with its last reference once released.
+pub async fn check_fan_out_into_stored_queues<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    let mut batch = vec![saved("a"), saved("b")];
+    for id in 1..=10 {
+        batch.push(stored(id, "t/fan", b"m"));
+    }
+    for seq in 1..=10 {
+        batch.push(queue_ref("a", seq * 10, seq));
+        batch.push(queue_ref("b", seq * 10, seq));
+    }
+    // b's queue: longer than a chunk.
+    batch.push(stored(12, "t/long", b"l"));
+    for seq in 1000..1600 {
+        batch.push(queue_ref("b", seq, 12));
+    }
+    apply(&storage, batch).await;
+    apply(
+        &storage,
+        vec![
+            stored(11, "t/fan", b"new"),
+            queue_ref("a", 15, 11),
+            queue_ref("a", 20, 11),
+            queue_ref("b", 2000, 11),
+        ],
+    )
+    .await;
+    apply(&storage, (1..=12).map(released).collect()).await;
+    must("flush", storage.flush()).await;
+    let storage = harness.reopen(storage).await;
+    let state = load(&storage).await;
+    let a = state.sessions.iter().find(|s| s.client_id == "a");
+    let b = state.sessions.iter().find(|s| s.client_id == "b");
+    let (Some(a), Some(b)) = (a, b) else {
+        panic!("both sessions come back: {:?}", state.set_aside);
+    };
+    let mut want: Vec<u64> = (1..=10).map(|seq| seq * 10).collect();
+    want.insert(1, 15);
+    assert_eq!(seqs(a), want, "a's queue, in order");
+    let ids: Vec<u64> = a.queued.iter().map(|q| q.delivery.message_id).collect();
+    assert_eq!(
+        ids,
+        [1, 11, 11, 3, 4, 5, 6, 7, 8, 9, 10],
+        "a's replaced delivery"
+    );
+    let mut want: Vec<u64> = (1..=10).map(|seq| seq * 10).collect();
+    want.extend(1000..1600);
+    want.push(2000);
+    assert_eq!(seqs(b), want, "b's queue, in order");
+    assert_eq!(state.messages.len(), 12, "every message is referred to");
+
+    // b's deliveries removed across its chunks, every other one, then the rest: message 2
+    // goes with b's reference (a's was replaced), 12 with the last of the long run.
+    apply(&storage, (1..=12).map(released).collect()).await;
+    let mut batch: Vec<Change> = (1000..1600)
+        .step_by(2)
+        .map(|seq| dequeued("b", seq))
+        .collect();
+    batch.push(dequeued("b", 20));
+    apply(&storage, batch).await;
+    assert!(!is_stored(&storage, 2).await, "no reference to 2 is left");
+    assert!(is_stored(&storage, 12).await, "b still refers to 12");
+    let state = load(&storage).await;
+    let b = state.sessions.iter().find(|s| s.client_id == "b");
+    let Some(b) = b else {
+        panic!("b comes back: {:?}", state.set_aside);
+    };
+    let mut want: Vec<u64> = (1..=10).filter(|s| *s != 2).map(|seq| seq * 10).collect();
+    want.extend((1001..1600).step_by(2));
+    want.push(2000);
+    assert_eq!(seqs(b), want, "b's queue after the removals");
+    apply(&storage, (1..=12).map(released).collect()).await;
+    apply(
+        &storage,
+        (1001..1600)
+            .step_by(2)
+            .map(|seq| dequeued("b", seq))
+            .collect(),
+    )
+    .await;
+    assert!(!is_stored(&storage, 12).await, "its last reference went");
+    assert!(is_stored(&storage, 11).await, "a and b still refer to 11");
 }
 
 /// A session that can't be read is set aside (the rest loads), and `delete_session` clears
