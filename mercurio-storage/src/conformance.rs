@@ -74,6 +74,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_access_records(harness).await;
     check_fan_out_references(harness).await;
     check_fan_out_into_stored_queues(harness).await;
+    check_inflight_set_twice_then_removed(&harness.fresh().await).await;
     check_streams(&harness.fresh().await).await;
     check_streams_across_reopen(harness).await;
     check_queues_left_in_storage(harness).await;
@@ -1823,6 +1824,57 @@ pub async fn check_fan_out_into_stored_queues<H: Harness>(harness: &mut H) {
     .await;
     assert!(!is_stored(&storage, 12).await, "its last reference went");
     assert!(is_stored(&storage, 11).await, "a and b still refer to 11");
+}
+
+/// An in-flight entry set, updated and removed within one batch leaves nothing, and an entry
+/// stored before is removed; their messages go with their last reference once released.
+pub async fn check_inflight_set_twice_then_removed<S: Storage>(storage: &S) {
+    use InflightState::*;
+    let set = |packet_id: u16, id: u64, state| Change::InflightSet {
+        client_id: "a".to_string(),
+        inflight: InflightRecord {
+            packet_id,
+            delivery: DeliveryRecord::new(id, 1),
+            state,
+        },
+    };
+    let removed = |packet_id| Change::InflightRemoved {
+        client_id: "a".to_string(),
+        packet_id,
+    };
+    apply(
+        storage,
+        vec![saved("a"), stored(1, "t", b"1"), set(9, 1, AwaitingPubRec)],
+    )
+    .await;
+    apply(
+        storage,
+        vec![
+            stored(2, "t", b"2"),
+            stored(3, "t", b"3"),
+            set(1, 2, AwaitingPubRec),
+            set(1, 3, AwaitingPubComp),
+            set(2, 3, AwaitingPubAck),
+            removed(1),
+            set(9, 2, AwaitingPubComp),
+            removed(9),
+            released(1),
+            released(2),
+            released(3),
+        ],
+    )
+    .await;
+    assert_eq!(
+        packet_ids(&session(storage, "a").await),
+        [(2, AwaitingPubAck)],
+        "only the entry not removed"
+    );
+    assert!(!is_stored(storage, 1).await, "its entry was removed");
+    assert!(
+        !is_stored(storage, 2).await,
+        "never referred to after the batch"
+    );
+    assert!(is_stored(storage, 3).await, "in flight as packet 2");
 }
 
 /// A session that can't be read is set aside (the rest loads), and `delete_session` clears

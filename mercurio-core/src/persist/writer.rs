@@ -17,6 +17,14 @@ use crate::stats::Counters;
 /// sessions is written as one chunk of deliveries per session, not one row per delivery
 /// (the bytes waiting are bounded by `max_pending_bytes_total` anyway).
 const MAX_BATCH: usize = 262_144;
+/// A batch smaller than this, with nothing waiting for its commit, waits [`LINGER`] for more
+/// changes before it is written: a session draining its queue emits three small changes per
+/// message (dequeued, in flight, acknowledged), and written as they come they kept the
+/// storage thread busy with a transaction every few messages, taking the CPU the drain
+/// needs (a fan-out's batches are far larger and never wait).
+const LINGER_BELOW: usize = 4096;
+/// How long a small batch waits for more changes (see [`LINGER_BELOW`]).
+const LINGER: Duration = Duration::from_millis(1);
 /// Longest pause between two attempts of a failing batch.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -43,6 +51,14 @@ pub(super) enum Op {
     Delete(String, oneshot::Sender<Result<bool, StorageError>>),
     /// Commit everything before it, close storage, stop.
     Close(oneshot::Sender<()>),
+}
+
+impl Op {
+    /// Whether something waits for this op's commit (an acknowledgement with `durable_ack`,
+    /// a flush, a deletion, the close).
+    fn waits(&self) -> bool {
+        !matches!(self, Op::Change(..) | Op::Queued(_))
+    }
 }
 
 /// The writer task.
@@ -144,17 +160,26 @@ impl BatchWriter {
             };
             let Some(first) = first else { return };
             ops.push(first);
-            while ops.len() < MAX_BATCH {
-                match self.rx.try_recv() {
-                    Ok(op) => ops.push(op),
-                    Err(_) => break,
-                }
+            self.gather(&mut ops);
+            if ops.len() < LINGER_BELOW && !ops.iter().any(Op::waits) {
+                tokio::time::sleep(LINGER).await;
+                self.gather(&mut ops);
             }
             if !self.dirty.is_empty() {
                 self.rewrite_dirty().await;
             }
             if self.process(&mut ops).await {
                 return;
+            }
+        }
+    }
+
+    /// Adds to `ops` what has been sent since, up to [`MAX_BATCH`].
+    fn gather(&mut self, ops: &mut Vec<Op>) {
+        while ops.len() < MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(op) => ops.push(op),
+                Err(_) => break,
             }
         }
     }
