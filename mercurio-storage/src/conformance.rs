@@ -73,6 +73,8 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_messages_across_reopen(harness).await;
     check_access_records(harness).await;
     check_fan_out_references(harness).await;
+    check_fan_out_into_stored_queues(harness).await;
+    check_inflight_set_twice_then_removed(&harness.fresh().await).await;
     check_streams(&harness.fresh().await).await;
     check_streams_across_reopen(harness).await;
     check_queues_left_in_storage(harness).await;
@@ -1768,6 +1770,145 @@ pub async fn check_fan_out_references<H: Harness>(harness: &mut H) {
     apply(&storage, vec![dequeued("a", 311)]).await;
     assert!(!is_stored(&storage, 300).await, "its last reference went");
     assert!(load(&storage).await.messages.is_empty());
+}
+
+/// Fan-outs (batches where each session's only changes are deliveries queued) that do more
+/// than append: a delivery queued below a session's last stored position, one replacing a
+/// stored position (its former message loses that reference), and one after a queue longer
+/// than a backend's chunk; then removals across the whole queue. Every queue reads back in
+/// order after a reopen, and each message goes with its last reference once released.
+pub async fn check_fan_out_into_stored_queues<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    let mut batch = vec![saved("a"), saved("b")];
+    for id in 1..=10 {
+        batch.push(stored(id, "t/fan", b"m"));
+    }
+    for seq in 1..=10 {
+        batch.push(queue_ref("a", seq * 10, seq));
+        batch.push(queue_ref("b", seq * 10, seq));
+    }
+    // b's queue: longer than a chunk.
+    batch.push(stored(12, "t/long", b"l"));
+    for seq in 1000..1600 {
+        batch.push(queue_ref("b", seq, 12));
+    }
+    apply(&storage, batch).await;
+    apply(
+        &storage,
+        vec![
+            stored(11, "t/fan", b"new"),
+            queue_ref("a", 15, 11),
+            queue_ref("a", 20, 11),
+            queue_ref("b", 2000, 11),
+        ],
+    )
+    .await;
+    apply(&storage, (1..=12).map(released).collect()).await;
+    must("flush", storage.flush()).await;
+    let storage = harness.reopen(storage).await;
+    let state = load(&storage).await;
+    let a = state.sessions.iter().find(|s| s.client_id == "a");
+    let b = state.sessions.iter().find(|s| s.client_id == "b");
+    let (Some(a), Some(b)) = (a, b) else {
+        panic!("both sessions come back: {:?}", state.set_aside);
+    };
+    let mut want: Vec<u64> = (1..=10).map(|seq| seq * 10).collect();
+    want.insert(1, 15);
+    assert_eq!(seqs(a), want, "a's queue, in order");
+    let ids: Vec<u64> = a.queued.iter().map(|q| q.delivery.message_id).collect();
+    assert_eq!(
+        ids,
+        [1, 11, 11, 3, 4, 5, 6, 7, 8, 9, 10],
+        "a's replaced delivery"
+    );
+    let mut want: Vec<u64> = (1..=10).map(|seq| seq * 10).collect();
+    want.extend(1000..1600);
+    want.push(2000);
+    assert_eq!(seqs(b), want, "b's queue, in order");
+    assert_eq!(state.messages.len(), 12, "every message is referred to");
+
+    // b's deliveries removed across its chunks, every other one, then the rest: message 2
+    // goes with b's reference (a's was replaced), 12 with the last of the long run.
+    apply(&storage, (1..=12).map(released).collect()).await;
+    let mut batch: Vec<Change> = (1000..1600)
+        .step_by(2)
+        .map(|seq| dequeued("b", seq))
+        .collect();
+    batch.push(dequeued("b", 20));
+    apply(&storage, batch).await;
+    assert!(!is_stored(&storage, 2).await, "no reference to 2 is left");
+    assert!(is_stored(&storage, 12).await, "b still refers to 12");
+    let state = load(&storage).await;
+    let b = state.sessions.iter().find(|s| s.client_id == "b");
+    let Some(b) = b else {
+        panic!("b comes back: {:?}", state.set_aside);
+    };
+    let mut want: Vec<u64> = (1..=10).filter(|s| *s != 2).map(|seq| seq * 10).collect();
+    want.extend((1001..1600).step_by(2));
+    want.push(2000);
+    assert_eq!(seqs(b), want, "b's queue after the removals");
+    apply(&storage, (1..=12).map(released).collect()).await;
+    apply(
+        &storage,
+        (1001..1600)
+            .step_by(2)
+            .map(|seq| dequeued("b", seq))
+            .collect(),
+    )
+    .await;
+    assert!(!is_stored(&storage, 12).await, "its last reference went");
+    assert!(is_stored(&storage, 11).await, "a and b still refer to 11");
+}
+
+/// An in-flight entry set, updated and removed within one batch leaves nothing, and an entry
+/// stored before is removed; their messages go with their last reference once released.
+pub async fn check_inflight_set_twice_then_removed<S: Storage>(storage: &S) {
+    use InflightState::*;
+    let set = |packet_id: u16, id: u64, state| Change::InflightSet {
+        client_id: "a".to_string(),
+        inflight: InflightRecord {
+            packet_id,
+            delivery: DeliveryRecord::new(id, 1),
+            state,
+        },
+    };
+    let removed = |packet_id| Change::InflightRemoved {
+        client_id: "a".to_string(),
+        packet_id,
+    };
+    apply(
+        storage,
+        vec![saved("a"), stored(1, "t", b"1"), set(9, 1, AwaitingPubRec)],
+    )
+    .await;
+    apply(
+        storage,
+        vec![
+            stored(2, "t", b"2"),
+            stored(3, "t", b"3"),
+            set(1, 2, AwaitingPubRec),
+            set(1, 3, AwaitingPubComp),
+            set(2, 3, AwaitingPubAck),
+            removed(1),
+            set(9, 2, AwaitingPubComp),
+            removed(9),
+            released(1),
+            released(2),
+            released(3),
+        ],
+    )
+    .await;
+    assert_eq!(
+        packet_ids(&session(storage, "a").await),
+        [(2, AwaitingPubAck)],
+        "only the entry not removed"
+    );
+    assert!(!is_stored(storage, 1).await, "its entry was removed");
+    assert!(
+        !is_stored(storage, 2).await,
+        "never referred to after the batch"
+    );
+    assert!(is_stored(storage, 3).await, "in flight as packet 2");
 }
 
 /// A session that can't be read is set aside (the rest loads), and `delete_session` clears

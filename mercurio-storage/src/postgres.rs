@@ -4,7 +4,10 @@
 //!   (sent together, one round trip), a batch written as what it leaves: per client and
 //!   table, one multi-row DELETE and one multi-row INSERT for a run of changes (see
 //!   `plan`), so that a message queued then dequeued, or set in flight then acknowledged,
-//!   in the same batch writes no row. Each write transaction first takes the fence lock
+//!   in the same batch writes no row. A session's queue is stored in chunks of up to 256
+//!   deliveries (`mercurio_queue_chunks`, one array per column; the view `mercurio_queued`
+//!   shows a row per delivery), and each message counts its queued references. Each write
+//!   transaction first takes the fence lock
 //!   shared (a transaction-level advisory lock that a takeover takes exclusively, see
 //!   [`leader`]), then reads the leader epoch; a transaction from an older epoch is rolled
 //!   back and refused with

@@ -866,6 +866,46 @@ struct Pending<'c> {
     queues: QueueChanges<'c>,
     /// Clients whose session is stored (checked, or created by this batch) as of now.
     stored: HashSet<&'c str>,
+    /// The `InflightSet` changes the batch removes again ([`cancelled_sets`]).
+    cancelled: HashSet<usize>,
+}
+
+/// The indices of the `InflightSet` changes of `batch` whose entry a later
+/// `InflightRemoved` of the same client and packet identifier removes, with no session
+/// change of that client between them: what the batch leaves is the same without writing
+/// them (the removal deletes whatever was stored before). A message delivered and
+/// acknowledged within one batch, as a draining session's are, then writes no in-flight row.
+fn cancelled_sets(batch: &[Change]) -> HashSet<usize> {
+    let mut pending: HashMap<(&str, u16), Vec<usize>> = HashMap::new();
+    let mut cancelled = HashSet::new();
+    for (index, change) in batch.iter().enumerate() {
+        match change {
+            Change::InflightSet {
+                client_id,
+                inflight,
+            } => pending
+                .entry((client_id.as_str(), inflight.packet_id))
+                .or_default()
+                .push(index),
+            Change::InflightRemoved {
+                client_id,
+                packet_id,
+            } => {
+                if let Some(sets) = pending.remove(&(client_id.as_str(), *packet_id)) {
+                    cancelled.extend(sets);
+                }
+            }
+            Change::SessionSaved(_)
+            | Change::SessionWritten(..)
+            | Change::SessionDeleted { .. } => {
+                if let Some(client_id) = change.client_id() {
+                    pending.retain(|(c, _), _| *c != client_id);
+                }
+            }
+            _ => {}
+        }
+    }
+    cancelled
 }
 
 impl<'c> Pending<'c> {
@@ -985,6 +1025,19 @@ fn apply_one<'c>(
         Change::MessageDequeued { client_id, seq } => {
             p.queues.add(client_id, *seq, index, None);
             true
+        }
+        Change::InflightSet {
+            client_id,
+            inflight,
+        } if p.cancelled.contains(&index) => {
+            // Removed later in the batch: refused as it would be (a session or a message
+            // that is not stored), its reference counted in and out, no row written.
+            let stored = p.session_stored(tx, client_id)?;
+            if stored {
+                p.refs.add(inflight.delivery.message_id, index);
+                p.refs.remove(inflight.delivery.message_id, 1);
+            }
+            stored
         }
         Change::InflightSet {
             client_id,
@@ -1204,7 +1257,10 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(classify)?;
-        let mut pending = Pending::default();
+        let mut pending = Pending {
+            cancelled: cancelled_sets(batch),
+            ..Pending::default()
+        };
         let failed = |index: usize, e: rusqlite::Error| {
             let e = classify(e);
             let kind = batch.get(index).map_or("batch", Change::kind);

@@ -17,6 +17,16 @@ use crate::stats::Counters;
 /// sessions is written as one chunk of deliveries per session, not one row per delivery
 /// (the bytes waiting are bounded by `max_pending_bytes_total` anyway).
 const MAX_BATCH: usize = 262_144;
+/// A batch smaller than this, with nothing waiting for its commit, that follows such a
+/// batch at once (its first change came within [`LINGER`] of the previous batch's end)
+/// waits [`LINGER`] for more changes before it is written: a session draining its queue
+/// emits three small changes per message (dequeued, in flight, acknowledged), and written
+/// as they came they kept the storage thread busy with a transaction every few messages,
+/// taking the CPU the drain needs. The first batch after a pause is written at once, and a
+/// fan-out's batches are far larger and never wait.
+const LINGER_BELOW: usize = 4096;
+/// How long a small batch waits for more changes (see [`LINGER_BELOW`]).
+const LINGER: Duration = Duration::from_millis(1);
 /// Longest pause between two attempts of a failing batch.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -43,6 +53,14 @@ pub(super) enum Op {
     Delete(String, oneshot::Sender<Result<bool, StorageError>>),
     /// Commit everything before it, close storage, stop.
     Close(oneshot::Sender<()>),
+}
+
+impl Op {
+    /// Whether something waits for this op's commit (an acknowledgement with `durable_ack`,
+    /// a flush, a deletion, the close).
+    fn waits(&self) -> bool {
+        !matches!(self, Op::Change(..) | Op::Queued(_))
+    }
 }
 
 /// The writer task.
@@ -130,6 +148,8 @@ enum After {
 impl BatchWriter {
     pub(super) async fn run(mut self) {
         let mut ops = Vec::new();
+        // When the previous batch was written, if it was small.
+        let mut small_written: Option<Instant> = None;
         loop {
             let first = if self.dirty.is_empty() {
                 self.rx.recv().await
@@ -143,18 +163,31 @@ impl BatchWriter {
                 }
             };
             let Some(first) = first else { return };
+            let streaming = small_written.is_some_and(|at| at.elapsed() < LINGER);
             ops.push(first);
-            while ops.len() < MAX_BATCH {
-                match self.rx.try_recv() {
-                    Ok(op) => ops.push(op),
-                    Err(_) => break,
-                }
+            self.gather(&mut ops);
+            if streaming && ops.len() < LINGER_BELOW && !ops.iter().any(Op::waits) {
+                tokio::time::sleep(LINGER).await;
+                self.gather(&mut ops);
             }
+            // A batch something waited for (a flush, an acknowledgement) is not a stream's.
+            let small = ops.len() < LINGER_BELOW && !ops.iter().any(Op::waits);
             if !self.dirty.is_empty() {
                 self.rewrite_dirty().await;
             }
             if self.process(&mut ops).await {
                 return;
+            }
+            small_written = small.then(Instant::now);
+        }
+    }
+
+    /// Adds to `ops` what has been sent since, up to [`MAX_BATCH`].
+    fn gather(&mut self, ops: &mut Vec<Op>) {
+        while ops.len() < MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(op) => ops.push(op),
+                Err(_) => break,
             }
         }
     }

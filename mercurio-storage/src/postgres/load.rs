@@ -45,7 +45,9 @@ pub(super) async fn load_all(
              ORDER BY client_id, seq"
         )
     } else {
-        "SELECT client_id, count(*), min(seq), max(seq) FROM mercurio_queued GROUP BY client_id"
+        // Counted from the chunks' arrays, not read delivery by delivery.
+        "SELECT client_id, sum(cardinality(seqs))::bigint, min(first_seq), max(last_seq) \
+         FROM mercurio_queue_chunks GROUP BY client_id"
             .to_string()
     };
     let inflight_sql = format!(
@@ -154,8 +156,8 @@ pub(super) async fn load_all(
     Ok(state)
 }
 
-/// Each queue's count and positions, per client, from rows of `client_id, count, min(seq),
-/// max(seq)`.
+/// Each queue's count and positions, per client, from rows of `client_id, count, first
+/// position, last position`.
 fn backlogs(found: &[Row]) -> Result<HashMap<String, Backlog>, tokio_postgres::Error> {
     let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
     let mut out = HashMap::new();

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
+use super::schema::CHUNK_MAX;
 use super::statements::Statements;
 use super::{classify, WriteConnection};
 use crate::change::{refused, Change};
@@ -15,6 +16,7 @@ use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, RetainedRecord, SessionHeader, StoredMessage,
     SubscriptionRecord, WillRecord,
 };
+use crate::refs::Refs;
 use crate::rows::encode_ids;
 
 type Param = Box<dyn ToSql + Sync + Send>;
@@ -88,12 +90,6 @@ fn delivery_params(d: &DeliveryRecord) -> Vec<Param> {
     ]
 }
 
-fn queued_params(id: &str, seq: u64, d: &DeliveryRecord) -> Vec<Param> {
-    let mut params = vec![text(id), Box::new(big(seq)) as Param];
-    params.extend(delivery_params(d));
-    params
-}
-
 fn inflight_params(id: &str, f: &InflightRecord) -> Vec<Param> {
     let mut params = vec![text(id), int(f.packet_id), text(f.state.as_str())];
     params.extend(delivery_params(&f.delivery));
@@ -124,7 +120,13 @@ fn store_op<'a>(
 
 /// The statements of a session change (`SessionSaved`, `SessionWritten`, `SessionDeleted`),
 /// in order.
-fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op<'a>>) {
+fn ops_of<'a>(
+    s: &'a Statements,
+    index: usize,
+    change: &Change,
+    refs: &mut Refs,
+    out: &mut Vec<Op<'a>>,
+) {
     match change {
         Change::SessionSaved(h) => out.push(Op {
             index,
@@ -160,12 +162,17 @@ fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op
                     false,
                 );
             }
-            for q in &r.queued {
-                push(
-                    &s.queue,
-                    queued_params(&r.client_id, q.seq, &q.delivery),
-                    false,
-                );
+            if !r.queued.is_empty() {
+                let mut queued: Vec<(u64, &DeliveryRecord)> =
+                    r.queued.iter().map(|q| (q.seq, &q.delivery)).collect();
+                queued.sort_by_key(|(seq, _)| *seq);
+                queued.dedup_by_key(|(seq, _)| *seq);
+                let mut q = QueueColumns::default();
+                for (_, delivery) in &queued {
+                    refs.add(delivery.message_id, index);
+                }
+                q.push_client(&r.client_id, queued);
+                push(&s.queue_chunks, q.into_params(), false);
             }
             for f in &r.inflight {
                 push(&s.set_inflight, inflight_params(&r.client_id, f), false);
@@ -200,6 +207,15 @@ fn ops_of<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op
 /// an in-flight entry set then removed, in the same batch costs only the DELETE (which finds
 /// nothing if the row was never stored), and a drained message costs no in-flight row when
 /// its acknowledgement is in the same batch.
+///
+/// Queues are stored in chunks (`mercurio_queue_chunks`, schema version 7): what a run
+/// leaves in a queue is one `unqueue` of every position it touches (the chunks holding them
+/// rewritten without them) and one `queue_chunks` of what it queues (new chunks); the clients
+/// whose only changes are deliveries queued (a fan-out) share one of each, so a fan-out to N
+/// sessions writes about N chunk rows per batch, not a row per delivery. Each message counts
+/// its queued references (`refs`): a removal counts its own down, and the batch adds what it
+/// queued with one statement at the end, which also refuses a reference to a message that
+/// is not stored (the foreign key of schema 6 did).
 ///
 /// What the database refuses is unchanged: a run with an addition (subscription, will,
 /// message, in-flight entry, inbound identifier) for a session that is not stored is refused
@@ -265,6 +281,8 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
     // Clients whose changes in the batch are deliveries queued and nothing else (a
     // fan-out): one statement for all of them, and one check that their sessions are stored.
     let mut fanout = Fanout::default();
+    // The queued references the batch adds, per message.
+    let mut refs = Refs::default();
     for (client_id, indices) in groups {
         let Some(client_id) = client_id else {
             plan_retained(s, batch, &indices, out);
@@ -282,16 +300,29 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
                 Change::SessionSaved(_)
                 | Change::SessionWritten(..)
                 | Change::SessionDeleted { .. } => {
-                    std::mem::take(&mut run).plan(s, client_id, created, out);
-                    ops_of(s, index, change, out);
+                    std::mem::take(&mut run).plan(s, client_id, created, &mut refs, out);
+                    ops_of(s, index, change, &mut refs, out);
                     created = change.creates_session();
                 }
                 _ => run.add(index, change),
             }
         }
-        run.plan(s, client_id, created, out);
+        run.plan(s, client_id, created, &mut refs, out);
     }
-    fanout.plan(s, out);
+    fanout.plan(s, &mut refs, out);
+    // Each message's count of queued references goes up by what the batch queued (the
+    // removals counted theirs down as they ran); refused if one of them is not stored.
+    let added = refs.take();
+    if let Some(index) = added.values().filter_map(|d| d.first_addition).min() {
+        let ids: Vec<i64> = added.keys().map(|id| big(*id)).collect();
+        let counts: Vec<i64> = added.values().map(|d| d.net).collect();
+        out.push(Op {
+            index,
+            statement: &s.add_refs,
+            params: vec![Box::new(ids), Box::new(counts)],
+            must_touch: true,
+        });
+    }
     if let Some(index) = first_release {
         for statement in [&s.release_unreferenced, &s.mark_released] {
             out.push(Op {
@@ -483,7 +514,14 @@ impl<'c> Run<'c> {
     }
 
     /// The statements of the run; `created`: the session was created earlier in the batch.
-    fn plan<'a>(self, s: &'a Statements, client_id: &str, created: bool, out: &mut Vec<Op<'a>>) {
+    fn plan<'a>(
+        self,
+        s: &'a Statements,
+        client_id: &str,
+        created: bool,
+        refs: &mut Refs,
+        out: &mut Vec<Op<'a>>,
+    ) {
         let mut push = |index: usize, statement: &'a Statement, params: Vec<Param>, must_touch| {
             out.push(Op {
                 index,
@@ -523,31 +561,21 @@ impl<'c> Run<'c> {
             params.extend(c.into_params());
             push(index, &s.add_subscriptions, params, false);
         }
-        let Split {
-            removed,
-            set,
-            first_set,
-        } = split(&self.queued);
-        if let Some(index) = removed.first().map(|(index, _)| *index) {
-            let seqs: Vec<i64> = removed.iter().map(|(_, seq)| big(**seq)).collect();
-            push(
-                index,
-                &s.dequeue_many,
-                vec![text(client_id), Box::new(seqs)],
-                false,
-            );
+        // Every position the run leaves is removed from the chunks holding it (a dequeue, or
+        // the delivery it held replaced), then what the run queues is stored as new chunks.
+        if let Some(index) = self.queued.values().map(|(index, _)| *index).min() {
+            let mut positions = Positions::default();
+            positions.push(client_id, self.queued.keys().copied());
+            push(index, &s.unqueue, positions.into_params(), false);
         }
+        let Split { set, first_set, .. } = split(&self.queued);
         if !set.is_empty() {
-            let index = first_set;
-            let mut seqs = Vec::with_capacity(set.len());
-            let mut c = DeliveryColumns::default();
-            for (seq, delivery) in &set {
-                seqs.push(big(**seq));
-                c.push(delivery);
+            let mut q = QueueColumns::default();
+            for (_, delivery) in &set {
+                refs.add(delivery.message_id, first_set);
             }
-            let mut params = vec![text(client_id), Box::new(seqs) as Param];
-            params.extend(c.into_params());
-            push(index, &s.queue_many, params, false);
+            q.push_client(client_id, set.iter().map(|(seq, d)| (**seq, *d)));
+            push(first_set, &s.queue_chunks, q.into_params(), false);
         }
         let removed: Vec<(usize, i64)> = self
             .inflight
@@ -617,20 +645,21 @@ struct Fanout {
     /// The first change queued, for error messages.
     first: Option<usize>,
     clients: Vec<String>,
-    client_ids: Vec<String>,
-    seqs: Vec<i64>,
-    columns: DeliveryColumns,
+    positions: Positions,
+    queued: QueueColumns,
+    /// Each delivery's change, for the count of references.
+    indices: Vec<(u64, usize)>,
 }
 
 impl Fanout {
     /// Takes the changes of `client_id` (`indices` into `batch`) if they are all deliveries
     /// queued; false (nothing taken) otherwise.
     fn take(&mut self, client_id: &str, batch: &[Change], indices: &[usize]) -> bool {
-        let mut last: BTreeMap<u64, &DeliveryRecord> = BTreeMap::new();
+        let mut last: BTreeMap<u64, (usize, &DeliveryRecord)> = BTreeMap::new();
         for &index in indices {
             match &batch[index] {
                 Change::MessageQueued { seq, delivery, .. } => {
-                    last.insert(*seq, delivery);
+                    last.insert(*seq, (index, delivery));
                 }
                 _ => return false,
             }
@@ -639,15 +668,19 @@ impl Fanout {
             self.first = Some(self.first.map_or(first, |f| f.min(first)));
         }
         self.clients.push(client_id.to_string());
-        for (seq, delivery) in last {
-            self.client_ids.push(client_id.to_string());
-            self.seqs.push(big(seq));
-            self.columns.push(delivery);
+        self.positions.push(client_id, last.keys().copied());
+        for (index, delivery) in last.values() {
+            self.indices.push((delivery.message_id, *index));
         }
+        self.queued
+            .push_client(client_id, last.iter().map(|(seq, (_, d))| (*seq, *d)));
         true
     }
 
-    fn plan<'a>(self, s: &'a Statements, out: &mut Vec<Op<'a>>) {
+    /// The check that the clients' sessions are stored, the removal of the positions queued
+    /// (found at once when they follow every stored one, as a fan-out's do), and the new
+    /// chunks; each delivery counted in `refs`.
+    fn plan<'a>(self, s: &'a Statements, refs: &mut Refs, out: &mut Vec<Op<'a>>) {
         let Some(index) = self.first else { return };
         out.push(Op {
             index,
@@ -655,12 +688,19 @@ impl Fanout {
             params: vec![Box::new(self.clients)],
             must_touch: true,
         });
-        let mut params: Vec<Param> = vec![Box::new(self.client_ids), Box::new(self.seqs)];
-        params.extend(self.columns.into_params());
+        for (id, index) in self.indices {
+            refs.add(id, index);
+        }
         out.push(Op {
             index,
-            statement: &s.queue_fanout,
-            params,
+            statement: &s.unqueue,
+            params: self.positions.into_params(),
+            must_touch: false,
+        });
+        out.push(Op {
+            index,
+            statement: &s.queue_chunks,
+            params: self.queued.into_params(),
             must_touch: false,
         });
     }
@@ -774,6 +814,129 @@ impl MessageColumns {
             Box::new(self.expires_at),
             Box::new(self.publisher),
             Box::new(self.share),
+        ]
+    }
+}
+
+/// Queued deliveries as the chunks they are stored in: each client's deliveries, by position,
+/// cut every [`CHUNK_MAX`]. One array per chunk column (client id, first and last position,
+/// the range of its deliveries in the delivery arrays, from 1) and one per delivery column
+/// (position, message id, QoS, RETAIN), from which `queue_chunks` slices each chunk's
+/// arrays; the subscription identifiers and shared subscriptions only for the chunks where
+/// a delivery has one (with the chunk's number from 1 and the delivery's place in it), a
+/// chunk without any storing none.
+#[derive(Default)]
+struct QueueColumns {
+    clients: Vec<String>,
+    first: Vec<i64>,
+    last: Vec<i64>,
+    from: Vec<i32>,
+    to: Vec<i32>,
+    seqs: Vec<i64>,
+    message_ids: Vec<i64>,
+    qos: Vec<i64>,
+    retains: Vec<bool>,
+    extra_chunk: Vec<i64>,
+    extra_place: Vec<i64>,
+    extra_ids: Vec<Vec<u8>>,
+    extra_shares: Vec<Option<String>>,
+}
+
+impl QueueColumns {
+    /// Adds the deliveries of `client_id`, ordered by position, each position once.
+    fn push_client<'d>(
+        &mut self,
+        client_id: &str,
+        deliveries: impl IntoIterator<Item = (u64, &'d DeliveryRecord)>,
+    ) {
+        let deliveries: Vec<(u64, &DeliveryRecord)> = deliveries.into_iter().collect();
+        for chunk in deliveries.chunks(CHUNK_MAX) {
+            let (Some((first, _)), Some((last, _))) = (chunk.first(), chunk.last()) else {
+                continue;
+            };
+            self.clients.push(client_id.to_string());
+            self.first.push(big(*first));
+            self.last.push(big(*last));
+            self.from.push(place(self.seqs.len() + 1));
+            let number = i64::try_from(self.clients.len()).unwrap_or(i64::MAX);
+            let extras = chunk
+                .iter()
+                .any(|(_, d)| !d.subscription_ids.is_empty() || d.share.is_some());
+            for (n, (seq, d)) in chunk.iter().enumerate() {
+                self.seqs.push(big(*seq));
+                self.message_ids.push(big(d.message_id));
+                self.qos.push(i64::from(d.qos));
+                self.retains.push(d.retain);
+                if extras {
+                    self.extra_chunk.push(number);
+                    self.extra_place.push(i64::try_from(n).unwrap_or(i64::MAX));
+                    self.extra_ids.push(encode_ids(&d.subscription_ids));
+                    self.extra_shares.push(d.share.clone());
+                }
+            }
+            self.to.push(place(self.seqs.len()));
+        }
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.clients),
+            Box::new(self.first),
+            Box::new(self.last),
+            Box::new(self.from),
+            Box::new(self.to),
+            Box::new(self.seqs),
+            Box::new(self.message_ids),
+            Box::new(self.qos),
+            Box::new(self.retains),
+            Box::new(self.extra_chunk),
+            Box::new(self.extra_place),
+            Box::new(self.extra_ids),
+            Box::new(self.extra_shares),
+        ]
+    }
+}
+
+/// An index into an array parameter (PostgreSQL's `int`; a batch holds far fewer
+/// deliveries).
+fn place(index: usize) -> i32 {
+    i32::try_from(index).unwrap_or(i32::MAX)
+}
+
+/// Positions to remove from the stored queues: each one (client id, position), and each
+/// client's smallest and largest, by which `unqueue` finds the chunks that may hold them.
+#[derive(Default)]
+struct Positions {
+    clients: Vec<String>,
+    seqs: Vec<i64>,
+    span_clients: Vec<String>,
+    lo: Vec<i64>,
+    hi: Vec<i64>,
+}
+
+impl Positions {
+    /// Adds positions of `client_id`, in increasing order.
+    fn push(&mut self, client_id: &str, seqs: impl IntoIterator<Item = u64>) {
+        let start = self.seqs.len();
+        for seq in seqs {
+            self.clients.push(client_id.to_string());
+            self.seqs.push(big(seq));
+        }
+        if let (Some(lo), Some(hi)) = (self.seqs.get(start), self.seqs.last()) {
+            let (lo, hi) = (*lo, *hi);
+            self.span_clients.push(client_id.to_string());
+            self.lo.push(lo);
+            self.hi.push(hi);
+        }
+    }
+
+    fn into_params(self) -> Vec<Param> {
+        vec![
+            Box::new(self.clients),
+            Box::new(self.seqs),
+            Box::new(self.span_clients),
+            Box::new(self.lo),
+            Box::new(self.hi),
         ]
     }
 }
@@ -964,7 +1127,12 @@ pub(super) async fn write_batch(
         };
         match result {
             Ok(0) if op.must_touch => {
-                return Err(refused(op.index, change, "no session is stored for the client").into())
+                let reason = if std::ptr::eq(op.statement, &statements.add_refs) {
+                    "a queued delivery refers to a message that is not stored"
+                } else {
+                    "no session is stored for the client"
+                };
+                return Err(refused(op.index, change, reason).into());
             }
             Ok(_) => {}
             Err(e) => {

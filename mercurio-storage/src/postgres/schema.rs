@@ -18,8 +18,17 @@ use crate::error::StorageError;
 /// delivery's QoS, RETAIN flag, subscription identifiers and shared subscription; from 3, each
 /// queued or in-flight row becomes one message and one reference. 5: `mercurio_access`, the
 /// access records (users, groups, roles) of `[auth] backend = "storage"`. 6: streams
-/// (`mercurio_streams`, and `mercurio_stream_entries` referring to the message store).
-pub const SCHEMA_VERSION: i64 = 6;
+/// (`mercurio_streams`, and `mercurio_stream_entries` referring to the message store). 7:
+/// queues in chunks (`mercurio_queue_chunks`: a row holds consecutive deliveries of one
+/// session as arrays, one element per delivery), and each message counts the queued
+/// deliveries that refer to it (`mercurio_messages.refs`); `mercurio_queued` becomes a view
+/// of the chunks, one row per delivery as before. From 6, each session's queue is moved
+/// into chunks of at most [`CHUNK_MAX`] deliveries and each message's count set.
+pub const SCHEMA_VERSION: i64 = 7;
+
+/// Most deliveries in one chunk of `mercurio_queue_chunks` (a removal rewrites the chunks it
+/// touches, so they stay small).
+pub(crate) const CHUNK_MAX: usize = 256;
 
 /// From version 4 to 5: the access records.
 const TO_5: &str = "CREATE TABLE IF NOT EXISTS mercurio_access (
@@ -46,6 +55,51 @@ CREATE TABLE IF NOT EXISTS mercurio_stream_entries (
     PRIMARY KEY (stream, entry_offset)
 );
 CREATE INDEX IF NOT EXISTS mercurio_stream_entries_message ON mercurio_stream_entries (message_id);
+";
+
+/// From version 6 to 7: queues in chunks, and each message's count of queued references.
+/// A chunk's arrays are parallel, one element per delivery, ordered by position, with
+/// `first_seq` and `last_seq` the smallest and largest; a position is in one chunk at most,
+/// but the ranges of a session's chunks may overlap (a position queued below the last one
+/// stored goes into a new chunk), so a queue is read ordered by position. The chunks are
+/// cut at 256 deliveries here, as [`CHUNK_MAX`] says. `subscription_ids` and `shares` are
+/// NULL in a chunk where no delivery has subscription identifiers or a shared subscription
+/// (the arrays that remain are padded with NULLs when read together: no identifier, no share). Keyed by their last position: the
+/// chunks a removal or a replacement may touch are found from the smallest position it
+/// names, so appending to a queue (positions above every stored one) finds none at once.
+const TO_7: &str = r"ALTER TABLE mercurio_messages ADD COLUMN refs bigint NOT NULL DEFAULT 0;
+CREATE TABLE mercurio_queue_chunks (
+    client_id text NOT NULL REFERENCES mercurio_sessions (client_id) ON DELETE CASCADE,
+    first_seq bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    seqs bigint[] NOT NULL,
+    message_ids bigint[] NOT NULL,
+    qos bigint[] NOT NULL,
+    retains boolean[] NOT NULL,
+    subscription_ids bytea[],
+    shares text[],
+    PRIMARY KEY (client_id, last_seq)
+);
+INSERT INTO mercurio_queue_chunks (client_id, first_seq, last_seq, seqs, message_ids, qos,
+    retains, subscription_ids, shares)
+    SELECT client_id, min(seq), max(seq), array_agg(seq ORDER BY seq),
+    array_agg(message_id ORDER BY seq), array_agg(qos ORDER BY seq),
+    array_agg(retain ORDER BY seq),
+    CASE WHEN bool_or(subscription_ids <> '\x'::bytea OR share IS NOT NULL)
+    THEN array_agg(subscription_ids ORDER BY seq) END,
+    CASE WHEN bool_or(subscription_ids <> '\x'::bytea OR share IS NOT NULL)
+    THEN array_agg(share ORDER BY seq) END
+    FROM (SELECT q.*, (row_number() OVER (PARTITION BY client_id ORDER BY seq) - 1) / 256 AS part
+    FROM mercurio_queued q) AS d GROUP BY client_id, part;
+UPDATE mercurio_messages m SET refs = c.n
+    FROM (SELECT message_id, count(*) AS n FROM mercurio_queued GROUP BY message_id) AS c
+    WHERE m.id = c.message_id;
+DROP TABLE mercurio_queued;
+CREATE VIEW mercurio_queued AS
+    SELECT c.client_id, e.seq, e.message_id, e.qos, e.retain,
+    coalesce(e.subscription_ids, '\x'::bytea) AS subscription_ids, e.share
+    FROM mercurio_queue_chunks c, unnest(c.seqs, c.message_ids, c.qos, c.retains,
+    c.subscription_ids, c.shares) AS e (seq, message_id, qos, retain, subscription_ids, share);
 ";
 
 /// The tables up to version 3 (created if missing, completed if older); [`TO_4`] follows.
@@ -207,6 +261,12 @@ DROP TABLE mercurio_queued_v3;
 DROP TABLE mercurio_inflight_v3;
 ";
 
+/// The SQL of schema version 6 (queues one row per delivery), for the tests of the upgrade.
+#[cfg(any(test, feature = "conformance"))]
+pub(crate) fn schema_v6() -> String {
+    format!("{SCHEMA_V3}{TO_4}{TO_5}{TO_6}")
+}
+
 /// The schema version recorded in the database, `None` when it has no Mercurio tables.
 pub(crate) async fn schema_version(
     client: &impl tokio_postgres::GenericClient,
@@ -272,6 +332,11 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
         tx.batch_execute(TO_6)
             .await
             .map_err(|e| classify(e, "cannot upgrade the schema to version 6"))?;
+        if version.is_none_or(|v| v < 7) {
+            tx.batch_execute(TO_7)
+                .await
+                .map_err(|e| classify(e, "cannot upgrade the schema to version 7"))?;
+        }
         tx.execute(
             "INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', $1) \
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",

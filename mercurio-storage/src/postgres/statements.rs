@@ -15,19 +15,23 @@ pub(super) struct Statements {
     pub(super) delete_session: Statement,
     pub(super) set_will: Statement,
     pub(super) add_subscription: Statement,
-    pub(super) queue: Statement,
     pub(super) set_inflight: Statement,
     pub(super) add_inbound: Statement,
     /// The multi-row forms, one statement for what a run of changes of one client leaves
     /// in one table (see `plan`).
     pub(super) exists: Statement,
-    pub(super) queue_many: Statement,
-    /// A fan-out: the deliveries queued for many clients at once (one array per column,
-    /// client ids included), and the check that every one of those clients' sessions is
-    /// stored (a row when all are).
+    /// The check that every one of many clients' sessions is stored (a row when all are).
     pub(super) all_exist: Statement,
-    pub(super) queue_fanout: Statement,
-    pub(super) dequeue_many: Statement,
+    /// Queued deliveries, for one client or many (a fan-out): `unqueue` removes positions
+    /// (client id and position arrays) from the chunks holding them, rewriting or deleting
+    /// those chunks and counting down the messages' references; `queue_chunks` stores
+    /// deliveries (one array per column, client ids included) as new chunks, one per client
+    /// and 256 positions (`CHUNK_MAX`). A delivery replacing a stored position is removed first.
+    pub(super) unqueue: Statement,
+    pub(super) queue_chunks: Statement,
+    /// Adds to each message's count of queued references (ids, counts); a row only when
+    /// every message is stored.
+    pub(super) add_refs: Statement,
     pub(super) set_inflight_many: Statement,
     pub(super) remove_inflight_many: Statement,
     pub(super) add_subscriptions: Statement,
@@ -56,24 +60,76 @@ pub(super) struct Statements {
     pub(super) stream_delete: Statement,
 }
 
-/// Whether nothing refers to the message `mercurio_messages.id`.
-const UNREFERENCED: &str = "NOT EXISTS (SELECT 1 FROM mercurio_queued q \
-     WHERE q.message_id = mercurio_messages.id) AND NOT EXISTS (SELECT 1 \
+/// Whether nothing refers to the message `mercurio_messages.id`: no queued delivery (its
+/// count, `refs`), no in-flight message and no stream entry (their indexes by message).
+const UNREFERENCED: &str = "mercurio_messages.refs = 0 AND NOT EXISTS (SELECT 1 \
      FROM mercurio_inflight f WHERE f.message_id = mercurio_messages.id) AND NOT EXISTS \
      (SELECT 1 FROM mercurio_stream_entries e WHERE e.message_id = mercurio_messages.id)";
 
 /// The array parameters of a retained message's columns, numbered from 1.
 const MESSAGE_ARRAYS_FROM_1: &str = "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], \
      $5::bytea[], $6::bigint[], $7::text[], $8::text[]";
-/// The array parameters of the [`DELIVERY_COLUMNS`], numbered from 3 or 4.
-const DELIVERY_ARRAYS_FROM_3: &str =
-    "$3::bigint[], $4::bigint[], $5::boolean[], $6::bytea[], $7::text[]";
+/// The array parameters of the [`DELIVERY_COLUMNS`], numbered from 4.
 const DELIVERY_ARRAYS_FROM_4: &str =
     "$4::bigint[], $5::bigint[], $6::boolean[], $7::bytea[], $8::text[]";
 /// A delivery replaced at the same key.
 const DELIVERY_UPDATE: &str = "message_id = excluded.message_id, qos = excluded.qos, \
      retain = excluded.retain, subscription_ids = excluded.subscription_ids, \
      share = excluded.share";
+
+/// Removes positions from the chunks holding them. Parameters: each position (client ids,
+/// positions: `$1`, `$2`), and each client's smallest and largest (`$3` to `$5`). The
+/// chunks a client's positions may be in are those whose last position is at or above the
+/// smallest and whose first is at or below the largest, found through the key (so that
+/// positions above every stored one, a fan-out's, find none at once); each chunk holding
+/// one of them is rewritten with the deliveries it keeps, or deleted when it keeps none, and
+/// each message loses the references removed.
+const UNQUEUE: &str = "WITH hit AS (SELECT h.* \
+     FROM unnest($3::text[], $4::bigint[], $5::bigint[]) AS s (client_id, lo, hi) \
+     CROSS JOIN LATERAL (SELECT c.client_id, c.last_seq, seqs, message_ids, qos, retains, \
+     subscription_ids, shares FROM mercurio_queue_chunks c WHERE c.client_id = s.client_id \
+     AND c.last_seq >= s.lo AND c.first_seq <= s.hi OFFSET 0) AS h), \
+     e AS (SELECT h.client_id, h.last_seq AS chunk, u.*, (h.client_id, u.seq) IN \
+     (SELECT * FROM unnest($1::text[], $2::bigint[])) AS removed \
+     FROM hit h CROSS JOIN LATERAL unnest(h.seqs, h.message_ids, h.qos, h.retains, \
+     h.subscription_ids, h.shares) WITH ORDINALITY \
+     AS u (seq, message_id, qos, retain, subscription_ids, share, n)), \
+     chg AS (SELECT client_id, chunk, count(*) FILTER (WHERE NOT removed) AS left_n, \
+     min(seq) FILTER (WHERE NOT removed) AS lo, max(seq) FILTER (WHERE NOT removed) AS hi, \
+     array_agg(seq ORDER BY n) FILTER (WHERE NOT removed) AS seqs, \
+     array_agg(message_id ORDER BY n) FILTER (WHERE NOT removed) AS message_ids, \
+     array_agg(qos ORDER BY n) FILTER (WHERE NOT removed) AS qos, \
+     array_agg(retain ORDER BY n) FILTER (WHERE NOT removed) AS retains, \
+     bool_or(subscription_ids <> '\\x'::bytea OR share IS NOT NULL) \
+     FILTER (WHERE NOT removed) AS extras, \
+     array_agg(coalesce(subscription_ids, '\\x'::bytea) ORDER BY n) FILTER (WHERE NOT removed) \
+     AS subscription_ids, \
+     array_agg(share ORDER BY n) FILTER (WHERE NOT removed) AS shares \
+     FROM e GROUP BY client_id, chunk HAVING bool_or(removed)), \
+     kept AS (UPDATE mercurio_queue_chunks c SET first_seq = k.lo, last_seq = k.hi, \
+     seqs = k.seqs, message_ids = k.message_ids, qos = k.qos, retains = k.retains, \
+     subscription_ids = CASE WHEN k.extras THEN k.subscription_ids END, \
+     shares = CASE WHEN k.extras THEN k.shares END FROM chg k \
+     WHERE c.client_id = k.client_id AND c.last_seq = k.chunk AND k.left_n > 0), \
+     emptied AS (DELETE FROM mercurio_queue_chunks c USING chg k \
+     WHERE c.client_id = k.client_id AND c.last_seq = k.chunk AND k.left_n = 0) \
+     UPDATE mercurio_messages m SET refs = m.refs - r.n FROM (SELECT message_id, \
+     count(*) AS n FROM e WHERE removed GROUP BY message_id) AS r WHERE m.id = r.message_id";
+
+/// Stores deliveries as new chunks (the parameters of `QueueColumns` in `plan`): each
+/// chunk's arrays are slices of the delivery arrays; its subscription identifiers and
+/// shared subscriptions, when it has any, are gathered from their own arrays.
+const QUEUE_CHUNKS: &str = "INSERT INTO mercurio_queue_chunks (client_id, first_seq, \
+     last_seq, seqs, message_ids, qos, retains, subscription_ids, shares) \
+     SELECT k.client_id, k.first_seq, k.last_seq, ($6::bigint[])[k.lo:k.hi], \
+     ($7::bigint[])[k.lo:k.hi], ($8::bigint[])[k.lo:k.hi], ($9::boolean[])[k.lo:k.hi], \
+     x.subscription_ids, x.shares \
+     FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::int[]) \
+     WITH ORDINALITY AS k (client_id, first_seq, last_seq, lo, hi, chunk) \
+     LEFT JOIN (SELECT chunk, array_agg(subscription_ids ORDER BY place) AS subscription_ids, \
+     array_agg(share ORDER BY place) AS shares \
+     FROM unnest($10::bigint[], $11::bigint[], $12::bytea[], $13::text[]) \
+     AS e (chunk, place, subscription_ids, share) GROUP BY chunk) AS x ON x.chunk = k.chunk";
 
 impl Statements {
     pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
@@ -97,7 +153,14 @@ impl Statements {
             .await?,
             delete_children: [
                 p("DELETE FROM mercurio_subscriptions WHERE client_id = $1".into()).await?,
-                p("DELETE FROM mercurio_queued WHERE client_id = $1".into()).await?,
+                p(
+                    "WITH gone AS (DELETE FROM mercurio_queue_chunks WHERE client_id = $1 \
+                   RETURNING message_ids) UPDATE mercurio_messages m SET refs = m.refs - c.n \
+                   FROM (SELECT id, count(*) AS n FROM gone, unnest(gone.message_ids) AS id \
+                   GROUP BY id) AS c WHERE m.id = c.id"
+                        .into(),
+                )
+                .await?,
                 p("DELETE FROM mercurio_inflight WHERE client_id = $1".into()).await?,
                 p("DELETE FROM mercurio_inbound_qos2 WHERE client_id = $1".into()).await?,
             ],
@@ -120,12 +183,6 @@ impl Statements {
                     .into(),
             )
             .await?,
-            queue: p(format!(
-                "INSERT INTO mercurio_queued (client_id, seq, {DELIVERY_COLUMNS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (client_id, seq) \
-                 DO UPDATE SET {DELIVERY_UPDATE}"
-            ))
-            .await?,
             set_inflight: p(format!(
                 "INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, \
                  {DELIVERY_COLUMNS}) VALUES ($1, $2, \
@@ -144,20 +201,13 @@ impl Statements {
                  WHERE client_id = ANY($1::text[])) = cardinality($1::text[])"
                 .into())
             .await?,
-            queue_fanout: p(format!(
-                "INSERT INTO mercurio_queued (client_id, seq, {DELIVERY_COLUMNS}) \
-                 SELECT * FROM unnest($1::text[], $2::bigint[], {DELIVERY_ARRAYS_FROM_3}) \
-                 ON CONFLICT (client_id, seq) DO UPDATE SET {DELIVERY_UPDATE}"
-            ))
-            .await?,
-            queue_many: p(format!(
-                "INSERT INTO mercurio_queued (client_id, seq, {DELIVERY_COLUMNS}) \
-                 SELECT $1::text, u.* FROM unnest($2::bigint[], {DELIVERY_ARRAYS_FROM_3}) AS u \
-                 ON CONFLICT (client_id, seq) DO UPDATE SET {DELIVERY_UPDATE}"
-            ))
-            .await?,
-            dequeue_many: p(
-                "DELETE FROM mercurio_queued WHERE client_id = $1 AND seq = ANY($2::bigint[])"
+            unqueue: p(UNQUEUE.into()).await?,
+            queue_chunks: p(QUEUE_CHUNKS.into()).await?,
+            add_refs: p(
+                "WITH c AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS c (id, n)), \
+                 u AS (UPDATE mercurio_messages m SET refs = m.refs + c.n FROM c \
+                 WHERE m.id = c.id RETURNING 1) \
+                 SELECT 1 WHERE (SELECT count(*) FROM u) = cardinality($1::bigint[])"
                     .into(),
             )
             .await?,

@@ -303,3 +303,10 @@ impl Drop for TestPostgres {
 /// The SQL of schema version 3 (before the message store), to build a database as an older
 /// broker left it and check its upgrade.
 pub const SCHEMA_VERSION_3_SQL: &str = super::schema::SCHEMA_V3;
+
+/// The SQL of schema version 6 (a row of `mercurio_queued` per queued delivery, no
+/// `mercurio_messages.refs`), to build a database as the previous broker left it and check
+/// its upgrade; the caller records the version (`mercurio_meta`).
+pub fn schema_version_6_sql() -> String {
+    super::schema::schema_v6()
+}

@@ -492,3 +492,113 @@ async fn a_standby_takes_over_the_message_store() {
     );
     second.close().await.unwrap();
 }
+
+/// A schema-6 database (a row per queued delivery) holding queues is upgraded to chunks:
+/// every queue reads back whole and in order (one longer than a chunk), counted without its
+/// deliveries by `load_without_queues`, and each message counts its queued references, so
+/// that it goes with the last one once released, and not before.
+#[tokio::test]
+async fn version_6_queues_are_upgraded_to_chunks() {
+    let Some(pg) = TestPostgres::start("upgrade_6") else {
+        return;
+    };
+    let url = pg.url(&pg.database("upgrade", None).await);
+    pg.execute(
+        &url,
+        &format!(
+            "{} INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', '6'); \
+             INSERT INTO mercurio_sessions (client_id, protocol_level, session_expiry_interval) \
+             VALUES ('a', 5, 3600), ('b', 4, 60); \
+             INSERT INTO mercurio_messages (id, topic, payload, qos, retain, properties, \
+             expires_at, publisher) VALUES (1, 't/1', '\\x01', 1, false, '\\x', NULL, 'pub'), \
+             (2, 't/2', '\\x0203', 2, true, '\\x0b01', 1700000000000, NULL), \
+             (3, 't/3', '\\x03', 1, false, '\\x', NULL, NULL); \
+             INSERT INTO mercurio_queued (client_id, seq, message_id, qos, retain, \
+             subscription_ids, share) SELECT 'a', g, 1, 1, false, '\\x'::bytea, NULL \
+             FROM generate_series(1, 300) AS g; \
+             INSERT INTO mercurio_queued (client_id, seq, message_id, qos, retain, \
+             subscription_ids, share) VALUES ('a', 500, 2, 2, true, '\\x00000005', '$share/g/t/#'), \
+             ('b', 7, 2, 1, false, '\\x', NULL); \
+             INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, message_id, qos, \
+             retain, subscription_ids, share) \
+             VALUES ('b', 9, 1, 'awaiting_puback', 3, 1, false, '\\x', NULL);",
+            mercurio_storage::postgres::testing::schema_version_6_sql()
+        ),
+    )
+    .await;
+    let storage = open(&url).await;
+    let lazy = storage.load_without_queues().await.unwrap();
+    let backlog = lazy.backlogs.get("a").expect("a's queue is counted");
+    assert_eq!(
+        (backlog.len, backlog.first_seq, backlog.last_seq),
+        (301, 1, 500)
+    );
+    assert_eq!(lazy.backlogs.get("b").map(|b| b.len), Some(1));
+    let queue = storage.load_queue("a").await.unwrap();
+    let mut want: Vec<u64> = (1..=300).collect();
+    want.push(500);
+    assert_eq!(queue.iter().map(|q| q.seq).collect::<Vec<_>>(), want);
+    let last = &queue[300].delivery;
+    assert_eq!(
+        (last.message_id, last.qos, last.retain),
+        (2, 2, true),
+        "the delivery's own fields"
+    );
+    assert_eq!(last.share.as_deref(), Some("$share/g/t/#"));
+    assert_eq!(last.subscription_ids, [5]);
+    storage.close().await.unwrap();
+    let storage = open(&url).await;
+    let state = storage.load().await.unwrap();
+    assert!(state.set_aside.is_empty(), "{:?}", state.set_aside);
+    assert_eq!(state.sessions.len(), 2);
+    assert_eq!(state.sessions[0].queued.len(), 301);
+    assert_eq!(state.sessions[1].queued[0].seq, 7);
+    assert_eq!(state.sessions[1].inflight[0].packet_id, 9);
+    let mut ids: Vec<u64> = state.messages.iter().map(|m| m.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2, 3]);
+    assert_eq!(
+        pg.scalar(
+            &url,
+            "SELECT string_agg(id || ':' || refs, ',' ORDER BY id) FROM mercurio_messages"
+        )
+        .await
+        .as_deref(),
+        Some("1:300,2:2,3:0"),
+        "each message counts its queued references"
+    );
+    let count = "SELECT count(*) FROM mercurio_messages";
+    let dequeue = |client_id: &str, seq: u64| Change::MessageDequeued {
+        client_id: client_id.into(),
+        seq,
+    };
+    let mut batch: Vec<Change> = (1..=3).map(|id| Change::MessageReleased { id }).collect();
+    batch.extend((1..=299).map(|seq| dequeue("a", seq)));
+    batch.push(dequeue("b", 7));
+    storage.apply(&batch).await.unwrap();
+    assert_eq!(
+        pg.scalar(&url, count).await.as_deref(),
+        Some("3"),
+        "1 and 2 still queued, 3 in flight"
+    );
+    storage
+        .apply(&[dequeue("a", 300), dequeue("a", 500)])
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.scalar(&url, count).await.as_deref(),
+        Some("1"),
+        "3 in flight"
+    );
+    storage.close().await.unwrap();
+    let version = pg
+        .scalar(
+            &url,
+            "SELECT value FROM mercurio_meta WHERE key = 'schema_version'",
+        )
+        .await;
+    assert_eq!(
+        version,
+        Some(mercurio_storage::postgres::SCHEMA_VERSION.to_string())
+    );
+}
