@@ -17,7 +17,7 @@ use common::*;
 use mercurio::codec::{ProtocolVersion, QoS, ReasonCode};
 use mercurio::config::{Config, StorageBackend};
 use mercurio::stats::DropCause;
-use mercurio::Broker;
+use mercurio::{Broker, BrokerHandle};
 
 const V5: ProtocolVersion = ProtocolVersion::V5;
 
@@ -49,39 +49,13 @@ async fn an_offline_fleet_over_the_bound_slows_then_drops_its_oldest_messages() 
     let addr = broker.local_addrs()[0];
 
     let ids: Vec<String> = (0..SESSIONS).map(|i| format!("fleet-{i}")).collect();
-    for id in &ids {
-        let (mut c, _) = Client::connect_persistent(addr, V5, id).await;
-        c.subscribe("fleet/all", QoS::AtLeastOnce).await;
-        c.disconnect().await;
-    }
+    offline_fleet(addr, &ids, "fleet/all").await;
     wait_until("the fleet is offline", || {
         broker.stats().clients_connected == 0
     })
     .await;
 
-    // One fan-out: what a single PUBLISH adds before its publisher waits.
-    let mut publisher = Client::connect(addr, V5, "fleet-publisher").await;
-    let mut fan_out = 0;
-    for n in 0..MESSAGES {
-        let mut payload = format!("{n:04}").into_bytes();
-        payload.resize(PAYLOAD, b'.');
-        let before = broker.stats().queued_bytes;
-        assert_eq!(
-            publisher
-                .publish("fleet/all", &payload, QoS::AtLeastOnce, false)
-                .await,
-            ReasonCode::SUCCESS
-        );
-        let after = broker.stats().queued_bytes;
-        if n == 0 {
-            fan_out = after - before;
-        }
-        assert!(
-            after <= BOUND + fan_out,
-            "message {n}: {after} bytes queued, over {BOUND} and one fan-out ({fan_out})"
-        );
-    }
-    publisher.disconnect().await;
+    publish_within_bound(&broker, addr, "fleet-publisher", "fleet/all").await;
 
     assert_eq!(
         logs.matching(&["over max_queued_memory for stall_time"])
@@ -172,6 +146,39 @@ fn sqlite(path: &std::path::Path) -> Config {
     config
 }
 
+/// Publishes [`MESSAGES`] numbered QoS 1 messages on `topic` as `client_id`, checking after
+/// each PUBACK that the queues hold at most the bound plus one fan-out (what a single PUBLISH
+/// adds before its publisher waits).
+async fn publish_within_bound(
+    broker: &BrokerHandle,
+    addr: std::net::SocketAddr,
+    client_id: &str,
+    topic: &str,
+) {
+    let mut publisher = Client::connect(addr, V5, client_id).await;
+    let mut fan_out = 0;
+    for n in 0..MESSAGES {
+        let mut payload = format!("{n:04}").into_bytes();
+        payload.resize(PAYLOAD, b'.');
+        let before = broker.stats().queued_bytes;
+        assert_eq!(
+            publisher
+                .publish(topic, &payload, QoS::AtLeastOnce, false)
+                .await,
+            ReasonCode::SUCCESS
+        );
+        let after = broker.stats().queued_bytes;
+        if n == 0 {
+            fan_out = after - before;
+        }
+        assert!(
+            after <= BOUND + fan_out,
+            "message {n}: {after} bytes queued, over {BOUND} and one fan-out ({fan_out})"
+        );
+    }
+    publisher.disconnect().await;
+}
+
 /// Subscribes `ids` to `topic` at QoS 1 with persistent sessions, then disconnects them.
 async fn offline_fleet(addr: std::net::SocketAddr, ids: &[String], topic: &str) {
     for id in ids {
@@ -181,7 +188,7 @@ async fn offline_fleet(addr: std::net::SocketAddr, ids: &[String], topic: &str) 
     }
 }
 
-/// Reconnects `id` and takes messages `from..to` of [`publish_numbered`], in order.
+/// Reconnects `id` and takes messages `from..to` of [`publish_within_bound`], in order.
 async fn drain_in_order(addr: std::net::SocketAddr, id: &str, from: usize, to: usize) {
     let (mut c, present) = Client::connect_persistent(addr, V5, id).await;
     assert!(present, "{id}");
@@ -209,28 +216,7 @@ async fn with_sqlite_an_offline_fleet_over_the_bound_stays_in_storage_and_comes_
     })
     .await;
 
-    let mut publisher = Client::connect(addr, V5, "stored-publisher").await;
-    let mut fan_out = 0;
-    for n in 0..MESSAGES {
-        let mut payload = format!("{n:04}").into_bytes();
-        payload.resize(PAYLOAD, b'.');
-        let before = broker.stats().queued_bytes;
-        assert_eq!(
-            publisher
-                .publish("stored/all", &payload, QoS::AtLeastOnce, false)
-                .await,
-            ReasonCode::SUCCESS
-        );
-        let after = broker.stats().queued_bytes;
-        if n == 0 {
-            fan_out = after - before;
-        }
-        assert!(
-            after <= BOUND + fan_out,
-            "message {n}: {after} bytes queued, over {BOUND} and one fan-out ({fan_out})"
-        );
-    }
-    publisher.disconnect().await;
+    publish_within_bound(&broker, addr, "stored-publisher", "stored/all").await;
     let stats = broker.stats();
     assert_eq!(
         DropCause::ALL.map(|c| stats.dropped_count(c)),

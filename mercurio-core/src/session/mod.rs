@@ -726,30 +726,11 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::OnceLock;
-
     use super::*;
     use crate::config::ServerConfig;
 
     fn delivery(qos: QoS, n: u8) -> Delivery {
-        Delivery {
-            msg: Arc::new(Message {
-                topic: "t".into(),
-                payload: bytes::Bytes::from(vec![n; 10]),
-                qos,
-                retain: false,
-                properties: Default::default(),
-                expires_at: None,
-                publisher: None,
-                encoded: OnceLock::new(),
-                stored: OnceLock::new(),
-            }),
-            qos,
-            retain: false,
-            subscription_ids: Vec::new(),
-            seq: 0,
-            share: None,
-        }
+        queue::tests::delivery_of(qos, bytes::Bytes::from(vec![n; 10]))
     }
 
     /// An offline session sheds its QoS 0 deliveries, then its oldest, from the head, until

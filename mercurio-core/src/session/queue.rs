@@ -191,7 +191,7 @@ impl Queue {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::{Arc, OnceLock};
 
     use super::*;
@@ -199,9 +199,14 @@ mod tests {
     use crate::message::Message;
 
     fn delivery(qos: QoS) -> Delivery {
+        delivery_of(qos, bytes::Bytes::from_static(b"x"))
+    }
+
+    /// A delivery of a message on `t` with `payload` (the session's tests use it too).
+    pub(in crate::session) fn delivery_of(qos: QoS, payload: bytes::Bytes) -> Delivery {
         let msg = Message {
             topic: "t".into(),
-            payload: bytes::Bytes::from_static(b"x"),
+            payload,
             qos,
             retain: false,
             properties: Default::default(),
