@@ -547,10 +547,15 @@ fn text(v: &Value) -> String {
 
 /// "1 message", "2 messages" (`-` when the broker did not say).
 fn messages(v: &Value) -> String {
-    match v.as_u64() {
-        Some(1) => "1 message".to_string(),
-        Some(n) => format!("{n} messages"),
-        None => "-".to_string(),
+    v.as_u64()
+        .map_or_else(|| "-".to_string(), |n| counted(n, "message"))
+}
+
+/// `1 node`, `2 nodes`: a count with its noun.
+fn counted(n: u64, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
     }
 }
 
@@ -710,15 +715,15 @@ fn cluster_status(r: &Value) -> String {
         ));
     }
     out.push_str(&format!(
-        "\n* this node ({}), {}\n{} nodes up, {} clients on them\n",
+        "\n* this node ({}), {}\n{} up, {} on them\n",
         status.node,
         if status.state == NodeState::Degraded {
             "degraded: NATS unreachable; it serves its own clients, messages for other nodes wait"
         } else {
             "connected to NATS"
         },
-        status.nodes,
-        status.clients,
+        counted(status.nodes as u64, "node"),
+        counted(status.clients as u64, "client"),
     ));
     out
 }

@@ -24,7 +24,8 @@
 //! message cannot be read are dequeued from storage (logged), and with access control those
 //! the client may no longer read are dropped (`not_authorized`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mercurio_storage::{Change, QueuedRecord, StorageError};
@@ -49,6 +50,68 @@ const RETRY_FOR: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub(crate) struct HeldMessages {
     inner: Mutex<Held>,
+}
+
+/// The messages read back for backlogs released while running, by stored id, for as long as
+/// a queue holds them: sessions whose clients come back together share one copy of each
+/// (in memory, and stored again once rather than once per session), as the running broker
+/// shared it before the release.
+/// Lock: a leaf (nothing is taken under it; any lock may be held).
+#[derive(Default)]
+pub(crate) struct FetchedMessages {
+    inner: Mutex<Fetched>,
+}
+
+#[derive(Default)]
+struct Fetched {
+    /// A message and its subscription identifiers, by stored id; dead entries are pruned when
+    /// the map has doubled since the last prune.
+    by_id: HashMap<u64, (Weak<Message>, Vec<u32>)>,
+    prune_at: usize,
+}
+
+impl Fetched {
+    fn live(&self, id: u64) -> Option<(Arc<Message>, Vec<u32>)> {
+        let (msg, ids) = self.by_id.get(&id)?;
+        Some((msg.upgrade()?, ids.clone()))
+    }
+}
+
+impl FetchedMessages {
+    /// Puts in `into` those of `ids` another read has in memory; returns the others.
+    fn take_live(&self, ids: Vec<u64>, into: &mut Restored) -> Vec<u64> {
+        let fetched = self.inner.lock();
+        ids.into_iter()
+            .filter(|id| match fetched.live(*id) {
+                Some(m) => {
+                    into.insert(*id, Ok(m));
+                    false
+                }
+                None => true,
+            })
+            .collect()
+    }
+
+    /// Puts in `into` the messages just `read`, or the copy another read made meanwhile.
+    fn share(&self, read: Restored, into: &mut Restored) {
+        let mut fetched = self.inner.lock();
+        for (id, m) in read {
+            let m = m.map(|(msg, ids)| match fetched.live(id) {
+                Some(shared) => shared,
+                None => {
+                    fetched
+                        .by_id
+                        .insert(id, (Arc::downgrade(&msg), ids.clone()));
+                    (msg, ids)
+                }
+            });
+            into.insert(id, m);
+        }
+        if fetched.by_id.len() > fetched.prune_at {
+            fetched.by_id.retain(|_, (msg, _)| msg.strong_count() > 0);
+            fetched.prune_at = (fetched.by_id.len() * 2).max(1024);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -147,9 +210,10 @@ impl BrokerState {
 
     /// The stored queue of `session`, and the messages of its deliveries up to the
     /// backlog's last position that the restored ones held in memory do not have (those of
-    /// deliveries released while running, `max_queued_memory`), read from storage: without a
-    /// stored identity, so that each is stored again, under a new id, if it is referred to
-    /// again (a message this broker released may be deleted once nothing refers to it).
+    /// deliveries released while running, `max_queued_memory`), shared with other sessions'
+    /// reads ([`FetchedMessages`]) or read from storage: without a stored identity, so that
+    /// each is stored again, under a new id, if it is referred to again (a message this
+    /// broker released may be deleted once nothing refers to it).
     async fn read_backlog(
         &self,
         p: &crate::persist::Persister,
@@ -166,13 +230,15 @@ impl BrokerState {
             .collect();
         missing.sort_unstable();
         missing.dedup();
+        let mut loaded = Restored::new();
+        let missing = self.fetched.take_live(missing, &mut loaded);
         if missing.is_empty() {
-            return Ok((records, Restored::new()));
+            return Ok((records, loaded));
         }
         let stored = p.storage().load_messages(&missing).await?;
         let now = Instant::now();
         let now_ms = crate::persist::records::unix_ms();
-        let loaded = stored
+        let read = stored
             .into_iter()
             .map(|m| {
                 let msg =
@@ -180,6 +246,7 @@ impl BrokerState {
                 (m.id, msg)
             })
             .collect();
+        self.fetched.share(read, &mut loaded);
         Ok((records, loaded))
     }
 
@@ -263,5 +330,68 @@ impl BrokerState {
             );
         }
         tracing::debug!(client_id = %session.client_id, dropped = read.dequeued.len(), "stored queue read");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+    use crate::codec::QoS;
+
+    fn message(topic: &str) -> Arc<Message> {
+        Arc::new(Message {
+            topic: topic.into(),
+            payload: bytes::Bytes::from_static(b"x"),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: Default::default(),
+            expires_at: None,
+            publisher: None,
+            encoded: OnceLock::new(),
+            stored: OnceLock::new(),
+        })
+    }
+
+    fn read(id: u64, topic: &str) -> Restored {
+        Restored::from([(id, Ok((message(topic), vec![7])))])
+    }
+
+    fn shared(loaded: &Restored, id: u64) -> Arc<Message> {
+        match loaded.get(&id) {
+            Some(Ok((msg, ids))) => {
+                assert_eq!(ids, &vec![7]);
+                Arc::clone(msg)
+            }
+            other => panic!("message {id}: {other:?}"),
+        }
+    }
+
+    /// Two sessions reading back the same released message get one copy, whether the second
+    /// finds it before reading (take_live) or read it too, concurrently (share); once no
+    /// queue holds it, it is read again.
+    #[test]
+    fn sessions_reading_back_one_message_share_it() {
+        let fetched = FetchedMessages::default();
+        let mut first = Restored::new();
+        assert_eq!(fetched.take_live(vec![1], &mut first), vec![1]);
+        fetched.share(read(1, "a"), &mut first);
+        let a = shared(&first, 1);
+
+        let mut second = Restored::new();
+        assert!(fetched.take_live(vec![1], &mut second).is_empty());
+        assert!(Arc::ptr_eq(&a, &shared(&second, 1)));
+
+        let mut racing = Restored::new();
+        fetched.share(read(1, "a"), &mut racing);
+        assert!(
+            Arc::ptr_eq(&a, &shared(&racing, 1)),
+            "the copy read first is kept"
+        );
+
+        drop((first, second, racing, a));
+        let mut later = Restored::new();
+        assert_eq!(fetched.take_live(vec![1], &mut later), vec![1]);
     }
 }

@@ -149,6 +149,9 @@ pub(crate) struct BrokerState {
     /// The restored messages, held while restored sessions' backlogs are left in storage
     /// (`backlog.rs`).
     pub(crate) held: backlog::HeldMessages,
+    /// Messages read back for backlogs released while running, shared while queues hold
+    /// them (`backlog.rs`).
+    pub(crate) fetched: backlog::FetchedMessages,
     /// This state's own `Arc`, for the work it hands to a task of its own (a will to
     /// intercept); set where the `Arc` is made (`Arc::new_cyclic`), empty before.
     pub this: std::sync::Weak<BrokerState>,
@@ -221,6 +224,7 @@ impl BrokerState {
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             streams,
             held: backlog::HeldMessages::default(),
+            fetched: backlog::FetchedMessages::default(),
             this: std::sync::Weak::new(),
         }
     }

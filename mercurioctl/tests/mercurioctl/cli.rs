@@ -646,7 +646,7 @@ fn cluster_status() {
         lines[2].starts_with("b ") && lines[2].contains(" up "),
         "{out}"
     );
-    assert!(out.contains("2 nodes up, 1 clients on them"), "{out}");
+    assert!(out.contains("2 nodes up, 1 client on them"), "{out}");
 
     // B stops: its last heartbeat says so, and A shows it as gone at once.
     drop(b);
