@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use futures_util::{SinkExt, StreamExt};
+use bytes::BytesMut;
+use mercurio_codec::client::{Transport as _, WebSocket};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 
 use crate::exit::{Exit, Failure};
 use crate::stream::{write_flush, Stream};
@@ -22,8 +20,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Transport {
     /// MQTT straight over TCP or TLS.
     Plain(Stream),
-    /// MQTT in binary WebSocket messages, over TCP or TLS.
-    WebSocket(Box<WebSocketStream<Stream>>),
+    /// MQTT in binary WebSocket messages, over TCP or TLS (the shared client's adapter).
+    WebSocket(Box<WebSocket<Stream>>),
 }
 
 fn unreachable(target: &Target, why: impl std::fmt::Display) -> Failure {
@@ -110,29 +108,14 @@ impl Transport {
         let (ws, _response) = tokio_tungstenite::client_async(request, stream)
             .await
             .map_err(|e| unreachable(target, format!("WebSocket handshake failed: {e}")))?;
-        Ok(Transport::WebSocket(Box::new(ws)))
+        Ok(Transport::WebSocket(Box::new(WebSocket::new(ws))))
     }
 
     /// Reads more bytes into `buf`; 0 at the end of the connection. Cancel safe.
     pub async fn read(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
         match self {
             Transport::Plain(s) => s.read_buf(buf).await,
-            Transport::WebSocket(ws) => loop {
-                match ws.next().await {
-                    None => return Ok(0),
-                    Some(Err(e)) => return Err(std::io::Error::other(e)),
-                    Some(Ok(Message::Binary(b))) => {
-                        if b.is_empty() {
-                            continue;
-                        }
-                        buf.extend_from_slice(&b);
-                        return Ok(b.len());
-                    }
-                    Some(Ok(Message::Close(_))) => return Ok(0),
-                    // Pings are answered by the library; text is not MQTT.
-                    Some(Ok(_)) => continue,
-                }
-            },
+            Transport::WebSocket(ws) => ws.read_into(buf).await,
         }
     }
 
@@ -140,10 +123,7 @@ impl Transport {
     pub async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         match self {
             Transport::Plain(s) => write_flush(s, bytes).await,
-            Transport::WebSocket(ws) => ws
-                .send(Message::Binary(Bytes::copy_from_slice(bytes)))
-                .await
-                .map_err(std::io::Error::other),
+            Transport::WebSocket(ws) => ws.write_flush(bytes).await,
         }
     }
 
@@ -154,10 +134,7 @@ impl Transport {
             Transport::Plain(s) => {
                 let _ = s.shutdown().await;
             }
-            Transport::WebSocket(ws) => {
-                // The Sink's close sends a Close frame and flushes it.
-                let _ = SinkExt::close(ws.as_mut()).await;
-            }
+            Transport::WebSocket(ws) => ws.close().await,
         }
     }
 }

@@ -10,9 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use common::*;
-use mercurio::codec::{self, Connect, Packet, ProtocolVersion, QoS, ReasonCode};
+use mercurio::codec::{Connect, Packet, ProtocolVersion, QoS, ReasonCode};
 use mercurio::config::{Config, ListenerConfig};
 use mercurio::{Broker, BrokerHandle};
 use rcgen::{
@@ -138,50 +137,39 @@ fn client_config(
 const ALL: &[&rustls::SupportedProtocolVersion] =
     &[&rustls::version::TLS13, &rustls::version::TLS12];
 
-/// An MQTT client over TLS, on the broker's codec.
-struct TlsClient {
-    stream: TlsStream<TcpStream>,
-    buf: BytesMut,
-    version: ProtocolVersion,
-}
+/// An MQTT client over TLS: the tests' [`Client`] on the rustls client stream, with the TLS
+/// session at hand ([`TlsClient::tls`]).
+type TlsClient = ClientOver<TlsStream<TcpStream>>;
 
 impl TlsClient {
+    /// The TLS handshake on `tcp` (a PROXY header may have gone before it), nothing sent.
+    async fn over(
+        tcp: TcpStream,
+        config: Arc<rustls::ClientConfig>,
+        version: ProtocolVersion,
+    ) -> std::io::Result<TlsClient> {
+        let connector = tokio_rustls::TlsConnector::from(config);
+        let stream = connector
+            .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+            .await?;
+        Ok(ClientOver(Client::on(stream, version)))
+    }
+
     async fn open(
         addr: SocketAddr,
         config: Arc<rustls::ClientConfig>,
     ) -> std::io::Result<TlsClient> {
         let tcp = TcpStream::connect(addr).await?;
-        let connector = tokio_rustls::TlsConnector::from(config);
-        let stream = connector
-            .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
-            .await?;
-        Ok(TlsClient {
-            stream,
-            buf: BytesMut::new(),
-            version: ProtocolVersion::V5,
-        })
+        TlsClient::over(tcp, config, ProtocolVersion::V5).await
     }
 
-    async fn send(&mut self, p: Packet) -> std::io::Result<()> {
-        let mut out = BytesMut::new();
-        codec::encode(&p, self.version, &mut out).unwrap();
-        self.stream.write_all(&out).await?;
-        self.stream.flush().await
+    /// The TLS stream (the negotiated version, key updates).
+    fn tls(&mut self) -> &mut TlsStream<TcpStream> {
+        self.stream_mut()
     }
 
-    /// The next packet; `None` on close or error.
-    async fn recv(&mut self) -> Option<Packet> {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            if let Some(p) = codec::decode(&mut self.buf, self.version, u32::MAX).unwrap() {
-                return Some(p);
-            }
-            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
-                Err(_) => panic!("nothing within the deadline"),
-                Ok(Ok(0)) | Ok(Err(_)) => return None,
-                Ok(Ok(_)) => {}
-            }
-        }
+    async fn send(&mut self, p: Packet) -> Result<(), mercurio_codec::client::ClientError> {
+        self.0.try_send(p).await
     }
 
     /// Opens, sends CONNECT, returns the CONNACK code; `None` when refused before it.
@@ -190,8 +178,8 @@ impl TlsClient {
         config: Arc<rustls::ClientConfig>,
         connect: Connect,
     ) -> Option<(TlsClient, ReasonCode)> {
-        let mut c = TlsClient::open(addr, config).await.ok()?;
-        c.version = connect.protocol;
+        let tcp = TcpStream::connect(addr).await.ok()?;
+        let mut c = TlsClient::over(tcp, config, connect.protocol).await.ok()?;
         c.send(Packet::Connect(Box::new(connect))).await.ok()?;
         match c.recv().await? {
             Packet::ConnAck(a) => {
@@ -203,23 +191,7 @@ impl TlsClient {
     }
 
     async fn subscribe(&mut self, filter: &str) -> ReasonCode {
-        self.send(Packet::Subscribe(codec::Subscribe {
-            packet_id: 1,
-            filters: vec![codec::SubscribeFilter {
-                filter: filter.into(),
-                options: codec::SubscriptionOptions {
-                    qos: QoS::AtMostOnce,
-                    ..Default::default()
-                },
-            }],
-            properties: Default::default(),
-        }))
-        .await
-        .unwrap();
-        match self.recv().await {
-            Some(Packet::SubAck(a)) => a.reason_codes[0],
-            other => panic!("expected SUBACK, got {other:?}"),
-        }
+        self.0.subscribe(filter, QoS::AtMostOnce).await
     }
 }
 
@@ -240,7 +212,7 @@ async fn tls12_and_tls13_handshakes() {
             .await
             .expect("CONNACK over TLS");
         assert_eq!(rc, ReasonCode::SUCCESS);
-        let negotiated = c.stream.get_ref().1.protocol_version().unwrap();
+        let negotiated = c.tls().get_ref().1.protocol_version().unwrap();
         assert_eq!(negotiated, versions[0].version);
         assert_eq!(c.subscribe("tls/#").await, ReasonCode::GRANTED_QOS_0);
         broker
@@ -652,7 +624,7 @@ async fn tls13_key_updates_keep_the_connection() {
     assert_eq!(rc, ReasonCode::SUCCESS);
     assert_eq!(c.subscribe("ku/#").await, ReasonCode::GRANTED_QOS_0);
     for i in 0..3 {
-        c.stream.get_mut().1.refresh_traffic_keys().unwrap();
+        c.tls().get_mut().1.refresh_traffic_keys().unwrap();
         c.send(Packet::PingReq).await.unwrap();
         assert!(
             matches!(c.recv().await, Some(Packet::PingResp)),
@@ -1129,33 +1101,14 @@ async fn proxy_header_before_the_tls_handshake() {
     tcp.write_all(b"PROXY TCP4 198.51.100.9 127.0.0.1 4711 8883\r\n")
         .await
         .unwrap();
-    let connector = tokio_rustls::TlsConnector::from(client_config(&pki.ca.cert, None, ALL));
-    let stream = connector
-        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
-        .await
-        .expect("TLS after the header");
-    let mut c = TlsClient {
-        stream,
-        buf: BytesMut::new(),
-        version: ProtocolVersion::V5,
-    };
-    c.send(Packet::Connect(Box::new(connect_packet(
+    let mut c = TlsClient::over(
+        tcp,
+        client_config(&pki.ca.cert, None, ALL),
         ProtocolVersion::V5,
-        "behind",
-    ))))
+    )
     .await
-    .unwrap();
-    match c.recv().await {
-        Some(Packet::ConnAck(a)) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
-        other => panic!("expected CONNACK, got {other:?}"),
-    }
-    let peer = loop {
-        match tokio::time::timeout(DEADLINE, events.recv()).await {
-            Ok(Some(mercurio::Event::Connected { peer, .. })) => break peer,
-            Ok(Some(_)) => {}
-            other => panic!("no Connected event: {other:?}"),
-        }
-    };
+    .expect("TLS after the header");
+    let peer = c.connect_and_wait_connected(&mut events, "behind").await;
     assert_eq!(peer, "198.51.100.9:4711".parse::<SocketAddr>().unwrap());
     broker.shutdown().await;
 }

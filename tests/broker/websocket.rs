@@ -7,10 +7,11 @@ use crate::common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use common::*;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use mercurio::codec::{self, Packet, ProtocolVersion, QoS, ReasonCode};
+use mercurio_codec::client::WebSocket;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -18,15 +19,9 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-/// A raw MQTT client over WebSocket, on the broker's own codec.
-struct WsClient {
-    ws: WebSocketStream<TcpStream>,
-    version: ProtocolVersion,
-    buf: BytesMut,
-    next_id: u16,
-    /// The close frame's code, once the broker sent one.
-    close_code: Option<CloseCode>,
-}
+/// A raw MQTT client over WebSocket: the tests' [`Client`] on the shared WebSocket
+/// transport, with the WebSocket at hand for frames of its own ([`WsClient::ws`]).
+type WsClient = ClientOver<WebSocket<TcpStream>>;
 
 impl WsClient {
     /// Opens the WebSocket (subprotocol `mqtt`) without sending any MQTT packet.
@@ -60,13 +55,7 @@ impl WsClient {
                 .map(|v| v.to_str().unwrap()),
             Some(subprotocol)
         );
-        WsClient {
-            ws,
-            version,
-            buf: BytesMut::new(),
-            next_id: 1,
-            close_code: None,
-        }
+        ClientOver(Client::on(WebSocket::new(ws), version))
     }
 
     async fn connect(addr: SocketAddr, version: ProtocolVersion, client_id: &str) -> WsClient {
@@ -82,90 +71,39 @@ impl WsClient {
         c
     }
 
+    /// The WebSocket, for frames that are not one binary message of MQTT bytes.
+    fn ws(&mut self) -> &mut WebSocketStream<TcpStream> {
+        self.stream_mut().get_mut()
+    }
+
+    /// The close frame's code, once the broker sent one.
+    fn close_code(&self) -> Option<CloseCode> {
+        self.stream().close_frame().map(|f| f.code)
+    }
+
     fn encode(&self, packet: &Packet) -> Vec<u8> {
         let mut out = BytesMut::new();
         codec::encode(packet, self.version, &mut out).expect("encode");
         out.to_vec()
     }
 
-    /// Sends a packet in one binary frame.
-    async fn send(&mut self, packet: Packet) {
-        let bytes = self.encode(&packet);
-        self.send_frame(bytes).await;
-    }
-
+    /// Sends `bytes` in one binary frame, as they are.
     async fn send_frame(&mut self, bytes: Vec<u8>) {
-        self.ws
-            .send(Message::Binary(Bytes::from(bytes)))
-            .await
-            .expect("send frame");
-    }
-
-    /// The next packet, or `None` once the broker closed the WebSocket.
-    async fn recv(&mut self) -> Option<Packet> {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            match codec::decode(&mut self.buf, self.version, u32::MAX) {
-                Ok(Some(p)) => return Some(p),
-                Ok(None) => {}
-                Err(e) => panic!("broker sent a packet we cannot decode: {e}"),
-            }
-            match tokio::time::timeout_at(deadline, self.ws.next())
-                .await
-                .expect("a packet or a close before the deadline")
-            {
-                Some(Ok(Message::Binary(b))) => self.buf.extend_from_slice(&b),
-                Some(Ok(Message::Close(frame))) => {
-                    self.close_code = frame.map(|f| f.code);
-                    return None;
-                }
-                Some(Ok(Message::Text(t))) => panic!("broker sent a text frame: {t}"),
-                Some(Ok(_)) => {}
-                None | Some(Err(_)) => return None,
-            }
-        }
+        self.send_raw(&bytes).await;
     }
 
     async fn subscribe(&mut self, filter: &str, qos: QoS) {
-        let packet_id = self.next_id;
-        self.next_id += 1;
-        self.send(Packet::Subscribe(codec::Subscribe {
-            packet_id,
-            filters: vec![codec::SubscribeFilter {
-                filter: filter.into(),
-                options: codec::SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            }],
-            properties: Default::default(),
-        }))
-        .await;
-        match self.recv().await {
-            Some(Packet::SubAck(a)) => {
-                assert_eq!(a.packet_id, packet_id);
-                assert!(!a.reason_codes[0].is_failure(), "{a:?}");
-            }
-            other => panic!("expected SUBACK, got {other:?}"),
-        }
+        let code = self.0.subscribe(filter, qos).await;
+        assert!(!code.is_failure(), "{code:?}");
     }
 
     fn publish_packet(&mut self, topic: &str, payload: &[u8], qos: QoS) -> Packet {
         let packet_id = if qos == QoS::AtMostOnce {
             0
         } else {
-            self.next_id += 1;
-            self.next_id
+            self.next_packet_id()
         };
-        Packet::Publish(codec::Publish {
-            dup: false,
-            qos,
-            retain: false,
-            topic: topic.into(),
-            packet_id,
-            properties: Default::default(),
-            payload: Bytes::copy_from_slice(payload),
-        })
+        publish_packet(topic, payload, qos, false, packet_id, Default::default())
     }
 
     async fn expect_publish(&mut self) -> codec::Publish {
@@ -382,9 +320,9 @@ async fn text_frame_closes_the_connection() {
     other.subscribe("t", QoS::AtMostOnce).await;
 
     let mut c = WsClient::connect(ws, ProtocolVersion::V5, "texter").await;
-    c.ws.send(Message::text("PUBLISH t hello")).await.unwrap();
+    c.ws().send(Message::text("PUBLISH t hello")).await.unwrap();
     assert!(c.recv().await.is_none(), "closed after a text frame");
-    assert_eq!(c.close_code, Some(CloseCode::Unsupported));
+    assert_eq!(c.close_code(), Some(CloseCode::Unsupported));
 
     let p = other.publish_packet("t", b"unaffected", QoS::AtMostOnce);
     other.send(p).await;
@@ -548,22 +486,7 @@ async fn proxy_header_before_the_upgrade() {
     header.extend_from_slice(&80u16.to_be_bytes());
     tcp.write_all(&header).await.unwrap();
     let mut c = WsClient::open_on(tcp, ws, ProtocolVersion::V311, "mqtt").await;
-    c.send(Packet::Connect(Box::new(connect_packet(
-        ProtocolVersion::V311,
-        "ws-behind",
-    ))))
-    .await;
-    match c.recv().await {
-        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
-        other => panic!("expected CONNACK, got {other:?}"),
-    }
-    let peer = loop {
-        match tokio::time::timeout(DEADLINE, events.recv()).await {
-            Ok(Some(mercurio::Event::Connected { peer, .. })) => break peer,
-            Ok(Some(_)) => {}
-            other => panic!("no Connected event: {other:?}"),
-        }
-    };
+    let peer = c.connect_and_wait_connected(&mut events, "ws-behind").await;
     assert_eq!(peer, "[2001:db8::42]:5151".parse::<SocketAddr>().unwrap());
     handle.shutdown().await;
 }

@@ -14,7 +14,7 @@ use mercurio::codec::{
 };
 use mercurio::config::{Config, ListenerConfig};
 use mercurio::{Broker, BrokerHandle};
-use mercurio_codec::client::{ClientError, Connection, MAX_PACKET};
+use mercurio_codec::client::{ClientError, Connection, Transport, MAX_PACKET};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -73,13 +73,14 @@ pub fn will(topic: &str, payload: &str, qos: QoS, retain: bool) -> LastWill {
 }
 
 /// A raw MQTT client: packets framed, read whole and encoded for its protocol version by a
-/// [`Connection`], which acknowledges nothing by itself (the tests see every packet). Its
-/// socket stays reachable ([`Client::stream`], [`Client::stream_mut`],
-/// [`Client::into_stream`]) for what a test writes or reads beside the connection.
-pub struct Client {
+/// [`Connection`], which acknowledges nothing by itself (the tests see every packet). Over TCP
+/// by default; over TLS or WebSocket with that [`Transport`] ([`Client::on`]). Its transport
+/// stays reachable ([`Client::stream`], [`Client::stream_mut`], [`Client::into_stream`]) for
+/// what a test writes or reads beside the connection.
+pub struct Client<T = TcpStream> {
     /// The protocol version the connection was opened with (its packets' encoding).
     pub version: ProtocolVersion,
-    conn: Connection<TcpStream>,
+    conn: Connection<T>,
     next_id: u16,
 }
 
@@ -90,33 +91,10 @@ impl Client {
         Client::over(stream, version)
     }
 
-    /// A client over a connected socket (no delay set), nothing sent yet. Packets as large
-    /// as MQTT allows are accepted from the broker.
+    /// A client over a connected socket (no delay set), nothing sent yet.
     fn over(stream: TcpStream, version: ProtocolVersion) -> Client {
         stream.set_nodelay(true).ok();
-        Client {
-            version,
-            conn: Connection::new(stream, version, MAX_PACKET),
-            next_id: 1,
-        }
-    }
-
-    /// The socket, for what the connection does not do (its local address, a write that
-    /// must not wait). Bytes read from it directly bypass [`Client::recv`].
-    pub fn stream(&self) -> &TcpStream {
-        self.conn.transport()
-    }
-
-    /// The socket, to read or write raw bytes beside the connection (bytes the client
-    /// already buffered are not seen there).
-    pub fn stream_mut(&mut self) -> &mut TcpStream {
-        self.conn.parts_mut().0
-    }
-
-    /// The socket alone (to split it into halves); bytes buffered and not yet received as
-    /// packets are dropped.
-    pub fn into_stream(self) -> TcpStream {
-        self.conn.into_parts().0
+        Client::on(stream, version)
     }
 
     /// Connects with `connect` and returns the CONNACK (whatever its code).
@@ -139,6 +117,61 @@ impl Client {
         );
         c
     }
+}
+
+impl<T: Transport> Client<T> {
+    /// A client over an open transport (TLS, WebSocket, ...), nothing sent yet. Packets as
+    /// large as MQTT allows are accepted from the broker.
+    pub fn on(transport: T, version: ProtocolVersion) -> Client<T> {
+        Client {
+            version,
+            conn: Connection::new(transport, version, MAX_PACKET),
+            next_id: 1,
+        }
+    }
+
+    /// The transport, for what the connection does not do (its local address, a write that
+    /// must not wait, the TLS session). Bytes read from it directly bypass [`Client::recv`].
+    pub fn stream(&self) -> &T {
+        self.conn.transport()
+    }
+
+    /// The transport, to read or write raw bytes beside the connection (bytes the client
+    /// already buffered are not seen there).
+    pub fn stream_mut(&mut self) -> &mut T {
+        self.conn.parts_mut().0
+    }
+
+    /// The transport alone (to split it into halves); bytes buffered and not yet received as
+    /// packets are dropped.
+    pub fn into_stream(self) -> T {
+        self.conn.into_parts().0
+    }
+
+    /// Sends CONNECT with `client_id`, asserts a successful CONNACK and returns the peer
+    /// address of the broker's `Connected` event (the client's, or a PROXY header's).
+    pub async fn connect_and_wait_connected(
+        &mut self,
+        events: &mut mercurio::EventStream,
+        client_id: &str,
+    ) -> SocketAddr {
+        self.send(Packet::Connect(Box::new(connect_packet(
+            self.version,
+            client_id,
+        ))))
+        .await;
+        match self.recv().await {
+            Some(Packet::ConnAck(a)) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+        loop {
+            match tokio::time::timeout(DEADLINE, events.recv()).await {
+                Ok(Some(mercurio::Event::Connected { peer, .. })) => break peer,
+                Ok(Some(_)) => {}
+                other => panic!("no Connected event: {other:?}"),
+            }
+        }
+    }
 
     pub fn next_packet_id(&mut self) -> u16 {
         let id = self.next_id;
@@ -149,11 +182,16 @@ impl Client {
     /// Encodes `packet` for the client's version and writes it. Panics when it cannot be
     /// encoded or written.
     pub async fn send(&mut self, packet: Packet) {
-        match self.conn.send(&packet).await {
+        match self.try_send(packet).await {
             Ok(()) => {}
             Err(e @ ClientError::Encode { .. }) => panic!("encode: {e}"),
             Err(e) => panic!("write: {e}"),
         }
+    }
+
+    /// Encodes `packet` for the client's version and writes it; the error when it cannot.
+    pub async fn try_send(&mut self, packet: Packet) -> Result<(), ClientError> {
+        self.conn.send(&packet).await
     }
 
     /// Writes `bytes` as they are (malformed packets included). Panics when they cannot be
@@ -359,6 +397,23 @@ impl Client {
     }
 }
 
+/// A test file's client over a transport of its own (TLS, WebSocket): a [`Client`] (which it
+/// derefs to), with the file's constructors and variants of methods in an `impl` there.
+pub struct ClientOver<T>(pub Client<T>);
+
+impl<T> std::ops::Deref for ClientOver<T> {
+    type Target = Client<T>;
+    fn deref(&self) -> &Client<T> {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for ClientOver<T> {
+    fn deref_mut(&mut self) -> &mut Client<T> {
+        &mut self.0
+    }
+}
+
 // ---- Helpers for the limits tests (tests/broker/limits.rs) ----
 
 /// Waits until `cond` holds, checking every few milliseconds; panics after [`DEADLINE`]
@@ -387,7 +442,9 @@ impl Client {
         let stream = socket.connect(addr).await.expect("tcp connect");
         Client::over(stream, version)
     }
+}
 
+impl<T: Transport> Client<T> {
     /// PINGREQ, and asserts PINGRESP comes back: the connection is alive and served.
     pub async fn ping(&mut self) {
         self.send(Packet::PingReq).await;
@@ -679,7 +736,9 @@ impl Client {
         );
         (client, ack.session_present)
     }
+}
 
+impl<T: Transport> Client<T> {
     /// Waits for the close of a connection that broke the protocol: a 5.0 client must get
     /// DISCONNECT `rc` first, a 3.x client just sees the close.
     pub async fn expect_violation(&mut self, rc: ReasonCode) {

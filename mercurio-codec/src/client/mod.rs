@@ -17,6 +17,8 @@
 
 mod connection;
 mod error;
+#[cfg(feature = "websocket")]
+mod websocket;
 
 use std::collections::{HashMap, HashSet};
 
@@ -24,6 +26,8 @@ pub use connection::{
     encode_connect, ConnectOptions, Connection, Direction, Transport, CONNACK_TIMEOUT, MAX_PACKET,
 };
 pub use error::ClientError;
+#[cfg(feature = "websocket")]
+pub use websocket::WebSocket;
 
 use crate::codec::{
     ConnAck, Connect, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
