@@ -523,14 +523,17 @@ async fn a_locked_database_delays_writes_but_loses_nothing() {
     sub.disconnect().await;
     broker.flush_storage().await;
 
-    // Another connection holds the write lock for two seconds.
+    // Another connection holds the write lock until the broker has been refused by it
+    // (the writer's batch retried), however long the publishing below takes.
     let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let path = db.path.clone();
     let holder = std::thread::spawn(move || {
         let other = rusqlite::Connection::open(&path).unwrap();
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
         locked_tx.send(()).unwrap();
-        std::thread::sleep(Duration::from_secs(2));
+        // Released when told, or after the deadline if the test failed meanwhile.
+        let _ = release_rx.recv_timeout(Duration::from_secs(30));
         other.execute_batch("COMMIT").unwrap();
     });
     locked_rx.await.unwrap();
@@ -543,9 +546,13 @@ async fn a_locked_database_delays_writes_but_loses_nothing() {
         assert_eq!(rc, ReasonCode::SUCCESS);
     }
     publisher.disconnect().await;
+    wait_until("the writer is refused by the lock and retries", || {
+        broker.stats().storage_batches_retried > 0
+    })
+    .await;
+    release_tx.send(()).unwrap();
     holder.join().unwrap();
     broker.shutdown().await;
-    assert!(broker.stats().storage_batches_retried > 0);
     assert_eq!(broker.stats().storage_batches_dropped, 0);
 
     let (broker, addr) = start_on(&db).await;
