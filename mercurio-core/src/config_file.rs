@@ -891,6 +891,8 @@ mod tests {
         assert_eq!(e.line, Some(7));
     }
 
+    // Without the feature a `[cluster]` table is refused as a whole, before these checks.
+    #[cfg(feature = "cluster")]
     #[test]
     fn cluster_errors_are_located() {
         let e = err("[cluster]\nnats_urls = [\"nats://n:4222\"]\n");

@@ -88,6 +88,24 @@ impl Clone for Message {
     }
 }
 
+#[cfg(test)]
+impl Message {
+    /// A message on `topic` with `payload`, as published without properties (for tests).
+    pub(crate) fn for_test(topic: &str, payload: Bytes, qos: QoS) -> Message {
+        Message {
+            topic: topic.into(),
+            payload,
+            qos,
+            retain: false,
+            properties: Properties::default(),
+            expires_at: None,
+            publisher: None,
+            encoded: OnceLock::new(),
+            stored: OnceLock::new(),
+        }
+    }
+}
+
 impl Message {
     /// When a message published now with this Message Expiry Interval (seconds) runs out.
     /// `None` (never) when the property is absent, and also when it is 0: mosquitto treats 0

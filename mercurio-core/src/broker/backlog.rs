@@ -335,23 +335,15 @@ impl BrokerState {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::OnceLock;
-
     use super::*;
     use crate::codec::QoS;
 
     fn message(topic: &str) -> Arc<Message> {
-        Arc::new(Message {
-            topic: topic.into(),
-            payload: bytes::Bytes::from_static(b"x"),
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            properties: Default::default(),
-            expires_at: None,
-            publisher: None,
-            encoded: OnceLock::new(),
-            stored: OnceLock::new(),
-        })
+        Arc::new(Message::for_test(
+            topic,
+            bytes::Bytes::from_static(b"x"),
+            QoS::AtLeastOnce,
+        ))
     }
 
     fn read(id: u64, topic: &str) -> Restored {

@@ -192,7 +192,7 @@ impl Queue {
 
 #[cfg(test)]
 pub(super) mod tests {
-    use std::sync::{Arc, OnceLock};
+    use std::sync::Arc;
 
     use super::*;
     use crate::config::ServerConfig;
@@ -204,19 +204,8 @@ pub(super) mod tests {
 
     /// A delivery of a message on `t` with `payload` (the session's tests use it too).
     pub(in crate::session) fn delivery_of(qos: QoS, payload: bytes::Bytes) -> Delivery {
-        let msg = Message {
-            topic: "t".into(),
-            payload,
-            qos,
-            retain: false,
-            properties: Default::default(),
-            expires_at: None,
-            publisher: None,
-            encoded: OnceLock::new(),
-            stored: OnceLock::new(),
-        };
         Delivery {
-            msg: Arc::new(msg),
+            msg: Arc::new(Message::for_test("t", payload, qos)),
             qos,
             retain: false,
             subscription_ids: Vec::new(),
