@@ -342,7 +342,9 @@ impl Storage for PostgresStorage {
         // A new broker starts: what nothing refers to goes, and it holds the rest.
         self.write(&[], true).await?;
         let guard = self.writer().await?;
-        let writer = guard.as_ref().expect("open");
+        let Some(writer) = guard.as_ref() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
         load_all(&writer.client, true)
             .await
             .map_err(|e| classify(e, "cannot load the stored state"))
@@ -351,7 +353,9 @@ impl Storage for PostgresStorage {
     async fn load_without_queues(&self) -> Result<LoadedState, StorageError> {
         self.write(&[], true).await?;
         let guard = self.writer().await?;
-        let writer = guard.as_ref().expect("open");
+        let Some(writer) = guard.as_ref() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
         load_all(&writer.client, false)
             .await
             .map_err(|e| classify(e, "cannot load the stored state"))
@@ -359,7 +363,9 @@ impl Storage for PostgresStorage {
 
     async fn load_queue(&self, client_id: &str) -> Result<Vec<QueuedRecord>, StorageError> {
         let guard = self.writer().await?;
-        let writer = guard.as_ref().expect("open");
+        let Some(writer) = guard.as_ref() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
         load::load_queue(&writer.client, client_id)
             .await
             .map_err(|e| classify(e, "cannot load a queue"))?
@@ -368,7 +374,9 @@ impl Storage for PostgresStorage {
 
     async fn load_messages(&self, ids: &[u64]) -> Result<Vec<StoredMessage>, StorageError> {
         let guard = self.writer().await?;
-        let writer = guard.as_ref().expect("open");
+        let Some(writer) = guard.as_ref() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
         load::load_messages(&writer.client, ids)
             .await
             .map_err(|e| classify(e, "cannot load messages"))
@@ -384,7 +392,9 @@ impl Storage for PostgresStorage {
     async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError> {
         let existed = {
             let guard = self.writer().await?;
-            let writer = guard.as_ref().expect("open");
+            let Some(writer) = guard.as_ref() else {
+                return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+            };
             writer
                 .client
                 .query_opt(
