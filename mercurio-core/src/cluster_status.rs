@@ -134,6 +134,10 @@ impl ClusterStatus {
 #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) const TOMBSTONE_TTL: Duration = Duration::from_secs(3600);
 
+/// Most bytes of topic names the tombstones hold (clients choose how many topics they clear):
+/// past it the oldest go first, down to three quarters, as if their hour had run out.
+const TOMBSTONE_BYTES: usize = 16 * 1024 * 1024;
+
 /// The order of retained changes across nodes: the wall-clock milliseconds of the change
 /// (never below the last stamp of its topic this node knew, plus one), then the node's name.
 /// The change with the greater stamp wins on every node (last writer wins).
@@ -179,9 +183,41 @@ struct ClockState {
     node: Option<Arc<str>>,
     /// Topic -> its latest change (tombstones included).
     stamps: HashMap<String, Entry>,
+    /// Bytes of the tombstones' topic names (bounded by [`TOMBSTONE_BYTES`]).
+    tombstone_bytes: usize,
     /// Topic -> the latest local change not yet sent to NATS: while NATS is unreachable only
     /// the last change of each topic waits.
     outbox: HashMap<String, (Stamp, Arc<Message>)>,
+}
+
+impl ClockState {
+    /// Records the latest change of `topic`, keeping the tombstones' bytes within their bound.
+    fn stamp(&mut self, topic: &str, entry: Entry) {
+        let cleared = entry.cleared_at.is_some();
+        if let Some(old) = self.stamps.insert(topic.to_string(), entry) {
+            if old.cleared_at.is_some() {
+                self.tombstone_bytes -= topic.len();
+            }
+        }
+        if cleared {
+            self.tombstone_bytes += topic.len();
+        }
+        if self.tombstone_bytes > TOMBSTONE_BYTES {
+            let mut tombstones: Vec<(Instant, String)> = self
+                .stamps
+                .iter()
+                .filter_map(|(t, e)| e.cleared_at.map(|at| (at, t.clone())))
+                .collect();
+            tombstones.sort_unstable();
+            for (_, t) in tombstones {
+                if self.tombstone_bytes <= TOMBSTONE_BYTES / 4 * 3 {
+                    break;
+                }
+                self.stamps.remove(&t);
+                self.tombstone_bytes -= t.len();
+            }
+        }
+    }
 }
 
 /// The retained messages' stamps (last writer wins across nodes) and the local changes
@@ -238,8 +274,8 @@ impl RetainedClock {
         };
         let stamp = Stamp { ms, node };
         let cleared_at = msg.payload.is_empty().then(Instant::now);
-        s.stamps.insert(
-            msg.topic.clone(),
+        s.stamp(
+            &msg.topic,
             Entry {
                 stamp: stamp.clone(),
                 cleared_at,
@@ -267,8 +303,8 @@ impl RetainedClock {
         if s.stamps.get(topic).is_some_and(|e| e.stamp >= *stamp) {
             return None;
         }
-        s.stamps.insert(
-            topic.to_string(),
+        s.stamp(
+            topic,
             Entry {
                 stamp: stamp.clone(),
                 cleared_at: clear.then(Instant::now),
@@ -317,10 +353,16 @@ impl RetainedClock {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn prune(&self, ttl: Duration) {
         let now = Instant::now();
-        self.state
-            .lock()
-            .stamps
-            .retain(|_, e| e.cleared_at.is_none_or(|t| now.duration_since(t) < ttl));
+        let s = &mut *self.state.lock();
+        let mut freed = 0;
+        s.stamps.retain(|topic, e| {
+            let keep = e.cleared_at.is_none_or(|t| now.duration_since(t) < ttl);
+            if !keep {
+                freed += topic.len();
+            }
+            keep
+        });
+        s.tombstone_bytes -= freed;
     }
 
     /// Topics with a stamp (tombstones included).
@@ -524,5 +566,42 @@ mod tests {
         clock.prune(Duration::ZERO);
         assert_eq!(clock.len(), 1);
         assert_eq!(clock.remote("gone", &stamp(1, "b"), false, || ()), Some(()));
+        assert_eq!(clock.state.lock().tombstone_bytes, 0);
+    }
+
+    /// Clearing ever more topics keeps the tombstones' bytes bounded: the oldest go first,
+    /// set topics stay.
+    #[test]
+    fn tombstones_are_bounded_in_bytes() {
+        let clock = RetainedClock::default();
+        clock.start("a", []);
+        clock.local(&msg("kept", b"v"), || ());
+        let long = "x".repeat(60_000);
+        let cleared = TOMBSTONE_BYTES / 60_000 + 10;
+        for i in 0..cleared {
+            clock.local(&msg(&format!("{long}/{i:05}"), b""), || ());
+        }
+        let s = clock.state.lock();
+        assert!(
+            s.tombstone_bytes <= TOMBSTONE_BYTES,
+            "{}",
+            s.tombstone_bytes
+        );
+        let held: usize = s
+            .stamps
+            .iter()
+            .filter(|(_, e)| e.cleared_at.is_some())
+            .map(|(t, _)| t.len())
+            .sum();
+        assert_eq!(held, s.tombstone_bytes);
+        assert!(s.stamps.contains_key("kept"));
+        assert!(
+            s.stamps.contains_key(&format!("{long}/{:05}", cleared - 1)),
+            "the newest stays"
+        );
+        assert!(
+            !s.stamps.contains_key(&format!("{long}/00000")),
+            "the oldest went"
+        );
     }
 }
