@@ -494,17 +494,13 @@ mod tests {
     use bytes::Bytes;
 
     fn msg(topic: &str, payload: &'static [u8]) -> Arc<Message> {
-        Arc::new(Message {
-            topic: topic.into(),
-            payload: Bytes::from_static(payload),
-            qos: crate::codec::QoS::AtMostOnce,
-            retain: true,
-            properties: Default::default(),
-            expires_at: None,
-            publisher: None,
-            encoded: Default::default(),
-            stored: Default::default(),
-        })
+        let mut m = Message::for_test(
+            topic,
+            Bytes::from_static(payload),
+            crate::codec::QoS::AtMostOnce,
+        );
+        m.retain = true;
+        Arc::new(m)
     }
 
     fn stamp(ms: u64, node: &str) -> Stamp {
