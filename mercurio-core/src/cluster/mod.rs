@@ -26,6 +26,7 @@
 mod control;
 pub(crate) mod dedup;
 pub mod envelope;
+mod ownership;
 mod remote;
 pub mod subject;
 
@@ -186,6 +187,17 @@ impl Cluster {
             Arc::clone(&id),
             Arc::clone(&link_filters),
         ));
+        // Sessions across nodes: this node's CONNECTs ask the others, and it answers theirs.
+        let _ = broker.other_nodes.set(Arc::new(ownership::NatsNodes::new(
+            broker,
+            control_client.clone(),
+            &prefix,
+        )));
+        let sessions = tokio::spawn(ownership::serve(
+            Arc::clone(broker),
+            control_client.clone(),
+            prefix.clone(),
+        ));
         let out = tokio::spawn(send_out(
             Arc::clone(broker),
             Arc::clone(&session),
@@ -203,7 +215,7 @@ impl Cluster {
             link_filters,
         ));
         Ok(Some(Cluster {
-            tasks: vec![out, inbound, control],
+            tasks: vec![out, inbound, control, sessions],
             heartbeat_subject,
             origin,
             control: control_client,

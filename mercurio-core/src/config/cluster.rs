@@ -43,6 +43,11 @@ pub struct ClusterConfig {
     /// itself to the others this often, and a node that misses three is shown as gone
     /// (docs/cluster.md, "Status"). Give every node the same.
     pub heartbeat_interval: Option<u64>,
+    /// Seconds a CONNECT waits for the other nodes to answer whether they have its client
+    /// identifier's session (1 to 60; default 2): a node that does not answer in time (one
+    /// that crashed and is not yet seen as gone) keeps its copy, and the client gets what
+    /// the others hand over, or a new session (docs/cluster.md, "Sessions across nodes").
+    pub takeover_timeout: Option<u64>,
 }
 
 /// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
@@ -80,6 +85,9 @@ fn check_url(url: &str) -> Result<(), String> {
 /// The heartbeat interval when `heartbeat_interval` is not set, in seconds.
 pub const DEFAULT_HEARTBEAT_INTERVAL: u64 = 2;
 
+/// The takeover timeout when `takeover_timeout` is not set, in seconds.
+pub const DEFAULT_TAKEOVER_TIMEOUT: u64 = 2;
+
 /// The subject prefix when `subject_prefix` is not set.
 pub const DEFAULT_SUBJECT_PREFIX: &str = "mercurio";
 
@@ -103,6 +111,12 @@ impl ClusterConfig {
             self.heartbeat_interval
                 .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL),
         )
+    }
+
+    /// How long a CONNECT waits for the other nodes' answers about its session:
+    /// `takeover_timeout`, or [`DEFAULT_TAKEOVER_TIMEOUT`] seconds.
+    pub fn takeover(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.takeover_timeout.unwrap_or(DEFAULT_TAKEOVER_TIMEOUT))
     }
 
     /// Checks the section's values and combinations; the files are checked when opened.
@@ -129,7 +143,8 @@ impl ClusterConfig {
             || self.ca_file.is_some()
             || self.cert_file.is_some()
             || self.key_file.is_some()
-            || self.heartbeat_interval.is_some();
+            || self.heartbeat_interval.is_some()
+            || self.takeover_timeout.is_some();
         if !self.enabled() {
             if has_settings {
                 return Err(ConfigError::new(
@@ -167,6 +182,15 @@ impl ClusterConfig {
             return Err(ConfigError::new(
                 "cluster.heartbeat_interval",
                 "must be 1 to 300 seconds",
+            ));
+        }
+        if self
+            .takeover_timeout
+            .is_some_and(|s| !(1..=60).contains(&s))
+        {
+            return Err(ConfigError::new(
+                "cluster.takeover_timeout",
+                "must be 1 to 60 seconds",
             ));
         }
         if self.username.is_some() != self.password_file.is_some() {
