@@ -26,7 +26,7 @@ use super::BrokerState;
 use crate::codec::ReasonCode;
 use crate::link::DisconnectReason;
 use crate::message::Message;
-use crate::persist::records::{message_from, session_record, unix_ms, Restored};
+use crate::persist::records::{instant_to_unix, message_from, session_record, unix_ms, Restored};
 use crate::session::{Ended, Session};
 
 /// What the other nodes answered for a client identifier ([`OtherNodes::take`]).
@@ -47,6 +47,9 @@ pub(crate) struct HandedOver {
     pub record: SessionRecord,
     /// The messages its queue and in-flight list refer to, by the ids of `record`.
     pub messages: Vec<StoredMessage>,
+    /// Its node restored it from storage at its start and no client took it up since: a
+    /// copy left by a crash, older than any copy a client used since.
+    pub stale: bool,
     /// Tells the nodes that answered with a copy that this node has the session now: they
     /// end theirs. Called once the session is this node's (after its storage committed it).
     pub confirm: Box<dyn FnOnce() + Send>,
@@ -66,10 +69,14 @@ pub(crate) trait OtherNodes: Send + Sync {
 pub(crate) enum HandOver {
     /// It has no session of the client identifier (or has just ended it for a clean start).
     NotHere,
-    /// Its session, to send; kept here until the taker confirms.
+    /// Its session, to send; kept here until the taker confirms ([`BrokerState::handed_over`]),
+    /// its subscriptions out of the index meanwhile ([`BrokerState::kept_after_all`] puts them
+    /// back).
     Session {
         record: SessionRecord,
         messages: Vec<StoredMessage>,
+        /// See [`HandedOver::stale`].
+        stale: bool,
         session: Arc<Session>,
     },
     /// It has one it cannot hand over now.
@@ -103,6 +110,30 @@ impl BrokerState {
             }
             Taken::Session(handed) => handed,
         };
+        // A copy kept here (after a crash or a NATS outage) that is more recent than the one
+        // handed over stays, and the other copy ends: a copy a client took up since its node
+        // started is more recent than a stale one, then the later disconnection (by the
+        // nodes' clocks) wins, this node's on a tie.
+        let handed_rank = (
+            !handed.stale,
+            handed.record.disconnected_at.unwrap_or(u64::MAX),
+        );
+        let local = self.sessions.lock().get(client_id).cloned();
+        let local_newer = local.is_some_and(|local| {
+            let stale = local.idle_since(0);
+            let connected = local.is_connected();
+            let st = local.state.lock();
+            let at = match st.disconnected_at() {
+                Some(at) if !connected => instant_to_unix(at, Instant::now(), unix_ms()),
+                _ => u64::MAX,
+            };
+            !st.ended() && (!stale, at) >= handed_rank
+        });
+        if local_newer {
+            tracing::info!(%client_id, "session kept here: more recent than another node's copy, which ends");
+            (handed.confirm)();
+            return Ok(());
+        }
         loop {
             let Some(local) = self.sessions.lock().get(client_id).cloned() else {
                 break;
@@ -175,11 +206,58 @@ impl BrokerState {
                     *ids.entry(m as *const Message).or_insert(next)
                 })
             };
+            // Until the taker confirms, what is routed here no longer reaches the session:
+            // it would be left behind, dropped with it. The taker's subscriptions take over
+            // once the nodes hear of them, as for any new subscription.
+            self.withdraw_subscriptions(&old);
             return HandOver::Session {
                 record,
                 messages,
+                stale: old.idle_since(0),
                 session: old,
             };
+        }
+    }
+
+    /// Takes the subscriptions of `session` out of the index (not out of the session).
+    fn withdraw_subscriptions(&self, session: &Arc<Session>) {
+        let filters: Vec<String> = session
+            .state
+            .lock()
+            .subscriptions()
+            .iter()
+            .map(|(f, _)| f.clone())
+            .collect();
+        let mut index = self.index.write();
+        for f in &filters {
+            if index.remove(f, &session.client_id) {
+                self.interest.remove(f, &session.client_id);
+            }
+        }
+    }
+
+    /// A session handed over without the taker's confirmation stays here: its
+    /// subscriptions go back into the index (unless it ended meanwhile).
+    pub(crate) fn kept_after_all(&self, session: &Arc<Session>) {
+        let subscriptions: Vec<(String, crate::session::Granted)> = {
+            let st = session.state.lock();
+            if st.ended() {
+                return;
+            }
+            st.subscriptions()
+                .iter()
+                .map(|(f, g)| (f.clone(), *g))
+                .collect()
+        };
+        let mut index = self.index.write();
+        for (f, granted) in subscriptions {
+            let entry = super::SubEntry {
+                session: Arc::clone(session),
+                granted,
+            };
+            if index.insert(&f, Arc::clone(&session.client_id), entry) {
+                self.interest.add(&f, &session.client_id);
+            }
         }
     }
 
@@ -190,6 +268,7 @@ impl BrokerState {
     pub(crate) fn handed_over(&self, session: &Arc<Session>) {
         if session.is_connected() {
             tracing::warn!(client_id = %session.client_id, "session handed to another node was taken up here again meanwhile: kept here too");
+            self.kept_after_all(session);
             return;
         }
         let Some(Ended {
@@ -232,6 +311,7 @@ impl BrokerState {
             return Ok(());
         };
         let Some(session) = self.sessions.lock().get(&client_id).cloned() else {
+            // Expired at once: made from an old copy.
             return Err("ended as soon as it was made".into());
         };
         {

@@ -66,6 +66,8 @@ struct Answer {
     has: Has,
     /// With a session's parts: where the taker confirms it has the session.
     confirm: Option<String>,
+    /// With a session's parts: the copy is stale ([`HandedOver::stale`]).
+    stale: bool,
 }
 
 fn to_cbor<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
@@ -123,6 +125,7 @@ struct Collected {
     done: bool,
     unavailable: Option<String>,
     confirm: Option<String>,
+    stale: bool,
 }
 
 #[async_trait::async_trait]
@@ -181,6 +184,10 @@ impl OtherNodes for NatsNodes {
                 Ok(Some(msg)) => msg,
                 Ok(None) | Err(_) => break,
             };
+            if msg.payload.is_empty() {
+                // A status from the server (no responders), not an answer.
+                continue;
+            }
             let answer: Answer = match from_cbor(&msg.payload) {
                 Ok(a) => a,
                 Err(e) => {
@@ -207,14 +214,16 @@ impl OtherNodes for NatsNodes {
                     }
                     c.parts.push(data);
                     c.confirm = answer.confirm;
+                    c.stale = answer.stale;
                     c.done = c.parts.len() as u32 >= parts;
                 }
             }
         }
         let _ = answers.unsubscribe().await;
-        // Every complete copy; the most recently active one wins (several exist only after
-        // a crash or a NATS outage left one behind).
-        let mut copies: Vec<(SessionRecord, Vec<StoredMessage>, Option<String>)> = Vec::new();
+        // Every complete copy; the most recent one wins (several exist only after a crash or
+        // a NATS outage left one behind): one a client took up since its node started, then
+        // the latest disconnection.
+        let mut copies: Vec<(SessionRecord, Vec<StoredMessage>, bool, Option<String>)> = Vec::new();
         let mut unavailable = None;
         for (node, c) in nodes {
             if let Some(why) = c.unavailable {
@@ -226,14 +235,14 @@ impl OtherNodes for NatsNodes {
             }
             let bytes: Vec<u8> = c.parts.concat();
             match from_cbor::<(SessionRecord, Vec<StoredMessage>)>(&bytes) {
-                Ok((record, messages)) => copies.push((record, messages, c.confirm)),
+                Ok((record, messages)) => copies.push((record, messages, c.stale, c.confirm)),
                 Err(e) => unavailable = Some(format!("node {node}: unreadable session: {e}")),
             }
         }
-        let confirms: Vec<String> = copies.iter().filter_map(|c| c.2.clone()).collect();
-        let Some((record, messages, _)) = copies
+        let confirms: Vec<String> = copies.iter().filter_map(|c| c.3.clone()).collect();
+        let Some((record, messages, stale, _)) = copies
             .into_iter()
-            .max_by_key(|c| c.0.disconnected_at.unwrap_or(u64::MAX))
+            .max_by_key(|c| (!c.2, c.0.disconnected_at.unwrap_or(u64::MAX)))
         else {
             return match unavailable {
                 Some(why) => Taken::Unavailable(why),
@@ -254,6 +263,7 @@ impl OtherNodes for NatsNodes {
         Taken::Session(HandedOver {
             record,
             messages,
+            stale,
             confirm,
         })
     }
@@ -293,11 +303,12 @@ pub(super) async fn serve(broker: Arc<BrokerState>, client: async_nats::Client, 
 /// Answers one ask on `reply`; with a session handed over, waits for its confirmation.
 async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, reply: String) {
     let node = broker.config.cluster.node_name.clone();
-    let send = |has: Has, confirm: Option<String>| {
+    let send = |has: Has, confirm: Option<String>, stale: bool| {
         let answer = Answer {
             node: node.clone(),
             has,
             confirm,
+            stale,
         };
         let client = client.clone();
         let reply = reply.clone();
@@ -308,22 +319,25 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
             }
         }
     };
-    let (record, messages, session) = match broker.hand_over(&ask.client_id, ask.clean_start).await
+    let (record, messages, stale, session) = match broker
+        .hand_over(&ask.client_id, ask.clean_start)
+        .await
     {
         HandOver::NotHere => {
-            send(Has::Nothing, None).await;
+            send(Has::Nothing, None, false).await;
             return;
         }
         HandOver::Unavailable(why) => {
             tracing::warn!(client_id = %ask.client_id, asker = %ask.node, "cluster: session not handed over: {why}");
-            send(Has::Unavailable(why), None).await;
+            send(Has::Unavailable(why), None, false).await;
             return;
         }
         HandOver::Session {
             record,
             messages,
+            stale,
             session,
-        } => (record, messages, session),
+        } => (record, messages, stale, session),
     };
     let data = match to_cbor(&(record, messages)) {
         Ok(d) if d.len() <= MAX_HANDOVER_BYTES => Bytes::from(d),
@@ -333,11 +347,13 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
                 d.len()
             );
             tracing::warn!(client_id = %ask.client_id, asker = %ask.node, "cluster: session not handed over: {why}");
-            send(Has::Unavailable(why), None).await;
+            broker.kept_after_all(&session);
+            send(Has::Unavailable(why), None, false).await;
             return;
         }
         Err(e) => {
-            send(Has::Unavailable(format!("cannot encode: {e}")), None).await;
+            broker.kept_after_all(&session);
+            send(Has::Unavailable(format!("cannot encode: {e}")), None, false).await;
             return;
         }
     };
@@ -345,7 +361,8 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
     let mut confirmed = match client.subscribe(confirm_subject.clone()).await {
         Ok(s) => s,
         Err(e) => {
-            send(Has::Unavailable(format!("NATS: {e}")), None).await;
+            broker.kept_after_all(&session);
+            send(Has::Unavailable(format!("NATS: {e}")), None, false).await;
             return;
         }
     };
@@ -361,8 +378,9 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
             parts,
             data: chunk,
         };
-        if !send(has, Some(confirm_subject.clone())).await {
+        if !send(has, Some(confirm_subject.clone()), stale).await {
             tracing::warn!(client_id = %ask.client_id, "cluster: session not handed over: NATS refused the answer; kept here");
+            broker.kept_after_all(&session);
             return;
         }
     }
@@ -374,6 +392,7 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
         }
         _ => {
             tracing::warn!(client_id = %ask.client_id, asker = %ask.node, "cluster: session handed over without confirmation: kept here");
+            broker.kept_after_all(&session);
         }
     }
     let _ = confirmed.unsubscribe().await;

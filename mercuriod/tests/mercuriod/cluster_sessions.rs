@@ -3,22 +3,20 @@
 //! nats-server the tests skip (a failure under `CI=true`).
 #![cfg(unix)]
 
+use std::path::Path;
+
 use bytes::Bytes;
 use mercurio_core::codec::{
     Connect, LastWill, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
 };
 use mercurio_testkit::{wait_until, Client, Daemon, NatsServer};
 
-/// A node on `nats` with its sessions in an SQLite file of its own (`extra`: sections
-/// before `[cluster]`).
-fn node(nats: &NatsServer, name: &str, extra: &str) -> Daemon {
-    let db = tempfile::NamedTempFile::new()
-        .expect("temp file")
-        .into_temp_path()
-        .keep()
-        .expect("keep the database path");
+/// A node on `nats` with its sessions in an SQLite file of its own in `dir`, each
+/// acknowledgement (SUBACK included) after the commit.
+fn node(nats: &NatsServer, name: &str, dir: &Path) -> Daemon {
+    let db = dir.join(format!("{name}.db"));
     let mut d = Daemon::start(&format!(
-        "{extra}[storage]\nbackend = \"sqlite\"\npath = {:?}\n\n\
+        "[storage]\nbackend = \"sqlite\"\npath = {:?}\ndurable_ack = true\n\n\
          [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\n",
         db.display().to_string(),
         nats.url()
@@ -112,8 +110,9 @@ fn a_client_connecting_to_another_node_takes_its_session_there() {
     let Some(nats) = NatsServer::start(TEST) else {
         return;
     };
-    let a = node(&nats, "a", "");
-    let b = node(&nats, "b", "");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
     wait_cluster(&[&a, &b]);
 
     // On A: a persistent session subscribed to dev/in, then three QoS 1 messages for it.
@@ -190,8 +189,9 @@ fn a_will_fires_once_in_the_cluster_when_a_handed_over_session_expires() {
     let Some(nats) = NatsServer::start(TEST) else {
         return;
     };
-    let a = node(&nats, "a", "");
-    let b = node(&nats, "b", "");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
     wait_cluster(&[&a, &b]);
     let (mut watcher, _) = Client::connect(a.addr(), connect("watcher", true, 0, None));
     watcher.subscribe("will/#", QoS::AtLeastOnce);
@@ -226,14 +226,15 @@ fn a_will_fires_once_in_the_cluster_when_a_handed_over_session_expires() {
 }
 
 #[test]
-fn a_clean_start_on_another_node_ends_the_session_and_a_crashed_owner_does_not_block() {
+fn a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale() {
     const TEST: &str =
-        "a_clean_start_on_another_node_ends_the_session_and_a_crashed_owner_does_not_block";
+        "a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale";
     let Some(nats) = NatsServer::start(TEST) else {
         return;
     };
-    let mut a = node(&nats, "a", "");
-    let b = node(&nats, "b", "");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
     wait_cluster(&[&a, &b]);
 
     // Clean Start on B: A's connection is taken over [MQTT-3.1.4-3] and its session ends
@@ -253,8 +254,27 @@ fn a_clean_start_on_another_node_ends_the_session_and_a_crashed_owner_does_not_b
     // has: a new session.
     let (mut again, present) = Client::connect(a.addr(), connect("dev2", true, 300, None));
     assert!(!present);
-    again.subscribe("dev2/in", QoS::AtLeastOnce);
+    again.subscribe("old/in", QoS::AtLeastOnce);
     assert_eq!(a.stop(libc::SIGKILL), None);
-    let (_on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
     assert!(!present, "the crashed node's session is out of reach");
+    on_b.subscribe("new/in", QoS::AtLeastOnce);
+    on_b.disconnect();
+
+    // A back with its copy from before the crash: it is stale. The client connecting to B
+    // again resumes B's session (its subscription is new/in, not old/in), and A's copy ends.
+    let a = node(&nats, "a", dir.path());
+    wait_cluster(&[&a, &b]);
+    assert!(has_session(&a, "dev2"), "A restored its stale copy");
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
+    assert!(present);
+    wait_until("A's stale copy ended", || !has_session(&a, "dev2"));
+    wait_until("B's interest in new/in known to A", || {
+        interest_of(&a, "b") == Some(1)
+    });
+    let (mut publisher, _) = Client::connect(a.addr(), connect("pub", true, 0, None));
+    publisher.publish("old/in", b"old", QoS::AtLeastOnce, false);
+    publisher.publish("new/in", b"new", QoS::AtLeastOnce, false);
+    let p = on_b.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("new/in", &b"new"[..]));
 }
