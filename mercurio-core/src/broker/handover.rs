@@ -33,8 +33,8 @@ use crate::session::{Ended, Session};
 pub(crate) enum Taken {
     /// No other node has the session (or none could be asked: see `OtherNodes::take`).
     None,
-    /// A node handed it over.
-    Session(HandedOver),
+    /// A node handed it over (boxed: the records are large next to the other variants).
+    Session(Box<HandedOver>),
     /// A node has it but cannot hand it over now (its queue left in storage cannot be read,
     /// or it is larger than a hand-over carries): the CONNECT is refused with Server
     /// unavailable, the session kept where it is.
@@ -73,7 +73,7 @@ pub(crate) enum HandOver {
     /// its subscriptions out of the index meanwhile ([`BrokerState::kept_after_all`] puts them
     /// back).
     Session {
-        record: SessionRecord,
+        record: Box<SessionRecord>,
         messages: Vec<StoredMessage>,
         /// See [`HandedOver::stale`].
         stale: bool,
@@ -108,7 +108,7 @@ impl BrokerState {
                     "its session is on another node and cannot be taken now: {why}"
                 )))
             }
-            Taken::Session(handed) => handed,
+            Taken::Session(handed) => *handed,
         };
         // A copy kept here (after a crash or a NATS outage) that is more recent than the one
         // handed over stays, and the other copy ends: a copy a client took up since its node
@@ -211,7 +211,7 @@ impl BrokerState {
             // once the nodes hear of them, as for any new subscription.
             self.withdraw_subscriptions(&old);
             return HandOver::Session {
-                record,
+                record: Box::new(record),
                 messages,
                 stale: old.idle_since(0),
                 session: old,

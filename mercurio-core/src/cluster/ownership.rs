@@ -260,12 +260,12 @@ impl OtherNodes for NatsNodes {
             });
         });
         tracing::info!(%client_id, "cluster: session taken over from another node");
-        Taken::Session(HandedOver {
+        Taken::Session(Box::new(HandedOver {
             record,
             messages,
             stale,
             confirm,
-        })
+        }))
     }
 }
 
@@ -339,7 +339,7 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
             session,
         } => (record, messages, stale, session),
     };
-    let data = match to_cbor(&(record, messages)) {
+    let data = match to_cbor(&(&*record, messages)) {
         Ok(d) if d.len() <= MAX_HANDOVER_BYTES => Bytes::from(d),
         Ok(d) => {
             let why = format!(

@@ -11,12 +11,12 @@ use mercurio_core::codec::{
 };
 use mercurio_testkit::{wait_until, Client, Daemon, NatsServer};
 
-/// A node on `nats` with its sessions in an SQLite file of its own in `dir`, each
-/// acknowledgement (SUBACK included) after the commit.
+/// A node on `nats` with its sessions in an SQLite file of its own in `dir`
+/// (`{name}.db`).
 fn node(nats: &NatsServer, name: &str, dir: &Path) -> Daemon {
     let db = dir.join(format!("{name}.db"));
     let mut d = Daemon::start(&format!(
-        "[storage]\nbackend = \"sqlite\"\npath = {:?}\ndurable_ack = true\n\n\
+        "[storage]\nbackend = \"sqlite\"\npath = {:?}\n\n\
          [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\n",
         db.display().to_string(),
         nats.url()
@@ -255,6 +255,17 @@ fn a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale(
     let (mut again, present) = Client::connect(a.addr(), connect("dev2", true, 300, None));
     assert!(!present);
     again.subscribe("old/in", QoS::AtLeastOnce);
+    wait_until("A's storage holds the subscription", || {
+        rusqlite::Connection::open(dir.path().join("a.db"))
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM subscriptions WHERE client_id = 'dev2'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|n| n == 1)
+    });
     assert_eq!(a.stop(libc::SIGKILL), None);
     let (mut on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
     assert!(!present, "the crashed node's session is out of reach");
