@@ -228,7 +228,26 @@ impl ClusterConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::check_url;
+    use super::{check_url, ClusterConfig};
+
+    #[test]
+    fn takeover_timeout_is_1_to_60_seconds_and_2_by_default() {
+        let mut c = ClusterConfig {
+            nats_urls: vec!["nats://127.0.0.1:4222".into()],
+            node_name: "a".into(),
+            ..ClusterConfig::default()
+        };
+        assert_eq!(c.takeover(), std::time::Duration::from_secs(2));
+        for (value, ok) in [(0, false), (1, true), (60, true), (61, false)] {
+            c.takeover_timeout = Some(value);
+            let checked = c.validate();
+            assert_eq!(checked.is_ok(), ok, "{value}");
+            if let Err(e) = checked {
+                assert_eq!(e.key, "cluster.takeover_timeout");
+            }
+        }
+        assert_eq!(c.takeover(), std::time::Duration::from_secs(61));
+    }
 
     #[test]
     fn urls() {
