@@ -487,16 +487,63 @@ impl<'a> Reader<'a> {
     }
 
     fn ack_publish(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) {
-        if qos == QoS::AtMostOnce {
+        if let Some(packet) = self.publish_answer(qos, packet_id, reason_code) {
+            self.send_acknowledgement(packet);
+        }
+    }
+
+    /// [`Reader::ack_publish`] once `gate` is resolved: JetStream holds the message for the
+    /// other nodes that want it. When it does not within `jetstream_ack_timeout`, the
+    /// connection is closed instead (5.0: DISCONNECT 0x89 Server busy), so that the client
+    /// learns it and sends it again; the message is still sent once JetStream takes it.
+    fn ack_publish_after(
+        &self,
+        qos: QoS,
+        packet_id: u16,
+        reason_code: ReasonCode,
+        gate: Arc<crate::cluster_qos::Gate>,
+    ) {
+        let Some(packet) = self.publish_answer(qos, packet_id, reason_code) else {
             return;
+        };
+        let (broker, link, version) = (
+            Arc::clone(&self.c.broker),
+            Arc::clone(&self.c.link),
+            self.c.version,
+        );
+        let client_id = Arc::clone(&self.c.session.client_id);
+        gate.on_done(Box::new(move |held| {
+            if !held {
+                tracing::warn!(%client_id, "closing connection: JetStream did not take a message for another node within jetstream_ack_timeout (NATS or JetStream unavailable?)");
+                link.kill(DisconnectReason::ClusterBusy, ReasonCode::SERVER_BUSY);
+                return;
+            }
+            match broker.persist.get().filter(|p| p.durable_ack()) {
+                Some(p) => p.after_commit(Box::new(move |held| {
+                    if held {
+                        link.send(&packet, version);
+                    } else {
+                        link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
+                    }
+                })),
+                None => link.send(&packet, version),
+            }
+        }));
+    }
+
+    /// The PUBACK or PUBREC answering a PUBLISH (`None` at QoS 0); a PUBREC records the
+    /// packet identifier as received.
+    fn publish_answer(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) -> Option<Packet> {
+        if qos == QoS::AtMostOnce {
+            return None;
         }
         let ack = PubAck {
             packet_id,
             reason_code,
             properties: Properties::default(),
         };
-        let packet = match qos {
-            QoS::AtMostOnce => return,
+        Some(match qos {
+            QoS::AtMostOnce => return None,
             QoS::AtLeastOnce => Packet::PubAck(ack),
             QoS::ExactlyOnce => {
                 if !reason_code.is_failure() {
@@ -505,8 +552,7 @@ impl<'a> Reader<'a> {
                 }
                 Packet::PubRec(ack)
             }
-        };
-        self.send_acknowledgement(packet);
+        })
     }
 
     /// Sends PUBACK, PUBREC or PUBCOMP: with durable_ack, once storage has committed what
@@ -711,8 +757,8 @@ impl<'a> Reader<'a> {
             ));
         }
         let msg = Arc::new(msg);
-        let matched = broker.publish_from(msg, &mut self.congested);
-        self.memory_congested = broker.memory_congested();
+        let (matched, gate) = broker.publish_gated(msg, &mut self.congested);
+        self.memory_congested = broker.memory_congested() || broker.cluster_qos.over();
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
         // PUBREC stays 0x00, as in mosquitto.
@@ -721,7 +767,12 @@ impl<'a> Reader<'a> {
         } else {
             ReasonCode::SUCCESS
         };
-        self.ack_publish(qos, packet_id, rc);
+        match gate {
+            // Another node wants it: acknowledged once JetStream holds it (docs/cluster.md,
+            // "QoS across nodes").
+            Some(gate) => self.ack_publish_after(qos, packet_id, rc, gate),
+            None => self.ack_publish(qos, packet_id, rc),
+        }
     }
 
     /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.
