@@ -38,9 +38,21 @@ pub(crate) struct Outgoing {
     pub cost: u64,
 }
 
-/// What waits for a handed-off message: `true` once JetStream has acknowledged every copy,
-/// `false` when `jetstream_ack_timeout` ran out first (the message itself is still sent).
-type Waiter = Box<dyn FnOnce(bool) + Send>;
+/// What became of a handed-off message, as its publisher is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// JetStream acknowledged every copy.
+    Held,
+    /// `jetstream_ack_timeout` ran out first (the message is still sent when JetStream
+    /// takes it).
+    TimedOut,
+    /// JetStream can never take it (larger than the NATS servers' `max_payload`, properties
+    /// that cannot be encoded): counted and logged.
+    Refused,
+}
+
+/// What waits for a handed-off message's [`Outcome`].
+type Waiter = Box<dyn FnOnce(Outcome) + Send>;
 
 /// One handed-off message's outcome, told to whoever waits for it (the publisher's
 /// acknowledgement), once.
@@ -52,7 +64,7 @@ pub(crate) struct Gate {
 
 enum GateState {
     Pending(Vec<Waiter>),
-    Done(bool),
+    Done(Outcome),
 }
 
 impl Gate {
@@ -68,28 +80,28 @@ impl Gate {
         let mut st = self.state.lock();
         match &mut *st {
             GateState::Pending(waiters) => waiters.push(f),
-            GateState::Done(ok) => {
-                let ok = *ok;
+            GateState::Done(outcome) => {
+                let outcome = *outcome;
                 drop(st);
-                f(ok);
+                f(outcome);
             }
         }
     }
 
     /// The outcome, awaited.
-    pub(crate) async fn wait(&self) -> bool {
+    pub(crate) async fn wait(&self) -> Outcome {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.on_done(Box::new(move |ok| {
-            let _ = tx.send(ok);
+        self.on_done(Box::new(move |outcome| {
+            let _ = tx.send(outcome);
         }));
-        rx.await.unwrap_or(false)
+        rx.await.unwrap_or(Outcome::TimedOut)
     }
 
     /// Sets the outcome (the first one set stays) and tells the waiters, with no lock held.
-    pub(crate) fn resolve(&self, ok: bool) {
+    pub(crate) fn resolve(&self, outcome: Outcome) {
         let waiters = {
             let mut st = self.state.lock();
-            match std::mem::replace(&mut *st, GateState::Done(ok)) {
+            match std::mem::replace(&mut *st, GateState::Done(outcome)) {
                 GateState::Pending(w) => w,
                 done @ GateState::Done(_) => {
                     *st = done;
@@ -98,7 +110,7 @@ impl Gate {
             }
         };
         for f in waiters {
-            f(ok);
+            f(outcome);
         }
     }
 
@@ -309,7 +321,7 @@ impl ClusterQos {
         if out.send(outgoing).is_err() {
             // The task is gone (shutting down): nothing will hold it.
             self.pending.fetch_sub(cost, Ordering::SeqCst);
-            gate.resolve(false);
+            gate.resolve(Outcome::TimedOut);
         }
         Some(gate)
     }
@@ -325,7 +337,7 @@ impl ClusterQos {
         }
     }
 
-    /// Resolves as timed out (`false`) the gates handed off more than
+    /// Resolves as [`Outcome::TimedOut`] the gates handed off more than
     /// `jetstream_ack_timeout` ago and still pending, and forgets the resolved ones; their
     /// messages are still sent. Returns how many timed out.
     pub(crate) fn expire(&self) -> usize {
@@ -346,7 +358,7 @@ impl ClusterQos {
         }
         // Told with no lock held: a waiter closes a connection.
         for g in &late {
-            g.resolve(false);
+            g.resolve(Outcome::TimedOut);
         }
         late.len()
     }

@@ -313,6 +313,19 @@ impl NatsServer {
         })
     }
 
+    /// The state of the JetStream stream `name` on this server (`/jsz?streams=true`:
+    /// `messages`, `bytes`, `first_seq`, `last_seq`...); `None` when it holds no such stream.
+    pub fn stream_state(&self, name: &str) -> Option<serde_json::Value> {
+        let jsz = self.monitor("/jsz?streams=true");
+        jsz["account_details"]
+            .as_array()?
+            .iter()
+            .filter_map(|a| a["stream_detail"].as_array())
+            .flatten()
+            .find(|s| s["name"] == name)
+            .map(|s| s["state"].clone())
+    }
+
     /// Whether JetStream answers: on and, in a cluster, with a meta leader (`/jsz`).
     pub fn jetstream_ready(&self) -> bool {
         let jsz = self.monitor("/jsz");

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use super::BrokerState;
 use crate::auth::hooks::Action;
+use crate::cluster_qos::Outcome;
 use crate::codec::{Publish, ReasonCode};
 use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
 use crate::message::Message;
@@ -164,8 +165,9 @@ impl BrokerState {
     /// make the message (its Message Expiry Interval counted from now); the Topic Alias and
     /// Subscription Identifiers are not kept. Returns whether any subscription matched, once
     /// the back pressure it met is over and, when another node wants it at QoS 1 or 2, once
-    /// JetStream holds it; `Err` with the reason code of a refusal, or 0x89 (Server busy)
-    /// when JetStream did not take it within `jetstream_ack_timeout` (it is still sent).
+    /// JetStream holds it; `Err` with the reason code of a refusal, 0x89 (Server busy) when
+    /// JetStream did not take it within `jetstream_ack_timeout` (it is still sent), or 0x83
+    /// (Implementation specific error) when JetStream can never take it (too large).
     pub(crate) async fn enter(
         &self,
         from: Option<&Arc<Session>>,
@@ -181,8 +183,10 @@ impl BrokerState {
         self.wait_congested(from_session, &mut congested).await;
         // Another node wants it at QoS 1 or 2: resolved once JetStream holds it.
         if let Some(gate) = gate {
-            if !gate.wait().await {
-                return Err(ReasonCode::SERVER_BUSY);
+            match gate.wait().await {
+                Outcome::Held => {}
+                Outcome::TimedOut => return Err(ReasonCode::SERVER_BUSY),
+                Outcome::Refused => return Err(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR),
             }
         }
         if let (Some(p), Some(s)) = (self.persist.get(), from) {

@@ -14,7 +14,7 @@
 //!   JetStream only then (with `durable_ack`, once storage has committed it) ([`take_in`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use super::envelope::Envelope;
 use super::{dedup, unreadable, Throttle};
 use crate::broker::BrokerState;
-use crate::cluster_qos::{Gate, Outgoing};
+use crate::cluster_qos::{Gate, Outcome, Outgoing};
 use crate::cluster_status::ClusterStatus;
 use crate::config::ClusterConfig;
 use crate::message::Message;
@@ -99,8 +99,8 @@ pub(super) fn context(client: async_nats::Client) -> jetstream::Context {
 }
 
 /// Creates the stream, or updates it to `[cluster]`'s limits, retrying until NATS answers.
-pub(super) async fn ensure_stream(js: &jetstream::Context, names: &Names, cfg: &ClusterConfig) {
-    let config = names.stream_config(cfg);
+async fn ensure_stream(js: jetstream::Context, names: Names, cfg: ClusterConfig) {
+    let config = names.stream_config(&cfg);
     let mut backoff = Duration::from_millis(50);
     let mut told = false;
     loop {
@@ -137,6 +137,24 @@ struct Handed {
     gate: Arc<Gate>,
     cost: u64,
     left: AtomicUsize,
+    /// A copy JetStream can never take (too large).
+    refused: AtomicBool,
+}
+
+impl Handed {
+    /// One copy done with (acknowledged, or refused for good); at the last, the publisher
+    /// is told and the bytes are counted out.
+    fn copy_done(&self, broker: &BrokerState) {
+        if self.left.fetch_sub(1, Ordering::Relaxed) == 1 {
+            if self.refused.load(Ordering::Relaxed) {
+                self.gate.resolve(Outcome::Refused);
+            } else {
+                ClusterStatus::add(&broker.cluster.jetstream_out, 1);
+                self.gate.resolve(Outcome::Held);
+            }
+            broker.cluster_qos.settled(self.cost);
+        }
+    }
 }
 
 /// Publishes what the broker hands off (`cluster_qos`), in order, one copy per destination
@@ -151,22 +169,41 @@ pub(super) async fn send(
     origin: u64,
     mut connected: tokio::sync::watch::Receiver<u64>,
 ) {
-    ensure_stream(&js, &names, &cfg).await;
-    connected.mark_unchanged();
-    let max_age = cfg.jetstream_max_age();
-    let status = &broker.cluster;
-    // Set when JetStream did not know the stream (a NATS server started afresh): it is
-    // created again, at most once a second.
+    // The stream is made (or updated) on a task of its own, retried until NATS answers;
+    // made again when JetStream did not know it (a NATS server started afresh) or at a
+    // reconnection.
+    let ensure = || {
+        super::Forward(tokio::spawn(ensure_stream(
+            js.clone(),
+            names.clone(),
+            cfg.clone(),
+        )))
+    };
+    let mut making = ensure();
     let mut recreate = false;
-    let mut recreated = Instant::now();
+    // Publishers whose messages JetStream has not taken within jetstream_ack_timeout are
+    // told, on a task of its own (this one may wait on a full NATS client).
+    let max_age = cfg.jetstream_max_age();
+    let expiring = Arc::clone(&broker);
+    let _expiry = super::Forward(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let late = expiring.cluster_qos.expire();
+            ClusterStatus::add(&expiring.cluster.jetstream_timeouts, late as u64);
+            expiring.cluster_qos.forget_gone(max_age);
+        }
+    }));
+    let status = &broker.cluster;
     let mut seq = 0u64;
     let mut warned = Throttle::default();
     type Acked =
         std::pin::Pin<Box<dyn std::future::Future<Output = (Copy, Result<(), Failure>)> + Send>>;
     let mut in_flight: FuturesUnordered<Acked> = FuturesUnordered::new();
     let mut retries: VecDeque<(tokio::time::Instant, Copy)> = VecDeque::new();
-    let mut expiry = tokio::time::interval(Duration::from_millis(200));
-    expiry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut recheck = tokio::time::interval(MAX_BACKOFF);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let publish = |c: Copy| {
         let js = js.clone();
         async move {
@@ -180,6 +217,7 @@ pub(super) async fn send(
                     let acked: Acked = Box::pin(async move {
                         let r = ack.await.map(drop).map_err(|e| Failure {
                             stream_gone: e.kind() == PublishErrorKind::StreamNotFound,
+                            permanent: false,
                             text: e.to_string(),
                         });
                         (c, r)
@@ -190,6 +228,7 @@ pub(super) async fn send(
                     c,
                     Failure {
                         stream_gone: false,
+                        permanent: e.kind() == PublishErrorKind::MaxPayloadExceeded,
                         text: e.to_string(),
                     },
                 )),
@@ -201,13 +240,8 @@ pub(super) async fn send(
         tokio::select! {
             biased;
             Some((c, r)) = in_flight.next(), if !in_flight.is_empty() => match r {
-                Ok(()) => {
-                    if c.out.left.fetch_sub(1, Ordering::Relaxed) == 1 {
-                        ClusterStatus::add(&status.jetstream_out, 1);
-                        c.out.gate.resolve(true);
-                        broker.cluster_qos.settled(c.out.cost);
-                    }
-                }
+                Ok(()) => c.out.copy_done(&broker),
+                Err(e) if e.permanent => refuse(&broker, &mut warned, c, &e.text),
                 Err(e) => {
                     recreate |= e.stream_gone;
                     failed(status, &mut warned, &e.text);
@@ -215,17 +249,11 @@ pub(super) async fn send(
                 }
             },
             Ok(()) = connected.changed() => recreate = true,
-            _ = expiry.tick() => {
-                if recreate && recreated.elapsed() >= MAX_BACKOFF {
+            _ = recheck.tick() => {
+                if recreate && making.0.is_finished() {
                     recreate = false;
-                    recreated = Instant::now();
-                    if let Err(e) = js.create_or_update_stream(names.stream_config(&cfg)).await {
-                        tracing::debug!(stream = %names.stream, "cluster: JetStream stream: {e}");
-                    }
+                    making = ensure();
                 }
-                let late = broker.cluster_qos.expire();
-                broker.cluster_qos.forget_gone(max_age);
-                ClusterStatus::add(&status.jetstream_timeouts, late as u64);
             }
             _ = tokio::time::sleep_until(next_retry.unwrap_or_else(tokio::time::Instant::now)), if next_retry.is_some() => {
                 let now = tokio::time::Instant::now();
@@ -234,6 +262,7 @@ pub(super) async fn send(
                     c.attempts += 1;
                     match publish(c).await {
                         Ok(acked) => in_flight.push(acked),
+                        Err((c, e)) if e.permanent => refuse(&broker, &mut warned, c, &e.text),
                         Err((c, e)) => {
                             failed(status, &mut warned, &e.text);
                             retries.push_back((tokio::time::Instant::now() + backoff(c.attempts), c));
@@ -259,8 +288,9 @@ pub(super) async fn send(
                     Err(e) => {
                         // Cannot be carried (a property over 65,535 bytes): the publisher
                         // is not acknowledged as if it were.
-                        failed(status, &mut warned, &e.to_string());
-                        o.gate.resolve(false);
+                        ClusterStatus::add(&status.errors, 1);
+                        tracing::warn!(topic = %o.msg.topic, "cluster: a message for other nodes cannot be encoded (counted in cluster/messages/errors): {e}");
+                        o.gate.resolve(Outcome::Refused);
                         broker.cluster_qos.settled(o.cost);
                         continue;
                     }
@@ -269,6 +299,7 @@ pub(super) async fn send(
                     gate: o.gate,
                     cost: o.cost,
                     left: AtomicUsize::new(o.nodes.len()),
+                    refused: AtomicBool::new(false),
                 });
                 for node in &o.nodes {
                     let c = Copy {
@@ -280,6 +311,7 @@ pub(super) async fn send(
                     };
                     match publish(c).await {
                         Ok(acked) => in_flight.push(acked),
+                        Err((c, e)) if e.permanent => refuse(&broker, &mut warned, c, &e.text),
                         Err((c, e)) => {
                             failed(status, &mut warned, &e.text);
                             retries.push_back((tokio::time::Instant::now() + backoff(c.attempts), c));
@@ -295,7 +327,22 @@ pub(super) async fn send(
 struct Failure {
     /// JetStream does not know the stream (no responders).
     stream_gone: bool,
+    /// It never will take it: larger than the NATS servers' `max_payload`.
+    permanent: bool,
     text: String,
+}
+
+/// A copy JetStream can never take: counted, logged, and its message's publisher told
+/// ([`Outcome::Refused`]) once its other copies are done with.
+fn refuse(broker: &BrokerState, warned: &mut Throttle, c: Copy, e: &str) {
+    ClusterStatus::add(&broker.cluster.errors, 1);
+    if warned.due() {
+        tracing::warn!(subject = %c.subject, "cluster: JetStream cannot take a message for another node (raise max_payload on the NATS servers to carry it; counted in cluster/messages/errors; at most one warning a minute): {e}");
+    } else {
+        tracing::debug!(subject = %c.subject, "cluster: JetStream cannot take a message: {e}");
+    }
+    c.out.refused.store(true, Ordering::Relaxed);
+    c.out.copy_done(broker);
 }
 
 /// The wait before the next attempt at a copy tried `attempts` times already.

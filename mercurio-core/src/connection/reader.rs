@@ -14,9 +14,10 @@ use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::{Action, AuthContinuation, AuthStep, ConnectInfo, DenyReason};
 use crate::broker::access::subscription_topic;
 use crate::broker::message_of;
+use crate::cluster_qos::Outcome;
 use crate::codec::{
-    self, DecodeError, Disconnect, Packet, Properties, PubAck, Publish, QoS, ReasonCode, SubAck,
-    Subscribe, UnsubAck, Unsubscribe,
+    self, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
+    ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
 };
 use crate::events::{Event, SubscribedFilter};
 use crate::link::DisconnectReason;
@@ -62,6 +63,34 @@ fn read_lean<'a, R: AsyncRead + Unpin>(
 }
 
 /// The close for a packet that cannot be decoded.
+/// The answer to a PUBLISH whose message JetStream can never take for the other nodes: 5.0
+/// gets 0x83 (Implementation specific error) instead of success, and a PUBREC with it ends
+/// the QoS 2 flow (no PUBREL follows), so its packet identifier is free again; 3.x keeps
+/// its acknowledgement (it cannot be told otherwise).
+fn refused(packet: Packet, version: ProtocolVersion, session: &Session) -> Packet {
+    if !version.is_v5() {
+        return packet;
+    }
+    let code = ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR;
+    match packet {
+        Packet::PubAck(a) => Packet::PubAck(PubAck {
+            reason_code: code,
+            ..a
+        }),
+        Packet::PubRec(a) => {
+            session
+                .state
+                .lock()
+                .release_qos2(&session.client_id, a.packet_id);
+            Packet::PubRec(PubAck {
+                reason_code: code,
+                ..a
+            })
+        }
+        other => other,
+    }
+}
+
 fn undecodable(e: DecodeError, client_id: &str) -> Close {
     let mut why = e.to_string();
     if let DecodeError::PacketTooLarge { .. } = e {
@@ -511,13 +540,19 @@ impl<'a> Reader<'a> {
             Arc::clone(&self.c.link),
             self.c.version,
         );
-        let client_id = Arc::clone(&self.c.session.client_id);
-        gate.on_done(Box::new(move |held| {
-            if !held {
-                tracing::warn!(%client_id, "closing connection: JetStream did not take a message for another node within jetstream_ack_timeout (NATS or JetStream unavailable?)");
-                link.kill(DisconnectReason::ClusterBusy, ReasonCode::SERVER_BUSY);
-                return;
-            }
+        let session = Arc::clone(&self.c.session);
+        gate.on_done(Box::new(move |outcome| {
+            let packet = match outcome {
+                Outcome::Held => packet,
+                Outcome::TimedOut => {
+                    tracing::warn!(client_id = %session.client_id, "closing connection: JetStream did not take a message for another node within jetstream_ack_timeout (NATS or JetStream unavailable?)");
+                    link.kill(DisconnectReason::ClusterBusy, ReasonCode::SERVER_BUSY);
+                    return;
+                }
+                // Never to be carried (logged where found): as for message_size_limit, 5.0
+                // is told 0x83 (Implementation specific error), 3.x acknowledged.
+                Outcome::Refused => refused(packet, version, &session),
+            };
             match broker.persist.get().filter(|p| p.durable_ack()) {
                 Some(p) => p.after_commit(Box::new(move |held| {
                     if held {
@@ -758,7 +793,8 @@ impl<'a> Reader<'a> {
         }
         let msg = Arc::new(msg);
         let (matched, gate) = broker.publish_gated(msg, &mut self.congested);
-        self.memory_congested = broker.memory_congested() || broker.cluster_qos.over();
+        self.memory_congested =
+            broker.memory_congested() || (gate.is_some() && broker.cluster_qos.over());
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
         // PUBREC stays 0x00, as in mosquitto.

@@ -136,6 +136,15 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
             sub.ack(&p);
             got.push((p.payload.to_vec(), p.qos));
         }
+        // In order per QoS [MQTT-4.6.0-6]: QoS 1 crosses through JetStream, apart from
+        // QoS 0 (docs/cluster.md, "Ordering").
+        let qos0: Vec<&[u8]> = got
+            .iter()
+            .filter(|(_, qos)| *qos == QoS::AtMostOnce)
+            .map(|(payload, _)| &payload[..])
+            .collect();
+        assert_eq!(qos0, [&b"1"[..], &b"3"[..]]);
+        got.sort();
         assert_eq!(
             got,
             [

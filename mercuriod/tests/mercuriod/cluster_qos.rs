@@ -9,8 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mercurio_core::codec::{Connect, Packet, Properties, ProtocolVersion, QoS};
-use mercurio_testkit::{wait_until, Client, ClusterNode, Daemon, NatsCluster};
+use mercurio_core::codec::{Connect, Packet, Properties, ProtocolVersion, QoS, ReasonCode};
+use mercurio_testkit::{
+    free_port, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
+};
 
 /// `[cluster]` keys of every node: three copies of the stream on the three NATS servers, and
 /// heartbeats every second (a node killed is seen gone in three).
@@ -183,12 +185,65 @@ fn qos_1_and_2_messages_acknowledged_on_one_node_reach_a_persistent_subscriber_o
     // In order, each once: nothing failed, so nothing was sent twice.
     assert_eq!(got.keys().copied().collect::<Vec<_>>(), acked);
     assert_eq!(duplicates(&got), 0);
-    // Between clients of one node nothing changes.
+    // JetStream took each message once, and let it go once B had it.
+    let stream = || {
+        nats.servers[0]
+            .stream_state("mercurio_qos")
+            .expect("the stream")
+    };
+    wait_until("the stream emptied by B's acknowledgements", || {
+        stream()["messages"] == 0
+    });
+    assert_eq!(stream()["last_seq"], 101);
+    // A message only A's clients want costs JetStream nothing, nor does QoS 0 to B.
     let mut local = client(&a.daemon, "local", false);
     local.subscribe("l/#", QoS::AtLeastOnce);
     publisher.publish("l/1", b"here", QoS::AtLeastOnce, false);
     let p = local.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("l/1", &b"here"[..]));
+    publisher.publish("q/0", b"zero", QoS::AtMostOnce, false);
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), p.qos), ("q/0", QoS::AtMostOnce));
+    assert_eq!(stream()["last_seq"], 101);
+}
+
+#[test]
+fn without_jetstream_a_publisher_is_not_acknowledged_and_closed_as_server_busy() {
+    const TEST: &str =
+        "without_jetstream_a_publisher_is_not_acknowledged_and_closed_as_server_busy";
+    // One NATS server without JetStream.
+    let Some(nats) = NatsServer::start_clustered(TEST, 0, free_port(), &[]) else {
+        return;
+    };
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 2\n";
+    let a = ClusterNode::start("a", &[nats.url()], "", keys);
+    let b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("q/#", QoS::AtLeastOnce);
+    let mut local = client(&a.daemon, "local", false);
+    local.subscribe("q/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    // The message reaches A's own subscriber, but JetStream cannot hold it for B: no PUBACK
+    // (it would acknowledge what B may never get), and after jetstream_ack_timeout the
+    // publisher is told, DISCONNECT 0x89 Server busy (MQTT 5.0 section 3.14.2.1), and may
+    // send it again.
+    let mut publisher = client(&a.daemon, "pub", false);
+    publisher.publish_packet("q/1", b"one", QoS::AtLeastOnce, false);
+    let p = local.expect_publish();
+    assert_eq!(&p.payload[..], b"one");
+    match publisher.recv() {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::SERVER_BUSY),
+        other => panic!("expected DISCONNECT 0x89, got {other:?}"),
+    }
+    assert!(publisher.recv().is_none(), "closed");
+    // A message only A's clients want is acknowledged as ever.
+    let mut publisher = client(&a.daemon, "pub", false);
+    local.subscribe("l/#", QoS::AtLeastOnce);
+    publisher.publish("l/1", b"here", QoS::AtLeastOnce, false);
+    let p = local.expect_publish();
+    assert_eq!(&p.payload[..], b"here");
 }
 
 #[test]
