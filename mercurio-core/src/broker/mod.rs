@@ -283,12 +283,12 @@ impl BrokerState {
                 if msg.payload.is_empty() {
                     sys.remove(&msg.topic);
                 } else {
-                    sys.insert(&msg.topic, Arc::clone(&msg));
+                    sys.insert(&msg.topic, Arc::clone(msg));
                 }
             } else if msg.topic.starts_with('$') || !self.cluster.enabled.load(Ordering::Relaxed) {
                 // This node's retained set alone: not in cluster mode, or a `$` topic, which
                 // stays on its node.
-                self.retain(&msg);
+                self.retain(msg);
             } else {
                 // In cluster mode the change is stamped and queued for the other nodes too
                 // (docs/cluster.md, "Retained messages"); the callback runs once the clock's
@@ -296,11 +296,11 @@ impl BrokerState {
                 match self
                     .cluster
                     .retained
-                    .local(&msg, || self.retain_quietly(&msg))
+                    .local(msg, || self.retain_quietly(msg))
                 {
                     Some(Some(change)) => self.retained_changed(change),
                     Some(None) => {}
-                    None => self.retain(&msg),
+                    None => self.retain(msg),
                 }
             }
         }

@@ -124,7 +124,7 @@ async fn ensure_stream(js: jetstream::Context, names: Names, cfg: ClusterConfig)
 }
 
 /// One copy of a handed-off message, for one node.
-struct Copy {
+struct NodeCopy {
     out: Arc<Handed>,
     subject: String,
     id: String,
@@ -198,13 +198,14 @@ pub(super) async fn send(
     let status = &broker.cluster;
     let mut seq = 0u64;
     let mut warned = Throttle::default();
-    type Acked =
-        std::pin::Pin<Box<dyn std::future::Future<Output = (Copy, Result<(), Failure>)> + Send>>;
+    type Acked = std::pin::Pin<
+        Box<dyn std::future::Future<Output = (NodeCopy, Result<(), Failure>)> + Send>,
+    >;
     let mut in_flight: FuturesUnordered<Acked> = FuturesUnordered::new();
-    let mut retries: VecDeque<(tokio::time::Instant, Copy)> = VecDeque::new();
+    let mut retries: VecDeque<(tokio::time::Instant, NodeCopy)> = VecDeque::new();
     let mut recheck = tokio::time::interval(MAX_BACKOFF);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let publish = |c: Copy| {
+    let publish = |c: NodeCopy| {
         let js = js.clone();
         async move {
             let mut headers = async_nats::HeaderMap::new();
@@ -302,7 +303,7 @@ pub(super) async fn send(
                     refused: AtomicBool::new(false),
                 });
                 for node in &o.nodes {
-                    let c = Copy {
+                    let c = NodeCopy {
                         out: Arc::clone(&out),
                         subject: names.node_subject(node),
                         id: format!("{origin:016x}-{seq}-{node}"),
@@ -334,7 +335,7 @@ struct Failure {
 
 /// A copy JetStream can never take: counted, logged, and its message's publisher told
 /// ([`Outcome::Refused`]) once its other copies are done with.
-fn refuse(broker: &BrokerState, warned: &mut Throttle, c: Copy, e: &str) {
+fn refuse(broker: &BrokerState, warned: &mut Throttle, c: NodeCopy, e: &str) {
     ClusterStatus::add(&broker.cluster.errors, 1);
     if warned.due() {
         tracing::warn!(subject = %c.subject, "cluster: JetStream cannot take a message for another node (raise max_payload on the NATS servers to carry it; counted in cluster/messages/errors; at most one warning a minute): {e}");
