@@ -388,3 +388,119 @@ impl ClusterQos {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn message(topic: &str, qos: QoS) -> Arc<Message> {
+        Arc::new(Message::for_test(topic, Bytes::from_static(b"x"), qos))
+    }
+
+    fn started() -> (ClusterQos, mpsc::UnboundedReceiver<Outgoing>) {
+        let qos = ClusterQos::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        qos.start(tx, 1000, Duration::from_secs(30));
+        (qos, rx)
+    }
+
+    #[test]
+    fn a_gate_tells_its_first_outcome_to_every_waiter_once() {
+        let gate = Gate::new();
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let t = Arc::clone(&told);
+        gate.on_done(Box::new(move |o| t.lock().push(o)));
+        assert!(!gate.is_done());
+        gate.resolve(Outcome::Held);
+        gate.resolve(Outcome::TimedOut);
+        let t = Arc::clone(&told);
+        gate.on_done(Box::new(move |o| t.lock().push(o)));
+        assert_eq!(*told.lock(), [Outcome::Held, Outcome::Held]);
+    }
+
+    #[test]
+    fn only_qos_1_and_2_messages_other_nodes_want_are_handed_off() {
+        let (qos, mut rx) = started();
+        qos.want("b", "a/+", true);
+        qos.want("c", "a/x", true);
+        qos.want("c", "$share/g/z/#", true);
+        qos.want("", "$share/h/y", true);
+        // Off, QoS 0, `$` topics, topics nobody else wants: nothing to wait for.
+        assert!(ClusterQos::default()
+            .offer(&message("a/x", QoS::AtLeastOnce))
+            .is_none());
+        assert!(qos.offer(&message("a/x", QoS::AtMostOnce)).is_none());
+        assert!(qos.offer(&message("$x/a", QoS::AtLeastOnce)).is_none());
+        assert!(qos.offer(&message("z/1", QoS::AtLeastOnce)).is_none());
+        assert!(qos.offer(&message("y", QoS::ExactlyOnce)).is_none());
+        // Groups, here or there, are for NATS core.
+        assert!(qos.for_a_group("z/1") && qos.for_a_group("y") && !qos.for_a_group("a/x"));
+        let gate = qos
+            .offer(&message("a/x", QoS::ExactlyOnce))
+            .expect("handed off");
+        let out = rx.try_recv().expect("queued");
+        let mut nodes: Vec<&str> = out.nodes.iter().map(|n| &**n).collect();
+        nodes.sort();
+        assert_eq!(nodes, ["b", "c"]);
+        assert_eq!(out.cost, 2 * message("a/x", QoS::ExactlyOnce).size() as u64);
+        assert!(!gate.is_done());
+        qos.settled(out.cost);
+        // A node's whole set replaces what was known of it.
+        qos.replace("c", &HashSet::from(["q".to_string()]));
+        assert!(!qos.for_a_group("z/1"));
+        qos.offer(&message("a/x", QoS::AtLeastOnce)).expect("b");
+        assert_eq!(rx.try_recv().expect("queued").nodes.len(), 1);
+        qos.offer(&message("q", QoS::AtLeastOnce)).expect("c");
+    }
+
+    #[test]
+    fn a_node_gone_stays_a_destination_until_max_age() {
+        let (qos, _rx) = started();
+        qos.want("b", "t", true);
+        qos.gone("b");
+        qos.forget_gone(Duration::from_secs(3600));
+        assert!(qos.offer(&message("t", QoS::AtLeastOnce)).is_some());
+        // Back: no longer gone.
+        qos.want("b", "u", true);
+        qos.forget_gone(Duration::ZERO);
+        assert!(qos.offer(&message("t", QoS::AtLeastOnce)).is_some());
+        qos.gone("b");
+        qos.forget_gone(Duration::ZERO);
+        assert!(qos.offer(&message("t", QoS::AtLeastOnce)).is_none());
+        assert!(qos.offer(&message("u", QoS::AtLeastOnce)).is_none());
+    }
+
+    #[test]
+    fn pending_bytes_over_the_bound_hold_publishers_until_settled() {
+        let (qos, mut rx) = started();
+        qos.want("b", "#", true);
+        let mut costs = 0;
+        while !qos.over() {
+            qos.offer(&message("t", QoS::AtLeastOnce))
+                .expect("handed off");
+            costs += rx.try_recv().expect("queued").cost;
+        }
+        assert!(costs > 1000);
+        qos.settled(costs);
+        assert!(!qos.over());
+    }
+
+    #[test]
+    fn gates_older_than_the_timeout_are_told_timed_out() {
+        let qos = ClusterQos::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        qos.start(tx, 1000, Duration::ZERO);
+        qos.want("b", "t", true);
+        let held = qos.offer(&message("t", QoS::AtLeastOnce)).expect("a");
+        held.resolve(Outcome::Held);
+        let late = qos.offer(&message("t", QoS::AtLeastOnce)).expect("b");
+        assert_eq!(qos.expire(), 1);
+        assert!(late.is_done());
+        let told = Arc::new(Mutex::new(None));
+        let t = Arc::clone(&told);
+        late.on_done(Box::new(move |o| *t.lock() = Some(o)));
+        assert_eq!(*told.lock(), Some(Outcome::TimedOut));
+        assert_eq!(qos.expire(), 0);
+    }
+}

@@ -166,8 +166,9 @@ impl BrokerState {
     /// Subscription Identifiers are not kept. Returns whether any subscription matched, once
     /// the back pressure it met is over and, when another node wants it at QoS 1 or 2, once
     /// JetStream holds it; `Err` with the reason code of a refusal, 0x89 (Server busy) when
-    /// JetStream did not take it within `jetstream_ack_timeout` (it is still sent), or 0x83
-    /// (Implementation specific error) when JetStream can never take it (too large).
+    /// JetStream did not take it within `jetstream_ack_timeout` (it is still sent), or 0x95
+    /// (Packet too large) when JetStream can never take it (over the NATS servers'
+    /// `max_payload`).
     pub(crate) async fn enter(
         &self,
         from: Option<&Arc<Session>>,
@@ -186,7 +187,7 @@ impl BrokerState {
             match gate.wait().await {
                 Outcome::Held => {}
                 Outcome::TimedOut => return Err(ReasonCode::SERVER_BUSY),
-                Outcome::Refused => return Err(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR),
+                Outcome::Refused => return Err(ReasonCode::PACKET_TOO_LARGE),
             }
         }
         if let (Some(p), Some(s)) = (self.persist.get(), from) {

@@ -13,14 +13,14 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::{Action, AuthContinuation, AuthStep, ConnectInfo, DenyReason};
 use crate::broker::access::subscription_topic;
-use crate::broker::message_of;
+use crate::broker::{message_of, BrokerState};
 use crate::cluster_qos::Outcome;
 use crate::codec::{
     self, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
     ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
 };
 use crate::events::{Event, SubscribedFilter};
-use crate::link::DisconnectReason;
+use crate::link::{DisconnectReason, Link};
 use crate::session::{Granted, OutboundState, Session};
 use crate::stats::Counters;
 use crate::topic;
@@ -62,7 +62,25 @@ fn read_lean<'a, R: AsyncRead + Unpin>(
     })
 }
 
-/// The close for a packet that cannot be decoded.
+/// Sends PUBACK, PUBREC or PUBCOMP on `link`: with durable_ack, once storage has committed
+/// what the packet acknowledges (and everything before it).
+fn acknowledge(broker: &BrokerState, link: &Arc<Link>, version: ProtocolVersion, packet: Packet) {
+    match broker.persist.get().filter(|p| p.durable_ack()) {
+        Some(p) => {
+            let link = Arc::clone(link);
+            p.after_commit(Box::new(move |held| {
+                if held {
+                    link.send(&packet, version);
+                } else {
+                    // Closed instead, so that the client sends it again.
+                    link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
+                }
+            }));
+        }
+        None => link.send(&packet, version),
+    }
+}
+
 /// The answer to a PUBLISH whose message JetStream can never take for the other nodes: 5.0
 /// gets 0x83 (Implementation specific error) instead of success, and a PUBREC with it ends
 /// the QoS 2 flow (no PUBREL follows), so its packet identifier is free again; 3.x keeps
@@ -91,6 +109,7 @@ fn refused(packet: Packet, version: ProtocolVersion, session: &Session) -> Packe
     }
 }
 
+/// The close for a packet that cannot be decoded.
 fn undecodable(e: DecodeError, client_id: &str) -> Close {
     let mut why = e.to_string();
     if let DecodeError::PacketTooLarge { .. } = e {
@@ -553,16 +572,7 @@ impl<'a> Reader<'a> {
                 // is told 0x83 (Implementation specific error), 3.x acknowledged.
                 Outcome::Refused => refused(packet, version, &session),
             };
-            match broker.persist.get().filter(|p| p.durable_ack()) {
-                Some(p) => p.after_commit(Box::new(move |held| {
-                    if held {
-                        link.send(&packet, version);
-                    } else {
-                        link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
-                    }
-                })),
-                None => link.send(&packet, version),
-            }
+            acknowledge(&broker, &link, version, packet);
         }));
     }
 
@@ -593,20 +603,7 @@ impl<'a> Reader<'a> {
     /// Sends PUBACK, PUBREC or PUBCOMP: with durable_ack, once storage has committed what
     /// the packet acknowledges (and everything before it).
     fn send_acknowledgement(&self, packet: Packet) {
-        match self.c.broker.persist.get().filter(|p| p.durable_ack()) {
-            Some(p) => {
-                let (link, version) = (Arc::clone(&self.c.link), self.c.version);
-                p.after_commit(Box::new(move |held| {
-                    if held {
-                        link.send(&packet, version);
-                    } else {
-                        // Closed instead, so that the client sends it again.
-                        link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
-                    }
-                }));
-            }
-            None => self.send(packet),
-        }
+        acknowledge(&self.c.broker, &self.c.link, self.c.version, packet);
     }
 
     /// A PUBLISH frame when neither access checks nor interceptors are configured: decoded
