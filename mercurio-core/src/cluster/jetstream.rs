@@ -379,6 +379,7 @@ pub(super) async fn take_in(
 ) {
     let node = cfg.node_name.clone();
     let stream_config = names.stream_config(&cfg);
+    // Unbounded, but JetStream hands out at most MAX_ACK_PENDING unacknowledged messages.
     let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<Ack>();
     // Acknowledgements go out in the order given, on a task of their own.
     let acks = tokio::spawn(async move {
