@@ -313,3 +313,49 @@ fn a_subscribers_node_killed_and_restarted_gets_every_message_acknowledged_meanw
         duplicates(&got)
     );
 }
+
+#[test]
+fn a_publisher_waits_while_nats_is_down_and_is_acknowledged_once_jetstream_has_the_message() {
+    const TEST: &str =
+        "a_publisher_waits_while_nats_is_down_and_is_acknowledged_once_jetstream_has_the_message";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let port = nats.port;
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 120\n";
+    let mut a = ClusterNode::start("a", &[nats.url()], "", keys);
+    let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("q/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    let mut publisher = client(&a.daemon, "pub", false);
+    publisher.publish("q/1", b"before", QoS::AtLeastOnce, false);
+    assert_eq!(&sub.expect_publish().payload[..], b"before");
+
+    // NATS goes away: a QoS 1 message for B is not acknowledged (its PINGRESP, asked for
+    // after it, comes first) [MQTT-4.3.2-1].
+    drop(nats);
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    let id = publisher.publish_packet("q/1", b"during", QoS::AtLeastOnce, false);
+    publisher.send(Packet::PingReq);
+    assert!(matches!(publisher.recv(), Some(Packet::PingResp)));
+
+    // NATS is back, its JetStream empty: the nodes make the stream and B's consumer again,
+    // A's message goes in, its PUBACK follows, and B's subscriber gets it.
+    let nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    assert!(matches!(publisher.recv(), Some(Packet::PubAck(p)) if p.packet_id == id));
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"during"[..]));
+    sub.ack(&p);
+    // Through the new server's stream, made again: the one message.
+    let state = nats
+        .stream_state("mercurio_qos")
+        .expect("the stream made again");
+    assert_eq!(state["last_seq"], 1);
+}
