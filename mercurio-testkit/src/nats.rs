@@ -54,7 +54,7 @@ impl NatsServer {
     /// [`NatsServer::start`] with its client port `port` (0: a free one), to start it again
     /// where clients expect it.
     pub fn start_on(test: &str, port: u16) -> Option<NatsServer> {
-        NatsServer::launch(test, port, None)
+        NatsServer::launch(test, port, None, None)
     }
 
     /// A member of a NATS cluster (no JetStream, and not advertising the other members to its
@@ -68,14 +68,14 @@ impl NatsServer {
         cluster_port: u16,
         routes: &[u16],
     ) -> Option<NatsServer> {
-        NatsServer::launch(test, port, Some((cluster_port, routes)))
+        NatsServer::launch(test, port, Some((cluster_port, routes)), None)
     }
 
     /// A member of a NATS cluster whose routes change at run time: as
     /// [`NatsServer::start_clustered`], configured through a file that [`NatsServer::route_to`]
     /// rewrites. It starts with no route: a partition, until routes are added.
     pub fn start_partitioned(test: &str, cluster_port: u16) -> Option<NatsServer> {
-        NatsServer::launch(test, 0, Some((cluster_port, &[])))
+        NatsServer::launch(test, 0, Some((cluster_port, &[])), None)
     }
 
     /// Rewrites this server's configuration with routes to the members whose cluster ports
@@ -95,7 +95,14 @@ impl NatsServer {
         self.monitor("/routez")["num_routes"].as_u64().unwrap_or(0)
     }
 
-    fn launch(test: &str, port: u16, cluster: Option<(u16, &[u16])>) -> Option<NatsServer> {
+    /// nats-server alone with JetStream (`cluster` `None`), or a member of a NATS cluster:
+    /// without JetStream, or with it as the server `jetstream_member` names.
+    fn launch(
+        test: &str,
+        port: u16,
+        cluster: Option<(u16, &[u16])>,
+        jetstream_member: Option<&str>,
+    ) -> Option<NatsServer> {
         let Some(bin) = nats_server_bin() else {
             prerequisite(
                 test,
@@ -120,7 +127,16 @@ impl NatsServer {
                 // reread. Clients keep to the server they were given (`no_advertise`): a test
                 // stopping it cuts them off NATS, rather than sending them to another member.
                 let conf = dir.path().join("nats.conf");
-                std::fs::write(&conf, cluster_conf(cluster_port, routes)).expect("nats.conf");
+                let mut text = String::new();
+                if let Some(name) = jetstream_member {
+                    // A JetStream cluster needs each server named.
+                    text = format!(
+                        "server_name: {name}\njetstream {{\n  store_dir: {:?}\n}}\n",
+                        dir.path().join("js").display().to_string()
+                    );
+                }
+                text.push_str(&cluster_conf(cluster_port, routes));
+                std::fs::write(&conf, text).expect("nats.conf");
                 command.arg("-c").arg(&conf);
             }
         }
@@ -237,7 +253,12 @@ impl NatsCluster {
                 .filter(|p| p != port)
                 .collect();
             let name = format!("n{}", i + 1);
-            servers.push(NatsServer::launch_jetstream(test, &name, *port, &routes)?);
+            servers.push(NatsServer::launch(
+                test,
+                0,
+                Some((*port, &routes)),
+                Some(&name),
+            )?);
         }
         let cluster = NatsCluster { servers };
         let deadline = Instant::now() + DEADLINE;
@@ -263,56 +284,6 @@ impl NatsCluster {
 }
 
 impl NatsServer {
-    /// A JetStream member of a NATS cluster named `name`, with routes to the members whose
-    /// cluster ports are `routes` (see [`NatsCluster`]).
-    fn launch_jetstream(
-        test: &str,
-        name: &str,
-        cluster_port: u16,
-        routes: &[u16],
-    ) -> Option<NatsServer> {
-        let Some(bin) = nats_server_bin() else {
-            prerequisite(
-                test,
-                Err("nats-server is not installed; install: apt-get install nats-server".into()),
-            );
-            return None;
-        };
-        let dir = tempfile::tempdir().expect("temp dir");
-        let (port, monitor_port) = (free_port(), free_port());
-        let conf = dir.path().join("nats.conf");
-        let store = dir.path().join("js");
-        std::fs::write(
-            &conf,
-            format!(
-                "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{monitor_port}\"\n\
-                 jetstream {{\n  store_dir: {:?}\n}}\n{}",
-                store.display().to_string(),
-                cluster_conf(cluster_port, routes)
-            ),
-        )
-        .expect("nats.conf");
-        let mut command = Command::new(bin);
-        command.arg("-c").arg(&conf);
-        let proc = Proc::spawn_merged("nats-server", &mut command);
-        let deadline = Instant::now() + DEADLINE;
-        for p in [port, monitor_port] {
-            while TcpStream::connect(("127.0.0.1", p)).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "nats-server does not listen on port {p}"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        Some(NatsServer {
-            proc,
-            port,
-            monitor_port,
-            _dir: dir,
-        })
-    }
-
     /// The state of the JetStream stream `name` on this server (`/jsz?streams=true`:
     /// `messages`, `bytes`, `first_seq`, `last_seq`...); `None` when it holds no such stream.
     pub fn stream_state(&self, name: &str) -> Option<serde_json::Value> {
