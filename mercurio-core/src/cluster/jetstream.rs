@@ -25,7 +25,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::envelope::Envelope;
-use super::{dedup, unreadable, Throttle};
+use super::{dedup, inbound_message, routable, unreadable, Throttle};
 use crate::broker::BrokerState;
 use crate::cluster_qos::{Gate, Outcome, Outgoing};
 use crate::cluster_status::ClusterStatus;
@@ -504,7 +504,7 @@ fn receive(
     age: Option<u32>,
 ) -> Option<Message> {
     let status = &broker.cluster;
-    let env = match Envelope::decode(m.payload.clone()) {
+    let mut env = match Envelope::decode(m.payload.clone()) {
         Ok(env) => env,
         Err(e) => {
             unreadable(
@@ -520,13 +520,11 @@ fn receive(
         ClusterStatus::add(&status.duplicates, 1);
         return None;
     }
-    let Some(topic) = env.topic else {
+    let Some(topic) = env.topic.take() else {
         unreadable(status, warned, &m.subject, "a message without its topic");
         return None;
     };
-    if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
-        let what = format!("a message on {topic:?}, a topic not routed between nodes");
-        unreadable(status, warned, &m.subject, &what);
+    if !routable(status, warned, &m.subject, &topic) {
         return None;
     }
     let expiry = match env.expiry {
@@ -537,18 +535,6 @@ fn receive(
         },
         None => None,
     };
-    ClusterStatus::add(&status.messages_in, 1);
-    ClusterStatus::add(&status.bytes_in, env.payload.len() as u64);
     ClusterStatus::add(&status.jetstream_in, 1);
-    Some(Message {
-        topic,
-        payload: env.payload,
-        qos: env.qos,
-        retain: env.retain,
-        properties: env.properties,
-        expires_at: Message::expiry_deadline(expiry, Instant::now()),
-        publisher: Some(Arc::clone(publisher)),
-        encoded: Default::default(),
-        stored: Default::default(),
-    })
+    Some(inbound_message(status, publisher, topic, env, expiry))
 }

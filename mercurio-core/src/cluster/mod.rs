@@ -712,7 +712,7 @@ fn receive(
     m: async_nats::Message,
 ) -> Option<Message> {
     let status = &broker.cluster;
-    let env = match Envelope::decode(m.payload) {
+    let mut env = match Envelope::decode(m.payload) {
         Ok(env) => env,
         Err(e) => {
             unreadable(
@@ -735,7 +735,7 @@ fn receive(
         ClusterStatus::add(&status.duplicates, 1);
         return None;
     }
-    let topic = match env.topic {
+    let topic = match env.topic.take() {
         Some(t) if *m.subject == *long_subject => t,
         _ => match subject::subject_topic(prefix, &m.subject) {
             Ok(t) => t,
@@ -750,9 +750,7 @@ fn receive(
             }
         },
     };
-    if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
-        let what = format!("a message on {topic:?}, a topic not routed between nodes");
-        unreadable(status, warned, &m.subject, &what);
+    if !routable(status, warned, &m.subject, &topic) {
         return None;
     }
     if let Some(full) = group {
@@ -764,19 +762,44 @@ fn receive(
             return None;
         }
     }
+    let expiry = env.expiry;
+    Some(inbound_message(status, publisher, topic, env, expiry))
+}
+
+/// Whether `topic`, from another node, may be routed here: a valid topic name, not a `$`
+/// topic; if not, it is counted and logged.
+fn routable(status: &ClusterStatus, warned: &mut Throttle, subject: &str, topic: &str) -> bool {
+    if crate::topic::validate_topic_name(topic).is_err() || topic.starts_with('$') {
+        let what = format!("a message on {topic:?}, a topic not routed between nodes");
+        unreadable(status, warned, subject, &what);
+        return false;
+    }
+    true
+}
+
+/// The message `env` from another node carries, on `topic` with `expiry` seconds left, as
+/// published by the link's session `publisher` (No Local keeps it from going back out);
+/// counted in.
+fn inbound_message(
+    status: &ClusterStatus,
+    publisher: &Arc<str>,
+    topic: String,
+    env: Envelope,
+    expiry: Option<u32>,
+) -> Message {
     ClusterStatus::add(&status.messages_in, 1);
     ClusterStatus::add(&status.bytes_in, env.payload.len() as u64);
-    Some(Message {
+    Message {
         topic,
         payload: env.payload,
         qos: env.qos,
         retain: env.retain,
         properties: env.properties,
-        expires_at: Message::expiry_deadline(env.expiry, Instant::now()),
+        expires_at: Message::expiry_deadline(expiry, Instant::now()),
         publisher: Some(Arc::clone(publisher)),
         encoded: Default::default(),
         stored: Default::default(),
-    })
+    }
 }
 
 /// Counts a message from NATS that cannot be routed, and logs it (a warning at most once a
