@@ -911,6 +911,13 @@ mod tests {
         assert!(e.message.contains("password_file"), "{e}");
         let e = err("[cluster]\nnats_url = [\"n:1\"]\n");
         assert!(e.message.contains("nats_url"), "{e}");
+        let e =
+            err("[cluster]\nnats_urls = [\"n:1\"]\nnode_name = \"a\"\njetstream_replicas = 7\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.jetstream_replicas"));
+        assert_eq!(e.line, Some(4));
+        assert!(e.message.contains("1 to 5"), "{e}");
+        let e = err("[cluster]\njetstream = false\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.nats_urls"));
         let c = parse(
             Path::new("m.toml"),
             "[cluster]\nnats_urls = [\"nats://n:4222\"]\nnode_name = \"node-1\"\n",
@@ -918,6 +925,8 @@ mod tests {
         .expect("a valid [cluster]");
         assert!(c.cluster.enabled());
         assert_eq!(c.cluster.prefix(), "mercurio");
+        assert!(c.cluster.jetstream_on());
+        assert_eq!(c.cluster.jetstream_ack_timeout().as_secs(), 30);
     }
 
     #[test]

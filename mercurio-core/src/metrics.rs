@@ -651,6 +651,26 @@ fn cluster_families(c: crate::cluster_status::ClusterInfo) -> Vec<Family> {
             "Times NATS dropped messages for this node as a slow consumer",
             c.slow_consumer,
         ),
+        Family::counter(
+            "mercurio_cluster_jetstream_out",
+            "QoS 1/2 messages JetStream took for other nodes",
+            c.jetstream_out,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_in",
+            "QoS 1/2 messages from other nodes taken from JetStream and routed here",
+            c.jetstream_in,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_retries",
+            "Copies published to JetStream again after it did not acknowledge them",
+            c.jetstream_retries,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_timeouts",
+            "Messages JetStream did not take within jetstream_ack_timeout",
+            c.jetstream_timeouts,
+        ),
     ]
 }
 

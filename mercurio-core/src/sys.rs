@@ -271,6 +271,10 @@ impl SysPublisher {
                 ("messages/duplicates", c.duplicates),
                 ("messages/errors", c.errors),
                 ("slow_consumer", c.slow_consumer),
+                ("jetstream/out", c.jetstream_out),
+                ("jetstream/in", c.jetstream_in),
+                ("jetstream/retries", c.jetstream_retries),
+                ("jetstream/timeouts", c.jetstream_timeouts),
             ] {
                 v.push((format!("cluster/{name}"), value.to_string()));
             }

@@ -548,10 +548,14 @@ impl BrokerHandle {
     /// interceptors (which see an empty client identifier), routing, then back pressure: the
     /// future resolves once every subscriber it fed that is over its high-water mark and
     /// still taking messages is back under its low-water mark (or stalled, or gone), as a
-    /// network publisher is held.
+    /// network publisher is held; in cluster mode, a QoS 1 or 2 message another node wants
+    /// resolves once JetStream holds it (docs/cluster.md, "QoS across nodes").
     ///
     /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, or a refusal
-    /// by a publish interceptor.
+    /// by a publish interceptor; in cluster mode, with reason code 0x89 (Server busy) when
+    /// JetStream did not take the message within `jetstream_ack_timeout` (it is still sent)
+    /// or 0x95 (Packet too large) when it never can (larger than the NATS servers'
+    /// `max_payload`).
     pub async fn publish(
         &self,
         topic: &str,

@@ -64,6 +64,22 @@ fn commented_values_are_the_defaults() {
     assert!(!config.cluster.enabled());
     assert_eq!(config.cluster.node_name, "");
     assert_eq!(config.cluster.prefix(), "mercurio");
+    let d = mercurio_core::config::ClusterConfig::default();
+    assert_eq!(config.cluster.jetstream_on(), d.jetstream_on());
+    assert_eq!(config.cluster.jetstream_replicas(), d.jetstream_replicas());
+    assert_eq!(config.cluster.jetstream_max_age(), d.jetstream_max_age());
+    assert_eq!(
+        config.cluster.jetstream_max_bytes(),
+        d.jetstream_max_bytes()
+    );
+    assert_eq!(
+        config.cluster.jetstream_ack_timeout(),
+        d.jetstream_ack_timeout()
+    );
+    assert_eq!(
+        config.cluster.jetstream_max_pending_bytes(),
+        d.jetstream_max_pending_bytes()
+    );
 }
 
 #[test]
@@ -85,7 +101,7 @@ fn every_key_is_shown() {
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);
     assert_eq!(len("bridges"), 19);
-    assert_eq!(len("cluster"), 11);
+    assert_eq!(len("cluster"), 17);
     let bridges = table["bridges"].as_array().expect("bridges");
     let topics = bridges[0]["topics"].as_array().expect("bridges.topics");
     assert_eq!(topics[0].as_table().map(|t| t.len()), Some(5));
