@@ -135,6 +135,8 @@ def metrics(scn, rep, meta):
         m["reconnects/s"] = s.get("connect_per_s", 0)
         m["session present"] = s.get("session_present", 0)
         m["failed"] = s.get("failed", 0)
+        # The reconnect run's: the reconnects, then every client's DISCONNECT.
+        m["broker CPU s"] = meta.get("cpu_s", 0)
     elif k == "persist":
         p = rep.get("persistent", {})
         m["drain msg/s"] = p.get("drain_per_s", 0)
