@@ -82,7 +82,7 @@ for path in sorted(glob.glob(os.path.join(work, "*.json"))):
         order.append(scn)
 
 def kind(scn):
-    return ("storm" if scn.startswith("storm") else "flood" if scn.startswith("pingflood") else "idle" if scn.startswith(("idle", "connect"))
+    return ("storm" if scn.startswith("storm") else "flood" if scn.startswith("pingflood") else "idle" if scn.startswith("idle")
             else "sessions" if scn.startswith("sessions") else "persist" if scn.startswith("persistent")
             else "sweep" if scn.startswith("sweep") else "rate" if scn.startswith("lat")
             else "fleet" if scn.startswith("fleet") else "sat")
@@ -208,7 +208,7 @@ for scn in order:
         # Storm k of one broker and storm k of the other ran seconds apart: the ratio of each
         # such pair, over every round, is the steadiest comparison a shared machine allows.
         rates = {b: {(rnd, k): v for r, _, rnd in runs.get((scn, b), [])
-                     for k, v in enumerate(r.get("storm", {}).get("rates_per_s", []))} for b in cols}
+                     for k, v in enumerate(r.get("storm", {}).get("rates_per_s", [])) if v} for b in cols}
         cells = [fmt(statistics.median(rates[b].values())) if rates[b] else "-" for b in cols]
         rs = []
         for b in ratios:
@@ -411,19 +411,23 @@ run_storms() { # name, recado arguments, round
         python3 - "$WORK/storms" "$name.$broker.$round" >"$WORK/$name.$broker.$round.json" <<'PY'
 import glob, json, statistics, sys
 d, stem = sys.argv[1], sys.argv[2]
-rates, p99s, cpu, failed = [], [], [], 0
-for out in sorted(glob.glob(f"{d}/{stem}.*.out")):
+rates, by_storm, p99s, cpu, failed = [], [], [], [], 0
+# Storm by storm in the order they ran (None for one that reported nothing), so that storm k
+# of one broker is compared with storm k of the other.
+for out in sorted(glob.glob(f"{d}/{stem}.*.out"), key=lambda p: int(p.rsplit(".", 2)[1])):
     try:
         i = json.loads(open(out).read().strip().splitlines()[-1])["idle"]
     except Exception:
+        by_storm.append(None)
         continue
+    by_storm.append(i["connect_per_s"])
     failed += i["failed"]
     rates.append(i["connect_per_s"])
     p99s.append(i["connect_p99_us"])
     ns = int(open(out[:-4] + ".cpu_ns").read() or 0)
     # The CPU of the whole storm (connects, the 0.1 s hold, the disconnects) per connection.
     cpu.append(ns / 1000 / max(i["connected"], 1))
-print(json.dumps({"storm": {"storms": len(rates), "rates_per_s": rates, "failed": failed,
+print(json.dumps({"storm": {"storms": len(rates), "rates_per_s": by_storm, "failed": failed,
     "median_per_s": statistics.median(rates) if rates else 0, "best_per_s": max(rates, default=0),
     "median_p99_us": statistics.median(p99s) if p99s else 0,
     "median_cpu_us_per_connect": statistics.median(cpu) if cpu else 0}}))

@@ -1,12 +1,12 @@
 //! Local addresses the generator's connections come from (`--source-net`).
 //!
-//! Every connection from one address to the broker's address and port takes a local port,
-//! and a port stays taken for a minute after the connection closes (TIME_WAIT, on whichever
-//! side closed first). A run right after another then connects among thousands of ports
-//! still held by the run before, and the kernel's search for a free one slows its connects:
-//! the second of two runs measures the first one's leftovers. All of 127.0.0.0/8 is
-//! loopback, so each run can come from its own addresses (e.g. 127.0.ROUND.1 to
-//! 127.0.ROUND.254), where no port was ever used.
+//! A closed connection stays in TIME_WAIT for a minute on the side that closed first, its
+//! addresses and ports taken. A run right after another then connects among thousands of
+//! them: the generator's search for a free local port (when it closed first) or the broker's
+//! TIME_WAIT entries for the same address and port pairs (when the broker did) slow its
+//! connects, and the second of two runs measures the first one's leftovers. All of
+//! 127.0.0.0/8 is loopback, so each run can come from its own addresses (e.g. 127.0.ROUND.1
+//! to 127.0.ROUND.254), with which no connection was ever made.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
