@@ -17,11 +17,10 @@
 //! (`tokio::task::yield_now`, which the current-thread scheduler answers by polling its
 //! sockets without blocking) until a whole window passes with no activity. An isolated event
 //! (a keep alive PINGREQ of an idle fleet, a message of a slow steady stream) costs a read of
-//! the clock, not a wake-up of the spinner: at a few thousand messages a second most reads are
-//! isolated, and a task's wake-up and poll for each was a measurable part of the broker's
-//! work per message. Only the current-thread runtime (mercuriod's default) is served:
-//! there the spinner's loop is the runtime's own socket poll; on a multi-threaded runtime it
-//! is not started.
+//! the clock, not a wake-up of the spinner (at a few thousand messages a second the spinner
+//! sleeps or rests nearly all the time, and a read would otherwise wake it for nothing).
+//! Only the current-thread runtime (mercuriod's default) is served: there the spinner's loop
+//! is the runtime's own socket poll; on a multi-threaded runtime it is not started.
 //!
 //! Polling pays only when the loop is nearly full: then the gaps between events are short and
 //! each one it bridges saves a CPU wake-up that would delay the next window. Below that (a fleet
