@@ -35,7 +35,8 @@ use crate::error::StorageError;
 use crate::records::{InflightRecord, QueuedRecord, StoredMessage, SubscriptionRecord, WillRecord};
 use crate::refs::Refs;
 use crate::rows::{
-    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
+    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, STREAM_ENTRY_COLUMNS,
+    SUBSCRIPTION_COLUMNS,
 };
 use crate::{LoadedState, SetAside, Storage};
 use queue::QueueChanges;
@@ -559,7 +560,45 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute("DELETE FROM messages WHERE refs <= 0", [])?;
     tx.execute("UPDATE messages SET released = 0 WHERE released = 1", [])?;
+    // A message only stream entries refer to is read back with them, never held: it goes
+    // with its last entry.
+    tx.execute(
+        "UPDATE messages SET released = 1 FROM (SELECT message_id, count(*) AS n \
+         FROM stream_entries GROUP BY message_id) s \
+         WHERE s.message_id = messages.id AND messages.refs <= s.n",
+        [],
+    )?;
     tx.commit()
+}
+
+/// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
+/// later, with their messages (an unreadable one left out).
+fn read_stream(
+    conn: &Connection,
+    stream: &str,
+    from_offset: u64,
+    from_time_ms: u64,
+    max: usize,
+) -> rusqlite::Result<Vec<crate::StreamEntryRead>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {STREAM_ENTRY_COLUMNS} FROM stream_entries e JOIN messages m \
+         ON m.id = e.message_id WHERE e.stream = ?1 AND e.entry_offset >= ?2 \
+         AND e.time_ms >= ?3 ORDER BY e.entry_offset LIMIT ?4"
+    ))?;
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let mut found = stmt.query(params![
+        stream,
+        clamp(from_offset),
+        clamp(from_time_ms),
+        clamp(max as u64)
+    ])?;
+    let mut out = Vec::new();
+    while let Some(row) = found.next()? {
+        if let Ok(e) = rows::stream_entry(row) {
+            out.push(e);
+        }
+    }
+    Ok(out)
 }
 
 /// The readable stored messages among `ids` (sorted, without duplicates), in order: in
@@ -660,7 +699,7 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
     }
     state.retained = retained.into_values().collect();
     let mut stmt = conn.prepare(&format!(
-        "SELECT {STORED_COLUMNS} FROM messages ORDER BY id"
+        "SELECT {STORED_COLUMNS} FROM messages WHERE released = 0 ORDER BY id"
     ))?;
     let mut found = stmt.query([])?;
     let mut messages = Vec::new();
@@ -668,45 +707,48 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
         messages.push(rows::stored(row));
     }
     rows::attach_messages(&mut state, messages);
+    state.max_message_id = conn
+        .query_row("SELECT max(id) FROM messages", [], |r| {
+            r.get::<_, Option<i64>>(0)
+        })?
+        .map_or(0, |id| u64::try_from(id).unwrap_or(0));
+    // Each stream's counters, not its entries.
     let mut stmt = conn.prepare(
-        "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id, s.filter, \
-         s.max_age, s.max_bytes, s.last_value FROM streams s \
-         LEFT JOIN stream_entries e ON e.stream = s.name ORDER BY s.name, e.entry_offset",
+        "SELECT s.name, s.next_offset, \
+         (SELECT min(entry_offset) FROM stream_entries e JOIN messages m \
+          ON m.id = e.message_id WHERE e.stream = s.name), \
+         (SELECT e.time_ms FROM stream_entries e JOIN messages m ON m.id = e.message_id \
+          WHERE e.stream = s.name ORDER BY e.entry_offset LIMIT 1), \
+         (SELECT count(*) FROM stream_entries e JOIN messages m ON m.id = e.message_id \
+          WHERE e.stream = s.name), \
+         (SELECT total(length(CAST(m.topic AS BLOB)) + length(m.payload) \
+          + length(m.properties)) FROM stream_entries e JOIN messages m \
+          ON m.id = e.message_id WHERE e.stream = s.name), \
+         s.filter, s.max_age, s.max_bytes, s.last_value FROM streams s ORDER BY s.name",
     )?;
     let mut found = stmt.query([])?;
+    let unsigned = |v: Option<i64>| v.map_or(0, |v| u64::try_from(v).unwrap_or(0));
     while let Some(row) = found.next()? {
         let name: String = row.get(0)?;
-        let next_offset: i64 = row.get(1)?;
-        if state.streams.last().is_none_or(|s| s.name != name) {
-            let definition =
-                row.get::<_, Option<String>>(5)?
-                    .map(|filter| crate::StreamDefinition {
-                        filter,
-                        max_age: u64::try_from(row.get::<_, i64>(6).unwrap_or(0)).unwrap_or(0),
-                        max_bytes: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
-                        last_value: row.get::<_, bool>(8).unwrap_or(false),
-                    });
-            state.streams.push(crate::StreamRecord {
-                name,
-                next_offset: u64::try_from(next_offset).unwrap_or(0),
-                entries: Vec::new(),
-                definition,
+        let next_offset = unsigned(row.get(1)?);
+        let definition = row
+            .get::<_, Option<String>>(6)?
+            .map(|filter| crate::StreamDefinition {
+                filter,
+                max_age: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
+                max_bytes: u64::try_from(row.get::<_, i64>(8).unwrap_or(0)).unwrap_or(0),
+                last_value: row.get::<_, bool>(9).unwrap_or(false),
             });
-        }
-        let (Some(offset), Some(time_ms), Some(message_id)) = (
-            row.get::<_, Option<i64>>(2)?,
-            row.get::<_, Option<i64>>(3)?,
-            row.get::<_, Option<i64>>(4)?,
-        ) else {
-            continue;
-        };
-        if let Some(s) = state.streams.last_mut() {
-            s.entries.push(crate::StreamEntryRecord {
-                offset: u64::try_from(offset).unwrap_or(0),
-                time_ms: u64::try_from(time_ms).unwrap_or(0),
-                message_id: u64::try_from(message_id).unwrap_or(0),
-            });
-        }
+        let first: Option<i64> = row.get(2)?;
+        state.streams.push(crate::StreamRecord {
+            name,
+            next_offset,
+            first_offset: first.map_or(next_offset, |f| unsigned(Some(f))),
+            first_time_ms: unsigned(row.get(3)?),
+            messages: unsigned(row.get(4)?),
+            bytes: row.get::<_, f64>(5)? as u64,
+            definition,
+        });
     }
     Ok(state)
 }
@@ -1342,6 +1384,20 @@ impl Storage for SqliteStorage {
         ids.dedup();
         self.call(move |conn| load_messages(conn, &ids).map_err(classify))
             .await
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+    ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
+        let stream = stream.to_string();
+        self.call(move |conn| {
+            read_stream(conn, &stream, from_offset, from_time_ms, max).map_err(classify)
+        })
+        .await
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {

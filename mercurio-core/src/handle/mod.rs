@@ -292,7 +292,13 @@ impl BrokerBuilder {
                     checks_access,
                 )
                 .await?;
-                Some(loaded)
+                let streamed = crate::broker::restore::read_last_value_streams(
+                    storage.as_ref(),
+                    &loaded,
+                    &self.config.streams,
+                )
+                .await?;
+                Some((loaded, streamed))
             }
             None => None,
         };
@@ -345,7 +351,8 @@ impl BrokerBuilder {
             );
             inner.streams.set_persister(&persister);
             let _ = inner.persist.set(persister);
-            crate::broker::restore::restore(&inner, loaded);
+            let (loaded, streamed) = loaded;
+            crate::broker::restore::restore(&inner, loaded, streamed);
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());

@@ -49,6 +49,8 @@ pub(super) struct Statements {
     /// A new broker starts: messages nothing refers to go, the others are held by it.
     pub(super) delete_unreferenced: Statement,
     pub(super) hold_all: Statement,
+    /// ... but those only stream entries refer to: read back with them, never held.
+    pub(super) release_streamed: Statement,
     /// Streams: an entry appended (the stream's row made or moved on), entries trimmed
     /// below an offset, one entry removed, a stream deleted.
     pub(super) stream_define: Statement,
@@ -293,6 +295,14 @@ impl Statements {
             .await?,
             hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
                 .await?,
+            release_streamed: p(
+                "UPDATE mercurio_messages SET released = true WHERE refs = 0 AND NOT EXISTS \
+                 (SELECT 1 FROM mercurio_inflight f WHERE f.message_id = mercurio_messages.id) \
+                 AND EXISTS (SELECT 1 FROM mercurio_stream_entries e \
+                 WHERE e.message_id = mercurio_messages.id)"
+                    .into(),
+            )
+            .await?,
             stream_define: p(
                 "INSERT INTO mercurio_streams (name, next_offset, filter, max_age, \
                  max_bytes, last_value) VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (name) \
