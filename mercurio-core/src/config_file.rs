@@ -978,6 +978,21 @@ mod tests {
     }
 
     #[test]
+    fn stream_memory_bytes_is_at_least_64_kib() {
+        let c = parse(
+            Path::new("m.toml"),
+            "[storage]\nstream_memory_bytes = 65536\n",
+        )
+        .expect("parse");
+        assert_eq!(c.storage.stream_memory_bytes, 64 << 10);
+        let e = err("[storage]\nstream_memory_bytes = 0\n");
+        assert_eq!(
+            e.to_string(),
+            "m.toml:2: storage.stream_memory_bytes: must be a whole number of bytes, 65536 or more, not 0"
+        );
+    }
+
+    #[test]
     fn publish_rates_are_read_and_checked() {
         let c = parse(
             Path::new("m.toml"),

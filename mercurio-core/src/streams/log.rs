@@ -2,8 +2,9 @@
 //! (the tail) while, with storage, the older ones are only in storage.
 //!
 //! Offsets `[first, tail_from)` are in storage only: committed, read back in batches
-//! (`Storage::read_stream`); `[tail_from, next)` are in `tail`. The tail keeps at most
-//! [`TAIL_BYTES`] of entries, but never lets go of an entry before storage has committed it
+//! (`Storage::read_stream`); `[tail_from, next)` are in `tail`. The tail keeps at most its
+//! budget (`[storage] stream_memory_bytes`, each entry counted as [`entry_cost`]), but
+//! never lets go of an entry before storage has committed it
 //! (`committed`), so a read from storage never misses one. Without storage nothing is
 //! evicted: the log is the storage.
 
@@ -11,12 +12,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::message::Message;
-
-/// What a stream keeps in memory at most (its tail), counted as [`entry_cost`]: the entries
-/// older than that are read back from storage. Entries not yet committed stay whatever this
-/// says, and a `last_value` stream (one message per topic, like the retained messages) is
-/// held whole.
-pub(crate) const TAIL_BYTES: u64 = 8 << 20;
 
 /// What an entry costs in memory beyond its message's bytes: the shared message (its struct,
 /// topic and properties allocations, its cached encoding) and the entry itself.
@@ -54,6 +49,8 @@ pub(crate) struct Log {
     tail: VecDeque<Entry>,
     /// The sum of [`entry_cost`] over `tail`.
     tail_cost: u64,
+    /// What the tail keeps at most once committed, in [`entry_cost`] bytes.
+    budget: u64,
     /// The offset from which entries are in `tail`; those below are in storage only.
     tail_from: u64,
     /// The offset of the oldest entry held (the next one when empty).
@@ -78,11 +75,13 @@ pub(crate) struct Log {
     trimming: bool,
 }
 
-impl Default for Log {
-    fn default() -> Log {
+impl Log {
+    /// An empty log keeping at most `budget` bytes in memory (once committed).
+    pub(crate) fn new(budget: u64) -> Log {
         Log {
             tail: VecDeque::new(),
             tail_cost: 0,
+            budget,
             tail_from: 1,
             first: 1,
             first_time_ms: 0,
@@ -112,7 +111,7 @@ pub(crate) struct Counters {
 
 impl Log {
     /// A log as storage kept it at the restore: its counters, every entry in storage only.
-    pub(crate) fn restored(r: &mercurio_storage::StreamRecord) -> Log {
+    pub(crate) fn restored(r: &mercurio_storage::StreamRecord, budget: u64) -> Log {
         let next = r.next_offset.max(1);
         Log {
             tail_from: next,
@@ -122,8 +121,13 @@ impl Log {
             messages: r.messages,
             bytes: r.bytes,
             committed: next,
-            ..Log::default()
+            ..Log::new(budget)
         }
+    }
+
+    /// What the tail keeps at most once committed.
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget
     }
 
     /// Entries read back whole at the restore (a `last_value` stream), by offset: they go
@@ -339,7 +343,7 @@ impl Log {
     }
 
     /// Marks every entry below `upto` committed and lets go of the oldest in memory over
-    /// [`TAIL_BYTES`] (committed ones only); as [`evict`](Self::evict), the offset of the
+    /// its budget (committed ones only); as [`evict`](Self::evict), the offset of the
     /// next commit to await.
     pub(crate) fn committed(&mut self, upto: u64) -> Option<u64> {
         self.committed = self.committed.max(upto);
@@ -353,11 +357,11 @@ impl Log {
         self.commit_awaited = false;
     }
 
-    /// Lets go of the oldest committed entries while the tail is over [`TAIL_BYTES`]; the
+    /// Lets go of the oldest committed entries while the tail is over its budget; the
     /// next offset when a commit notification must be awaited first (over the budget with
     /// its oldest entry not committed, none awaited yet).
     pub(crate) fn evict(&mut self) -> Option<u64> {
-        while self.tail_cost > TAIL_BYTES {
+        while self.tail_cost > self.budget {
             let Some(front) = self.tail.front() else {
                 break;
             };
@@ -413,6 +417,9 @@ mod tests {
     use super::*;
     use crate::codec::QoS;
 
+    /// The budget of the logs tested: 8 MiB.
+    const TAIL: u64 = 8 << 20;
+
     fn msg(payload_len: usize) -> Arc<Message> {
         Arc::new(Message::for_test(
             "t/a",
@@ -426,7 +433,7 @@ mod tests {
     /// storage, the newest from memory.
     #[test]
     fn the_tail_lets_go_of_committed_entries_only() {
-        let mut log = Log::default();
+        let mut log = Log::new(TAIL);
         let big = msg(1 << 20);
         for i in 0..20 {
             log.push(&big, 1000 + i);
@@ -461,14 +468,14 @@ mod tests {
         );
         assert_eq!(log.evict(), None, "awaited already");
         assert_eq!(log.committed(21), None);
-        assert!(log.in_memory() as u64 * entry_cost(big.size() as u64) <= TAIL_BYTES);
+        assert!(log.in_memory() as u64 * entry_cost(big.size() as u64) <= TAIL);
     }
 
     /// Retention over entries in storage only: by bytes, by age, then in memory once none
     /// is left in storage only.
     #[test]
     fn retention_reads_the_stored_part_back() {
-        let mut log = Log::default();
+        let mut log = Log::new(TAIL);
         let m = msg(1 << 20);
         let size = m.size() as u64;
         for i in 0..20 {

@@ -159,11 +159,11 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn new(config: StreamConfig, runtime: bool) -> Arc<Stream> {
+    fn new(config: StreamConfig, runtime: bool, memory_bytes: u64) -> Arc<Stream> {
         Arc::new_cyclic(|me| Stream {
             runtime,
             config,
-            log: Mutex::new(Log::default()),
+            log: Mutex::new(Log::new(memory_bytes)),
             appended: Notify::new(),
             readers: AtomicUsize::new(0),
             persist: std::sync::OnceLock::new(),
@@ -252,7 +252,7 @@ impl Stream {
         entries: Option<Vec<Entry>>,
     ) {
         let mut log = self.log.lock();
-        *log = Log::restored(record);
+        *log = Log::restored(record, log.budget());
         if let Some(entries) = entries {
             log.restore_entries(entries);
         }
@@ -446,6 +446,8 @@ pub struct Streams {
     any: AtomicBool,
     /// The storage writer, for streams created after the start.
     persist: std::sync::OnceLock<Arc<Persister>>,
+    /// What each stream keeps in memory at most, with storage (bytes).
+    memory_bytes: u64,
     /// Readers by (client identifier, the `$stream/...` filter subscribed to).
     /// Lock: a leaf (nothing is taken under it; any lock may be held).
     readers: Mutex<HashMap<(Arc<str>, String), Running>>,
@@ -453,16 +455,19 @@ pub struct Streams {
 }
 
 impl Streams {
-    /// The streams of `[[streams]]` (a validated configuration), empty logs.
-    pub(crate) fn new(configs: &[StreamConfig]) -> Streams {
+    /// The streams of `[[streams]]` (a validated configuration), empty logs, each keeping
+    /// at most `memory_bytes` in memory when the broker has storage
+    /// (`[storage] stream_memory_bytes`).
+    pub(crate) fn new(configs: &[StreamConfig], memory_bytes: u64) -> Streams {
         Streams {
             list: RwLock::new(
                 configs
                     .iter()
                     .cloned()
-                    .map(|c| Stream::new(c, false))
+                    .map(|c| Stream::new(c, false, memory_bytes))
                     .collect(),
             ),
+            memory_bytes,
             any: AtomicBool::new(!configs.is_empty()),
             persist: std::sync::OnceLock::new(),
             readers: Mutex::new(HashMap::new()),
@@ -540,7 +545,7 @@ impl Streams {
         if list.iter().any(|s| s.config.name == config.name) {
             return Err(StreamRefused::Exists(config.name));
         }
-        let stream = Stream::new(config, runtime);
+        let stream = Stream::new(config, runtime, self.memory_bytes);
         if let Some(p) = self.persist.get() {
             let _ = stream.persist.set(Arc::clone(p));
         }
@@ -659,6 +664,7 @@ mod tests {
                 last_value,
             },
             false,
+            1 << 20,
         )
     }
 
