@@ -500,10 +500,14 @@ pub fn warnings(config: &Config) -> Vec<String> {
     for (i, s) in config.streams.iter().enumerate() {
         if s.max_bytes == 0 {
             warnings.push(format!(
-                "streams[{i}].max_bytes: stream {:?} has no byte limit: a stream is held in \
-                 memory (and in storage) and grows with what is published to {:?}{}; set \
-                 max_bytes to bound it",
+                "streams[{i}].max_bytes: stream {:?} has no byte limit: it grows {} with what \
+                 is published to {:?}{}; set max_bytes to bound it",
                 s.name,
+                if config.storage.backend == crate::config::StorageBackend::Memory {
+                    "in memory"
+                } else {
+                    "in storage"
+                },
                 s.filter,
                 if s.max_age == 0 {
                     " for ever"

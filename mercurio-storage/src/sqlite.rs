@@ -552,8 +552,8 @@ fn per_client<T>(
     Ok(out)
 }
 
-/// Deletes the messages the broker released that nothing refers to any more.
-const DELETE_RELEASED: &str = "DELETE FROM messages WHERE released = 1 AND refs <= 0";
+/// Deletes a message the broker released if nothing refers to it any more.
+const DELETE_RELEASED: &str = "DELETE FROM messages WHERE id = ?1 AND released = 1 AND refs <= 0";
 
 /// A new broker starts: messages nothing refers to go, and it holds every other one.
 fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
@@ -775,7 +775,7 @@ fn store_message(tx: &Transaction<'_>, stored: &StoredMessage) -> rusqlite::Resu
 fn release_message(tx: &Transaction<'_>, id: u64, refs: &mut Refs) -> rusqlite::Result<()> {
     tx.prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1")?
         .execute([to_i64(id)])?;
-    refs.release();
+    refs.release(id);
     Ok(())
 }
 
@@ -1270,9 +1270,10 @@ fn add_inbound(tx: &Transaction<'_>, client_id: &str, packet_id: u16) -> rusqlit
 /// Adds each message's net change of references to its count; a reference added to a
 /// message that is not stored refuses the batch (`Err` with the index of the change).
 fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<Result<(), usize>> {
-    let sweep = refs.sweeps();
+    let deltas = refs.take();
+    let candidates = refs.sweep_candidates(&deltas);
     let mut update = tx.prepare_cached("UPDATE messages SET refs = refs + ?2 WHERE id = ?1")?;
-    for (id, delta) in refs.take() {
+    for (&id, delta) in &deltas {
         if delta.net == 0 && delta.first_addition.is_none() {
             continue;
         }
@@ -1283,8 +1284,9 @@ fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<R
             }
         }
     }
-    if sweep {
-        tx.prepare_cached(DELETE_RELEASED)?.execute([])?;
+    let mut delete = tx.prepare_cached(DELETE_RELEASED)?;
+    for id in candidates {
+        delete.execute([to_i64(id)])?;
     }
     Ok(Ok(()))
 }

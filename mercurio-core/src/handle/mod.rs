@@ -813,7 +813,11 @@ impl BrokerHandle {
         let stream = self.inner.streams.create(config)?;
         tracing::info!(stream = %stream.name(), "stream created");
         if stream.config.max_bytes == 0 {
-            tracing::warn!(stream = %stream.name(), "stream created without max_bytes: it is held in memory and grows with what is published to its filter");
+            tracing::warn!(
+                stream = %stream.name(),
+                "stream created without max_bytes: it grows with what is published to its filter \
+                 (in storage, or in memory without storage)"
+            );
         }
         Ok(stream.info())
     }

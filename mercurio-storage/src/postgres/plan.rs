@@ -264,8 +264,9 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
             | Change::StreamDeleted { .. } => {
-                // In batch order, after the messages they refer to (stored first).
-                removes.get_or_insert(index);
+                // In batch order, after the messages they refer to (stored first). Removals
+                // delete the released messages they leave unreferenced themselves (no sweep
+                // over every released message, a long stream's included).
                 stream_ops(s, index, change, out);
                 continue;
             }
