@@ -45,7 +45,8 @@ impl Refs {
         self.deltas.entry(id).or_default().net -= n;
     }
 
-    /// Message `id` was released: it goes once nothing refers to it.
+    /// Message `id` was released with no reference stored: it goes at the end of the batch
+    /// unless the batch gave it one.
     pub(crate) fn release(&mut self, id: u64) {
         self.released.insert(id);
     }

@@ -771,11 +771,17 @@ fn store_message(tx: &Transaction<'_>, stored: &StoredMessage) -> rusqlite::Resu
     ])
 }
 
-/// Marks message `id` released; it is deleted at the end of the batch if nothing refers to it.
+/// Marks message `id` released; it is deleted at the end of the batch if nothing refers to it
+/// (a message still referred to, a stream's, is left alone unless the batch takes references
+/// from it).
 fn release_message(tx: &Transaction<'_>, id: u64, refs: &mut Refs) -> rusqlite::Result<()> {
-    tx.prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1")?
-        .execute([to_i64(id)])?;
-    refs.release(id);
+    let held: Option<i64> = tx
+        .prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1 RETURNING refs")?
+        .query_row([to_i64(id)], |r| r.get(0))
+        .optional()?;
+    if held.is_some_and(|n| n <= 0) {
+        refs.release(id);
+    }
     Ok(())
 }
 

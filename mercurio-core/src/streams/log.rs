@@ -345,10 +345,10 @@ impl Log {
     /// Marks every entry below `upto` committed and lets go of the oldest in memory over
     /// its budget (committed ones only); as [`evict`](Self::evict), the offset of the
     /// next commit to await.
-    pub(crate) fn committed(&mut self, upto: u64) -> Option<u64> {
+    pub(crate) fn committed(&mut self, upto: u64, out: &mut Vec<Entry>) -> Option<u64> {
         self.committed = self.committed.max(upto);
         self.commit_awaited = false;
-        self.evict()
+        self.evict(out)
     }
 
     /// A commit notification failed (storage does not hold something): nothing is let go
@@ -357,10 +357,11 @@ impl Log {
         self.commit_awaited = false;
     }
 
-    /// Lets go of the oldest committed entries while the tail is over its budget; the
-    /// next offset when a commit notification must be awaited first (over the budget with
-    /// its oldest entry not committed, none awaited yet).
-    pub(crate) fn evict(&mut self) -> Option<u64> {
+    /// Lets go of the oldest committed entries while the tail is over its budget, into
+    /// `out` (dropped by the caller once the log is unlocked: dropping a message may release
+    /// it to storage); the next offset when a commit notification must be awaited first (over
+    /// the budget with its oldest entry not committed, none awaited yet).
+    pub(crate) fn evict(&mut self, out: &mut Vec<Entry>) -> Option<u64> {
         while self.tail_cost > self.budget {
             let Some(front) = self.tail.front() else {
                 break;
@@ -377,7 +378,7 @@ impl Log {
             }
             self.tail_from = front.offset + 1;
             self.tail_cost -= entry_cost(front.msg.size() as u64);
-            self.tail.pop_front();
+            out.extend(self.tail.pop_front());
         }
         None
     }
@@ -438,11 +439,15 @@ mod tests {
         for i in 0..20 {
             log.push(&big, 1000 + i);
         }
-        assert_eq!(log.evict(), Some(21), "a commit is awaited first");
-        assert_eq!(log.evict(), None, "once");
+        assert_eq!(
+            log.evict(&mut Vec::new()),
+            Some(21),
+            "a commit is awaited first"
+        );
+        assert_eq!(log.evict(&mut Vec::new()), None, "once");
         assert_eq!(log.in_memory(), 20, "nothing uncommitted leaves memory");
         assert_eq!(
-            log.committed(11),
+            log.committed(11, &mut Vec::new()),
             Some(21),
             "still over the budget with uncommitted entries: the next commit is awaited"
         );
@@ -466,8 +471,8 @@ mod tests {
             (20, 1, 21),
             "counters hold both"
         );
-        assert_eq!(log.evict(), None, "awaited already");
-        assert_eq!(log.committed(21), None);
+        assert_eq!(log.evict(&mut Vec::new()), None, "awaited already");
+        assert_eq!(log.committed(21, &mut Vec::new()), None);
         assert!(log.in_memory() as u64 * entry_cost(big.size() as u64) <= TAIL);
     }
 
@@ -481,7 +486,7 @@ mod tests {
         for i in 0..20 {
             log.push(&m, 1000 + i);
         }
-        log.committed(21);
+        log.committed(21, &mut Vec::new());
         let stored: Vec<(u64, u64, u64)> =
             (1..log.tail_from()).map(|o| (o, 999 + o, size)).collect();
         let max_bytes = 15 * size;

@@ -272,6 +272,7 @@ impl Stream {
     pub(crate) fn append(&self, msg: &Arc<Message>, now_ms: u64) {
         let persist = self.persist.get();
         let name = &self.config.name;
+        let mut evicted = Vec::new();
         let await_commit = {
             let mut log = self.log.lock();
             let (offset, time_ms) = log.push(msg, now_ms);
@@ -287,11 +288,13 @@ impl Stream {
             }
             self.retain(&mut log, now_ms);
             if self.evicts() {
-                log.evict()
+                log.evict(&mut evicted)
             } else {
                 None
             }
         };
+        // Outside the lock: a message dropped may be released to storage.
+        drop(evicted);
         if let Some(upto) = await_commit {
             self.await_commit(persist, upto);
         }
@@ -308,15 +311,17 @@ impl Stream {
         let me = self.me.clone();
         p.after_commit(Box::new(move |ok| {
             if let Some(stream) = me.upgrade() {
+                let mut evicted = Vec::new();
                 let next = {
                     let mut log = stream.log.lock();
                     if ok {
-                        log.committed(upto)
+                        log.committed(upto, &mut evicted)
                     } else {
                         log.commit_failed();
                         None
                     }
                 };
+                drop(evicted);
                 if let Some(next) = next {
                     stream.await_commit(stream.persist.get(), next);
                 }
