@@ -771,16 +771,25 @@ fn store_message(tx: &Transaction<'_>, stored: &StoredMessage) -> rusqlite::Resu
     ])
 }
 
-/// Marks message `id` released; it is deleted at the end of the batch if nothing refers to it
-/// (a message still referred to, a stream's, is left alone unless the batch takes references
-/// from it).
-fn release_message(tx: &Transaction<'_>, id: u64, refs: &mut Refs) -> rusqlite::Result<()> {
-    let held: Option<i64> = tx
-        .prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1 RETURNING refs")?
-        .query_row([to_i64(id)], |r| r.get(0))
-        .optional()?;
-    if held.is_some_and(|n| n <= 0) {
-        refs.release(id);
+/// Marks the messages the batch released (`ids`, in statements of at most
+/// [`IDS_PER_READ`]); each is deleted at the end of the batch if nothing refers to it (a
+/// message still referred to, a stream's, is left alone unless the batch takes references
+/// from it). Last in the batch: nothing refers to a message again once it is released.
+fn release_messages(tx: &Transaction<'_>, ids: &[u64], refs: &mut Refs) -> rusqlite::Result<()> {
+    for chunk in ids.chunks(IDS_PER_READ) {
+        let marks = vec!["?"; chunk.len()].join(",");
+        let mut stmt = tx.prepare_cached(&format!(
+            "UPDATE messages SET released = 1 WHERE id IN ({marks}) RETURNING id, refs"
+        ))?;
+        let mut found = stmt.query(rusqlite::params_from_iter(
+            chunk.iter().map(|id| to_i64(*id)),
+        ))?;
+        while let Some(row) = found.next()? {
+            let (id, n): (i64, i64) = (row.get(0)?, row.get(1)?);
+            if n <= 0 {
+                refs.release(u64::try_from(id).unwrap_or(0));
+            }
+        }
     }
     Ok(())
 }
@@ -916,6 +925,8 @@ struct Pending<'c> {
     stored: HashSet<&'c str>,
     /// The `InflightSet` changes the batch removes again ([`cancelled_sets`]).
     cancelled: HashSet<usize>,
+    /// The messages the batch releases, marked at its end ([`release_messages`]).
+    released: Vec<u64>,
 }
 
 /// The indices of the `InflightSet` changes of `batch` whose entry a later
@@ -1056,7 +1067,7 @@ fn apply_one<'c>(
             true
         }
         Change::MessageReleased { id } => {
-            release_message(tx, *id, &mut p.refs)?;
+            p.released.push(*id);
             true
         }
         Change::MessageQueued {
@@ -1335,11 +1346,13 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
         let Pending {
             mut refs,
             mut queues,
+            released,
             ..
         } = pending;
         queues
             .write_all(&tx, &mut refs)
             .map_err(|e| failed(batch.len(), e))?;
+        release_messages(&tx, &released, &mut refs).map_err(|e| failed(batch.len(), e))?;
         match count_references(&tx, &mut refs).map_err(|e| failed(batch.len(), e))? {
             Ok(()) => {}
             Err(index) => {
