@@ -825,7 +825,7 @@ mod tests {
     }
 
     /// Every key whose values `Config::validate` checks against a range (found by probing
-    /// each numeric key of `[server]`, `[[bridges]]` and `[[bridges.topics]]`, as serde lists
+    /// each numeric key of `[server]`, `[storage]`, `[[bridges]]` and `[[bridges.topics]]`, as serde lists
     /// them, with values from 0 to the largest TOML integer) has its entry in
     /// `config::ranges::RANGES`: the out-of-range error and the type error say the same words.
     /// And every entry of the table is such a key.
@@ -835,8 +835,9 @@ mod tests {
         const BRIDGE: &str = "[[bridges]]\nname = \"b\"\naddresses = [\"h:1\"]\n";
         const TOPIC: &str = "[[bridges.topics]]\npattern = \"t/#\"\n";
         // (the key path of the probe's error, the text before the key, the text after it)
-        let tables: [(&str, String, &str); 3] = [
+        let tables: [(&str, String, &str); 4] = [
             ("server.", "[server]\n".into(), ""),
+            ("storage.", "[storage]\n".into(), ""),
             ("bridges[0].", BRIDGE.into(), TOPIC),
             ("bridges[0].topics[0].", format!("{BRIDGE}{TOPIC}"), ""),
         ];
