@@ -737,3 +737,34 @@ async fn retention_and_a_restart_keep_a_stream_larger_than_memory_with_sqlite() 
     .await;
     broker.shutdown().await;
 }
+
+/// With SQLite, `max_age` removes the messages of a stream that are in storage only (the
+/// oldest, beyond what it keeps in memory), and those in memory, and counts them; the
+/// offsets go on.
+#[tokio::test]
+async fn max_age_removes_messages_in_storage_only_with_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut aging = stream("aging", "t/#");
+    aging.max_age = 3;
+    let (broker, addr) = start_with(sqlite_config(dir.path(), vec![aging])).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publish_big(&mut publisher, 0..1000).await;
+    wait_until("older messages in storage only", || {
+        let s = info(&broker, "aging");
+        s.in_memory < s.messages
+    })
+    .await;
+    wait_until("every message aged out", || {
+        let s = info(&broker, "aging");
+        (s.messages, s.bytes, s.first_offset, s.trimmed_messages) == (0, 0, 1001, 1000)
+    })
+    .await;
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/aging", "earliest").await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
+    publish_big(&mut publisher, 1000..1001).await;
+    assert_eq!(take_big(&mut reader, 1).await[0].0, 1001);
+    broker.shutdown().await;
+}

@@ -156,6 +156,8 @@ pub struct Stream {
     runtime: bool,
     /// This stream, for the commit notifications and background trims it starts.
     me: Weak<Stream>,
+    /// Deleted at run time: its background trim stops (storage deleted its entries).
+    deleted: AtomicBool,
 }
 
 impl Stream {
@@ -168,6 +170,7 @@ impl Stream {
             readers: AtomicUsize::new(0),
             persist: std::sync::OnceLock::new(),
             me: me.clone(),
+            deleted: AtomicBool::new(false),
         })
     }
 
@@ -207,7 +210,9 @@ impl Stream {
         loop {
             let (from, upto) = {
                 let mut log = self.log.lock();
-                if !log.needs_stored_trim(c.max_bytes, c.max_age, now_ms()) {
+                if self.deleted.load(Ordering::Relaxed)
+                    || !log.needs_stored_trim(c.max_bytes, c.max_age, now_ms())
+                {
                     log.stop_trimming();
                     return;
                 }
@@ -227,7 +232,7 @@ impl Stream {
                 .map(|e| (e.entry.offset, e.entry.time_ms, e.message.size()))
                 .collect();
             let mut log = self.log.lock();
-            if log.first() != from {
+            if log.first() != from || self.deleted.load(Ordering::Relaxed) {
                 continue;
             }
             let trimmed = log.trim_stored(
@@ -571,6 +576,7 @@ impl Streams {
                 return Err(StreamRefused::Configured(name.to_string()));
             }
             let stream = list.remove(i);
+            stream.deleted.store(true, Ordering::Relaxed);
             self.any.store(!list.is_empty(), Ordering::Relaxed);
             if let Some(p) = self.persist.get() {
                 // After its last append: no publish reaches it while the list is
