@@ -624,8 +624,8 @@ fn load_messages(conn: &Connection, ids: &[u64]) -> rusqlite::Result<Vec<StoredM
     Ok(out)
 }
 
-/// Ids one statement of [`load_messages`] reads: under SQLite's smallest limit of bound
-/// parameters (999).
+/// Ids one statement names at most ([`load_messages`], [`release_messages`]): under SQLite's
+/// smallest limit of bound parameters (999).
 const IDS_PER_READ: usize = 500;
 
 /// Everything stored; with `queues` false, each session's queue is left in storage and
