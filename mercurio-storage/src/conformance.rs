@@ -2225,6 +2225,14 @@ pub async fn check_read_stream<S: Storage>(storage: &S) {
             .is_empty(),
         "a stream not stored reads empty"
     );
+    apply(storage, vec![appended("s", 5, 4)]).await;
+    let again = must("read_stream", storage.read_stream("s", 5, 0, 1)).await;
+    assert_eq!(
+        again.iter().map(|e| e.entry.message_id).collect::<Vec<_>>(),
+        [4],
+        "an entry written again at its offset replaces it"
+    );
+    apply(storage, vec![appended("s", 5, 5)]).await;
     apply(
         storage,
         vec![

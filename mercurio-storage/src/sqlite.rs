@@ -927,6 +927,9 @@ struct Pending<'c> {
     cancelled: HashSet<usize>,
     /// The messages the batch releases, marked at its end ([`release_messages`]).
     released: Vec<u64>,
+    /// The streams the batch appends to, with the offset after their last entry so far
+    /// ([`move_streams_on`]).
+    appended: HashMap<&'c str, i64>,
 }
 
 /// The indices of the `InflightSet` changes of `batch` whose entry a later
@@ -1173,30 +1176,48 @@ fn apply_one<'c>(
             true
         }
         Change::StreamAppended { stream, entry } => {
-            tx.prepare_cached(
-                "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) ON CONFLICT (name) \
-                 DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
-            )?
-            .execute(params![stream, to_i64(entry.offset) + 1])?;
-            // An entry written again at the same offset gives up its old reference; the count
-            // of references refuses an entry whose message is not stored.
-            remove_entries(
-                tx,
-                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
-                 RETURNING message_id",
-                params![stream, to_i64(entry.offset)],
-                &mut p.refs,
-            )?;
-            tx.prepare_cached(
-                "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
-                 VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![
+            let next = to_i64(entry.offset) + 1;
+            match p.appended.get_mut(stream.as_str()) {
+                // The stream's row moves on once at the end of the batch.
+                Some(n) => *n = (*n).max(next),
+                None => {
+                    tx.prepare_cached(
+                        "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) \
+                         ON CONFLICT (name) \
+                         DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
+                    )?
+                    .execute(params![stream, next])?;
+                    p.appended.insert(stream, next);
+                }
+            }
+            let entry_params = params![
                 stream,
                 to_i64(entry.offset),
                 to_i64(entry.time_ms),
                 to_i64(entry.message_id)
-            ])?;
+            ];
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (stream, entry_offset) DO NOTHING",
+                )?
+                .execute(entry_params)?;
+            if inserted == 0 {
+                // An entry written again at the same offset gives up its old reference.
+                remove_entries(
+                    tx,
+                    "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
+                     RETURNING message_id",
+                    params![stream, to_i64(entry.offset)],
+                    &mut p.refs,
+                )?;
+                tx.prepare_cached(
+                    "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(entry_params)?;
+            }
+            // The count of references refuses an entry whose message is not stored.
             p.refs.add(entry.message_id, index);
             true
         }
@@ -1233,9 +1254,21 @@ fn apply_one<'c>(
             )?;
             tx.prepare_cached("DELETE FROM streams WHERE name = ?1")?
                 .execute([stream])?;
+            p.appended.remove(stream.as_str());
             true
         }
     })
+}
+
+/// Moves each stream appended to in the batch on to the offset after its last entry: one
+/// statement per stream rather than per entry.
+fn move_streams_on(tx: &Transaction<'_>, appended: &HashMap<&str, i64>) -> rusqlite::Result<()> {
+    let mut update =
+        tx.prepare_cached("UPDATE streams SET next_offset = max(next_offset, ?2) WHERE name = ?1")?;
+    for (stream, next) in appended {
+        update.execute(params![stream, next])?;
+    }
+    Ok(())
 }
 
 /// Runs `sql`, a DELETE of stream entries `RETURNING message_id`, and gives up the reference
@@ -1347,8 +1380,10 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
             mut refs,
             mut queues,
             released,
+            appended,
             ..
         } = pending;
+        move_streams_on(&tx, &appended).map_err(|e| failed(batch.len(), e))?;
         queues
             .write_all(&tx, &mut refs)
             .map_err(|e| failed(batch.len(), e))?;
