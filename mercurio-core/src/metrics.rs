@@ -515,7 +515,7 @@ fn stream_families(streams: &[crate::streams::StreamInfo]) -> Vec<Family> {
         return Vec::new();
     }
     type Pick = fn(&crate::streams::StreamInfo) -> u64;
-    let families: [(&'static str, &'static str, bool, Pick); 7] = [
+    let families: [(&'static str, &'static str, bool, Pick); 8] = [
         (
             "mercurio_stream_messages",
             "Messages the stream holds",
@@ -527,6 +527,12 @@ fn stream_families(streams: &[crate::streams::StreamInfo]) -> Vec<Family> {
             "Bytes the stream holds (topic, payload and properties of each message)",
             false,
             |s| s.bytes,
+        ),
+        (
+            "mercurio_stream_in_memory_messages",
+            "Messages of the stream held in memory (the newest; with storage, the others are read back from it)",
+            false,
+            |s| s.in_memory,
         ),
         (
             "mercurio_stream_first_offset",

@@ -285,6 +285,7 @@ impl SysPublisher {
             for (name, value) in [
                 ("messages", x.messages),
                 ("bytes", x.bytes),
+                ("in_memory", x.in_memory),
                 ("first_offset", x.first_offset),
                 ("last_offset", x.last_offset),
                 ("readers", x.readers),

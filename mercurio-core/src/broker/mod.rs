@@ -186,7 +186,8 @@ impl BrokerState {
             // Before any subscription (the restore's included) reaches the index.
             interest.start(Arc::from(CLUSTER_CLIENT_ID));
         }
-        let streams = crate::streams::Streams::new(&config.streams);
+        let streams =
+            crate::streams::Streams::new(&config.streams, config.storage.stream_memory_bytes);
         let queued_memory = Arc::new(crate::queued_memory::QueuedMemory::new(
             config.server.max_queued_memory,
         ));

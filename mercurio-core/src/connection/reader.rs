@@ -1068,8 +1068,10 @@ impl<'a> Reader<'a> {
         let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
         let mut options = f.options;
         options.qos = options.qos.min(max_qos);
+        let (from, from_time_ms) = stream.resolve(at);
         Ok(crate::broker::ReaderStart {
-            from: stream.resolve(at),
+            from,
+            from_time_ms,
             stream: Arc::clone(&stream),
             filter: f.filter.clone(),
             sub_filter: parsed.filter.map(str::to_string),

@@ -292,7 +292,13 @@ impl BrokerBuilder {
                     checks_access,
                 )
                 .await?;
-                Some(loaded)
+                let streamed = crate::broker::restore::read_last_value_streams(
+                    storage.as_ref(),
+                    &loaded,
+                    &self.config.streams,
+                )
+                .await?;
+                Some((loaded, streamed))
             }
             None => None,
         };
@@ -345,7 +351,8 @@ impl BrokerBuilder {
             );
             inner.streams.set_persister(&persister);
             let _ = inner.persist.set(persister);
-            crate::broker::restore::restore(&inner, loaded);
+            let (loaded, streamed) = loaded;
+            crate::broker::restore::restore(&inner, loaded, streamed);
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
@@ -810,7 +817,11 @@ impl BrokerHandle {
         let stream = self.inner.streams.create(config)?;
         tracing::info!(stream = %stream.name(), "stream created");
         if stream.config.max_bytes == 0 {
-            tracing::warn!(stream = %stream.name(), "stream created without max_bytes: it is held in memory and grows with what is published to its filter");
+            tracing::warn!(
+                stream = %stream.name(),
+                "stream created without max_bytes: it grows with what is published to its filter \
+                 (in storage, or in memory without storage)"
+            );
         }
         Ok(stream.info())
     }

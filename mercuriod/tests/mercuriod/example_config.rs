@@ -53,9 +53,10 @@ fn commented_values_are_the_defaults() {
     assert_eq!(
         (
             config.storage.max_pending_bytes,
-            config.storage.max_pending_bytes_total
+            config.storage.max_pending_bytes_total,
+            config.storage.stream_memory_bytes
         ),
-        (8 << 20, 64 << 20)
+        (8 << 20, 64 << 20, 8 << 20)
     );
     let d = LoggingConfig::default();
     assert_eq!(config.logging.level, d.level);
@@ -97,7 +98,7 @@ fn every_key_is_shown() {
     assert_eq!(len("server"), 26);
     assert_eq!(len("listeners"), 17);
     assert_eq!(len("auth"), 4);
-    assert_eq!(len("storage"), 8);
+    assert_eq!(len("storage"), 9);
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);
     assert_eq!(len("bridges"), 19);
