@@ -11,14 +11,16 @@
 //! event loop's sockets: this is the event loop's.
 //!
 //! How: one task, [`BusyPoll::run`], is the spinner. Network reads and accepted connections
-//! note their activity ([`BusyPoll::note`]: one relaxed atomic add). The spinner sleeps until an activity comes;
-//! when it comes within the window of the one before (events close together), the spinner
-//! yields in a loop (`tokio::task::yield_now`, which the current-thread scheduler answers by
-//! polling its sockets without blocking) until a whole window passes with no activity. An
-//! isolated event (a keep alive PINGREQ of an idle fleet) costs one wake-up of the spinner,
-//! not a window of polling. Only the current-thread runtime (mercuriod's default) is served:
-//! there the spinner's loop is the runtime's own socket poll; on a multi-threaded runtime it
-//! is not started.
+//! note their activity ([`BusyPoll::note`]: one relaxed atomic add, and while the spinner
+//! sleeps a read of the clock). The spinner sleeps until an activity comes within the window
+//! of the one before (events close together); then it yields in a loop
+//! (`tokio::task::yield_now`, which the current-thread scheduler answers by polling its
+//! sockets without blocking) until a whole window passes with no activity. An isolated event
+//! (a keep alive PINGREQ of an idle fleet, a message of a slow steady stream) costs a read of
+//! the clock, not a wake-up of the spinner (at a few thousand messages a second the spinner
+//! sleeps or rests nearly all the time, and a read would otherwise wake it for nothing).
+//! Only the current-thread runtime (mercuriod's default) is served: there the spinner's loop
+//! is the runtime's own socket poll; on a multi-threaded runtime it is not started.
 //!
 //! Polling pays only when the loop is nearly full: then the gaps between events are short and
 //! each one it bridges saves a CPU wake-up that would delay the next window. Below that (a fleet
@@ -28,7 +30,8 @@
 //! and how much it only polled (the shortest yield of the stretch is what polling alone costs,
 //! 1-2 microseconds; what a yield took beyond that, other tasks worked): once [`JUDGE_AFTER`] of polling shows the loop busy less than half the time, it
 //! stops and does not poll again for a back-off ([`MIN_BACKOFF`], doubling up to
-//! [`MAX_BACKOFF`] while stretches keep failing, reset by one that did not).
+//! [`MAX_BACKOFF`] while stretches keep failing, reset by one that did not). While it rests
+//! nothing wakes it but the end of the rest (or shutdown): activity is only counted.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -53,9 +56,18 @@ pub(crate) struct BusyPoll {
     /// Network reads that returned data and accepted connections (wrapping; only its
     /// changes matter).
     activity: AtomicU64,
-    /// Whether the spinner sleeps, waiting for [`BusyPoll::note`] to wake it.
+    /// Whether the spinner sleeps, waiting for [`BusyPoll::note`] to wake it (false while it
+    /// polls or rests).
     asleep: AtomicBool,
+    /// While the spinner sleeps: when the last activity came, in nanoseconds since `epoch`; 0
+    /// for none since it slept.
+    last_ns: AtomicU64,
+    /// The window of "close together", in nanoseconds (set by [`BusyPoll::start`]).
+    window_ns: AtomicU64,
+    epoch: Instant,
     wake: Notify,
+    /// Times the spinner was woken by activity (for tests and debugging).
+    wakes: AtomicU64,
     /// Whether the spinner is polling now (for tests and debugging).
     polling: AtomicBool,
     /// Set on shutdown: the spinner ends.
@@ -70,14 +82,19 @@ impl BusyPoll {
             started: AtomicBool::new(false),
             activity: AtomicU64::new(0),
             asleep: AtomicBool::new(false),
+            last_ns: AtomicU64::new(0),
+            window_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
             wake: Notify::new(),
+            wakes: AtomicU64::new(0),
             polling: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             rests: AtomicU64::new(0),
         }
     }
 
-    /// Notes network activity (a read that returned data, an accepted connection).
+    /// Notes network activity (a read that returned data, an accepted connection); wakes the
+    /// sleeping spinner when it came within the window of the activity before.
     #[inline]
     pub(crate) fn note(&self) {
         if !self.started.load(Ordering::Relaxed) {
@@ -85,9 +102,18 @@ impl BusyPoll {
         }
         self.activity.fetch_add(1, Ordering::Relaxed);
         if self.asleep.load(Ordering::Relaxed) {
-            self.asleep.store(false, Ordering::Relaxed);
-            self.wake.notify_one();
+            let now = self.nanos(Instant::now());
+            let before = self.last_ns.swap(now, Ordering::Relaxed);
+            if before != 0 && now.saturating_sub(before) <= self.window_ns.load(Ordering::Relaxed) {
+                self.asleep.store(false, Ordering::Relaxed);
+                self.wake.notify_one();
+            }
         }
+    }
+
+    /// `t` in nanoseconds since `epoch` (1 at the least, so that 0 is "no activity yet").
+    fn nanos(&self, t: Instant) -> u64 {
+        (t.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
     }
 
     /// Starts the spinner with a window of `micros` microseconds, when that is above 0 and the
@@ -104,6 +130,8 @@ impl BusyPoll {
         }
         tracing::info!("busy polling: {micros} us after network activity (busy_poll)");
         let window = Duration::from_micros(u64::from(micros));
+        self.window_ns
+            .store(window.as_nanos() as u64, Ordering::Relaxed);
         self.started.store(true, Ordering::Relaxed);
         Some(tokio::spawn(Arc::clone(self).run(window)))
     }
@@ -120,29 +148,35 @@ impl BusyPoll {
         self.wake.notify_one();
     }
 
-    /// The spinner: sleeps until activity; polls without sleeping while activities come
-    /// less than `window` apart and the loop is busy at least half the time it polls.
+    /// The spinner: sleeps until two activities come less than `window` apart; then polls
+    /// without sleeping while activities keep coming that close and the loop is busy at least
+    /// half the time it polls.
     async fn run(self: Arc<Self>, window: Duration) {
         let mut last: Option<Instant> = None;
         let mut backoff = MIN_BACKOFF;
         let mut resting_until: Option<Instant> = None;
         loop {
+            if let Some(until) = resting_until.take() {
+                // `asleep` is false: activity does not wake a resting spinner, only shutdown.
+                let _ = tokio::time::timeout_at(until.into(), self.wake.notified()).await;
+                last = None;
+            }
+            if self.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            self.last_ns
+                .store(last.map_or(0, |t| self.nanos(t)), Ordering::Relaxed);
             self.asleep.store(true, Ordering::Relaxed);
             self.wake.notified().await;
             if self.stopped.load(Ordering::Relaxed) {
                 return;
             }
-            let now = Instant::now();
-            let close = last.is_some_and(|t| now.duration_since(t) <= window);
-            last = Some(now);
-            if !close || resting_until.is_some_and(|t| now < t) {
-                continue;
-            }
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+            last = Some(Instant::now());
             match self.poll_stretch(window, &mut last).await {
                 Stretch::Paid => backoff = MIN_BACKOFF,
                 Stretch::Idle => {
-                    let now = Instant::now();
-                    resting_until = Some(now + backoff);
+                    resting_until = Some(Instant::now() + backoff);
                     self.rests.fetch_add(1, Ordering::Relaxed);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
@@ -231,9 +265,11 @@ mod tests {
         // A window of 300 ms: wide enough that the test's own pauses stay inside it.
         let task = busy.start(300_000).expect("a current-thread runtime");
         until("asleep", || busy.asleep.load(Ordering::Relaxed)).await;
-        // An isolated activity wakes the spinner, which goes back to sleep without polling.
+        // An isolated activity does not even wake the spinner.
         busy.note();
-        until("asleep again", || busy.asleep.load(Ordering::Relaxed)).await;
+        tokio::task::yield_now().await;
+        assert!(busy.asleep.load(Ordering::Relaxed));
+        assert_eq!(busy.wakes.load(Ordering::Relaxed), 0);
         assert!(!busy.polling());
         // A second one within the window while the loop works: a busy stretch, it polls, and
         // goes on polling well past the point where it judges whether polling pays.
@@ -282,6 +318,32 @@ mod tests {
             }
             assert!(!busy.polling(), "no polling while resting");
         }
+        busy.stop();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the spinner ends on stop")
+            .expect("the spinner does not panic");
+    }
+
+    #[tokio::test]
+    async fn activities_further_apart_than_the_window_never_wake_the_spinner() {
+        let busy = Arc::new(BusyPoll::new());
+        let task = busy.start(50).expect("a current-thread runtime");
+        until("asleep", || busy.asleep.load(Ordering::Relaxed)).await;
+        // A slow steady stream: one read every 2 ms, 40 times the window.
+        for _ in 0..20 {
+            busy.note();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            busy.wakes.load(Ordering::Relaxed),
+            0,
+            "no wake-up for isolated reads"
+        );
+        // Two close together do.
+        busy.note();
+        busy.note();
+        until("woken", || busy.wakes.load(Ordering::Relaxed) == 1).await;
         busy.stop();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

@@ -42,6 +42,15 @@ pub(crate) struct ClusterStatus {
     pub errors: AtomicU64,
     /// Messages the NATS client dropped for this node as a slow consumer.
     pub slow_consumer: AtomicU64,
+    /// QoS 1/2 messages JetStream took for other nodes (all their copies acknowledged).
+    pub jetstream_out: AtomicU64,
+    /// QoS 1/2 messages from other nodes taken from JetStream and routed here.
+    pub jetstream_in: AtomicU64,
+    /// Copies published to JetStream again after JetStream did not acknowledge them.
+    pub jetstream_retries: AtomicU64,
+    /// Messages JetStream did not take within `jetstream_ack_timeout` (their publishers'
+    /// connections were closed; the messages are still sent).
+    pub jetstream_timeouts: AtomicU64,
     /// Retained changes (set or cleared) sent to the other nodes.
     pub retained_out: AtomicU64,
     /// Retained changes from other nodes applied here (newer than what this node had).
@@ -86,6 +95,10 @@ pub(crate) struct ClusterInfo {
     pub duplicates: u64,
     pub errors: u64,
     pub slow_consumer: u64,
+    pub jetstream_out: u64,
+    pub jetstream_in: u64,
+    pub jetstream_retries: u64,
+    pub jetstream_timeouts: u64,
 }
 
 impl ClusterStatus {
@@ -125,6 +138,10 @@ impl ClusterStatus {
             duplicates: get(&self.duplicates),
             errors: get(&self.errors),
             slow_consumer: get(&self.slow_consumer),
+            jetstream_out: get(&self.jetstream_out),
+            jetstream_in: get(&self.jetstream_in),
+            jetstream_retries: get(&self.jetstream_retries),
+            jetstream_timeouts: get(&self.jetstream_timeouts),
         })
     }
 }

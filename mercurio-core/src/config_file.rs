@@ -500,10 +500,14 @@ pub fn warnings(config: &Config) -> Vec<String> {
     for (i, s) in config.streams.iter().enumerate() {
         if s.max_bytes == 0 {
             warnings.push(format!(
-                "streams[{i}].max_bytes: stream {:?} has no byte limit: a stream is held in \
-                 memory (and in storage) and grows with what is published to {:?}{}; set \
-                 max_bytes to bound it",
+                "streams[{i}].max_bytes: stream {:?} has no byte limit: it grows {} with what \
+                 is published to {:?}{}; set max_bytes to bound it",
                 s.name,
+                if config.storage.backend == crate::config::StorageBackend::Memory {
+                    "in memory"
+                } else {
+                    "in storage"
+                },
                 s.filter,
                 if s.max_age == 0 {
                     " for ever"
@@ -821,7 +825,7 @@ mod tests {
     }
 
     /// Every key whose values `Config::validate` checks against a range (found by probing
-    /// each numeric key of `[server]`, `[[bridges]]` and `[[bridges.topics]]`, as serde lists
+    /// each numeric key of `[server]`, `[storage]`, `[[bridges]]` and `[[bridges.topics]]`, as serde lists
     /// them, with values from 0 to the largest TOML integer) has its entry in
     /// `config::ranges::RANGES`: the out-of-range error and the type error say the same words.
     /// And every entry of the table is such a key.
@@ -831,8 +835,9 @@ mod tests {
         const BRIDGE: &str = "[[bridges]]\nname = \"b\"\naddresses = [\"h:1\"]\n";
         const TOPIC: &str = "[[bridges.topics]]\npattern = \"t/#\"\n";
         // (the key path of the probe's error, the text before the key, the text after it)
-        let tables: [(&str, String, &str); 3] = [
+        let tables: [(&str, String, &str); 4] = [
             ("server.", "[server]\n".into(), ""),
+            ("storage.", "[storage]\n".into(), ""),
             ("bridges[0].", BRIDGE.into(), TOPIC),
             ("bridges[0].topics[0].", format!("{BRIDGE}{TOPIC}"), ""),
         ];
@@ -911,6 +916,13 @@ mod tests {
         assert!(e.message.contains("password_file"), "{e}");
         let e = err("[cluster]\nnats_url = [\"n:1\"]\n");
         assert!(e.message.contains("nats_url"), "{e}");
+        let e =
+            err("[cluster]\nnats_urls = [\"n:1\"]\nnode_name = \"a\"\njetstream_replicas = 7\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.jetstream_replicas"));
+        assert_eq!(e.line, Some(4));
+        assert!(e.message.contains("1 to 5"), "{e}");
+        let e = err("[cluster]\njetstream = false\n");
+        assert_eq!(e.key.as_deref(), Some("cluster.nats_urls"));
         let c = parse(
             Path::new("m.toml"),
             "[cluster]\nnats_urls = [\"nats://n:4222\"]\nnode_name = \"node-1\"\n",
@@ -918,6 +930,8 @@ mod tests {
         .expect("a valid [cluster]");
         assert!(c.cluster.enabled());
         assert_eq!(c.cluster.prefix(), "mercurio");
+        assert!(c.cluster.jetstream_on());
+        assert_eq!(c.cluster.jetstream_ack_timeout().as_secs(), 30);
     }
 
     #[test]
@@ -974,6 +988,21 @@ mod tests {
         assert_eq!(
             e.message,
             "`-1` is out of range: expected a whole number of bytes, 0 (no limit) or 65536 or more"
+        );
+    }
+
+    #[test]
+    fn stream_memory_bytes_is_at_least_64_kib() {
+        let c = parse(
+            Path::new("m.toml"),
+            "[storage]\nstream_memory_bytes = 65536\n",
+        )
+        .expect("parse");
+        assert_eq!(c.storage.stream_memory_bytes, 64 << 10);
+        let e = err("[storage]\nstream_memory_bytes = 0\n");
+        assert_eq!(
+            e.to_string(),
+            "m.toml:2: storage.stream_memory_bytes: must be a whole number of bytes, 65536 or more, not 0"
         );
     }
 

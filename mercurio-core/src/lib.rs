@@ -26,7 +26,9 @@
 //! configuration file reader, `config_file`: the typed parse, then the document with spans that
 //! names an error's key and line; shared by mercuriod and mercurioctl).
 //! async-nats (feature `cluster`: the NATS project's own client, on tokio and rustls with
-//! ring as the rest, which the nodes of a cluster meet through, `cluster`).
+//! ring as the rest, which the nodes of a cluster meet through, `cluster`; with its `jetstream`
+//! feature, the client's JetStream API, through which QoS 1 and 2 messages cross between nodes
+//! at least once).
 
 pub mod admin;
 mod admin_api;
@@ -38,6 +40,9 @@ mod broker;
 mod busy_poll;
 #[cfg(feature = "cluster")]
 mod cluster;
+// Without the feature nothing hands messages off (`ClusterQos` stays off).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+mod cluster_qos;
 mod cluster_status;
 /// The MQTT codec, from the `mercurio-codec` crate.
 pub use mercurio_codec::codec;

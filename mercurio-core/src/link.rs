@@ -48,6 +48,10 @@ pub enum DisconnectReason {
     /// An application hook (a publish interceptor) panicked while handling the client's
     /// packet, and the client had no other way to learn that the packet was lost.
     HookPanicked,
+    /// Cluster mode: JetStream did not take a message another node wants within
+    /// `jetstream_ack_timeout`, so its PUBACK / PUBREC could not be sent; the message is
+    /// still sent once JetStream takes it.
+    ClusterBusy,
 }
 
 impl std::fmt::Display for DisconnectReason {
@@ -65,6 +69,10 @@ impl std::fmt::Display for DisconnectReason {
                 write!(f, "storage did not commit what an acknowledgement covers")
             }
             DisconnectReason::HookPanicked => write!(f, "an application hook panicked"),
+            DisconnectReason::ClusterBusy => write!(
+                f,
+                "JetStream did not take a message for another node within jetstream_ack_timeout"
+            ),
         }
     }
 }

@@ -515,7 +515,7 @@ fn stream_families(streams: &[crate::streams::StreamInfo]) -> Vec<Family> {
         return Vec::new();
     }
     type Pick = fn(&crate::streams::StreamInfo) -> u64;
-    let families: [(&'static str, &'static str, bool, Pick); 7] = [
+    let families: [(&'static str, &'static str, bool, Pick); 8] = [
         (
             "mercurio_stream_messages",
             "Messages the stream holds",
@@ -527,6 +527,12 @@ fn stream_families(streams: &[crate::streams::StreamInfo]) -> Vec<Family> {
             "Bytes the stream holds (topic, payload and properties of each message)",
             false,
             |s| s.bytes,
+        ),
+        (
+            "mercurio_stream_in_memory_messages",
+            "Messages of the stream held in memory (the newest; with storage, the others are read back from it)",
+            false,
+            |s| s.in_memory,
         ),
         (
             "mercurio_stream_first_offset",
@@ -650,6 +656,26 @@ fn cluster_families(c: crate::cluster_status::ClusterInfo) -> Vec<Family> {
             "mercurio_cluster_slow_consumer",
             "Times NATS dropped messages for this node as a slow consumer",
             c.slow_consumer,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_out",
+            "QoS 1/2 messages JetStream took for other nodes",
+            c.jetstream_out,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_in",
+            "QoS 1/2 messages from other nodes taken from JetStream and routed here",
+            c.jetstream_in,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_retries",
+            "Copies published to JetStream again after it did not acknowledge them",
+            c.jetstream_retries,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_timeouts",
+            "Messages JetStream did not take within jetstream_ack_timeout",
+            c.jetstream_timeouts,
         ),
     ]
 }

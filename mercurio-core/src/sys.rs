@@ -271,6 +271,10 @@ impl SysPublisher {
                 ("messages/duplicates", c.duplicates),
                 ("messages/errors", c.errors),
                 ("slow_consumer", c.slow_consumer),
+                ("jetstream/out", c.jetstream_out),
+                ("jetstream/in", c.jetstream_in),
+                ("jetstream/retries", c.jetstream_retries),
+                ("jetstream/timeouts", c.jetstream_timeouts),
             ] {
                 v.push((format!("cluster/{name}"), value.to_string()));
             }
@@ -281,6 +285,7 @@ impl SysPublisher {
             for (name, value) in [
                 ("messages", x.messages),
                 ("bytes", x.bytes),
+                ("in_memory", x.in_memory),
                 ("first_offset", x.first_offset),
                 ("last_offset", x.last_offset),
                 ("readers", x.readers),

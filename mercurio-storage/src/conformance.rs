@@ -77,6 +77,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_inflight_set_twice_then_removed(&harness.fresh().await).await;
     check_streams(&harness.fresh().await).await;
     check_streams_across_reopen(harness).await;
+    check_read_stream(&harness.fresh().await).await;
     check_queues_left_in_storage(harness).await;
     check_messages_read_by_id(harness).await;
 }
@@ -2022,15 +2023,24 @@ fn appended(stream: &str, offset: u64, id: u64) -> Change {
     }
 }
 
-fn offsets(state: &LoadedState, stream: &str) -> (u64, Vec<(u64, u64)>) {
+/// The stream's next offset (from `state`) and its entries (offset, message id), read back.
+async fn offsets<S: Storage>(
+    storage: &S,
+    state: &LoadedState,
+    stream: &str,
+) -> (u64, Vec<(u64, u64)>) {
     let s = state
         .streams
         .iter()
         .find(|s| s.name == stream)
         .unwrap_or_else(|| panic!("stream {stream} stored: {:?}", state.streams));
+    let entries = must("read_stream", storage.read_stream(stream, 0, 0, 1000)).await;
     (
         s.next_offset,
-        s.entries.iter().map(|e| (e.offset, e.message_id)).collect(),
+        entries
+            .iter()
+            .map(|e| (e.entry.offset, e.entry.message_id))
+            .collect(),
     )
 }
 
@@ -2076,7 +2086,7 @@ pub async fn check_streams<S: Storage>(storage: &S) {
     let state = load(storage).await;
     let created = state.streams.iter().find(|s| s.name == "created").unwrap();
     assert_eq!(created.definition.as_ref(), Some(&definition));
-    assert_eq!(offsets(&state, "created"), (2, vec![(1, 2)]));
+    assert_eq!(offsets(storage, &state, "created").await, (2, vec![(1, 2)]));
     apply(
         storage,
         vec![Change::StreamDeleted {
@@ -2094,17 +2104,29 @@ pub async fn check_streams<S: Storage>(storage: &S) {
         ["all", "s"],
         "streams sorted by name"
     );
-    assert_eq!(offsets(&state, "s"), (4, vec![(1, 1), (2, 2), (3, 3)]));
+    assert_eq!(
+        offsets(storage, &state, "s").await,
+        (4, vec![(1, 1), (2, 2), (3, 3)])
+    );
     assert_eq!(
         state.streams[1].definition, None,
         "a stream with entries only"
     );
-    assert_eq!(offsets(&state, "all"), (8, vec![(7, 1)]));
-    assert_eq!(state.streams[1].entries[0].time_ms, 1_001);
+    assert_eq!(offsets(storage, &state, "all").await, (8, vec![(7, 1)]));
+    let s = &state.streams[1];
     assert_eq!(
-        state.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
-        [1, 2, 3],
-        "messages a stream refers to are loaded"
+        (s.first_offset, s.first_time_ms, s.messages, s.bytes),
+        (1, 1_001, 3, 12),
+        "a stream's counters: its first entry, its entries, their bytes (3 + 1 each)"
+    );
+    assert!(
+        state.messages.is_empty(),
+        "messages only streams refer to are not loaded: {:?}",
+        state.messages
+    );
+    assert_eq!(
+        state.max_message_id, 3,
+        "the highest id stored, loaded or not"
     );
 
     apply(storage, vec![released(1), released(2), released(3)]).await;
@@ -2141,9 +2163,15 @@ pub async fn check_streams<S: Storage>(storage: &S) {
     assert!(!is_stored(storage, 1).await, "its stream deleted: gone");
     let state = load(storage).await;
     assert_eq!(
-        offsets(&state, "s"),
+        offsets(storage, &state, "s").await,
         (4, vec![]),
         "an emptied stream keeps its next offset"
+    );
+    let s = &state.streams[0];
+    assert_eq!(
+        (s.first_offset, s.messages, s.bytes),
+        (4, 0, 0),
+        "an empty stream starts at its next offset"
     );
     assert_eq!(state.streams.len(), 1);
     apply(
@@ -2154,7 +2182,102 @@ pub async fn check_streams<S: Storage>(storage: &S) {
         }],
     )
     .await;
-    assert_eq!(offsets(&load(storage).await, "s").0, 10);
+    let state = load(storage).await;
+    assert_eq!(offsets(storage, &state, "s").await.0, 10);
+}
+
+/// A stream is read back in batches from an offset or a time, its entries with their
+/// messages, as its appends, trims and removals left it; a message a session also refers to
+/// is loaded (and held) as any queued one.
+pub async fn check_read_stream<S: Storage>(storage: &S) {
+    let mut batch = Vec::new();
+    for id in 1..=5u64 {
+        batch.push(stored(id, "t/a", b"m"));
+        batch.push(appended("s", id, id));
+    }
+    batch.push(saved("c"));
+    batch.push(queue_ref("c", 1, 5));
+    apply(storage, batch).await;
+    let read = |from: u64, time: u64, max: usize| async move {
+        must("read_stream", storage.read_stream("s", from, time, max))
+            .await
+            .iter()
+            .map(|e| e.entry.offset)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(read(2, 0, 2).await, [2, 3], "from an offset, at most max");
+    assert_eq!(read(0, 1_004, 10).await, [4, 5], "from a time");
+    assert_eq!(read(6, 0, 10).await, Vec::<u64>::new(), "read to its end");
+    let first = must("read_stream", storage.read_stream("s", 1, 0, 1)).await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        (first[0].entry.time_ms, first[0].entry.message_id),
+        (1_001, 1)
+    );
+    assert_eq!(
+        first[0].message,
+        message("t/a", b"m", 1),
+        "with its message"
+    );
+    assert!(
+        must("read_stream", storage.read_stream("none", 0, 0, 10))
+            .await
+            .is_empty(),
+        "a stream not stored reads empty"
+    );
+    apply(storage, vec![appended("s", 5, 4)]).await;
+    let again = must("read_stream", storage.read_stream("s", 5, 0, 1)).await;
+    assert_eq!(
+        again.iter().map(|e| e.entry.message_id).collect::<Vec<_>>(),
+        [4],
+        "an entry written again at its offset replaces it"
+    );
+    apply(storage, vec![appended("s", 5, 5)]).await;
+    apply(
+        storage,
+        vec![
+            Change::StreamEntryRemoved {
+                stream: "s".into(),
+                offset: 3,
+            },
+            Change::StreamTrimmed {
+                stream: "s".into(),
+                below: 2,
+            },
+        ],
+    )
+    .await;
+    assert_eq!(
+        read(0, 0, 3).await,
+        [2, 4, 5],
+        "trimmed and removed entries go"
+    );
+    let state = load(storage).await;
+    assert_eq!(
+        state.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [5],
+        "a message a session refers to is loaded, one only a stream refers to is not"
+    );
+    let s = &state.streams[0];
+    assert_eq!(
+        (s.first_offset, s.first_time_ms, s.messages, s.bytes),
+        (2, 1_002, 3, 12)
+    );
+    apply(
+        storage,
+        vec![Change::StreamTrimmed {
+            stream: "s".into(),
+            below: 6,
+        }],
+    )
+    .await;
+    for id in 2..=4 {
+        assert!(
+            !is_stored(storage, id).await,
+            "message {id}, not held after the load, goes with its last entry"
+        );
+    }
+    assert!(is_stored(storage, 5).await, "still queued");
 }
 
 /// Streams and the messages they refer to survive a reopen; the messages nothing refers to
@@ -2179,12 +2302,11 @@ pub async fn check_streams_across_reopen<H: Harness>(harness: &mut H) {
     .await;
     let storage = harness.reopen(storage).await;
     let state = load(&storage).await;
-    assert_eq!(offsets(&state, "s"), (3, vec![(2, 1)]));
+    assert_eq!(offsets(&storage, &state, "s").await, (3, vec![(2, 1)]));
+    let read = must("read_stream", storage.read_stream("s", 0, 0, 10)).await;
     assert_eq!(
-        state.messages,
-        [StoredMessage {
-            id: 1,
-            message: message("t", b"kept", 1),
-        }]
+        read.iter().map(|e| e.message.clone()).collect::<Vec<_>>(),
+        [message("t", b"kept", 1)]
     );
+    assert_eq!(state.max_message_id, 1, "the trimmed message is gone");
 }

@@ -78,7 +78,7 @@ pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
 pub use memory::MemoryStorage;
 pub use records::{
     Backlog, DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord,
-    RetainedRecord, SessionHeader, SessionRecord, StoredMessage, StreamDefinition,
+    RetainedRecord, SessionHeader, SessionRecord, StoredMessage, StreamDefinition, StreamEntryRead,
     StreamEntryRecord, StreamRecord, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
@@ -91,14 +91,19 @@ pub struct LoadedState {
     /// Every retained message, sorted by topic.
     pub retained: Vec<RetainedRecord>,
     /// Every stored message some stored session (its queue or in-flight messages, set-aside
-    /// sessions included) or stream entry refers to, each once, sorted by id. Loading starts a new broker:
+    /// sessions included) refers to, each once, sorted by id. Loading starts a new broker:
     /// messages nothing refers to are deleted first, and every loaded one is held by the new
-    /// broker until it sends [`Change::MessageReleased`].
+    /// broker until it sends [`Change::MessageReleased`]. Messages only stream entries refer
+    /// to are not loaded (they are read with [`Storage::read_stream`]) nor held: they go with
+    /// their last entry.
     pub messages: Vec<StoredMessage>,
+    /// The highest id in the message store, loaded or not (0: none): the broker numbers new
+    /// messages above it.
+    pub max_message_id: u64,
     /// Sessions that could not be read. They stay in storage untouched; their clients are
     /// refused until [`Storage::delete_session`] removes them.
     pub set_aside: Vec<SetAside>,
-    /// Every stored stream, sorted by name, its entries by offset.
+    /// Every stored stream, sorted by name: its counters, its entries left in storage.
     pub streams: Vec<StreamRecord>,
     /// From [`Storage::load_without_queues`]: the queues left in storage, by client, each
     /// session of [`sessions`](Self::sessions) with a non-empty queue once (its
@@ -157,6 +162,21 @@ pub trait Storage: Send + Sync + 'static {
     ///
     /// Errors: storage unreachable ([`ErrorKind::Transient`]).
     async fn load_messages(&self, ids: &[u64]) -> Result<Vec<StoredMessage>, StorageError>;
+
+    /// Up to `max` entries of stream `stream` with their messages, by offset: those at
+    /// offset `from_offset` or above appended at `from_time_ms` (unix milliseconds) or later
+    /// (0: any time), as the changes applied so far left them. A reader of a stream longer
+    /// than the broker holds in memory reads it so, in batches. Empty for a stream not
+    /// stored or read to its end; an entry whose message cannot be read is left out.
+    ///
+    /// Errors: storage unreachable ([`ErrorKind::Transient`]).
+    async fn read_stream(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+    ) -> Result<Vec<StreamEntryRead>, StorageError>;
 
     /// Apply `batch` in order, in one transaction: all of it or none of it.
     ///

@@ -13,8 +13,8 @@ use crate::change::{refused, validate_batch, Change};
 use crate::error::{ErrorKind, StorageError};
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, StoredMessage, StreamDefinition, StreamEntryRecord, StreamRecord,
-    SubscriptionRecord, WillRecord,
+    SessionRecord, StoredMessage, StreamDefinition, StreamEntryRead, StreamEntryRecord,
+    StreamRecord, SubscriptionRecord, WillRecord,
 };
 use crate::{LoadedState, SetAside, Storage};
 
@@ -138,14 +138,18 @@ impl State {
                 .map(|(_, stored)| stored.to_record())
                 .collect(),
             retained: self.retained.values().cloned().collect(),
-            messages: self
-                .messages
-                .iter()
-                .map(|(id, stored)| StoredMessage {
-                    id: *id,
-                    message: stored.message.clone(),
-                })
-                .collect(),
+            messages: {
+                let streamed = self.stream_only();
+                self.messages
+                    .iter()
+                    .filter(|(id, _)| !streamed.contains(*id))
+                    .map(|(id, stored)| StoredMessage {
+                        id: *id,
+                        message: stored.message.clone(),
+                    })
+                    .collect()
+            },
+            max_message_id: self.messages.keys().next_back().copied().unwrap_or(0),
             set_aside: self
                 .set_aside
                 .iter()
@@ -157,11 +161,25 @@ impl State {
             streams: self
                 .streams
                 .iter()
-                .map(|(name, s)| StreamRecord {
-                    name: name.clone(),
-                    next_offset: s.next_offset,
-                    entries: s.entries.values().copied().collect(),
-                    definition: s.definition.clone(),
+                .map(|(name, s)| {
+                    let held: Vec<&StreamEntryRecord> = s
+                        .entries
+                        .values()
+                        .filter(|e| self.messages.contains_key(&e.message_id))
+                        .collect();
+                    StreamRecord {
+                        name: name.clone(),
+                        next_offset: s.next_offset,
+                        first_offset: held.first().map_or(s.next_offset, |e| e.offset),
+                        first_time_ms: held.first().map_or(0, |e| e.time_ms),
+                        messages: held.len() as u64,
+                        bytes: held
+                            .iter()
+                            .filter_map(|e| self.messages.get(&e.message_id))
+                            .map(|m| m.message.size())
+                            .sum(),
+                        definition: s.definition.clone(),
+                    }
                 })
                 .collect(),
             backlogs: HashMap::new(),
@@ -293,9 +311,57 @@ impl State {
     /// held by it (not released).
     fn start_broker(&mut self) {
         self.messages.retain(|_, stored| stored.references > 0);
-        for stored in self.messages.values_mut() {
-            stored.released = false;
+        let streamed = self.stream_only();
+        for (id, stored) in self.messages.iter_mut() {
+            // The broker holds what it loads; a message only streams refer to is read back
+            // with them, never held.
+            stored.released = streamed.contains(id);
         }
+    }
+
+    /// The messages only stream entries refer to.
+    fn stream_only(&self) -> HashSet<u64> {
+        let mut entries: HashMap<u64, usize> = HashMap::new();
+        for s in self.streams.values() {
+            for e in s.entries.values() {
+                *entries.entry(e.message_id).or_default() += 1;
+            }
+        }
+        entries
+            .into_iter()
+            .filter(|(id, n)| {
+                self.messages
+                    .get(id)
+                    .is_some_and(|stored| stored.references <= *n)
+            })
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
+    /// later, with their messages.
+    fn read_stream(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+    ) -> Vec<StreamEntryRead> {
+        let Some(s) = self.streams.get(stream) else {
+            return Vec::new();
+        };
+        s.entries
+            .range(from_offset..)
+            .map(|(_, e)| e)
+            .filter(|e| e.time_ms >= from_time_ms)
+            .filter_map(|e| {
+                self.messages.get(&e.message_id).map(|m| StreamEntryRead {
+                    entry: *e,
+                    message: m.message.clone(),
+                })
+            })
+            .take(max)
+            .collect()
     }
 
     /// Apply one validated change.
@@ -579,6 +645,20 @@ impl Storage for MemoryStorage {
         let mut state = self.shared.state.lock();
         state.start_broker();
         Ok(state.snapshot())
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+    ) -> Result<Vec<StreamEntryRead>, StorageError> {
+        Ok(self
+            .shared
+            .state
+            .lock()
+            .read_stream(stream, from_offset, from_time_ms, max))
     }
 
     async fn load_without_queues(&self) -> Result<LoadedState, StorageError> {

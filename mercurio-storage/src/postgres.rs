@@ -382,6 +382,22 @@ impl Storage for PostgresStorage {
             .map_err(|e| classify(e, "cannot load messages"))
     }
 
+    async fn read_stream(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+    ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
+        let guard = self.writer().await?;
+        let Some(writer) = guard.as_ref() else {
+            return Err(StorageError::fatal("the PostgreSQL storage is closed"));
+        };
+        load::read_stream(&writer.client, stream, from_offset, from_time_ms, max)
+            .await
+            .map_err(|e| classify(e, "cannot read a stream"))
+    }
+
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {
         if batch.is_empty() {
             return Ok(());

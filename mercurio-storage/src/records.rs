@@ -209,6 +209,11 @@ pub struct MessageRecord {
 }
 
 impl MessageRecord {
+    /// Its bytes as a stream counts them: topic, payload and properties.
+    pub fn size(&self) -> u64 {
+        (self.topic.len() + self.payload.len() + self.properties.len()) as u64
+    }
+
     /// A message with no properties, no expiry and no publisher.
     pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>, qos: u8) -> MessageRecord {
         MessageRecord {
@@ -437,7 +442,8 @@ pub struct StreamEntryRecord {
     pub message_id: u64,
 }
 
-/// A stream as loaded at start: its entries and where its offsets go on.
+/// A stream as loaded at start: its counters, not its entries (read with
+/// [`Storage::read_stream`](crate::Storage::read_stream)), and where its offsets go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamRecord {
     /// The stream's name.
@@ -445,11 +451,28 @@ pub struct StreamRecord {
     /// The lowest offset the next appended entry may take: above every offset appended so
     /// far, trimmed ones included (so that offsets are never given twice).
     pub next_offset: u64,
-    /// Its entries, by offset.
-    pub entries: Vec<StreamEntryRecord>,
+    /// The offset of its oldest entry; `next_offset` when it has none.
+    pub first_offset: u64,
+    /// The append time of its oldest entry, unix milliseconds; 0 when it has none.
+    pub first_time_ms: u64,
+    /// Its entries (those whose message is stored).
+    pub messages: u64,
+    /// The bytes of their messages: topic, payload and properties of each, as the broker
+    /// counts a message's size.
+    pub bytes: u64,
     /// Its definition, for a stream created while the broker ran (`mercurioctl stream
     /// create`); `None` for one defined elsewhere (the configuration file).
     pub definition: Option<StreamDefinition>,
+}
+
+/// One entry of a stream read back ([`Storage::read_stream`](crate::Storage::read_stream)):
+/// the entry and its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEntryRead {
+    /// The entry (its offset, append time and message id).
+    pub entry: StreamEntryRecord,
+    /// Its message.
+    pub message: MessageRecord,
 }
 
 /// What a stream created at run time is, stored by

@@ -7,10 +7,12 @@
 //! name it if the message is not stored) and each it removes ([`Refs::remove`]), and the
 //! releases ([`Refs::release`]); at the end of the batch it adds each message's net change to
 //! its stored count (`refs`), refuses the batch when an added reference's message is not
-//! stored, and deletes the released messages left with no reference. A further kind of
+//! stored, and deletes the released messages left with no reference among those the batch
+//! released or took references from ([`Refs::sweep_candidates`]): a cost per message
+//! touched, however many released messages are still referred to (a long stream's). A further kind of
 //! reference (e.g. an index of stream offsets) counts through the same calls.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One message's net change of references in a batch.
 #[derive(Debug, Default, Clone, Copy)]
@@ -26,9 +28,8 @@ pub(crate) struct Delta {
 #[derive(Debug, Default)]
 pub(crate) struct Refs {
     deltas: BTreeMap<u64, Delta>,
-    /// A reference was removed or a message released: released messages left without
-    /// references are to be deleted.
-    sweep: bool,
+    /// Messages released in the batch.
+    released: BTreeSet<u64>,
 }
 
 impl Refs {
@@ -42,21 +43,25 @@ impl Refs {
     /// `n` references to message `id` are removed.
     pub(crate) fn remove(&mut self, id: u64, n: i64) {
         self.deltas.entry(id).or_default().net -= n;
-        self.sweep = true;
     }
 
-    /// A message was released: it goes once nothing refers to it.
-    pub(crate) fn release(&mut self) {
-        self.sweep = true;
-    }
-
-    /// Whether released messages may have lost their last reference in this batch.
-    pub(crate) fn sweeps(&self) -> bool {
-        self.sweep
+    /// Message `id` was released with no reference stored: it goes at the end of the batch
+    /// unless the batch gave it one.
+    pub(crate) fn release(&mut self, id: u64) {
+        self.released.insert(id);
     }
 
     /// Each message touched, with its net change; emptied.
     pub(crate) fn take(&mut self) -> BTreeMap<u64, Delta> {
         std::mem::take(&mut self.deltas)
+    }
+
+    /// The messages that may have become deletable (released, without references) in the
+    /// batch: those it released and those of `deltas` (from [`take`](Self::take)) that lost
+    /// references; emptied.
+    pub(crate) fn sweep_candidates(&mut self, deltas: &BTreeMap<u64, Delta>) -> BTreeSet<u64> {
+        let mut out = std::mem::take(&mut self.released);
+        out.extend(deltas.iter().filter(|(_, d)| d.net < 0).map(|(id, _)| *id));
+        out
     }
 }

@@ -14,7 +14,8 @@ use crate::{LoadedState, SetAside};
 
 use crate::records::{
     DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord,
-    SessionRecord, StoredMessage, SubscriptionRecord, WillRecord,
+    SessionRecord, StoredMessage, StreamEntryRead, StreamEntryRecord, SubscriptionRecord,
+    WillRecord,
 };
 
 /// The columns of a retained message, in this order.
@@ -167,6 +168,23 @@ pub(crate) fn stored(row: &impl Columns) -> Result<StoredMessage, (Option<u64>, 
     Ok(StoredMessage {
         id,
         message: will_message_at(row, 1).map_err(|e| (Some(id), e))?,
+    })
+}
+
+/// The columns of a stream entry read back with its message ([`stream_entry`]): `e` is the
+/// entries' table, `m` the message store's.
+pub(crate) const STREAM_ENTRY_COLUMNS: &str = "e.entry_offset, e.time_ms, e.message_id, \
+     m.topic, m.payload, m.qos, m.retain, m.properties, m.expires_at, m.publisher";
+
+/// A stream entry with its message: the [`STREAM_ENTRY_COLUMNS`].
+pub(crate) fn stream_entry(row: &impl Columns) -> Result<StreamEntryRead, String> {
+    Ok(StreamEntryRead {
+        entry: StreamEntryRecord {
+            offset: unsigned(row.int(0)?, "entry_offset")?,
+            time_ms: unsigned(row.int(1)?, "time_ms")?,
+            message_id: unsigned(row.int(2)?, "message_id")?,
+        },
+        message: will_message_at(row, 3)?,
     })
 }
 

@@ -35,7 +35,8 @@ use crate::error::StorageError;
 use crate::records::{InflightRecord, QueuedRecord, StoredMessage, SubscriptionRecord, WillRecord};
 use crate::refs::Refs;
 use crate::rows::{
-    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
+    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, STREAM_ENTRY_COLUMNS,
+    SUBSCRIPTION_COLUMNS,
 };
 use crate::{LoadedState, SetAside, Storage};
 use queue::QueueChanges;
@@ -551,15 +552,53 @@ fn per_client<T>(
     Ok(out)
 }
 
-/// Deletes the messages the broker released that nothing refers to any more.
-const DELETE_RELEASED: &str = "DELETE FROM messages WHERE released = 1 AND refs <= 0";
+/// Deletes a message the broker released if nothing refers to it any more.
+const DELETE_RELEASED: &str = "DELETE FROM messages WHERE id = ?1 AND released = 1 AND refs <= 0";
 
 /// A new broker starts: messages nothing refers to go, and it holds every other one.
 fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute("DELETE FROM messages WHERE refs <= 0", [])?;
     tx.execute("UPDATE messages SET released = 0 WHERE released = 1", [])?;
+    // A message only stream entries refer to is read back with them, never held: it goes
+    // with its last entry.
+    tx.execute(
+        "UPDATE messages SET released = 1 FROM (SELECT message_id, count(*) AS n \
+         FROM stream_entries GROUP BY message_id) s \
+         WHERE s.message_id = messages.id AND messages.refs <= s.n",
+        [],
+    )?;
     tx.commit()
+}
+
+/// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
+/// later, with their messages (an unreadable one left out).
+fn read_stream(
+    conn: &Connection,
+    stream: &str,
+    from_offset: u64,
+    from_time_ms: u64,
+    max: usize,
+) -> rusqlite::Result<Vec<crate::StreamEntryRead>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {STREAM_ENTRY_COLUMNS} FROM stream_entries e JOIN messages m \
+         ON m.id = e.message_id WHERE e.stream = ?1 AND e.entry_offset >= ?2 \
+         AND e.time_ms >= ?3 ORDER BY e.entry_offset LIMIT ?4"
+    ))?;
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let mut found = stmt.query(params![
+        stream,
+        clamp(from_offset),
+        clamp(from_time_ms),
+        clamp(max as u64)
+    ])?;
+    let mut out = Vec::new();
+    while let Some(row) = found.next()? {
+        if let Ok(e) = rows::stream_entry(row) {
+            out.push(e);
+        }
+    }
+    Ok(out)
 }
 
 /// The readable stored messages among `ids` (sorted, without duplicates), in order: in
@@ -585,8 +624,8 @@ fn load_messages(conn: &Connection, ids: &[u64]) -> rusqlite::Result<Vec<StoredM
     Ok(out)
 }
 
-/// Ids one statement of [`load_messages`] reads: under SQLite's smallest limit of bound
-/// parameters (999).
+/// Ids one statement names at most ([`load_messages`], [`release_messages`]): under SQLite's
+/// smallest limit of bound parameters (999).
 const IDS_PER_READ: usize = 500;
 
 /// Everything stored; with `queues` false, each session's queue is left in storage and
@@ -660,7 +699,7 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
     }
     state.retained = retained.into_values().collect();
     let mut stmt = conn.prepare(&format!(
-        "SELECT {STORED_COLUMNS} FROM messages ORDER BY id"
+        "SELECT {STORED_COLUMNS} FROM messages WHERE released = 0 ORDER BY id"
     ))?;
     let mut found = stmt.query([])?;
     let mut messages = Vec::new();
@@ -668,45 +707,48 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
         messages.push(rows::stored(row));
     }
     rows::attach_messages(&mut state, messages);
+    state.max_message_id = conn
+        .query_row("SELECT max(id) FROM messages", [], |r| {
+            r.get::<_, Option<i64>>(0)
+        })?
+        .map_or(0, |id| u64::try_from(id).unwrap_or(0));
+    // Each stream's counters, not its entries.
     let mut stmt = conn.prepare(
-        "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id, s.filter, \
-         s.max_age, s.max_bytes, s.last_value FROM streams s \
-         LEFT JOIN stream_entries e ON e.stream = s.name ORDER BY s.name, e.entry_offset",
+        "SELECT s.name, s.next_offset, \
+         (SELECT min(entry_offset) FROM stream_entries e JOIN messages m \
+          ON m.id = e.message_id WHERE e.stream = s.name), \
+         (SELECT e.time_ms FROM stream_entries e JOIN messages m ON m.id = e.message_id \
+          WHERE e.stream = s.name ORDER BY e.entry_offset LIMIT 1), \
+         (SELECT count(*) FROM stream_entries e JOIN messages m ON m.id = e.message_id \
+          WHERE e.stream = s.name), \
+         (SELECT total(length(CAST(m.topic AS BLOB)) + length(m.payload) \
+          + length(m.properties)) FROM stream_entries e JOIN messages m \
+          ON m.id = e.message_id WHERE e.stream = s.name), \
+         s.filter, s.max_age, s.max_bytes, s.last_value FROM streams s ORDER BY s.name",
     )?;
     let mut found = stmt.query([])?;
+    let unsigned = |v: Option<i64>| v.map_or(0, |v| u64::try_from(v).unwrap_or(0));
     while let Some(row) = found.next()? {
         let name: String = row.get(0)?;
-        let next_offset: i64 = row.get(1)?;
-        if state.streams.last().is_none_or(|s| s.name != name) {
-            let definition =
-                row.get::<_, Option<String>>(5)?
-                    .map(|filter| crate::StreamDefinition {
-                        filter,
-                        max_age: u64::try_from(row.get::<_, i64>(6).unwrap_or(0)).unwrap_or(0),
-                        max_bytes: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
-                        last_value: row.get::<_, bool>(8).unwrap_or(false),
-                    });
-            state.streams.push(crate::StreamRecord {
-                name,
-                next_offset: u64::try_from(next_offset).unwrap_or(0),
-                entries: Vec::new(),
-                definition,
+        let next_offset = unsigned(row.get(1)?);
+        let definition = row
+            .get::<_, Option<String>>(6)?
+            .map(|filter| crate::StreamDefinition {
+                filter,
+                max_age: u64::try_from(row.get::<_, i64>(7).unwrap_or(0)).unwrap_or(0),
+                max_bytes: u64::try_from(row.get::<_, i64>(8).unwrap_or(0)).unwrap_or(0),
+                last_value: row.get::<_, bool>(9).unwrap_or(false),
             });
-        }
-        let (Some(offset), Some(time_ms), Some(message_id)) = (
-            row.get::<_, Option<i64>>(2)?,
-            row.get::<_, Option<i64>>(3)?,
-            row.get::<_, Option<i64>>(4)?,
-        ) else {
-            continue;
-        };
-        if let Some(s) = state.streams.last_mut() {
-            s.entries.push(crate::StreamEntryRecord {
-                offset: u64::try_from(offset).unwrap_or(0),
-                time_ms: u64::try_from(time_ms).unwrap_or(0),
-                message_id: u64::try_from(message_id).unwrap_or(0),
-            });
-        }
+        let first: Option<i64> = row.get(2)?;
+        state.streams.push(crate::StreamRecord {
+            name,
+            next_offset,
+            first_offset: first.map_or(next_offset, |f| unsigned(Some(f))),
+            first_time_ms: unsigned(row.get(3)?),
+            messages: unsigned(row.get(4)?),
+            bytes: row.get::<_, f64>(5)? as u64,
+            definition,
+        });
     }
     Ok(state)
 }
@@ -729,11 +771,26 @@ fn store_message(tx: &Transaction<'_>, stored: &StoredMessage) -> rusqlite::Resu
     ])
 }
 
-/// Marks message `id` released; it is deleted at the end of the batch if nothing refers to it.
-fn release_message(tx: &Transaction<'_>, id: u64, refs: &mut Refs) -> rusqlite::Result<()> {
-    tx.prepare_cached("UPDATE messages SET released = 1 WHERE id = ?1")?
-        .execute([to_i64(id)])?;
-    refs.release();
+/// Marks the messages the batch released (`ids`, in statements of at most
+/// [`IDS_PER_READ`]); each is deleted at the end of the batch if nothing refers to it (a
+/// message still referred to, a stream's, is left alone unless the batch takes references
+/// from it). Last in the batch: nothing refers to a message again once it is released.
+fn release_messages(tx: &Transaction<'_>, ids: &[u64], refs: &mut Refs) -> rusqlite::Result<()> {
+    for chunk in ids.chunks(IDS_PER_READ) {
+        let marks = vec!["?"; chunk.len()].join(",");
+        let mut stmt = tx.prepare_cached(&format!(
+            "UPDATE messages SET released = 1 WHERE id IN ({marks}) RETURNING id, refs"
+        ))?;
+        let mut found = stmt.query(rusqlite::params_from_iter(
+            chunk.iter().map(|id| to_i64(*id)),
+        ))?;
+        while let Some(row) = found.next()? {
+            let (id, n): (i64, i64) = (row.get(0)?, row.get(1)?);
+            if n <= 0 {
+                refs.release(u64::try_from(id).unwrap_or(0));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -868,6 +925,11 @@ struct Pending<'c> {
     stored: HashSet<&'c str>,
     /// The `InflightSet` changes the batch removes again ([`cancelled_sets`]).
     cancelled: HashSet<usize>,
+    /// The messages the batch releases, marked at its end ([`release_messages`]).
+    released: Vec<u64>,
+    /// The streams the batch appends to, with the offset after their last entry so far
+    /// ([`move_streams_on`]).
+    appended: HashMap<&'c str, i64>,
 }
 
 /// The indices of the `InflightSet` changes of `batch` whose entry a later
@@ -1008,7 +1070,7 @@ fn apply_one<'c>(
             true
         }
         Change::MessageReleased { id } => {
-            release_message(tx, *id, &mut p.refs)?;
+            p.released.push(*id);
             true
         }
         Change::MessageQueued {
@@ -1114,30 +1176,48 @@ fn apply_one<'c>(
             true
         }
         Change::StreamAppended { stream, entry } => {
-            tx.prepare_cached(
-                "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) ON CONFLICT (name) \
-                 DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
-            )?
-            .execute(params![stream, to_i64(entry.offset) + 1])?;
-            // An entry written again at the same offset gives up its old reference; the count
-            // of references refuses an entry whose message is not stored.
-            remove_entries(
-                tx,
-                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
-                 RETURNING message_id",
-                params![stream, to_i64(entry.offset)],
-                &mut p.refs,
-            )?;
-            tx.prepare_cached(
-                "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
-                 VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![
+            let next = to_i64(entry.offset) + 1;
+            match p.appended.get_mut(stream.as_str()) {
+                // The stream's row moves on once at the end of the batch.
+                Some(n) => *n = (*n).max(next),
+                None => {
+                    tx.prepare_cached(
+                        "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) \
+                         ON CONFLICT (name) \
+                         DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
+                    )?
+                    .execute(params![stream, next])?;
+                    p.appended.insert(stream, next);
+                }
+            }
+            let entry_params = params![
                 stream,
                 to_i64(entry.offset),
                 to_i64(entry.time_ms),
                 to_i64(entry.message_id)
-            ])?;
+            ];
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (stream, entry_offset) DO NOTHING",
+                )?
+                .execute(entry_params)?;
+            if inserted == 0 {
+                // An entry written again at the same offset gives up its old reference.
+                remove_entries(
+                    tx,
+                    "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
+                     RETURNING message_id",
+                    params![stream, to_i64(entry.offset)],
+                    &mut p.refs,
+                )?;
+                tx.prepare_cached(
+                    "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(entry_params)?;
+            }
+            // The count of references refuses an entry whose message is not stored.
             p.refs.add(entry.message_id, index);
             true
         }
@@ -1174,9 +1254,21 @@ fn apply_one<'c>(
             )?;
             tx.prepare_cached("DELETE FROM streams WHERE name = ?1")?
                 .execute([stream])?;
+            p.appended.remove(stream.as_str());
             true
         }
     })
+}
+
+/// Moves each stream appended to in the batch on to the offset after its last entry: one
+/// statement per stream rather than per entry.
+fn move_streams_on(tx: &Transaction<'_>, appended: &HashMap<&str, i64>) -> rusqlite::Result<()> {
+    let mut update =
+        tx.prepare_cached("UPDATE streams SET next_offset = max(next_offset, ?2) WHERE name = ?1")?;
+    for (stream, next) in appended {
+        update.execute(params![stream, next])?;
+    }
+    Ok(())
 }
 
 /// Runs `sql`, a DELETE of stream entries `RETURNING message_id`, and gives up the reference
@@ -1228,9 +1320,10 @@ fn add_inbound(tx: &Transaction<'_>, client_id: &str, packet_id: u16) -> rusqlit
 /// Adds each message's net change of references to its count; a reference added to a
 /// message that is not stored refuses the batch (`Err` with the index of the change).
 fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<Result<(), usize>> {
-    let sweep = refs.sweeps();
+    let deltas = refs.take();
+    let candidates = refs.sweep_candidates(&deltas);
     let mut update = tx.prepare_cached("UPDATE messages SET refs = refs + ?2 WHERE id = ?1")?;
-    for (id, delta) in refs.take() {
+    for (&id, delta) in &deltas {
         if delta.net == 0 && delta.first_addition.is_none() {
             continue;
         }
@@ -1241,8 +1334,9 @@ fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<R
             }
         }
     }
-    if sweep {
-        tx.prepare_cached(DELETE_RELEASED)?.execute([])?;
+    let mut delete = tx.prepare_cached(DELETE_RELEASED)?;
+    for id in candidates {
+        delete.execute([to_i64(id)])?;
     }
     Ok(Ok(()))
 }
@@ -1285,11 +1379,15 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
         let Pending {
             mut refs,
             mut queues,
+            released,
+            appended,
             ..
         } = pending;
+        move_streams_on(&tx, &appended).map_err(|e| failed(batch.len(), e))?;
         queues
             .write_all(&tx, &mut refs)
             .map_err(|e| failed(batch.len(), e))?;
+        release_messages(&tx, &released, &mut refs).map_err(|e| failed(batch.len(), e))?;
         match count_references(&tx, &mut refs).map_err(|e| failed(batch.len(), e))? {
             Ok(()) => {}
             Err(index) => {
@@ -1342,6 +1440,20 @@ impl Storage for SqliteStorage {
         ids.dedup();
         self.call(move |conn| load_messages(conn, &ids).map_err(classify))
             .await
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+    ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
+        let stream = stream.to_string();
+        self.call(move |conn| {
+            read_stream(conn, &stream, from_offset, from_time_ms, max).map_err(classify)
+        })
+        .await
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {

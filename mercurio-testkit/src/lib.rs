@@ -5,7 +5,8 @@
 //!   listening address, with its ports, its admin socket, its log (printed when the test fails)
 //!   and its stop.
 //! - [`Mosquitto`]: mosquitto on a free port with a configuration of its own.
-//! - [`NatsServer`]: nats-server on free ports with its monitoring endpoint (cluster mode).
+//! - [`NatsServer`]: nats-server on free ports with its monitoring endpoint (cluster mode);
+//!   [`NatsCluster`]: several of them routed to each other, with JetStream.
 //! - [`Proc`]: any other program (mosquitto, mosquitto_sub, python3 with paho), its output read
 //!   line by line with deadlines.
 //! - [`Client`]: a blocking MQTT client on the broker's codec; [`Mqtt`]: a few packets written
@@ -36,7 +37,7 @@ pub use client::Client;
 pub use daemon::{admin, config_text, mercuriod_bin, parse_listening, Daemon, Launch};
 pub use mosquitto::Mosquitto;
 pub use mqtt::{publish_packet, Mqtt};
-pub use nats::{free_port, nats_server_bin, NatsServer};
+pub use nats::{free_port, nats_server_bin, ClusterNode, NatsCluster, NatsServer};
 pub use process::Proc;
 
 /// How long a test waits for an expected event (a line, an exit, a packet, a condition)

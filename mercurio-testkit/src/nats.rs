@@ -54,7 +54,7 @@ impl NatsServer {
     /// [`NatsServer::start`] with its client port `port` (0: a free one), to start it again
     /// where clients expect it.
     pub fn start_on(test: &str, port: u16) -> Option<NatsServer> {
-        NatsServer::launch(test, port, None)
+        NatsServer::launch(test, port, None, None)
     }
 
     /// A member of a NATS cluster (no JetStream, and not advertising the other members to its
@@ -68,14 +68,14 @@ impl NatsServer {
         cluster_port: u16,
         routes: &[u16],
     ) -> Option<NatsServer> {
-        NatsServer::launch(test, port, Some((cluster_port, routes)))
+        NatsServer::launch(test, port, Some((cluster_port, routes)), None)
     }
 
     /// A member of a NATS cluster whose routes change at run time: as
     /// [`NatsServer::start_clustered`], configured through a file that [`NatsServer::route_to`]
     /// rewrites. It starts with no route: a partition, until routes are added.
     pub fn start_partitioned(test: &str, cluster_port: u16) -> Option<NatsServer> {
-        NatsServer::launch(test, 0, Some((cluster_port, &[])))
+        NatsServer::launch(test, 0, Some((cluster_port, &[])), None)
     }
 
     /// Rewrites this server's configuration with routes to the members whose cluster ports
@@ -95,7 +95,14 @@ impl NatsServer {
         self.monitor("/routez")["num_routes"].as_u64().unwrap_or(0)
     }
 
-    fn launch(test: &str, port: u16, cluster: Option<(u16, &[u16])>) -> Option<NatsServer> {
+    /// nats-server alone with JetStream (`cluster` `None`), or a member of a NATS cluster:
+    /// without JetStream, or with it as the server `jetstream_member` names.
+    fn launch(
+        test: &str,
+        port: u16,
+        cluster: Option<(u16, &[u16])>,
+        jetstream_member: Option<&str>,
+    ) -> Option<NatsServer> {
         let Some(bin) = nats_server_bin() else {
             prerequisite(
                 test,
@@ -120,7 +127,16 @@ impl NatsServer {
                 // reread. Clients keep to the server they were given (`no_advertise`): a test
                 // stopping it cuts them off NATS, rather than sending them to another member.
                 let conf = dir.path().join("nats.conf");
-                std::fs::write(&conf, cluster_conf(cluster_port, routes)).expect("nats.conf");
+                let mut text = String::new();
+                if let Some(name) = jetstream_member {
+                    // A JetStream cluster needs each server named.
+                    text = format!(
+                        "server_name: {name}\njetstream {{\n  store_dir: {:?}\n}}\n",
+                        dir.path().join("js").display().to_string()
+                    );
+                }
+                text.push_str(&cluster_conf(cluster_port, routes));
+                std::fs::write(&conf, text).expect("nats.conf");
                 command.arg("-c").arg(&conf);
             }
         }
@@ -212,4 +228,138 @@ fn dechunk(body: &str) -> String {
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     l.local_addr().expect("its address").port()
+}
+
+/// A NATS cluster of servers with JetStream, routed to each other on loopback, for the
+/// tests of QoS 1 and 2 between nodes (docs/cluster.md, "QoS across nodes"); each server
+/// killed when dropped.
+pub struct NatsCluster {
+    /// The servers, in the order started (named `n1`, `n2`, ...).
+    pub servers: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts `n` servers with JetStream (each its own store directory), every one routed to
+    /// every other; returns once every route is up and JetStream has elected its meta
+    /// leader, within [`DEADLINE`], else panics. `None` when nats-server is not installed
+    /// ([`NatsServer::start`]).
+    pub fn start(test: &str, n: usize) -> Option<NatsCluster> {
+        let cluster_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let mut servers = Vec::with_capacity(n);
+        for (i, port) in cluster_ports.iter().enumerate() {
+            let routes: Vec<u16> = cluster_ports
+                .iter()
+                .copied()
+                .filter(|p| p != port)
+                .collect();
+            let name = format!("n{}", i + 1);
+            servers.push(NatsServer::launch(
+                test,
+                0,
+                Some((*port, &routes)),
+                Some(&name),
+            )?);
+        }
+        let cluster = NatsCluster { servers };
+        let deadline = Instant::now() + DEADLINE;
+        for s in &cluster.servers {
+            while s.routes() < (n - 1) as u64 || !s.jetstream_ready() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the NATS cluster did not form: routes {} of {}, JetStream ready: {}",
+                    s.routes(),
+                    n - 1,
+                    s.jetstream_ready()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Some(cluster)
+    }
+
+    /// Every server's client URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(NatsServer::url).collect()
+    }
+}
+
+impl NatsServer {
+    /// The state of the JetStream stream `name` on this server (`/jsz?streams=true`:
+    /// `messages`, `bytes`, `first_seq`, `last_seq`...); `None` when it holds no such stream.
+    pub fn stream_state(&self, name: &str) -> Option<serde_json::Value> {
+        let jsz = self.monitor("/jsz?streams=true");
+        jsz["account_details"]
+            .as_array()?
+            .iter()
+            .filter_map(|a| a["stream_detail"].as_array())
+            .flatten()
+            .find(|s| s["name"] == name)
+            .map(|s| s["state"].clone())
+    }
+
+    /// Whether JetStream answers: on and, in a cluster, with a meta leader (`/jsz`).
+    pub fn jetstream_ready(&self) -> bool {
+        let jsz = self.monitor("/jsz");
+        match jsz.get("meta_cluster") {
+            Some(meta) => meta["leader"].as_str().is_some_and(|l| !l.is_empty()),
+            None => jsz.get("config").is_some(),
+        }
+    }
+}
+
+/// A mercuriod node of a cluster, with storage of its own (SQLite, `durable_ack`) that
+/// outlives its process: it can be killed and started again on the same storage with the
+/// same `node_name`, as after a crash.
+pub struct ClusterNode {
+    /// Its `node_name`.
+    pub name: String,
+    /// The running process.
+    pub daemon: crate::Daemon,
+    /// The configuration text given to each start.
+    extra: String,
+    _storage: tempfile::TempDir,
+}
+
+impl ClusterNode {
+    /// Starts node `name` on the NATS servers `urls`, with `extra` configuration (sections
+    /// before `[storage]` and `[cluster]`; `[cluster]` keys may follow in `cluster_extra`);
+    /// returns once it has connected to NATS.
+    pub fn start(name: &str, urls: &[String], extra: &str, cluster_extra: &str) -> ClusterNode {
+        let storage = tempfile::tempdir().expect("temp dir");
+        let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
+        let extra = format!(
+            "{extra}[storage]\nbackend = \"sqlite\"\npath = {:?}\ndurable_ack = true\n\n\
+             [cluster]\nnats_urls = [{}]\nnode_name = \"{name}\"\n{cluster_extra}",
+            storage.path().join("mercurio.db").display().to_string(),
+            urls.join(", ")
+        );
+        let daemon = ClusterNode::launch(&extra);
+        ClusterNode {
+            name: name.to_string(),
+            daemon,
+            extra,
+            _storage: storage,
+        }
+    }
+
+    fn launch(extra: &str) -> crate::Daemon {
+        let mut d = crate::Daemon::start(extra);
+        d.wait_logged("the connection to NATS", |l| {
+            l.contains("cluster: connected to NATS")
+        });
+        d
+    }
+
+    /// Kills the process (SIGKILL: no last write, no goodbye to the other nodes) and waits
+    /// for its end.
+    pub fn kill(&mut self) {
+        self.daemon.signal(libc::SIGKILL);
+        let _ = self.daemon.wait_exit();
+    }
+
+    /// Starts the node again, on the same storage and with the same name (a new listening
+    /// port: read it from `daemon`).
+    pub fn restart(&mut self) {
+        self.daemon = ClusterNode::launch(&self.extra);
+    }
 }

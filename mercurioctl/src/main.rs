@@ -764,7 +764,7 @@ fn stream_show(r: &Value) -> String {
         Some(n) => format!("{n} {unit}"),
     };
     format!(
-        "stream          {}\nfilter          {}\ndefined         {}\nmax age         {}\nmax bytes       {}\nlast value      {}\nmessages        {}\nbytes           {}\nfirst offset    {}\nlast offset     {}\nreaders         {}\ntrimmed         {}, {} bytes\n",
+        "stream          {}\nfilter          {}\ndefined         {}\nmax age         {}\nmax bytes       {}\nlast value      {}\nmessages        {}\nbytes           {}\nin memory       {} messages\nfirst offset    {}\nlast offset     {}\nreaders         {}\ntrimmed         {}, {} bytes\n",
         text(&r["name"]),
         text(&r["filter"]),
         if r["runtime"] == true {
@@ -777,6 +777,7 @@ fn stream_show(r: &Value) -> String {
         text(&r["last_value"]),
         text(&r["messages"]),
         text(&r["bytes"]),
+        text(&r["in_memory"]),
         text(&r["first_offset"]),
         text(&r["last_offset"]),
         text(&r["readers"]),

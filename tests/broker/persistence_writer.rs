@@ -166,6 +166,17 @@ impl mercurio::storage::Storage for UnreadableQueues {
     ) -> Result<Vec<mercurio::storage::StoredMessage>, StorageError> {
         self.inner.load_messages(ids).await
     }
+    async fn read_stream(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+    ) -> Result<Vec<mercurio::storage::StreamEntryRead>, StorageError> {
+        self.inner
+            .read_stream(stream, from_offset, from_time_ms, max)
+            .await
+    }
     async fn apply(&self, batch: &[mercurio::storage::Change]) -> Result<(), StorageError> {
         self.inner.apply(batch).await
     }

@@ -569,3 +569,202 @@ async fn a_stream_created_at_run_time_is_kept_across_a_restart() {
     assert!(broker.streams().is_empty());
     broker.shutdown().await;
 }
+
+/// Payloads of 16 KiB: a few hundred of them are more than a stream keeps in memory (8 MiB).
+const BIG: usize = 16 << 10;
+
+/// Message `i` of the big ones: its number, then padding up to [`BIG`] bytes.
+fn big_payload(i: u32) -> Vec<u8> {
+    let mut p = format!("{i:07}").into_bytes();
+    p.resize(BIG, b'.');
+    p
+}
+
+async fn publish_big(c: &mut Client, range: std::ops::Range<u32>) {
+    for i in range {
+        let rc = c
+            .publish("t/a", &big_payload(i), QoS::AtLeastOnce, false)
+            .await;
+        assert!(!rc.is_failure(), "message {i}");
+    }
+}
+
+/// The next `n` deliveries (acknowledged): (offset, time, the number in the payload), each
+/// payload checked whole.
+async fn take_big(c: &mut Client, n: usize) -> Vec<(u64, u64, u32)> {
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        let p = c.expect_publish().await;
+        c.ack(&p).await;
+        let (offset, time) = position(&p);
+        let i: u32 = std::str::from_utf8(&p.payload[..7])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("payload of offset {offset}"));
+        assert_eq!(
+            p.payload.as_ref(),
+            big_payload(i).as_slice(),
+            "offset {offset}"
+        );
+        got.push((offset, time, i));
+    }
+    got
+}
+
+fn sqlite_config(dir: &std::path::Path, streams: Vec<StreamConfig>) -> mercurio::config::Config {
+    let mut config = test_config();
+    config.storage.backend = mercurio::config::StorageBackend::Sqlite;
+    config.storage.path = Some(dir.join("mercurio.db"));
+    config.streams = streams;
+    config
+}
+
+fn info(broker: &BrokerHandle, name: &str) -> mercurio::streams::StreamInfo {
+    broker
+        .streams()
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("the stream")
+}
+
+/// With SQLite, a stream larger than what it keeps in memory holds only its newest messages
+/// there: a reader from `earliest` gets the older ones read back from storage, then those in
+/// memory, then the live ones, every one once and in order while a publisher keeps
+/// publishing through both switches.
+#[tokio::test]
+async fn a_replay_longer_than_memory_reads_storage_then_memory_then_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, addr) = start_with(sqlite_config(dir.path(), vec![stream("s", "t/#")])).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publish_big(&mut publisher, 0..1200).await;
+    wait_until("older messages left memory", || {
+        let s = info(&broker, "s");
+        s.messages == 1200 && s.in_memory < 700
+    })
+    .await;
+    let feeding = tokio::spawn(async move {
+        publish_big(&mut publisher, 1200..1800).await;
+        publisher
+    });
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/s", "earliest").await;
+    let got = take_big(&mut reader, 1800).await;
+    for (i, (offset, _, n)) in got.iter().enumerate() {
+        assert_eq!((*offset, *n), (i as u64 + 1, i as u32), "in order, no gap");
+    }
+    assert!(
+        got.windows(2).all(|w| w[0].1 <= w[1].1),
+        "times never go back"
+    );
+    let mut publisher = feeding.await.unwrap();
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
+    publish_big(&mut publisher, 1800..1801).await;
+    assert_eq!(take_big(&mut reader, 1).await[0].0, 1801, "then live");
+    let s = info(&broker, "s");
+    assert_eq!((s.messages, s.first_offset, s.last_offset), (1801, 1, 1801));
+    assert!(s.in_memory < 700, "{} messages in memory", s.in_memory);
+    broker.shutdown().await;
+}
+
+/// With SQLite, retention (`max_bytes`) trims a stream whose oldest messages are in storage
+/// only, and counts what it removed; a restart keeps every offset, time and message, with
+/// nothing of the stream read into memory until a reader asks, and offsets go on.
+#[tokio::test]
+async fn retention_and_a_restart_keep_a_stream_larger_than_memory_with_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3 + BIG as u64; // topic and payload
+    let mut bounded = stream("bounded", "t/#");
+    bounded.max_bytes = 1000 * size;
+    let streams = vec![stream("all", "t/#"), bounded];
+    let (broker, addr) = start_with(sqlite_config(dir.path(), streams.clone())).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publish_big(&mut publisher, 0..1300).await;
+    wait_until("retention trimmed the oldest, in storage only", || {
+        let s = info(&broker, "bounded");
+        (s.messages, s.bytes, s.first_offset, s.trimmed_messages) == (1000, 1000 * size, 301, 300)
+    })
+    .await;
+    assert_eq!(info(&broker, "bounded").trimmed_bytes, 300 * size);
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/all", "earliest").await;
+    let before = take_big(&mut reader, 1300).await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_with(sqlite_config(dir.path(), streams)).await;
+    let all = info(&broker, "all");
+    assert_eq!(
+        (
+            all.messages,
+            all.bytes,
+            all.first_offset,
+            all.last_offset,
+            all.in_memory
+        ),
+        (1300, 1300 * size, 1, 1300, 0),
+        "counters back, entries left in storage"
+    );
+    let bounded = info(&broker, "bounded");
+    assert_eq!(
+        (bounded.messages, bounded.first_offset, bounded.last_offset),
+        (1000, 301, 1300)
+    );
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/all", "earliest").await;
+    assert_eq!(
+        take_big(&mut reader, 1300).await,
+        before,
+        "offsets, times, messages"
+    );
+    read_from(&mut reader, "$stream/bounded", "earliest").await;
+    let kept = take_big(&mut reader, 1000).await;
+    assert_eq!(
+        kept.iter().map(|e| e.0).collect::<Vec<_>>(),
+        (301..=1300).collect::<Vec<_>>()
+    );
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publish_big(&mut publisher, 1300..1301).await;
+    let live: Vec<u64> = take_big(&mut reader, 2).await.iter().map(|e| e.0).collect();
+    assert_eq!(
+        live,
+        [1301, 1301],
+        "offsets go on after the restart, in both streams"
+    );
+    wait_until("the oldest trimmed", || {
+        info(&broker, "bounded").first_offset == 302
+    })
+    .await;
+    broker.shutdown().await;
+}
+
+/// With SQLite, `max_age` removes the messages of a stream that are in storage only (the
+/// oldest, beyond what it keeps in memory), and those in memory, and counts them; the
+/// offsets go on.
+#[tokio::test]
+async fn max_age_removes_messages_in_storage_only_with_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut aging = stream("aging", "t/#");
+    aging.max_age = 3;
+    let (broker, addr) = start_with(sqlite_config(dir.path(), vec![aging])).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publish_big(&mut publisher, 0..1000).await;
+    wait_until("older messages in storage only", || {
+        let s = info(&broker, "aging");
+        s.in_memory < s.messages
+    })
+    .await;
+    wait_until("every message aged out", || {
+        let s = info(&broker, "aging");
+        (s.messages, s.bytes, s.first_offset, s.trimmed_messages) == (0, 0, 1001, 1000)
+    })
+    .await;
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/aging", "earliest").await;
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
+    publish_big(&mut publisher, 1000..1001).await;
+    assert_eq!(take_big(&mut reader, 1).await[0].0, 1001);
+    broker.shutdown().await;
+}

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use super::BrokerState;
 use crate::auth::hooks::Action;
+use crate::cluster_qos::Outcome;
 use crate::codec::{Publish, ReasonCode};
 use crate::intercept::{refusal_code, InterceptedPublish, Verdict};
 use crate::message::Message;
@@ -136,7 +137,10 @@ impl BrokerState {
     /// own session, which only the publisher's side drains) until it is back under its
     /// low-water mark, stalled, gone or ended ([`Session::wait_room`]); then, while the
     /// queues hold more than `max_queued_memory`, for them to drain
-    /// ([`BrokerState::wait_memory`], `memory_bound.rs`). Empties `congested`.
+    /// ([`BrokerState::wait_memory`], `memory_bound.rs`); then, while more than
+    /// `jetstream_max_pending_bytes` wait for JetStream, for them to go out
+    /// ([`ClusterQos::wait_room`](crate::cluster_qos::ClusterQos::wait_room)). Empties
+    /// `congested`.
     pub(crate) async fn wait_congested(
         &self,
         own: Option<&Session>,
@@ -150,13 +154,21 @@ impl BrokerState {
         if self.memory_congested() {
             self.wait_memory().await;
         }
+        // Too much waits for JetStream (cluster mode, QoS 1 and 2 between nodes).
+        if self.cluster_qos.over() {
+            self.cluster_qos.wait_room().await;
+        }
     }
 
     /// Every step of the entry, for the application's messages (`from` an in-process
     /// subscription's session, or `None` for the handle's own). `p`'s QoS, RETAIN, topic, payload and properties
     /// make the message (its Message Expiry Interval counted from now); the Topic Alias and
     /// Subscription Identifiers are not kept. Returns whether any subscription matched, once
-    /// the back pressure it met is over; `Err` with the reason code of a refusal.
+    /// the back pressure it met is over and, when another node wants it at QoS 1 or 2, once
+    /// JetStream holds it; `Err` with the reason code of a refusal, 0x89 (Server busy) when
+    /// JetStream did not take it within `jetstream_ack_timeout` (it is still sent), or 0x95
+    /// (Packet too large) when JetStream can never take it (over the NATS servers'
+    /// `max_payload`).
     pub(crate) async fn enter(
         &self,
         from: Option<&Arc<Session>>,
@@ -168,8 +180,16 @@ impl BrokerState {
             .map_err(|rc| rc.unwrap_or(ReasonCode::UNSPECIFIED_ERROR))?;
         let msg = Arc::new(message_of(p, from.map(|s| Arc::clone(&s.client_id))));
         let mut congested = Vec::new();
-        let matched = self.publish_from(msg, &mut congested);
+        let (matched, gate) = self.publish_gated(msg, &mut congested);
         self.wait_congested(from_session, &mut congested).await;
+        // Another node wants it at QoS 1 or 2: resolved once JetStream holds it.
+        if let Some(gate) = gate {
+            match gate.wait().await {
+                Outcome::Held => {}
+                Outcome::TimedOut => return Err(ReasonCode::SERVER_BUSY),
+                Outcome::Refused => return Err(ReasonCode::PACKET_TOO_LARGE),
+            }
+        }
         if let (Some(p), Some(s)) = (self.persist.get(), from) {
             p.wait_room(&s.client_id).await;
         }

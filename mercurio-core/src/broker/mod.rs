@@ -161,6 +161,9 @@ pub(crate) struct BrokerState {
     pub interest: crate::interest::Interest,
     /// The cluster link's state and counters (`cluster_status`), for `$SYS` and metrics.
     pub cluster: crate::cluster_status::ClusterStatus,
+    /// QoS 1 and 2 messages handed to the cluster's JetStream stream (`cluster_qos`); off
+    /// unless cluster mode runs with `jetstream`.
+    pub(crate) cluster_qos: crate::cluster_qos::ClusterQos,
     /// In cluster mode, the other nodes a CONNECT asks for its client identifier's session
     /// (`handover.rs`); set once by the cluster link at its start, empty otherwise.
     pub(crate) other_nodes: OnceLock<Arc<dyn handover::OtherNodes>>,
@@ -187,7 +190,8 @@ impl BrokerState {
             // Before any subscription (the restore's included) reaches the index.
             interest.start(Arc::from(CLUSTER_CLIENT_ID));
         }
-        let streams = crate::streams::Streams::new(&config.streams);
+        let streams =
+            crate::streams::Streams::new(&config.streams, config.storage.stream_memory_bytes);
         let queued_memory = Arc::new(crate::queued_memory::QueuedMemory::new(
             config.server.max_queued_memory,
         ));
@@ -225,6 +229,7 @@ impl BrokerState {
             parking: OnceLock::new(),
             interest,
             cluster: Default::default(),
+            cluster_qos: Default::default(),
             other_nodes: OnceLock::new(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             streams,
@@ -249,6 +254,27 @@ impl BrokerState {
         msg: Arc<Message>,
         congested: &mut Vec<Arc<Session>>,
     ) -> bool {
+        let matched = self.publish_unoffered(&msg, congested);
+        // Another node wants it at QoS 1 or 2: handed to JetStream, for that node to get it
+        // at least once (nobody waits here: see `publish_gated`).
+        self.cluster_qos.offer(&msg);
+        matched
+    }
+
+    /// [`BrokerState::publish_from`] for a publisher that waits before it acknowledges: also
+    /// returns the gate of the hand-off to JetStream when another node wants the message at
+    /// QoS 1 or 2 (docs/cluster.md, "QoS across nodes"), resolved once JetStream holds it.
+    pub(crate) fn publish_gated(
+        &self,
+        msg: Arc<Message>,
+        congested: &mut Vec<Arc<Session>>,
+    ) -> (bool, Option<Arc<crate::cluster_qos::Gate>>) {
+        let matched = self.publish_unoffered(&msg, congested);
+        (matched, self.cluster_qos.offer(&msg))
+    }
+
+    /// The retained copy, the streams and the routing of a message on this node.
+    fn publish_unoffered(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
         if msg.topic.starts_with("$SYS") && self.is_own_bridge_state(&msg.topic) {
             // A client (or its will) on the state topic of a bridge this broker runs: the
             // broker's value stays.
@@ -263,12 +289,12 @@ impl BrokerState {
                 if msg.payload.is_empty() {
                     sys.remove(&msg.topic);
                 } else {
-                    sys.insert(&msg.topic, Arc::clone(&msg));
+                    sys.insert(&msg.topic, Arc::clone(msg));
                 }
             } else if msg.topic.starts_with('$') || !self.cluster.enabled.load(Ordering::Relaxed) {
                 // This node's retained set alone: not in cluster mode, or a `$` topic, which
                 // stays on its node.
-                self.retain(&msg);
+                self.retain(msg);
             } else {
                 // In cluster mode the change is stamped and queued for the other nodes too
                 // (docs/cluster.md, "Retained messages"); the callback runs once the clock's
@@ -276,16 +302,16 @@ impl BrokerState {
                 match self
                     .cluster
                     .retained
-                    .local(&msg, || self.retain_quietly(&msg))
+                    .local(msg, || self.retain_quietly(msg))
                 {
                     Some(Some(change)) => self.retained_changed(change),
                     Some(None) => {}
-                    None => self.retain(&msg),
+                    None => self.retain(msg),
                 }
             }
         }
-        self.streams.append(&msg);
-        self.route_from(&msg, congested)
+        self.streams.append(msg);
+        self.route_from(msg, congested)
     }
 
     /// True when `topic` is `$SYS/broker/connection/<client id>/state` of a bridge this

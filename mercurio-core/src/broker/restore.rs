@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use mercurio_storage::{
     Change, InflightState, LoadedState, RetainedRecord, SessionRecord, SetAside, Storage,
-    StorageError, StoredMessage, NEVER_EXPIRES,
+    StorageError, StoredMessage, StreamEntryRead, NEVER_EXPIRES,
 };
 
 use super::BrokerState;
@@ -75,8 +75,49 @@ pub(crate) async fn read_needed_queues(
     Ok(())
 }
 
-/// Rebuilds the broker's state from `loaded` (nothing without a storage writer).
-pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState) {
+/// The entries of the stored `last_value` streams (those of `configured` and those created
+/// at run time), read back from storage in batches: such a stream holds one message per
+/// topic, and is held whole in memory, like the retained messages. Other streams stay in
+/// storage. Errors are storage's.
+pub(crate) async fn read_last_value_streams(
+    storage: &dyn Storage,
+    loaded: &LoadedState,
+    configured: &[crate::config::StreamConfig],
+) -> Result<StreamEntries, StorageError> {
+    const BATCH: usize = 1024;
+    let mut out = StreamEntries::new();
+    for record in &loaded.streams {
+        let last_value = match configured.iter().find(|c| c.name == record.name) {
+            Some(c) => c.last_value,
+            None => record.definition.as_ref().is_some_and(|d| d.last_value),
+        };
+        if !last_value {
+            continue;
+        }
+        let mut entries = Vec::new();
+        let mut from = record.first_offset;
+        loop {
+            let batch = storage.read_stream(&record.name, from, 0, BATCH).await?;
+            let full = batch.len() == BATCH;
+            if let Some(last) = batch.last() {
+                from = last.entry.offset + 1;
+            }
+            entries.extend(batch);
+            if !full {
+                break;
+            }
+        }
+        out.insert(record.name.clone(), entries);
+    }
+    Ok(out)
+}
+
+/// Stream entries read back at start, by stream ([`read_last_value_streams`]).
+pub(crate) type StreamEntries = std::collections::HashMap<String, Vec<StreamEntryRead>>;
+
+/// Rebuilds the broker's state from `loaded` and the streams' entries read back (nothing
+/// without a storage writer).
+pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState, streamed: StreamEntries) {
     let Some(p) = broker.persist.get() else {
         return;
     };
@@ -85,7 +126,8 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState) {
     // Each stored message once, shared by every delivery that refers to it (dropped at the
     // end of the restore: those no restored session holds are then released).
     let messages = restore_messages(p, &loaded.messages, now, now_ms);
-    restore_streams(broker, p, &loaded.streams, &messages);
+    p.seed_message_ids(loaded.max_message_id.saturating_add(1));
+    restore_streams(broker, p, &loaded.streams, streamed, now, now_ms);
     for s in &loaded.set_aside {
         tracing::error!(
             client_id = %s.client_id,
@@ -166,14 +208,16 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState) {
     }
 }
 
-/// The streams' logs: a configured stream gets its stored entries back (with their offsets and
-/// append times; an entry whose message cannot be read is dropped and logged); a stored stream
-/// no longer configured is deleted.
+/// The streams' logs: a configured stream gets its counters back (its entries stay in
+/// storage, but a `last_value` stream's, read back in `streamed`; an entry whose message
+/// cannot be read is dropped and logged); a stored stream no longer configured is deleted.
 fn restore_streams(
     broker: &BrokerState,
     p: &Persister,
     stored: &[mercurio_storage::StreamRecord],
-    messages: &Restored,
+    mut streamed: StreamEntries,
+    now: Instant,
+    now_ms: u64,
 ) {
     for record in stored {
         let stream = match (broker.streams.get(&record.name), &record.definition) {
@@ -198,43 +242,43 @@ fn restore_streams(
             (None, None) => {
                 tracing::info!(
                     stream = %record.name,
-                    entries = record.entries.len(),
+                    entries = record.messages,
                     "stored stream no longer in [[streams]]: deleted"
                 );
                 p.stream_deleted(&record.name);
                 continue;
             }
         };
-        let mut entries = Vec::with_capacity(record.entries.len());
-        for e in &record.entries {
-            match messages.get(&e.message_id) {
-                Some(Ok((msg, _))) => entries.push(crate::streams::Entry {
-                    offset: e.offset,
-                    time_ms: e.time_ms,
-                    msg: Arc::clone(msg),
-                }),
-                other => {
-                    let cause = match other {
-                        Some(Err(cause)) => cause.clone(),
-                        _ => "not stored".to_string(),
-                    };
-                    tracing::error!(
-                        stream = %record.name,
-                        offset = e.offset,
-                        "stored stream entry cannot be restored, dropped: message {}: {cause}",
-                        e.message_id
-                    );
-                    p.stream_entry_removed(&record.name, e.offset);
+        let entries = streamed.remove(&record.name).map(|read| {
+            let mut entries = Vec::with_capacity(read.len());
+            for e in read {
+                match message_from(&e.message, now, now_ms) {
+                    Ok((msg, _)) => entries.push(crate::streams::Entry {
+                        offset: e.entry.offset,
+                        time_ms: e.entry.time_ms,
+                        msg: Arc::new(msg),
+                    }),
+                    Err(cause) => {
+                        tracing::error!(
+                            stream = %record.name,
+                            offset = e.entry.offset,
+                            "stored stream entry cannot be restored, dropped: message {}: {cause}",
+                            e.entry.message_id
+                        );
+                        p.stream_entry_removed(&record.name, e.entry.offset);
+                    }
                 }
             }
-        }
+            entries
+        });
         tracing::info!(
             stream = %record.name,
-            entries = entries.len(),
+            entries = record.messages,
+            first_offset = record.first_offset,
             next_offset = record.next_offset,
             "stream restored"
         );
-        stream.restore(entries, record.next_offset);
+        stream.restore(record, entries);
     }
 }
 
@@ -483,7 +527,7 @@ mod tests {
             }],
             ..LoadedState::default()
         };
-        super::restore(&broker, loaded);
+        super::restore(&broker, loaded, super::StreamEntries::new());
         let sessions = broker.sessions.lock();
         let queued = sessions["a"]
             .state

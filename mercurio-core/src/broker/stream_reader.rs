@@ -1,6 +1,8 @@
 //! Stream readers: a SUBSCRIBE to `$stream/<name>` starts a task that reads the stream's log
 //! from its start position in bounded batches and hands each message to the reader's session
-//! as a delivery, then follows new appends (docs/streams.md). The task keeps at most
+//! as a delivery, then follows new appends (docs/streams.md). Entries no longer in memory
+//! (with storage, a log keeps only its newest) are read back from storage in batches of the
+//! same size, then the reader goes on in memory. The task keeps at most
 //! [`READER_BATCH`] deliveries in the session's queue (beyond the Receive Maximum window the
 //! writer has in flight), so a reader that stops reading costs a position, not a queue; it
 //! waits on the session's progress signal for room and on the stream's append signal at its
@@ -12,8 +14,9 @@ use std::sync::Arc;
 use crate::codec::QoS;
 use crate::link::Link;
 use crate::message::Message;
+use crate::persist::records::{message_from, unix_ms};
 use crate::session::{Delivery, Granted, Session};
-use crate::streams::{Stream, OFFSET_PROPERTY, TIME_PROPERTY};
+use crate::streams::{Entry, Found, Stream, OFFSET_PROPERTY, TIME_PROPERTY};
 
 use super::BrokerState;
 
@@ -29,6 +32,8 @@ pub(crate) struct ReaderStart {
     pub sub_filter: Option<String>,
     /// The first offset to read.
     pub from: u64,
+    /// The append time its first message must have at least, unix milliseconds (0: any).
+    pub from_time_ms: u64,
     pub granted: Granted,
 }
 
@@ -67,10 +72,34 @@ impl BrokerState {
             stream,
             sub_filter,
             mut from,
+            from_time_ms,
             granted,
             ..
         } = start;
         let _counted = stream.reading();
+        let deliver = |e: Entry| {
+            if sub_filter
+                .as_deref()
+                .is_some_and(|f| !crate::topic::matches(f, &e.msg.topic))
+            {
+                return;
+            }
+            let mut msg = Message::clone(&e.msg);
+            msg.retain = false;
+            let props = &mut msg.properties.user_properties;
+            props.push((OFFSET_PROPERTY.to_string(), e.offset.to_string()));
+            props.push((TIME_PROPERTY.to_string(), e.time_ms.to_string()));
+            let qos: QoS = msg.qos.min(granted.options.qos);
+            let q = Delivery {
+                msg: Arc::new(msg),
+                qos,
+                retain: false,
+                subscription_ids: granted.identifier.into_iter().collect(),
+                seq: 0,
+                share: None,
+            };
+            self.deliver(session, q);
+        };
         loop {
             let room_signal = session.room_signal().notified();
             tokio::pin!(room_signal);
@@ -85,38 +114,83 @@ impl BrokerState {
                 room_signal.await;
                 continue;
             }
-            let batch = stream.read(from, room);
-            if batch.is_empty() {
-                tokio::select! {
-                    _ = &mut room_signal => {}
-                    _ = &mut appended => {}
+            match stream.read(from, from_time_ms, room) {
+                Found::Memory(batch) if batch.is_empty() => {
+                    tokio::select! {
+                        _ = &mut room_signal => {}
+                        _ = &mut appended => {}
+                    }
                 }
-                continue;
-            }
-            for e in batch {
-                from = e.offset + 1;
-                if sub_filter
-                    .as_deref()
-                    .is_some_and(|f| !crate::topic::matches(f, &e.msg.topic))
-                {
-                    continue;
+                Found::Memory(batch) => {
+                    for e in batch {
+                        from = e.offset + 1;
+                        deliver(e);
+                    }
                 }
-                let mut msg = Message::clone(&e.msg);
-                msg.retain = false;
-                let props = &mut msg.properties.user_properties;
-                props.push((OFFSET_PROPERTY.to_string(), e.offset.to_string()));
-                props.push((TIME_PROPERTY.to_string(), e.time_ms.to_string()));
-                let qos: QoS = msg.qos.min(granted.options.qos);
-                let q = Delivery {
-                    msg: Arc::new(msg),
-                    qos,
-                    retain: false,
-                    subscription_ids: granted.identifier.into_iter().collect(),
-                    seq: 0,
-                    share: None,
-                };
-                self.deliver(session, q);
+                Found::Stored { from: at, upto } => {
+                    let Some((entries, next)) =
+                        read_stored(&stream, at, upto, from_time_ms, room).await
+                    else {
+                        tokio::time::sleep(STORAGE_RETRY).await;
+                        continue;
+                    };
+                    from = next;
+                    // Retention may have removed some while they were read.
+                    let first = stream.first();
+                    for e in entries.into_iter().filter(|e| e.offset >= first) {
+                        deliver(e);
+                    }
+                }
             }
         }
     }
+}
+
+/// How long a reader waits before it reads storage again after a failed read.
+const STORAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Up to `max` entries of `stream` from `from` below `upto` appended at `from_time_ms` or
+/// later, read back from storage (committed, since they left memory), and the offset to read
+/// next; `None` when storage could not be read (logged).
+async fn read_stored(
+    stream: &Stream,
+    from: u64,
+    upto: u64,
+    from_time_ms: u64,
+    max: usize,
+) -> Option<(Vec<Entry>, u64)> {
+    let storage = stream.storage()?;
+    let read = match storage
+        .read_stream(stream.name(), from, from_time_ms, max)
+        .await
+    {
+        Ok(read) => read,
+        Err(e) => {
+            tracing::warn!(stream = %stream.name(), "a stream reader cannot read storage, retried: {e}");
+            return None;
+        }
+    };
+    // Short of what was asked, or reaching the tail: every committed entry below `upto` was
+    // read, the next ones are in memory.
+    let next = match read.last() {
+        Some(last) if read.len() == max && last.entry.offset < upto => last.entry.offset + 1,
+        _ => upto,
+    };
+    let (now, now_ms) = (std::time::Instant::now(), unix_ms());
+    let mut out = Vec::with_capacity(read.len());
+    for r in read.into_iter().take_while(|r| r.entry.offset < upto) {
+        match message_from(&r.message, now, now_ms) {
+            Ok((msg, _)) => out.push(Entry {
+                offset: r.entry.offset,
+                time_ms: r.entry.time_ms,
+                msg: Arc::new(msg),
+            }),
+            Err(cause) => tracing::error!(
+                stream = %stream.name(),
+                offset = r.entry.offset,
+                "stored stream entry cannot be read, skipped: {cause}"
+            ),
+        }
+    }
+    Some((out, next))
 }

@@ -26,6 +26,7 @@
 mod control;
 pub(crate) mod dedup;
 pub mod envelope;
+mod jetstream;
 mod ownership;
 mod remote;
 pub mod subject;
@@ -78,6 +79,8 @@ pub(crate) struct Cluster {
     client: async_nats::Client,
     /// The connection of the shared subscription groups' queue subscriptions.
     shares: async_nats::Client,
+    /// The connection of QoS 1 and 2 between nodes (JetStream), with `jetstream` on.
+    jetstream: Option<async_nats::Client>,
     session: Arc<Session>,
     link: Arc<Link>,
 }
@@ -155,7 +158,7 @@ impl Cluster {
                     }
                 }
             })
-            .connect(urls)
+            .connect(urls.clone())
             .await
             .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
         broker.cluster.enabled.store(true, Ordering::Relaxed);
@@ -206,16 +209,70 @@ impl Cluster {
             prefix.clone(),
             origin,
         ));
-        let inbound = tokio::spawn(take_in(
+        let mut tasks = vec![out, control, sessions];
+        let mut jetstream_client = None;
+        if cfg.jetstream_on() {
+            // QoS 1 and 2 between nodes through JetStream (jetstream.rs): the broker hands
+            // off what other nodes want; this node reads its own durable consumer.
+            // On a connection of its own: its inboxes (publish acknowledgements, the
+            // consumer's pulls) stay apart from the routed messages' subjects.
+            // Each (re)connection is told to the tasks: the NATS server may have started
+            // afresh, without the stream and the consumer.
+            let (connected_tx, connected) = tokio::sync::watch::channel(0u64);
+            let js_client = connect_options(cfg, format!("mercurio {} jetstream", cfg.node_name))
+                .await?
+                .event_callback(move |event| {
+                    let connected_tx = connected_tx.clone();
+                    async move {
+                        match event {
+                            async_nats::Event::Connected => {
+                                connected_tx.send_modify(|n| *n += 1);
+                            }
+                            other => tracing::debug!("cluster: NATS (JetStream): {other}"),
+                        }
+                    }
+                })
+                .connect(urls.clone())
+                .await
+                .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
+            let js = jetstream::context(js_client.clone());
+            jetstream_client = Some(js_client);
+            let names = jetstream::Names::new(&prefix);
+            let (tx, rx) = mpsc::unbounded_channel();
+            broker.cluster_qos.start(
+                tx,
+                cfg.jetstream_max_pending_bytes(),
+                cfg.jetstream_ack_timeout(),
+            );
+            tasks.push(tokio::spawn(jetstream::send(
+                Arc::clone(broker),
+                js.clone(),
+                rx,
+                names.clone(),
+                cfg.clone(),
+                origin,
+                connected.clone(),
+            )));
+            tasks.push(tokio::spawn(jetstream::take_in(
+                Arc::clone(broker),
+                js,
+                names,
+                cfg.clone(),
+                Arc::clone(&id),
+                connected,
+            )));
+        }
+        tasks.push(tokio::spawn(take_in(
             Arc::clone(broker),
             Arc::clone(&session),
             client.clone(),
             shares.clone(),
             prefix,
             link_filters,
-        ));
+        )));
         Ok(Some(Cluster {
-            tasks: vec![out, inbound, control, sessions],
+            tasks,
+            jetstream: jetstream_client,
             heartbeat_subject,
             origin,
             control: control_client,
@@ -252,6 +309,9 @@ impl Cluster {
         let _ = tokio::time::timeout(grace, self.client.flush()).await;
         let _ = tokio::time::timeout(grace, self.client.drain()).await;
         let _ = tokio::time::timeout(grace, self.shares.drain()).await;
+        if let Some(js) = &self.jetstream {
+            let _ = tokio::time::timeout(grace, js.drain()).await;
+        }
         broker.cluster.connected.store(false, Ordering::Relaxed);
     }
 }
@@ -402,6 +462,14 @@ async fn send_out(
             let drained = broker.drain(&session, &mut batch);
             let now = Instant::now();
             for (msg, qos, retain) in batch.messages.drain(..) {
+                // QoS 1 and 2 go to the other nodes through JetStream (jetstream.rs), and on
+                // NATS core only for shared groups.
+                if qos != QoS::AtMostOnce
+                    && broker.cluster_qos.is_on()
+                    && !broker.cluster_qos.for_a_group(&msg.topic)
+                {
+                    continue;
+                }
                 seq += 1;
                 let mut subject = subject::topic_subject(&prefix, &msg.topic);
                 let mut topic = None;
@@ -517,6 +585,7 @@ async fn take_in(
                         // Its messages go through NATS, from this node too: the link takes
                         // them; and the other nodes are told.
                         link_filters.add(&broker, e.key());
+                        broker.cluster_qos.want("", e.key(), true);
                         broker.cluster.interest.lock().change(e.key().clone(), true);
                         broker.cluster.interest_wake.notify_one();
                         let forwards = subscribe_group(&shares, &prefix, e.key(), &tx).await;
@@ -526,6 +595,7 @@ async fn take_in(
                 Key::Group(full) => {
                     if groups.remove(&full).is_some() {
                         link_filters.remove(&broker, &full);
+                        broker.cluster_qos.want("", &full, false);
                         broker.cluster.interest.lock().change(full, false);
                         broker.cluster.interest_wake.notify_one();
                     }
@@ -654,7 +724,7 @@ fn receive(
     m: async_nats::Message,
 ) -> Option<Message> {
     let status = &broker.cluster;
-    let env = match Envelope::decode(m.payload) {
+    let mut env = match Envelope::decode(m.payload) {
         Ok(env) => env,
         Err(e) => {
             unreadable(
@@ -666,13 +736,18 @@ fn receive(
             return None;
         }
     };
+    // With JetStream, QoS 1 and 2 messages for this node's subscriptions come through
+    // JetStream (jetstream.rs); NATS core brings them here only for a shared group.
+    if group.is_none() && env.qos != QoS::AtMostOnce && broker.cluster_qos.is_on() {
+        return None;
+    }
     // A group's queue subscriptions never overlap (a filter's subjects match disjoint
     // subjects): only ordinary subscriptions bring copies.
     if group.is_none() && !seen.first(env.origin, env.seq) {
         ClusterStatus::add(&status.duplicates, 1);
         return None;
     }
-    let topic = match env.topic {
+    let topic = match env.topic.take() {
         Some(t) if *m.subject == *long_subject => t,
         _ => match subject::subject_topic(prefix, &m.subject) {
             Ok(t) => t,
@@ -687,9 +762,7 @@ fn receive(
             }
         },
     };
-    if crate::topic::validate_topic_name(&topic).is_err() || topic.starts_with('$') {
-        let what = format!("a message on {topic:?}, a topic not routed between nodes");
-        unreadable(status, warned, &m.subject, &what);
+    if !routable(status, warned, &m.subject, &topic) {
         return None;
     }
     if let Some(full) = group {
@@ -701,19 +774,44 @@ fn receive(
             return None;
         }
     }
+    let expiry = env.expiry;
+    Some(inbound_message(status, publisher, topic, env, expiry))
+}
+
+/// Whether `topic`, from another node, may be routed here: a valid topic name, not a `$`
+/// topic; if not, it is counted and logged.
+fn routable(status: &ClusterStatus, warned: &mut Throttle, subject: &str, topic: &str) -> bool {
+    if crate::topic::validate_topic_name(topic).is_err() || topic.starts_with('$') {
+        let what = format!("a message on {topic:?}, a topic not routed between nodes");
+        unreadable(status, warned, subject, &what);
+        return false;
+    }
+    true
+}
+
+/// The message `env` from another node carries, on `topic` with `expiry` seconds left, as
+/// published by the link's session `publisher` (No Local keeps it from going back out);
+/// counted in.
+fn inbound_message(
+    status: &ClusterStatus,
+    publisher: &Arc<str>,
+    topic: String,
+    env: Envelope,
+    expiry: Option<u32>,
+) -> Message {
     ClusterStatus::add(&status.messages_in, 1);
     ClusterStatus::add(&status.bytes_in, env.payload.len() as u64);
-    Some(Message {
+    Message {
         topic,
         payload: env.payload,
         qos: env.qos,
         retain: env.retain,
         properties: env.properties,
-        expires_at: Message::expiry_deadline(env.expiry, Instant::now()),
+        expires_at: Message::expiry_deadline(expiry, Instant::now()),
         publisher: Some(Arc::clone(publisher)),
         encoded: Default::default(),
         stored: Default::default(),
-    })
+    }
 }
 
 /// Counts a message from NATS that cannot be routed, and logs it (a warning at most once a

@@ -143,11 +143,13 @@ impl Remote {
         for k in d.add {
             if known.keys.insert(k.clone()) {
                 link.add(broker, &k);
+                broker.cluster_qos.want(node, &k, true);
             }
         }
         for k in d.remove {
             if known.keys.remove(&k) {
                 link.remove(broker, &k);
+                broker.cluster_qos.want(node, &k, false);
             }
         }
         Next::Nothing
@@ -199,6 +201,7 @@ impl Remote {
         for k in known.keys.difference(&keys) {
             link.remove(broker, k);
         }
+        broker.cluster_qos.replace(&p.node, &keys);
         known.inc = inc;
         known.v = v;
         known.keys = keys;
@@ -210,6 +213,9 @@ impl Remote {
             for k in &known.keys {
                 link.remove(broker, k);
             }
+            // Its filters stay JetStream destinations for a while: what its persistent
+            // sessions want waits for its return.
+            broker.cluster_qos.gone(node);
         }
     }
 

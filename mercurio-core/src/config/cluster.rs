@@ -48,6 +48,30 @@ pub struct ClusterConfig {
     /// that crashed and is not yet seen as gone) keeps its copy, and the client gets what
     /// the others hand over, or a new session (docs/cluster.md, "Sessions across nodes").
     pub takeover_timeout: Option<u64>,
+    /// QoS 1 and 2 messages between nodes at least once, through a JetStream stream
+    /// (default `true`; the NATS servers need JetStream on): the publisher's PUBACK / PUBREC
+    /// follows JetStream's acknowledgement when another node wants the message. `false`:
+    /// at most once over NATS core. Give every node the same (docs/cluster.md, "QoS across
+    /// nodes").
+    pub jetstream: Option<bool>,
+    /// Seconds a message waits in the stream for a node at most (1 to 31,536,000; default
+    /// 86,400, one day): a node away longer loses what was older.
+    pub jetstream_max_age: Option<u64>,
+    /// Bytes the stream holds at most (1 MiB to 1 TiB; default 1 GiB); when full, JetStream
+    /// refuses new messages and their publishers wait (never a silent drop).
+    pub jetstream_max_bytes: Option<u64>,
+    /// Copies of the stream on the NATS servers (1 to 5; default 1); 3 in a NATS cluster of
+    /// three or more JetStream servers keeps it through the loss of one. Read when the
+    /// stream is created or updated, at each node's start.
+    pub jetstream_replicas: Option<usize>,
+    /// Seconds a publisher's PUBACK / PUBREC waits for JetStream at most (1 to 3,600;
+    /// default 30): past it the connection is closed (5.0: DISCONNECT 0x89 Server busy) and
+    /// the message is still sent once JetStream takes it.
+    pub jetstream_ack_timeout: Option<u64>,
+    /// Bytes of messages handed to JetStream and not yet acknowledged, at most (64 KiB to
+    /// 16 GiB; default 64 MiB): over it, publishers whose messages other nodes want are
+    /// not read until JetStream catches up.
+    pub jetstream_max_pending_bytes: Option<u64>,
 }
 
 /// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
@@ -88,6 +112,18 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: u64 = 2;
 /// The takeover timeout when `takeover_timeout` is not set, in seconds.
 pub const DEFAULT_TAKEOVER_TIMEOUT: u64 = 2;
 
+/// `jetstream_max_age` when not set, in seconds: one day.
+pub const DEFAULT_JETSTREAM_MAX_AGE: u64 = 86_400;
+
+/// `jetstream_max_bytes` when not set: 1 GiB.
+pub const DEFAULT_JETSTREAM_MAX_BYTES: u64 = 1 << 30;
+
+/// `jetstream_ack_timeout` when not set, in seconds.
+pub const DEFAULT_JETSTREAM_ACK_TIMEOUT: u64 = 30;
+
+/// `jetstream_max_pending_bytes` when not set: 64 MiB.
+pub const DEFAULT_JETSTREAM_MAX_PENDING_BYTES: u64 = 64 << 20;
+
 /// The subject prefix when `subject_prefix` is not set.
 pub const DEFAULT_SUBJECT_PREFIX: &str = "mercurio";
 
@@ -119,6 +155,42 @@ impl ClusterConfig {
         std::time::Duration::from_secs(self.takeover_timeout.unwrap_or(DEFAULT_TAKEOVER_TIMEOUT))
     }
 
+    /// Whether QoS 1 and 2 messages cross between nodes through JetStream (`jetstream`,
+    /// default true).
+    pub fn jetstream_on(&self) -> bool {
+        self.jetstream.unwrap_or(true)
+    }
+
+    /// `jetstream_max_age`, or [`DEFAULT_JETSTREAM_MAX_AGE`].
+    pub fn jetstream_max_age(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.jetstream_max_age.unwrap_or(DEFAULT_JETSTREAM_MAX_AGE))
+    }
+
+    /// `jetstream_max_bytes`, or [`DEFAULT_JETSTREAM_MAX_BYTES`].
+    pub fn jetstream_max_bytes(&self) -> u64 {
+        self.jetstream_max_bytes
+            .unwrap_or(DEFAULT_JETSTREAM_MAX_BYTES)
+    }
+
+    /// `jetstream_replicas`, or 1.
+    pub fn jetstream_replicas(&self) -> usize {
+        self.jetstream_replicas.unwrap_or(1)
+    }
+
+    /// `jetstream_ack_timeout`, or [`DEFAULT_JETSTREAM_ACK_TIMEOUT`].
+    pub fn jetstream_ack_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.jetstream_ack_timeout
+                .unwrap_or(DEFAULT_JETSTREAM_ACK_TIMEOUT),
+        )
+    }
+
+    /// `jetstream_max_pending_bytes`, or [`DEFAULT_JETSTREAM_MAX_PENDING_BYTES`].
+    pub fn jetstream_max_pending_bytes(&self) -> u64 {
+        self.jetstream_max_pending_bytes
+            .unwrap_or(DEFAULT_JETSTREAM_MAX_PENDING_BYTES)
+    }
+
     /// Checks the section's values and combinations; the files are checked when opened.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(p) = &self.subject_prefix {
@@ -144,7 +216,13 @@ impl ClusterConfig {
             || self.cert_file.is_some()
             || self.key_file.is_some()
             || self.heartbeat_interval.is_some()
-            || self.takeover_timeout.is_some();
+            || self.takeover_timeout.is_some()
+            || self.jetstream.is_some()
+            || self.jetstream_max_age.is_some()
+            || self.jetstream_max_bytes.is_some()
+            || self.jetstream_replicas.is_some()
+            || self.jetstream_ack_timeout.is_some()
+            || self.jetstream_max_pending_bytes.is_some();
         if !self.enabled() {
             if has_settings {
                 return Err(ConfigError::new(
@@ -192,6 +270,48 @@ impl ClusterConfig {
                 "cluster.takeover_timeout",
                 "must be 1 to 60 seconds",
             ));
+        }
+        let ranges: [(&str, Option<u64>, u64, u64, &str); 5] = [
+            (
+                "cluster.jetstream_max_age",
+                self.jetstream_max_age,
+                1,
+                31_536_000,
+                "1 to 31536000 seconds",
+            ),
+            (
+                "cluster.jetstream_max_bytes",
+                self.jetstream_max_bytes,
+                1 << 20,
+                1 << 40,
+                "1048576 (1 MiB) to 1099511627776 (1 TiB) bytes",
+            ),
+            (
+                "cluster.jetstream_replicas",
+                self.jetstream_replicas.map(|r| r as u64),
+                1,
+                5,
+                "1 to 5",
+            ),
+            (
+                "cluster.jetstream_ack_timeout",
+                self.jetstream_ack_timeout,
+                1,
+                3600,
+                "1 to 3600 seconds",
+            ),
+            (
+                "cluster.jetstream_max_pending_bytes",
+                self.jetstream_max_pending_bytes,
+                1 << 16,
+                1 << 34,
+                "65536 (64 KiB) to 17179869184 (16 GiB) bytes",
+            ),
+        ];
+        for (key, value, min, max, what) in ranges {
+            if value.is_some_and(|v| !(min..=max).contains(&v)) {
+                return Err(ConfigError::new(key, format!("must be {what}")));
+            }
         }
         if self.username.is_some() != self.password_file.is_some() {
             return Err(ConfigError::new(

@@ -414,6 +414,12 @@ pub struct StorageConfig {
     /// every client with changes of its own waiting is not read; clients with none (QoS 0
     /// between non-persistent sessions) go on. 0 = unlimited; default 64 MiB.
     pub max_pending_bytes_total: u64,
+    /// What each stream keeps in memory at most, in bytes: its newest messages (each
+    /// counted as its topic, payload and properties plus 512 bytes for the shared message
+    /// and the entry), the older ones read back from storage. Entries not yet committed and
+    /// `last_value` streams are held whatever it says. At least 64 KiB; default 8 MiB.
+    /// Without storage (`backend = "memory"`) a stream is held whole.
+    pub stream_memory_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -427,6 +433,7 @@ impl Default for StorageConfig {
             durable_ack: false,
             max_pending_bytes: 8 * 1024 * 1024,
             max_pending_bytes_total: 64 * 1024 * 1024,
+            stream_memory_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -598,6 +605,7 @@ impl Config {
         ranges::MAX_RETAINED_BYTES.check(s.max_retained_bytes)?;
         ranges::MAX_QUEUED_MEMORY.check(s.max_queued_memory)?;
         ranges::MAX_PUBLISH_BYTES_RATE.check(s.max_publish_bytes_rate)?;
+        ranges::STREAM_MEMORY_BYTES.check(self.storage.stream_memory_bytes)?;
         ranges::MAX_QOS.check(s.max_qos)?;
         ranges::CONNECT_TIMEOUT.check(s.connect_timeout)?;
         for (i, prefix) in s.clientid_prefixes.iter().enumerate() {

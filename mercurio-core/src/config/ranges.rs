@@ -64,6 +64,14 @@ pub const MAX_QUEUED_MEMORY: KeyRange = KeyRange {
     zero: Some("no limit"),
     unit: "bytes",
 };
+/// `[storage] stream_memory_bytes`: at least 64 KiB.
+pub const STREAM_MEMORY_BYTES: KeyRange = KeyRange {
+    key: "storage.stream_memory_bytes",
+    min: 64 * 1024,
+    max: u64::MAX,
+    zero: None,
+    unit: "bytes",
+};
 /// `[server] max_publish_bytes_rate`: 0 (unlimited) or at least 1 KiB per second.
 pub const MAX_PUBLISH_BYTES_RATE: KeyRange = KeyRange {
     key: "server.max_publish_bytes_rate",
@@ -110,6 +118,7 @@ pub const RANGES: &[KeyRange] = &[
     MAX_RETAINED_BYTES,
     MAX_QUEUED_MEMORY,
     MAX_PUBLISH_BYTES_RATE,
+    STREAM_MEMORY_BYTES,
     MAX_QOS,
     CONNECT_TIMEOUT,
     BRIDGE_KEEPALIVE,

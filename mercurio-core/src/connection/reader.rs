@@ -13,13 +13,14 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::{Close, LazyMap, Shared, IDLE_BUFFER_LIMIT, TOPIC_ALIAS_MAXIMUM};
 use crate::auth::hooks::{Action, AuthContinuation, AuthStep, ConnectInfo, DenyReason};
 use crate::broker::access::subscription_topic;
-use crate::broker::message_of;
+use crate::broker::{message_of, BrokerState};
+use crate::cluster_qos::Outcome;
 use crate::codec::{
-    self, DecodeError, Disconnect, Packet, Properties, PubAck, Publish, QoS, ReasonCode, SubAck,
-    Subscribe, UnsubAck, Unsubscribe,
+    self, DecodeError, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS,
+    ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe,
 };
 use crate::events::{Event, SubscribedFilter};
-use crate::link::DisconnectReason;
+use crate::link::{DisconnectReason, Link};
 use crate::session::{Granted, OutboundState, Session};
 use crate::stats::Counters;
 use crate::topic;
@@ -59,6 +60,53 @@ fn read_lean<'a, R: AsyncRead + Unpin>(
         }
         read
     })
+}
+
+/// Sends PUBACK, PUBREC or PUBCOMP on `link`: with durable_ack, once storage has committed
+/// what the packet acknowledges (and everything before it).
+fn acknowledge(broker: &BrokerState, link: &Arc<Link>, version: ProtocolVersion, packet: Packet) {
+    match broker.persist.get().filter(|p| p.durable_ack()) {
+        Some(p) => {
+            let link = Arc::clone(link);
+            p.after_commit(Box::new(move |held| {
+                if held {
+                    link.send(&packet, version);
+                } else {
+                    // Closed instead, so that the client sends it again.
+                    link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
+                }
+            }));
+        }
+        None => link.send(&packet, version),
+    }
+}
+
+/// The answer to a PUBLISH whose message JetStream can never take for the other nodes: 5.0
+/// gets 0x83 (Implementation specific error) instead of success, and a PUBREC with it ends
+/// the QoS 2 flow (no PUBREL follows), so its packet identifier is free again; 3.x keeps
+/// its acknowledgement (it cannot be told otherwise).
+fn refused(packet: Packet, version: ProtocolVersion, session: &Session) -> Packet {
+    if !version.is_v5() {
+        return packet;
+    }
+    let code = ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR;
+    match packet {
+        Packet::PubAck(a) => Packet::PubAck(PubAck {
+            reason_code: code,
+            ..a
+        }),
+        Packet::PubRec(a) => {
+            session
+                .state
+                .lock()
+                .release_qos2(&session.client_id, a.packet_id);
+            Packet::PubRec(PubAck {
+                reason_code: code,
+                ..a
+            })
+        }
+        other => other,
+    }
 }
 
 /// The close for a packet that cannot be decoded.
@@ -487,16 +535,60 @@ impl<'a> Reader<'a> {
     }
 
     fn ack_publish(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) {
-        if qos == QoS::AtMostOnce {
+        if let Some(packet) = self.publish_answer(qos, packet_id, reason_code) {
+            self.send_acknowledgement(packet);
+        }
+    }
+
+    /// [`Reader::ack_publish`] once `gate` is resolved: JetStream holds the message for the
+    /// other nodes that want it. When it does not within `jetstream_ack_timeout`, the
+    /// connection is closed instead (5.0: DISCONNECT 0x89 Server busy), so that the client
+    /// learns it and sends it again; the message is still sent once JetStream takes it.
+    fn ack_publish_after(
+        &self,
+        qos: QoS,
+        packet_id: u16,
+        reason_code: ReasonCode,
+        gate: Arc<crate::cluster_qos::Gate>,
+    ) {
+        let Some(packet) = self.publish_answer(qos, packet_id, reason_code) else {
             return;
+        };
+        let (broker, link, version) = (
+            Arc::clone(&self.c.broker),
+            Arc::clone(&self.c.link),
+            self.c.version,
+        );
+        let session = Arc::clone(&self.c.session);
+        gate.on_done(Box::new(move |outcome| {
+            let packet = match outcome {
+                Outcome::Held => packet,
+                Outcome::TimedOut => {
+                    tracing::warn!(client_id = %session.client_id, "closing connection: JetStream did not take a message for another node within jetstream_ack_timeout (NATS or JetStream unavailable?)");
+                    link.kill(DisconnectReason::ClusterBusy, ReasonCode::SERVER_BUSY);
+                    return;
+                }
+                // Never to be carried (logged where found): as for message_size_limit, 5.0
+                // is told 0x83 (Implementation specific error), 3.x acknowledged.
+                Outcome::Refused => refused(packet, version, &session),
+            };
+            acknowledge(&broker, &link, version, packet);
+        }));
+    }
+
+    /// The PUBACK or PUBREC answering a PUBLISH (`None` at QoS 0); a PUBREC records the
+    /// packet identifier as received.
+    fn publish_answer(&self, qos: QoS, packet_id: u16, reason_code: ReasonCode) -> Option<Packet> {
+        if qos == QoS::AtMostOnce {
+            return None;
         }
         let ack = PubAck {
             packet_id,
             reason_code,
             properties: Properties::default(),
         };
-        let packet = match qos {
-            QoS::AtMostOnce => return,
+        Some(match qos {
+            QoS::AtMostOnce => return None,
             QoS::AtLeastOnce => Packet::PubAck(ack),
             QoS::ExactlyOnce => {
                 if !reason_code.is_failure() {
@@ -505,27 +597,13 @@ impl<'a> Reader<'a> {
                 }
                 Packet::PubRec(ack)
             }
-        };
-        self.send_acknowledgement(packet);
+        })
     }
 
     /// Sends PUBACK, PUBREC or PUBCOMP: with durable_ack, once storage has committed what
     /// the packet acknowledges (and everything before it).
     fn send_acknowledgement(&self, packet: Packet) {
-        match self.c.broker.persist.get().filter(|p| p.durable_ack()) {
-            Some(p) => {
-                let (link, version) = (Arc::clone(&self.c.link), self.c.version);
-                p.after_commit(Box::new(move |held| {
-                    if held {
-                        link.send(&packet, version);
-                    } else {
-                        // Closed instead, so that the client sends it again.
-                        link.kill(DisconnectReason::NotStored, ReasonCode::UNSPECIFIED_ERROR);
-                    }
-                }));
-            }
-            None => self.send(packet),
-        }
+        acknowledge(&self.c.broker, &self.c.link, self.c.version, packet);
     }
 
     /// A PUBLISH frame when neither access checks nor interceptors are configured: decoded
@@ -711,8 +789,9 @@ impl<'a> Reader<'a> {
             ));
         }
         let msg = Arc::new(msg);
-        let matched = broker.publish_from(msg, &mut self.congested);
-        self.memory_congested = broker.memory_congested();
+        let (matched, gate) = broker.publish_gated(msg, &mut self.congested);
+        self.memory_congested =
+            broker.memory_congested() || (gate.is_some() && broker.cluster_qos.over());
         // 5.0: a QoS 1 message no subscription matched is acknowledged with 0x10 (No matching
         // subscribers), which the Server MAY use (MQTT 5.0 section 3.4.2.1), as mosquitto does;
         // PUBREC stays 0x00, as in mosquitto.
@@ -721,7 +800,12 @@ impl<'a> Reader<'a> {
         } else {
             ReasonCode::SUCCESS
         };
-        self.ack_publish(qos, packet_id, rc);
+        match gate {
+            // Another node wants it: acknowledged once JetStream holds it (docs/cluster.md,
+            // "QoS across nodes").
+            Some(gate) => self.ack_publish_after(qos, packet_id, rc, gate),
+            None => self.ack_publish(qos, packet_id, rc),
+        }
     }
 
     /// PUBACK or PUBCOMP: the outbound message leaves flight and frees a slot of the window.
@@ -984,8 +1068,10 @@ impl<'a> Reader<'a> {
         let max_qos = QoS::from_u8(broker.config.server.max_qos).unwrap_or(QoS::ExactlyOnce);
         let mut options = f.options;
         options.qos = options.qos.min(max_qos);
+        let (from, from_time_ms) = stream.resolve(at);
         Ok(crate::broker::ReaderStart {
-            from: stream.resolve(at),
+            from,
+            from_time_ms,
             stream: Arc::clone(&stream),
             filter: f.filter.clone(),
             sub_filter: parsed.filter.map(str::to_string),

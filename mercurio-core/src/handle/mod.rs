@@ -292,7 +292,13 @@ impl BrokerBuilder {
                     checks_access,
                 )
                 .await?;
-                Some(loaded)
+                let streamed = crate::broker::restore::read_last_value_streams(
+                    storage.as_ref(),
+                    &loaded,
+                    &self.config.streams,
+                )
+                .await?;
+                Some((loaded, streamed))
             }
             None => None,
         };
@@ -345,7 +351,8 @@ impl BrokerBuilder {
             );
             inner.streams.set_persister(&persister);
             let _ = inner.persist.set(persister);
-            crate::broker::restore::restore(&inner, loaded);
+            let (loaded, streamed) = loaded;
+            crate::broker::restore::restore(&inner, loaded, streamed);
         }
         let mut addrs = Vec::new();
         let mut ready = Vec::with_capacity(bound.len());
@@ -548,10 +555,14 @@ impl BrokerHandle {
     /// interceptors (which see an empty client identifier), routing, then back pressure: the
     /// future resolves once every subscriber it fed that is over its high-water mark and
     /// still taking messages is back under its low-water mark (or stalled, or gone), as a
-    /// network publisher is held.
+    /// network publisher is held; in cluster mode, a QoS 1 or 2 message another node wants
+    /// resolves once JetStream holds it (docs/cluster.md, "QoS across nodes").
     ///
     /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, or a refusal
-    /// by a publish interceptor.
+    /// by a publish interceptor; in cluster mode, with reason code 0x89 (Server busy) when
+    /// JetStream did not take the message within `jetstream_ack_timeout` (it is still sent)
+    /// or 0x95 (Packet too large) when it never can (larger than the NATS servers'
+    /// `max_payload`).
     pub async fn publish(
         &self,
         topic: &str,
@@ -806,7 +817,11 @@ impl BrokerHandle {
         let stream = self.inner.streams.create(config)?;
         tracing::info!(stream = %stream.name(), "stream created");
         if stream.config.max_bytes == 0 {
-            tracing::warn!(stream = %stream.name(), "stream created without max_bytes: it is held in memory and grows with what is published to its filter");
+            tracing::warn!(
+                stream = %stream.name(),
+                "stream created without max_bytes: it grows with what is published to its filter \
+                 (in storage, or in memory without storage)"
+            );
         }
         Ok(stream.info())
     }

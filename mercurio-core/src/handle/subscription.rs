@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::broker::drain::{Outlet, Unsent};
 use crate::broker::BrokerState;
-use crate::codec::{Properties, Publish, QoS, SubscriptionOptions};
+use crate::codec::{Properties, Publish, QoS, ReasonCode, SubscriptionOptions};
 use crate::error::Error;
 use crate::link::Link;
 use crate::message::Message;
@@ -52,7 +52,17 @@ pub(super) async fn publish_as(
         .enter(from, p)
         .await
         .map(|_| ())
-        .map_err(|rc| Error::Refused(format!("refused by a publish interceptor: {rc}")))
+        .map_err(|rc| match rc {
+            // From JetStream (cluster mode): the entry's own codes, never an interceptor's.
+            ReasonCode::SERVER_BUSY => Error::Refused(format!(
+                "JetStream did not take it for the other nodes within jetstream_ack_timeout \
+                 (it is still sent): {rc}"
+            )),
+            ReasonCode::PACKET_TOO_LARGE => Error::Refused(format!(
+                "too large for the NATS servers' max_payload: not sent to the other nodes: {rc}"
+            )),
+            _ => Error::Refused(format!("refused by a publish interceptor: {rc}")),
+        })
 }
 
 /// Checks an in-process subscription's filter, options and identifier as the broker checks

@@ -8,18 +8,25 @@
 //!
 //! With storage, each append stores the message (once, shared with the sessions it is queued
 //! for) and a reference to it, and retention removes the references (`Persister`'s stream
-//! changes, emitted under the log's lock, so in the log's order); the restore rebuilds the
-//! logs ([`Stream::restore`]).
+//! changes, emitted under the log's lock, so in the log's order). The log then keeps only its
+//! newest entries in memory, those older are read back from storage in batches (by readers,
+//! and by retention, in the background); the restore gives each log its counters, not its
+//! entries ([`Stream::restore`]).
 //!
-//! `offset.rs`: where a reader starts ([`StartAt`]), parsed from `stream-offset`.
+//! `log.rs`: the log, its counters and its tail in memory ([`Log`]); `offset.rs`: where a
+//! reader starts ([`StartAt`]), parsed from `stream-offset`.
 
+mod log;
 mod offset;
 
+pub(crate) use log::{Entry, Found};
 pub use offset::{rfc3339_ms, BadOffset, StartAt, TIME_MS_FROM};
 
-use std::collections::{HashMap, VecDeque};
+use log::Log;
+
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
@@ -94,66 +101,6 @@ pub fn parse_read_filter(filter: &str) -> Option<Result<ReadFilter<'_>, String>>
     }))
 }
 
-/// One message in a stream.
-#[derive(Debug, Clone)]
-pub(crate) struct Entry {
-    /// Its logical offset in the stream (from 1).
-    pub offset: u64,
-    /// When it was appended, milliseconds since the Unix epoch (never earlier than the
-    /// entry before it).
-    pub time_ms: u64,
-    pub msg: Arc<Message>,
-}
-
-/// A stream's entries and what retention removed.
-#[derive(Debug, Default)]
-struct Log {
-    entries: VecDeque<Entry>,
-    /// The offset the next appended message gets.
-    next: u64,
-    /// The sum of the entries' [`Message::size`].
-    bytes: u64,
-    /// Entries retention removed (age, bytes, or a newer value of a `last_value` topic).
-    trimmed_messages: u64,
-    trimmed_bytes: u64,
-}
-
-impl Log {
-    /// The offset of the oldest entry, or the next one when empty: what a trim keeps from.
-    fn kept_from(&self) -> u64 {
-        self.first()
-    }
-
-    fn pop_front(&mut self) {
-        if let Some(e) = self.entries.pop_front() {
-            let size = e.msg.size() as u64;
-            self.bytes -= size;
-            self.trimmed_messages += 1;
-            self.trimmed_bytes += size;
-        }
-    }
-
-    /// Removes the entries older than `max_age` seconds at `now_ms` (0: no limit). True
-    /// when it removed any.
-    fn trim_age(&mut self, max_age: u64, now_ms: u64) -> bool {
-        if max_age == 0 {
-            return false;
-        }
-        let oldest = now_ms.saturating_sub(max_age.saturating_mul(1000));
-        let mut trimmed = false;
-        while self.entries.front().is_some_and(|e| e.time_ms < oldest) {
-            self.pop_front();
-            trimmed = true;
-        }
-        trimmed
-    }
-
-    /// The offset of the oldest entry held, or the next one when the log is empty.
-    fn first(&self) -> u64 {
-        self.entries.front().map_or(self.next, |e| e.offset)
-    }
-}
-
 /// What a stream holds now: `$SYS/broker/streams/<name>/...`, `/metrics`, `mercurioctl`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StreamInfo {
@@ -168,6 +115,10 @@ pub struct StreamInfo {
     pub messages: u64,
     /// Bytes held now (topic, payload and properties of each message).
     pub bytes: u64,
+    /// Messages held in the broker's memory now (the newest; with storage, the others are
+    /// read back from it).
+    #[serde(default)]
+    pub in_memory: u64,
     /// Offset of the oldest message held (the next offset when empty).
     pub first_offset: u64,
     /// Offset of the newest message appended (0 before the first).
@@ -181,6 +132,12 @@ pub struct StreamInfo {
     /// Bytes retention removed since the start.
     pub trimmed_bytes: u64,
 }
+
+/// Entries a background trim reads back from storage at a time.
+const TRIM_BATCH: usize = 256;
+
+/// How long a background trim waits before it reads storage again after a failed read.
+const TRIM_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One stream: its configuration, its log, its readers.
 #[derive(Debug)]
@@ -197,59 +154,116 @@ pub struct Stream {
     persist: std::sync::OnceLock<Arc<Persister>>,
     /// Created at run time, not in `[[streams]]`.
     runtime: bool,
+    /// This stream, for the commit notifications and background trims it starts.
+    me: Weak<Stream>,
+    /// Deleted at run time: its background trim stops (storage deleted its entries).
+    deleted: AtomicBool,
 }
 
 impl Stream {
-    fn new(config: StreamConfig, runtime: bool) -> Stream {
-        Stream {
+    fn new(config: StreamConfig, runtime: bool, memory_bytes: u64) -> Arc<Stream> {
+        Arc::new_cyclic(|me| Stream {
             runtime,
             config,
-            log: Mutex::new(Log {
-                next: 1,
-                ..Log::default()
-            }),
+            log: Mutex::new(Log::new(memory_bytes)),
             appended: Notify::new(),
             readers: AtomicUsize::new(0),
             persist: std::sync::OnceLock::new(),
-        }
+            me: me.clone(),
+            deleted: AtomicBool::new(false),
+        })
     }
 
-    /// Applies `max_age` at now, under the log's lock, telling storage what went.
-    fn trim_age(&self, log: &mut Log) {
-        if log.trim_age(self.config.max_age, now_ms()) {
+    /// Whether older entries are let go from memory once committed: with storage to read
+    /// them back from, but a `last_value` stream (one entry per topic) is held whole.
+    fn evicts(&self) -> bool {
+        self.persist.get().is_some() && !self.config.last_value
+    }
+
+    /// Applies retention at `now_ms` under the log's lock, telling storage what went: in
+    /// memory at once; the entries in storage only by a background trim, so that appends
+    /// never wait for it.
+    fn retain(&self, log: &mut Log, now_ms: u64) {
+        let c = &self.config;
+        if log.trim_memory(c.max_bytes, c.max_age, now_ms) {
             if let Some(p) = self.persist.get() {
-                p.stream_trimmed(&self.config.name, log.kept_from());
+                p.stream_trimmed(&c.name, log.first());
+            }
+        }
+        if log.needs_stored_trim(c.max_bytes, c.max_age, now_ms) && log.start_trimming() {
+            if let Some(me) = self.me.upgrade() {
+                tokio::spawn(me.trim_stored());
+            } else {
+                log.stop_trimming();
             }
         }
     }
 
-    /// The log as storage kept it (the restore): `entries` by offset, offsets going on at
-    /// `next_offset` at least. Retention then applies at once.
-    pub(crate) fn restore(&self, entries: Vec<Entry>, next_offset: u64) {
+    /// The background trim: reads the oldest entries back from storage in batches and
+    /// removes those retention wants gone, until none is left to remove.
+    async fn trim_stored(self: Arc<Self>) {
+        let Some(p) = self.persist.get() else {
+            self.log.lock().stop_trimming();
+            return;
+        };
+        let c = &self.config;
+        loop {
+            let (from, upto) = {
+                let mut log = self.log.lock();
+                if self.deleted.load(Ordering::Relaxed)
+                    || !log.needs_stored_trim(c.max_bytes, c.max_age, now_ms())
+                {
+                    log.stop_trimming();
+                    return;
+                }
+                (log.first(), log.tail_from())
+            };
+            let batch = match p.storage().read_stream(&c.name, from, 0, TRIM_BATCH).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::warn!(stream = %c.name, "stream retention cannot read storage, retried: {e}");
+                    tokio::time::sleep(TRIM_RETRY).await;
+                    continue;
+                }
+            };
+            let complete = batch.len() < TRIM_BATCH || batch.iter().any(|e| e.entry.offset >= upto);
+            let batch: Vec<(u64, u64, u64)> = batch
+                .iter()
+                .map(|e| (e.entry.offset, e.entry.time_ms, e.message.size()))
+                .collect();
+            let mut log = self.log.lock();
+            if log.first() != from || self.deleted.load(Ordering::Relaxed) {
+                continue;
+            }
+            let trimmed = log.trim_stored(
+                &batch,
+                complete.then_some(upto),
+                c.max_bytes,
+                c.max_age,
+                now_ms(),
+            );
+            if trimmed {
+                p.stream_trimmed(&c.name, log.first());
+            }
+        }
+    }
+
+    /// The log as storage kept it (the restore): its counters, its entries left in storage;
+    /// `entries` (a `last_value` stream's, read back whole) in memory. Retention then
+    /// applies at once.
+    pub(crate) fn restore(
+        &self,
+        record: &mercurio_storage::StreamRecord,
+        entries: Option<Vec<Entry>>,
+    ) {
         let mut log = self.log.lock();
-        let next = entries
-            .last()
-            .map_or(next_offset, |e| next_offset.max(e.offset + 1))
-            .max(1);
-        log.bytes = entries.iter().map(|e| e.msg.size() as u64).sum();
-        log.entries = entries.into();
-        log.next = next;
-        let mut trimmed = false;
-        if self.config.max_bytes > 0 {
-            while log.bytes > self.config.max_bytes && log.entries.len() > 1 {
-                log.pop_front();
-                trimmed = true;
-            }
+        *log = Log::restored(record, log.budget());
+        if let Some(entries) = entries {
+            log.restore_entries(entries);
         }
+        self.retain(&mut log, now_ms());
         // Counted as what this broker's retention removed, not what was restored.
-        log.trimmed_messages = 0;
-        log.trimmed_bytes = 0;
-        if trimmed {
-            if let Some(p) = self.persist.get() {
-                p.stream_trimmed(&self.config.name, log.kept_from());
-            }
-        }
-        self.trim_age(&mut log);
+        log.reset_trimmed();
     }
 
     /// The stream's name.
@@ -261,82 +275,103 @@ impl Stream {
     /// topic's older entry, then the oldest entries go while the stream is over `max_bytes`
     /// (the newest is always kept) or older than `max_age`. Wakes the readers at the end.
     pub(crate) fn append(&self, msg: &Arc<Message>, now_ms: u64) {
-        let size = msg.size() as u64;
         let persist = self.persist.get();
         let name = &self.config.name;
-        {
+        let mut evicted = Vec::new();
+        let await_commit = {
             let mut log = self.log.lock();
+            let (offset, time_ms) = log.push(msg, now_ms);
             if self.config.last_value {
-                if let Some(i) = log.entries.iter().rposition(|e| e.msg.topic == msg.topic) {
-                    if let Some(old) = log.entries.remove(i) {
-                        let size = old.msg.size() as u64;
-                        log.bytes -= size;
-                        log.trimmed_messages += 1;
-                        log.trimmed_bytes += size;
-                        if let Some(p) = persist {
-                            p.stream_entry_removed(name, old.offset);
-                        }
+                if let Some(old) = log.remove_older_value(&msg.topic) {
+                    if let Some(p) = persist {
+                        p.stream_entry_removed(name, old);
                     }
                 }
             }
-            let time_ms = log.entries.back().map_or(now_ms, |e| e.time_ms.max(now_ms));
-            let offset = log.next;
-            log.next += 1;
-            log.bytes += size;
             if let Some(p) = persist {
                 p.stream_appended(name, offset, time_ms, msg);
             }
-            log.entries.push_back(Entry {
-                offset,
-                time_ms,
-                msg: Arc::clone(msg),
-            });
-            let mut trimmed = false;
-            if self.config.max_bytes > 0 {
-                while log.bytes > self.config.max_bytes && log.entries.len() > 1 {
-                    log.pop_front();
-                    trimmed = true;
-                }
+            self.retain(&mut log, now_ms);
+            if self.evicts() {
+                log.evict(&mut evicted)
+            } else {
+                None
             }
-            trimmed |= log.trim_age(self.config.max_age, now_ms);
-            if trimmed {
-                if let Some(p) = persist {
-                    p.stream_trimmed(name, log.kept_from());
-                }
-            }
+        };
+        // Outside the lock: a message dropped may be released to storage.
+        drop(evicted);
+        if let Some(upto) = await_commit {
+            self.await_commit(persist, upto);
         }
         self.appended.notify_waiters();
     }
 
-    /// The offset a reader starting at `at` reads first (the next offset appended when
-    /// nothing held qualifies).
-    pub(crate) fn resolve(&self, at: StartAt) -> u64 {
-        let mut log = self.log.lock();
-        self.trim_age(&mut log);
-        match at {
-            StartAt::Earliest => log.first(),
-            StartAt::Latest => log.next,
-            StartAt::Offset(n) => n.max(log.first()),
-            StartAt::Time(ms) => {
-                let i = log.entries.partition_point(|e| e.time_ms < ms);
-                log.entries.get(i).map_or(log.next, |e| e.offset)
+    /// Asks the writer to tell once every entry below `upto` is committed (sent after those
+    /// entries' changes), so that they may leave memory. Called without the log's lock: a
+    /// stopped writer answers at once.
+    fn await_commit(&self, persist: Option<&Arc<Persister>>, upto: u64) {
+        let Some(p) = persist else {
+            return;
+        };
+        let me = self.me.clone();
+        p.after_commit(Box::new(move |ok| {
+            if let Some(stream) = me.upgrade() {
+                let mut evicted = Vec::new();
+                let next = {
+                    let mut log = stream.log.lock();
+                    if ok {
+                        log.committed(upto, &mut evicted)
+                    } else {
+                        log.commit_failed();
+                        None
+                    }
+                };
+                drop(evicted);
+                if let Some(next) = next {
+                    stream.await_commit(stream.persist.get(), next);
+                }
             }
+        }));
+    }
+
+    /// The offset a reader starting at `at` reads first (the oldest held for `earliest`
+    /// and a time, the next offset appended for `latest`), with the append time its first
+    /// message must have at least (0: any).
+    pub(crate) fn resolve(&self, at: StartAt) -> (u64, u64) {
+        let mut log = self.log.lock();
+        self.retain(&mut log, now_ms());
+        match at {
+            StartAt::Earliest => (log.first(), 0),
+            StartAt::Latest => (log.next(), 0),
+            StartAt::Offset(n) => (n.max(log.first()), 0),
+            StartAt::Time(ms) => (log.first(), ms),
         }
     }
 
-    /// Up to `max` entries from offset `from` on (from the oldest held when `from` was
-    /// removed), in append order. Copies `Arc`s, never messages.
-    pub(crate) fn read(&self, from: u64, max: usize) -> Vec<Entry> {
+    /// Where the entries from offset `from` (from the oldest held when `from` was removed)
+    /// appended at `from_time_ms` or later are: up to `max` of them in memory (copies of
+    /// `Arc`s, never of messages), or a range of offsets to read back from storage.
+    pub(crate) fn read(&self, from: u64, from_time_ms: u64, max: usize) -> Found {
         let mut log = self.log.lock();
-        self.trim_age(&mut log);
-        let i = log.entries.partition_point(|e| e.offset < from);
-        log.entries.iter().skip(i).take(max).cloned().collect()
+        self.retain(&mut log, now_ms());
+        log.read(from, from_time_ms, max)
+    }
+
+    /// The oldest offset held now.
+    pub(crate) fn first(&self) -> u64 {
+        self.log.lock().first()
+    }
+
+    /// The storage the entries not in memory are read back from.
+    pub(crate) fn storage(&self) -> Option<&Arc<dyn mercurio_storage::Storage>> {
+        self.persist.get().map(|p| p.storage())
     }
 
     /// What the stream holds now.
     pub fn info(&self) -> StreamInfo {
         let mut log = self.log.lock();
-        self.trim_age(&mut log);
+        self.retain(&mut log, now_ms());
+        let n = log.counters();
         let c = &self.config;
         StreamInfo {
             name: c.name.clone(),
@@ -344,14 +379,15 @@ impl Stream {
             max_age: c.max_age,
             max_bytes: c.max_bytes,
             last_value: c.last_value,
-            messages: log.entries.len() as u64,
-            bytes: log.bytes,
-            first_offset: log.first(),
-            last_offset: log.next - 1,
+            messages: n.messages,
+            bytes: n.bytes,
+            in_memory: n.in_memory,
+            first_offset: n.first,
+            last_offset: n.next - 1,
             readers: self.readers.load(Ordering::Relaxed) as u64,
             runtime: self.runtime,
-            trimmed_messages: log.trimmed_messages,
-            trimmed_bytes: log.trimmed_bytes,
+            trimmed_messages: n.trimmed_messages,
+            trimmed_bytes: n.trimmed_bytes,
         }
     }
 
@@ -420,6 +456,8 @@ pub struct Streams {
     any: AtomicBool,
     /// The storage writer, for streams created after the start.
     persist: std::sync::OnceLock<Arc<Persister>>,
+    /// What each stream keeps in memory at most, with storage (bytes).
+    memory_bytes: u64,
     /// Readers by (client identifier, the `$stream/...` filter subscribed to).
     /// Lock: a leaf (nothing is taken under it; any lock may be held).
     readers: Mutex<HashMap<(Arc<str>, String), Running>>,
@@ -427,16 +465,19 @@ pub struct Streams {
 }
 
 impl Streams {
-    /// The streams of `[[streams]]` (a validated configuration), empty logs.
-    pub(crate) fn new(configs: &[StreamConfig]) -> Streams {
+    /// The streams of `[[streams]]` (a validated configuration), empty logs, each keeping
+    /// at most `memory_bytes` in memory when the broker has storage
+    /// (`[storage] stream_memory_bytes`).
+    pub(crate) fn new(configs: &[StreamConfig], memory_bytes: u64) -> Streams {
         Streams {
             list: RwLock::new(
                 configs
                     .iter()
                     .cloned()
-                    .map(|c| Arc::new(Stream::new(c, false)))
+                    .map(|c| Stream::new(c, false, memory_bytes))
                     .collect(),
             ),
+            memory_bytes,
             any: AtomicBool::new(!configs.is_empty()),
             persist: std::sync::OnceLock::new(),
             readers: Mutex::new(HashMap::new()),
@@ -514,7 +555,7 @@ impl Streams {
         if list.iter().any(|s| s.config.name == config.name) {
             return Err(StreamRefused::Exists(config.name));
         }
-        let stream = Arc::new(Stream::new(config, runtime));
+        let stream = Stream::new(config, runtime, self.memory_bytes);
         if let Some(p) = self.persist.get() {
             let _ = stream.persist.set(Arc::clone(p));
         }
@@ -535,6 +576,7 @@ impl Streams {
                 return Err(StreamRefused::Configured(name.to_string()));
             }
             let stream = list.remove(i);
+            stream.deleted.store(true, Ordering::Relaxed);
             self.any.store(!list.is_empty(), Ordering::Relaxed);
             if let Some(p) = self.persist.get() {
                 // After its last append: no publish reaches it while the list is
@@ -623,7 +665,7 @@ mod tests {
         })
     }
 
-    fn stream(max_age: u64, max_bytes: u64, last_value: bool) -> Stream {
+    fn stream(max_age: u64, max_bytes: u64, last_value: bool) -> Arc<Stream> {
         Stream::new(
             StreamConfig {
                 name: "s".into(),
@@ -633,7 +675,15 @@ mod tests {
                 last_value,
             },
             false,
+            1 << 20,
         )
+    }
+
+    fn offsets(found: Found) -> Vec<u64> {
+        match found {
+            Found::Memory(entries) => entries.iter().map(|e| e.offset).collect(),
+            Found::Stored { .. } => panic!("without storage, the log is in memory"),
+        }
     }
 
     #[test]
@@ -658,15 +708,15 @@ mod tests {
     #[test]
     fn offsets_and_reads() {
         let s = stream(0, 0, false);
-        assert_eq!(s.resolve(StartAt::Earliest), 1);
+        assert_eq!(s.resolve(StartAt::Earliest), (1, 0));
         for i in 0..10 {
             s.append(&msg("t/a", &i.to_string()), 1000 + i);
         }
-        let got: Vec<u64> = s.read(4, 3).iter().map(|e| e.offset).collect();
-        assert_eq!(got, [4, 5, 6]);
-        assert_eq!(s.resolve(StartAt::Latest), 11);
-        assert_eq!(s.resolve(StartAt::Time(1005)), 6);
-        assert_eq!(s.resolve(StartAt::Time(5000)), 11);
+        assert_eq!(offsets(s.read(4, 0, 3)), [4, 5, 6]);
+        assert_eq!(offsets(s.read(0, 1005, 2)), [6, 7], "from a time");
+        assert_eq!(offsets(s.read(0, 5000, 2)), Vec::<u64>::new());
+        assert_eq!(s.resolve(StartAt::Latest), (11, 0));
+        assert_eq!(s.resolve(StartAt::Time(1005)), (1, 1005));
         let i = s.info();
         assert_eq!((i.messages, i.first_offset, i.last_offset), (10, 1, 10));
     }
@@ -680,14 +730,16 @@ mod tests {
         let i = s.info();
         assert_eq!((i.messages, i.bytes, i.first_offset), (2, 10, 4));
         assert_eq!((i.trimmed_messages, i.trimmed_bytes), (3, 15));
-        assert_eq!(s.resolve(StartAt::Offset(1)), 4);
+        assert_eq!(s.resolve(StartAt::Offset(1)), (4, 0));
 
         let s = stream(0, 0, true);
         s.append(&msg("t/a", "1"), 1);
         s.append(&msg("t/b", "1"), 1);
         s.append(&msg("t/a", "2"), 1);
-        let got: Vec<(u64, &str)> = s
-            .read(0, 10)
+        let Found::Memory(read) = s.read(0, 0, 10) else {
+            panic!("without storage, the log is in memory");
+        };
+        let got: Vec<(u64, &str)> = read
             .iter()
             .map(|e| (e.offset, if e.msg.topic == "t/a" { "a" } else { "b" }))
             .collect();

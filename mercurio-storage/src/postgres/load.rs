@@ -7,7 +7,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::rows::{
     self, Columns, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
-    SUBSCRIPTION_COLUMNS,
+    STREAM_ENTRY_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
 use crate::{Backlog, LoadedState, QueuedRecord, SetAside, StoredMessage};
 
@@ -57,8 +57,9 @@ pub(super) async fn load_all(
     let sessions_sql =
         format!("SELECT {SESSION_COLUMNS} FROM mercurio_sessions ORDER BY client_id");
     let retained_sql = format!("SELECT {MESSAGE_COLUMNS} FROM mercurio_retained ORDER BY topic");
-    let messages_sql = format!("SELECT {STORED_COLUMNS} FROM mercurio_messages ORDER BY id");
-    let (subs, queued, inflight, inbound, sessions, retained, messages, streams) = tokio::try_join!(
+    let messages_sql =
+        format!("SELECT {STORED_COLUMNS} FROM mercurio_messages WHERE NOT released ORDER BY id");
+    let (subs, queued, inflight, inbound, sessions, retained, messages, streams, max_id) = tokio::try_join!(
         client.query(&subscriptions_sql, &[]),
         client.query(&queued_sql, &[]),
         client.query(&inflight_sql, &[]),
@@ -70,13 +71,20 @@ pub(super) async fn load_all(
         client.query(&sessions_sql, &[]),
         client.query(&retained_sql, &[]),
         client.query(&messages_sql, &[]),
+        // Each stream's counters, not its entries.
         client.query(
-            "SELECT s.name, s.next_offset, e.entry_offset, e.time_ms, e.message_id, s.filter, \
-             s.max_age, s.max_bytes, s.last_value \
-             FROM mercurio_streams s LEFT JOIN mercurio_stream_entries e ON e.stream = s.name \
-             ORDER BY s.name, e.entry_offset",
+            "SELECT s.name, s.next_offset, min(e.entry_offset), \
+             (array_agg(e.time_ms ORDER BY e.entry_offset))[1], count(e.entry_offset), \
+             coalesce(sum(octet_length(m.topic) + octet_length(m.payload) \
+             + octet_length(m.properties)), 0)::bigint, \
+             s.filter, s.max_age, s.max_bytes, s.last_value \
+             FROM mercurio_streams s LEFT JOIN (mercurio_stream_entries e \
+             JOIN mercurio_messages m ON m.id = e.message_id) ON e.stream = s.name \
+             GROUP BY s.name, s.next_offset, s.filter, s.max_age, s.max_bytes, s.last_value \
+             ORDER BY s.name",
             &[],
         ),
+        client.query_one("SELECT coalesce(max(id), 0) FROM mercurio_messages", &[]),
     )?;
     let (queued, mut backlogs) = if queues {
         (per_client(&queued, rows::queued), HashMap::new())
@@ -118,42 +126,63 @@ pub(super) async fn load_all(
     state.retained = by_topic.into_values().collect();
     rows::attach_messages(&mut state, messages.iter().map(rows::stored));
     let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+    state.max_message_id = unsigned(max_id.try_get(0)?);
     for row in &streams {
-        let name: String = row.try_get(0)?;
-        let next_offset: i64 = row.try_get(1)?;
-        if state.streams.last().is_none_or(|s| s.name != name) {
-            let definition = match row.try_get::<_, Option<String>>(5)? {
-                Some(filter) => Some(crate::StreamDefinition {
-                    filter,
-                    max_age: unsigned(row.try_get::<_, Option<i64>>(6)?.unwrap_or(0)),
-                    max_bytes: unsigned(row.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
-                    last_value: row.try_get::<_, Option<bool>>(8)?.unwrap_or(false),
-                }),
-                None => None,
-            };
-            state.streams.push(crate::StreamRecord {
-                name,
-                next_offset: unsigned(next_offset),
-                entries: Vec::new(),
-                definition,
-            });
-        }
-        let (Some(offset), Some(time_ms), Some(message_id)) = (
-            row.try_get::<_, Option<i64>>(2)?,
-            row.try_get::<_, Option<i64>>(3)?,
-            row.try_get::<_, Option<i64>>(4)?,
-        ) else {
-            continue;
+        let next_offset = unsigned(row.try_get(1)?);
+        let definition = match row.try_get::<_, Option<String>>(6)? {
+            Some(filter) => Some(crate::StreamDefinition {
+                filter,
+                max_age: unsigned(row.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
+                max_bytes: unsigned(row.try_get::<_, Option<i64>>(8)?.unwrap_or(0)),
+                last_value: row.try_get::<_, Option<bool>>(9)?.unwrap_or(false),
+            }),
+            None => None,
         };
-        if let Some(s) = state.streams.last_mut() {
-            s.entries.push(crate::StreamEntryRecord {
-                offset: unsigned(offset),
-                time_ms: unsigned(time_ms),
-                message_id: unsigned(message_id),
-            });
-        }
+        state.streams.push(crate::StreamRecord {
+            name: row.try_get(0)?,
+            next_offset,
+            first_offset: row
+                .try_get::<_, Option<i64>>(2)?
+                .map_or(next_offset, unsigned),
+            first_time_ms: unsigned(row.try_get::<_, Option<i64>>(3)?.unwrap_or(0)),
+            messages: unsigned(row.try_get(4)?),
+            bytes: unsigned(row.try_get(5)?),
+            definition,
+        });
     }
     Ok(state)
+}
+
+/// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
+/// later, with their messages (an unreadable one left out).
+pub(super) async fn read_stream(
+    client: &Client,
+    stream: &str,
+    from_offset: u64,
+    from_time_ms: u64,
+    max: usize,
+) -> Result<Vec<crate::StreamEntryRead>, tokio_postgres::Error> {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let sql = format!(
+        "SELECT {STREAM_ENTRY_COLUMNS} FROM mercurio_stream_entries e \
+         JOIN mercurio_messages m ON m.id = e.message_id WHERE e.stream = $1 \
+         AND e.entry_offset >= $2 AND e.time_ms >= $3 ORDER BY e.entry_offset LIMIT $4"
+    );
+    let found = client
+        .query(
+            &sql,
+            &[
+                &stream,
+                &clamp(from_offset),
+                &clamp(from_time_ms),
+                &clamp(max as u64),
+            ],
+        )
+        .await?;
+    Ok(found
+        .iter()
+        .filter_map(|r| rows::stream_entry(r).ok())
+        .collect())
 }
 
 /// Each queue's count and positions, per client, from rows of `client_id, count, first

@@ -264,8 +264,9 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
             | Change::StreamDeleted { .. } => {
-                // In batch order, after the messages they refer to (stored first).
-                removes.get_or_insert(index);
+                // In batch order, after the messages they refer to (stored first). Removals
+                // delete the released messages they leave unreferenced themselves (no sweep
+                // over every released message, a long stream's included).
                 stream_ops(s, index, change, out);
                 continue;
             }
@@ -1061,7 +1062,8 @@ impl From<StorageError> for WriteError {
 /// epoch is ours and every statement succeeded.
 ///
 /// `start`: a new broker starts serving (before it loads): the messages nothing refers to
-/// are deleted, and it holds every other one (none is released).
+/// are deleted, and it holds every other one (none is released) but those only stream
+/// entries refer to.
 pub(super) async fn write_batch(
     writer: &mut WriteConnection,
     batch: &[Change],
@@ -1083,7 +1085,11 @@ pub(super) async fn write_batch(
     let mut ops = Vec::new();
     plan(statements, batch, &mut ops);
     if start {
-        for statement in [&statements.delete_unreferenced, &statements.hold_all] {
+        for statement in [
+            &statements.delete_unreferenced,
+            &statements.hold_all,
+            &statements.release_streamed,
+        ] {
             ops.push(Op {
                 index: 0,
                 statement,

@@ -49,8 +49,11 @@ pub(super) struct Statements {
     /// A new broker starts: messages nothing refers to go, the others are held by it.
     pub(super) delete_unreferenced: Statement,
     pub(super) hold_all: Statement,
+    /// ... but those only stream entries refer to: read back with them, never held.
+    pub(super) release_streamed: Statement,
     /// Streams: an entry appended (the stream's row made or moved on), entries trimmed
-    /// below an offset, one entry removed, a stream deleted.
+    /// below an offset, one entry removed, a stream deleted (the last three with the
+    /// released messages they leave unreferenced).
     pub(super) stream_define: Statement,
     pub(super) stream_next: Statement,
     pub(super) stream_append: Statement,
@@ -65,6 +68,22 @@ pub(super) struct Statements {
 const UNREFERENCED: &str = "mercurio_messages.refs = 0 AND NOT EXISTS (SELECT 1 \
      FROM mercurio_inflight f WHERE f.message_id = mercurio_messages.id) AND NOT EXISTS \
      (SELECT 1 FROM mercurio_stream_entries e WHERE e.message_id = mercurio_messages.id)";
+
+/// Deletes the stream entries `which` selects and, in the same statement, those of their
+/// messages the broker released that nothing else refers to: a cost per entry removed, not
+/// per released message (the statement sees the entries as they were before it, hence the
+/// entries it removes left out by `which` again).
+fn remove_entries(which: &str) -> String {
+    format!(
+        "WITH gone AS (DELETE FROM mercurio_stream_entries WHERE {which} RETURNING message_id) \
+         DELETE FROM mercurio_messages m USING (SELECT DISTINCT message_id FROM gone) g \
+         WHERE m.id = g.message_id AND m.released AND m.refs = 0 \
+         AND NOT EXISTS (SELECT 1 FROM mercurio_inflight f WHERE f.message_id = m.id) \
+         AND NOT EXISTS (SELECT 1 FROM mercurio_stream_entries e \
+         WHERE e.message_id = m.id AND NOT (e.{}))",
+        which.replace(" AND ", " AND e.")
+    )
+}
 
 /// The array parameters of a retained message's columns, numbered from 1.
 const MESSAGE_ARRAYS_FROM_1: &str = "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], \
@@ -293,6 +312,14 @@ impl Statements {
             .await?,
             hold_all: p("UPDATE mercurio_messages SET released = false WHERE released".into())
                 .await?,
+            release_streamed: p(
+                "UPDATE mercurio_messages SET released = true WHERE refs = 0 AND NOT EXISTS \
+                 (SELECT 1 FROM mercurio_inflight f WHERE f.message_id = mercurio_messages.id) \
+                 AND EXISTS (SELECT 1 FROM mercurio_stream_entries e \
+                 WHERE e.message_id = mercurio_messages.id)"
+                    .into(),
+            )
+            .await?,
             stream_define: p(
                 "INSERT INTO mercurio_streams (name, next_offset, filter, max_age, \
                  max_bytes, last_value) VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (name) \
@@ -316,16 +343,9 @@ impl Statements {
                     .into(),
             )
             .await?,
-            stream_trim: p("DELETE FROM mercurio_stream_entries \
-                 WHERE stream = $1 AND entry_offset < $2"
-                .into())
-            .await?,
-            stream_remove_entry: p("DELETE FROM mercurio_stream_entries \
-                 WHERE stream = $1 AND entry_offset = $2"
-                .into())
-            .await?,
-            stream_delete_entries:
-                p("DELETE FROM mercurio_stream_entries WHERE stream = $1".into()).await?,
+            stream_trim: p(remove_entries("stream = $1 AND entry_offset < $2")).await?,
+            stream_remove_entry: p(remove_entries("stream = $1 AND entry_offset = $2")).await?,
+            stream_delete_entries: p(remove_entries("stream = $1")).await?,
             stream_delete: p("DELETE FROM mercurio_streams WHERE name = $1".into()).await?,
         })
     }

@@ -53,9 +53,10 @@ fn commented_values_are_the_defaults() {
     assert_eq!(
         (
             config.storage.max_pending_bytes,
-            config.storage.max_pending_bytes_total
+            config.storage.max_pending_bytes_total,
+            config.storage.stream_memory_bytes
         ),
-        (8 << 20, 64 << 20)
+        (8 << 20, 64 << 20, 8 << 20)
     );
     let d = LoggingConfig::default();
     assert_eq!(config.logging.level, d.level);
@@ -64,6 +65,22 @@ fn commented_values_are_the_defaults() {
     assert!(!config.cluster.enabled());
     assert_eq!(config.cluster.node_name, "");
     assert_eq!(config.cluster.prefix(), "mercurio");
+    let d = mercurio_core::config::ClusterConfig::default();
+    assert_eq!(config.cluster.jetstream_on(), d.jetstream_on());
+    assert_eq!(config.cluster.jetstream_replicas(), d.jetstream_replicas());
+    assert_eq!(config.cluster.jetstream_max_age(), d.jetstream_max_age());
+    assert_eq!(
+        config.cluster.jetstream_max_bytes(),
+        d.jetstream_max_bytes()
+    );
+    assert_eq!(
+        config.cluster.jetstream_ack_timeout(),
+        d.jetstream_ack_timeout()
+    );
+    assert_eq!(
+        config.cluster.jetstream_max_pending_bytes(),
+        d.jetstream_max_pending_bytes()
+    );
 }
 
 #[test]
@@ -81,11 +98,11 @@ fn every_key_is_shown() {
     assert_eq!(len("server"), 26);
     assert_eq!(len("listeners"), 17);
     assert_eq!(len("auth"), 4);
-    assert_eq!(len("storage"), 8);
+    assert_eq!(len("storage"), 9);
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);
     assert_eq!(len("bridges"), 19);
-    assert_eq!(len("cluster"), 12);
+    assert_eq!(len("cluster"), 18);
     let bridges = table["bridges"].as_array().expect("bridges");
     let topics = bridges[0]["topics"].as_array().expect("bridges.topics");
     assert_eq!(topics[0].as_table().map(|t| t.len()), Some(5));

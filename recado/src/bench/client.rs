@@ -15,8 +15,9 @@ use mercurio_core::codec::{
     ConnAck, Connect, Packet, Properties, ProtocolVersion, QoS, Subscribe, SubscribeFilter,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
+use super::source::SourceAddrs;
 use crate::stream::Stream;
 use crate::tls::Tls;
 
@@ -26,11 +27,13 @@ pub const MAX_PACKET: u32 = 16 << 20;
 /// How long a handshake step (CONNACK, SUBACK) may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where to connect: the broker's address, and TLS settings when `--tls`.
+/// Where to connect: the broker's address, TLS settings when `--tls`, and the local
+/// addresses to connect from when `--source-net`.
 #[derive(Clone)]
 pub struct Target {
     pub addr: SocketAddr,
     pub tls: Option<Arc<Tls>>,
+    pub source: Option<Arc<SourceAddrs>>,
 }
 
 /// A connected client: the shared client's [`Connection`] over the stream, and the version.
@@ -67,14 +70,22 @@ fn io_err(e: ClientError) -> io::Error {
 }
 
 impl Client {
-    /// Opens a TCP connection (TCP_NODELAY), does the TLS handshake when `target.tls`, sends
+    /// Opens a TCP connection (TCP_NODELAY; from the next address of `target.source` when
+    /// set), does the TLS handshake when `target.tls`, sends
     /// CONNECT and waits for a successful CONNACK.
     pub async fn connect(
         target: &Target,
         version: ProtocolVersion,
         opts: &ConnectOptions<'_>,
     ) -> io::Result<(Client, ConnAck)> {
-        let tcp = TcpStream::connect(target.addr).await?;
+        let tcp = match &target.source {
+            None => TcpStream::connect(target.addr).await?,
+            Some(source) => {
+                let socket = TcpSocket::new_v4()?;
+                socket.bind(source.next())?;
+                socket.connect(target.addr).await?
+            }
+        };
         tcp.set_nodelay(true)?;
         let stream = match &target.tls {
             None => Stream::Tcp(tcp),

@@ -77,7 +77,7 @@ struct DeviceResult {
 /// limit in force and, when it stays below `needed`, a sentence saying so.
 // `rlim_t` is u64 on 64-bit Linux but not everywhere: the casts are for the others.
 #[allow(clippy::unnecessary_cast)]
-fn raise_nofile(needed: u64) -> (u64, Option<String>) {
+pub(super) fn raise_nofile(needed: u64) -> (u64, Option<String>) {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

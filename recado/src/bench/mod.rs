@@ -5,15 +5,20 @@
 //! subscribers), `pairs` (P publisher/subscriber pairs), `idle` (C connections held with keep
 //! alive; connect rate), `persistent` (QoS 1 into an offline persistent session, then
 //! drained), `fleet` (N devices each publishing every few seconds, one backend subscriber or
-//! K sharing a subscription; broker CPU % and RSS). Every run is bounded by `--duration` and `--max-messages`. The report ends with
+//! K sharing a subscription; broker CPU % and RSS), `sessions` (N persistent sessions
+//! created, then reconnected: the reconnect storm after a broker restart). Every run is bounded by `--duration` and `--max-messages`. The report ends with
 //! one JSON line. `--sweep` searches the highest offered rate that passes (no loss, the rate
 //! sustained, p99 under 10 ms). `--tls --cafile CA.pem` connects over TLS (every scenario).
+//! `--source-net 127.0.R.0/24` makes every connection come from its own loopback addresses,
+//! untouched by the runs before (see [`source`]).
 
 mod client;
 mod fleet;
 mod hist;
 mod procstat;
 mod report;
+mod sessions;
+mod source;
 mod tracker;
 mod traffic;
 
@@ -50,6 +55,10 @@ pub enum Scenario {
     /// N devices each publishing every T seconds (jittered), 1 backend subscriber or K
     /// sharing `$share/backend/FILTER`.
     Fleet,
+    /// N persistent sessions with a subscription each (`--phase create`), then the same N
+    /// reconnecting with clean start 0 (`--phase reconnect`), as after a broker restart;
+    /// measures the reconnect rate and counts session present.
+    Sessions,
 }
 
 /// The options of `recado bench` (see docs/BENCHMARKS.md).
@@ -106,13 +115,20 @@ pub struct Args {
     /// Connections (idle).
     #[arg(long, short = 'C', default_value_t = 1000)]
     connections: usize,
-    /// Connection attempts in progress at once (idle).
+    /// Connection attempts in progress at once (idle, fleet, sessions).
     #[arg(long, default_value_t = 64)]
     connect_concurrency: usize,
     /// Keep alive in seconds of every connection.
     #[arg(long, default_value_t = 60)]
     keep_alive: u16,
-    /// Devices (fleet): one connection each.
+    /// Phase of the sessions scenario: create, reconnect, or both against one broker.
+    #[arg(long, value_enum, default_value = "both")]
+    phase: sessions::Phase,
+    /// Client identifier prefix of the sessions scenario (PREFIX-0 .. PREFIX-(N-1)); the
+    /// same in the create and reconnect runs.
+    #[arg(long, default_value = "recado-bench-session")]
+    session_prefix: String,
+    /// Devices (fleet) or sessions (sessions): one connection each.
     #[arg(long, short = 'N', default_value_t = 10_000)]
     devices: usize,
     /// Mean seconds between two messages of a device (fleet).
@@ -160,6 +176,12 @@ pub struct Args {
     /// A label for the report (e.g. the broker's name).
     #[arg(long, default_value = "")]
     label: String,
+    /// Connect from the addresses of this loopback network, in turn (e.g. 127.0.5.0/24: 254
+    /// addresses), each connection binding one and letting the kernel pick the port. A run
+    /// from its own network reuses no local port of a run before still in TIME_WAIT.
+    /// Default: the system's choice (127.0.0.1).
+    #[arg(long, value_name = "A.B.C.D/LEN")]
+    source_net: Option<String>,
     /// Connect over TLS (1.3 or 1.2, rustls with ring); needs --cafile.
     #[arg(long, requires = "cafile")]
     tls: bool,
@@ -205,7 +227,10 @@ pub fn main(args: Args) -> Result<(), Failure> {
     }
     .map_err(|e| Failure::new(Exit::Error, format!("cannot start the runtime: {e}")))?;
     let report = rt.block_on(run(args, target));
-    let failed = !report.errors.is_empty() && report.delivered == 0 && report.idle.is_none();
+    let failed = !report.errors.is_empty()
+        && report.delivered == 0
+        && report.idle.is_none()
+        && report.sessions.is_none();
     match serde_json::to_string(&report) {
         Ok(line) => println!("{line}"),
         Err(e) => return Err(Failure::new(Exit::Error, format!("report: {e}"))),
@@ -225,6 +250,12 @@ fn check(a: &Args) -> Result<(), String> {
         return Err(format!(
             "{addr} is not a loopback address: recado bench runs on loopback only"
         ));
+    }
+    if a.source_net.is_some() && !addr.is_ipv4() {
+        return Err("--source-net needs an IPv4 broker address".into());
+    }
+    if a.scenario == Scenario::Sessions && (a.devices == 0 || a.session_prefix.is_empty()) {
+        return Err("--devices must be at least 1 and --session-prefix not empty".into());
     }
     if a.scenario == Scenario::Fleet {
         if qos(a) > 1 {
@@ -269,7 +300,7 @@ fn check(a: &Args) -> Result<(), String> {
     if a.sweep
         && matches!(
             a.scenario,
-            Scenario::Idle | Scenario::Persistent | Scenario::Fleet
+            Scenario::Idle | Scenario::Persistent | Scenario::Fleet | Scenario::Sessions
         )
     {
         return Err("--sweep applies to fan-in, fan-out and pairs".into());
@@ -308,9 +339,14 @@ fn target(a: &Args) -> Result<Target, String> {
         (true, None) => return Err("--tls needs --cafile".into()),
         _ => None,
     };
+    let source = match &a.source_net {
+        Some(net) => Some(Arc::new(source::SourceAddrs::parse(net)?)),
+        None => None,
+    };
     Ok(Target {
         addr: resolve(a)?,
         tls,
+        source,
     })
 }
 
@@ -360,6 +396,16 @@ async fn run(a: Args, target: Target) -> Report {
         Scenario::Persistent => {
             let cfg = run_config(&a, &target, a.rate, a.duration, token);
             persistent(&cfg, &mut report).await;
+        }
+        Scenario::Sessions => {
+            let cfg = run_config(&a, &target, a.rate, a.duration, token);
+            let s = sessions::SessionsConfig {
+                sessions: a.devices,
+                phase: a.phase,
+                prefix: a.session_prefix.clone(),
+                connect_concurrency: a.connect_concurrency,
+            };
+            report.sessions = Some(sessions::run(&cfg, &s, &mut report.errors).await);
         }
         Scenario::Fleet => {
             let cfg = run_config(&a, &target, a.rate, a.duration, token);

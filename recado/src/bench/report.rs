@@ -41,6 +41,28 @@ pub struct IdleReport {
     pub hold_s: f64,
 }
 
+/// The sessions scenario's figures, for its last phase.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct SessionsReport {
+    /// Sessions asked (`-N`).
+    pub sessions: usize,
+    /// `create`, `reconnect` or `both`.
+    pub phase: String,
+    /// Connections that got a successful CONNACK (create: and a SUBACK, then disconnected).
+    pub connected: usize,
+    /// CONNACKs with session present 1: all of them in a reconnect phase that found every
+    /// session.
+    pub session_present: usize,
+    pub failed: usize,
+    /// Seconds from the first attempt until the last CONNACK (create: the last DISCONNECT).
+    pub connect_s: f64,
+    pub connect_per_s: f64,
+    pub connect_p50_us: u64,
+    pub connect_p99_us: u64,
+    /// The soft limit of open files during the run.
+    pub nofile_limit: u64,
+}
+
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct PersistentReport {
     pub queued: u64,
@@ -134,6 +156,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub persistent: Option<PersistentReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionsReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetReport>,
@@ -148,6 +172,12 @@ pub fn print_summary(r: &Report) {
             "{} MQTT {}{}: {}/{} connections in {:.2} s ({:.0}/s), connect p50 {} us p99 {} us, held {:.0} s, {} failed",
             r.scenario, r.mqtt, if r.tls { " over TLS" } else { "" }, i.connected, i.connections, i.connect_s, i.connect_per_s,
             i.connect_p50_us, i.connect_p99_us, i.hold_s, i.failed
+        );
+    } else if let Some(s) = &r.sessions {
+        eprintln!(
+            "{} MQTT {}{} ({}): {}/{} sessions in {:.2} s ({:.0}/s), {} with session present, connect p50 {} us p99 {} us, {} failed",
+            r.scenario, r.mqtt, if r.tls { " over TLS" } else { "" }, s.phase, s.connected, s.sessions, s.connect_s,
+            s.connect_per_s, s.session_present, s.connect_p50_us, s.connect_p99_us, s.failed
         );
     } else {
         eprintln!(

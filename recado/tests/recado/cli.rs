@@ -1192,6 +1192,117 @@ async fn bench_runs_as_a_subcommand() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn bench_connects_from_the_addresses_of_its_source_network() {
+    // A listener that answers every CONNECT with CONNACK 0 and notes where it came from.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let peers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&peers);
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let Ok((mut s, peer)) = listener.accept().await else {
+                return;
+            };
+            seen.lock().unwrap().push(peer.ip());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 256];
+                // CONNECT (one read is enough for its few bytes on loopback), then CONNACK;
+                // then read until DISCONNECT or the end, and close (the server closes first).
+                if s.read(&mut buf).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let _ = s.write_all(&[0x20, 0x02, 0x00, 0x00]).await;
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || buf[..n].contains(&0xE0) {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let run = recado(&[
+        "bench",
+        "-s",
+        "idle",
+        "-C",
+        "20",
+        "--connect-concurrency",
+        "5",
+        "-d",
+        "0.1",
+        "-p",
+        &port,
+        "--source-net",
+        "127.0.77.0/24",
+    ])
+    .await;
+    let last = run.ok().lines().last().unwrap_or_default().to_string();
+    let r: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(r["idle"]["connected"], 20, "{r}");
+    let mut got: Vec<String> = peers
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|ip| ip.to_string())
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = (1..=20).map(|i| format!("127.0.77.{i}")).collect();
+    want.sort();
+    assert_eq!(
+        got, want,
+        "one connection from each of the network's first 20 hosts"
+    );
+    server.abort();
+    // Outside loopback, or not a network: refused as usage.
+    for bad in ["10.0.0.0/24", "127.0.0.0/40", "localhost"] {
+        let run = recado(&["bench", "-s", "idle", "-p", &port, "--source-net", bad]).await;
+        assert_eq!(run.code, exit::USAGE, "{bad}: {run:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_sessions_reconnect_with_every_session_present() {
+    let b = TestBroker::mercurio().await;
+    let sessions = |phase: &'static str, prefix: &'static str| {
+        let port = b.port();
+        async move {
+            let run = recado(&[
+                "bench",
+                "-s",
+                "sessions",
+                "-N",
+                "40",
+                "-q",
+                "1",
+                "--connect-concurrency",
+                "10",
+                "--phase",
+                phase,
+                "--session-prefix",
+                prefix,
+                "-p",
+                &port,
+            ])
+            .await;
+            let last = run.ok().lines().last().unwrap_or_default().to_string();
+            let r: serde_json::Value = serde_json::from_str(&last).unwrap();
+            assert_eq!(r["scenario"], "sessions", "{r}");
+            assert_eq!(r["sessions"]["phase"], phase, "{r}");
+            assert_eq!(r["sessions"]["connected"], 40, "{r}");
+            assert_eq!(r["sessions"]["failed"], 0, "{r}");
+            r["sessions"]["session_present"].as_u64().unwrap()
+        }
+    };
+    // Clean session 0 with no session stored: session present 0 [MQTT-3.2.2-3]; once the
+    // sessions exist: 1 for every one [MQTT-3.2.2-2], whatever run made them.
+    assert_eq!(sessions("reconnect", "fresh").await, 0);
+    assert_eq!(sessions("create", "kept").await, 0);
+    assert_eq!(sessions("reconnect", "kept").await, 40);
+    assert_eq!(sessions("both", "both").await, 40, "create, then reconnect");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bench_fleet_reports_every_acknowledged_message_delivered() {
     let b = TestBroker::mercurio().await;
     // The broker runs in this process: its CPU % and RSS are this process's.

@@ -1,0 +1,361 @@
+//! QoS 1 and 2 between cluster nodes, at least once, through JetStream (docs/cluster.md, "QoS
+//! across nodes"): mercuriod nodes, each on its own SQLite storage with `durable_ack`, on a
+//! NATS cluster of three servers with JetStream. Every message a publisher had acknowledged
+//! reaches a persistent subscriber on another node, even when either node is killed
+//! (SIGKILL) meanwhile. Without nats-server the tests skip (a failure under `CI=true`).
+#![cfg(unix)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mercurio_core::codec::{Connect, Packet, Properties, ProtocolVersion, QoS, ReasonCode};
+use mercurio_testkit::{
+    free_port, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
+};
+
+/// `[cluster]` keys of every node: three copies of the stream on the three NATS servers, and
+/// heartbeats every second (a node killed is seen gone in three).
+const CLUSTER_KEYS: &str = "heartbeat_interval = 1\njetstream_replicas = 3\n";
+
+/// Nodes `a` and `b`, each connected to its own NATS server of `nats`.
+fn nodes(nats: &NatsCluster) -> (ClusterNode, ClusterNode) {
+    let urls = nats.urls();
+    let a = ClusterNode::start("a", &urls[0..1], "", CLUSTER_KEYS);
+    let b = ClusterNode::start("b", &urls[1..2], "", CLUSTER_KEYS);
+    (a, b)
+}
+
+/// A 5.0 client; `persistent`: an hour of session expiry, the session resumed if there is
+/// one.
+fn client(d: &Daemon, id: &str, persistent: bool) -> Client {
+    let connect = Connect {
+        protocol: ProtocolVersion::V5,
+        clean_start: !persistent,
+        keep_alive: 60,
+        client_id: id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Properties {
+            session_expiry_interval: persistent.then_some(3600),
+            ..Properties::default()
+        },
+    };
+    Client::connect(d.addr(), connect).0
+}
+
+/// The filters of node `name` that `d` knows (`cluster.status`).
+fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
+    let answer = d.admin(r#"{"command":"cluster.status"}"#);
+    answer["result"]["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == name)
+        .and_then(|m| m["interest"].as_u64())
+}
+
+/// A publisher on its own thread: QoS 1 messages `0`, `1`, ... on `topic`, one at a time,
+/// each after the previous one's PUBACK, until told to stop or its connection closes.
+struct Publisher {
+    /// The numbers the broker acknowledged (PUBACK), in order.
+    acked: Arc<Mutex<Vec<u32>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Publisher {
+    fn start(d: &Daemon, id: &str, topic: &'static str) -> Publisher {
+        let mut c = client(d, id, false);
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (acked2, stop2) = (Arc::clone(&acked), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop2.load(Ordering::Relaxed) {
+                let id = c.publish_packet(topic, n.to_string().as_bytes(), QoS::AtLeastOnce, false);
+                match c.recv() {
+                    Some(Packet::PubAck(a)) if a.packet_id == id => {
+                        assert!(!a.reason_code.is_failure(), "PUBACK {a:?}");
+                        acked2.lock().expect("acked").push(n);
+                    }
+                    // The node is gone (killed): what it acknowledged is what counts.
+                    None => return,
+                    Some(other) => panic!("expected PUBACK {id}, got {other:?}"),
+                }
+                n += 1;
+            }
+        });
+        Publisher {
+            acked,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked.lock().expect("acked").len()
+    }
+
+    /// Waits until `n` messages in all were acknowledged.
+    fn wait_acked(&self, n: usize) {
+        wait_until(
+            &format!("{n} messages acknowledged to the publisher"),
+            || self.acked() >= n,
+        );
+    }
+
+    /// Stops (or waits for the end of) the thread; the numbers acknowledged.
+    fn finish(mut self) -> Vec<u32> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("publisher thread");
+        }
+        std::mem::take(&mut *self.acked.lock().expect("acked"))
+    }
+}
+
+/// Receives until every number of `acked` has come (at QoS 1, acknowledging each; each
+/// packet within the client's deadline); returns how many times each number came.
+fn receive_all(sub: &mut Client, acked: &[u32]) -> BTreeMap<u32, u32> {
+    let mut got: BTreeMap<u32, u32> = BTreeMap::new();
+    let missing = |got: &BTreeMap<u32, u32>| acked.iter().filter(|n| !got.contains_key(n)).count();
+    while missing(&got) > 0 {
+        let p = match sub.recv() {
+            Some(Packet::Publish(p)) => p,
+            other => panic!(
+                "{} acknowledged messages missing; got {other:?}",
+                missing(&got)
+            ),
+        };
+        assert_eq!(p.qos, QoS::AtLeastOnce);
+        sub.ack(&p);
+        let n: u32 = std::str::from_utf8(&p.payload)
+            .expect("UTF-8")
+            .parse()
+            .expect("a number");
+        *got.entry(n).or_insert(0) += 1;
+    }
+    got
+}
+
+/// Copies received beyond the first, as the test's report.
+fn duplicates(got: &BTreeMap<u32, u32>) -> u32 {
+    got.values().map(|c| c - 1).sum()
+}
+
+#[test]
+fn qos_1_and_2_messages_acknowledged_on_one_node_reach_a_persistent_subscriber_on_another() {
+    const TEST: &str =
+        "qos_1_and_2_messages_acknowledged_on_one_node_reach_a_persistent_subscriber_on_another";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let (a, b) = nodes(&nats);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("q/#", QoS::ExactlyOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    let mut publisher = client(&a.daemon, "pub", false);
+    // Each PUBACK / PUBREC comes once JetStream holds the message for B
+    // [MQTT-4.3.2-1] [MQTT-4.3.3-1].
+    for n in 0..100u32 {
+        publisher.publish("q/1", n.to_string().as_bytes(), QoS::AtLeastOnce, false);
+    }
+    publisher.publish("q/2", b"exactly", QoS::ExactlyOnce, false);
+    let acked: Vec<u32> = (0..100).collect();
+    let mut got = BTreeMap::new();
+    let mut exactly = 0;
+    while got.len() < acked.len() || exactly == 0 {
+        let p = sub.expect_publish();
+        sub.ack(&p);
+        if p.topic == "q/2" {
+            assert_eq!((&p.payload[..], p.qos), (&b"exactly"[..], QoS::ExactlyOnce));
+            exactly += 1;
+            continue;
+        }
+        assert_eq!((p.topic.as_str(), p.qos), ("q/1", QoS::AtLeastOnce));
+        let n: u32 = std::str::from_utf8(&p.payload)
+            .expect("UTF-8")
+            .parse()
+            .expect("n");
+        *got.entry(n).or_insert(0u32) += 1;
+    }
+    // In order, each once: nothing failed, so nothing was sent twice.
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), acked);
+    assert_eq!(duplicates(&got), 0);
+    // JetStream took each message once, and let it go once B had it.
+    let stream = || {
+        nats.servers[0]
+            .stream_state("mercurio_qos")
+            .expect("the stream")
+    };
+    wait_until("the stream emptied by B's acknowledgements", || {
+        stream()["messages"] == 0
+    });
+    assert_eq!(stream()["last_seq"], 101);
+    // A message only A's clients want costs JetStream nothing, nor does QoS 0 to B.
+    let mut local = client(&a.daemon, "local", false);
+    local.subscribe("l/#", QoS::AtLeastOnce);
+    publisher.publish("l/1", b"here", QoS::AtLeastOnce, false);
+    let p = local.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("l/1", &b"here"[..]));
+    publisher.publish("q/0", b"zero", QoS::AtMostOnce, false);
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), p.qos), ("q/0", QoS::AtMostOnce));
+    assert_eq!(stream()["last_seq"], 101);
+}
+
+#[test]
+fn without_jetstream_a_publisher_is_not_acknowledged_and_closed_as_server_busy() {
+    const TEST: &str =
+        "without_jetstream_a_publisher_is_not_acknowledged_and_closed_as_server_busy";
+    // One NATS server without JetStream.
+    let Some(nats) = NatsServer::start_clustered(TEST, 0, free_port(), &[]) else {
+        return;
+    };
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 2\n";
+    let a = ClusterNode::start("a", &[nats.url()], "", keys);
+    let b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("q/#", QoS::AtLeastOnce);
+    let mut local = client(&a.daemon, "local", false);
+    local.subscribe("q/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    // The message reaches A's own subscriber, but JetStream cannot hold it for B: no PUBACK
+    // (it would acknowledge what B may never get), and after jetstream_ack_timeout the
+    // publisher is told, DISCONNECT 0x89 Server busy (MQTT 5.0 section 3.14.2.1), and may
+    // send it again.
+    let mut publisher = client(&a.daemon, "pub", false);
+    publisher.publish_packet("q/1", b"one", QoS::AtLeastOnce, false);
+    let p = local.expect_publish();
+    assert_eq!(&p.payload[..], b"one");
+    match publisher.recv() {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::SERVER_BUSY),
+        other => panic!("expected DISCONNECT 0x89, got {other:?}"),
+    }
+    assert!(publisher.recv().is_none(), "closed");
+    // A message only A's clients want is acknowledged as ever.
+    let mut publisher = client(&a.daemon, "pub", false);
+    local.subscribe("l/#", QoS::AtLeastOnce);
+    publisher.publish("l/1", b"here", QoS::AtLeastOnce, false);
+    let p = local.expect_publish();
+    assert_eq!(&p.payload[..], b"here");
+}
+
+#[test]
+fn killing_the_publishers_node_loses_no_message_it_acknowledged() {
+    const TEST: &str = "killing_the_publishers_node_loses_no_message_it_acknowledged";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let (mut a, b) = nodes(&nats);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("chaos/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    // A continuous stream from a publisher on A; A is killed in the middle of it.
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/a");
+    publisher.wait_acked(300);
+    a.kill();
+    let acked = publisher.finish();
+    assert!(acked.len() >= 300);
+    let got = receive_all(&mut sub, &acked);
+    eprintln!(
+        "{TEST}: {} messages acknowledged before the kill, {} received on B, {} duplicates",
+        acked.len(),
+        got.len(),
+        duplicates(&got)
+    );
+}
+
+#[test]
+fn a_subscribers_node_killed_and_restarted_gets_every_message_acknowledged_meanwhile() {
+    const TEST: &str =
+        "a_subscribers_node_killed_and_restarted_gets_every_message_acknowledged_meanwhile";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let (a, mut b) = nodes(&nats);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("chaos/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/b");
+    publisher.wait_acked(200);
+    // B dies under its subscriber's stream; the publisher goes on while A sees B gone (three
+    // heartbeats), and after.
+    b.kill();
+    drop(sub);
+    let killed_at = publisher.acked();
+    wait_until("B seen gone by A", || {
+        a.daemon.admin(r#"{"command":"cluster.status"}"#)["result"]["members"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["node"] == "b" && m["state"] == "gone"))
+    });
+    publisher.wait_acked(publisher.acked() + 200);
+    // B is back, on the same storage: the subscriber's session, and what JetStream held.
+    b.restart();
+    publisher.wait_acked(publisher.acked() + 100);
+    let acked = publisher.finish();
+    let mut sub = client(&b.daemon, "sub", true);
+    let got = receive_all(&mut sub, &acked);
+    eprintln!(
+        "{TEST}: {} messages acknowledged ({} before the kill), {} received on B, {} duplicates",
+        acked.len(),
+        killed_at,
+        got.len(),
+        duplicates(&got)
+    );
+}
+
+#[test]
+fn a_publisher_waits_while_nats_is_down_and_is_acknowledged_once_jetstream_has_the_message() {
+    const TEST: &str =
+        "a_publisher_waits_while_nats_is_down_and_is_acknowledged_once_jetstream_has_the_message";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let port = nats.port;
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 120\n";
+    let mut a = ClusterNode::start("a", &[nats.url()], "", keys);
+    let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("q/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    let mut publisher = client(&a.daemon, "pub", false);
+    publisher.publish("q/1", b"before", QoS::AtLeastOnce, false);
+    assert_eq!(&sub.expect_publish().payload[..], b"before");
+
+    // NATS goes away: a QoS 1 message for B is not acknowledged (its PINGRESP, asked for
+    // after it, comes first) [MQTT-4.3.2-1].
+    drop(nats);
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    let id = publisher.publish_packet("q/1", b"during", QoS::AtLeastOnce, false);
+    publisher.send(Packet::PingReq);
+    assert!(matches!(publisher.recv(), Some(Packet::PingResp)));
+
+    // NATS is back, its JetStream empty: the nodes make the stream and B's consumer again,
+    // A's message goes in, its PUBACK follows, and B's subscriber gets it.
+    let nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    assert!(matches!(publisher.recv(), Some(Packet::PubAck(p)) if p.packet_id == id));
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"during"[..]));
+    sub.ack(&p);
+    // Through the new server's stream, made again: the one message.
+    let state = nats
+        .stream_state("mercurio_qos")
+        .expect("the stream made again");
+    assert_eq!(state["last_seq"], 1);
+}
