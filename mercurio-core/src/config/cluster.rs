@@ -43,6 +43,11 @@ pub struct ClusterConfig {
     /// itself to the others this often, and a node that misses three is shown as gone
     /// (docs/cluster.md, "Status"). Give every node the same.
     pub heartbeat_interval: Option<u64>,
+    /// Seconds a CONNECT waits for the other nodes to answer whether they have its client
+    /// identifier's session (1 to 60; default 2): a node that does not answer in time (one
+    /// that crashed and is not yet seen as gone) keeps its copy, and the client gets what
+    /// the others hand over, or a new session (docs/cluster.md, "Sessions across nodes").
+    pub takeover_timeout: Option<u64>,
     /// QoS 1 and 2 messages between nodes at least once, through a JetStream stream
     /// (default `true`; the NATS servers need JetStream on): the publisher's PUBACK / PUBREC
     /// follows JetStream's acknowledgement when another node wants the message. `false`:
@@ -104,6 +109,9 @@ fn check_url(url: &str) -> Result<(), String> {
 /// The heartbeat interval when `heartbeat_interval` is not set, in seconds.
 pub const DEFAULT_HEARTBEAT_INTERVAL: u64 = 2;
 
+/// The takeover timeout when `takeover_timeout` is not set, in seconds.
+pub const DEFAULT_TAKEOVER_TIMEOUT: u64 = 2;
+
 /// `jetstream_max_age` when not set, in seconds: one day.
 pub const DEFAULT_JETSTREAM_MAX_AGE: u64 = 86_400;
 
@@ -139,6 +147,12 @@ impl ClusterConfig {
             self.heartbeat_interval
                 .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL),
         )
+    }
+
+    /// How long a CONNECT waits for the other nodes' answers about its session:
+    /// `takeover_timeout`, or [`DEFAULT_TAKEOVER_TIMEOUT`] seconds.
+    pub fn takeover(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.takeover_timeout.unwrap_or(DEFAULT_TAKEOVER_TIMEOUT))
     }
 
     /// Whether QoS 1 and 2 messages cross between nodes through JetStream (`jetstream`,
@@ -202,6 +216,7 @@ impl ClusterConfig {
             || self.cert_file.is_some()
             || self.key_file.is_some()
             || self.heartbeat_interval.is_some()
+            || self.takeover_timeout.is_some()
             || self.jetstream.is_some()
             || self.jetstream_max_age.is_some()
             || self.jetstream_max_bytes.is_some()
@@ -245,6 +260,15 @@ impl ClusterConfig {
             return Err(ConfigError::new(
                 "cluster.heartbeat_interval",
                 "must be 1 to 300 seconds",
+            ));
+        }
+        if self
+            .takeover_timeout
+            .is_some_and(|s| !(1..=60).contains(&s))
+        {
+            return Err(ConfigError::new(
+                "cluster.takeover_timeout",
+                "must be 1 to 60 seconds",
             ));
         }
         let ranges: [(&str, Option<u64>, u64, u64, &str); 5] = [
@@ -324,7 +348,26 @@ impl ClusterConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::check_url;
+    use super::{check_url, ClusterConfig};
+
+    #[test]
+    fn takeover_timeout_is_1_to_60_seconds_and_2_by_default() {
+        let mut c = ClusterConfig {
+            nats_urls: vec!["nats://127.0.0.1:4222".into()],
+            node_name: "a".into(),
+            ..ClusterConfig::default()
+        };
+        assert_eq!(c.takeover(), std::time::Duration::from_secs(2));
+        for (value, ok) in [(0, false), (1, true), (60, true), (61, false)] {
+            c.takeover_timeout = Some(value);
+            let checked = c.validate();
+            assert_eq!(checked.is_ok(), ok, "{value}");
+            if let Err(e) = checked {
+                assert_eq!(e.key, "cluster.takeover_timeout");
+            }
+        }
+        assert_eq!(c.takeover(), std::time::Duration::from_secs(61));
+    }
 
     #[test]
     fn urls() {
