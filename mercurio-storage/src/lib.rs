@@ -41,6 +41,8 @@
 //!   PostgreSQL test cluster;
 //! - `tokio-postgres-rustls`, `rustls` (feature `postgres`): TLS to PostgreSQL as `sslmode`
 //!   asks, on the rustls stack the listeners already use (no OpenSSL).
+//! - `serde` (feature `serde`, with `bytes`' own): `Serialize` / `Deserialize` on a session's
+//!   records, which the core's cluster mode hands from node to node; no format is chosen here.
 //! - `rcgen` (tests only): certificates for the TLS test cluster.
 //! - `tokio-postgres` (feature `postgres`): pipelined writes on one connection, a dedicated
 //!   connection for the advisory lock, per-connection settings (deadpool-postgres is not used:

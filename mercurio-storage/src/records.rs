@@ -72,6 +72,7 @@ pub struct Backlog {
 /// subscriptions by filter (byte order), queued messages by `seq`, in-flight messages in the
 /// order their packet identifier was first set, inbound QoS 2 packet identifiers ascending.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SessionRecord {
     /// The client identifier.
     pub client_id: String,
@@ -143,6 +144,7 @@ impl SessionRecord {
 
 /// One subscription of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SubscriptionRecord {
     /// The topic filter as the client sent it, including a `$share/{group}/` prefix for a
     /// shared subscription. Unique within a session.
@@ -182,6 +184,7 @@ impl SubscriptionRecord {
 /// An application message, as stored once for its deliveries ([`StoredMessage`]), retained
 /// or set as a will.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MessageRecord {
     /// The topic name (never an alias: the core resolves topic aliases before storing).
     pub topic: String,
@@ -233,6 +236,7 @@ impl MessageRecord {
 
 /// A session's will.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WillRecord {
     /// The will message.
     pub message: MessageRecord,
@@ -246,6 +250,7 @@ pub struct WillRecord {
 /// [`LoadedState::messages`](crate::LoadedState::messages) holds. Queued and in-flight
 /// deliveries refer to it by `id` ([`DeliveryRecord::message_id`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct StoredMessage {
     /// The message's identifier, given by the broker (unique among stored messages).
     /// Below 2^63: SQL backends store it as a signed 64-bit integer.
@@ -258,6 +263,7 @@ pub struct StoredMessage {
 /// One delivery of a stored message to one session: a reference to the message, with what
 /// differs per delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeliveryRecord {
     /// The [`StoredMessage::id`] of the message delivered.
     pub message_id: u64,
@@ -291,6 +297,7 @@ impl DeliveryRecord {
 
 /// A message waiting in a session's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QueuedRecord {
     /// Position in the session's queue, assigned by the core, increasing; unique per session.
     /// Below 2^63: SQL backends store it as a signed 64-bit integer.
@@ -301,6 +308,7 @@ pub struct QueuedRecord {
 
 /// Where an outbound QoS 1 or 2 message stands in its acknowledgement flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum InflightState {
     /// QoS 1 PUBLISH sent, PUBACK awaited. Resent (DUP) after a reconnect.
     AwaitingPubAck,
@@ -334,6 +342,7 @@ impl InflightState {
 
 /// An outbound message sent to the client and not yet fully acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct InflightRecord {
     /// The packet identifier it was sent with; unique among a session's in-flight messages.
     pub packet_id: u16,

@@ -6,6 +6,7 @@ pub(crate) mod access;
 mod backlog;
 pub(crate) mod drain;
 mod entry;
+pub(crate) mod handover;
 mod memory_bound;
 pub(crate) mod restore;
 mod shared;
@@ -163,6 +164,9 @@ pub(crate) struct BrokerState {
     /// QoS 1 and 2 messages handed to the cluster's JetStream stream (`cluster_qos`); off
     /// unless cluster mode runs with `jetstream`.
     pub(crate) cluster_qos: crate::cluster_qos::ClusterQos,
+    /// In cluster mode, the other nodes a CONNECT asks for its client identifier's session
+    /// (`handover.rs`); set once by the cluster link at its start, empty otherwise.
+    pub(crate) other_nodes: OnceLock<Arc<dyn handover::OtherNodes>>,
 }
 
 /// True for a message one of this broker's bridges brought in (published by its session
@@ -226,6 +230,7 @@ impl BrokerState {
             interest,
             cluster: Default::default(),
             cluster_qos: Default::default(),
+            other_nodes: OnceLock::new(),
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             streams,
             held: backlog::HeldMessages::default(),
@@ -694,29 +699,39 @@ impl BrokerState {
         else {
             return;
         };
+        self.forget_session(session, &filters, backlog);
+        self.pass_on(&session.client_id, shared);
+        if let Some(will) = will {
+            self.publish_will(&session.client_id, will);
+        }
+    }
+
+    /// What ending `session` takes out of the broker: its `filters` from the index, the
+    /// session from the map (if it is still the one there), and the hold of its restored
+    /// `backlog`'s messages.
+    fn forget_session(
+        &self,
+        session: &Arc<Session>,
+        filters: &[String],
+        backlog: Option<crate::session::Backlog>,
+    ) {
         if backlog.is_some_and(|b| b.restored) {
             self.held.done();
         }
         {
             let mut index = self.index.write();
-            for f in &filters {
+            for f in filters {
                 if index.remove(f, &session.client_id) {
                     self.interest.remove(f, &session.client_id);
                 }
             }
         }
+        let mut sessions = self.sessions.lock();
+        if sessions
+            .get(&session.client_id)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
         {
-            let mut sessions = self.sessions.lock();
-            if sessions
-                .get(&session.client_id)
-                .is_some_and(|s| Arc::ptr_eq(s, session))
-            {
-                sessions.remove(&session.client_id);
-            }
-        }
-        self.pass_on(&session.client_id, shared);
-        if let Some(will) = will {
-            self.publish_will(&session.client_id, will);
+            sessions.remove(&session.client_id);
         }
     }
 

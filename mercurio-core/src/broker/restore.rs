@@ -169,7 +169,7 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState, stream
             restored: true,
         });
         let has_backlog = backlog.is_some();
-        match restore_session(broker, p, &messages, record, backlog, now, now_ms) {
+        match restore_session(broker, Some(p), &messages, record, backlog, now, now_ms) {
             Ok(will) => {
                 left_in_storage += usize::from(has_backlog);
                 if let Some(will) = will {
@@ -345,10 +345,11 @@ fn restore_retained(
 }
 
 /// Restores one session, with its `backlog` left in storage if any; returns its will when it
-/// is due now.
-fn restore_session(
+/// is due now. Without `p` (a session handed over by another node, written to this node's
+/// storage afterwards: `handover.rs`) nothing is reported to storage.
+pub(super) fn restore_session(
     broker: &Arc<BrokerState>,
-    p: &Arc<Persister>,
+    p: Option<&Arc<Persister>>,
     messages: &Restored,
     record: SessionRecord,
     backlog: Option<Backlog>,
@@ -406,9 +407,11 @@ fn restore_session(
     let mut will_due = None;
     {
         let mut st = session.state.lock();
-        st.report_changes_to(Arc::clone(p) as Arc<dyn SessionChanges>);
-        if crashed {
-            p.emit(Change::SessionSaved(header(&client_id, &st)));
+        if let Some(p) = p {
+            st.report_changes_to(Arc::clone(p) as Arc<dyn SessionChanges>);
+            if crashed {
+                p.emit(Change::SessionSaved(header(&client_id, &st)));
+            }
         }
         // A will pending when the broker stopped: due after its delay, unless the session
         // ends first (then it goes out with the session's end).
@@ -441,7 +444,7 @@ fn restore_session(
 /// The queued messages of `record` still valid, in order; those that expired are dequeued
 /// from storage.
 fn restore_queue(
-    p: &Persister,
+    p: Option<&Arc<Persister>>,
     messages: &Restored,
     record: &SessionRecord,
     st: &mut crate::session::SessionState,
@@ -451,10 +454,12 @@ fn restore_queue(
         let delivery = delivery_from(messages, &q.delivery, q.seq)?;
         st.restored_seq(q.seq);
         if delivery.msg.is_expired(now) {
-            p.emit(Change::MessageDequeued {
-                client_id: record.client_id.clone(),
-                seq: q.seq,
-            });
+            if let Some(p) = p {
+                p.emit(Change::MessageDequeued {
+                    client_id: record.client_id.clone(),
+                    seq: q.seq,
+                });
+            }
             continue;
         }
         st.restore_queued(delivery);

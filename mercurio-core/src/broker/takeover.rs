@@ -59,8 +59,12 @@ impl BrokerState {
     /// certificate, or none where there was one) gets a new session, as with Clean Start, so
     /// it never sees the owner's subscriptions, queued or in-flight messages.
     ///
+    /// In cluster mode the session is first taken from the node that has it, if another one
+    /// does (`handover.rs`).
+    ///
     /// Errors: the session's queue left in storage at the restart cannot be read now
-    /// (`BrokerState::load_backlog`); the connection is refused, the session kept.
+    /// (`BrokerState::load_backlog`), or another node has the session and cannot hand it
+    /// over now; the connection is refused, the session kept.
     pub(crate) async fn take_session(
         &self,
         client_id: &Arc<str>,
@@ -70,6 +74,7 @@ impl BrokerState {
         expiry_interval: u32,
         mut will: Option<Will>,
     ) -> Result<(Arc<Session>, Arc<Link>, bool), mercurio_storage::StorageError> {
+        self.take_from_other_nodes(client_id, clean_start).await?;
         let link = Arc::new(Link::new());
         // Whether this connection took over a connected client (rather than a session whose
         // client was away): it decides the fate of a will waiting for its delay below.

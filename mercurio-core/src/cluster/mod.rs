@@ -27,6 +27,7 @@ mod control;
 pub(crate) mod dedup;
 pub mod envelope;
 mod jetstream;
+mod ownership;
 mod remote;
 pub mod subject;
 
@@ -189,6 +190,17 @@ impl Cluster {
             Arc::clone(&id),
             Arc::clone(&link_filters),
         ));
+        // Sessions across nodes: this node's CONNECTs ask the others, and it answers theirs.
+        let _ = broker.other_nodes.set(Arc::new(ownership::NatsNodes::new(
+            broker,
+            control_client.clone(),
+            &prefix,
+        )));
+        let sessions = tokio::spawn(ownership::serve(
+            Arc::clone(broker),
+            control_client.clone(),
+            prefix.clone(),
+        ));
         let out = tokio::spawn(send_out(
             Arc::clone(broker),
             Arc::clone(&session),
@@ -197,7 +209,7 @@ impl Cluster {
             prefix.clone(),
             origin,
         ));
-        let mut tasks = vec![out, control];
+        let mut tasks = vec![out, control, sessions];
         let mut jetstream_client = None;
         if cfg.jetstream_on() {
             // QoS 1 and 2 between nodes through JetStream (jetstream.rs): the broker hands

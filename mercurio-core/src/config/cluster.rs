@@ -67,6 +67,11 @@ pub struct ClusterConfig {
     /// 16 GiB; default 64 MiB): over it, publishers whose messages other nodes want are
     /// not read until JetStream catches up.
     pub jetstream_max_pending_bytes: Option<u64>,
+    /// Seconds a CONNECT waits for the other nodes to answer whether they have its client
+    /// identifier's session (1 to 60; default 2): a node that does not answer in time (one
+    /// that crashed and is not yet seen as gone) keeps its copy, and the client gets what
+    /// the others hand over, or a new session (docs/cluster.md, "Sessions across nodes").
+    pub takeover_timeout: Option<u64>,
 }
 
 /// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
@@ -115,6 +120,8 @@ pub const DEFAULT_JETSTREAM_ACK_TIMEOUT: u64 = 30;
 
 /// `jetstream_max_pending_bytes` when not set: 64 MiB.
 pub const DEFAULT_JETSTREAM_MAX_PENDING_BYTES: u64 = 64 << 20;
+/// The takeover timeout when `takeover_timeout` is not set, in seconds.
+pub const DEFAULT_TAKEOVER_TIMEOUT: u64 = 2;
 
 /// The subject prefix when `subject_prefix` is not set.
 pub const DEFAULT_SUBJECT_PREFIX: &str = "mercurio";
@@ -177,6 +184,12 @@ impl ClusterConfig {
             .unwrap_or(DEFAULT_JETSTREAM_MAX_PENDING_BYTES)
     }
 
+    /// How long a CONNECT waits for the other nodes' answers about its session:
+    /// `takeover_timeout`, or [`DEFAULT_TAKEOVER_TIMEOUT`] seconds.
+    pub fn takeover(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.takeover_timeout.unwrap_or(DEFAULT_TAKEOVER_TIMEOUT))
+    }
+
     /// Checks the section's values and combinations; the files are checked when opened.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(p) = &self.subject_prefix {
@@ -207,7 +220,8 @@ impl ClusterConfig {
             || self.jetstream_max_bytes.is_some()
             || self.jetstream_replicas.is_some()
             || self.jetstream_ack_timeout.is_some()
-            || self.jetstream_max_pending_bytes.is_some();
+            || self.jetstream_max_pending_bytes.is_some()
+            || self.takeover_timeout.is_some();
         if !self.enabled() {
             if has_settings {
                 return Err(ConfigError::new(
@@ -247,7 +261,7 @@ impl ClusterConfig {
                 "must be 1 to 300 seconds",
             ));
         }
-        let ranges: [(&str, Option<u64>, u64, u64, &str); 5] = [
+        let ranges: [(&str, Option<u64>, u64, u64, &str); 6] = [
             (
                 "cluster.jetstream_max_age",
                 self.jetstream_max_age,
@@ -282,6 +296,13 @@ impl ClusterConfig {
                 1 << 16,
                 1 << 34,
                 "65536 (64 KiB) to 17179869184 (16 GiB) bytes",
+            ),
+            (
+                "cluster.takeover_timeout",
+                self.takeover_timeout,
+                1,
+                60,
+                "1 to 60 seconds",
             ),
         ];
         for (key, value, min, max, what) in ranges {
@@ -324,7 +345,26 @@ impl ClusterConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::check_url;
+    use super::{check_url, ClusterConfig};
+
+    #[test]
+    fn takeover_timeout_is_1_to_60_seconds_and_2_by_default() {
+        let mut c = ClusterConfig {
+            nats_urls: vec!["nats://127.0.0.1:4222".into()],
+            node_name: "a".into(),
+            ..ClusterConfig::default()
+        };
+        assert_eq!(c.takeover(), std::time::Duration::from_secs(2));
+        for (value, ok) in [(0, false), (1, true), (60, true), (61, false)] {
+            c.takeover_timeout = Some(value);
+            let checked = c.validate();
+            assert_eq!(checked.is_ok(), ok, "{value}");
+            if let Err(e) = checked {
+                assert_eq!(e.key, "cluster.takeover_timeout");
+            }
+        }
+        assert_eq!(c.takeover(), std::time::Duration::from_secs(61));
+    }
 
     #[test]
     fn urls() {

@@ -601,7 +601,7 @@ pub(super) async fn accept(
         Err(e) => {
             return Err(refuse(
                 ReasonCode::SERVER_UNAVAILABLE,
-                &format!("its stored queue cannot be read now: {e}"),
+                &format!("its session cannot be taken now: {e}"),
             ))
         }
     };

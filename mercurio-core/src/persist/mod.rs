@@ -42,17 +42,16 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mercurio_storage::{
-    Change, QueuedRecord, RetainedRecord, SessionRecord, Storage, StorageError, StoredMessage,
+    Change, QueuedRecord, RetainedRecord, Storage, StorageError, StoredMessage,
 };
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use records::{
-    delivery_record, header, inflight_record, message_record, subscription_record, will_record,
+    header, inflight_record, message_record, session_record, subscription_record, will_record,
 };
 use writer::{BatchWriter, Callback, Op, QueuedOp};
 
-use crate::codec::QoS;
 use crate::message::{Message, ReleaseStored, Stored};
 use crate::session::{
     Delivery, Granted, Inflight, Session, SessionChanges, SessionState, SessionTable,
@@ -434,42 +433,7 @@ impl Persister {
         st: &SessionState,
         backlog: Vec<QueuedRecord>,
     ) -> Change {
-        let mut record = SessionRecord::new(header(client_id, st));
-        let mut subs: Vec<_> = st
-            .subscriptions()
-            .iter()
-            .map(|(f, g)| subscription_record(f, g))
-            .collect();
-        subs.sort_by(|a, b| a.filter.cmp(&b.filter));
-        record.subscriptions = subs;
-        record.will = st.will().map(will_record);
-        let mut messages: HashMap<u64, StoredMessage> = HashMap::new();
-        let mut stored = |msg: &Message| {
-            let id = self.message_id(msg);
-            messages.entry(id).or_insert_with(|| StoredMessage {
-                id,
-                message: message_record(msg, msg.qos, msg.retain, &[]),
-            });
-            id
-        };
-        record.queued = backlog;
-        record.queued.extend(
-            st.queue()
-                .iter()
-                .filter(|q| q.qos > QoS::AtMostOnce)
-                .map(|q| QueuedRecord {
-                    seq: q.seq,
-                    delivery: delivery_record(stored(&q.msg), q),
-                }),
-        );
-        record.inflight = st
-            .inflight()
-            .iter()
-            .map(|f| inflight_record(stored(&f.delivery.msg), f))
-            .collect();
-        record.inbound_qos2 = st.inbound_qos2_ids();
-        let mut messages: Vec<StoredMessage> = messages.into_values().collect();
-        messages.sort_by_key(|m| m.id);
+        let (record, messages) = session_record(client_id, st, backlog, |msg| self.message_id(msg));
         Change::SessionWritten(record, messages)
     }
 

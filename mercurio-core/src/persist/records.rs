@@ -8,8 +8,8 @@ use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 
 use mercurio_storage::{
-    DeliveryRecord, InflightRecord, InflightState, MessageRecord, SessionHeader,
-    SubscriptionRecord, WillRecord,
+    DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, SessionHeader,
+    SessionRecord, StoredMessage, SubscriptionRecord, WillRecord,
 };
 
 use crate::codec::{self, Properties, ProtocolVersion, QoS, SubscriptionOptions};
@@ -235,4 +235,53 @@ pub(crate) fn granted_from(record: &SubscriptionRecord) -> Result<Granted, Strin
         },
         identifier: record.subscription_identifier,
     })
+}
+
+/// The whole session as stored (QoS 0 messages are not kept), with the messages it refers
+/// to, each once, sorted by id: its queue is `backlog` (a part read back from storage) then
+/// the deliveries in memory. `id_of` gives each message its id (the message store's, or one
+/// of the record's own for a session handed to another node).
+pub(crate) fn session_record(
+    client_id: &str,
+    st: &SessionState,
+    backlog: Vec<QueuedRecord>,
+    mut id_of: impl FnMut(&Message) -> u64,
+) -> (SessionRecord, Vec<StoredMessage>) {
+    let mut record = SessionRecord::new(header(client_id, st));
+    let mut subs: Vec<_> = st
+        .subscriptions()
+        .iter()
+        .map(|(f, g)| subscription_record(f, g))
+        .collect();
+    subs.sort_by(|a, b| a.filter.cmp(&b.filter));
+    record.subscriptions = subs;
+    record.will = st.will().map(will_record);
+    let mut messages: HashMap<u64, StoredMessage> = HashMap::new();
+    let mut stored = |msg: &Message| {
+        let id = id_of(msg);
+        messages.entry(id).or_insert_with(|| StoredMessage {
+            id,
+            message: message_record(msg, msg.qos, msg.retain, &[]),
+        });
+        id
+    };
+    record.queued = backlog;
+    record.queued.extend(
+        st.queue()
+            .iter()
+            .filter(|q| q.qos > QoS::AtMostOnce)
+            .map(|q| QueuedRecord {
+                seq: q.seq,
+                delivery: delivery_record(stored(&q.msg), q),
+            }),
+    );
+    record.inflight = st
+        .inflight()
+        .iter()
+        .map(|f| inflight_record(stored(&f.delivery.msg), f))
+        .collect();
+    record.inbound_qos2 = st.inbound_qos2_ids();
+    let mut messages: Vec<StoredMessage> = messages.into_values().collect();
+    messages.sort_by_key(|m| m.id);
+    (record, messages)
 }

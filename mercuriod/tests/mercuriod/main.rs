@@ -7,6 +7,7 @@ mod bridge_reload;
 mod cli;
 mod cluster;
 mod cluster_qos;
+mod cluster_sessions;
 mod console;
 mod credentials;
 mod daemon;

@@ -1,0 +1,329 @@
+//! Sessions handed from node to node in cluster mode (docs/cluster.md, "Sessions across
+//! nodes"): a client identifier's session lives on one node at a time, and a CONNECT on
+//! another node takes it from there.
+//!
+//! - The taking node asks the others ([`OtherNodes`], which the cluster link implements over
+//!   NATS) before it looks at its own sessions ([`BrokerState::take_session`]).
+//! - The owner closes the connection serving the session (DISCONNECT 0x8E Session taken
+//!   over [MQTT-3.1.4-3]), with its will dropped when the session goes on, and answers with
+//!   the session as storage records ([`BrokerState::hand_over`]). It keeps the session until
+//!   the taker confirms, then ends it without its will and without passing its shared
+//!   subscriptions' deliveries on: they went with it ([`BrokerState::handed_over`]).
+//! - The taker makes the records a session of its own, written whole to its storage, and
+//!   resumes it as a session present ([`BrokerState::adopt`]).
+// Without the feature `cluster` no `OtherNodes` exists: only the check that none is set is
+// used.
+#![cfg_attr(not(feature = "cluster"), allow(dead_code))]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mercurio_storage::{SessionRecord, StoredMessage};
+
+use super::restore::restore_session;
+use super::BrokerState;
+use crate::codec::ReasonCode;
+use crate::link::DisconnectReason;
+use crate::message::Message;
+use crate::persist::records::{instant_to_unix, message_from, session_record, unix_ms, Restored};
+use crate::session::{Ended, Session};
+
+/// What the other nodes answered for a client identifier ([`OtherNodes::take`]).
+pub(crate) enum Taken {
+    /// No other node has the session (or none could be asked: see `OtherNodes::take`).
+    None,
+    /// A node handed it over (boxed: the records are large next to the other variants).
+    Session(Box<HandedOver>),
+    /// A node has it but cannot hand it over now (its queue left in storage cannot be read,
+    /// or it is larger than a hand-over carries): the CONNECT is refused with Server
+    /// unavailable, the session kept where it is.
+    Unavailable(String),
+}
+
+/// A session handed over by another node.
+pub(crate) struct HandedOver {
+    /// The session, as its owner's storage would hold it.
+    pub record: SessionRecord,
+    /// The messages its queue and in-flight list refer to, by the ids of `record`.
+    pub messages: Vec<StoredMessage>,
+    /// Its node restored it from storage at its start and no client took it up since: a
+    /// copy left by a crash, older than any copy a client used since.
+    pub stale: bool,
+    /// Tells the nodes that answered with a copy that this node has the session now: they
+    /// end theirs. Called once the session is this node's (after its storage committed it).
+    pub confirm: Box<dyn FnOnce() + Send>,
+}
+
+/// The other nodes of the cluster, as a CONNECT asks them for its session.
+#[async_trait::async_trait]
+pub(crate) trait OtherNodes: Send + Sync {
+    /// Asks every other node for the session of `client_id`: the node that has it closes
+    /// the client's connection there and hands the session over, or, with `clean_start`,
+    /// ends it (then [`Taken::None`]). Waits for the nodes it knows to answer, within the
+    /// cluster's `takeover_timeout`.
+    async fn take(&self, client_id: &str, clean_start: bool) -> Taken;
+}
+
+/// What this node did when asked for a session ([`BrokerState::hand_over`]).
+pub(crate) enum HandOver {
+    /// It has no session of the client identifier (or has just ended it for a clean start).
+    NotHere,
+    /// Its session, to send; kept here until the taker confirms ([`BrokerState::handed_over`]),
+    /// its subscriptions out of the index meanwhile ([`BrokerState::kept_after_all`] puts them
+    /// back).
+    Session {
+        record: Box<SessionRecord>,
+        messages: Vec<StoredMessage>,
+        /// See [`HandedOver::stale`].
+        stale: bool,
+        session: Arc<Session>,
+    },
+    /// It has one it cannot hand over now.
+    Unavailable(String),
+}
+
+impl BrokerState {
+    /// In cluster mode, before a CONNECT looks at this node's sessions: takes the session of
+    /// `client_id` from the node that has it, if any, and makes it this node's (a copy kept
+    /// here gives way: its connection, if any, is taken over, and it ends without its will).
+    /// Nothing to do outside cluster mode and for the broker's own sessions.
+    ///
+    /// Errors: a node has the session and cannot hand it over now ([`Taken::Unavailable`]).
+    pub(crate) async fn take_from_other_nodes(
+        &self,
+        client_id: &Arc<str>,
+        clean_start: bool,
+    ) -> Result<(), mercurio_storage::StorageError> {
+        let Some(others) = self.other_nodes.get() else {
+            return Ok(());
+        };
+        if client_id.starts_with(super::INTERNAL_PREFIX) {
+            return Ok(());
+        }
+        let handed = match others.take(client_id, clean_start).await {
+            Taken::None => return Ok(()),
+            Taken::Unavailable(why) => {
+                return Err(mercurio_storage::StorageError::transient(format!(
+                    "its session is on another node and cannot be taken now: {why}"
+                )))
+            }
+            Taken::Session(handed) => *handed,
+        };
+        // A copy kept here (after a crash or a NATS outage) that is more recent than the one
+        // handed over stays, and the other copy ends: a copy a client took up since its node
+        // started is more recent than a stale one, then the later disconnection (by the
+        // nodes' clocks) wins, this node's on a tie.
+        let handed_rank = (
+            !handed.stale,
+            handed.record.disconnected_at.unwrap_or(u64::MAX),
+        );
+        let local = self.sessions.lock().get(client_id).cloned();
+        let local_newer = local.is_some_and(|local| {
+            let stale = local.idle_since(0);
+            let connected = local.is_connected();
+            let st = local.state.lock();
+            let at = match st.disconnected_at() {
+                Some(at) if !connected => instant_to_unix(at, Instant::now(), unix_ms()),
+                _ => u64::MAX,
+            };
+            !st.ended() && (!stale, at) >= handed_rank
+        });
+        if local_newer {
+            tracing::info!(%client_id, "session kept here: more recent than another node's copy, which ends");
+            (handed.confirm)();
+            return Ok(());
+        }
+        loop {
+            let Some(local) = self.sessions.lock().get(client_id).cloned() else {
+                break;
+            };
+            if let Some(link) = local.link() {
+                local.state.lock().discard_will();
+                link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
+                link.wait_closed().await;
+                continue;
+            }
+            local.state.lock().discard_will();
+            self.end_session(&local);
+        }
+        let Some(this) = self.this.upgrade() else {
+            return Ok(());
+        };
+        if let Err(e) = this.adopt(handed.record, &handed.messages, handed.confirm) {
+            tracing::warn!(%client_id, "session handed over by another node cannot be read, a new one is started: {e}");
+        }
+        Ok(())
+    }
+
+    /// Another node asks for the session of `client_id` (see the module's comment). With
+    /// `clean_start` the session ends here as a local Clean Start would end it (its will
+    /// published when its connection was taken over [MQTT-3.1.2-8]).
+    pub(crate) async fn hand_over(&self, client_id: &str, clean_start: bool) -> HandOver {
+        let mut took_over = false;
+        loop {
+            let Some(old) = self.sessions.lock().get(client_id).cloned() else {
+                return HandOver::NotHere;
+            };
+            if old.is_internal() {
+                return HandOver::NotHere;
+            }
+            if let Some(link) = old.link() {
+                if !clean_start {
+                    // The session goes on on the other node: the connection closed here does
+                    // not publish its will (MQTT 5.0 section 3.1.4; mosquitto drops it too),
+                    // and the new connection's CONNECT brings its own.
+                    let mut st = old.state.lock();
+                    if st.take_will().is_some() {
+                        st.persist_will_cleared(&old.client_id);
+                    }
+                }
+                link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
+                link.wait_closed().await;
+                took_over = true;
+                continue;
+            }
+            if clean_start || old.state.lock().ended() {
+                if !took_over {
+                    old.state.lock().discard_will();
+                }
+                self.end_session(&old);
+                return HandOver::NotHere;
+            }
+            if old.state.lock().backlog().is_some() {
+                if let Err(e) = self.load_backlog(&old).await {
+                    return HandOver::Unavailable(format!("its queue cannot be read: {e}"));
+                }
+                continue;
+            }
+            // Each message once, numbered for the record (the ids of this node's storage
+            // mean nothing on the other node's).
+            let mut ids: HashMap<*const Message, u64> = HashMap::new();
+            let (record, messages) = {
+                let st = old.state.lock();
+                session_record(&old.client_id, &st, Vec::new(), |m| {
+                    let next = ids.len() as u64 + 1;
+                    *ids.entry(m as *const Message).or_insert(next)
+                })
+            };
+            // Until the taker confirms, what is routed here no longer reaches the session:
+            // it would be left behind, dropped with it. The taker's subscriptions take over
+            // once the nodes hear of them, as for any new subscription.
+            self.withdraw_subscriptions(&old);
+            return HandOver::Session {
+                record: Box::new(record),
+                messages,
+                stale: old.idle_since(0),
+                session: old,
+            };
+        }
+    }
+
+    /// Takes the subscriptions of `session` out of the index (not out of the session).
+    fn withdraw_subscriptions(&self, session: &Arc<Session>) {
+        let filters: Vec<String> = session
+            .state
+            .lock()
+            .subscriptions()
+            .iter()
+            .map(|(f, _)| f.clone())
+            .collect();
+        let mut index = self.index.write();
+        for f in &filters {
+            if index.remove(f, &session.client_id) {
+                self.interest.remove(f, &session.client_id);
+            }
+        }
+    }
+
+    /// A session handed over without the taker's confirmation stays here: its
+    /// subscriptions go back into the index (unless it ended meanwhile).
+    pub(crate) fn kept_after_all(&self, session: &Arc<Session>) {
+        let subscriptions: Vec<(String, crate::session::Granted)> = {
+            let st = session.state.lock();
+            if st.ended() {
+                return;
+            }
+            st.subscriptions()
+                .iter()
+                .map(|(f, g)| (f.clone(), *g))
+                .collect()
+        };
+        let mut index = self.index.write();
+        for (f, granted) in subscriptions {
+            let entry = super::SubEntry {
+                session: Arc::clone(session),
+                granted,
+            };
+            if index.insert(&f, Arc::clone(&session.client_id), entry) {
+                self.interest.add(&f, &session.client_id);
+            }
+        }
+    }
+
+    /// The node that asked has `session` now: it ends here, deleted from storage, without
+    /// its will (dropped when its connection was taken over) and without passing its shared
+    /// subscriptions' deliveries on (they went with it). Left alone if a client took it up
+    /// here again meanwhile.
+    pub(crate) fn handed_over(&self, session: &Arc<Session>) {
+        if session.is_connected() {
+            tracing::warn!(client_id = %session.client_id, "session handed to another node was taken up here again meanwhile: kept here too");
+            self.kept_after_all(session);
+            return;
+        }
+        let Some(Ended {
+            filters, backlog, ..
+        }) = session.end()
+        else {
+            return;
+        };
+        self.forget_session(session, &filters, backlog);
+        tracing::debug!(client_id = %session.client_id, "session handed over to another node");
+    }
+
+    /// Makes the session another node handed over this node's own: restored from its
+    /// records as at a start (subscriptions, queue, in-flight messages, inbound QoS 2
+    /// identifiers, expiry timer), then written whole to storage. A session of the same
+    /// client identifier kept here (after a crash or a NATS outage) must have been ended
+    /// first. `confirmed` runs once storage committed it (at once without storage).
+    ///
+    /// Errors: a record that cannot be read (unknown QoS, a message it refers to missing,
+    /// properties that do not decode); nothing is made then.
+    pub(crate) fn adopt(
+        self: &Arc<Self>,
+        record: SessionRecord,
+        messages: &[StoredMessage],
+        confirmed: Box<dyn FnOnce() + Send>,
+    ) -> Result<(), String> {
+        let (now, now_ms) = (Instant::now(), unix_ms());
+        let restored: Restored = messages
+            .iter()
+            .map(|m| {
+                let msg =
+                    message_from(&m.message, now, now_ms).map(|(msg, ids)| (Arc::new(msg), ids));
+                (m.id, msg)
+            })
+            .collect();
+        let client_id: Arc<str> = Arc::from(record.client_id.as_str());
+        restore_session(self, None, &restored, record, None, now, now_ms)?;
+        let Some(p) = self.persist.get() else {
+            confirmed();
+            return Ok(());
+        };
+        let Some(session) = self.sessions.lock().get(&client_id).cloned() else {
+            // Expired at once: made from an old copy.
+            return Err("ended as soon as it was made".into());
+        };
+        {
+            let mut st = session.state.lock();
+            st.report_changes_to(Arc::clone(p) as Arc<dyn crate::session::SessionChanges>);
+            p.emit(p.session_written(&client_id, &st, Vec::new()));
+        }
+        p.after_commit(Box::new(move |committed| {
+            if committed {
+                confirmed();
+            }
+        }));
+        Ok(())
+    }
+}

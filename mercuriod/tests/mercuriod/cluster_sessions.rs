@@ -1,0 +1,291 @@
+//! Sessions across cluster nodes (docs/cluster.md, "Sessions across nodes"): a client that
+//! connects to another node takes its session there, handed over through NATS. Without
+//! nats-server the tests skip (a failure under `CI=true`).
+#![cfg(unix)]
+
+use std::path::Path;
+
+use bytes::Bytes;
+use mercurio_core::codec::{
+    Connect, LastWill, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
+};
+use mercurio_testkit::{wait_until, Client, Daemon, NatsServer};
+
+/// A node on `nats` with its sessions in an SQLite file of its own in `dir`
+/// (`{name}.db`).
+fn node(nats: &NatsServer, name: &str, dir: &Path) -> Daemon {
+    let db = dir.join(format!("{name}.db"));
+    let mut d = Daemon::start(&format!(
+        "[storage]\nbackend = \"sqlite\"\npath = {:?}\n\n\
+         [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\n",
+        db.display().to_string(),
+        nats.url()
+    ));
+    d.wait_logged("the connection to NATS", |l| {
+        l.contains("cluster: connected to NATS")
+    });
+    d
+}
+
+/// Waits until each of `nodes` hears all of them.
+fn wait_cluster(nodes: &[&Daemon]) {
+    wait_until("every node hears the others", || {
+        nodes.iter().all(|d| {
+            let s = d.admin(r#"{"command":"cluster.status"}"#);
+            s["result"]["nodes"].as_u64() == Some(nodes.len() as u64)
+        })
+    });
+}
+
+/// A persistent MQTT 5 CONNECT (session expiry `expiry` seconds), with `will`.
+fn connect(id: &str, clean_start: bool, expiry: u32, will: Option<LastWill>) -> Connect {
+    Connect {
+        protocol: ProtocolVersion::V5,
+        clean_start,
+        keep_alive: 60,
+        client_id: id.into(),
+        will,
+        username: None,
+        password: None,
+        properties: Properties {
+            session_expiry_interval: Some(expiry),
+            // One message in flight at a time: the others stay queued.
+            receive_maximum: Some(1),
+            ..Properties::default()
+        },
+    }
+}
+
+fn will(payload: &str, delay: u32) -> LastWill {
+    LastWill {
+        topic: "will/dev".into(),
+        payload: Bytes::copy_from_slice(payload.as_bytes()),
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        properties: Properties {
+            will_delay_interval: Some(delay),
+            ..Properties::default()
+        },
+    }
+}
+
+/// Whether node `d` has a session for `client_id` (`client.show`).
+fn has_session(d: &Daemon, client_id: &str) -> bool {
+    let show = d.admin(&format!(
+        r#"{{"command":"client.show","client_id":"{client_id}"}}"#
+    ));
+    show["ok"] == true
+}
+
+/// The filters and shared groups of node `name` that `d` knows.
+fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
+    let answer = d.admin(r#"{"command":"cluster.status"}"#);
+    answer["result"]["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == name)
+        .and_then(|m| m["interest"].as_u64())
+}
+
+/// The PUBLISHes `c` receives before the broker answers a PINGREQ, acknowledged.
+fn drain(c: &mut Client) -> Vec<Publish> {
+    c.send(Packet::PingReq);
+    let mut got = Vec::new();
+    loop {
+        match c.recv() {
+            Some(Packet::PingResp) => return got,
+            Some(Packet::Publish(p)) => {
+                c.ack(&p);
+                got.push(p);
+            }
+            Some(_) => {}
+            None => panic!("closed"),
+        }
+    }
+}
+
+#[test]
+fn a_client_connecting_to_another_node_takes_its_session_there() {
+    const TEST: &str = "a_client_connecting_to_another_node_takes_its_session_there";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
+    wait_cluster(&[&a, &b]);
+
+    // On A: a persistent session subscribed to dev/in, then three QoS 1 messages for it.
+    let (mut dev, present) = Client::connect(a.addr(), connect("dev", true, 300, None));
+    assert!(!present);
+    dev.subscribe("dev/in", QoS::AtLeastOnce);
+    dev.disconnect();
+    let (mut publisher, _) = Client::connect(a.addr(), connect("pub", true, 0, None));
+    for m in [b"m1", b"m2", b"m3"] {
+        publisher.publish("dev/in", m, QoS::AtLeastOnce, false);
+    }
+    // The client back on A, with a will: m1 in flight and left unacknowledged, m2 and m3
+    // queued behind it (Receive Maximum 1).
+    let (mut on_a, present) =
+        Client::connect(a.addr(), connect("dev", false, 300, Some(will("a", 0))));
+    assert!(present);
+    let m1 = on_a.expect_publish();
+    assert_eq!(&m1.payload[..], b"m1");
+    let (mut watcher, _) = Client::connect(b.addr(), connect("watcher", true, 0, None));
+    watcher.subscribe("will/#", QoS::AtLeastOnce);
+    wait_until("B's interest in will/# known to A", || {
+        interest_of(&a, "b") == Some(1)
+    });
+
+    // The client connects to B: A closes its connection with Session taken over
+    // [MQTT-3.1.4-3] and hands the session over; B resumes it [MQTT-3.2.2-2].
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev", false, 300, None));
+    assert!(present, "session present on B");
+    match on_a.recv() {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::SESSION_TAKEN_OVER),
+        other => panic!("expected DISCONNECT 0x8E on A, got {other:?}"),
+    }
+    assert!(on_a.recv().is_none(), "A's connection closed");
+    // The message in flight is sent again (DUP) [MQTT-4.4.0-1], then the queued ones.
+    let again = on_b.expect_publish();
+    assert_eq!((&again.payload[..], again.dup), (&b"m1"[..], true));
+    on_b.ack(&again);
+    for m in [b"m2", b"m3"] {
+        let p = on_b.expect_publish();
+        assert_eq!(&p.payload[..], m);
+        on_b.ack(&p);
+    }
+    // A no longer has the session, once B confirmed it has it.
+    wait_until("the session gone from A", || !has_session(&a, "dev"));
+    assert!(has_session(&b, "dev"));
+
+    // The subscription came along: a message published on either node arrives once.
+    wait_until("B's interest in dev/in known to A", || {
+        interest_of(&a, "b") == Some(2)
+    });
+    publisher.publish("dev/in", b"from a", QoS::AtLeastOnce, false);
+    let (mut publisher_b, _) = Client::connect(b.addr(), connect("pub-b", true, 0, None));
+    publisher_b.publish("dev/in", b"from b", QoS::AtLeastOnce, false);
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    while got.len() < 2 {
+        let p = on_b.expect_publish();
+        on_b.ack(&p);
+        got.push(p.payload.to_vec());
+    }
+    got.sort();
+    assert_eq!(got, [b"from a".to_vec(), b"from b".to_vec()]);
+    assert!(drain(&mut on_b).is_empty(), "each message once");
+
+    // The connection taken over on A did not publish its will: the marker, published on
+    // A after the takeover, is the first thing the watcher gets.
+    publisher.publish("will/marker", b"end", QoS::AtLeastOnce, false);
+    let p = watcher.expect_publish();
+    assert_eq!(p.topic, "will/marker", "no will before the marker");
+}
+
+#[test]
+fn a_will_fires_once_in_the_cluster_when_a_handed_over_session_expires() {
+    const TEST: &str = "a_will_fires_once_in_the_cluster_when_a_handed_over_session_expires";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
+    wait_cluster(&[&a, &b]);
+    let (mut watcher, _) = Client::connect(a.addr(), connect("watcher", true, 0, None));
+    watcher.subscribe("will/#", QoS::AtLeastOnce);
+    wait_until("A's interest in will/# known to B", || {
+        interest_of(&b, "a") == Some(1)
+    });
+
+    // On A with a will delayed 1 s and a session of 1 s, then on B with another such will.
+    let (mut on_a, _) = Client::connect(a.addr(), connect("dev", true, 1, Some(will("a", 1))));
+    let (on_b, present) = Client::connect(b.addr(), connect("dev", false, 1, Some(will("b", 1))));
+    assert!(present);
+    assert!(
+        matches!(on_a.recv(), Some(Packet::Disconnect(d)) if d.reason_code == ReasonCode::SESSION_TAKEN_OVER)
+    );
+    wait_until("the session gone from A", || !has_session(&a, "dev"));
+
+    // B's connection ends without DISCONNECT: B's will goes out once, from B, when the
+    // delay (or the session) ends [MQTT-3.1.2-8]; A holds nothing that could send another.
+    drop(on_b);
+    let p = watcher.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("will/dev", &b"b"[..]));
+    watcher.send(Packet::PubAck(PubAck {
+        packet_id: p.packet_id,
+        ..PubAck::default()
+    }));
+    wait_until("the session expired on B", || !has_session(&b, "dev"));
+    assert!(!has_session(&a, "dev"));
+    let (mut publisher, _) = Client::connect(b.addr(), connect("pub", true, 0, None));
+    publisher.publish("will/marker", b"end", QoS::AtLeastOnce, false);
+    let p = watcher.expect_publish();
+    assert_eq!(p.topic, "will/marker", "one will, then the marker");
+}
+
+#[test]
+fn a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale() {
+    const TEST: &str =
+        "a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
+    wait_cluster(&[&a, &b]);
+
+    // Clean Start on B: A's connection is taken over [MQTT-3.1.4-3] and its session ends
+    // there; B starts a new one [MQTT-3.2.2-1].
+    let (mut on_a, _) = Client::connect(a.addr(), connect("dev", true, 300, None));
+    on_a.subscribe("dev/in", QoS::AtLeastOnce);
+    let (on_b, present) = Client::connect(b.addr(), connect("dev", true, 300, None));
+    assert!(!present, "a new session on B");
+    assert!(
+        matches!(on_a.recv(), Some(Packet::Disconnect(d)) if d.reason_code == ReasonCode::SESSION_TAKEN_OVER)
+    );
+    assert!(!has_session(&a, "dev"), "ended on A");
+    on_b.disconnect();
+
+    // The session's owner crashes: its sessions stay in its storage, out of reach. A client
+    // connecting to B meanwhile is not held up beyond the takeover timeout, and gets what B
+    // has: a new session.
+    let (mut again, present) = Client::connect(a.addr(), connect("dev2", true, 300, None));
+    assert!(!present);
+    again.subscribe("old/in", QoS::AtLeastOnce);
+    wait_until("A's storage holds the subscription", || {
+        rusqlite::Connection::open(dir.path().join("a.db"))
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM subscriptions WHERE client_id = 'dev2'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|n| n == 1)
+    });
+    assert_eq!(a.stop(libc::SIGKILL), None);
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
+    assert!(!present, "the crashed node's session is out of reach");
+    on_b.subscribe("new/in", QoS::AtLeastOnce);
+    on_b.disconnect();
+
+    // A back with its copy from before the crash: it is stale. The client connecting to B
+    // again resumes B's session (its subscription is new/in, not old/in), and A's copy ends.
+    let a = node(&nats, "a", dir.path());
+    wait_cluster(&[&a, &b]);
+    assert!(has_session(&a, "dev2"), "A restored its stale copy");
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
+    assert!(present);
+    wait_until("A's stale copy ended", || !has_session(&a, "dev2"));
+    wait_until("B's interest in new/in known to A", || {
+        interest_of(&a, "b") == Some(1)
+    });
+    let (mut publisher, _) = Client::connect(a.addr(), connect("pub", true, 0, None));
+    publisher.publish("old/in", b"old", QoS::AtLeastOnce, false);
+    publisher.publish("new/in", b"new", QoS::AtLeastOnce, false);
+    let p = on_b.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("new/in", &b"new"[..]));
+}
