@@ -43,6 +43,11 @@ pub struct ClusterConfig {
     /// itself to the others this often, and a node that misses three is shown as gone
     /// (docs/cluster.md, "Status"). Give every node the same.
     pub heartbeat_interval: Option<u64>,
+    /// Seconds a CONNECT waits for the other nodes to answer whether they have its client
+    /// identifier's session (1 to 60; default 2): a node that does not answer in time (one
+    /// that crashed and is not yet seen as gone) keeps its copy, and the client gets what
+    /// the others hand over, or a new session (docs/cluster.md, "Sessions across nodes").
+    pub takeover_timeout: Option<u64>,
     /// QoS 1 and 2 messages between nodes at least once, through a JetStream stream
     /// (default `true`; the NATS servers need JetStream on): the publisher's PUBACK / PUBREC
     /// follows JetStream's acknowledgement when another node wants the message. `false`:
@@ -67,11 +72,6 @@ pub struct ClusterConfig {
     /// 16 GiB; default 64 MiB): over it, publishers whose messages other nodes want are
     /// not read until JetStream catches up.
     pub jetstream_max_pending_bytes: Option<u64>,
-    /// Seconds a CONNECT waits for the other nodes to answer whether they have its client
-    /// identifier's session (1 to 60; default 2): a node that does not answer in time (one
-    /// that crashed and is not yet seen as gone) keeps its copy, and the client gets what
-    /// the others hand over, or a new session (docs/cluster.md, "Sessions across nodes").
-    pub takeover_timeout: Option<u64>,
 }
 
 /// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
@@ -109,6 +109,9 @@ fn check_url(url: &str) -> Result<(), String> {
 /// The heartbeat interval when `heartbeat_interval` is not set, in seconds.
 pub const DEFAULT_HEARTBEAT_INTERVAL: u64 = 2;
 
+/// The takeover timeout when `takeover_timeout` is not set, in seconds.
+pub const DEFAULT_TAKEOVER_TIMEOUT: u64 = 2;
+
 /// `jetstream_max_age` when not set, in seconds: one day.
 pub const DEFAULT_JETSTREAM_MAX_AGE: u64 = 86_400;
 
@@ -120,8 +123,6 @@ pub const DEFAULT_JETSTREAM_ACK_TIMEOUT: u64 = 30;
 
 /// `jetstream_max_pending_bytes` when not set: 64 MiB.
 pub const DEFAULT_JETSTREAM_MAX_PENDING_BYTES: u64 = 64 << 20;
-/// The takeover timeout when `takeover_timeout` is not set, in seconds.
-pub const DEFAULT_TAKEOVER_TIMEOUT: u64 = 2;
 
 /// The subject prefix when `subject_prefix` is not set.
 pub const DEFAULT_SUBJECT_PREFIX: &str = "mercurio";
@@ -146,6 +147,12 @@ impl ClusterConfig {
             self.heartbeat_interval
                 .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL),
         )
+    }
+
+    /// How long a CONNECT waits for the other nodes' answers about its session:
+    /// `takeover_timeout`, or [`DEFAULT_TAKEOVER_TIMEOUT`] seconds.
+    pub fn takeover(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.takeover_timeout.unwrap_or(DEFAULT_TAKEOVER_TIMEOUT))
     }
 
     /// Whether QoS 1 and 2 messages cross between nodes through JetStream (`jetstream`,
@@ -184,12 +191,6 @@ impl ClusterConfig {
             .unwrap_or(DEFAULT_JETSTREAM_MAX_PENDING_BYTES)
     }
 
-    /// How long a CONNECT waits for the other nodes' answers about its session:
-    /// `takeover_timeout`, or [`DEFAULT_TAKEOVER_TIMEOUT`] seconds.
-    pub fn takeover(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(self.takeover_timeout.unwrap_or(DEFAULT_TAKEOVER_TIMEOUT))
-    }
-
     /// Checks the section's values and combinations; the files are checked when opened.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(p) = &self.subject_prefix {
@@ -215,13 +216,13 @@ impl ClusterConfig {
             || self.cert_file.is_some()
             || self.key_file.is_some()
             || self.heartbeat_interval.is_some()
+            || self.takeover_timeout.is_some()
             || self.jetstream.is_some()
             || self.jetstream_max_age.is_some()
             || self.jetstream_max_bytes.is_some()
             || self.jetstream_replicas.is_some()
             || self.jetstream_ack_timeout.is_some()
-            || self.jetstream_max_pending_bytes.is_some()
-            || self.takeover_timeout.is_some();
+            || self.jetstream_max_pending_bytes.is_some();
         if !self.enabled() {
             if has_settings {
                 return Err(ConfigError::new(
@@ -261,7 +262,16 @@ impl ClusterConfig {
                 "must be 1 to 300 seconds",
             ));
         }
-        let ranges: [(&str, Option<u64>, u64, u64, &str); 6] = [
+        if self
+            .takeover_timeout
+            .is_some_and(|s| !(1..=60).contains(&s))
+        {
+            return Err(ConfigError::new(
+                "cluster.takeover_timeout",
+                "must be 1 to 60 seconds",
+            ));
+        }
+        let ranges: [(&str, Option<u64>, u64, u64, &str); 5] = [
             (
                 "cluster.jetstream_max_age",
                 self.jetstream_max_age,
@@ -296,13 +306,6 @@ impl ClusterConfig {
                 1 << 16,
                 1 << 34,
                 "65536 (64 KiB) to 17179869184 (16 GiB) bytes",
-            ),
-            (
-                "cluster.takeover_timeout",
-                self.takeover_timeout,
-                1,
-                60,
-                "1 to 60 seconds",
             ),
         ];
         for (key, value, min, max, what) in ranges {

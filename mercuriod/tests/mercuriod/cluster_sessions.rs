@@ -226,9 +226,10 @@ fn a_will_fires_once_in_the_cluster_when_a_handed_over_session_expires() {
 }
 
 #[test]
-fn a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale() {
+fn a_clean_start_ends_the_session_on_its_node_a_3_1_1_client_is_closed_and_a_crashed_nodes_copy_is_stale(
+) {
     const TEST: &str =
-        "a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale";
+        "a_clean_start_ends_the_session_on_its_node_a_3_1_1_client_is_closed_and_a_crashed_nodes_copy_is_stale";
     let Some(nats) = NatsServer::start(TEST) else {
         return;
     };
@@ -248,6 +249,24 @@ fn a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale(
     );
     assert!(!has_session(&a, "dev"), "ended on A");
     on_b.disconnect();
+
+    // A 3.1.1 client taken over is closed without DISCONNECT (none exists in 3.1.1)
+    // [MQTT-3.1.4-3], and resumes its session on the other node [MQTT-3.2.2-2].
+    let v311 = |id: &str| Connect {
+        protocol: ProtocolVersion::V311,
+        clean_start: false,
+        keep_alive: 60,
+        client_id: id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Properties::default(),
+    };
+    let (mut old_311, _) = Client::connect(a.addr(), v311("dev311"));
+    old_311.subscribe("dev311/in", QoS::AtLeastOnce);
+    let (_new_311, present) = Client::connect(b.addr(), v311("dev311"));
+    assert!(present, "the 3.1.1 session on B");
+    assert!(old_311.recv().is_none(), "closed without a packet");
 
     // The session's owner crashes: its sessions stay in its storage, out of reach. A client
     // connecting to B meanwhile is not held up beyond the takeover timeout, and gets what B
@@ -280,8 +299,9 @@ fn a_clean_start_ends_the_session_on_its_node_and_a_crashed_nodes_copy_is_stale(
     let (mut on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
     assert!(present);
     wait_until("A's stale copy ended", || !has_session(&a, "dev2"));
+    // B's interest: dev311/in and new/in.
     wait_until("B's interest in new/in known to A", || {
-        interest_of(&a, "b") == Some(1)
+        interest_of(&a, "b") == Some(2)
     });
     let (mut publisher, _) = Client::connect(a.addr(), connect("pub", true, 0, None));
     publisher.publish("old/in", b"old", QoS::AtLeastOnce, false);
