@@ -32,6 +32,7 @@ pub const TARGETS: &[&str] = &[
     "mercurio_core::router",
     "mercurio_core::session",
     "mercurio_core::stats",
+    "mercurio_core::streams",
     "mercurio_core::sys",
     "mercurio_core::tls",
     "mercurio_core::topic",
