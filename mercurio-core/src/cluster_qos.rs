@@ -194,6 +194,11 @@ pub(crate) struct ClusterQos {
     /// The gates of the messages handed off, oldest first, for `jetstream_ack_timeout`
     /// ([`ClusterQos::expire`]). Lock: a leaf.
     gates: Mutex<VecDeque<Arc<Gate>>>,
+    /// The gates of QoS 2 messages received (PUBREC owed), by publisher and packet
+    /// identifier, until resolved: a resent PUBLISH's PUBREC waits for its first copy's
+    /// gate ([`ClusterQos::receipt`]). Pruned by [`ClusterQos::expire`]; at most
+    /// `receive_maximum` a publisher. Lock: a leaf.
+    receipts: Mutex<HashMap<(Arc<str>, u16), Arc<Gate>>>,
 }
 
 impl ClusterQos {
@@ -326,6 +331,29 @@ impl ClusterQos {
         Some(gate)
     }
 
+    /// The QoS 2 message `packet_id` of `client_id` waits for `gate` before its PUBREC.
+    pub(crate) fn await_receipt(&self, client_id: &Arc<str>, packet_id: u16, gate: &Arc<Gate>) {
+        if !gate.is_done() {
+            let key = (Arc::clone(client_id), packet_id);
+            self.receipts.lock().insert(key, Arc::clone(gate));
+        }
+    }
+
+    /// The gate the QoS 2 message `packet_id` of `client_id` still waits for, if any: a
+    /// resent copy's PUBREC waits for it too.
+    pub(crate) fn receipt(&self, client_id: &str, packet_id: u16) -> Option<Arc<Gate>> {
+        let key: (Arc<str>, u16) = (Arc::from(client_id), packet_id);
+        let mut receipts = self.receipts.lock();
+        match receipts.get(&key) {
+            Some(g) if !g.is_done() => Some(Arc::clone(g)),
+            Some(_) => {
+                receipts.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
     /// A handed-off message of `cost` bytes left the pending set (acknowledged by
     /// JetStream, or dropped at stop).
     pub(crate) fn settled(&self, cost: u64) {
@@ -359,6 +387,12 @@ impl ClusterQos {
         // Told with no lock held: a waiter closes a connection.
         for g in &late {
             g.resolve(Outcome::TimedOut);
+        }
+        {
+            let mut receipts = self.receipts.lock();
+            if !receipts.is_empty() {
+                receipts.retain(|_, g| !g.is_done());
+            }
         }
         late.len()
     }

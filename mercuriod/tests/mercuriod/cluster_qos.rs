@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mercurio_core::codec::{Connect, Packet, Properties, ProtocolVersion, QoS, ReasonCode};
+use mercurio_core::codec::{
+    Connect, Packet, Properties, ProtocolVersion, Publish, QoS, ReasonCode,
+};
 use mercurio_testkit::{
     free_port, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
 };
@@ -29,6 +31,11 @@ fn nodes(nats: &NatsCluster) -> (ClusterNode, ClusterNode) {
 /// A 5.0 client; `persistent`: an hour of session expiry, the session resumed if there is
 /// one.
 fn client(d: &Daemon, id: &str, persistent: bool) -> Client {
+    connect(d, id, persistent).0
+}
+
+/// [`client`], and whether its session was present (CONNACK).
+fn connect(d: &Daemon, id: &str, persistent: bool) -> (Client, bool) {
     let connect = Connect {
         protocol: ProtocolVersion::V5,
         clean_start: !persistent,
@@ -42,7 +49,7 @@ fn client(d: &Daemon, id: &str, persistent: bool) -> Client {
             ..Properties::default()
         },
     };
-    Client::connect(d.addr(), connect).0
+    Client::connect(d.addr(), connect)
 }
 
 /// The filters of node `name` that `d` knows (`cluster.status`).
@@ -358,4 +365,74 @@ fn a_publisher_waits_while_nats_is_down_and_is_acknowledged_once_jetstream_has_t
         .stream_state("mercurio_qos")
         .expect("the stream made again");
     assert_eq!(state["last_seq"], 1);
+}
+
+/// Publishes a QoS 1 message on a topic nobody subscribes to (it waits for nothing but
+/// storage, as every acknowledgement under `durable_ack`, in order) and returns the first
+/// packet `c` receives after sending it: its PUBACK when no acknowledgement owed before it is
+/// ready, else that acknowledgement.
+fn next_acknowledgement(c: &mut Client) -> Option<Packet> {
+    let id = c.publish_packet("nobody/here", b"marker", QoS::AtLeastOnce, false);
+    let got = c.recv();
+    if matches!(&got, Some(Packet::PubAck(a)) if a.packet_id == id) {
+        return None;
+    }
+    got
+}
+
+#[test]
+fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() {
+    const TEST: &str = "a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let port = nats.port;
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 120\n";
+    let mut a = ClusterNode::start("a", &[nats.url()], "", keys);
+    let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("q/#", QoS::ExactlyOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    drop(nats);
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    // A QoS 2 message for B while JetStream is away: no PUBREC (a later message's PUBACK,
+    // which follows every acknowledgement ready before it, comes first).
+    let mut publisher = client(&a.daemon, "pub", true);
+    let id = publisher.publish_packet("q/1", b"once", QoS::ExactlyOnce, false);
+    assert_eq!(next_acknowledgement(&mut publisher), None);
+    // The client reconnects and sends it again, DUP set, same packet identifier
+    // [MQTT-4.4.0-1]: its PUBREC waits as the first copy's does.
+    drop(publisher);
+    let (mut publisher, present) = connect(&a.daemon, "pub", true);
+    assert!(present, "the publisher's session resumed");
+    publisher.send(Packet::Publish(Publish {
+        dup: true,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "q/1".into(),
+        packet_id: id,
+        properties: Properties::default(),
+        payload: bytes::Bytes::from_static(b"once"),
+    }));
+    assert_eq!(
+        next_acknowledgement(&mut publisher),
+        None,
+        "no PUBREC before JetStream has the message"
+    );
+    // JetStream back: the message goes in, then the PUBREC, and B's subscriber gets it once.
+    let _nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    match publisher.recv() {
+        Some(Packet::PubRec(r)) => {
+            assert_eq!((r.packet_id, r.reason_code), (id, ReasonCode::SUCCESS))
+        }
+        other => panic!("expected PUBREC {id}, got {other:?}"),
+    }
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"once"[..]));
 }
