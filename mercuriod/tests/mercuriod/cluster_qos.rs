@@ -436,3 +436,77 @@ fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() 
     let p = sub.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"once"[..]));
 }
+
+#[test]
+fn a_bridge_acknowledges_its_remote_only_once_jetstream_has_the_message() {
+    use std::io::Write;
+    const TEST: &str = "a_bridge_acknowledges_its_remote_only_once_jetstream_has_the_message";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let port = nats.port;
+    // A raw remote (MQTT 3.1.1): QoS 1 PUBLISH d/x (identifier 7) to node A's bridge.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let remote_port = listener.local_addr().expect("address").port();
+    let (to_test, events) = std::sync::mpsc::channel::<String>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let remote = std::thread::spawn(move || {
+        const PUBLISH: [u8; 10] = [0x32, 8, 0, 3, b'd', b'/', b'x', 0, 7, b'm'];
+        // The bridge's first packet but its SUBSCRIBE and PINGREQ (type and flags, packet
+        // identifier), or "closed".
+        let answer = |s: &mut std::net::TcpStream| loop {
+            match crate::bridge::read_packet(s) {
+                Ok((0x82 | 0xC0, _)) => {}
+                Ok((first, body)) => return format!("{first:#04x} {:?}", body.get(..2)),
+                Err(_) => return "closed".to_string(),
+            }
+        };
+        let (mut s, _) = listener.accept().expect("the first connection");
+        crate::bridge::read_packet(&mut s).expect("CONNECT");
+        s.write_all(&[0x20, 2, 0, 0]).expect("CONNACK");
+        go_rx.recv().expect("the test");
+        s.write_all(&PUBLISH).expect("PUBLISH");
+        to_test.send(answer(&mut s)).expect("the test");
+        // The bridge connects again: the message again, DUP set.
+        let (mut s, _) = listener.accept().expect("the second connection");
+        crate::bridge::read_packet(&mut s).expect("CONNECT");
+        s.write_all(&[0x20, 2, 1, 0])
+            .expect("CONNACK, session present");
+        go_rx.recv().expect("the test");
+        let mut dup = PUBLISH;
+        dup[0] |= 0x08;
+        s.write_all(&dup).expect("PUBLISH again");
+        to_test.send(answer(&mut s)).expect("the test");
+    });
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 2\n";
+    let bridge = format!(
+        "[[bridges]]\nname = \"in\"\naddresses = [\"127.0.0.1:{remote_port}\"]\n\
+         keepalive = 60\nnotifications = false\n\
+         [[bridges.topics]]\npattern = \"d/#\"\ndirection = \"in\"\nqos = 1\n\n"
+    );
+    let mut a = ClusterNode::start("a", &[nats.url()], &bridge, keys);
+    let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("d/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    drop(nats);
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    // JetStream away: no PUBACK to the remote [MQTT-4.3.2-2] (it would acknowledge what B
+    // may never get); after jetstream_ack_timeout the bridge's connection is closed instead.
+    go.send(()).expect("the remote");
+    assert_eq!(events.recv().expect("the remote"), "closed");
+    // JetStream back: the copy sent again is acknowledged once JetStream holds it, and B's
+    // subscriber gets the message.
+    let _nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    go.send(()).expect("the remote");
+    assert_eq!(events.recv().expect("the remote"), "0x40 Some([0, 7])");
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("d/x", &b"m"[..]));
+    remote.join().expect("the remote");
+}
