@@ -186,6 +186,8 @@ pub(crate) struct ClusterQos {
     destinations: RwLock<Destinations>,
     /// Bytes handed off, not yet acknowledged by JetStream.
     pending: AtomicU64,
+    /// Messages handed off, not yet acknowledged by JetStream.
+    pending_messages: AtomicU64,
     max_pending: AtomicU64,
     /// Publishers waiting for `pending` to go under `max_pending` set it first.
     waiting: AtomicBool,
@@ -316,6 +318,7 @@ impl ClusterQos {
         let gate = Arc::new(Gate::new());
         let cost = (msg.size() * nodes.len()) as u64;
         self.pending.fetch_add(cost, Ordering::SeqCst);
+        self.pending_messages.fetch_add(1, Ordering::Relaxed);
         let outgoing = Outgoing {
             msg: Arc::clone(msg),
             nodes,
@@ -326,6 +329,7 @@ impl ClusterQos {
         if out.send(outgoing).is_err() {
             // The task is gone (shutting down): nothing will hold it.
             self.pending.fetch_sub(cost, Ordering::SeqCst);
+            self.pending_messages.fetch_sub(1, Ordering::Relaxed);
             gate.resolve(Outcome::TimedOut);
         }
         Some(gate)
@@ -357,6 +361,7 @@ impl ClusterQos {
     /// A handed-off message of `cost` bytes left the pending set (acknowledged by
     /// JetStream, or dropped at stop).
     pub(crate) fn settled(&self, cost: u64) {
+        self.pending_messages.fetch_sub(1, Ordering::Relaxed);
         let before = self.pending.fetch_sub(cost, Ordering::SeqCst);
         let max = self.max_pending.load(Ordering::Relaxed);
         if before.saturating_sub(cost) <= max && self.waiting.load(Ordering::SeqCst) {
@@ -395,6 +400,15 @@ impl ClusterQos {
             }
         }
         late.len()
+    }
+
+    /// What waits for JetStream's acknowledgement now: (bytes, messages). A message's bytes
+    /// are its size once per destination node (what `jetstream_max_pending_bytes` bounds).
+    pub(crate) fn pending(&self) -> (u64, u64) {
+        (
+            self.pending.load(Ordering::Relaxed),
+            self.pending_messages.load(Ordering::Relaxed),
+        )
     }
 
     /// Whether more than `jetstream_max_pending_bytes` wait for JetStream.
@@ -516,8 +530,14 @@ mod tests {
             costs += rx.try_recv().expect("queued").cost;
         }
         assert!(costs > 1000);
+        let (bytes, messages) = qos.pending();
+        assert_eq!(bytes, costs);
+        for _ in 1..messages {
+            qos.settled(0);
+        }
         qos.settled(costs);
         assert!(!qos.over());
+        assert_eq!(qos.pending(), (0, 0));
     }
 
     #[test]

@@ -99,6 +99,10 @@ pub(crate) struct ClusterInfo {
     pub jetstream_in: u64,
     pub jetstream_retries: u64,
     pub jetstream_timeouts: u64,
+    /// Bytes (each message's size once per destination node) and messages handed to
+    /// JetStream and not yet acknowledged: set by [`BrokerState::cluster_info`](crate::broker::BrokerState::cluster_info).
+    pub jetstream_pending_bytes: u64,
+    pub jetstream_pending_messages: u64,
 }
 
 impl ClusterStatus {
@@ -142,6 +146,8 @@ impl ClusterStatus {
             jetstream_in: get(&self.jetstream_in),
             jetstream_retries: get(&self.jetstream_retries),
             jetstream_timeouts: get(&self.jetstream_timeouts),
+            jetstream_pending_bytes: 0,
+            jetstream_pending_messages: 0,
         })
     }
 }

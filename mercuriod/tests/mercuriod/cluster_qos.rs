@@ -13,7 +13,7 @@ use mercurio_core::codec::{
     Connect, Packet, Properties, ProtocolVersion, Publish, QoS, ReasonCode,
 };
 use mercurio_testkit::{
-    free_port, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
+    free_port, http, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
 };
 
 /// `[cluster]` keys of every node: three copies of the stream on the three NATS servers, and
@@ -388,7 +388,16 @@ fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() 
     };
     let port = nats.port;
     let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 120\n";
-    let mut a = ClusterNode::start("a", &[nats.url()], "", keys);
+    let metrics = "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\n\
+                   metrics = true\n\n";
+    let mut a = ClusterNode::start("a", &[nats.url()], metrics, keys);
+    let metrics_addr = a.daemon.wait_listeners(2)[1];
+    let metric = |name: &str| -> u64 {
+        let body = http::get(metrics_addr, "/metrics").body;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {body}"))
+    };
     let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
     let mut sub = client(&b.daemon, "sub", true);
     sub.subscribe("q/#", QoS::ExactlyOnce);
@@ -406,6 +415,16 @@ fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() 
     let mut publisher = client(&a.daemon, "pub", true);
     let id = publisher.publish_packet("q/1", b"once", QoS::ExactlyOnce, false);
     assert_eq!(next_acknowledgement(&mut publisher), None);
+    // What waits for JetStream, as operators see it: the message, its bytes.
+    assert_eq!(metric("mercurio_cluster_jetstream_pending_messages"), 1);
+    let bytes = metric("mercurio_cluster_jetstream_pending_bytes");
+    assert!(
+        bytes >= 7,
+        "{bytes} bytes pending (topic and payload at least)"
+    );
+    let status = a.daemon.admin(r#"{"command":"cluster.status"}"#);
+    assert_eq!(status["result"]["jetstream_pending_messages"], 1);
+    assert_eq!(status["result"]["jetstream_pending_bytes"], bytes);
     // The client reconnects and sends it again, DUP set, same packet identifier
     // [MQTT-4.4.0-1]: its PUBREC waits as the first copy's does.
     drop(publisher);
@@ -435,6 +454,10 @@ fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() 
     }
     let p = sub.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"once"[..]));
+    wait_until("nothing waiting for JetStream", || {
+        metric("mercurio_cluster_jetstream_pending_bytes") == 0
+            && metric("mercurio_cluster_jetstream_pending_messages") == 0
+    });
 }
 
 #[test]
