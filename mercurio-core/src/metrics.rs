@@ -675,6 +675,11 @@ fn cluster_families(c: crate::cluster_status::ClusterInfo) -> Vec<Family> {
             "Messages JetStream did not take within jetstream_ack_timeout",
             c.jetstream_timeouts,
         ),
+        Family::counter(
+            "mercurio_cluster_jetstream_settings_differ",
+            "Times the JetStream stream was found with other settings than this node's (kept)",
+            c.jetstream_settings_differ,
+        ),
         Family::gauge(
             "mercurio_cluster_jetstream_pending_bytes",
             "Bytes handed to JetStream for other nodes and not yet acknowledged (a message counts once per node)",

@@ -274,6 +274,7 @@ impl SysPublisher {
                 ("jetstream/in", c.jetstream_in),
                 ("jetstream/retries", c.jetstream_retries),
                 ("jetstream/timeouts", c.jetstream_timeouts),
+                ("jetstream/settings_differ", c.jetstream_settings_differ),
                 ("jetstream/pending_bytes", c.jetstream_pending_bytes),
                 ("jetstream/pending_messages", c.jetstream_pending_messages),
             ] {

@@ -533,3 +533,43 @@ fn a_bridge_acknowledges_its_remote_only_once_jetstream_has_the_message() {
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("d/x", &b"m"[..]));
     remote.join().expect("the remote");
 }
+
+#[test]
+fn a_node_finding_the_stream_with_other_settings_keeps_them_and_warns() {
+    const TEST: &str = "a_node_finding_the_stream_with_other_settings_keeps_them_and_warns";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    // The stream's max_age (nanoseconds) as the NATS server holds it.
+    let max_age = || -> Option<u64> {
+        let jsz = nats.monitor("/jsz?streams=true&config=true");
+        jsz["account_details"]
+            .as_array()?
+            .iter()
+            .filter_map(|a| a["stream_detail"].as_array())
+            .flatten()
+            .find(|s| s["name"] == "mercurio_qos")?["config"]["max_age"]
+            .as_u64()
+    };
+    let a = ClusterNode::start("a", &[nats.url()], "", "jetstream_max_age = 3600\n");
+    wait_until("the stream made by A", || {
+        max_age() == Some(3600 * 1_000_000_000)
+    });
+    let metrics = "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\n\
+                   metrics = true\n\n";
+    let mut b = ClusterNode::start("b", &[nats.url()], metrics, "jetstream_max_age = 60\n");
+    let metrics_addr = b.daemon.wait_listeners(2)[1];
+    // B keeps the stream as A made it, and says what differs.
+    b.daemon.wait_logged("the warning", |l| {
+        l.contains("the JetStream stream exists with other settings")
+            && l.contains("jetstream_max_age (this node 60, the stream 3600)")
+    });
+    assert_eq!(max_age(), Some(3600 * 1_000_000_000));
+    let body = http::get(metrics_addr, "/metrics").body;
+    assert!(
+        body.lines()
+            .any(|l| l == "mercurio_cluster_jetstream_settings_differ_total 1"),
+        "{body}"
+    );
+    drop(a);
+}
