@@ -52,6 +52,24 @@ fn connect(d: &Daemon, id: &str, persistent: bool) -> (Client, bool) {
     Client::connect(d.addr(), connect)
 }
 
+/// A `[[listeners]]` section serving `/metrics` on a free port, and that port's address.
+fn metrics_listener() -> (String, std::net::SocketAddr) {
+    let port = free_port();
+    let section = format!(
+        "[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\nprotocol = \"websocket\"\n\
+         metrics = true\n\n"
+    );
+    (section, std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// The value of `/metrics`' sample `name` at `addr`.
+fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
+    let body = http::get(addr, "/metrics").body;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {body}"))
+}
+
 /// The filters of node `name` that `d` knows (`cluster.status`).
 fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
     let answer = d.admin(r#"{"command":"cluster.status"}"#);
@@ -388,16 +406,9 @@ fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() 
     };
     let port = nats.port;
     let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 120\n";
-    let metrics = "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\n\
-                   metrics = true\n\n";
-    let mut a = ClusterNode::start("a", &[nats.url()], metrics, keys);
-    let metrics_addr = a.daemon.wait_listeners(2)[1];
-    let metric = |name: &str| -> u64 {
-        let body = http::get(metrics_addr, "/metrics").body;
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {body}"))
-    };
+    let (metrics, metrics_addr) = metrics_listener();
+    let mut a = ClusterNode::start("a", &[nats.url()], &metrics, keys);
+    let metric = |name: &str| metric(metrics_addr, name);
     let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
     let mut sub = client(&b.daemon, "sub", true);
     sub.subscribe("q/#", QoS::ExactlyOnce);
@@ -555,21 +566,74 @@ fn a_node_finding_the_stream_with_other_settings_keeps_them_and_warns() {
     wait_until("the stream made by A", || {
         max_age() == Some(3600 * 1_000_000_000)
     });
-    let metrics = "[[listeners]]\nhost = \"127.0.0.1\"\nport = 0\nprotocol = \"websocket\"\n\
-                   metrics = true\n\n";
-    let mut b = ClusterNode::start("b", &[nats.url()], metrics, "jetstream_max_age = 60\n");
-    let metrics_addr = b.daemon.wait_listeners(2)[1];
+    let (metrics, metrics_addr) = metrics_listener();
+    let mut b = ClusterNode::start("b", &[nats.url()], &metrics, "jetstream_max_age = 60\n");
     // B keeps the stream as A made it, and says what differs.
     b.daemon.wait_logged("the warning", |l| {
         l.contains("the JetStream stream exists with other settings")
             && l.contains("jetstream_max_age (this node 60, the stream 3600)")
     });
     assert_eq!(max_age(), Some(3600 * 1_000_000_000));
-    let body = http::get(metrics_addr, "/metrics").body;
-    assert!(
-        body.lines()
-            .any(|l| l == "mercurio_cluster_jetstream_settings_differ_total 1"),
-        "{body}"
+    assert_eq!(
+        metric(
+            metrics_addr,
+            "mercurio_cluster_jetstream_settings_differ_total"
+        ),
+        1
     );
     drop(a);
+}
+
+#[test]
+fn a_message_over_the_nats_max_payload_is_refused_for_other_nodes_and_its_publisher_told() {
+    const TEST: &str =
+        "a_message_over_the_nats_max_payload_is_refused_for_other_nodes_and_its_publisher_told";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let (metrics, metrics_addr) = metrics_listener();
+    let mut a = ClusterNode::start("a", &[nats.url()], &metrics, "");
+    let b = ClusterNode::start("b", &[nats.url()], "", "");
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("big/#", QoS::AtLeastOnce);
+    let mut local = client(&a.daemon, "local", false);
+    local.subscribe("big/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    // Its PUBLISH packet just fits the brokers' max_packet_size (1 MiB by default); with
+    // the envelope it does not fit NATS's max_payload (1 MiB by default).
+    let big = vec![b'x'; 1_048_560];
+    let mut publisher = client(&a.daemon, "pub", false);
+    // QoS 1: PUBACK 0x83 (Implementation specific error), as for message_size_limit; A's
+    // own subscriber has it.
+    let id = publisher.publish_packet("big/1", &big, QoS::AtLeastOnce, false);
+    match publisher.recv() {
+        Some(Packet::PubAck(r)) => assert_eq!(
+            (r.packet_id, r.reason_code),
+            (id, ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR)
+        ),
+        other => panic!("expected PUBACK 0x83, got {other:?}"),
+    }
+    let p = local.expect_publish();
+    assert_eq!((p.topic.as_str(), p.payload.len()), ("big/1", big.len()));
+    local.ack(&p);
+    // QoS 2: PUBREC 0x83, which ends the exchange [MQTT-4.3.3-4]: no PUBREL needed, and the
+    // packet identifier may carry a new message at once.
+    let id = publisher.publish_packet("big/2", &big, QoS::ExactlyOnce, false);
+    match publisher.recv() {
+        Some(Packet::PubRec(r)) => assert_eq!(
+            (r.packet_id, r.reason_code),
+            (id, ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR)
+        ),
+        other => panic!("expected PUBREC 0x83, got {other:?}"),
+    }
+    // Counted and logged.
+    assert_eq!(metric(metrics_addr, "mercurio_cluster_errors_total"), 2);
+    a.daemon
+        .wait_logged("the refusal", |l| l.contains("max_payload"));
+    // B never gets them: the next message, small, is the first B's subscriber receives.
+    publisher.publish("big/3", b"small", QoS::AtLeastOnce, false);
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("big/3", &b"small"[..]));
 }
