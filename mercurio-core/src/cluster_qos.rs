@@ -51,6 +51,9 @@ pub(crate) enum Outcome {
     Refused,
 }
 
+/// A QoS 2 message received and not answered yet: its publisher, its packet identifier.
+type Receipt = (Arc<str>, u16);
+
 /// What waits for a handed-off message's [`Outcome`].
 type Waiter = Box<dyn FnOnce(Outcome) + Send>;
 
@@ -200,7 +203,7 @@ pub(crate) struct ClusterQos {
     /// identifier, until resolved: a resent PUBLISH's PUBREC waits for its first copy's
     /// gate ([`ClusterQos::receipt`]). Pruned by [`ClusterQos::expire`]; at most
     /// `receive_maximum` a publisher. Lock: a leaf.
-    receipts: Mutex<HashMap<(Arc<str>, u16), Arc<Gate>>>,
+    receipts: Mutex<HashMap<Receipt, Arc<Gate>>>,
 }
 
 impl ClusterQos {
@@ -346,7 +349,7 @@ impl ClusterQos {
     /// The gate the QoS 2 message `packet_id` of `client_id` still waits for, if any: a
     /// resent copy's PUBREC waits for it too.
     pub(crate) fn receipt(&self, client_id: &str, packet_id: u16) -> Option<Arc<Gate>> {
-        let key: (Arc<str>, u16) = (Arc::from(client_id), packet_id);
+        let key: Receipt = (Arc::from(client_id), packet_id);
         let mut receipts = self.receipts.lock();
         match receipts.get(&key) {
             Some(g) if !g.is_done() => Some(Arc::clone(g)),
