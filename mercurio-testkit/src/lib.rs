@@ -6,7 +6,8 @@
 //!   and its stop.
 //! - [`Mosquitto`]: mosquitto on a free port with a configuration of its own.
 //! - [`NatsServer`]: nats-server on free ports with its monitoring endpoint (cluster mode);
-//!   [`NatsCluster`]: several of them routed to each other, with JetStream.
+//!   [`NatsCluster`]: several of them routed to each other, with JetStream; [`ClusterNode`]:
+//!   a mercuriod node on SQLite or PostgreSQL ([`NodeStorage`]), killed and started again.
 //! - [`Proc`]: any other program (mosquitto, mosquitto_sub, python3 with paho), its output read
 //!   line by line with deadlines.
 //! - [`Client`]: a blocking MQTT client on the broker's codec; [`Mqtt`]: a few packets written
@@ -37,7 +38,7 @@ pub use client::Client;
 pub use daemon::{admin, config_text, mercuriod_bin, parse_listening, Daemon, Launch};
 pub use mosquitto::Mosquitto;
 pub use mqtt::{publish_packet, Mqtt};
-pub use nats::{free_port, nats_server_bin, ClusterNode, NatsCluster, NatsServer};
+pub use nats::{free_port, nats_server_bin, ClusterNode, NatsCluster, NatsServer, NodeStorage};
 pub use process::Proc;
 
 /// How long a test waits for an expected event (a line, an exit, a packet, a condition)

@@ -307,9 +307,20 @@ impl NatsServer {
     }
 }
 
-/// A mercuriod node of a cluster, with storage of its own (SQLite, `durable_ack`) that
-/// outlives its process: it can be killed and started again on the same storage with the
-/// same `node_name`, as after a crash.
+/// Where a [`ClusterNode`] keeps its sessions, with `durable_ack` either way (every
+/// acknowledgement after its commit).
+#[derive(Clone, Debug)]
+pub enum NodeStorage {
+    /// An SQLite file in a temporary directory of the node's own.
+    Sqlite,
+    /// The PostgreSQL database at this URL (`postgres://user@host:port/database`), the
+    /// node's own: the test starts the server and makes one database per node.
+    Postgres(String),
+}
+
+/// A mercuriod node of a cluster, with storage of its own (SQLite or PostgreSQL,
+/// `durable_ack`) that outlives its process: it can be killed and started again on the same
+/// storage with the same `node_name`, as after a crash.
 pub struct ClusterNode {
     /// Its `node_name`.
     pub name: String,
@@ -321,16 +332,33 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
-    /// Starts node `name` on the NATS servers `urls`, with `extra` configuration (sections
-    /// before `[storage]` and `[cluster]`; `[cluster]` keys may follow in `cluster_extra`);
-    /// returns once it has connected to NATS.
+    /// Starts node `name` on the NATS servers `urls`, on SQLite, with `extra` configuration
+    /// (sections before `[storage]` and `[cluster]`; `[cluster]` keys may follow in
+    /// `cluster_extra`); returns once it has connected to NATS.
     pub fn start(name: &str, urls: &[String], extra: &str, cluster_extra: &str) -> ClusterNode {
-        let storage = tempfile::tempdir().expect("temp dir");
+        ClusterNode::start_on(name, urls, NodeStorage::Sqlite, extra, cluster_extra)
+    }
+
+    /// [`ClusterNode::start`] on `storage`.
+    pub fn start_on(
+        name: &str,
+        urls: &[String],
+        storage: NodeStorage,
+        extra: &str,
+        cluster_extra: &str,
+    ) -> ClusterNode {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let storage = match storage {
+            NodeStorage::Sqlite => format!(
+                "backend = \"sqlite\"\npath = {:?}",
+                dir.path().join("mercurio.db").display().to_string()
+            ),
+            NodeStorage::Postgres(url) => format!("backend = \"postgres\"\nurl = {url:?}"),
+        };
         let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
         let extra = format!(
-            "{extra}[storage]\nbackend = \"sqlite\"\npath = {:?}\ndurable_ack = true\n\n\
+            "{extra}[storage]\n{storage}\ndurable_ack = true\n\n\
              [cluster]\nnats_urls = [{}]\nnode_name = \"{name}\"\n{cluster_extra}",
-            storage.path().join("mercurio.db").display().to_string(),
             urls.join(", ")
         );
         let daemon = ClusterNode::launch(&extra);
@@ -338,7 +366,7 @@ impl ClusterNode {
             name: name.to_string(),
             daemon,
             extra,
-            _storage: storage,
+            _storage: dir,
         }
     }
 

@@ -6,6 +6,7 @@
 #![cfg(unix)]
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +19,7 @@ use mercurio_testkit::{
 
 /// `[cluster]` keys of every node: three copies of the stream on the three NATS servers, and
 /// heartbeats every second (a node killed is seen gone in three).
-const CLUSTER_KEYS: &str = "heartbeat_interval = 1\njetstream_replicas = 3\n";
+pub(super) const CLUSTER_KEYS: &str = "heartbeat_interval = 1\njetstream_replicas = 3\n";
 
 /// Nodes `a` and `b`, each connected to its own NATS server of `nats`.
 fn nodes(nats: &NatsCluster) -> (ClusterNode, ClusterNode) {
@@ -30,12 +31,22 @@ fn nodes(nats: &NatsCluster) -> (ClusterNode, ClusterNode) {
 
 /// A 5.0 client; `persistent`: an hour of session expiry, the session resumed if there is
 /// one.
-fn client(d: &Daemon, id: &str, persistent: bool) -> Client {
-    connect(d, id, persistent).0
+pub(super) fn client(d: &Daemon, id: &str, persistent: bool) -> Client {
+    client_at(d.addr(), id, persistent)
+}
+
+/// [`client`] connecting to `addr`.
+fn client_at(addr: SocketAddr, id: &str, persistent: bool) -> Client {
+    connect_at(addr, id, persistent).0
 }
 
 /// [`client`], and whether its session was present (CONNACK).
 fn connect(d: &Daemon, id: &str, persistent: bool) -> (Client, bool) {
+    connect_at(d.addr(), id, persistent)
+}
+
+/// [`connect`] to `addr`.
+fn connect_at(addr: SocketAddr, id: &str, persistent: bool) -> (Client, bool) {
     let connect = Connect {
         protocol: ProtocolVersion::V5,
         clean_start: !persistent,
@@ -49,21 +60,21 @@ fn connect(d: &Daemon, id: &str, persistent: bool) -> (Client, bool) {
             ..Properties::default()
         },
     };
-    Client::connect(d.addr(), connect)
+    Client::connect(addr, connect)
 }
 
 /// A `[[listeners]]` section serving `/metrics` on a free port, and that port's address.
-fn metrics_listener() -> (String, std::net::SocketAddr) {
+fn metrics_listener() -> (String, SocketAddr) {
     let port = free_port();
     let section = format!(
         "[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\nprotocol = \"websocket\"\n\
          metrics = true\n\n"
     );
-    (section, std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    (section, SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// The value of `/metrics`' sample `name` at `addr`.
-fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
+fn metric(addr: SocketAddr, name: &str) -> u64 {
     let body = http::get(addr, "/metrics").body;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
@@ -71,7 +82,7 @@ fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
 }
 
 /// The filters of node `name` that `d` knows (`cluster.status`).
-fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
+pub(super) fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
     let answer = d.admin(r#"{"command":"cluster.status"}"#);
     answer["result"]["members"]
         .as_array()?
@@ -81,8 +92,9 @@ fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
 }
 
 /// A publisher on its own thread: QoS 1 messages `0`, `1`, ... on `topic`, one at a time,
-/// each after the previous one's PUBACK, until told to stop or its connection closes.
-struct Publisher {
+/// each after the previous one's PUBACK, until told to stop or its connection closes (then,
+/// given a node to fall back on, it connects there and goes on from the unacknowledged one).
+pub(super) struct Publisher {
     /// The numbers the broker acknowledged (PUBACK), in order.
     acked: Arc<Mutex<Vec<u32>>>,
     stop: Arc<AtomicBool>,
@@ -90,8 +102,20 @@ struct Publisher {
 }
 
 impl Publisher {
-    fn start(d: &Daemon, id: &str, topic: &'static str) -> Publisher {
+    pub(super) fn start(d: &Daemon, id: &str, topic: &'static str) -> Publisher {
+        Publisher::start_with_fallback(d, None, id, topic)
+    }
+
+    /// [`Publisher::start`], reconnecting to `fallback` (once) when its node closes the
+    /// connection.
+    pub(super) fn start_with_fallback(
+        d: &Daemon,
+        mut fallback: Option<SocketAddr>,
+        id: &str,
+        topic: &'static str,
+    ) -> Publisher {
         let mut c = client(d, id, false);
+        let client_id = id.to_string();
         let acked = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (acked2, stop2) = (Arc::clone(&acked), Arc::clone(&stop));
@@ -104,8 +128,15 @@ impl Publisher {
                         assert!(!a.reason_code.is_failure(), "PUBACK {a:?}");
                         acked2.lock().expect("acked").push(n);
                     }
-                    // The node is gone (killed): what it acknowledged is what counts.
-                    None => return,
+                    // The node is gone (killed): what it acknowledged is what counts; the
+                    // unacknowledged message goes again to the node fallen back on.
+                    None => match fallback.take() {
+                        Some(addr) => {
+                            c = client_at(addr, &client_id, false);
+                            continue;
+                        }
+                        None => return,
+                    },
                     Some(other) => panic!("expected PUBACK {id}, got {other:?}"),
                 }
                 n += 1;
@@ -118,12 +149,12 @@ impl Publisher {
         }
     }
 
-    fn acked(&self) -> usize {
+    pub(super) fn acked(&self) -> usize {
         self.acked.lock().expect("acked").len()
     }
 
     /// Waits until `n` messages in all were acknowledged.
-    fn wait_acked(&self, n: usize) {
+    pub(super) fn wait_acked(&self, n: usize) {
         wait_until(
             &format!("{n} messages acknowledged to the publisher"),
             || self.acked() >= n,
@@ -131,7 +162,7 @@ impl Publisher {
     }
 
     /// Stops (or waits for the end of) the thread; the numbers acknowledged.
-    fn finish(mut self) -> Vec<u32> {
+    pub(super) fn finish(mut self) -> Vec<u32> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             t.join().expect("publisher thread");
@@ -143,7 +174,15 @@ impl Publisher {
 /// Receives until every number of `acked` has come (at QoS 1, acknowledging each; each
 /// packet within the client's deadline); returns how many times each number came.
 fn receive_all(sub: &mut Client, acked: &[u32]) -> BTreeMap<u32, u32> {
-    let mut got: BTreeMap<u32, u32> = BTreeMap::new();
+    receive_rest(sub, acked, BTreeMap::new())
+}
+
+/// [`receive_all`], counting on from `got` (what the subscriber received before).
+pub(super) fn receive_rest(
+    sub: &mut Client,
+    acked: &[u32],
+    mut got: BTreeMap<u32, u32>,
+) -> BTreeMap<u32, u32> {
     let missing = |got: &BTreeMap<u32, u32>| acked.iter().filter(|n| !got.contains_key(n)).count();
     while missing(&got) > 0 {
         let p = match sub.recv() {
@@ -155,17 +194,21 @@ fn receive_all(sub: &mut Client, acked: &[u32]) -> BTreeMap<u32, u32> {
         };
         assert_eq!(p.qos, QoS::AtLeastOnce);
         sub.ack(&p);
-        let n: u32 = std::str::from_utf8(&p.payload)
-            .expect("UTF-8")
-            .parse()
-            .expect("a number");
-        *got.entry(n).or_insert(0) += 1;
+        *got.entry(number(&p)).or_insert(0) += 1;
     }
     got
 }
 
+/// The number a [`Publisher`]'s message carries.
+pub(super) fn number(p: &Publish) -> u32 {
+    std::str::from_utf8(&p.payload)
+        .expect("UTF-8")
+        .parse()
+        .expect("a number")
+}
+
 /// Copies received beyond the first, as the test's report.
-fn duplicates(got: &BTreeMap<u32, u32>) -> u32 {
+pub(super) fn duplicates(got: &BTreeMap<u32, u32>) -> u32 {
     got.values().map(|c| c - 1).sum()
 }
 

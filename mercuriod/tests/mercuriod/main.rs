@@ -6,6 +6,7 @@ mod bridge;
 mod bridge_reload;
 mod cli;
 mod cluster;
+mod cluster_chaos;
 mod cluster_qos;
 mod cluster_sessions;
 mod console;
