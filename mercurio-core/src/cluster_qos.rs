@@ -51,6 +51,9 @@ pub(crate) enum Outcome {
     Refused,
 }
 
+/// A QoS 2 message received and not answered yet: its publisher, its packet identifier.
+type Receipt = (Arc<str>, u16);
+
 /// What waits for a handed-off message's [`Outcome`].
 type Waiter = Box<dyn FnOnce(Outcome) + Send>;
 
@@ -186,6 +189,8 @@ pub(crate) struct ClusterQos {
     destinations: RwLock<Destinations>,
     /// Bytes handed off, not yet acknowledged by JetStream.
     pending: AtomicU64,
+    /// Messages handed off, not yet acknowledged by JetStream.
+    pending_messages: AtomicU64,
     max_pending: AtomicU64,
     /// Publishers waiting for `pending` to go under `max_pending` set it first.
     waiting: AtomicBool,
@@ -194,6 +199,11 @@ pub(crate) struct ClusterQos {
     /// The gates of the messages handed off, oldest first, for `jetstream_ack_timeout`
     /// ([`ClusterQos::expire`]). Lock: a leaf.
     gates: Mutex<VecDeque<Arc<Gate>>>,
+    /// The gates of QoS 2 messages received (PUBREC owed), by publisher and packet
+    /// identifier, until resolved: a resent PUBLISH's PUBREC waits for its first copy's
+    /// gate ([`ClusterQos::receipt`]). Pruned by [`ClusterQos::expire`]; at most
+    /// `receive_maximum` a publisher. Lock: a leaf.
+    receipts: Mutex<HashMap<Receipt, Arc<Gate>>>,
 }
 
 impl ClusterQos {
@@ -311,6 +321,7 @@ impl ClusterQos {
         let gate = Arc::new(Gate::new());
         let cost = (msg.size() * nodes.len()) as u64;
         self.pending.fetch_add(cost, Ordering::SeqCst);
+        self.pending_messages.fetch_add(1, Ordering::Relaxed);
         let outgoing = Outgoing {
             msg: Arc::clone(msg),
             nodes,
@@ -321,14 +332,39 @@ impl ClusterQos {
         if out.send(outgoing).is_err() {
             // The task is gone (shutting down): nothing will hold it.
             self.pending.fetch_sub(cost, Ordering::SeqCst);
+            self.pending_messages.fetch_sub(1, Ordering::Relaxed);
             gate.resolve(Outcome::TimedOut);
         }
         Some(gate)
     }
 
+    /// The QoS 2 message `packet_id` of `client_id` waits for `gate` before its PUBREC.
+    pub(crate) fn await_receipt(&self, client_id: &Arc<str>, packet_id: u16, gate: &Arc<Gate>) {
+        if !gate.is_done() {
+            let key = (Arc::clone(client_id), packet_id);
+            self.receipts.lock().insert(key, Arc::clone(gate));
+        }
+    }
+
+    /// The gate the QoS 2 message `packet_id` of `client_id` still waits for, if any: a
+    /// resent copy's PUBREC waits for it too.
+    pub(crate) fn receipt(&self, client_id: &str, packet_id: u16) -> Option<Arc<Gate>> {
+        let key: Receipt = (Arc::from(client_id), packet_id);
+        let mut receipts = self.receipts.lock();
+        match receipts.get(&key) {
+            Some(g) if !g.is_done() => Some(Arc::clone(g)),
+            Some(_) => {
+                receipts.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
     /// A handed-off message of `cost` bytes left the pending set (acknowledged by
     /// JetStream, or dropped at stop).
     pub(crate) fn settled(&self, cost: u64) {
+        self.pending_messages.fetch_sub(1, Ordering::Relaxed);
         let before = self.pending.fetch_sub(cost, Ordering::SeqCst);
         let max = self.max_pending.load(Ordering::Relaxed);
         if before.saturating_sub(cost) <= max && self.waiting.load(Ordering::SeqCst) {
@@ -360,7 +396,22 @@ impl ClusterQos {
         for g in &late {
             g.resolve(Outcome::TimedOut);
         }
+        {
+            let mut receipts = self.receipts.lock();
+            if !receipts.is_empty() {
+                receipts.retain(|_, g| !g.is_done());
+            }
+        }
         late.len()
+    }
+
+    /// What waits for JetStream's acknowledgement now: (bytes, messages). A message's bytes
+    /// are its size once per destination node (what `jetstream_max_pending_bytes` bounds).
+    pub(crate) fn pending(&self) -> (u64, u64) {
+        (
+            self.pending.load(Ordering::Relaxed),
+            self.pending_messages.load(Ordering::Relaxed),
+        )
     }
 
     /// Whether more than `jetstream_max_pending_bytes` wait for JetStream.
@@ -482,8 +533,14 @@ mod tests {
             costs += rx.try_recv().expect("queued").cost;
         }
         assert!(costs > 1000);
+        let (bytes, messages) = qos.pending();
+        assert_eq!(bytes, costs);
+        for _ in 1..messages {
+            qos.settled(0);
+        }
         qos.settled(costs);
         assert!(!qos.over());
+        assert_eq!(qos.pending(), (0, 0));
     }
 
     #[test]

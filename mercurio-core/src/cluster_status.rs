@@ -51,6 +51,9 @@ pub(crate) struct ClusterStatus {
     /// Messages JetStream did not take within `jetstream_ack_timeout` (their publishers'
     /// connections were closed; the messages are still sent).
     pub jetstream_timeouts: AtomicU64,
+    /// Times this node found the JetStream stream with other settings than its own
+    /// (`jetstream_replicas`, `jetstream_max_age`, `jetstream_max_bytes`), kept as found.
+    pub jetstream_settings_differ: AtomicU64,
     /// Retained changes (set or cleared) sent to the other nodes.
     pub retained_out: AtomicU64,
     /// Retained changes from other nodes applied here (newer than what this node had).
@@ -99,6 +102,11 @@ pub(crate) struct ClusterInfo {
     pub jetstream_in: u64,
     pub jetstream_retries: u64,
     pub jetstream_timeouts: u64,
+    pub jetstream_settings_differ: u64,
+    /// Bytes (each message's size once per destination node) and messages handed to
+    /// JetStream and not yet acknowledged: set by [`BrokerState::cluster_info`](crate::broker::BrokerState::cluster_info).
+    pub jetstream_pending_bytes: u64,
+    pub jetstream_pending_messages: u64,
 }
 
 impl ClusterStatus {
@@ -142,6 +150,9 @@ impl ClusterStatus {
             jetstream_in: get(&self.jetstream_in),
             jetstream_retries: get(&self.jetstream_retries),
             jetstream_timeouts: get(&self.jetstream_timeouts),
+            jetstream_settings_differ: get(&self.jetstream_settings_differ),
+            jetstream_pending_bytes: 0,
+            jetstream_pending_messages: 0,
         })
     }
 }

@@ -137,9 +137,7 @@ impl Snapshot {
             storage_unwritable: get(&s.storage_unwritable),
             connections_total: get(&s.connections_total),
             uptime_seconds: broker.started.elapsed().as_secs(),
-            cluster: broker
-                .cluster
-                .info(broker.stats.clients_connected.load(Ordering::Relaxed)),
+            cluster: broker.cluster_info(),
         }
     }
 }
@@ -676,6 +674,21 @@ fn cluster_families(c: crate::cluster_status::ClusterInfo) -> Vec<Family> {
             "mercurio_cluster_jetstream_timeouts",
             "Messages JetStream did not take within jetstream_ack_timeout",
             c.jetstream_timeouts,
+        ),
+        Family::counter(
+            "mercurio_cluster_jetstream_settings_differ",
+            "Times the JetStream stream was found with other settings than this node's (kept)",
+            c.jetstream_settings_differ,
+        ),
+        Family::gauge(
+            "mercurio_cluster_jetstream_pending_bytes",
+            "Bytes handed to JetStream for other nodes and not yet acknowledged (a message counts once per node)",
+            c.jetstream_pending_bytes,
+        ),
+        Family::gauge(
+            "mercurio_cluster_jetstream_pending_messages",
+            "Messages handed to JetStream for other nodes and not yet acknowledged",
+            c.jetstream_pending_messages,
         ),
     ]
 }

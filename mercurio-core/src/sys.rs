@@ -253,8 +253,7 @@ impl SysPublisher {
                 x.packets_too_large.to_string(),
             ));
         }
-        let own_clients = b.stats.clients_connected.load(Ordering::Relaxed);
-        if let Some(c) = b.cluster.info(own_clients) {
+        if let Some(c) = b.cluster_info() {
             for (name, value) in [
                 ("connected", u64::from(c.connected)),
                 ("degraded", u64::from(c.degraded)),
@@ -275,6 +274,9 @@ impl SysPublisher {
                 ("jetstream/in", c.jetstream_in),
                 ("jetstream/retries", c.jetstream_retries),
                 ("jetstream/timeouts", c.jetstream_timeouts),
+                ("jetstream/settings_differ", c.jetstream_settings_differ),
+                ("jetstream/pending_bytes", c.jetstream_pending_bytes),
+                ("jetstream/pending_messages", c.jetstream_pending_messages),
             ] {
                 v.push((format!("cluster/{name}"), value.to_string()));
             }

@@ -725,6 +725,11 @@ fn cluster_status(r: &Value) -> String {
         counted(status.nodes as u64, "node"),
         counted(status.clients as u64, "client"),
     ));
+    out.push_str(&format!(
+        "waiting for JetStream: {} ({} bytes)\n",
+        counted(status.jetstream_pending_messages, "message"),
+        status.jetstream_pending_bytes,
+    ));
     out
 }
 

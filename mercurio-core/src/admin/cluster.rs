@@ -107,6 +107,14 @@ pub struct ClusterStatus {
     pub retained_out: u64,
     /// Retained changes from other nodes the answering node applied.
     pub retained_in: u64,
+    /// Bytes the answering node handed to JetStream for other nodes and JetStream has not
+    /// acknowledged yet (a message counts once per destination node; docs/cluster.md, "QoS
+    /// across nodes"). 0 with `jetstream = false`.
+    #[serde(default)]
+    pub jetstream_pending_bytes: u64,
+    /// The messages of `jetstream_pending_bytes`.
+    #[serde(default)]
+    pub jetstream_pending_messages: u64,
     /// Every node known.
     pub members: Vec<ClusterNode>,
 }

@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::auth::FileError;
 use crate::broker::{message_of, BrokerState};
+use crate::cluster_qos::{Gate, Outcome};
 use crate::codec::{
     self, Disconnect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
     Subscribe, SubscribeFilter, SubscriptionOptions,
@@ -686,13 +687,44 @@ impl Task {
                 // broker is recognised, and not delivered twice (MQTT 5.0 section 4.3.3).
                 let duplicate =
                     qos == QoS::ExactlyOnce && out.session.state.lock().awaits_release(packet_id);
+                let id = &out.session.client_id;
                 let mut reason_code = ReasonCode::SUCCESS;
-                if !duplicate {
-                    reason_code = self.publish_locally(p, &out.session, congested).await;
+                let gate = if duplicate {
+                    // Its first copy may still wait for JetStream: so does this answer.
+                    self.broker.cluster_qos.receipt(id, packet_id)
+                } else {
+                    let gate;
+                    (reason_code, gate) = self.publish_locally(p, &out.session, congested).await;
                     // No PUBREL follows a refusing PUBREC (5.0 section 4.3.3): nothing to keep.
                     if qos == QoS::ExactlyOnce && reason_code.0 < 0x80 {
-                        let id = &out.session.client_id;
                         out.session.state.lock().receive_qos2(id, packet_id);
+                        if let Some(g) = &gate {
+                            self.broker.cluster_qos.await_receipt(id, packet_id, g);
+                        }
+                    }
+                    gate
+                };
+                // Another node wants it: answered once JetStream holds it, as a client's
+                // PUBLISH is (docs/cluster.md, "QoS across nodes"); the remote is not read
+                // meanwhile.
+                if let Some(gate) = gate {
+                    match gate.wait().await {
+                        Outcome::Held => {}
+                        // Ended unanswered: the remote sends it again once connected again.
+                        Outcome::TimedOut => {
+                            return Err("JetStream did not take a message for another node \
+                                        within jetstream_ack_timeout (NATS or JetStream \
+                                        unavailable?)"
+                                .into())
+                        }
+                        // Never to be carried: as a client's PUBLISH, 0x83 for 5.0.
+                        Outcome::Refused if version.is_v5() => {
+                            reason_code = ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR;
+                            if qos == QoS::ExactlyOnce {
+                                out.session.state.lock().release_qos2(id, packet_id);
+                            }
+                        }
+                        Outcome::Refused => {}
                     }
                 }
                 // A refusal is told to an MQTT 5 remote (3.x has no way to say it).
@@ -741,40 +773,41 @@ impl Task {
     /// session, marked as bridged, through the entry every message takes (ARCHITECTURE.md,
     /// "One entry for every message"): the publish interceptors, then routing; the sessions
     /// now at their high-water mark are added to `congested`, waited for by the caller
-    /// before the remote is read again. Returns the reason code of a refusal (else success).
+    /// before the remote is read again. Returns the reason code of a refusal (else success),
+    /// and the gate of its hand-off to JetStream when another node wants it at QoS 1 or 2.
     async fn publish_locally(
         &self,
         mut p: Publish,
         session: &Session,
         congested: &mut Vec<Arc<Session>>,
-    ) -> ReasonCode {
+    ) -> (ReasonCode, Option<Arc<Gate>>) {
         let Some((topic, _)) = self.map.incoming(&p.topic) else {
             tracing::debug!(bridge = %self.cfg.name, topic = %p.topic, "message from the remote matches no in rule: dropped");
-            return ReasonCode::SUCCESS;
+            return (ReasonCode::SUCCESS, None);
         };
         if topic.starts_with("$SYS") {
-            return ReasonCode::SUCCESS;
+            return (ReasonCode::SUCCESS, None);
         }
         if queue::is_bridged(&p.properties) {
             // It crossed a bridge into the remote already: in a mesh, it reaches this broker
             // over the link from where it was published.
-            return ReasonCode::SUCCESS;
+            return (ReasonCode::SUCCESS, None);
         }
         p.topic = topic;
         if let Err(rc) = self.broker.admit(Some(session), &mut p).await {
             // A panicking interceptor (logged) loses the message: 0x80 Unspecified error.
             let rc = rc.unwrap_or(ReasonCode::UNSPECIFIED_ERROR);
             tracing::debug!(bridge = %self.cfg.name, topic = %p.topic, reason = %rc, "message from the remote refused");
-            return rc;
+            return (rc, None);
         }
         p.properties.user_properties.push((
             HOP_PROPERTY.to_string(),
             self.cfg.remote_client_id().to_string(),
         ));
         let msg = message_of(p, Some(Arc::clone(&session.client_id)));
-        self.broker.publish_from(Arc::new(msg), congested);
+        let (_, gate) = self.broker.publish_gated(Arc::new(msg), congested);
         self.status.forwarded_in.fetch_add(1, Ordering::Relaxed);
-        ReasonCode::SUCCESS
+        (ReasonCode::SUCCESS, gate)
     }
 }
 

@@ -261,6 +261,18 @@ impl BrokerState {
         matched
     }
 
+    /// The cluster's counters and gauges (`None` while cluster mode is off), with what waits
+    /// for JetStream's acknowledgement now.
+    pub(crate) fn cluster_info(&self) -> Option<crate::cluster_status::ClusterInfo> {
+        let own_clients = self.stats.clients_connected.load(Ordering::Relaxed);
+        let mut info = self.cluster.info(own_clients)?;
+        (
+            info.jetstream_pending_bytes,
+            info.jetstream_pending_messages,
+        ) = self.cluster_qos.pending();
+        Some(info)
+    }
+
     /// [`BrokerState::publish_from`] for a publisher that waits before it acknowledges: also
     /// returns the gate of the hand-off to JetStream when another node wants the message at
     /// QoS 1 or 2 (docs/cluster.md, "QoS across nodes"), resolved once JetStream holds it.

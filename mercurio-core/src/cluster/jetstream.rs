@@ -98,15 +98,56 @@ pub(super) fn context(client: async_nats::Client) -> jetstream::Context {
         .build(client)
 }
 
-/// Creates the stream, or updates it to `[cluster]`'s limits, retrying until NATS answers.
-async fn ensure_stream(js: jetstream::Context, names: Names, cfg: ClusterConfig) {
+/// The `[cluster]` settings of `ours` that `theirs` (the stream as found) does not have:
+/// `setting (this node X, the stream Y)` each.
+fn differing(ours: &stream::Config, theirs: &stream::Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |name: &str, ours: String, theirs: String| {
+        if ours != theirs {
+            out.push(format!("{name} (this node {ours}, the stream {theirs})"));
+        }
+    };
+    check(
+        "jetstream_replicas",
+        ours.num_replicas.to_string(),
+        theirs.num_replicas.to_string(),
+    );
+    check(
+        "jetstream_max_age",
+        ours.max_age.as_secs().to_string(),
+        theirs.max_age.as_secs().to_string(),
+    );
+    check(
+        "jetstream_max_bytes",
+        ours.max_bytes.to_string(),
+        theirs.max_bytes.to_string(),
+    );
+    out
+}
+
+/// Creates the stream with `[cluster]`'s settings, retrying until NATS answers. A stream
+/// found with other settings (made by a node configured otherwise, or changed by an
+/// operator) keeps them: nodes configured apart do not undo each other's; the difference is
+/// logged and counted (`cluster/jetstream/settings_differ`).
+async fn ensure_stream(
+    broker: Arc<BrokerState>,
+    js: jetstream::Context,
+    names: Names,
+    cfg: ClusterConfig,
+) {
     let config = names.stream_config(&cfg);
     let mut backoff = Duration::from_millis(50);
     let mut told = false;
     loop {
-        match js.create_or_update_stream(config.clone()).await {
-            Ok(_) => {
-                tracing::info!(stream = %names.stream, "cluster: JetStream stream ready for QoS 1 and 2 between nodes");
+        match js.get_or_create_stream(config.clone()).await {
+            Ok(stream) => {
+                let differ = differing(&config, &stream.cached_info().config);
+                if differ.is_empty() {
+                    tracing::info!(stream = %names.stream, "cluster: JetStream stream ready for QoS 1 and 2 between nodes");
+                } else {
+                    ClusterStatus::add(&broker.cluster.jetstream_settings_differ, 1);
+                    tracing::warn!(stream = %names.stream, "cluster: the JetStream stream exists with other settings than this node's [cluster] ones, kept as they are: {}; give every node the same settings, or change the stream's (nats stream edit)", differ.join(", "));
+                }
                 return;
             }
             Err(e) => {
@@ -169,11 +210,12 @@ pub(super) async fn send(
     origin: u64,
     mut connected: tokio::sync::watch::Receiver<u64>,
 ) {
-    // The stream is made (or updated) on a task of its own, retried until NATS answers;
+    // The stream is made (or found) on a task of its own, retried until NATS answers;
     // made again when JetStream did not know it (a NATS server started afresh) or at a
     // reconnection.
     let ensure = || {
         super::Forward(tokio::spawn(ensure_stream(
+            Arc::clone(&broker),
             js.clone(),
             names.clone(),
             cfg.clone(),
@@ -537,4 +579,36 @@ fn receive(
     };
     ClusterStatus::add(&status.jetstream_in, 1);
     Some(inbound_message(status, publisher, topic, env, expiry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_differing_settings_are_named_with_both_values() {
+        let names = Names::new("mercurio");
+        let ours = names.stream_config(&ClusterConfig::default());
+        assert!(differing(&ours, &ours.clone()).is_empty());
+        let theirs = stream::Config {
+            num_replicas: 3,
+            max_age: Duration::from_secs(60),
+            // Not a `[cluster]` setting: not compared.
+            description: Some("edited".into()),
+            ..ours.clone()
+        };
+        assert_eq!(
+            differing(&ours, &theirs),
+            [
+                format!(
+                    "jetstream_replicas (this node {}, the stream 3)",
+                    ours.num_replicas
+                ),
+                format!(
+                    "jetstream_max_age (this node {}, the stream 60)",
+                    ours.max_age.as_secs()
+                ),
+            ]
+        );
+    }
 }

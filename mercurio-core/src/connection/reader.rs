@@ -723,9 +723,16 @@ impl<'a> Reader<'a> {
         if p.qos > QoS::AtMostOnce {
             let st = self.c.session.state.lock();
             if p.qos == QoS::ExactlyOnce && st.awaits_release(p.packet_id) {
-                // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice.
+                // A resent QoS 2 PUBLISH already received: acknowledge, never deliver twice;
+                // while its first copy waits for JetStream, its PUBREC waits as well.
                 drop(st);
-                self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS);
+                let cluster_qos = &self.c.broker.cluster_qos;
+                match cluster_qos.receipt(&self.c.session.client_id, p.packet_id) {
+                    Some(gate) => {
+                        self.ack_publish_after(p.qos, p.packet_id, ReasonCode::SUCCESS, gate)
+                    }
+                    None => self.ack_publish(p.qos, p.packet_id, ReasonCode::SUCCESS),
+                }
                 return Ok(false);
             }
             let unanswered = st.awaiting_release() + self.c.link.unanswered_qos1();
@@ -803,7 +810,15 @@ impl<'a> Reader<'a> {
         match gate {
             // Another node wants it: acknowledged once JetStream holds it (docs/cluster.md,
             // "QoS across nodes").
-            Some(gate) => self.ack_publish_after(qos, packet_id, rc, gate),
+            Some(gate) => {
+                if qos == QoS::ExactlyOnce {
+                    let client_id = &self.c.session.client_id;
+                    broker
+                        .cluster_qos
+                        .await_receipt(client_id, packet_id, &gate);
+                }
+                self.ack_publish_after(qos, packet_id, rc, gate)
+            }
             None => self.ack_publish(qos, packet_id, rc),
         }
     }

@@ -324,12 +324,16 @@ impl Client {
     /// interceptors see its client identifier; its No Local subscriptions do not get it
     /// back [MQTT-3.8.3-3]). Resolves once the message is routed, the back pressure of full
     /// subscribers is over and, with `[storage] durable_ack` and QoS 1 or 2, once it is
-    /// committed and synced to storage (with what it was queued for): what a network
-    /// publisher's PUBACK waits for.
+    /// committed and synced to storage (with what it was queued for); in cluster mode, a QoS
+    /// 1 or 2 message another node wants, once JetStream holds it too (docs/cluster.md, "QoS
+    /// across nodes"): what a network publisher's PUBACK waits for.
     ///
     /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, a refusal by a
     /// publish interceptor, or storage that did not keep it (given up, or the broker
-    /// stopped before the commit).
+    /// stopped before the commit); in cluster mode, as [`BrokerHandle::publish`]'s
+    /// (JetStream did not take it in time, or never can).
+    ///
+    /// [`BrokerHandle::publish`]: crate::BrokerHandle::publish
     pub async fn publish(
         &self,
         topic: &str,

@@ -861,7 +861,7 @@ impl BrokerHandle {
         use crate::admin::{ClusterNode, NodeState};
         let b = &self.inner;
         let own_clients = b.stats.clients_connected.load(Ordering::Relaxed);
-        let info = b.cluster.info(own_clients)?;
+        let info = b.cluster_info()?;
         let node = b.config.cluster.node_name.clone();
         let state = if info.degraded {
             NodeState::Degraded
@@ -912,6 +912,8 @@ impl BrokerHandle {
             retained_stamps: b.cluster.retained.len() as u64,
             retained_out: info.retained_out,
             retained_in: info.retained_in,
+            jetstream_pending_bytes: info.jetstream_pending_bytes,
+            jetstream_pending_messages: info.jetstream_pending_messages,
             members,
         })
     }

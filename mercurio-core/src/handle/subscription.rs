@@ -21,7 +21,8 @@ use crate::topic;
 /// Publishes for the application through the entry every message takes
 /// ([`BrokerState::enter`]): `from` is the in-process subscription's session (for its No
 /// Local subscriptions), `None` for the handle's own publishes. Resolves once the message is
-/// routed and the back pressure it met is over.
+/// routed, the back pressure it met is over and, in cluster mode, JetStream holds a QoS 1 or
+/// 2 message another node wants.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn publish_as(
     broker: &BrokerState,
@@ -243,11 +244,11 @@ impl Subscription {
 
     /// Publishes as this subscription's session: like [`BrokerHandle::publish_with`] (the
     /// publish interceptors see this subscription's client identifier; the future waits
-    /// out the back pressure of full subscribers), but its own No Local subscriptions do not
+    /// out the back pressure of full subscribers and, in cluster mode, for JetStream to hold
+    /// a QoS 1 or 2 message another node wants), but its own No Local subscriptions do not
     /// receive the message [MQTT-3.8.3-3].
     ///
-    /// Errors: [`Error::Refused`] for an invalid topic name, a `$SYS` topic, or a refusal
-    /// by a publish interceptor.
+    /// Errors: as [`BrokerHandle::publish_with`](super::BrokerHandle::publish_with).
     pub async fn publish_with(
         &self,
         topic: &str,

@@ -647,6 +647,12 @@ fn cluster_status() {
         "{out}"
     );
     assert!(out.contains("2 nodes up, 1 client on them"), "{out}");
+    // Nothing waits for JetStream here (no QoS 1/2 message for another node).
+    assert!(
+        out.contains("waiting for JetStream: 0 messages (0 bytes)"),
+        "{out}"
+    );
+    assert_eq!(s["jetstream_pending_bytes"], 0);
 
     // B stops: its last heartbeat says so, and A shows it as gone at once.
     drop(b);

@@ -81,7 +81,7 @@ fn messages_queued_while_the_remote_is_frozen_survive_a_sigkill() {
 }
 
 /// One MQTT packet read whole from a blocking stream: (first byte, body).
-fn read_packet(s: &mut std::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+pub(crate) fn read_packet(s: &mut std::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
     use std::io::Read;
     let mut first = [0u8; 1];
     s.read_exact(&mut first)?;

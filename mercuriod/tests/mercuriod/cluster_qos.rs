@@ -14,7 +14,7 @@ use mercurio_core::codec::{
     Connect, Packet, Properties, ProtocolVersion, Publish, QoS, ReasonCode,
 };
 use mercurio_testkit::{
-    free_port, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
+    free_port, http, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
 };
 
 /// `[cluster]` keys of every node: three copies of the stream on the three NATS servers, and
@@ -37,6 +37,16 @@ pub(super) fn client(d: &Daemon, id: &str, persistent: bool) -> Client {
 
 /// [`client`] connecting to `addr`.
 fn client_at(addr: SocketAddr, id: &str, persistent: bool) -> Client {
+    connect_at(addr, id, persistent).0
+}
+
+/// [`client`], and whether its session was present (CONNACK).
+fn connect(d: &Daemon, id: &str, persistent: bool) -> (Client, bool) {
+    connect_at(d.addr(), id, persistent)
+}
+
+/// [`connect`] to `addr`.
+fn connect_at(addr: SocketAddr, id: &str, persistent: bool) -> (Client, bool) {
     let connect = Connect {
         protocol: ProtocolVersion::V5,
         clean_start: !persistent,
@@ -50,7 +60,25 @@ fn client_at(addr: SocketAddr, id: &str, persistent: bool) -> Client {
             ..Properties::default()
         },
     };
-    Client::connect(addr, connect).0
+    Client::connect(addr, connect)
+}
+
+/// A `[[listeners]]` section serving `/metrics` on a free port, and that port's address.
+fn metrics_listener() -> (String, SocketAddr) {
+    let port = free_port();
+    let section = format!(
+        "[[listeners]]\nhost = \"127.0.0.1\"\nport = {port}\nprotocol = \"websocket\"\n\
+         metrics = true\n\n"
+    );
+    (section, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// The value of `/metrics`' sample `name` at `addr`.
+fn metric(addr: SocketAddr, name: &str) -> u64 {
+    let body = http::get(addr, "/metrics").body;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {body}"))
 }
 
 /// The filters of node `name` that `d` knows (`cluster.status`).
@@ -398,4 +426,257 @@ fn a_publisher_waits_while_nats_is_down_and_is_acknowledged_once_jetstream_has_t
         .stream_state("mercurio_qos")
         .expect("the stream made again");
     assert_eq!(state["last_seq"], 1);
+}
+
+/// Publishes a QoS 1 message on a topic nobody subscribes to (it waits for nothing but
+/// storage, as every acknowledgement under `durable_ack`, in order) and returns the first
+/// packet `c` receives after sending it: its PUBACK when no acknowledgement owed before it is
+/// ready, else that acknowledgement.
+fn next_acknowledgement(c: &mut Client) -> Option<Packet> {
+    let id = c.publish_packet("nobody/here", b"marker", QoS::AtLeastOnce, false);
+    let got = c.recv();
+    if matches!(&got, Some(Packet::PubAck(a)) if a.packet_id == id) {
+        return None;
+    }
+    got
+}
+
+#[test]
+fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() {
+    const TEST: &str = "a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let port = nats.port;
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 120\n";
+    let (metrics, metrics_addr) = metrics_listener();
+    let mut a = ClusterNode::start("a", &[nats.url()], &metrics, keys);
+    let metric = |name: &str| metric(metrics_addr, name);
+    let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("q/#", QoS::ExactlyOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    drop(nats);
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    // A QoS 2 message for B while JetStream is away: no PUBREC (a later message's PUBACK,
+    // which follows every acknowledgement ready before it, comes first).
+    let mut publisher = client(&a.daemon, "pub", true);
+    let id = publisher.publish_packet("q/1", b"once", QoS::ExactlyOnce, false);
+    assert_eq!(next_acknowledgement(&mut publisher), None);
+    // What waits for JetStream, as operators see it: the message, its bytes.
+    assert_eq!(metric("mercurio_cluster_jetstream_pending_messages"), 1);
+    let bytes = metric("mercurio_cluster_jetstream_pending_bytes");
+    assert!(
+        bytes >= 7,
+        "{bytes} bytes pending (topic and payload at least)"
+    );
+    let status = a.daemon.admin(r#"{"command":"cluster.status"}"#);
+    assert_eq!(status["result"]["jetstream_pending_messages"], 1);
+    assert_eq!(status["result"]["jetstream_pending_bytes"], bytes);
+    // The client reconnects and sends it again, DUP set, same packet identifier
+    // [MQTT-4.4.0-1]: its PUBREC waits as the first copy's does.
+    drop(publisher);
+    let (mut publisher, present) = connect(&a.daemon, "pub", true);
+    assert!(present, "the publisher's session resumed");
+    publisher.send(Packet::Publish(Publish {
+        dup: true,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "q/1".into(),
+        packet_id: id,
+        properties: Properties::default(),
+        payload: bytes::Bytes::from_static(b"once"),
+    }));
+    assert_eq!(
+        next_acknowledgement(&mut publisher),
+        None,
+        "no PUBREC before JetStream has the message"
+    );
+    // JetStream back: the message goes in, then the PUBREC, and B's subscriber gets it once.
+    let _nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    match publisher.recv() {
+        Some(Packet::PubRec(r)) => {
+            assert_eq!((r.packet_id, r.reason_code), (id, ReasonCode::SUCCESS))
+        }
+        other => panic!("expected PUBREC {id}, got {other:?}"),
+    }
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"once"[..]));
+    wait_until("nothing waiting for JetStream", || {
+        metric("mercurio_cluster_jetstream_pending_bytes") == 0
+            && metric("mercurio_cluster_jetstream_pending_messages") == 0
+    });
+}
+
+#[test]
+fn a_bridge_acknowledges_its_remote_only_once_jetstream_has_the_message() {
+    use std::io::Write;
+    const TEST: &str = "a_bridge_acknowledges_its_remote_only_once_jetstream_has_the_message";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let port = nats.port;
+    // A raw remote (MQTT 3.1.1): QoS 1 PUBLISH d/x (identifier 7) to node A's bridge.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let remote_port = listener.local_addr().expect("address").port();
+    let (to_test, events) = std::sync::mpsc::channel::<String>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let remote = std::thread::spawn(move || {
+        const PUBLISH: [u8; 10] = [0x32, 8, 0, 3, b'd', b'/', b'x', 0, 7, b'm'];
+        // The bridge's first packet but its SUBSCRIBE and PINGREQ (type and flags, packet
+        // identifier), or "closed".
+        let answer = |s: &mut std::net::TcpStream| loop {
+            match crate::bridge::read_packet(s) {
+                Ok((0x82 | 0xC0, _)) => {}
+                Ok((first, body)) => return format!("{first:#04x} {:?}", body.get(..2)),
+                Err(_) => return "closed".to_string(),
+            }
+        };
+        let (mut s, _) = listener.accept().expect("the first connection");
+        crate::bridge::read_packet(&mut s).expect("CONNECT");
+        s.write_all(&[0x20, 2, 0, 0]).expect("CONNACK");
+        go_rx.recv().expect("the test");
+        s.write_all(&PUBLISH).expect("PUBLISH");
+        to_test.send(answer(&mut s)).expect("the test");
+        // The bridge connects again: the message again, DUP set.
+        let (mut s, _) = listener.accept().expect("the second connection");
+        crate::bridge::read_packet(&mut s).expect("CONNECT");
+        s.write_all(&[0x20, 2, 1, 0])
+            .expect("CONNACK, session present");
+        go_rx.recv().expect("the test");
+        let mut dup = PUBLISH;
+        dup[0] |= 0x08;
+        s.write_all(&dup).expect("PUBLISH again");
+        to_test.send(answer(&mut s)).expect("the test");
+    });
+    let keys = "heartbeat_interval = 1\njetstream_ack_timeout = 2\n";
+    let bridge = format!(
+        "[[bridges]]\nname = \"in\"\naddresses = [\"127.0.0.1:{remote_port}\"]\n\
+         keepalive = 60\nnotifications = false\n\
+         [[bridges.topics]]\npattern = \"d/#\"\ndirection = \"in\"\nqos = 1\n\n"
+    );
+    let mut a = ClusterNode::start("a", &[nats.url()], &bridge, keys);
+    let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("d/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    drop(nats);
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    // JetStream away: no PUBACK to the remote [MQTT-4.3.2-2] (it would acknowledge what B
+    // may never get); after jetstream_ack_timeout the bridge's connection is closed instead.
+    go.send(()).expect("the remote");
+    assert_eq!(events.recv().expect("the remote"), "closed");
+    // JetStream back: the copy sent again is acknowledged once JetStream holds it, and B's
+    // subscriber gets the message.
+    let _nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    go.send(()).expect("the remote");
+    assert_eq!(events.recv().expect("the remote"), "0x40 Some([0, 7])");
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("d/x", &b"m"[..]));
+    remote.join().expect("the remote");
+}
+
+#[test]
+fn a_node_finding_the_stream_with_other_settings_keeps_them_and_warns() {
+    const TEST: &str = "a_node_finding_the_stream_with_other_settings_keeps_them_and_warns";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    // The stream's max_age (nanoseconds) as the NATS server holds it.
+    let max_age = || -> Option<u64> {
+        let jsz = nats.monitor("/jsz?streams=true&config=true");
+        jsz["account_details"]
+            .as_array()?
+            .iter()
+            .filter_map(|a| a["stream_detail"].as_array())
+            .flatten()
+            .find(|s| s["name"] == "mercurio_qos")?["config"]["max_age"]
+            .as_u64()
+    };
+    let a = ClusterNode::start("a", &[nats.url()], "", "jetstream_max_age = 3600\n");
+    wait_until("the stream made by A", || {
+        max_age() == Some(3600 * 1_000_000_000)
+    });
+    let (metrics, metrics_addr) = metrics_listener();
+    let mut b = ClusterNode::start("b", &[nats.url()], &metrics, "jetstream_max_age = 60\n");
+    // B keeps the stream as A made it, and says what differs.
+    b.daemon.wait_logged("the warning", |l| {
+        l.contains("the JetStream stream exists with other settings")
+            && l.contains("jetstream_max_age (this node 60, the stream 3600)")
+    });
+    assert_eq!(max_age(), Some(3600 * 1_000_000_000));
+    assert_eq!(
+        metric(
+            metrics_addr,
+            "mercurio_cluster_jetstream_settings_differ_total"
+        ),
+        1
+    );
+    drop(a);
+}
+
+#[test]
+fn a_message_over_the_nats_max_payload_is_refused_for_other_nodes_and_its_publisher_told() {
+    const TEST: &str =
+        "a_message_over_the_nats_max_payload_is_refused_for_other_nodes_and_its_publisher_told";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let (metrics, metrics_addr) = metrics_listener();
+    let mut a = ClusterNode::start("a", &[nats.url()], &metrics, "");
+    let b = ClusterNode::start("b", &[nats.url()], "", "");
+    let mut sub = client(&b.daemon, "sub", true);
+    sub.subscribe("big/#", QoS::AtLeastOnce);
+    let mut local = client(&a.daemon, "local", false);
+    local.subscribe("big/#", QoS::AtLeastOnce);
+    wait_until("B's interest known to A", || {
+        interest_of(&a.daemon, "b") == Some(1)
+    });
+    // Its PUBLISH packet just fits the brokers' max_packet_size (1 MiB by default); with
+    // the envelope it does not fit NATS's max_payload (1 MiB by default).
+    let big = vec![b'x'; 1_048_560];
+    let mut publisher = client(&a.daemon, "pub", false);
+    // QoS 1: PUBACK 0x83 (Implementation specific error), as for message_size_limit; A's
+    // own subscriber has it.
+    let id = publisher.publish_packet("big/1", &big, QoS::AtLeastOnce, false);
+    match publisher.recv() {
+        Some(Packet::PubAck(r)) => assert_eq!(
+            (r.packet_id, r.reason_code),
+            (id, ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR)
+        ),
+        other => panic!("expected PUBACK 0x83, got {other:?}"),
+    }
+    let p = local.expect_publish();
+    assert_eq!((p.topic.as_str(), p.payload.len()), ("big/1", big.len()));
+    local.ack(&p);
+    // QoS 2: PUBREC 0x83, which ends the exchange [MQTT-4.3.3-4]: no PUBREL needed, and the
+    // packet identifier may carry a new message at once.
+    let id = publisher.publish_packet("big/2", &big, QoS::ExactlyOnce, false);
+    match publisher.recv() {
+        Some(Packet::PubRec(r)) => assert_eq!(
+            (r.packet_id, r.reason_code),
+            (id, ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR)
+        ),
+        other => panic!("expected PUBREC 0x83, got {other:?}"),
+    }
+    // Counted and logged.
+    assert_eq!(metric(metrics_addr, "mercurio_cluster_errors_total"), 2);
+    a.daemon
+        .wait_logged("the refusal", |l| l.contains("max_payload"));
+    // B never gets them: the next message, small, is the first B's subscriber receives.
+    publisher.publish("big/3", b"small", QoS::AtLeastOnce, false);
+    let p = sub.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("big/3", &b"small"[..]));
 }
