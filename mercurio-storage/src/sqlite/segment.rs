@@ -206,10 +206,7 @@ mod tests {
             (entry(7, 11), Body::Inline(&bare)),
         ]);
         let back = decode(&blob).unwrap();
-        let seen: Vec<_> = back
-            .iter()
-            .map(|d| (d.entry, d.message.clone()))
-            .collect();
+        let seen: Vec<_> = back.iter().map(|d| (d.entry, d.message.clone())).collect();
         assert_eq!(
             seen,
             [
