@@ -14,9 +14,10 @@ use crate::{LoadedState, SetAside};
 
 use crate::records::{
     DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord, RetainedRecord,
-    SessionRecord, StoredMessage, StreamEntryRead, StreamEntryRecord, SubscriptionRecord,
-    WillRecord,
+    SessionRecord, StoredMessage, SubscriptionRecord, WillRecord,
 };
+#[cfg(feature = "postgres")]
+use crate::records::{StreamEntryRead, StreamEntryRecord};
 
 /// The columns of a retained message, in this order.
 pub(crate) const MESSAGE_COLUMNS: &str =
@@ -117,7 +118,7 @@ pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord,
 
 /// A will's or a stored message: the [`MESSAGE_COLUMNS`] but `share` (neither has one),
 /// starting at column `at`.
-fn will_message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
+pub(crate) fn will_message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
     Ok(MessageRecord {
         topic: row.text(at)?,
         payload: Bytes::from(row.bytes(at + 1)?),
@@ -173,10 +174,12 @@ pub(crate) fn stored(row: &impl Columns) -> Result<StoredMessage, (Option<u64>, 
 
 /// The columns of a stream entry read back with its message ([`stream_entry`]): `e` is the
 /// entries' table, `m` the message store's.
+#[cfg(feature = "postgres")]
 pub(crate) const STREAM_ENTRY_COLUMNS: &str = "e.entry_offset, e.time_ms, e.message_id, \
      m.topic, m.payload, m.qos, m.retain, m.properties, m.expires_at, m.publisher";
 
 /// A stream entry with its message: the [`STREAM_ENTRY_COLUMNS`].
+#[cfg(feature = "postgres")]
 pub(crate) fn stream_entry(row: &impl Columns) -> Result<StreamEntryRead, String> {
     Ok(StreamEntryRead {
         entry: StreamEntryRecord {

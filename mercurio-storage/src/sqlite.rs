@@ -15,6 +15,7 @@
 //!   aside: reported in [`LoadedState::set_aside`] and left as it is.
 
 mod queue;
+mod segment;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -35,8 +36,7 @@ use crate::error::StorageError;
 use crate::records::{InflightRecord, QueuedRecord, StoredMessage, SubscriptionRecord, WillRecord};
 use crate::refs::Refs;
 use crate::rows::{
-    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, STREAM_ENTRY_COLUMNS,
-    SUBSCRIPTION_COLUMNS,
+    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
 use crate::{LoadedState, SetAside, Storage};
 use queue::QueueChanges;
@@ -54,8 +54,12 @@ use queue::QueueChanges;
 /// upgraded when opened (from 3 to 4, each queued or in-flight row becomes one message and
 /// one reference; from 5 to 6, each queue is rewritten in chunks and references counted).
 /// 7: streams (`streams`, and `stream_entries` referring to the message store, each entry
-/// counted in its message's `refs`).
-pub const SCHEMA_VERSION: i64 = 7;
+/// counted in its message's `refs`). 8: stream segments (`stream_segments`, one row per
+/// stream and batch, see [`segment`]), `streams.trimmed` (the stream's first offset: older
+/// entries of a partly trimmed segment are skipped) and `inline_released` (releases of
+/// messages held only inline); the upgrade from 7 turns each stream's entries into segments
+/// of at most 128, moving the messages only streams refer to into them.
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
 /// is one reference of its message (`messages.refs`), like a queued delivery.
@@ -70,6 +74,15 @@ CREATE TABLE streams (
     max_bytes INTEGER,
     last_value INTEGER
 ) WITHOUT ROWID;
+"
+    };
+}
+
+/// Schema 7's stream entries, one row each referring to the message store (counted in its
+/// message's `refs`); schema 8 holds them in segments ([`entries_to_segments`]).
+macro_rules! stream_entries_7 {
+    () => {
+        "
 CREATE TABLE stream_entries (
     stream TEXT NOT NULL REFERENCES streams (name) ON DELETE CASCADE,
     entry_offset INTEGER NOT NULL,
@@ -77,6 +90,29 @@ CREATE TABLE stream_entries (
     message_id INTEGER NOT NULL,
     PRIMARY KEY (stream, entry_offset)
 ) WITHOUT ROWID;
+"
+    };
+}
+
+/// Stream segments (schema 8): the entries one batch appended to one stream in one row.
+macro_rules! segments_table {
+    () => {
+        "
+CREATE TABLE stream_segments (
+    stream TEXT NOT NULL REFERENCES streams (name) ON DELETE CASCADE,
+    first_offset INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL,
+    entries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    refs INTEGER NOT NULL,
+    min_id INTEGER,
+    max_id INTEGER,
+    body BLOB NOT NULL,
+    PRIMARY KEY (stream, first_offset)
+) WITHOUT ROWID;
+CREATE INDEX stream_segments_ids ON stream_segments (min_id) WHERE min_id IS NOT NULL;
+CREATE TABLE inline_released (id INTEGER PRIMARY KEY);
+ALTER TABLE streams ADD COLUMN trimmed INTEGER NOT NULL DEFAULT 0;
 "
     };
 }
@@ -222,8 +258,89 @@ const UPGRADES: &[&str] = &[
     ),
     access_table!(),
     TO_6,
-    streams_tables!(),
+    concat!(streams_tables!(), stream_entries_7!()),
+    segments_table!(),
 ];
+
+/// Entries one segment holds at most: about what a reader asks for at once, so that a read
+/// does not decode (and SQLite does not read) a large blob for a few of its entries.
+const ENTRIES_PER_SEGMENT: usize = 128;
+
+/// From version 7 to 8: each stream's entries become segments of at most
+/// [`ENTRIES_PER_SEGMENT`]; a message only stream entries refer to moves into them (its row
+/// deleted), any other stays in the message store, referred to by id.
+fn entries_to_segments(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let mut stmt = tx.prepare(
+        "SELECT e.stream, e.entry_offset, e.time_ms, e.message_id, \
+         m.refs <= (SELECT count(*) FROM stream_entries x WHERE x.message_id = m.id), \
+         m.topic, m.payload, m.qos, m.retain, m.properties, m.expires_at, m.publisher \
+         FROM stream_entries e JOIN messages m ON m.id = e.message_id \
+         ORDER BY e.stream, e.entry_offset",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut inlined = HashSet::new();
+    let mut current: Option<String> = None;
+    let mut entries: Vec<(crate::StreamEntryRecord, Option<crate::MessageRecord>)> = Vec::new();
+    let flush =
+        |stream: &str,
+         entries: &mut Vec<(crate::StreamEntryRecord, Option<crate::MessageRecord>)>| {
+            let ids: Vec<u64> = entries
+                .iter()
+                .filter(|(_, m)| m.is_none())
+                .map(|(e, _)| e.message_id)
+                .collect();
+            let sizes = ref_sizes(tx, &ids)?;
+            let bodies: Vec<_> = entries
+                .iter()
+                .map(|(e, m)| {
+                    let body = match m {
+                        Some(m) => segment::Body::Inline(m),
+                        None => segment::Body::Ref,
+                    };
+                    (*e, body)
+                })
+                .collect();
+            insert_segment(tx, stream, &bodies, &sizes)?;
+            entries.clear();
+            Ok::<_, rusqlite::Error>(())
+        };
+    while let Some(row) = rows.next()? {
+        let stream: String = row.get(0)?;
+        if current.as_deref() != Some(stream.as_str()) || entries.len() == ENTRIES_PER_SEGMENT {
+            if let Some(c) = &current {
+                flush(c, &mut entries)?;
+            }
+            current = Some(stream);
+        }
+        let unsigned = |i: usize| row.get::<_, i64>(i).map(|v| u64::try_from(v).unwrap_or(0));
+        let entry = crate::StreamEntryRecord {
+            offset: unsigned(1)?,
+            time_ms: unsigned(2)?,
+            message_id: unsigned(3)?,
+        };
+        let only_streams: bool = row.get(4)?;
+        // A message row that cannot be read stays where it is, referred to by id.
+        let message = match only_streams {
+            true => rows::will_message_at(row, 5).ok(),
+            false => None,
+        };
+        if message.is_some() {
+            inlined.insert(entry.message_id);
+        }
+        entries.push((entry, message));
+    }
+    if let Some(c) = &current {
+        flush(c, &mut entries)?;
+    }
+    drop(rows);
+    drop(stmt);
+    // The counts of references keep only what is left in the message store.
+    let mut delete = tx.prepare("DELETE FROM messages WHERE id = ?1")?;
+    for id in inlined {
+        delete.execute([to_i64(id)])?;
+    }
+    tx.execute_batch("DROP TABLE stream_entries;")
+}
 
 /// From version 5 to 6: queues in chunks of at most 256 deliveries, in-flight messages without
 /// an index of their message, and each message's count of references.
@@ -298,7 +415,8 @@ CREATE TABLE meta (
     value
 ) WITHOUT ROWID;
 ",
-    streams_tables!()
+    streams_tables!(),
+    segments_table!()
 );
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -436,7 +554,7 @@ fn open_database(path: &Path) -> Result<(Connection, File), StorageError> {
         .map_err(|e| {
             StorageError::fatal(format!("cannot create {}: {e}", path.display())).with_source(e)
         })?;
-    let conn = Connection::open(path).map_err(|e| sql_error(path, "open", e))?;
+    let mut conn = Connection::open(path).map_err(|e| sql_error(path, "open", e))?;
     let setup = || -> rusqlite::Result<i64> {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -473,10 +591,16 @@ fn open_database(path: &Path) -> Result<(Connection, File), StorageError> {
     } else {
         for (from, upgrade) in UPGRADES.iter().enumerate().skip((version - 1) as usize) {
             let to = from as i64 + 2;
-            conn.execute_batch(&format!(
-                "BEGIN; {upgrade} PRAGMA user_version = {to}; COMMIT;"
-            ))
-            .map_err(|e| sql_error(path, "upgrade the schema", e))?;
+            let step = |conn: &mut Connection| {
+                let tx = conn.transaction()?;
+                tx.execute_batch(upgrade)?;
+                if to == 8 {
+                    entries_to_segments(&tx)?;
+                }
+                tx.pragma_update(None, "user_version", to)?;
+                tx.commit()
+            };
+            step(&mut conn).map_err(|e| sql_error(path, "upgrade the schema", e))?;
         }
     }
     Ok((conn, lock))
@@ -562,17 +686,41 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     tx.execute("UPDATE messages SET released = 0 WHERE released = 1", [])?;
     // A message only stream entries refer to is read back with them, never held: it goes
     // with its last entry.
+    // Every inline message stored so far is released: this broker holds none of them.
+    tx.execute("DELETE FROM inline_released", [])?;
     tx.execute(
-        "UPDATE messages SET released = 1 FROM (SELECT message_id, count(*) AS n \
-         FROM stream_entries GROUP BY message_id) s \
-         WHERE s.message_id = messages.id AND messages.refs <= s.n",
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('held_from', \
+         1 + max(coalesce((SELECT max(id) FROM messages), 0), \
+         coalesce((SELECT max(max_id) FROM stream_segments), 0)))",
         [],
     )?;
+    let mut held: HashMap<u64, i64> = HashMap::new();
+    {
+        let mut stmt = tx.prepare(
+            "SELECT s.body, t.trimmed FROM stream_segments s JOIN streams t \
+             ON t.name = s.stream WHERE s.refs > 0",
+        )?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let from = u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0);
+            for d in segment::decode(row.get_ref(0)?.as_blob()?).unwrap_or_default() {
+                if d.message.is_none() && d.entry.offset >= from {
+                    *held.entry(d.entry.message_id).or_default() += 1;
+                }
+            }
+        }
+        let mut mark =
+            tx.prepare("UPDATE messages SET released = 1 WHERE id = ?1 AND refs <= ?2")?;
+        for (id, n) in held {
+            mark.execute(params![to_i64(id), n])?;
+        }
+    }
     tx.commit()
 }
 
 /// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
-/// later, with their messages (an unreadable one left out).
+/// later, with their messages (an unreadable one left out): only the segments holding them
+/// are read.
 fn read_stream(
     conn: &Connection,
     stream: &str,
@@ -580,25 +728,53 @@ fn read_stream(
     from_time_ms: u64,
     max: usize,
 ) -> rusqlite::Result<Vec<crate::StreamEntryRead>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {STREAM_ENTRY_COLUMNS} FROM stream_entries e JOIN messages m \
-         ON m.id = e.message_id WHERE e.stream = ?1 AND e.entry_offset >= ?2 \
-         AND e.time_ms >= ?3 ORDER BY e.entry_offset LIMIT ?4"
-    ))?;
-    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    let mut found = stmt.query(params![
-        stream,
-        clamp(from_offset),
-        clamp(from_time_ms),
-        clamp(max as u64)
-    ])?;
-    let mut out = Vec::new();
-    while let Some(row) = found.next()? {
-        if let Ok(e) = rows::stream_entry(row) {
-            out.push(e);
-        }
+    let trimmed: i64 = conn
+        .prepare_cached("SELECT trimmed FROM streams WHERE name = ?1")?
+        .query_row([stream], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let from = from_offset.max(u64::try_from(trimmed).unwrap_or(0));
+    let mut stmt = conn.prepare_cached(
+        "SELECT body FROM stream_segments WHERE stream = ?1 AND first_offset >= \
+         coalesce((SELECT max(first_offset) FROM stream_segments WHERE stream = ?1 \
+         AND first_offset <= ?2), 0) ORDER BY first_offset",
+    )?;
+    let mut found = stmt.query(params![stream, to_i64(from)])?;
+    let mut entries = Vec::new();
+    while entries.len() < max {
+        let Some(row) = found.next()? else { break };
+        let wanted = |e: &crate::StreamEntryRecord| e.offset >= from && e.time_ms >= from_time_ms;
+        let left = max - entries.len();
+        let Ok(decoded) = segment::decode_where(row.get_ref(0)?.as_blob()?, wanted, left) else {
+            continue;
+        };
+        entries.extend(decoded);
     }
-    Ok(out)
+    // The entries that refer to the message store read their messages in one go.
+    let mut ids: Vec<u64> = entries
+        .iter()
+        .filter(|d| d.message.is_none())
+        .map(|d| d.entry.message_id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let stored: HashMap<u64, crate::MessageRecord> = load_messages(conn, &ids)?
+        .into_iter()
+        .map(|m| (m.id, m.message))
+        .collect();
+    Ok(entries
+        .into_iter()
+        .filter_map(|d| {
+            let message = match d.message {
+                Some(m) => m,
+                None => stored.get(&d.entry.message_id)?.clone(),
+            };
+            Some(crate::StreamEntryRead {
+                entry: d.entry,
+                message,
+            })
+        })
+        .collect())
 }
 
 /// The readable stored messages among `ids` (sorted, without duplicates), in order: in
@@ -708,29 +884,32 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
     }
     rows::attach_messages(&mut state, messages);
     state.max_message_id = conn
-        .query_row("SELECT max(id) FROM messages", [], |r| {
-            r.get::<_, Option<i64>>(0)
-        })?
+        // Ids held inline in stream segments are taken too.
+        .query_row(
+            "SELECT max(coalesce((SELECT max(id) FROM messages), 0), \
+             coalesce((SELECT max(max_id) FROM stream_segments), 0))",
+            [],
+            |r| r.get::<_, Option<i64>>(0),
+        )?
         .map_or(0, |id| u64::try_from(id).unwrap_or(0));
-    // Each stream's counters, not its entries.
+    // Each stream's counters, not its entries: the sums of its segments, and the first
+    // segment (which may be partly trimmed) decoded.
     let mut stmt = conn.prepare(
-        "SELECT s.name, s.next_offset, \
-         (SELECT min(entry_offset) FROM stream_entries e JOIN messages m \
-          ON m.id = e.message_id WHERE e.stream = s.name), \
-         (SELECT e.time_ms FROM stream_entries e JOIN messages m ON m.id = e.message_id \
-          WHERE e.stream = s.name ORDER BY e.entry_offset LIMIT 1), \
-         (SELECT count(*) FROM stream_entries e JOIN messages m ON m.id = e.message_id \
-          WHERE e.stream = s.name), \
-         (SELECT total(length(CAST(m.topic AS BLOB)) + length(m.payload) \
-          + length(m.properties)) FROM stream_entries e JOIN messages m \
-          ON m.id = e.message_id WHERE e.stream = s.name), \
+        "SELECT s.name, s.next_offset, s.trimmed, \
+         (SELECT count(*) FROM stream_segments g WHERE g.stream = s.name), \
+         (SELECT total(g.entries) FROM stream_segments g WHERE g.stream = s.name), \
+         (SELECT total(g.bytes) FROM stream_segments g WHERE g.stream = s.name), \
          s.filter, s.max_age, s.max_bytes, s.last_value FROM streams s ORDER BY s.name",
+    )?;
+    let mut first_segment = conn.prepare(
+        "SELECT body FROM stream_segments WHERE stream = ?1 ORDER BY first_offset LIMIT 1",
     )?;
     let mut found = stmt.query([])?;
     let unsigned = |v: Option<i64>| v.map_or(0, |v| u64::try_from(v).unwrap_or(0));
     while let Some(row) = found.next()? {
         let name: String = row.get(0)?;
         let next_offset = unsigned(row.get(1)?);
+        let trimmed = unsigned(row.get(2)?);
         let definition = row
             .get::<_, Option<String>>(6)?
             .map(|filter| crate::StreamDefinition {
@@ -739,14 +918,44 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
                 max_bytes: u64::try_from(row.get::<_, i64>(8).unwrap_or(0)).unwrap_or(0),
                 last_value: row.get::<_, bool>(9).unwrap_or(false),
             });
-        let first: Option<i64> = row.get(2)?;
+        let mut messages = row.get::<_, f64>(4)? as u64;
+        let mut bytes = row.get::<_, f64>(5)? as u64;
+        let (mut first_offset, mut first_time_ms) = (next_offset, 0);
+        let first: Option<Vec<u8>> = first_segment.query_row([&name], |r| r.get(0)).optional()?;
+        if let Some(Ok(decoded)) = first.as_deref().map(segment::decode) {
+            // Entries below the first offset are skipped, not counted. A referenced message
+            // counts its bytes as stored in the segment row's total.
+            let skipped: Vec<_> = decoded
+                .iter()
+                .filter(|d| d.entry.offset < trimmed)
+                .collect();
+            messages = messages.saturating_sub(skipped.len() as u64);
+            for d in &skipped {
+                let n = match &d.message {
+                    Some(m) => m.size(),
+                    None => conn
+                        .query_row(
+                            "SELECT length(CAST(topic AS BLOB)) + length(payload) \
+                             + length(properties) FROM messages WHERE id = ?1",
+                            [to_i64(d.entry.message_id)],
+                            |r| r.get::<_, i64>(0),
+                        )
+                        .optional()?
+                        .map_or(0, |n| u64::try_from(n).unwrap_or(0)),
+                };
+                bytes = bytes.saturating_sub(n);
+            }
+            if let Some(d) = decoded.iter().find(|d| d.entry.offset >= trimmed) {
+                (first_offset, first_time_ms) = (d.entry.offset, d.entry.time_ms);
+            }
+        }
         state.streams.push(crate::StreamRecord {
             name,
             next_offset,
-            first_offset: first.map_or(next_offset, |f| unsigned(Some(f))),
-            first_time_ms: unsigned(row.get(3)?),
-            messages: unsigned(row.get(4)?),
-            bytes: row.get::<_, f64>(5)? as u64,
+            first_offset,
+            first_time_ms,
+            messages,
+            bytes,
             definition,
         });
     }
@@ -784,11 +993,28 @@ fn release_messages(tx: &Transaction<'_>, ids: &[u64], refs: &mut Refs) -> rusql
         let mut found = stmt.query(rusqlite::params_from_iter(
             chunk.iter().map(|id| to_i64(*id)),
         ))?;
+        let mut marked = HashSet::new();
         while let Some(row) = found.next()? {
             let (id, n): (i64, i64) = (row.get(0)?, row.get(1)?);
+            let id = u64::try_from(id).unwrap_or(0);
+            marked.insert(id);
             if n <= 0 {
-                refs.release(u64::try_from(id).unwrap_or(0));
+                refs.release(id);
             }
+        }
+        // The others are held inline by stream segments (or were never stored): their
+        // release is remembered for a later reference that stores them.
+        let inline: Vec<i64> = chunk
+            .iter()
+            .filter(|id| !marked.contains(id))
+            .map(|id| to_i64(*id))
+            .collect();
+        if !inline.is_empty() {
+            let marks = vec!["(?)"; inline.len()].join(",");
+            tx.prepare_cached(&format!(
+                "INSERT OR IGNORE INTO inline_released (id) VALUES {marks}"
+            ))?
+            .execute(rusqlite::params_from_iter(inline))?;
         }
     }
     Ok(())
@@ -930,6 +1156,45 @@ struct Pending<'c> {
     /// The streams the batch appends to, with the offset after their last entry so far
     /// ([`move_streams_on`]).
     appended: HashMap<&'c str, i64>,
+    /// The messages stored by the batch that only its stream appends refer to: held inline
+    /// in the stream's segment, not in the message store ([`inline_candidates`]).
+    inline: HashSet<u64>,
+    /// Those of [`inline`](Self::inline) seen stored so far, by id.
+    inline_messages: HashMap<u64, &'c StoredMessage>,
+    /// The entries the batch appends, per stream, written as one segment at its end.
+    segments: BTreeMap<&'c str, Vec<(crate::StreamEntryRecord, segment::Body<'c>)>>,
+}
+
+/// The ids of the messages `batch` stores that nothing in it but stream appends refers to.
+fn inline_candidates(batch: &[Change]) -> HashSet<u64> {
+    let mut stored = HashSet::new();
+    let mut appended = HashSet::new();
+    let mut other = HashSet::new();
+    for change in batch {
+        match change {
+            Change::MessageStored { message } => {
+                stored.insert(message.id);
+            }
+            Change::StreamAppended { entry, .. } => {
+                appended.insert(entry.message_id);
+            }
+            Change::MessageQueued { delivery, .. } => {
+                other.insert(delivery.message_id);
+            }
+            Change::InflightSet { inflight, .. } => {
+                other.insert(inflight.delivery.message_id);
+            }
+            Change::SessionWritten(r, _) => {
+                other.extend(r.queued.iter().map(|q| q.delivery.message_id));
+                other.extend(r.inflight.iter().map(|f| f.delivery.message_id));
+            }
+            _ => {}
+        }
+    }
+    stored
+        .into_iter()
+        .filter(|id| appended.contains(id) && !other.contains(id))
+        .collect()
 }
 
 /// The indices of the `InflightSet` changes of `batch` whose entry a later
@@ -1066,7 +1331,11 @@ fn apply_one<'c>(
             true
         }
         Change::MessageStored { message } => {
-            store_message(tx, message)?;
+            if p.inline.contains(&message.id) {
+                p.inline_messages.insert(message.id, message);
+            } else {
+                store_message(tx, message)?;
+            }
             true
         }
         Change::MessageReleased { id } => {
@@ -1190,45 +1459,31 @@ fn apply_one<'c>(
                     p.appended.insert(stream, next);
                 }
             }
-            let entry_params = params![
-                stream,
-                to_i64(entry.offset),
-                to_i64(entry.time_ms),
-                to_i64(entry.message_id)
-            ];
-            let inserted = tx
-                .prepare_cached(
-                    "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
-                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (stream, entry_offset) DO NOTHING",
-                )?
-                .execute(entry_params)?;
-            if inserted == 0 {
-                // An entry written again at the same offset gives up its old reference.
-                remove_entries(
-                    tx,
-                    "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
-                     RETURNING message_id",
-                    params![stream, to_i64(entry.offset)],
-                    &mut p.refs,
-                )?;
-                tx.prepare_cached(
-                    "INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) \
-                     VALUES (?1, ?2, ?3, ?4)",
-                )?
-                .execute(entry_params)?;
+            let body = match p.inline_messages.get(&entry.message_id) {
+                Some(m) => segment::Body::Inline(&m.message),
+                None => {
+                    // The count of references refuses an entry whose message is not stored.
+                    p.refs.add(entry.message_id, index);
+                    segment::Body::Ref
+                }
+            };
+            let pending = p.segments.entry(stream.as_str()).or_default();
+            // An entry written again at the same offset replaces the one before.
+            if pending
+                .last()
+                .is_some_and(|(e, _)| e.offset >= entry.offset)
+            {
+                drop_pending(pending, &mut p.refs, |o| o == entry.offset);
             }
-            // The count of references refuses an entry whose message is not stored.
-            p.refs.add(entry.message_id, index);
+            pending.push((*entry, body));
             true
         }
         Change::StreamTrimmed { stream, below } => {
-            remove_entries(
-                tx,
-                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset < ?2 \
-                 RETURNING message_id",
-                params![stream, to_i64(*below)],
-                &mut p.refs,
-            )?;
+            if let Some(pending) = p.segments.get_mut(stream.as_str()) {
+                drop_pending(pending, &mut p.refs, |o| o < *below);
+            }
+            trim_segments(tx, stream, to_i64(*below), &mut p.refs)?;
+
             tx.prepare_cached(
                 "UPDATE streams SET next_offset = max(next_offset, ?2) WHERE name = ?1",
             )?
@@ -1236,28 +1491,302 @@ fn apply_one<'c>(
             true
         }
         Change::StreamEntryRemoved { stream, offset } => {
-            remove_entries(
-                tx,
-                "DELETE FROM stream_entries WHERE stream = ?1 AND entry_offset = ?2 \
-                 RETURNING message_id",
-                params![stream, to_i64(*offset)],
-                &mut p.refs,
-            )?;
+            if let Some(pending) = p.segments.get_mut(stream.as_str()) {
+                drop_pending(pending, &mut p.refs, |o| o == *offset);
+            }
+            remove_segment_entry(tx, stream, to_i64(*offset), &mut p.refs)?;
+
             true
         }
         Change::StreamDeleted { stream } => {
-            remove_entries(
-                tx,
-                "DELETE FROM stream_entries WHERE stream = ?1 RETURNING message_id",
-                params![stream],
-                &mut p.refs,
-            )?;
+            if let Some(mut pending) = p.segments.remove(stream.as_str()) {
+                drop_pending(&mut pending, &mut p.refs, |_| true);
+            }
+            trim_segments(tx, stream, i64::MAX, &mut p.refs)?;
+
             tx.prepare_cached("DELETE FROM streams WHERE name = ?1")?
                 .execute([stream])?;
             p.appended.remove(stream.as_str());
             true
         }
     })
+}
+
+/// Drops the entries of `pending` (a segment not yet written) whose offset `gone` says,
+/// giving up the references they held.
+fn drop_pending(
+    pending: &mut Vec<(crate::StreamEntryRecord, segment::Body<'_>)>,
+    refs: &mut Refs,
+    gone: impl Fn(u64) -> bool,
+) {
+    pending.retain(|(e, body)| {
+        let keep = !gone(e.offset);
+        if !keep && matches!(body, segment::Body::Ref) {
+            refs.remove(e.message_id, 1);
+        }
+        keep
+    });
+}
+
+/// Gives up the references of the entries of the segment `body` that `gone` says.
+fn give_up_refs(body: &[u8], refs: &mut Refs, gone: impl Fn(u64) -> bool) {
+    // A segment that cannot be decoded holds no reference this build can count.
+    for d in segment::decode(body).unwrap_or_default() {
+        if d.message.is_none() && gone(d.entry.offset) {
+            refs.remove(d.entry.message_id, 1);
+        }
+    }
+}
+
+/// Deletes the segments of `stream` whose entries are all below `below` and records
+/// `below` as the stream's first offset: a segment partly below it is kept, its older
+/// entries skipped when read.
+fn trim_segments(
+    tx: &Transaction<'_>,
+    stream: &str,
+    below: i64,
+    refs: &mut Refs,
+) -> rusqlite::Result<()> {
+    // Entries below the stream's earlier first offset gave up their references then.
+    let trimmed: i64 = tx
+        .prepare_cached("SELECT trimmed FROM streams WHERE name = ?1")?
+        .query_row([stream], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    if below <= trimmed {
+        return Ok(());
+    }
+    let (from, to) = (
+        u64::try_from(trimmed).unwrap_or(0),
+        u64::try_from(below).unwrap_or(0),
+    );
+    {
+        let mut stmt = tx.prepare_cached(
+            "DELETE FROM stream_segments WHERE stream = ?1 AND first_offset < ?2 \
+             AND last_offset < ?2 RETURNING refs, body",
+        )?;
+        let mut rows = stmt.query(params![stream, below])?;
+        while let Some(row) = rows.next()? {
+            if row.get::<_, i64>(0)? > 0 {
+                give_up_refs(row.get_ref(1)?.as_blob()?, refs, |o| o >= from);
+            }
+        }
+        // A segment partly below `below` is kept; its entries below give up theirs now.
+        let mut stmt = tx.prepare_cached(
+            "SELECT body FROM stream_segments WHERE stream = ?1 AND first_offset < ?2 \
+             AND refs > 0",
+        )?;
+        let mut rows = stmt.query(params![stream, below])?;
+        while let Some(row) = rows.next()? {
+            give_up_refs(row.get_ref(0)?.as_blob()?, refs, |o| o >= from && o < to);
+        }
+    }
+    tx.prepare_cached("UPDATE streams SET trimmed = ?2 WHERE name = ?1")?
+        .execute(params![stream, below])?;
+    // Releases below every inline message still held are no longer needed.
+    tx.prepare_cached(
+        "DELETE FROM inline_released WHERE id < coalesce((SELECT min(min_id) \
+         FROM stream_segments WHERE min_id IS NOT NULL), 1 << 62)",
+    )?
+    .execute([])?;
+    Ok(())
+}
+
+/// Removes the entry at `offset` of `stream` from its segment (rewritten without it).
+fn remove_segment_entry(
+    tx: &Transaction<'_>,
+    stream: &str,
+    offset: i64,
+    refs: &mut Refs,
+) -> rusqlite::Result<()> {
+    let found: Option<(i64, Vec<u8>)> = tx
+        .prepare_cached(
+            "SELECT first_offset, body FROM stream_segments WHERE stream = ?1 \
+             AND first_offset = (SELECT max(first_offset) FROM stream_segments \
+             WHERE stream = ?1 AND first_offset <= ?2) AND last_offset >= ?2",
+        )?
+        .query_row(params![stream, offset], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((first, body)) = found else {
+        return Ok(());
+    };
+    let Ok(decoded) = segment::decode(&body) else {
+        return Ok(());
+    };
+    let offset = u64::try_from(offset).unwrap_or(0);
+    let mut kept = Vec::with_capacity(decoded.len());
+    let mut ref_messages = Vec::new();
+    for d in &decoded {
+        if d.entry.offset == offset {
+            if d.message.is_none() {
+                refs.remove(d.entry.message_id, 1);
+            }
+            continue;
+        }
+        if d.message.is_none() {
+            ref_messages.push(d.entry.message_id);
+        }
+        kept.push(d);
+    }
+    tx.prepare_cached("DELETE FROM stream_segments WHERE stream = ?1 AND first_offset = ?2")?
+        .execute(params![stream, first])?;
+    if kept.is_empty() {
+        return Ok(());
+    }
+    let sizes = ref_sizes(tx, &ref_messages)?;
+    let entries: Vec<_> = kept
+        .iter()
+        .map(|d| {
+            let body = match &d.message {
+                Some(m) => segment::Body::Inline(m),
+                None => segment::Body::Ref,
+            };
+            (d.entry, body)
+        })
+        .collect();
+    insert_segment(tx, stream, &entries, &sizes)
+}
+
+/// The bytes (topic, payload, properties) of each stored message of `ids`.
+fn ref_sizes(tx: &Transaction<'_>, ids: &[u64]) -> rusqlite::Result<HashMap<u64, i64>> {
+    let mut out = HashMap::new();
+    let mut stmt = tx.prepare_cached(
+        "SELECT length(CAST(topic AS BLOB)) + length(payload) + length(properties) \
+         FROM messages WHERE id = ?1",
+    )?;
+    for id in ids {
+        if let Some(n) = stmt
+            .query_row([to_i64(*id)], |r| r.get::<_, i64>(0))
+            .optional()?
+        {
+            out.insert(*id, n);
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `entries` (offset order, not empty) of `stream` as one segment row.
+fn insert_segment(
+    tx: &Transaction<'_>,
+    stream: &str,
+    entries: &[(crate::StreamEntryRecord, segment::Body<'_>)],
+    sizes: &HashMap<u64, i64>,
+) -> rusqlite::Result<()> {
+    let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
+        return Ok(());
+    };
+    let (mut bytes, mut refs) = (0i64, 0i64);
+    let (mut min_id, mut max_id) = (None::<u64>, None::<u64>);
+    for (e, body) in entries {
+        match body {
+            segment::Body::Inline(m) => {
+                bytes += to_i64(m.size());
+                min_id = Some(min_id.map_or(e.message_id, |v| v.min(e.message_id)));
+                max_id = Some(max_id.map_or(e.message_id, |v| v.max(e.message_id)));
+            }
+            segment::Body::Ref => {
+                refs += 1;
+                bytes += sizes.get(&e.message_id).copied().unwrap_or(0);
+            }
+        }
+    }
+    tx.prepare_cached(
+        "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, refs, \
+         min_id, max_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?
+    .execute(params![
+        stream,
+        to_i64(first.0.offset),
+        to_i64(last.0.offset),
+        entries.len() as i64,
+        bytes,
+        refs,
+        min_id.map(to_i64),
+        max_id.map(to_i64),
+        segment::encode(entries),
+    ])?;
+    Ok(())
+}
+
+/// Writes the segments the batch appended: per stream, one row per
+/// [`ENTRIES_PER_SEGMENT`] entries.
+fn write_segments(
+    tx: &Transaction<'_>,
+    segments: &BTreeMap<&str, Vec<(crate::StreamEntryRecord, segment::Body<'_>)>>,
+    refs: &mut Refs,
+) -> rusqlite::Result<()> {
+    for (stream, entries) in segments {
+        let Some((first, _)) = entries.first() else {
+            continue;
+        };
+        // Appends move on, so this is only for entries written again at their offset.
+        let overlap: Option<i64> = tx
+            .prepare_cached(
+                "SELECT last_offset FROM stream_segments WHERE stream = ?1 \
+                 ORDER BY first_offset DESC LIMIT 1",
+            )?
+            .query_row([stream], |r| r.get(0))
+            .optional()?
+            .filter(|last| *last >= to_i64(first.offset));
+        if overlap.is_some() {
+            for (e, _) in entries {
+                remove_segment_entry(tx, stream, to_i64(e.offset), refs)?;
+            }
+        }
+        let ids: Vec<u64> = entries
+            .iter()
+            .filter(|(_, b)| matches!(b, segment::Body::Ref))
+            .map(|(e, _)| e.message_id)
+            .collect();
+        let sizes = ref_sizes(tx, &ids)?;
+        for chunk in entries.chunks(ENTRIES_PER_SEGMENT) {
+            insert_segment(tx, stream, chunk, &sizes)?;
+        }
+    }
+    Ok(())
+}
+
+/// Stores message `id` from the segment that holds it inline, with `refs` references: a
+/// message first held only by a stream that something else now refers to. `false` when no
+/// segment holds it.
+fn materialize(tx: &Transaction<'_>, id: u64, refs: i64) -> rusqlite::Result<bool> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT g.body, t.trimmed FROM stream_segments g JOIN streams t ON t.name = g.stream \
+         WHERE g.min_id <= ?1 AND g.max_id >= ?1 AND g.min_id IS NOT NULL \
+         ORDER BY g.min_id DESC",
+    )?;
+    let mut rows = stmt.query([to_i64(id)])?;
+    let mut message = None;
+    while let Some(row) = rows.next()? {
+        let from = u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0);
+        let Ok(decoded) = segment::decode(row.get_ref(0)?.as_blob()?) else {
+            continue;
+        };
+        // An entry below its stream's first offset is gone.
+        message = decoded
+            .into_iter()
+            .find(|d| d.entry.message_id == id && d.entry.offset >= from)
+            .and_then(|d| d.message);
+        if message.is_some() {
+            break;
+        }
+    }
+    drop(rows);
+    let Some(message) = message else {
+        return Ok(false);
+    };
+    // Released if the broker released it, or it was stored before this broker started
+    // (which then holds no message only streams refer to).
+    let released: bool = tx
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM inline_released WHERE id = ?1) \
+             OR ?1 < coalesce((SELECT value FROM meta WHERE key = 'held_from'), 0)",
+        )?
+        .query_row([to_i64(id)], |r| r.get(0))?;
+    store_message(tx, &StoredMessage { id, message })?;
+    tx.prepare_cached("UPDATE messages SET refs = ?2, released = ?3 WHERE id = ?1")?
+        .execute(params![to_i64(id), refs, released])?;
+    Ok(true)
 }
 
 /// Moves each stream appended to in the batch on to the offset after its last entry: one
@@ -1267,23 +1796,6 @@ fn move_streams_on(tx: &Transaction<'_>, appended: &HashMap<&str, i64>) -> rusql
         tx.prepare_cached("UPDATE streams SET next_offset = max(next_offset, ?2) WHERE name = ?1")?;
     for (stream, next) in appended {
         update.execute(params![stream, next])?;
-    }
-    Ok(())
-}
-
-/// Runs `sql`, a DELETE of stream entries `RETURNING message_id`, and gives up the reference
-/// each removed entry held.
-fn remove_entries(
-    tx: &Transaction<'_>,
-    sql: &str,
-    args: impl rusqlite::Params,
-    refs: &mut Refs,
-) -> rusqlite::Result<()> {
-    let mut stmt = tx.prepare_cached(sql)?;
-    let mut rows = stmt.query(args)?;
-    while let Some(row) = rows.next()? {
-        let id: i64 = row.get(0)?;
-        refs.remove(u64::try_from(id).unwrap_or(0), 1);
     }
     Ok(())
 }
@@ -1328,6 +1840,9 @@ fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<R
             continue;
         }
         let n = update.execute(params![to_i64(id), delta.net])?;
+        if n == 0 && delta.net > 0 && materialize(tx, id, delta.net)? {
+            continue;
+        }
         if n == 0 {
             if let Some(index) = delta.first_addition {
                 return Ok(Err(index));
@@ -1353,6 +1868,7 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
             .map_err(classify)?;
         let mut pending = Pending {
             cancelled: cancelled_sets(batch),
+            inline: inline_candidates(batch),
             ..Pending::default()
         };
         let failed = |index: usize, e: rusqlite::Error| {
@@ -1381,9 +1897,11 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
             mut queues,
             released,
             appended,
+            segments,
             ..
         } = pending;
         move_streams_on(&tx, &appended).map_err(|e| failed(batch.len(), e))?;
+        write_segments(&tx, &segments, &mut refs).map_err(|e| failed(batch.len(), e))?;
         queues
             .write_all(&tx, &mut refs)
             .map_err(|e| failed(batch.len(), e))?;
@@ -1809,6 +2327,131 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    /// The stream entries of schema 7 (a row each, referring to the message store) become
+    /// segments: a message only streams refer to moves into its segment, one an in-flight
+    /// message also refers to stays in the store, and the streams read back and count as
+    /// before.
+    #[tokio::test]
+    async fn version_7_stream_entries_become_segments() {
+        let h = SqliteHarness::new("upgrade7");
+        let path = h.dir.join("m.db");
+        old_database(&path, 3, "");
+        let conn = Connection::open(&path).unwrap();
+        for (from, upgrade) in UPGRADES.iter().enumerate().take(6).skip(2) {
+            let to = from + 2;
+            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
+                .unwrap();
+        }
+        conn.execute_batch(
+            "INSERT INTO sessions (client_id, protocol_level, session_expiry_interval) \
+             VALUES ('c', 5, 3600); \
+             INSERT INTO messages (id, topic, payload, qos, retain, properties, expires_at, \
+             publisher, released, refs) VALUES \
+             (1, 't/a', X'01', 1, 0, X'', NULL, 'p', 1, 1), \
+             (2, 't/b', X'0203', 2, 0, X'0B01', 1700000000000, NULL, 0, 2), \
+             (3, 't/a', X'04', 0, 1, X'', NULL, 'p', 1, 1); \
+             INSERT INTO inflight (client_id, packet_id, ord, state, message_id, qos, retain, \
+             subscription_ids, share) VALUES ('c', 5, 1, 'awaiting_puback', 2, 1, 0, X'', NULL); \
+             INSERT INTO streams (name, next_offset, filter, max_age, max_bytes, last_value) \
+             VALUES ('s', 4, NULL, NULL, NULL, NULL); \
+             INSERT INTO stream_entries (stream, entry_offset, time_ms, message_id) VALUES \
+             ('s', 1, 1001, 1), ('s', 2, 1002, 2), ('s', 3, 1003, 3); \
+             PRAGMA user_version = 7;",
+        )
+        .unwrap();
+        drop(conn);
+        let storage = SqliteStorage::open(&path).unwrap();
+        let state = storage.load().await.unwrap();
+        let s = &state.streams[0];
+        assert_eq!(
+            (
+                s.name.as_str(),
+                s.next_offset,
+                s.first_offset,
+                s.first_time_ms
+            ),
+            ("s", 4, 1, 1001)
+        );
+        assert_eq!(
+            (s.messages, s.bytes),
+            (3, 4 + 7 + 4),
+            "topic, payload, properties"
+        );
+        assert_eq!(state.max_message_id, 3);
+        assert_eq!(state.messages.len(), 1, "the in-flight message only");
+        assert_eq!(state.messages[0].id, 2);
+        let read = storage.read_stream("s", 0, 0, 10).await.unwrap();
+        let seen: Vec<_> = read
+            .iter()
+            .map(|r| {
+                (
+                    r.entry.offset,
+                    r.entry.time_ms,
+                    r.entry.message_id,
+                    r.message.topic.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (1, 1001, 1, "t/a"),
+                (2, 1002, 2, "t/b"),
+                (3, 1003, 3, "t/a")
+            ]
+        );
+        let m = &read[1].message;
+        assert_eq!(
+            (&m.payload[..], &m.properties[..], m.qos),
+            (&[2, 3][..], &[0x0B, 0x01][..], 2)
+        );
+        assert_eq!(m.expires_at, Some(1_700_000_000_000));
+        let m = &read[2].message;
+        assert_eq!(
+            (m.qos, m.retain, m.publisher.as_deref()),
+            (0, true, Some("p"))
+        );
+        // Trimmed below 3: the in-flight message stays, the stream starts at 3.
+        storage
+            .apply(&[Change::StreamTrimmed {
+                stream: "s".into(),
+                below: 3,
+            }])
+            .await
+            .unwrap();
+        let read = storage.read_stream("s", 0, 0, 10).await.unwrap();
+        assert_eq!(read.iter().map(|r| r.entry.offset).collect::<Vec<_>>(), [3]);
+        let state = storage.load().await.unwrap();
+        assert_eq!(state.sessions[0].inflight[0].delivery.message_id, 2);
+        assert_eq!(state.messages[0].message.topic, "t/b");
+        assert_eq!(
+            (state.streams[0].first_offset, state.streams[0].messages),
+            (3, 1)
+        );
+        storage.close().await.unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let ids: Vec<i64> = conn
+            .prepare("SELECT id FROM messages ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            ids,
+            [2],
+            "messages only the stream referred to are in its segment"
+        );
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'stream_entries'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(tables, 0);
     }
 
     /// A stored queue and in-flight list of schema 3 (one copy of the message per row) come
