@@ -383,6 +383,19 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
     wait_until("A gone from the NATS server", || {
         nats.connection("mercurio a").is_none()
     });
+    // Stopping is no fault: the closed NATS connection is no warning. The JetStream stream
+    // was said ready once, though checked again when A connected.
+    let closed = a.seen(|l| l.contains("NATS") && l.contains("closed"));
+    assert!(
+        !closed.is_empty() && closed.iter().all(|l| !l.contains("WARN")),
+        "{closed:?}"
+    );
+    assert_eq!(
+        a.seen(|l| l.contains("JetStream stream ready")).len(),
+        1,
+        "{:#?}",
+        a.log()
+    );
     drop(b);
 }
 
