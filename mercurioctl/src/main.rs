@@ -156,6 +156,9 @@ enum Command {
     /// The access rules of a role.
     #[command(subcommand)]
     Acl(access::AclCommand),
+    /// `broker status` under the name people try first (hidden from --help).
+    #[command(hide = true)]
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -299,7 +302,7 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<(), Failure> {
     let socket = socket(cli)?;
     let request = match &cli.command {
-        Command::Broker(BrokerCommand::Status) => Request::Status,
+        Command::Broker(BrokerCommand::Status) | Command::Status => Request::Status,
         Command::Broker(BrokerCommand::LogLevel { level }) => Request::LogLevel {
             level: level.clone(),
         },
@@ -353,7 +356,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::User(_) | Command::Group(_) | Command::Role(_) | Command::Acl(_) => {
             print!("{}", access::human(&request, &result))
         }
-        _ => print!("{}", human(&cli.command, &result)),
+        _ => print!("{}", human(&cli.command, &result, &socket)),
     }
     Ok(())
 }
@@ -504,9 +507,9 @@ fn exchange(path: &Path, request: &Request) -> Result<Answer, Failure> {
 }
 
 /// The answer for people.
-fn human(command: &Command, result: &Value) -> String {
+fn human(command: &Command, result: &Value, socket: &Path) -> String {
     match command {
-        Command::Broker(BrokerCommand::Status) => status(result),
+        Command::Broker(BrokerCommand::Status) | Command::Status => status(result, socket),
         Command::Broker(BrokerCommand::LogLevel { .. }) => match result["warning"].as_str() {
             Some(w) => format!("log level: {}\nwarning: {w}\n", text(&result["level"])),
             None => format!("log level: {}\n", text(&result["level"])),
@@ -569,13 +572,15 @@ fn duration(secs: u64) -> String {
     }
 }
 
-fn status(r: &Value) -> String {
+/// `broker status` for people; the socket asked comes last, since the default one is shared
+/// by every mercuriod of the same user on the host.
+fn status(r: &Value, socket: &Path) -> String {
     let listeners: Vec<String> = r["listeners"]
         .as_array()
         .map(|a| a.iter().map(text).collect())
         .unwrap_or_default();
     format!(
-        "version     {}\nuptime      {}\nclients     {} connected (peak {})\nsessions    {} ({} disconnected)\nstorage     {} ({})\nlog level   {}\nlisteners   {}\n",
+        "version     {}\nuptime      {}\nclients     {} connected (peak {})\nsessions    {} ({} disconnected)\nstorage     {} ({})\nlog level   {}\nlisteners   {}\nsocket      {}\n",
         text(&r["version"]),
         duration(r["uptime_secs"].as_u64().unwrap_or(0)),
         text(&r["clients_connected"]),
@@ -586,6 +591,7 @@ fn status(r: &Value) -> String {
         text(&r["storage"]["state"]),
         text(&r["log_level"]),
         listeners.join(", "),
+        socket.display(),
     )
 }
 

@@ -14,7 +14,8 @@ pub struct Heartbeat {
     pub version: String,
     /// Clients connected to it now.
     pub clients: u64,
-    /// Its sessions now, connected or not.
+    /// Its clients' sessions now, connected or not (the broker's own left out, as in
+    /// `broker.status`).
     pub sessions: u64,
     /// When it last connected to NATS, in seconds since the Unix epoch.
     pub connected_since: u64,
@@ -74,7 +75,7 @@ pub struct ClusterNode {
     pub this: bool,
     /// Clients connected to it (the answering node's now; another's in its last heartbeat).
     pub clients: u64,
-    /// Its sessions, connected or not (the same way).
+    /// Its clients' sessions, connected or not (the same way; the broker's own left out).
     pub sessions: u64,
     /// The Mercurio version it runs.
     pub version: String,

@@ -89,7 +89,9 @@ pub(super) fn heartbeat(broker: &BrokerState, origin: u64, leaving: bool) -> Hea
         node: cfg.node_name.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         clients: broker.stats.clients_connected.load(Ordering::Relaxed),
-        sessions: broker.sessions.lock().len() as u64,
+        // What `broker status` counts: the broker's own sessions (this node's `$internal/cluster`
+        // among them) are left out.
+        sessions: broker.session_counts().0 as u64,
         connected_since: broker.cluster.connected_since.load(Ordering::Relaxed),
         started: unix_now().saturating_sub(broker.started.elapsed().as_secs()),
         interval_ms: cfg.heartbeat().as_millis() as u64,

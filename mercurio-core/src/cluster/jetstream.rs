@@ -128,12 +128,15 @@ fn differing(ours: &stream::Config, theirs: &stream::Config) -> Vec<String> {
 /// Creates the stream with `[cluster]`'s settings, retrying until NATS answers. A stream
 /// found with other settings (made by a node configured otherwise, or changed by an
 /// operator) keeps them: nodes configured apart do not undo each other's; the difference is
-/// logged and counted (`cluster/jetstream/settings_differ`).
+/// logged and counted (`cluster/jetstream/settings_differ`). `again`: a check after the
+/// first (at each connection to NATS, the first one included), whose success is logged at the
+/// debug level only.
 async fn ensure_stream(
     broker: Arc<BrokerState>,
     js: jetstream::Context,
     names: Names,
     cfg: ClusterConfig,
+    again: bool,
 ) {
     let config = names.stream_config(&cfg);
     let mut backoff = Duration::from_millis(50);
@@ -142,7 +145,9 @@ async fn ensure_stream(
         match js.get_or_create_stream(config.clone()).await {
             Ok(stream) => {
                 let differ = differing(&config, &stream.cached_info().config);
-                if differ.is_empty() {
+                if differ.is_empty() && again {
+                    tracing::debug!(stream = %names.stream, "cluster: JetStream stream checked again: ready");
+                } else if differ.is_empty() {
                     tracing::info!(stream = %names.stream, "cluster: JetStream stream ready for QoS 1 and 2 between nodes");
                 } else {
                     ClusterStatus::add(&broker.cluster.jetstream_settings_differ, 1);
@@ -213,15 +218,16 @@ pub(super) async fn send(
     // The stream is made (or found) on a task of its own, retried until NATS answers;
     // made again when JetStream did not know it (a NATS server started afresh) or at a
     // reconnection.
-    let ensure = || {
+    let ensure = |again| {
         super::Forward(tokio::spawn(ensure_stream(
             Arc::clone(&broker),
             js.clone(),
             names.clone(),
             cfg.clone(),
+            again,
         )))
     };
-    let mut making = ensure();
+    let mut making = ensure(false);
     let mut recreate = false;
     // Publishers whose messages JetStream has not taken within jetstream_ack_timeout are
     // told, on a task of its own (this one may wait on a full NATS client).
@@ -295,7 +301,7 @@ pub(super) async fn send(
             _ = recheck.tick() => {
                 if recreate && making.0.is_finished() {
                     recreate = false;
-                    making = ensure();
+                    making = ensure(true);
                 }
             }
             _ = tokio::time::sleep_until(next_retry.unwrap_or_else(tokio::time::Instant::now)), if next_retry.is_some() => {

@@ -408,6 +408,12 @@ fn on_event(broker: &Weak<BrokerState>, log: &LinkLog, event: async_nats::Event)
                 tracing::warn!("cluster: NATS ({urls}): {e}; retrying (further errors at the debug level until connected)");
             }
         }
+        // The node drains and closes its NATS connections when it stops: nothing wrong then.
+        e @ (async_nats::Event::Draining | async_nats::Event::Closed)
+            if broker.is_shutting_down() =>
+        {
+            tracing::info!("cluster: NATS: {e} (stopping)")
+        }
         other => tracing::warn!("cluster: NATS: {other}"),
     }
 }

@@ -143,13 +143,15 @@ impl OtherNodes for NatsNodes {
             return Taken::None;
         }
         let now = Instant::now();
-        let expected = broker
+        let asked: Vec<String> = broker
             .cluster
             .peers
             .lock()
             .values()
             .filter(|p| p.up(now))
-            .count();
+            .map(|p| p.heartbeat.node.clone())
+            .collect();
+        let expected = asked.len();
         if expected == 0 {
             return Taken::None;
         }
@@ -178,7 +180,8 @@ impl OtherNodes for NatsNodes {
             return Taken::None;
         }
         let mut nodes: HashMap<String, Collected> = HashMap::new();
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let asked_at = tokio::time::Instant::now();
+        let deadline = asked_at + self.timeout;
         while nodes.values().filter(|c| c.done).count() < expected {
             let msg = match tokio::time::timeout_at(deadline, answers.next()).await {
                 Ok(Some(msg)) => msg,
@@ -220,6 +223,21 @@ impl OtherNodes for NatsNodes {
             }
         }
         let _ = answers.unsubscribe().await;
+        // The CONNECT waited for these (up to takeover_timeout): say so, naming them.
+        let silent: Vec<&str> = asked
+            .iter()
+            .filter(|n| !nodes.get(n.as_str()).is_some_and(|c| c.done))
+            .map(String::as_str)
+            .collect();
+        if !silent.is_empty() {
+            tracing::info!(
+                %client_id,
+                nodes = %silent.join(", "),
+                "cluster: no complete answer about this client's session from these nodes after {} ms (takeover_timeout {} s); going on with the answers received",
+                asked_at.elapsed().as_millis(),
+                self.timeout.as_secs()
+            );
+        }
         // Every complete copy; the most recent one wins (several exist only after a crash or
         // a NATS outage left one behind): one a client took up since its node started, then
         // the latest disconnection.

@@ -874,7 +874,8 @@ impl BrokerHandle {
             state,
             this: true,
             clients: own_clients,
-            sessions: b.sessions.lock().len() as u64,
+            // As `broker status` counts them: without the broker's own sessions.
+            sessions: b.session_counts().0 as u64,
             version: env!("CARGO_PKG_VERSION").to_string(),
             connected_since: (since > 0).then_some(since),
             last_heartbeat_ms: None,

@@ -148,6 +148,16 @@ fn every_command_against_a_live_broker() {
     ] {
         assert!(out.contains(words), "{words}: {out}");
     }
+    // The socket asked: the default one is shared by every mercuriod of the same user.
+    let asked = format!("socket      {}\n", d.socket.display());
+    assert!(out.ends_with(&asked), "{out}");
+    // `status`, the name people try first, is `broker status`.
+    let (code, short, err) = run(&d, &["status"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        short.contains("0 connected") && short.ends_with(&asked),
+        "{short}"
+    );
     let status = json(&d, &["broker", "status"]);
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(status["sessions"], 0);
@@ -634,6 +644,11 @@ fn cluster_status() {
     );
     assert_eq!(members[1]["clients"], 1);
     assert_eq!(members[1]["version"], env!("CARGO_PKG_VERSION"));
+    // Sessions as `broker status` counts them: A, with no client, has none (its own cluster
+    // session is not one); B has its client's, as A hears from B's heartbeat.
+    assert_eq!(members[0]["sessions"], 0, "{s}");
+    assert_eq!(members[1]["sessions"], 1, "{s}");
+    assert_eq!(json(&a, &["broker", "status"])["sessions"], 0);
     let (code, out, err) = run(&a, &["cluster", "status"]);
     assert_eq!(code, Some(0), "{err}");
     let lines: Vec<&str> = out.lines().collect();

@@ -383,6 +383,16 @@ fn nodes_serve_their_clients_without_nats_and_route_once_it_is_back() {
     wait_until("A gone from the NATS server", || {
         nats.connection("mercurio a").is_none()
     });
+    // Stopping is no fault: draining and closing the NATS connections is no warning. The
+    // JetStream stream was said ready once, though checked again when A connected.
+    let warned = a.seen(|l| l.contains("WARN") && l.contains("cluster: NATS:"));
+    assert!(warned.is_empty(), "{warned:?}");
+    assert_eq!(
+        a.seen(|l| l.contains("JetStream stream ready")).len(),
+        1,
+        "{:#?}",
+        a.log()
+    );
     drop(b);
 }
 

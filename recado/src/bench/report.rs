@@ -46,7 +46,8 @@ pub struct IdleReport {
 pub struct SessionsReport {
     /// Sessions asked (`-N`).
     pub sessions: usize,
-    /// `create`, `reconnect` or `both`.
+    /// The phase these figures are from: `create` or `reconnect` (`--phase both`: the
+    /// reconnect one).
     pub phase: String,
     /// Connections that got a successful CONNACK (create: and a SUBACK, then disconnected).
     pub connected: usize,

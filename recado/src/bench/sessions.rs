@@ -65,7 +65,13 @@ pub async fn run(cfg: &RunConfig, s: &SessionsConfig, errors: &mut Vec<String>) 
     if matches!(s.phase, Phase::Reconnect | Phase::Both) {
         report = phase(cfg, s, Phase::Reconnect, errors).await;
     }
-    report.phase = format!("{:?}", s.phase).to_lowercase();
+    // The phase these figures are from: with `both`, the reconnect one.
+    let last = if s.phase == Phase::Create {
+        Phase::Create
+    } else {
+        Phase::Reconnect
+    };
+    report.phase = format!("{last:?}").to_lowercase();
     report.nofile_limit = nofile;
     report
 }

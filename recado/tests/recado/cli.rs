@@ -1264,7 +1264,7 @@ async fn bench_connects_from_the_addresses_of_its_source_network() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bench_sessions_reconnect_with_every_session_present() {
     let b = TestBroker::mercurio().await;
-    let sessions = |phase: &'static str, prefix: &'static str| {
+    let sessions = |phase: &'static str, prefix: &'static str, shown: &'static str| {
         let port = b.port();
         async move {
             let run = recado(&[
@@ -1288,7 +1288,10 @@ async fn bench_sessions_reconnect_with_every_session_present() {
             let last = run.ok().lines().last().unwrap_or_default().to_string();
             let r: serde_json::Value = serde_json::from_str(&last).unwrap();
             assert_eq!(r["scenario"], "sessions", "{r}");
-            assert_eq!(r["sessions"]["phase"], phase, "{r}");
+            // The figures are the last phase's, and say so.
+            assert_eq!(r["sessions"]["phase"], shown, "{r}");
+            let label = format!("({shown}): 40/40 sessions");
+            assert!(run.stderr.contains(&label), "{}", run.stderr);
             assert_eq!(r["sessions"]["connected"], 40, "{r}");
             assert_eq!(r["sessions"]["failed"], 0, "{r}");
             r["sessions"]["session_present"].as_u64().unwrap()
@@ -1296,10 +1299,14 @@ async fn bench_sessions_reconnect_with_every_session_present() {
     };
     // Clean session 0 with no session stored: session present 0 [MQTT-3.2.2-3]; once the
     // sessions exist: 1 for every one [MQTT-3.2.2-2], whatever run made them.
-    assert_eq!(sessions("reconnect", "fresh").await, 0);
-    assert_eq!(sessions("create", "kept").await, 0);
-    assert_eq!(sessions("reconnect", "kept").await, 40);
-    assert_eq!(sessions("both", "both").await, 40, "create, then reconnect");
+    assert_eq!(sessions("reconnect", "fresh", "reconnect").await, 0);
+    assert_eq!(sessions("create", "kept", "create").await, 0);
+    assert_eq!(sessions("reconnect", "kept", "reconnect").await, 40);
+    assert_eq!(
+        sessions("both", "both", "reconnect").await,
+        40,
+        "create, then reconnect"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
