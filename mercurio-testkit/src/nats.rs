@@ -334,7 +334,9 @@ pub struct ClusterNode {
 impl ClusterNode {
     /// Starts node `name` on the NATS servers `urls`, on SQLite, with `extra` configuration
     /// (sections before `[storage]` and `[cluster]`; `[cluster]` keys may follow in
-    /// `cluster_extra`); returns once it has connected to NATS.
+    /// `cluster_extra`); returns once it has connected to NATS. The JetStream stream is kept
+    /// to 64 MiB (`jetstream_max_bytes`): JetStream refuses a stream larger than the free disk
+    /// of its servers, and a test machine's disk may have less than the default 1 GiB free.
     pub fn start(name: &str, urls: &[String], extra: &str, cluster_extra: &str) -> ClusterNode {
         ClusterNode::start_on(name, urls, NodeStorage::Sqlite, extra, cluster_extra)
     }
@@ -358,7 +360,7 @@ impl ClusterNode {
         let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
         let extra = format!(
             "{extra}[storage]\n{storage}\ndurable_ack = true\n\n\
-             [cluster]\nnats_urls = [{}]\nnode_name = \"{name}\"\n{cluster_extra}",
+             [cluster]\nnats_urls = [{}]\nnode_name = \"{name}\"\njetstream_max_bytes = 67108864\n{cluster_extra}",
             urls.join(", ")
         );
         let daemon = ClusterNode::launch(&extra);

@@ -616,7 +616,7 @@ fn cluster_status() {
     };
     let node = |name: &str| {
         let mut d = Daemon::start(&format!(
-            "[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\n",
+            "[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\njetstream_max_bytes = 67108864\n",
             nats.url()
         ));
         d.wait_listeners(1);

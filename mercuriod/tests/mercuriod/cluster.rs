@@ -12,7 +12,7 @@ use mercurio_testkit::{free_port, http, nats_server_bin, wait_until, Client, Dae
 /// `listeners - 1` listeners.
 fn node(nats: &NatsServer, name: &str, extra: &str, listeners: usize) -> Daemon {
     let mut d = Daemon::start(&format!(
-        "{extra}[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+        "{extra}[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\njetstream_max_bytes = 67108864\n",
         nats.url()
     ));
     d.wait_listeners(listeners);
@@ -250,7 +250,7 @@ fn a_message_published_on_one_node_reaches_the_subscribers_of_the_others_once() 
 /// Node `name` configured for a NATS server on `port` of 127.0.0.1, not waiting for it.
 fn node_for_port(port: u16, name: &str) -> Daemon {
     Daemon::start(&format!(
-        "[cluster]\nnats_urls = [\"nats://127.0.0.1:{port}\"]\nnode_name = \"{name}\"\n"
+        "[cluster]\nnats_urls = [\"nats://127.0.0.1:{port}\"]\nnode_name = \"{name}\"\njetstream_max_bytes = 67108864\n"
     ))
 }
 

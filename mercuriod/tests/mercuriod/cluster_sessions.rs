@@ -17,7 +17,7 @@ fn node(nats: &NatsServer, name: &str, dir: &Path) -> Daemon {
     let db = dir.join(format!("{name}.db"));
     let mut d = Daemon::start(&format!(
         "[storage]\nbackend = \"sqlite\"\npath = {:?}\n\n\
-         [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\n",
+         [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nheartbeat_interval = 1\njetstream_max_bytes = 67108864\n",
         db.display().to_string(),
         nats.url()
     ));
