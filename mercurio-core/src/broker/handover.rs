@@ -196,6 +196,13 @@ impl BrokerState {
                 }
                 continue;
             }
+            // Until the taker confirms, what is routed here no longer reaches the session:
+            // it would be left behind, dropped with it. The taker's subscriptions take over
+            // once the nodes hear of them, as for any new subscription (in cluster mode,
+            // QoS 1 and 2 messages still reaching this node meanwhile are forwarded to the
+            // taker). Withdrawn before the record is made: a message routed here in between
+            // is in the record.
+            self.withdraw_subscriptions(&old);
             // Each message once, numbered for the record (the ids of this node's storage
             // mean nothing on the other node's).
             let mut ids: HashMap<*const Message, u64> = HashMap::new();
@@ -206,10 +213,6 @@ impl BrokerState {
                     *ids.entry(m as *const Message).or_insert(next)
                 })
             };
-            // Until the taker confirms, what is routed here no longer reaches the session:
-            // it would be left behind, dropped with it. The taker's subscriptions take over
-            // once the nodes hear of them, as for any new subscription.
-            self.withdraw_subscriptions(&old);
             return HandOver::Session {
                 record: Box::new(record),
                 messages,
