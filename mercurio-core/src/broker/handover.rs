@@ -222,7 +222,10 @@ impl BrokerState {
         }
     }
 
-    /// Takes the subscriptions of `session` out of the index (not out of the session).
+    /// Takes the subscriptions of `session` out of the index (not out of the session). They
+    /// stay in `interest` until the hand-over ends ([`BrokerState::handed_over`]): the other
+    /// nodes go on sending their messages here, forwarded to the taker, rather than to no
+    /// node until they hear of the taker's subscriptions.
     fn withdraw_subscriptions(&self, session: &Arc<Session>) {
         let filters: Vec<String> = session
             .state
@@ -233,14 +236,12 @@ impl BrokerState {
             .collect();
         let mut index = self.index.write();
         for f in &filters {
-            if index.remove(f, &session.client_id) {
-                self.interest.remove(f, &session.client_id);
-            }
+            index.remove(f, &session.client_id);
         }
     }
 
     /// A session handed over without the taker's confirmation stays here: its
-    /// subscriptions go back into the index (unless it ended meanwhile).
+    /// subscriptions go back into the index (unless it ended meanwhile), still in `interest`.
     pub(crate) fn kept_after_all(&self, session: &Arc<Session>) {
         let subscriptions: Vec<(String, crate::session::Granted)> = {
             let st = session.state.lock();
@@ -258,9 +259,7 @@ impl BrokerState {
                 session: Arc::clone(session),
                 granted,
             };
-            if index.insert(&f, Arc::clone(&session.client_id), entry) {
-                self.interest.add(&f, &session.client_id);
-            }
+            index.insert(&f, Arc::clone(&session.client_id), entry);
         }
     }
 
@@ -280,6 +279,10 @@ impl BrokerState {
         else {
             return;
         };
+        // Out of the index since the hand-over, still in `interest` until now.
+        for f in &filters {
+            self.interest.remove(f, &session.client_id);
+        }
         self.forget_session(session, &filters, backlog);
         tracing::debug!(client_id = %session.client_id, "session handed over to another node");
     }
