@@ -196,6 +196,13 @@ impl BrokerState {
                 }
                 continue;
             }
+            // Until the taker confirms, what is routed here no longer reaches the session:
+            // it would be left behind, dropped with it. The taker's subscriptions take over
+            // once the nodes hear of them, as for any new subscription (in cluster mode,
+            // QoS 1 and 2 messages still reaching this node meanwhile are forwarded to the
+            // taker). Withdrawn before the record is made: a message routed here in between
+            // is in the record.
+            self.withdraw_subscriptions(&old);
             // Each message once, numbered for the record (the ids of this node's storage
             // mean nothing on the other node's).
             let mut ids: HashMap<*const Message, u64> = HashMap::new();
@@ -206,10 +213,6 @@ impl BrokerState {
                     *ids.entry(m as *const Message).or_insert(next)
                 })
             };
-            // Until the taker confirms, what is routed here no longer reaches the session:
-            // it would be left behind, dropped with it. The taker's subscriptions take over
-            // once the nodes hear of them, as for any new subscription.
-            self.withdraw_subscriptions(&old);
             return HandOver::Session {
                 record: Box::new(record),
                 messages,
@@ -219,7 +222,10 @@ impl BrokerState {
         }
     }
 
-    /// Takes the subscriptions of `session` out of the index (not out of the session).
+    /// Takes the subscriptions of `session` out of the index (not out of the session). They
+    /// stay in `interest` until the hand-over ends ([`BrokerState::handed_over`]): the other
+    /// nodes go on sending their messages here, forwarded to the taker, rather than to no
+    /// node until they hear of the taker's subscriptions.
     fn withdraw_subscriptions(&self, session: &Arc<Session>) {
         let filters: Vec<String> = session
             .state
@@ -230,14 +236,12 @@ impl BrokerState {
             .collect();
         let mut index = self.index.write();
         for f in &filters {
-            if index.remove(f, &session.client_id) {
-                self.interest.remove(f, &session.client_id);
-            }
+            index.remove(f, &session.client_id);
         }
     }
 
     /// A session handed over without the taker's confirmation stays here: its
-    /// subscriptions go back into the index (unless it ended meanwhile).
+    /// subscriptions go back into the index (unless it ended meanwhile), still in `interest`.
     pub(crate) fn kept_after_all(&self, session: &Arc<Session>) {
         let subscriptions: Vec<(String, crate::session::Granted)> = {
             let st = session.state.lock();
@@ -255,9 +259,7 @@ impl BrokerState {
                 session: Arc::clone(session),
                 granted,
             };
-            if index.insert(&f, Arc::clone(&session.client_id), entry) {
-                self.interest.add(&f, &session.client_id);
-            }
+            index.insert(&f, Arc::clone(&session.client_id), entry);
         }
     }
 
@@ -277,6 +279,10 @@ impl BrokerState {
         else {
             return;
         };
+        // Out of the index since the hand-over, still in `interest` until now.
+        for f in &filters {
+            self.interest.remove(f, &session.client_id);
+        }
         self.forget_session(session, &filters, backlog);
         tracing::debug!(client_id = %session.client_id, "session handed over to another node");
     }

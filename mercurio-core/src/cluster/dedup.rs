@@ -55,6 +55,16 @@ impl Seen {
         }
         true
     }
+
+    /// Forgets `(origin, seq)`: the message was given back undone, and its next delivery is
+    /// to be taken as the first.
+    pub(crate) fn forget(&mut self, origin: u64, seq: u64) {
+        if let Some(r) = self.origins.get_mut(&origin) {
+            if r.set.remove(&seq) {
+                r.order.retain(|&s| s != seq);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,9 @@
 //!   waits for JetStream's acknowledgements (`cluster_qos::Gate`);
 //! - each node reads its subject through a durable pull consumer named after `node_name`,
 //!   which outlives the node's restarts, routes each message locally, and acknowledges it to
-//!   JetStream only then (with `durable_ack`, once storage has committed it) ([`take_in`]).
+//!   JetStream only then (with `durable_ack`, once storage has committed it) ([`take_in`]);
+//!   a message for a session handed over to another node is forwarded there first
+//!   (`forward`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,6 +27,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::envelope::Envelope;
+use super::forward::{self, Forward, Forwards};
 use super::{dedup, inbound_message, routable, unreadable, Throttle};
 use crate::broker::BrokerState;
 use crate::cluster_qos::{Gate, Outcome, Outgoing};
@@ -423,6 +426,7 @@ pub(super) async fn take_in(
     names: Names,
     cfg: ClusterConfig,
     publisher: Arc<str>,
+    forwards: Arc<Forwards>,
     mut connected: tokio::sync::watch::Receiver<u64>,
 ) {
     let node = cfg.node_name.clone();
@@ -521,6 +525,22 @@ pub(super) async fn take_in(
                 let _ = ack_tx.send((acker, true));
                 continue;
             };
+            // Meant for a session handed over to another node: forwarded there first.
+            let done = match forwards.route(&msg.topic) {
+                Forward::To(nodes) => {
+                    nodes.is_empty() || forward::forward(&js, &names, &m.payload, &nodes).await
+                }
+                Forward::Later => false,
+            };
+            if !done {
+                // Given back, to be taken as new when it comes again.
+                if let Ok(env) = Envelope::decode(m.payload.clone()) {
+                    seen.forget(env.origin, env.seq);
+                }
+                let later = AckKind::Nak(Some(forward::RETRY_LATER));
+                tokio::spawn(async move { acker.ack_with(later).await });
+                continue;
+            }
             let msg = Arc::new(msg);
             broker.route_from(&msg, &mut congested);
             broker.wait_congested(None, &mut congested).await;

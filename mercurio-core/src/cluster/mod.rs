@@ -26,6 +26,7 @@
 mod control;
 pub(crate) mod dedup;
 pub mod envelope;
+mod forward;
 mod jetstream;
 mod ownership;
 mod remote;
@@ -196,10 +197,13 @@ impl Cluster {
             control_client.clone(),
             &prefix,
         )));
+        // Where QoS 1 and 2 messages of sessions handed over go (used with JetStream).
+        let forwards = Arc::new(forward::Forwards::default());
         let sessions = tokio::spawn(ownership::serve(
             Arc::clone(broker),
             control_client.clone(),
             prefix.clone(),
+            cfg.jetstream_on().then(|| Arc::clone(&forwards)),
         ));
         let out = tokio::spawn(send_out(
             Arc::clone(broker),
@@ -259,6 +263,7 @@ impl Cluster {
                 names,
                 cfg.clone(),
                 Arc::clone(&id),
+                forwards,
                 connected,
             )));
         }

@@ -24,6 +24,7 @@ use futures_util::StreamExt;
 use mercurio_storage::{SessionRecord, StoredMessage};
 use serde::{Deserialize, Serialize};
 
+use super::forward::Forwards;
 use crate::broker::handover::{HandOver, HandedOver, OtherNodes, Taken};
 use crate::broker::BrokerState;
 
@@ -288,7 +289,13 @@ impl OtherNodes for NatsNodes {
 }
 
 /// Answers the other nodes' asks for sessions until the connection closes.
-pub(super) async fn serve(broker: Arc<BrokerState>, client: async_nats::Client, prefix: String) {
+/// With `forwards` (JetStream on), each session handed over is recorded there.
+pub(super) async fn serve(
+    broker: Arc<BrokerState>,
+    client: async_nats::Client,
+    prefix: String,
+    forwards: Option<Arc<Forwards>>,
+) {
     let mut asks = match client.subscribe(take_subject(&prefix)).await {
         Ok(s) => s,
         Err(e) => {
@@ -314,12 +321,19 @@ pub(super) async fn serve(broker: Arc<BrokerState>, client: async_nats::Client, 
             client.clone(),
             ask,
             reply.to_string(),
+            forwards.clone(),
         ));
     }
 }
 
 /// Answers one ask on `reply`; with a session handed over, waits for its confirmation.
-async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, reply: String) {
+async fn answer(
+    broker: Arc<BrokerState>,
+    client: async_nats::Client,
+    ask: Ask,
+    reply: String,
+    forwards: Option<Arc<Forwards>>,
+) {
     let node = broker.config.cluster.node_name.clone();
     let send = |has: Has, confirm: Option<String>, stale: bool| {
         let answer = Answer {
@@ -337,15 +351,40 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
             }
         }
     };
+    // Before the session's subscriptions leave the index: from then on its QoS 1/2 messages
+    // still reaching this node go to the asker (held back until it confirms), not if the
+    // session stays here after all.
+    let here = broker.sessions.lock().get(ask.client_id.as_str()).cloned();
+    if let (Some(f), Some(session), false) = (&forwards, here, ask.clean_start) {
+        let filters: Vec<_> = session
+            .state
+            .lock()
+            .subscriptions()
+            .iter()
+            .map(|(f, g)| (f.clone(), g.options.qos))
+            .collect();
+        f.record(
+            &ask.client_id,
+            &ask.node,
+            filters,
+            broker.config.cluster.jetstream_max_age(),
+        );
+    }
     let (record, messages, stale, session) = match broker
         .hand_over(&ask.client_id, ask.clean_start)
         .await
     {
         HandOver::NotHere => {
+            if let Some(f) = &forwards {
+                f.cancel(&ask.client_id);
+            }
             send(Has::Nothing, None, false).await;
             return;
         }
         HandOver::Unavailable(why) => {
+            if let Some(f) = &forwards {
+                f.cancel(&ask.client_id);
+            }
             tracing::warn!(client_id = %ask.client_id, asker = %ask.node, "cluster: session not handed over: {why}");
             send(Has::Unavailable(why), None, false).await;
             return;
@@ -357,6 +396,12 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
             session,
         } => (record, messages, stale, session),
     };
+    let kept_after_all = |session: &Arc<crate::session::Session>| {
+        if let Some(f) = &forwards {
+            f.cancel(&ask.client_id);
+        }
+        broker.kept_after_all(session);
+    };
     let data = match to_cbor(&(&*record, messages)) {
         Ok(d) if d.len() <= MAX_HANDOVER_BYTES => Bytes::from(d),
         Ok(d) => {
@@ -365,12 +410,12 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
                 d.len()
             );
             tracing::warn!(client_id = %ask.client_id, asker = %ask.node, "cluster: session not handed over: {why}");
-            broker.kept_after_all(&session);
+            kept_after_all(&session);
             send(Has::Unavailable(why), None, false).await;
             return;
         }
         Err(e) => {
-            broker.kept_after_all(&session);
+            kept_after_all(&session);
             send(Has::Unavailable(format!("cannot encode: {e}")), None, false).await;
             return;
         }
@@ -379,7 +424,7 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
     let mut confirmed = match client.subscribe(confirm_subject.clone()).await {
         Ok(s) => s,
         Err(e) => {
-            broker.kept_after_all(&session);
+            kept_after_all(&session);
             send(Has::Unavailable(format!("NATS: {e}")), None, false).await;
             return;
         }
@@ -398,7 +443,7 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
         };
         if !send(has, Some(confirm_subject.clone()), stale).await {
             tracing::warn!(client_id = %ask.client_id, "cluster: session not handed over: NATS refused the answer; kept here");
-            broker.kept_after_all(&session);
+            kept_after_all(&session);
             return;
         }
     }
@@ -407,10 +452,18 @@ async fn answer(broker: Arc<BrokerState>, client: async_nats::Client, ask: Ask, 
         Ok(Some(_)) => {
             tracing::info!(client_id = %ask.client_id, to = %ask.node, "cluster: session handed over");
             broker.handed_over(&session);
+            if let Some(f) = &forwards {
+                if session.is_connected() {
+                    // Taken up here again meanwhile: it stays.
+                    f.cancel(&ask.client_id);
+                } else {
+                    f.confirm(&ask.client_id);
+                }
+            }
         }
         _ => {
             tracing::warn!(client_id = %ask.client_id, asker = %ask.node, "cluster: session handed over without confirmation: kept here");
-            broker.kept_after_all(&session);
+            kept_after_all(&session);
         }
     }
     let _ = confirmed.unsubscribe().await;

@@ -4,6 +4,8 @@
 //! (SIGKILL) in the middle of the stream. Every message the publisher got a PUBACK for reaches
 //! the persistent subscriber: nothing lost, duplicates (allowed at QoS 1) counted. The test
 //! prints its counts. Without nats-server or initdb/pg_ctl it skips; under `CI=true` it fails.
+//! The subscriber's node handing its session over to another node (after a kill, or live)
+//! loses nothing either: what still reaches it for the session is forwarded.
 #![cfg(unix)]
 
 use std::collections::BTreeMap;
@@ -13,7 +15,7 @@ use mercurio_storage::postgres::testing::TestPostgres;
 use mercurio_testkit::{wait_until, Client, ClusterNode, NatsCluster, NodeStorage};
 
 use super::cluster_qos::{
-    client, duplicates, interest_of, number, receive_rest, Publisher, CLUSTER_KEYS,
+    client, connect, duplicates, interest_of, number, receive_rest, Publisher, CLUSTER_KEYS,
 };
 
 /// Nodes `a`, `b` and `c`, each on its own NATS server of `nats` and its own database of
@@ -24,15 +26,11 @@ fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
         .build()
         .expect("runtime");
     let urls = nats.urls();
+    // A stream of 64 MiB: three replicas of the default 1 GiB need that much free disk.
+    let keys = format!("{CLUSTER_KEYS}jetstream_max_bytes = 67108864\n");
     let nodes = [("a", 0), ("b", 1), ("c", 2)].map(|(name, i)| {
         let db = rt.block_on(async { pg.url(&pg.database(name, None).await) });
-        ClusterNode::start_on(
-            name,
-            &urls[i..=i],
-            NodeStorage::Postgres(db),
-            "",
-            CLUSTER_KEYS,
-        )
+        ClusterNode::start_on(name, &urls[i..=i], NodeStorage::Postgres(db), "", &keys)
     });
     wait_until("every node hears the other two", || {
         nodes.iter().all(|n| {
@@ -93,6 +91,98 @@ fn a_publishers_node_killed_mid_stream_and_the_publisher_going_on_through_anothe
     eprintln!(
         "{TEST}: {} messages acknowledged to the publisher ({killed_at} by A before its kill, \
          the rest by C), {} received on B, {} duplicates, none lost",
+        acked.len(),
+        got.len(),
+        duplicates(&got)
+    );
+}
+
+/// A persistent subscriber to `chaos/#` on `on`, known to the nodes `others`.
+fn subscriber(on: &ClusterNode, name: &str, others: [&ClusterNode; 2]) -> Client {
+    let mut sub = client(&on.daemon, "sub", true);
+    sub.subscribe("chaos/#", QoS::AtLeastOnce);
+    for n in others {
+        wait_until("the subscriber's interest known to the other nodes", || {
+            interest_of(&n.daemon, name) == Some(1)
+        });
+    }
+    sub
+}
+
+#[test]
+fn a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing() {
+    const TEST: &str =
+        "a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let Some(pg) = TestPostgres::start("cluster_chaos_sub") else {
+        return;
+    };
+    let [a, mut b, c] = three_nodes(&nats, &pg);
+    let mut sub = subscriber(&b, "b", [&a, &c]);
+
+    // B is killed under its subscriber's stream; the publisher on A goes on.
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+    let mut got = BTreeMap::new();
+    receive_some(&mut sub, 200, &mut got);
+    b.kill();
+    drop(sub);
+    let killed_at = publisher.acked();
+    publisher.wait_acked(killed_at + 200);
+    // B is back on the same storage and node name, with the session and what JetStream
+    // kept for it; the subscriber comes back on C, which takes the session from B.
+    b.restart();
+    wait_until("C hears B again", || {
+        c.daemon.admin(r#"{"command":"cluster.status"}"#)["result"]["nodes"].as_u64() == Some(3)
+    });
+    let (mut sub, present) = connect(&c.daemon, "sub", true);
+    assert!(
+        present,
+        "the session taken from B is present [MQTT-3.2.2-2]"
+    );
+    publisher.wait_acked(publisher.acked() + 200);
+    let acked = publisher.finish();
+    // Every acknowledged number reaches the subscriber [MQTT-4.3.2-4].
+    let got = receive_rest(&mut sub, &acked, got);
+    eprintln!(
+        "{TEST}: {} messages acknowledged to the publisher ({killed_at} before B's kill), \
+         {} received, {} duplicates, none lost",
+        acked.len(),
+        got.len(),
+        duplicates(&got)
+    );
+}
+
+#[test]
+fn a_session_taken_over_by_another_node_mid_stream_loses_nothing() {
+    const TEST: &str = "a_session_taken_over_by_another_node_mid_stream_loses_nothing";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let Some(pg) = TestPostgres::start("cluster_chaos_move") else {
+        return;
+    };
+    let [a, b, c] = three_nodes(&nats, &pg);
+    let mut sub = subscriber(&b, "b", [&a, &c]);
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+    let mut got = BTreeMap::new();
+    receive_some(&mut sub, 200, &mut got);
+    // The same client identifier connects to C while its connection on B is live: B closes
+    // it and hands the session over [MQTT-3.1.4-3].
+    let moved_at = publisher.acked();
+    let (mut moved, present) = connect(&c.daemon, "sub", true);
+    assert!(
+        present,
+        "the session taken from B is present [MQTT-3.2.2-2]"
+    );
+    drop(sub);
+    publisher.wait_acked(publisher.acked() + 300);
+    let acked = publisher.finish();
+    let got = receive_rest(&mut moved, &acked, got);
+    eprintln!(
+        "{TEST}: {} messages acknowledged to the publisher ({moved_at} before the hand-over), \
+         {} received, {} duplicates, none lost",
         acked.len(),
         got.len(),
         duplicates(&got)

@@ -41,7 +41,7 @@ fn client_at(addr: SocketAddr, id: &str, persistent: bool) -> Client {
 }
 
 /// [`client`], and whether its session was present (CONNACK).
-fn connect(d: &Daemon, id: &str, persistent: bool) -> (Client, bool) {
+pub(super) fn connect(d: &Daemon, id: &str, persistent: bool) -> (Client, bool) {
     connect_at(d.addr(), id, persistent)
 }
 
