@@ -26,11 +26,9 @@ fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
         .build()
         .expect("runtime");
     let urls = nats.urls();
-    // A stream of 64 MiB: three replicas of the default 1 GiB need that much free disk.
-    let keys = format!("{CLUSTER_KEYS}jetstream_max_bytes = 67108864\n");
     let nodes = [("a", 0), ("b", 1), ("c", 2)].map(|(name, i)| {
         let db = rt.block_on(async { pg.url(&pg.database(name, None).await) });
-        ClusterNode::start_on(name, &urls[i..=i], NodeStorage::Postgres(db), "", &keys)
+        ClusterNode::start_on(name, &urls[i..=i], NodeStorage::Postgres(db), "", CLUSTER_KEYS)
     });
     wait_until("every node hears the other two", || {
         nodes.iter().all(|n| {
