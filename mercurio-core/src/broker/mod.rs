@@ -240,7 +240,10 @@ impl BrokerState {
     }
 
     /// Accepts a message from a publisher: stores or clears the retained copy, then routes it.
-    /// Returns whether any subscription matched its topic (see [`BrokerState::route`]).
+    /// Returns whether any subscription matched its topic (see [`BrokerState::route`]), or,
+    /// in cluster mode, another node's subscription it is handed to JetStream for (a node
+    /// away included: the message waits for it), so that a publisher is not told "no
+    /// matching subscribers" for a message that will be delivered.
     pub(crate) fn publish(&self, msg: Message) -> bool {
         self.publish_from(Arc::new(msg), &mut Vec::new())
     }
@@ -257,8 +260,8 @@ impl BrokerState {
         let matched = self.publish_unoffered(&msg, congested);
         // Another node wants it at QoS 1 or 2: handed to JetStream, for that node to get it
         // at least once (nobody waits here: see `publish_gated`).
-        self.cluster_qos.offer(&msg);
-        matched
+        let offered = self.cluster_qos.offer(&msg).is_some();
+        matched || offered
     }
 
     /// The cluster's counters and gauges (`None` while cluster mode is off), with what waits
@@ -282,7 +285,8 @@ impl BrokerState {
         congested: &mut Vec<Arc<Session>>,
     ) -> (bool, Option<Arc<crate::cluster_qos::Gate>>) {
         let matched = self.publish_unoffered(&msg, congested);
-        (matched, self.cluster_qos.offer(&msg))
+        let gate = self.cluster_qos.offer(&msg);
+        (matched || gate.is_some(), gate)
     }
 
     /// The retained copy, the streams and the routing of a message on this node.

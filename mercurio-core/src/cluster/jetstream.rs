@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 
 use super::envelope::Envelope;
 use super::forward::{self, Forward, Forwards};
-use super::{dedup, inbound_message, routable, unreadable, Throttle};
+use super::{dedup, envelope_of, inbound_message, routable, unreadable, Throttle};
 use crate::broker::BrokerState;
 use crate::cluster_qos::{Gate, Outcome, Outgoing};
 use crate::cluster_status::ClusterStatus;
@@ -572,18 +572,7 @@ fn receive(
     age: Option<u32>,
 ) -> Option<Message> {
     let status = &broker.cluster;
-    let mut env = match Envelope::decode(m.payload.clone()) {
-        Ok(env) => env,
-        Err(e) => {
-            unreadable(
-                status,
-                warned,
-                &m.subject,
-                &format!("unreadable message: {e}"),
-            );
-            return None;
-        }
-    };
+    let mut env = envelope_of(status, warned, &m.subject, m.payload.clone())?;
     if !seen.first(env.origin, env.seq) {
         ClusterStatus::add(&status.duplicates, 1);
         return None;

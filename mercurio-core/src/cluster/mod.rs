@@ -735,18 +735,7 @@ fn receive(
     m: async_nats::Message,
 ) -> Option<Message> {
     let status = &broker.cluster;
-    let mut env = match Envelope::decode(m.payload) {
-        Ok(env) => env,
-        Err(e) => {
-            unreadable(
-                status,
-                warned,
-                &m.subject,
-                &format!("unreadable message: {e}"),
-            );
-            return None;
-        }
-    };
+    let mut env = envelope_of(status, warned, &m.subject, m.payload)?;
     // With JetStream, QoS 1 and 2 messages for this node's subscriptions come through
     // JetStream (jetstream.rs); NATS core brings them here only for a shared group.
     if group.is_none() && env.qos != QoS::AtMostOnce && broker.cluster_qos.is_on() {
@@ -827,6 +816,23 @@ fn inbound_message(
 
 /// Counts a message from NATS that cannot be routed, and logs it (a warning at most once a
 /// minute, debug otherwise).
+/// The envelope of a message from NATS on `subject`, or `None` when it cannot be read (counted
+/// in `cluster/messages/errors` and logged, as [`unreadable`]).
+fn envelope_of(
+    status: &ClusterStatus,
+    warned: &mut Throttle,
+    subject: &str,
+    payload: bytes::Bytes,
+) -> Option<Envelope> {
+    match Envelope::decode(payload) {
+        Ok(env) => Some(env),
+        Err(e) => {
+            unreadable(status, warned, subject, &format!("unreadable message: {e}"));
+            None
+        }
+    }
+}
+
 fn unreadable(status: &ClusterStatus, warned: &mut Throttle, subject: &str, what: &str) {
     ClusterStatus::add(&status.errors, 1);
     if warned.due() {

@@ -2,6 +2,7 @@
 //! other. Without nats-server the tests skip (a failure under `CI=true`).
 #![cfg(unix)]
 
+use super::cluster_qos::interest_of;
 use bytes::Bytes;
 use mercurio_core::codec::{
     Connect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, Unsubscribe,
@@ -60,17 +61,6 @@ fn subjects(nats: &NatsServer, name: &str) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-/// The filters and shared groups of node `name` that `d` knows (`cluster.status`), `None`
-/// while it knows none.
-fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
-    let answer = d.admin(r#"{"command":"cluster.status"}"#);
-    answer["result"]["members"]
-        .as_array()?
-        .iter()
-        .find(|m| m["node"] == name)
-        .and_then(|m| m["interest"].as_u64())
 }
 
 #[test]

@@ -28,7 +28,13 @@ fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
     let urls = nats.urls();
     let nodes = [("a", 0), ("b", 1), ("c", 2)].map(|(name, i)| {
         let db = rt.block_on(async { pg.url(&pg.database(name, None).await) });
-        ClusterNode::start_on(name, &urls[i..=i], NodeStorage::Postgres(db), "", CLUSTER_KEYS)
+        ClusterNode::start_on(
+            name,
+            &urls[i..=i],
+            NodeStorage::Postgres(db),
+            "",
+            CLUSTER_KEYS,
+        )
     });
     wait_until("every node hears the other two", || {
         nodes.iter().all(|n| {

@@ -81,7 +81,8 @@ fn metric(addr: SocketAddr, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} in {body}"))
 }
 
-/// The filters of node `name` that `d` knows (`cluster.status`).
+/// The filters and shared groups of node `name` that `d` knows (`cluster.status`), `None`
+/// while it knows none.
 pub(super) fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
     let answer = d.admin(r#"{"command":"cluster.status"}"#);
     answer["result"]["members"]
@@ -367,6 +368,18 @@ fn a_subscribers_node_killed_and_restarted_gets_every_message_acknowledged_meanw
             .is_some_and(|m| m.iter().any(|m| m["node"] == "b" && m["state"] == "gone"))
     });
     publisher.wait_acked(publisher.acked() + 200);
+    // A message for a node that is away waits in JetStream for it: its publisher is told
+    // success, not 0x10 No matching subscribers [MQTT-3.4.2.1].
+    let mut probe = client(&a.daemon, "probe", false);
+    // (A number out of the publisher's range, as the subscriber reads numbers.)
+    let id = probe.publish_packet("chaos/b", b"4000000000", QoS::AtLeastOnce, false);
+    match probe.recv() {
+        Some(Packet::PubAck(r)) => {
+            assert_eq!((r.packet_id, r.reason_code), (id, ReasonCode::SUCCESS))
+        }
+        other => panic!("expected PUBACK 0x00, got {other:?}"),
+    }
+    drop(probe);
     // B is back, on the same storage: the subscriber's session, and what JetStream held.
     b.restart();
     publisher.wait_acked(publisher.acked() + 100);

@@ -3,6 +3,7 @@
 //! nats-server the tests skip (a failure under `CI=true`).
 #![cfg(unix)]
 
+use super::cluster_qos::interest_of;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -75,16 +76,6 @@ fn has_session(d: &Daemon, client_id: &str) -> bool {
         r#"{{"command":"client.show","client_id":"{client_id}"}}"#
     ));
     show["ok"] == true
-}
-
-/// The filters and shared groups of node `name` that `d` knows.
-fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
-    let answer = d.admin(r#"{"command":"cluster.status"}"#);
-    answer["result"]["members"]
-        .as_array()?
-        .iter()
-        .find(|m| m["node"] == name)
-        .and_then(|m| m["interest"].as_u64())
 }
 
 /// The PUBLISHes `c` receives before the broker answers a PINGREQ, acknowledged.
