@@ -242,7 +242,13 @@ impl OtherNodes for NatsNodes {
         // Every complete copy; the most recent one wins (several exist only after a crash or
         // a NATS outage left one behind): one a client took up since its node started, then
         // the latest disconnection.
-        let mut copies: Vec<(SessionRecord, Vec<StoredMessage>, bool, Option<String>)> = Vec::new();
+        let mut copies: Vec<(
+            SessionRecord,
+            Vec<StoredMessage>,
+            bool,
+            Option<String>,
+            String,
+        )> = Vec::new();
         let mut unavailable = None;
         for (node, c) in nodes {
             if let Some(why) = c.unavailable {
@@ -254,12 +260,13 @@ impl OtherNodes for NatsNodes {
             }
             let bytes: Vec<u8> = c.parts.concat();
             match from_cbor::<(SessionRecord, Vec<StoredMessage>)>(&bytes) {
-                Ok((record, messages)) => copies.push((record, messages, c.stale, c.confirm)),
+                Ok((record, messages)) => copies.push((record, messages, c.stale, c.confirm, node)),
                 Err(e) => unavailable = Some(format!("node {node}: unreadable session: {e}")),
             }
         }
         let confirms: Vec<String> = copies.iter().filter_map(|c| c.3.clone()).collect();
-        let Some((record, messages, stale, _)) = copies
+        let others = copies.len().saturating_sub(1);
+        let Some((record, messages, stale, _, from)) = copies
             .into_iter()
             .max_by_key(|c| (!c.2, c.0.disconnected_at.unwrap_or(u64::MAX)))
         else {
@@ -278,7 +285,12 @@ impl OtherNodes for NatsNodes {
                 }
             });
         });
-        tracing::info!(%client_id, "cluster: session taken over from another node");
+        if others > 0 {
+            // Copies left by a crash or an outage: the older ones end on their nodes.
+            tracing::info!(%client_id, %from, others, "cluster: session taken over from another node, its older copies elsewhere discarded");
+        } else {
+            tracing::info!(%client_id, %from, "cluster: session taken over from another node");
+        }
         Taken::Session(Box::new(HandedOver {
             record,
             messages,
