@@ -183,6 +183,77 @@ async fn invalid_utf8_topic() {
     broker.shutdown().await;
 }
 
+/// A raw CONNECT of `version` with `client_id` as given (3.1: `MQIsdp`, level 3), clean
+/// session, keep alive 60.
+fn connect_bytes(version: ProtocolVersion, client_id: &[u8]) -> Vec<u8> {
+    let (name, level): (&[u8], u8) = match version {
+        ProtocolVersion::V31 => (b"MQIsdp", 3),
+        ProtocolVersion::V311 => (b"MQTT", 4),
+        ProtocolVersion::V5 => (b"MQTT", 5),
+    };
+    let mut body = (name.len() as u16).to_be_bytes().to_vec();
+    body.extend_from_slice(name);
+    body.extend_from_slice(&[level, 0x02, 0, 60]);
+    if version.is_v5() {
+        body.push(0);
+    }
+    body.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
+    body.extend_from_slice(client_id);
+    frame(0x10, &body)
+}
+
+/// A control character (U+0001 to U+001F, U+007F to U+009F) or a non-character (U+FDD0 to
+/// U+FDEF, U+nFFFE, U+nFFFF) in a string is malformed, as mosquitto treats it: the data
+/// SHOULD NOT hold them and a receiver MAY treat such a packet as malformed (5.0 section
+/// 1.5.4, 3.1.1 section 1.5.3). In a topic name, a topic filter or a user property: closed,
+/// 5.0 DISCONNECT 0x81; in a client identifier: closed without CONNACK. Other characters
+/// beyond ASCII still pass.
+#[tokio::test]
+async fn control_characters_and_non_characters_in_strings() {
+    let (broker, addr) = start().await;
+    let mut witness = Witness::new(addr).await;
+    for version in VERSIONS {
+        let v5 = version.is_v5();
+        for topic in [
+            "a\tb",
+            "a/\u{7f}",
+            "\u{85}",
+            "a/\u{fdd0}",
+            "\u{ffff}",
+            "a\u{1fffe}",
+        ] {
+            let bytes = frame(0x30, &publish_body(topic.as_bytes(), None, v5, b"x"));
+            expect_refused(addr, version, &bytes, &[MALFORMED]).await;
+            witness.still_works().await;
+        }
+        // A SUBSCRIBE topic filter with ESC.
+        let mut body = vec![0, 1];
+        if v5 {
+            body.push(0);
+        }
+        body.extend_from_slice(&[0, 3, b'a', 0x1B, b'#', 0]);
+        expect_refused(addr, version, &frame(0x82, &body), &[MALFORMED]).await;
+        witness.still_works().await;
+        // A client identifier.
+        let mut c = Client::open(addr, version).await;
+        c.send_raw(&connect_bytes(version, b"a\x01b")).await;
+        assert!(c.expect_closed().await.is_empty(), "{version:?}");
+        witness.still_works().await;
+    }
+    // A 5.0 user property whose value is BEL.
+    let bell = frame(0x30, &[0, 1, b't', 7, 0x26, 0, 1, b'k', 0, 1, 0x07, b'x']);
+    expect_refused(addr, ProtocolVersion::V5, &bell, &[MALFORMED]).await;
+    witness.still_works().await;
+
+    let mut sub = Client::connect(addr, ProtocolVersion::V311, "utf8-sub").await;
+    sub.subscribe("caf\u{e9}/#", QoS::AtMostOnce).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "utf8-pub").await;
+    let topic = "caf\u{e9}/\u{a0}\u{fdcf}\u{fffd}\u{10fffd}";
+    publisher.publish(topic, b"x", QoS::AtMostOnce, false).await;
+    assert_eq!(sub.expect_publish().await.topic, topic);
+    broker.shutdown().await;
+}
+
 /// A PUBLISH with both QoS bits set is malformed [MQTT-3.3.1-4]; so is DUP 1 with QoS 0
 /// [MQTT-3.3.1-2]; a QoS 1 PUBLISH with packet identifier 0 breaks [MQTT-2.2.1-3] (3.1.1:
 /// [MQTT-2.3.1-1]). Closed, 5.0 DISCONNECT 0x81 (or 0x82 for the identifier).

@@ -253,9 +253,11 @@ pub fn decode_packet(frame: &[u8], version: ProtocolVersion) -> Result<Packet, D
 /// then the properties, MQTT 5.0 section 2.2.2), as [`encode_properties`](super::encode_properties)
 /// writes it. Any property is allowed and Subscription Identifiers may repeat (storage keeps
 /// the properties of PUBLISH and Will messages this way); value rules are those of the
-/// packets. `buf` must hold exactly the block: trailing bytes are malformed.
+/// packets, except that strings may hold the control characters and non-characters a packet
+/// may not (section 1.5.4), which older versions stored. `buf` must hold exactly the block:
+/// trailing bytes are malformed.
 pub fn decode_properties(buf: &[u8]) -> Result<Properties, DecodeError> {
-    let mut r = Reader::new(buf);
+    let mut r = Reader::stored(buf);
     let props = decode_props(&mut r, ctx::ANY)?;
     if !r.is_empty() {
         return Err(DecodeError::MalformedPacket(
@@ -803,7 +805,7 @@ fn decode_props(r: &mut Reader<'_>, context: u16) -> Result<Properties, DecodeEr
     if len == 0 {
         return Ok(p);
     }
-    let mut r = Reader::new(r.take(len)?);
+    let mut r = r.sub(len)?;
     while !r.is_empty() {
         let id = r.vbi()?;
         if allowed_in(id) & context == 0 {

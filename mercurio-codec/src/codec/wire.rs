@@ -26,11 +26,30 @@ pub(crate) fn vbi_len(v: usize) -> usize {
 /// whole, so a field that does not fit in it contradicts the remaining length.
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
+    /// Bytes this codec wrote for storage or another node: their strings were checked when
+    /// they arrived, perhaps by an older version that let the discouraged code points pass.
+    stored: bool,
 }
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(buf: &'a [u8]) -> Self {
-        Reader { buf }
+        Reader { buf, stored: false }
+    }
+
+    /// A reader over stored bytes (a property block written by `encode_properties`): its
+    /// strings need only be well-formed UTF-8 without U+0000, so that what an older version
+    /// stored still reads back.
+    pub(crate) fn stored(buf: &'a [u8]) -> Self {
+        Reader { buf, stored: true }
+    }
+
+    /// The next `n` bytes as a reader of their own, checking strings as this one does.
+    pub(crate) fn sub(&mut self, n: usize) -> Result<Reader<'a>, DecodeError> {
+        let stored = self.stored;
+        Ok(Reader {
+            buf: self.take(n)?,
+            stored,
+        })
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -98,20 +117,23 @@ impl<'a> Reader<'a> {
     }
 
     /// A UTF-8 Encoded String: well-formed UTF-8 [MQTT-1.5.4-1] without U+0000
-    /// [MQTT-1.5.4-2], else malformed. Borrowed from the frame.
+    /// [MQTT-1.5.4-2] and, unless read from storage, without the control characters and
+    /// non-characters of section 1.5.4, else malformed. Borrowed from the frame.
     pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
-        utf8_without_nul(self.binary()?)
+        let stored = self.stored;
+        utf8_string(self.binary()?, stored)
     }
 
     /// A PUBLISH Topic Name: as [`Reader::str`], plus whether it is known to hold no wildcard
     /// character, found in the same single pass for the common ASCII case; `false` means
     /// "not looked at", and the caller checks.
     pub(crate) fn topic(&mut self) -> Result<(&'a str, bool), DecodeError> {
+        let stored = self.stored;
         let b = self.binary()?;
         if plain_ascii(b, true) {
             return Ok((ascii_str(b), true));
         }
-        Ok((utf8_without_nul(b)?, false))
+        Ok((utf8_string(b, stored)?, false))
     }
 
     /// As [`Reader::str`], owned.
@@ -121,10 +143,13 @@ impl<'a> Reader<'a> {
 }
 
 /// `b` as a UTF-8 Encoded String: well-formed UTF-8 [MQTT-1.5.4-1] without U+0000
-/// [MQTT-1.5.4-2], else malformed.
-fn utf8_without_nul(b: &[u8]) -> Result<&str, DecodeError> {
-    // Fast path, one pass: ASCII without U+0000 needs neither the UTF-8 decoder nor a search
-    // for U+0000 (which were two passes, and most of the cost of decoding a short topic).
+/// [MQTT-1.5.4-2], else malformed. Unless `stored`, a control character (U+0001 to U+001F,
+/// U+007F to U+009F) or a non-character is malformed too: section 1.5.4 says a string
+/// SHOULD NOT hold them and a receiver MAY treat a packet that does as malformed, which
+/// mosquitto does.
+fn utf8_string(b: &[u8], stored: bool) -> Result<&str, DecodeError> {
+    // Fast path, one pass: printable ASCII needs neither the UTF-8 decoder nor a search for
+    // U+0000 (which were two passes, and most of the cost of decoding a short topic).
     if plain_ascii(b, false) {
         return Ok(ascii_str(b));
     }
@@ -136,16 +161,31 @@ fn utf8_without_nul(b: &[u8]) -> Result<&str, DecodeError> {
             "string contains U+0000 [MQTT-1.5.4-2]",
         ));
     }
+    if !stored && s.chars().any(discouraged) {
+        return Err(DecodeError::MalformedPacket(
+            "string contains a control character or a non-character (section 1.5.4)",
+        ));
+    }
     Ok(s)
 }
 
-/// True when every byte of `b` is 0x01 to 0x7F (ASCII without U+0000) and, with
-/// `no_wildcards`, none is `+` or `#`. Without early exit, so the loop vectorises.
+/// The code points a UTF-8 Encoded String SHOULD NOT hold (section 1.5.4), U+0000 aside:
+/// control characters, and the non-characters U+FDD0 to U+FDEF and U+nFFFE / U+nFFFF.
+fn discouraged(c: char) -> bool {
+    let c = u32::from(c);
+    c <= 0x1F
+        || (0x7F..=0x9F).contains(&c)
+        || (0xFDD0..=0xFDEF).contains(&c)
+        || c & 0xFFFE == 0xFFFE
+}
+
+/// True when every byte of `b` is printable ASCII (0x20 to 0x7E) and, with `no_wildcards`,
+/// none is `+` or `#`. Without early exit, so the loop vectorises.
 #[inline]
 fn plain_ascii(b: &[u8], no_wildcards: bool) -> bool {
     let mut bad = false;
     for &c in b {
-        bad |= (c.wrapping_sub(1) >= 0x7F) | (no_wildcards & ((c == b'+') | (c == b'#')));
+        bad |= (c.wrapping_sub(0x20) >= 0x5F) | (no_wildcards & ((c == b'+') | (c == b'#')));
     }
     !bad
 }
@@ -281,11 +321,56 @@ mod tests {
     }
 
     #[test]
+    fn strings_without_control_characters_or_non_characters_unless_stored() {
+        for bad in [
+            "a\tb",
+            "\u{1f}",
+            "\u{7f}",
+            "\u{80}",
+            "\u{9f}",
+            "\u{fdd0}",
+            "\u{fdef}",
+            "\u{fffe}",
+            "\u{ffff}",
+            "\u{1fffe}",
+            "\u{10ffff}",
+        ] {
+            let mut frame = BytesMut::new();
+            put_str(&mut frame, "test", bad).unwrap();
+            assert!(Reader::new(&frame).str().is_err(), "{bad:?}");
+            assert!(Reader::new(&frame).topic().is_err(), "{bad:?}");
+            assert_eq!(Reader::stored(&frame).str(), Ok(bad));
+            assert_eq!(
+                Reader::new(&frame).sub(frame.len()).unwrap().str().ok(),
+                None
+            );
+            assert_eq!(
+                Reader::stored(&frame).sub(frame.len()).unwrap().str(),
+                Ok(bad)
+            );
+        }
+        for good in [
+            "\u{a0}",
+            "\u{fdcf}",
+            "\u{fdf0}",
+            "\u{fffd}",
+            "\u{10000}",
+            "\u{10fffd}",
+            "\u{e9}t\u{e9}",
+        ] {
+            let mut frame = BytesMut::new();
+            put_str(&mut frame, "test", good).unwrap();
+            assert_eq!(Reader::new(&frame).str(), Ok(good));
+        }
+    }
+
+    #[test]
     fn strings_are_strict_utf8_without_null_mqtt_1_5_4_1_and_2() {
         assert_eq!(Reader::new(b"\x00\x03a\xC3\xA9").str(), Ok("a\u{e9}"));
         assert!(Reader::new(b"\x00\x01\x00").str().is_err());
         assert!(Reader::new(b"\x00\x02\xC0\x80").str().is_err()); // overlong U+0000
         assert!(Reader::new(b"\x00\x05abc").str().is_err()); // short
+        assert_eq!(Reader::new(b"\x00\x02 ~").str(), Ok(" ~"));
         let long = "x".repeat(65_536);
         let mut out = BytesMut::new();
         assert!(put_str(&mut out, "topic name", &long).is_err());

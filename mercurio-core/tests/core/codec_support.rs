@@ -8,11 +8,12 @@ use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
 
-/// Strings the decoder accepts: no U+0000, any other character (multi-byte included).
+/// Strings the decoder accepts: any character (multi-byte included) but U+0000, the control
+/// characters and the non-characters (section 1.5.4).
 pub fn any_str() -> impl Strategy<Value = String> {
     prop_oneof![
         "[a-zA-Z0-9/_ -]{0,12}",
-        "[\u{1}-\u{7f}\u{80}-\u{7ff}\u{800}-\u{d7ff}\u{e000}-\u{10ffff}]{0,6}",
+        "[\u{20}-\u{7e}\u{a0}-\u{d7ff}\u{e000}-\u{fdcf}\u{fdf0}-\u{fffd}\u{10000}-\u{1fffd}\u{100000}-\u{10fffd}]{0,6}",
     ]
 }
 
