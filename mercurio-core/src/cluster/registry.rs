@@ -111,8 +111,11 @@ pub(super) struct Registry {
     node: String,
     timeout: Duration,
     store: Mutex<Option<kv::Store>>,
-    owned: Mutex<HashMap<Arc<str>, (u64, Weak<Session>)>>,
+    owned: Mutex<HashMap<Arc<str>, Held>>,
 }
+
+/// A claim this node holds: the entry's revision, and the session it stands for.
+type Held = (u64, Weak<Session>);
 
 impl Registry {
     pub(super) fn new(broker: &Arc<BrokerState>) -> Registry {
@@ -243,6 +246,14 @@ impl SessionRegistry for Registry {
         let key = key_of(client_id);
         if key.len() > MAX_KEY_LEN {
             return Claim::Unknown("its client identifier is too long for the registry".into());
+        }
+        // A client back on the node that owns its session: over the revision known here,
+        // without reading first (the read below when another write came in between).
+        let known = self.owned.lock().get(client_id).map(|(rev, _)| *rev);
+        if let Some(rev) = known {
+            if let Ok(Claim::Ours(rev)) = self.write(&key, rev).await {
+                return Claim::Ours(rev);
+            }
         }
         let revision = match self.read(&key).await {
             Ok((_, rev)) => rev,
