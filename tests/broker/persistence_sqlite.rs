@@ -937,6 +937,59 @@ async fn queues_left_in_storage_are_read_when_their_clients_come_back() {
     broker.shutdown().await;
 }
 
+/// A queue left in storage at the restart is checked as a queue in memory is: a message
+/// whose expiry interval ran out while its client was away is not delivered [MQTT-3.3.2-5],
+/// and its packet identifier is used up, as in mosquitto, so the next message's number shows
+/// the gap (any free identifier is valid [MQTT-2.2.1-3]); the rest keep their order and have
+/// their interval reduced by the time they waited [MQTT-3.3.2-6].
+#[tokio::test]
+async fn an_expired_message_of_a_queue_left_in_storage_uses_up_its_identifier() {
+    let db = db();
+    let (broker, addr) = start_on(&db).await;
+    let (mut s, _) = connect_persistent(addr, ProtocolVersion::V5, "exp-away").await;
+    s.subscribe("exp/#", QoS::AtLeastOnce).await;
+    s.disconnect().await;
+    let expiry = |s| Properties {
+        message_expiry_interval: Some(s),
+        ..Properties::default()
+    };
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "exp-pub").await;
+    publisher
+        .publish_with("exp/short", b"s", QoS::AtLeastOnce, false, expiry(1))
+        .await;
+    publisher
+        .publish_with("exp/long", b"g", QoS::AtLeastOnce, false, expiry(100))
+        .await;
+    publisher
+        .publish("exp/none", b"n", QoS::AtLeastOnce, false)
+        .await;
+    publisher.disconnect().await;
+    broker.shutdown().await;
+
+    let (broker, addr) = start_on(&db).await;
+    assert_eq!(
+        broker.session_detail("exp-away").map(|d| d.info.queued),
+        Some(3),
+        "the queue is left in storage, counted"
+    );
+    // Let the short interval run out (this waits for time itself, not for an event).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (mut s, present) = connect_persistent(addr, ProtocolVersion::V5, "exp-away").await;
+    assert!(present);
+    let p = s.expect_publish().await;
+    assert_eq!(p.topic, "exp/long", "the expired message is not delivered");
+    assert_eq!(p.packet_id, 2, "the expired exp/short used up 1");
+    let left = p.properties.message_expiry_interval.expect("expiry");
+    assert!(left < 100, "reduced by the wait: {left}");
+    s.ack(&p).await;
+    let p = s.expect_publish().await;
+    assert_eq!(p.topic, "exp/none");
+    assert_eq!(p.packet_id, 3);
+    s.ack(&p).await;
+    s.expect_nothing(Duration::from_millis(200)).await;
+    broker.shutdown().await;
+}
+
 /// A member of a shared subscription gets its queue back at the restart, not left in
 /// storage: when its session then ends (Clean Start) before it takes them, its deliveries go
 /// to another member of the group.

@@ -20,9 +20,10 @@
 //! running holds nothing in memory: its queue rows keep its messages in storage, and the
 //! read fetches them (`Storage::load_messages`).
 //!
-//! Each delivery read is checked as the restore would have: expired ones and those whose
-//! message cannot be read are dequeued from storage (logged), and with access control those
-//! the client may no longer read are dropped (`not_authorized`).
+//! Each delivery read is checked as the restore would have: those whose message cannot be
+//! read are dequeued from storage (logged), and with access control those the client may no
+//! longer read are dropped (`not_authorized`). Expired ones go to the queue: the drain drops
+//! them as it drops any expired queued message, counted, its packet identifier used up.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -157,7 +158,7 @@ impl HeldMessages {
 /// A backlog read from storage, checked: what goes to the queue and what is dropped.
 struct Read {
     deliveries: Vec<Delivery>,
-    /// Positions to dequeue from storage: expired, unreadable or not authorized.
+    /// Positions to dequeue from storage: unreadable or not authorized.
     dequeued: Vec<u64>,
     not_authorized: Vec<Arc<Message>>,
 }
@@ -271,14 +272,12 @@ impl BrokerState {
             tracing::error!(client_id = %session.client_id, "stored queue read after its messages were released: not delivered");
             return read;
         }
-        let now = Instant::now();
         for q in records.iter().filter(|q| q.seq <= backlog.last_seq) {
             let messages = match &held {
                 Some(h) if h.contains_key(&q.delivery.message_id) => h,
                 _ => loaded,
             };
             match delivery_from(messages, &q.delivery, q.seq) {
-                Ok(d) if d.msg.is_expired(now) => read.dequeued.push(q.seq),
                 Ok(d)
                     if self.checks_access
                         && !session.is_internal()

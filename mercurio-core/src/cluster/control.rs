@@ -12,6 +12,7 @@
 //! - `{prefix}.node.{node}`: each node's [`Heartbeat`], every `heartbeat_interval`;
 //! - `{prefix}.interest...`: the filters each node's clients want ([`super::remote`]).
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -177,6 +178,8 @@ pub(super) async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = Throttle::default();
     let mut seq = 0u64;
+    // The other nodes heard as up, for logging membership changes once each.
+    let mut members: HashSet<String> = HashSet::new();
     loop {
         tokio::select! {
             _ = status.retained.wake.notified() => {
@@ -201,6 +204,17 @@ pub(super) async fn run(
                 status.retained.prune(TOMBSTONE_TTL);
                 let now = Instant::now();
                 status.peers.lock().retain(|_, p| now.duration_since(p.seen) < FORGET_GONE);
+                {
+                    let peers = status.peers.lock();
+                    members.retain(|node| match peers.get(node) {
+                        Some(p) if p.up(now) => true,
+                        p => {
+                            let silent_s = p.map_or(0, |p| now.duration_since(p.seen).as_secs());
+                            tracing::warn!(node = %node, silent_s, "cluster: node gone: its heartbeats stopped");
+                            false
+                        }
+                    });
+                }
                 // A node gone takes its interest with it; but while this node is cut off
                 // from NATS (or just back, not having heard the others yet), it keeps what
                 // it knows, so that messages for the others wait for NATS as before.
@@ -286,6 +300,13 @@ pub(super) async fn run(
                             .lock()
                             .insert(name.clone(), Peer { heartbeat: h, seen: now, interest: remote.count(&name) })
                             .is_none_or(|p| !p.up(now));
+                        if leaving {
+                            if members.remove(&name) {
+                                tracing::info!(node = %name, "cluster: node leaving (stopping)");
+                            }
+                        } else if members.insert(name.clone()) {
+                            tracing::info!(node = %name, "cluster: node up (heartbeat heard)");
+                        }
                         if leaving {
                             remote.forget(&broker, &link, &name);
                             counted(&remote, &name);

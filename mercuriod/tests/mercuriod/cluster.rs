@@ -535,7 +535,7 @@ fn retained_messages_are_cluster_wide_and_a_node_away_catches_up() {
         });
         d
     };
-    let a = start(&nats1, "a", "", 1);
+    let mut a = start(&nats1, "a", "", 1);
     let b = start(&nats1, "b", "", 1);
     let mut c = start(
         &nats2,
@@ -611,6 +611,13 @@ fn retained_messages_are_cluster_wide_and_a_node_away_catches_up() {
     wait_until("C gone, as A sees it", || {
         member_state(&a, "c").as_deref() == Some("gone") && status_count(&a, "nodes") == 2
     });
+    // Membership changes are logged once each: C up at the start, then gone.
+    let on_c = |what: &'static str| move |l: &str| l.contains(what) && l.contains("node=c");
+    a.wait_logged(
+        "C's heartbeats stopping, logged",
+        on_c("cluster: node gone"),
+    );
+    assert_eq!(a.seen(on_c("cluster: node up")).len(), 1);
 
     // Meanwhile A retains r/2 and B r/3, then clears r/3: C missed all three.
     pa.publish("r/2", b"two", QoS::AtLeastOnce, true);
@@ -639,6 +646,10 @@ fn retained_messages_are_cluster_wide_and_a_node_away_catches_up() {
     wait_until("C up again, as A sees it", || {
         member_state(&a, "c").as_deref() == Some("up")
     });
+    wait_until("C back, logged", || {
+        a.seen(on_c("cluster: node up")).len() == 2
+    });
+    assert_eq!(a.seen(on_c("cluster: node gone")).len(), 1);
     // The totals: three nodes, and the clients of all three.
     let clients: u64 = [&a, &b, &c]
         .iter()
