@@ -473,3 +473,43 @@ fn a_node_back_from_a_crash_ends_a_session_another_node_owns_now_without_its_wil
         "B still owns the device's session"
     );
 }
+
+#[test]
+fn a_delayed_will_is_not_published_by_a_node_whose_session_another_node_claimed_meanwhile() {
+    const TEST: &str =
+        "a_delayed_will_is_not_published_by_a_node_whose_session_another_node_claimed_meanwhile";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
+    let c = node(&nats, "c", dir.path());
+    wait_cluster(&[&a, &b, &c]);
+    let (mut watcher, _) = Client::connect(c.addr(), connect("watcher", true, 0, None));
+    watcher.subscribe("will/#", QoS::AtLeastOnce);
+    wait_until("C's interest in will/# known to A", || {
+        interest_of(&a, "c") == Some(1)
+    });
+
+    // The device's connection to A ends without DISCONNECT: its will is due in 4 s
+    // [MQTT-3.1.3-9]. A stops answering (SIGSTOP) before that, and the device connects to
+    // B, which claims the session in the registry and, A silent, starts a new one.
+    let (on_a, _) = Client::connect(a.addr(), connect("dev", true, 60, Some(will("a", 4))));
+    drop(on_a);
+    wait_until("A saw the connection end", || {
+        a.admin(r#"{"command":"client.show","client_id":"dev"}"#)["result"]["connected"] == false
+    });
+    a.signal(libc::SIGSTOP);
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev", false, 60, None));
+    a.signal(libc::SIGCONT);
+    assert!(!present, "A did not answer");
+
+    // A's will timer finds the session owned by B: A's copy ends, without the will.
+    wait_until("A's copy ended by its timer", || !has_session(&a, "dev"));
+    let (mut publisher, _) = Client::connect(a.addr(), connect("pub", true, 0, None));
+    publisher.publish("will/marker", b"end", QoS::AtLeastOnce, false);
+    let p = watcher.expect_publish();
+    assert_eq!(p.topic, "will/marker", "no will before the marker");
+    assert!(open(&mut on_b), "the device still connected to B");
+}
