@@ -255,7 +255,17 @@ impl Cluster {
             let (registry_broker, registry_js, registry_prefix) =
                 (Arc::clone(broker), js.clone(), prefix.clone());
             tasks.push(tokio::spawn(async move {
-                while registry_connected.changed().await.is_ok() {
+                loop {
+                    // At each connection to NATS, and once the registry answers again after
+                    // failing while NATS was reachable (a partition healed, say).
+                    tokio::select! {
+                        changed = registry_connected.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                        }
+                        () = registry.recheck.notified() => {}
+                    }
                     registry::ensure(
                         Arc::clone(&registry_broker),
                         Arc::clone(&registry),

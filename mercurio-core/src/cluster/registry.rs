@@ -112,6 +112,11 @@ pub(super) struct Registry {
     timeout: Duration,
     store: Mutex<Option<kv::Store>>,
     owned: Mutex<HashMap<Arc<str>, Held>>,
+    /// A call failed while NATS was reachable (JetStream without a leader: a partition, say).
+    missed: std::sync::atomic::AtomicBool,
+    /// Told when a call succeeds after such a failure: this node's sessions are checked
+    /// again ([`fence`]), as at a connection to NATS.
+    pub(super) recheck: tokio::sync::Notify,
 }
 
 /// A claim this node holds: the entry's revision, and the session it stands for.
@@ -126,6 +131,8 @@ impl Registry {
             timeout: cfg.takeover(),
             store: Mutex::new(None),
             owned: Mutex::new(HashMap::new()),
+            missed: std::sync::atomic::AtomicBool::new(false),
+            recheck: tokio::sync::Notify::new(),
         }
     }
 
@@ -157,14 +164,21 @@ impl Registry {
         &self,
         op: impl FnOnce(kv::Store) -> F,
     ) -> Result<T, String> {
+        use std::sync::atomic::Ordering;
         let store = self.store()?;
-        match tokio::time::timeout(self.timeout, op(store)).await {
+        let result = match tokio::time::timeout(self.timeout, op(store)).await {
             Ok(r) => r,
             Err(_) => Err(format!(
                 "the session registry did not answer within takeover_timeout ({} s)",
                 self.timeout.as_secs()
             )),
+        };
+        if result.is_err() {
+            self.missed.store(true, Ordering::Relaxed);
+        } else if self.missed.swap(false, Ordering::Relaxed) {
+            self.recheck.notify_one();
         }
+        result
     }
 
     /// The owner of the session at `key` (`None` when no node owns it) and the key's last
