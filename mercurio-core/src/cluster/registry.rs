@@ -421,21 +421,24 @@ pub(super) async fn fence(broker: &Arc<BrokerState>, registry: &Arc<Registry>) {
         .buffered(FENCE_CONCURRENCY)
         .collect()
         .await;
-    let mut ended_here: Vec<Arc<str>> = Vec::new();
+    // Whether each session checked here is lost to another node.
+    let mut checked: HashMap<Arc<str>, bool> = HashMap::new();
     for (session, lost) in sessions.iter().zip(lost) {
+        checked.insert(Arc::clone(&session.client_id), lost.is_some());
         let Some(node) = lost else {
             continue;
         };
         tracing::info!(client_id = %session.client_id, owner = %node, "cluster: session owned by another node now: this node's copy ends, without its will");
         broker.fenced(session).await;
-        ended_here.push(Arc::clone(&session.client_id));
     }
     for (client_id, will) in held {
-        if ended_here.iter().any(|c| **c == *client_id) {
-            continue;
-        }
-        if let Claim::Lost(node) = registry.check(&client_id).await {
-            tracing::info!(%client_id, owner = %node, "cluster: will of a session another node owns now: not published");
+        let lost = match checked.get(client_id.as_str()) {
+            Some(lost) => *lost,
+            // A session that ended at the restore (expired while the node was down).
+            None => matches!(registry.check(&client_id).await, Claim::Lost(_)),
+        };
+        if lost {
+            tracing::info!(%client_id, "cluster: will of a session another node owns now: not published");
             continue;
         }
         broker.publish_will(&client_id, will);
