@@ -10,8 +10,9 @@
 //! - A node claims at the CONNECT of a persistent session, then, once the session is
 //!   attached, confirms its claim with a second compare-and-set ([`SessionRegistry`]); the
 //!   session's end deletes the key (compare-and-delete on its revision).
-//! - Fencing ([`fence`]): at start and at each connection to NATS, a node checks the
-//!   sessions it holds; those another node owns now end here without their wills. The
+//! - Fencing ([`fence`]): at start, at each connection to NATS and once the registry answers
+//!   again after failing, a node checks the sessions it holds; those another node owns now
+//!   end here without their wills. The
 //!   wills its restore found due wait for that check (`HeldWills`), as long as
 //!   `takeover_timeout` at most.
 //!
