@@ -4,9 +4,10 @@
 #
 #   benches/cluster_connect.sh BEFORE_BIN AFTER_BIN [ROUNDS] [CONNECTS]
 #
-# Per round and per build (the order reversed every other round): nats-server on CPU 1, nodes
-# a and b (memory storage) on CPU 0, then benches/cluster_connect.py on CPU 1: CONNECTS
-# connections to node a only ("same"), then as many alternating a and b ("alternate").
+# Per round and per build (the order reversed every other round): nats-server (JetStream on,
+# a fresh store) on CPU 1, nodes a and b (memory storage) on CPU 0, then
+# benches/cluster_connect.py on CPU 1: CONNECTS connections to node a only ("same"), then as
+# many alternating a and b ("alternate").
 set -eu
 before=$1 after=$2 rounds=${3:-5} n=${4:-400}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,7 +26,9 @@ wait_port() {
 
 run() { # LABEL BIN
     nats=$(free_port); pa=$(free_port); pb=$(free_port)
-    taskset -c 1 nats-server -a 127.0.0.1 -p "$nats" >/dev/null 2>&1 & echo $! > "$dir/nats.pid"
+    # JetStream on (as by default in cluster mode): the stream, and the session registry.
+    rm -rf "$dir/js"
+    taskset -c 1 nats-server -a 127.0.0.1 -p "$nats" -js -sd "$dir/js" >/dev/null 2>&1 & echo $! > "$dir/nats.pid"
     wait_port "$nats"
     for node in a:$pa b:$pb; do
         name=${node%:*} port=${node#*:}

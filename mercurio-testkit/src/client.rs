@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use bytes::Bytes;
 use mercurio_codec::client::{ClientError, ConnectOptions, Connection, MAX_PACKET};
 use mercurio_core::codec::{
-    Connect, Packet, Properties, PubAck, Publish, QoS, Subscribe, SubscribeFilter,
+    Connect, Packet, Properties, PubAck, Publish, QoS, ReasonCode, Subscribe, SubscribeFilter,
 };
 use tokio::runtime::Runtime;
 
@@ -30,6 +30,15 @@ pub struct Client {
 impl Client {
     /// Connects with `connect` and checks the CONNACK; returns the client and Session Present.
     pub fn connect(addr: SocketAddr, connect: Connect) -> (Client, bool) {
+        match Client::try_connect(addr, connect) {
+            Ok(c) => c,
+            Err(code) => panic!("CONNACK {code:?}"),
+        }
+    }
+
+    /// Connects with `connect`: the client and Session Present, or the reason code of a
+    /// refusing CONNACK.
+    pub fn try_connect(addr: SocketAddr, connect: Connect) -> Result<(Client, bool), ReasonCode> {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).ok();
         stream.set_nonblocking(true).expect("non-blocking socket");
@@ -49,7 +58,7 @@ impl Client {
         };
         let session_present = match runtime.block_on(conn.connect(&connect, &options)) {
             Ok(ack) => ack.session_present,
-            Err(ClientError::Refused { code, .. }) => panic!("CONNACK {code:?}"),
+            Err(ClientError::Refused { code, .. }) => return Err(code),
             Err(e) => panic!("expected CONNACK, got {e}"),
         };
         let c = Client {
@@ -58,7 +67,7 @@ impl Client {
             runtime,
             next_id: 1,
         };
-        (c, session_present)
+        Ok((c, session_present))
     }
 
     /// Writes one packet.

@@ -736,6 +736,13 @@ fn cluster_status(r: &Value) -> String {
         counted(status.jetstream_pending_messages, "message"),
         status.jetstream_pending_bytes,
     ));
+    match status.registry_sessions {
+        Some(n) => out.push_str(&format!(
+            "session registry: {} owned by this node\n",
+            counted(n, "session")
+        )),
+        None => out.push_str("session registry: off (jetstream = false)\n"),
+    }
     out
 }
 

@@ -116,6 +116,12 @@ pub struct ClusterStatus {
     /// The messages of `jetstream_pending_bytes`.
     #[serde(default)]
     pub jetstream_pending_messages: u64,
+    /// Persistent sessions the session registry names the answering node the owner of, as
+    /// far as it knows (its claims since its start, and those it found its own at its
+    /// connection to NATS; docs/cluster.md, "Sessions across nodes"). `None` without the
+    /// registry (`jetstream = false`).
+    #[serde(default)]
+    pub registry_sessions: Option<u64>,
     /// Every node known.
     pub members: Vec<ClusterNode>,
 }

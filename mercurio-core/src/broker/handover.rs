@@ -27,7 +27,7 @@ use crate::codec::ReasonCode;
 use crate::link::DisconnectReason;
 use crate::message::Message;
 use crate::persist::records::{instant_to_unix, message_from, session_record, unix_ms, Restored};
-use crate::session::{Ended, Session};
+use crate::session::{Ended, Session, Will};
 
 /// What the other nodes answered for a client identifier ([`OtherNodes::take`]).
 pub(crate) enum Taken {
@@ -65,6 +65,97 @@ pub(crate) trait OtherNodes: Send + Sync {
     async fn take(&self, client_id: &str, clean_start: bool) -> Taken;
 }
 
+/// What the session ownership registry says of a client identifier's session (cluster mode
+/// with JetStream: `cluster/registry.rs`).
+pub(crate) enum Claim {
+    /// This node owns it, at this revision (its ownership epoch; 0: nobody owns it).
+    Ours(u64),
+    /// Another node owns it, named (a newer revision than this node's).
+    Lost(String),
+    /// The registry could not be asked within `takeover_timeout`, and why: the node goes on
+    /// alone, as without the registry.
+    Unknown(String),
+}
+
+/// The registry of which node owns each persistent session, as the broker asks it.
+#[async_trait::async_trait]
+pub(crate) trait SessionRegistry: Send + Sync {
+    /// At the CONNECT of a persistent session: this node claims it over the revision it
+    /// reads (compare-and-set). [`Claim::Lost`] when another node claimed it in between.
+    async fn claim(&self, client_id: &str) -> Claim;
+    /// Once `session` is attached: claims it again over `revision` (the claim's, 0 for
+    /// none), so that a node that claimed it meanwhile wins over this one, and records the
+    /// new revision as `session`'s.
+    async fn confirm(&self, client_id: &Arc<str>, revision: u64, session: &Arc<Session>) -> Claim;
+    /// Before a timer of a session acts (its delayed will, its expiry): which node owns it.
+    async fn check(&self, client_id: &str) -> Claim;
+    /// `session` ended here: its key is deleted (compare-and-delete on its revision), but
+    /// when it was `handed_over` (the taker owns the key now).
+    fn ended(&self, session: &Arc<Session>, handed_over: bool);
+    /// The sessions this node holds a confirmed claim on.
+    fn owned(&self) -> usize;
+}
+
+/// The wills the restore found due, held in cluster mode until the registry has said which
+/// sessions another node owns now (`cluster/registry.rs`, `fence`).
+#[derive(Default)]
+pub(crate) struct HeldWills {
+    held: parking_lot::Mutex<Option<Vec<(String, Will)>>>,
+}
+
+impl HeldWills {
+    /// Holds the wills given from now on ([`HeldWills::hold`]).
+    pub(crate) fn holding() -> HeldWills {
+        HeldWills {
+            held: parking_lot::Mutex::new(Some(Vec::new())),
+        }
+    }
+
+    /// Keeps `will` for later, or gives it back when nothing is held (any more).
+    pub(crate) fn hold(&self, client_id: String, will: Will) -> Option<(String, Will)> {
+        match &mut *self.held.lock() {
+            Some(held) => {
+                held.push((client_id, will));
+                None
+            }
+            None => Some((client_id, will)),
+        }
+    }
+
+    /// The wills held, and nothing held from now on.
+    pub(crate) fn release(&self) -> Vec<(String, Will)> {
+        self.held.lock().take().unwrap_or_default()
+    }
+}
+
+/// The confirmation owed to the nodes that handed a session over, sent once every part of
+/// the taking is done ([`Confirmation::done`]): the session committed to this node's storage
+/// and, with the registry, this node's claim confirmed. Dropped before that, nothing is sent:
+/// the nodes keep their copies (`kept_after_all`), and a node that claimed the session after
+/// this one takes it from them.
+pub(crate) struct Confirmation {
+    left: std::sync::atomic::AtomicUsize,
+    confirm: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Confirmation {
+    fn new(parts: usize, confirm: Box<dyn FnOnce() + Send>) -> Arc<Confirmation> {
+        Arc::new(Confirmation {
+            left: std::sync::atomic::AtomicUsize::new(parts),
+            confirm: parking_lot::Mutex::new(Some(confirm)),
+        })
+    }
+
+    /// One part done; the last sends the confirmation.
+    pub(crate) fn done(&self) {
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            if let Some(confirm) = self.confirm.lock().take() {
+                confirm();
+            }
+        }
+    }
+}
+
 /// What this node did when asked for a session ([`BrokerState::hand_over`]).
 pub(crate) enum HandOver {
     /// It has no session of the client identifier (or has just ended it for a clean start).
@@ -89,20 +180,25 @@ impl BrokerState {
     /// here gives way: its connection, if any, is taken over, and it ends without its will).
     /// Nothing to do outside cluster mode and for the broker's own sessions.
     ///
+    /// With `claimed` (the session claimed in the registry), the confirmation to the nodes
+    /// that handed it over also waits for the claim's own confirmation: it is returned, for
+    /// the caller's [`Confirmation::done`] once the claim is confirmed, or to drop.
+    ///
     /// Errors: a node has the session and cannot hand it over now ([`Taken::Unavailable`]).
     pub(crate) async fn take_from_other_nodes(
         &self,
         client_id: &Arc<str>,
         clean_start: bool,
-    ) -> Result<(), mercurio_storage::StorageError> {
+        claimed: bool,
+    ) -> Result<Option<Arc<Confirmation>>, mercurio_storage::StorageError> {
         let Some(others) = self.other_nodes.get() else {
-            return Ok(());
+            return Ok(None);
         };
         if client_id.starts_with(super::INTERNAL_PREFIX) {
-            return Ok(());
+            return Ok(None);
         }
         let handed = match others.take(client_id, clean_start).await {
-            Taken::None => return Ok(()),
+            Taken::None => return Ok(None),
             Taken::Unavailable(why) => {
                 return Err(mercurio_storage::StorageError::transient(format!(
                     "its session is on another node and cannot be taken now: {why}"
@@ -110,6 +206,8 @@ impl BrokerState {
             }
             Taken::Session(handed) => *handed,
         };
+        let confirmation = Confirmation::new(1 + usize::from(claimed), handed.confirm);
+        let owed = claimed.then(|| Arc::clone(&confirmation));
         // A copy kept here (after a crash or a NATS outage) that is more recent than the one
         // handed over stays, and the other copy ends: a copy a client took up since its node
         // started is more recent than a stale one, then the later disconnection (by the
@@ -131,8 +229,8 @@ impl BrokerState {
         });
         if local_newer {
             tracing::info!(%client_id, "session kept here: more recent than another node's copy, which ends");
-            (handed.confirm)();
-            return Ok(());
+            confirmation.done();
+            return Ok(owed);
         }
         loop {
             let Some(local) = self.sessions.lock().get(client_id).cloned() else {
@@ -148,12 +246,13 @@ impl BrokerState {
             self.end_session(&local);
         }
         let Some(this) = self.this.upgrade() else {
-            return Ok(());
+            return Ok(None);
         };
-        if let Err(e) = this.adopt(handed.record, &handed.messages, handed.confirm) {
+        let committed = Box::new(move || confirmation.done());
+        if let Err(e) = this.adopt(handed.record, &handed.messages, committed) {
             tracing::warn!(%client_id, "session handed over by another node cannot be read, a new one is started: {e}");
         }
-        Ok(())
+        Ok(owed)
     }
 
     /// Another node asks for the session of `client_id` (see the module's comment). With
@@ -279,6 +378,9 @@ impl BrokerState {
         else {
             return;
         };
+        if let Some(r) = self.registry.get() {
+            r.ended(session, true);
+        }
         // Out of the index since the hand-over, still in `interest` until now.
         for f in &filters {
             self.interest.remove(f, &session.client_id);
@@ -331,5 +433,43 @@ impl BrokerState {
             }
         }));
         Ok(())
+    }
+}
+
+impl BrokerState {
+    /// A session another node owns now ends here (fencing, `cluster/registry.rs`): its
+    /// connection, if any, closed with Session taken over [MQTT-3.1.4-3], without its will
+    /// (the session goes on on the other node).
+    pub(crate) async fn fenced(&self, session: &Arc<Session>) {
+        loop {
+            session.state.lock().discard_will();
+            let Some(link) = session.link() else {
+                break;
+            };
+            link.kill(DisconnectReason::TakenOver, ReasonCode::SESSION_TAKEN_OVER);
+            link.wait_closed().await;
+        }
+        session.state.lock().discard_will();
+        self.end_session(session);
+    }
+
+    /// In cluster mode, before a timer of `session` acts: false when another node owns the
+    /// session now, which then ends here without its will.
+    pub(crate) async fn still_owned(&self, session: &Arc<Session>) -> bool {
+        let Some(r) = self.registry.get() else {
+            return true;
+        };
+        match r.check(&session.client_id).await {
+            Claim::Lost(node) => {
+                tracing::info!(client_id = %session.client_id, owner = %node, "cluster: session owned by another node now: this node's copy ends, without its will");
+                self.fenced(session).await;
+                false
+            }
+            Claim::Ours(_) => true,
+            Claim::Unknown(why) => {
+                tracing::warn!(client_id = %session.client_id, "cluster: the session's timer acts without knowing which node owns it: {why}");
+                true
+            }
+        }
     }
 }

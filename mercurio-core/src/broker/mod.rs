@@ -15,7 +15,7 @@ mod takeover;
 
 pub(crate) use entry::message_of;
 pub(crate) use stream_reader::ReaderStart;
-pub(crate) use takeover::Owner;
+pub(crate) use takeover::{Owner, TakeError};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -167,6 +167,12 @@ pub(crate) struct BrokerState {
     /// In cluster mode, the other nodes a CONNECT asks for its client identifier's session
     /// (`handover.rs`); set once by the cluster link at its start, empty otherwise.
     pub(crate) other_nodes: OnceLock<Arc<dyn handover::OtherNodes>>,
+    /// In cluster mode with JetStream, the registry of which node owns each persistent
+    /// session (`handover.rs`); set once by the cluster link at its start, empty otherwise.
+    pub(crate) registry: OnceLock<Arc<dyn handover::SessionRegistry>>,
+    /// The wills due at start, held until the registry is asked (cluster mode with
+    /// JetStream), given out at once otherwise.
+    pub(crate) held_wills: handover::HeldWills,
 }
 
 /// True for a message one of this broker's bridges brought in (published by its session
@@ -195,6 +201,14 @@ impl BrokerState {
         let queued_memory = Arc::new(crate::queued_memory::QueuedMemory::new(
             config.server.max_queued_memory,
         ));
+        let held_wills = if cfg!(feature = "cluster")
+            && config.cluster.enabled()
+            && config.cluster.jetstream_on()
+        {
+            handover::HeldWills::holding()
+        } else {
+            handover::HeldWills::default()
+        };
         BrokerState {
             config,
             limits,
@@ -231,6 +245,8 @@ impl BrokerState {
             cluster: Default::default(),
             cluster_qos: Default::default(),
             other_nodes: OnceLock::new(),
+            registry: OnceLock::new(),
+            held_wills,
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             streams,
             held: backlog::HeldMessages::default(),
@@ -715,6 +731,9 @@ impl BrokerState {
         else {
             return;
         };
+        if let Some(r) = self.registry.get() {
+            r.ended(session, false);
+        }
         self.forget_session(session, &filters, backlog);
         self.pass_on(&session.client_id, shared);
         if let Some(will) = will {
@@ -835,7 +854,11 @@ impl BrokerState {
         let session = Arc::clone(session);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            if session.idle_since(generation) {
+            // In cluster mode a copy whose session another node owns now acts no more.
+            if session.idle_since(generation)
+                && broker.still_owned(&session).await
+                && session.idle_since(generation)
+            {
                 act(&broker, &session);
             }
         });

@@ -203,8 +203,11 @@ pub(crate) fn restore(broker: &Arc<BrokerState>, mut loaded: LoadedState, stream
     for (client_id, left) in left_shared {
         broker.pass_on(&client_id, left);
     }
+    // In cluster mode they wait for the registry: another node may own the session now.
     for (client_id, will) in wills_now {
-        broker.publish_will(&client_id, will);
+        if let Some((client_id, will)) = broker.held_wills.hold(client_id, will) {
+            broker.publish_will(&client_id, will);
+        }
     }
 }
 

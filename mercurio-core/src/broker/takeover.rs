@@ -9,6 +9,37 @@ use crate::codec::{ProtocolVersion, ReasonCode};
 use crate::link::{DisconnectReason, Link};
 use crate::session::{Session, Will};
 
+use super::handover::Claim;
+
+/// Why a CONNECT cannot have its session ([`BrokerState::take_session`]).
+#[derive(Debug)]
+pub(crate) enum TakeError {
+    /// Its queue left in storage cannot be read, or another node has it and cannot hand it
+    /// over now (refused with Server unavailable).
+    Storage(mercurio_storage::StorageError),
+    /// Another node claimed the session in the registry at the same time, and won
+    /// (refused with Server busy: the client connects again and takes it from that node).
+    Claimed(String),
+}
+
+impl From<mercurio_storage::StorageError> for TakeError {
+    fn from(e: mercurio_storage::StorageError) -> TakeError {
+        TakeError::Storage(e)
+    }
+}
+
+impl std::fmt::Display for TakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TakeError::Storage(e) => write!(f, "{e}"),
+            TakeError::Claimed(node) => write!(
+                f,
+                "its session was claimed at the same time by {node} (the session registry)"
+            ),
+        }
+    }
+}
+
 /// Who a connection's client is, as far as its session is concerned (see
 /// [`BrokerState::take_session`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,10 +93,77 @@ impl BrokerState {
     /// In cluster mode the session is first taken from the node that has it, if another one
     /// does (`handover.rs`).
     ///
+    /// In cluster mode with JetStream, a persistent session (`expiry_interval` above 0) is
+    /// claimed in the session registry first, and the claim confirmed once the session is
+    /// attached (`cluster/registry.rs`): of two CONNECTs at once on two nodes, one gets the
+    /// session, the other [`TakeError::Claimed`].
+    ///
     /// Errors: the session's queue left in storage at the restart cannot be read now
     /// (`BrokerState::load_backlog`), or another node has the session and cannot hand it
-    /// over now; the connection is refused, the session kept.
+    /// over now ([`TakeError::Storage`]; the connection is refused, the session kept), or
+    /// another node claimed it at the same time ([`TakeError::Claimed`]).
     pub(crate) async fn take_session(
+        &self,
+        client_id: &Arc<str>,
+        owner: Owner<'_>,
+        clean_start: bool,
+        version: ProtocolVersion,
+        expiry_interval: u32,
+        will: Option<Will>,
+    ) -> Result<(Arc<Session>, Arc<Link>, bool), TakeError> {
+        let registry = self
+            .registry
+            .get()
+            .filter(|_| expiry_interval > 0 && !client_id.starts_with(super::INTERNAL_PREFIX));
+        let mut revision = None;
+        if let Some(r) = registry {
+            match r.claim(client_id).await {
+                Claim::Ours(rev) => revision = Some(rev),
+                Claim::Lost(node) => return Err(TakeError::Claimed(node)),
+                Claim::Unknown(why) => {
+                    tracing::warn!(%client_id, "cluster: session not claimed in the registry, served by this node alone: {why}");
+                }
+            }
+        }
+        let owed = self
+            .take_from_other_nodes(client_id, clean_start, revision.is_some())
+            .await?;
+        let (session, link, present) = self
+            .attach_session(
+                client_id,
+                owner,
+                clean_start,
+                version,
+                expiry_interval,
+                will,
+            )
+            .await?;
+        if let (Some(r), Some(rev)) = (registry, revision) {
+            // A node that claimed it after this one asked the others (and so found nothing
+            // here yet) wins: this copy ends, its client refused, and the nodes that handed it
+            // over keep theirs (not confirmed), for the winner to take.
+            match r.confirm(client_id, rev, &session).await {
+                Claim::Ours(_) => {}
+                Claim::Lost(node) => {
+                    let _ = session.detach(&link, false);
+                    // A hand-over waiting for this connection to close goes on.
+                    link.mark_closed();
+                    self.end_session(&session);
+                    return Err(TakeError::Claimed(node));
+                }
+                Claim::Unknown(why) => {
+                    tracing::warn!(%client_id, "cluster: session claim not confirmed in the registry, served by this node alone: {why}");
+                }
+            }
+            if let Some(owed) = owed {
+                owed.done();
+            }
+        }
+        Ok((session, link, present))
+    }
+
+    /// [`BrokerState::take_session`] on this node, once the other nodes were asked.
+    async fn attach_session(
         &self,
         client_id: &Arc<str>,
         owner: Owner<'_>,
@@ -74,7 +172,6 @@ impl BrokerState {
         expiry_interval: u32,
         mut will: Option<Will>,
     ) -> Result<(Arc<Session>, Arc<Link>, bool), mercurio_storage::StorageError> {
-        self.take_from_other_nodes(client_id, clean_start).await?;
         let link = Arc::new(Link::new());
         // Whether this connection took over a connected client (rather than a session whose
         // client was away): it decides the fate of a will waiting for its delay below.

@@ -29,6 +29,7 @@ pub mod envelope;
 mod forward;
 mod jetstream;
 mod ownership;
+mod registry;
 mod remote;
 pub mod subject;
 
@@ -241,6 +242,39 @@ impl Cluster {
                 .map_err(|e| Error::Cluster(format!("connecting to NATS: {e}")))?;
             let js = jetstream::context(js_client.clone());
             jetstream_client = Some(js_client);
+            // One owner per persistent session (registry.rs): the bucket made or found at
+            // each connection, then this node's sessions checked against it; the wills due
+            // at start wait for that, `takeover_timeout` at most.
+            let registry = Arc::new(registry::Registry::new(broker));
+            let _ = broker.registry.set(Arc::clone(&registry) as _);
+            tasks.push(tokio::spawn(registry::release_held_wills_after(
+                Arc::clone(broker),
+                cfg.takeover(),
+            )));
+            let mut registry_connected = connected.clone();
+            let (registry_broker, registry_js, registry_prefix) =
+                (Arc::clone(broker), js.clone(), prefix.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    // At each connection to NATS, and once the registry answers again after
+                    // failing while NATS was reachable (a partition healed, say).
+                    tokio::select! {
+                        changed = registry_connected.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                        }
+                        () = registry.recheck.notified() => {}
+                    }
+                    registry::ensure(
+                        Arc::clone(&registry_broker),
+                        Arc::clone(&registry),
+                        registry_js.clone(),
+                        registry_prefix.clone(),
+                    )
+                    .await;
+                }
+            }));
             let names = jetstream::Names::new(&prefix);
             let (tx, rx) = mpsc::unbounded_channel();
             broker.cluster_qos.start(

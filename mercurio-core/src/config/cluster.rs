@@ -47,6 +47,8 @@ pub struct ClusterConfig {
     /// identifier's session (1 to 60; default 2): a node that does not answer in time (one
     /// that crashed and is not yet seen as gone) keeps its copy, and the client gets what
     /// the others hand over, or a new session (docs/cluster.md, "Sessions across nodes").
+    /// Also the longest wait for each call to the session registry, and for the wills due
+    /// at start to be checked against it ("One owner per session").
     pub takeover_timeout: Option<u64>,
     /// QoS 1 and 2 messages between nodes at least once, through a JetStream stream
     /// (default `true`; the NATS servers need JetStream on): the publisher's PUBACK / PUBREC

@@ -598,6 +598,9 @@ pub(super) async fn accept(
         .await;
     let (session, link, session_present) = match taken {
         Ok(taken) => taken,
+        Err(e @ crate::broker::TakeError::Claimed(_)) => {
+            return Err(refuse(ReasonCode::SERVER_BUSY, &e.to_string()))
+        }
         Err(e) => {
             return Err(refuse(
                 ReasonCode::SERVER_UNAVAILABLE,

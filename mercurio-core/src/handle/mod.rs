@@ -915,6 +915,7 @@ impl BrokerHandle {
             retained_in: info.retained_in,
             jetstream_pending_bytes: info.jetstream_pending_bytes,
             jetstream_pending_messages: info.jetstream_pending_messages,
+            registry_sessions: b.registry.get().map(|r| r.owned() as u64),
             members,
         })
     }

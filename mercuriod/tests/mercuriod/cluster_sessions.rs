@@ -6,6 +6,8 @@
 use super::cluster_qos::interest_of;
 use std::path::Path;
 
+use std::sync::{Arc, Barrier};
+
 use bytes::Bytes;
 use mercurio_core::codec::{
     Connect, LastWill, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
@@ -282,14 +284,14 @@ fn a_clean_start_ends_the_session_on_its_node_a_3_1_1_client_is_closed_and_a_cra
     on_b.subscribe("new/in", QoS::AtLeastOnce);
     on_b.disconnect();
 
-    // A back with its copy from before the crash: it is stale. The client connecting to B
-    // again resumes B's session (its subscription is new/in, not old/in), and A's copy ends.
+    // A back with its copy from before the crash: it is stale, and the registry names B:
+    // A ends it at its start. The client connecting to B again resumes B's session (its
+    // subscription is new/in, not old/in).
     let a = node(&nats, "a", dir.path());
     wait_cluster(&[&a, &b]);
-    assert!(has_session(&a, "dev2"), "A restored its stale copy");
+    wait_until("A's stale copy ended", || !has_session(&a, "dev2"));
     let (mut on_b, present) = Client::connect(b.addr(), connect("dev2", false, 300, None));
     assert!(present);
-    wait_until("A's stale copy ended", || !has_session(&a, "dev2"));
     // B's interest: dev311/in and new/in.
     wait_until("B's interest in new/in known to A", || {
         interest_of(&a, "b") == Some(2)
@@ -299,4 +301,215 @@ fn a_clean_start_ends_the_session_on_its_node_a_3_1_1_client_is_closed_and_a_cra
     publisher.publish("new/in", b"new", QoS::AtLeastOnce, false);
     let p = on_b.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("new/in", &b"new"[..]));
+}
+
+/// This node's sessions as the registry names it their owner (`cluster.status`).
+fn registry_sessions(d: &Daemon) -> Option<u64> {
+    d.admin(r#"{"command":"cluster.status"}"#)["result"]["registry_sessions"].as_u64()
+}
+
+/// Whether `c`'s connection is open: its PINGREQ answered, rather than a DISCONNECT (which
+/// must be Session taken over) or a close.
+fn open(c: &mut Client) -> bool {
+    c.send(Packet::PingReq);
+    match c.recv() {
+        Some(Packet::PingResp) => true,
+        Some(Packet::Disconnect(d)) => {
+            assert_eq!(d.reason_code, ReasonCode::SESSION_TAKEN_OVER);
+            false
+        }
+        None => false,
+        other => panic!("expected PINGRESP or DISCONNECT, got {other:?}"),
+    }
+}
+
+/// The address of whichever of `a` and `b` holds `id`'s session.
+fn client_addr(a: &Daemon, b: &Daemon, id: &str) -> std::net::SocketAddr {
+    if has_session(a, id) {
+        a.addr()
+    } else {
+        b.addr()
+    }
+}
+
+#[test]
+fn two_connects_at_once_on_two_nodes_end_with_one_session() {
+    const TEST: &str = "two_connects_at_once_on_two_nodes_end_with_one_session";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
+    let c = node(&nats, "c", dir.path());
+    wait_cluster(&[&a, &b, &c]);
+
+    // Several rounds, since "at once" is up to the scheduler: without a session anywhere,
+    // and with one on C.
+    for round in 0..10 {
+        let id = format!("race{round}");
+        let with_session = round % 2 == 1;
+        if with_session {
+            let (mut on_c, _) = Client::connect(c.addr(), connect(&id, true, 300, None));
+            on_c.subscribe("race/in", QoS::AtLeastOnce);
+            on_c.disconnect();
+        }
+        let barrier = Arc::new(Barrier::new(2));
+        let racers: Vec<_> = [a.addr(), b.addr()]
+            .into_iter()
+            .map(|addr| {
+                let (barrier, id) = (Arc::clone(&barrier), id.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    Client::try_connect(addr, connect(&id, false, 300, None))
+                })
+            })
+            .collect();
+        let mut open_ones = Vec::new();
+        for racer in racers {
+            match racer.join().expect("racer") {
+                // The connection kept, or taken over by the other [MQTT-3.1.4-3].
+                Ok((mut client, present)) => {
+                    if open(&mut client) {
+                        open_ones.push((client, present));
+                    }
+                }
+                // The node whose claim lost refuses: Server busy.
+                Err(code) => assert_eq!(code, ReasonCode::SERVER_BUSY, "{id}"),
+            }
+        }
+        assert_eq!(
+            open_ones.len(),
+            1,
+            "{id}: one connection open in the cluster"
+        );
+        wait_until("one node holds the session", || {
+            [&a, &b, &c].iter().filter(|d| has_session(d, &id)).count() == 1
+        });
+        if with_session {
+            // The one open resumed C's session [MQTT-3.2.2-2], its subscription included.
+            let (mut client, present) = open_ones.pop().expect("one open");
+            assert!(present, "{id}: C's session resumed");
+            // Published on the node holding it (C's copy is gone: not there).
+            let holder = client_addr(&a, &b, &id);
+            let (mut publisher, _) = Client::connect(holder, connect("pub", true, 0, None));
+            publisher.publish("race/in", id.as_bytes(), QoS::AtLeastOnce, false);
+            let p = client.expect_publish();
+            assert_eq!(&p.payload[..], id.as_bytes());
+        }
+    }
+}
+
+#[test]
+fn a_node_back_from_a_crash_ends_a_session_another_node_owns_now_without_its_will() {
+    const TEST: &str =
+        "a_node_back_from_a_crash_ends_a_session_another_node_owns_now_without_its_will";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
+    let c = node(&nats, "c", dir.path());
+    wait_cluster(&[&a, &b, &c]);
+
+    // A watcher's persistent session on A keeps what A publishes on will/# for it.
+    let (mut watcher, _) = Client::connect(a.addr(), connect("watcher", true, 300, None));
+    watcher.subscribe("will/#", QoS::AtLeastOnce);
+    watcher.disconnect();
+    // The device on A, with a will due as soon as its connection ends [MQTT-3.1.2-8].
+    let (mut on_a, _) = Client::connect(a.addr(), connect("dev", true, 300, Some(will("a", 0))));
+    on_a.subscribe("dev/in", QoS::AtLeastOnce);
+    wait_until("A's storage holds the device's session", || {
+        rusqlite::Connection::open(dir.path().join("a.db"))
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM subscriptions WHERE client_id = 'dev'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|n| n == 1)
+    });
+    assert_eq!(
+        registry_sessions(&a),
+        Some(2),
+        "A owns the watcher and the device"
+    );
+
+    // A crashes; the device connects to B, which cannot reach A's copy and starts a new
+    // session, now the device's in the registry.
+    assert_eq!(a.stop(libc::SIGKILL), None);
+    drop(on_a);
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev", false, 300, None));
+    assert!(!present, "A's copy is out of reach");
+    assert_eq!(
+        registry_sessions(&b),
+        Some(1),
+        "B owns the device's session"
+    );
+
+    // A back: at its start, before any CONNECT, it ends its copy (the registry names B),
+    // without publishing the will its crashed connection left due.
+    let a = node(&nats, "a", dir.path());
+    wait_until("A's stale copy ended at its start", || {
+        !has_session(&a, "dev")
+    });
+    assert_eq!(
+        registry_sessions(&a),
+        Some(1),
+        "A owns the watcher's session only"
+    );
+    assert!(open(&mut on_b), "the device still connected to B");
+    let (mut watcher, present) = Client::connect(a.addr(), connect("watcher", false, 300, None));
+    assert!(present);
+    let (mut publisher, _) = Client::connect(a.addr(), connect("pub", true, 0, None));
+    publisher.publish("will/marker", b"end", QoS::AtLeastOnce, false);
+    let p = watcher.expect_publish();
+    assert_eq!(p.topic, "will/marker", "no will before the marker");
+    assert_eq!(
+        registry_sessions(&b),
+        Some(1),
+        "B still owns the device's session"
+    );
+}
+
+#[test]
+fn a_delayed_will_is_not_published_by_a_node_whose_session_another_node_claimed_meanwhile() {
+    const TEST: &str =
+        "a_delayed_will_is_not_published_by_a_node_whose_session_another_node_claimed_meanwhile";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = node(&nats, "a", dir.path());
+    let b = node(&nats, "b", dir.path());
+    let c = node(&nats, "c", dir.path());
+    wait_cluster(&[&a, &b, &c]);
+    let (mut watcher, _) = Client::connect(c.addr(), connect("watcher", true, 0, None));
+    watcher.subscribe("will/#", QoS::AtLeastOnce);
+    wait_until("C's interest in will/# known to A", || {
+        interest_of(&a, "c") == Some(1)
+    });
+
+    // The device's connection to A ends without DISCONNECT: its will is due in 4 s
+    // [MQTT-3.1.3-9]. A stops answering (SIGSTOP) before that, and the device connects to
+    // B, which claims the session in the registry and, A silent, starts a new one.
+    let (on_a, _) = Client::connect(a.addr(), connect("dev", true, 60, Some(will("a", 4))));
+    drop(on_a);
+    wait_until("A saw the connection end", || {
+        a.admin(r#"{"command":"client.show","client_id":"dev"}"#)["result"]["connected"] == false
+    });
+    a.signal(libc::SIGSTOP);
+    let (mut on_b, present) = Client::connect(b.addr(), connect("dev", false, 60, None));
+    a.signal(libc::SIGCONT);
+    assert!(!present, "A did not answer");
+
+    // A's will timer finds the session owned by B: A's copy ends, without the will.
+    wait_until("A's copy ended by its timer", || !has_session(&a, "dev"));
+    let (mut publisher, _) = Client::connect(a.addr(), connect("pub", true, 0, None));
+    publisher.publish("will/marker", b"end", QoS::AtLeastOnce, false);
+    let p = watcher.expect_publish();
+    assert_eq!(p.topic, "will/marker", "no will before the marker");
+    assert!(open(&mut on_b), "the device still connected to B");
 }
