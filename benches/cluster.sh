@@ -92,7 +92,7 @@ run() { # binary, qos, path (same | cross)
   local json
   if [ "$3" = share ]; then
     json=$($PIN_OTHER python3 "$ROOT/benches/cluster_share.py" "$pa" "$pb" --qos "$2" \
-      --rate "$SHARE_RATE" --seconds "$DURATION" 2>/dev/null | tail -1)
+      --rate "$SHARE_RATE" --seconds "$DURATION" 2>/dev/null | tail -1 || true)
   else
     json=$($PIN_OTHER "$WORK/recado" bench -s fan-in -P 4 -q "$2" -r "$RATE" -d "$DURATION" \
       --port "$pa" "${sub[@]}" 2>/dev/null | tail -1)

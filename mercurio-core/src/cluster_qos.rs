@@ -456,7 +456,8 @@ impl ClusterQos {
     }
 
     /// What waits for JetStream's acknowledgement now: (bytes, messages). A message's bytes
-    /// are its size once per destination node and group (what `jetstream_max_pending_bytes` bounds).
+    /// are its size once per destination node and group (what `jetstream_max_pending_bytes`
+    /// bounds).
     pub(crate) fn pending(&self) -> (u64, u64) {
         (
             self.pending.load(Ordering::Relaxed),

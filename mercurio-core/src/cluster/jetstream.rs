@@ -570,10 +570,12 @@ pub(super) async fn take_in(
 /// with members get them after this).
 const GROUP_ACK_WAIT: Duration = Duration::from_secs(10);
 
-/// Messages a node asks a group's consumer for at a time (one pull request), and how long
-/// the request waits for them: JetStream serves the nodes' waiting requests in turn, a
-/// message each.
+/// Messages a node asks a group's consumer for at a time (one pull request): at most this
+/// many wait for the node's members at once, the rest for whichever node asks next.
 const GROUP_BATCH: usize = 16;
+
+/// How long one pull request for a group's messages waits for them before the node asks
+/// again.
 const GROUP_PULL_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a group's consumer outlives the last node pulling from it (its members gone
@@ -693,8 +695,8 @@ async fn take_group(
         };
         backoff = Duration::from_millis(50);
         connected.mark_unchanged();
-        // One pull request at a time (not a continuous stream of them), so that the nodes'
-        // requests take turns at the consumer.
+        // One pull request at a time (not a continuous stream of them): the node holds no
+        // more of the group's messages than GROUP_BATCH beyond what its members took.
         let mut errors = 0;
         while errors < 3 {
             let batch = consumer
