@@ -7,8 +7,9 @@
 //! - Destinations: which other nodes want a topic, from the filters each announces
 //!   (`cluster/remote.rs` keeps them here through [`ClusterQos::want`] and
 //!   [`ClusterQos::replace`]), in a [`SubscriptionIndex`] whose clients are node names, kept
-//!   for a node gone until it is back or for `jetstream_max_age`; shared groups' filters are
-//!   counted apart: their messages stay on NATS core.
+//!   for a node gone until it is back or for `jetstream_max_age`; shared groups apart, with
+//!   the nodes that have members of each: a QoS 1/2 message of a group with members on
+//!   another node gets one copy for the group ([`Plan`]), which one of those nodes takes.
 //! - A [`Gate`] per message handed off: resolved once JetStream has acknowledged the copy of
 //!   every destination node (or when `jetstream_ack_timeout` runs out); the publisher's
 //!   PUBACK / PUBREC waits for it.
@@ -27,11 +28,14 @@ use crate::codec::QoS;
 use crate::message::Message;
 use crate::router::SubscriptionIndex;
 
-/// A message handed to the JetStream task: its copy for each destination node.
+/// A message handed to the JetStream task: its copy for each destination node and group.
 pub(crate) struct Outgoing {
     pub msg: Arc<Message>,
     /// The nodes whose clients want it (each gets its own copy on its own subject).
     pub nodes: Vec<Arc<str>>,
+    /// The shared groups (full filters) with members on other nodes that its topic matches:
+    /// one copy each, on the group's subject.
+    pub groups: Vec<Arc<str>>,
     /// Resolved once JetStream holds every copy.
     pub gate: Arc<Gate>,
     /// What it counts against `jetstream_max_pending_bytes` until then.
@@ -123,6 +127,38 @@ impl Gate {
     }
 }
 
+/// Where a QoS 1 or 2 message published on this node goes besides its own subscribers,
+/// decided once, before it is routed ([`ClusterQos::plan`]).
+#[derive(Default)]
+pub(crate) struct Plan {
+    /// The other nodes whose filters match it.
+    nodes: Vec<Arc<str>>,
+    /// The shared groups (full filters) matching it with members on another node: one copy
+    /// each through JetStream, for whichever node with members takes it; this node's members
+    /// of those groups get it only that way.
+    groups: Vec<Arc<str>>,
+}
+
+impl Plan {
+    /// Whether the group `full` gets the message through JetStream (not straight from
+    /// routing on this node).
+    pub(crate) fn crosses(&self, full: &str) -> bool {
+        self.groups.iter().any(|g| &**g == full)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.groups.is_empty()
+    }
+}
+
+/// A shared group, as every node announces it.
+struct Group {
+    /// Its filter (after `$share/{ShareName}/`).
+    filter: String,
+    /// The nodes with members (`""`: this node).
+    nodes: HashSet<Arc<str>>,
+}
+
 /// The other nodes' filters, and every node's shared groups.
 #[derive(Default)]
 struct Destinations {
@@ -130,9 +166,8 @@ struct Destinations {
     index: SubscriptionIndex<()>,
     /// Each node's filters and shared groups, as announced.
     keys: HashMap<Arc<str>, HashSet<String>>,
-    /// Shared groups' filters (of every node, this one's included), counted: their messages
-    /// go on NATS core.
-    groups: HashMap<String, usize>,
+    /// Shared groups (full filters) of every node, this one's included.
+    groups: HashMap<Arc<str>, Group>,
     /// Nodes gone, since when.
     gone: HashMap<Arc<str>, Instant>,
 }
@@ -157,11 +192,18 @@ impl Destinations {
         }
         if let Ok(Some(shared)) = crate::topic::parse_shared(key) {
             if present {
-                *self.groups.entry(shared.filter.to_string()).or_insert(0) += 1;
-            } else if let Some(n) = self.groups.get_mut(shared.filter) {
-                *n -= 1;
-                if *n == 0 {
-                    self.groups.remove(shared.filter);
+                self.groups
+                    .entry(Arc::from(key))
+                    .or_insert_with(|| Group {
+                        filter: shared.filter.to_string(),
+                        nodes: HashSet::new(),
+                    })
+                    .nodes
+                    .insert(node);
+            } else if let Some(g) = self.groups.get_mut(key) {
+                g.nodes.remove(&node);
+                if g.nodes.is_empty() {
+                    self.groups.remove(key);
                 }
             }
             return;
@@ -283,48 +325,56 @@ impl ClusterQos {
         }
     }
 
-    /// Whether a shared group's filter matches `topic` (its message then goes on NATS core
-    /// too, to the group).
-    pub(crate) fn for_a_group(&self, topic: &str) -> bool {
-        let d = self.destinations.read();
-        !d.groups.is_empty() && d.groups.keys().any(|f| crate::topic::matches(f, topic))
-    }
-
     /// Whether handing off is on.
     pub(crate) fn is_on(&self) -> bool {
         self.out.get().is_some()
     }
 
-    /// Hands `msg` (published on this node) to JetStream when it is a QoS 1 or 2 message
-    /// other nodes want; the gate tells when JetStream holds it. `None`: nothing handed
-    /// off (off, QoS 0, a `$` topic, or no other node wants it), and nothing to wait for.
-    pub(crate) fn offer(&self, msg: &Arc<Message>) -> Option<Arc<Gate>> {
-        let out = self.out.get()?;
+    /// Where `msg`, published on this node, goes through JetStream: `None` when nothing
+    /// does (off, QoS 0, a `$` topic), else the other nodes whose filters match it and the
+    /// shared groups matching it with members on another node (a node gone included: the
+    /// message waits for it, or for another node with members). Decided once per message:
+    /// routing delivers to this node's members of the other groups ([`Plan::crosses`]),
+    /// [`ClusterQos::offer`] hands off the rest.
+    pub(crate) fn plan(&self, msg: &Message) -> Option<Plan> {
+        self.out.get()?;
         if msg.qos == QoS::AtMostOnce || msg.topic.starts_with('$') {
             return None;
         }
-        let nodes: Vec<Arc<str>> = {
-            let d = self.destinations.read();
-            if d.index.is_empty() {
-                return None;
-            }
-            d.index
+        let d = self.destinations.read();
+        let mut plan = Plan::default();
+        if !d.index.is_empty() {
+            plan.nodes = d
+                .index
                 .matches(&msg.topic)
                 .clients
                 .iter()
                 .map(|c| Arc::clone(&c.client))
-                .collect()
-        };
-        if nodes.is_empty() {
-            return None;
+                .collect();
         }
+        for (full, g) in &d.groups {
+            if g.nodes.iter().any(|n| !n.is_empty()) && crate::topic::matches(&g.filter, &msg.topic)
+            {
+                plan.groups.push(Arc::clone(full));
+            }
+        }
+        Some(plan)
+    }
+
+    /// Hands `msg` (published on this node) to JetStream as `plan` ([`ClusterQos::plan`])
+    /// says; the gate tells when JetStream holds every copy. `None`: nothing handed off
+    /// (no plan, or no other node or group wants it), and nothing to wait for.
+    pub(crate) fn offer(&self, msg: &Arc<Message>, plan: Option<Plan>) -> Option<Arc<Gate>> {
+        let out = self.out.get()?;
+        let plan = plan.filter(|p| !p.is_empty())?;
         let gate = Arc::new(Gate::new());
-        let cost = (msg.size() * nodes.len()) as u64;
+        let cost = (msg.size() * (plan.nodes.len() + plan.groups.len())) as u64;
         self.pending.fetch_add(cost, Ordering::SeqCst);
         self.pending_messages.fetch_add(1, Ordering::Relaxed);
         let outgoing = Outgoing {
             msg: Arc::clone(msg),
-            nodes,
+            nodes: plan.nodes,
+            groups: plan.groups,
             gate: Arc::clone(&gate),
             cost,
         };
@@ -406,7 +456,8 @@ impl ClusterQos {
     }
 
     /// What waits for JetStream's acknowledgement now: (bytes, messages). A message's bytes
-    /// are its size once per destination node (what `jetstream_max_pending_bytes` bounds).
+    /// are its size once per destination node and group (what `jetstream_max_pending_bytes`
+    /// bounds).
     pub(crate) fn pending(&self) -> (u64, u64) {
         (
             self.pending.load(Ordering::Relaxed),
@@ -449,6 +500,12 @@ mod tests {
         Arc::new(Message::for_test(topic, Bytes::from_static(b"x"), qos))
     }
 
+    /// A message published here, planned and offered.
+    fn offer(qos: &ClusterQos, m: Arc<Message>) -> Option<Arc<Gate>> {
+        let plan = qos.plan(&m);
+        qos.offer(&m, plan)
+    }
+
     fn started() -> (ClusterQos, mpsc::UnboundedReceiver<Outgoing>) {
         let qos = ClusterQos::default();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -477,32 +534,46 @@ mod tests {
         qos.want("c", "a/x", true);
         qos.want("c", "$share/g/z/#", true);
         qos.want("", "$share/h/y", true);
-        // Off, QoS 0, `$` topics, topics nobody else wants: nothing to wait for.
-        assert!(ClusterQos::default()
-            .offer(&message("a/x", QoS::AtLeastOnce))
-            .is_none());
-        assert!(qos.offer(&message("a/x", QoS::AtMostOnce)).is_none());
-        assert!(qos.offer(&message("$x/a", QoS::AtLeastOnce)).is_none());
-        assert!(qos.offer(&message("z/1", QoS::AtLeastOnce)).is_none());
-        assert!(qos.offer(&message("y", QoS::ExactlyOnce)).is_none());
-        // Groups, here or there, are for NATS core.
-        assert!(qos.for_a_group("z/1") && qos.for_a_group("y") && !qos.for_a_group("a/x"));
-        let gate = qos
-            .offer(&message("a/x", QoS::ExactlyOnce))
-            .expect("handed off");
+        // Off, QoS 0, `$` topics, topics nobody else wants, a group with members here only:
+        // nothing to wait for.
+        assert!(offer(&ClusterQos::default(), message("a/x", QoS::AtLeastOnce)).is_none());
+        assert!(offer(&qos, message("a/x", QoS::AtMostOnce)).is_none());
+        assert!(offer(&qos, message("$x/a", QoS::AtLeastOnce)).is_none());
+        assert!(offer(&qos, message("w", QoS::AtLeastOnce)).is_none());
+        let local = message("y", QoS::ExactlyOnce);
+        let plan = qos.plan(&local).expect("planned");
+        assert!(!plan.crosses("$share/h/y"), "delivered here by routing");
+        assert!(qos.offer(&local, Some(plan)).is_none());
+        let gate = offer(&qos, message("a/x", QoS::ExactlyOnce)).expect("handed off");
         let out = rx.try_recv().expect("queued");
         let mut nodes: Vec<&str> = out.nodes.iter().map(|n| &**n).collect();
         nodes.sort();
         assert_eq!(nodes, ["b", "c"]);
+        assert!(out.groups.is_empty());
         assert_eq!(out.cost, 2 * message("a/x", QoS::ExactlyOnce).size() as u64);
         assert!(!gate.is_done());
         qos.settled(out.cost);
-        // A node's whole set replaces what was known of it.
+        // A group with members on another node: one copy for the group, whatever the number
+        // of its nodes, this one's members taking it through JetStream too.
+        qos.want("b", "$share/h/y", true);
+        qos.want("", "$share/g/z/#", true);
+        let plan = qos
+            .plan(&message("z/1", QoS::AtLeastOnce))
+            .expect("planned");
+        assert!(plan.crosses("$share/g/z/#") && !plan.crosses("$share/h/y"));
+        offer(&qos, message("z/1", QoS::AtLeastOnce)).expect("for g");
+        let out = rx.try_recv().expect("queued");
+        assert!(out.nodes.is_empty());
+        assert_eq!(out.groups, [Arc::from("$share/g/z/#")]);
+        offer(&qos, message("y", QoS::AtLeastOnce)).expect("for h");
+        assert_eq!(rx.try_recv().expect("queued").groups.len(), 1);
+        // A node's whole set replaces what was known: c leaves g, which stays on this node
+        // alone.
         qos.replace("c", &HashSet::from(["q".to_string()]));
-        assert!(!qos.for_a_group("z/1"));
-        qos.offer(&message("a/x", QoS::AtLeastOnce)).expect("b");
+        assert!(offer(&qos, message("z/1", QoS::AtLeastOnce)).is_none());
+        offer(&qos, message("a/x", QoS::AtLeastOnce)).expect("b");
         assert_eq!(rx.try_recv().expect("queued").nodes.len(), 1);
-        qos.offer(&message("q", QoS::AtLeastOnce)).expect("c");
+        offer(&qos, message("q", QoS::AtLeastOnce)).expect("c");
     }
 
     #[test]
@@ -511,15 +582,15 @@ mod tests {
         qos.want("b", "t", true);
         qos.gone("b");
         qos.forget_gone(Duration::from_secs(3600));
-        assert!(qos.offer(&message("t", QoS::AtLeastOnce)).is_some());
+        assert!(offer(&qos, message("t", QoS::AtLeastOnce)).is_some());
         // Back: no longer gone.
         qos.want("b", "u", true);
         qos.forget_gone(Duration::ZERO);
-        assert!(qos.offer(&message("t", QoS::AtLeastOnce)).is_some());
+        assert!(offer(&qos, message("t", QoS::AtLeastOnce)).is_some());
         qos.gone("b");
         qos.forget_gone(Duration::ZERO);
-        assert!(qos.offer(&message("t", QoS::AtLeastOnce)).is_none());
-        assert!(qos.offer(&message("u", QoS::AtLeastOnce)).is_none());
+        assert!(offer(&qos, message("t", QoS::AtLeastOnce)).is_none());
+        assert!(offer(&qos, message("u", QoS::AtLeastOnce)).is_none());
     }
 
     #[test]
@@ -528,8 +599,7 @@ mod tests {
         qos.want("b", "#", true);
         let mut costs = 0;
         while !qos.over() {
-            qos.offer(&message("t", QoS::AtLeastOnce))
-                .expect("handed off");
+            offer(&qos, message("t", QoS::AtLeastOnce)).expect("handed off");
             costs += rx.try_recv().expect("queued").cost;
         }
         assert!(costs > 1000);
@@ -549,9 +619,9 @@ mod tests {
         let (tx, _rx) = mpsc::unbounded_channel();
         qos.start(tx, 1000, Duration::ZERO);
         qos.want("b", "t", true);
-        let held = qos.offer(&message("t", QoS::AtLeastOnce)).expect("a");
+        let held = offer(&qos, message("t", QoS::AtLeastOnce)).expect("a");
         held.resolve(Outcome::Held);
-        let late = qos.offer(&message("t", QoS::AtLeastOnce)).expect("b");
+        let late = offer(&qos, message("t", QoS::AtLeastOnce)).expect("b");
         assert_eq!(qos.expire(), 1);
         assert!(late.is_done());
         let told = Arc::new(Mutex::new(None));

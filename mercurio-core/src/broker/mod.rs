@@ -273,10 +273,11 @@ impl BrokerState {
         msg: Arc<Message>,
         congested: &mut Vec<Arc<Session>>,
     ) -> bool {
-        let matched = self.publish_unoffered(&msg, congested);
-        // Another node wants it at QoS 1 or 2: handed to JetStream, for that node to get it
-        // at least once (nobody waits here: see `publish_gated`).
-        let offered = self.cluster_qos.offer(&msg).is_some();
+        let plan = self.cluster_qos.plan(&msg);
+        let matched = self.publish_unoffered(&msg, congested, plan.as_ref());
+        // Another node (or a group with members on one) wants it at QoS 1 or 2: handed to
+        // JetStream, to get it at least once (nobody waits here: see `publish_gated`).
+        let offered = self.cluster_qos.offer(&msg, plan).is_some();
         matched || offered
     }
 
@@ -300,13 +301,20 @@ impl BrokerState {
         msg: Arc<Message>,
         congested: &mut Vec<Arc<Session>>,
     ) -> (bool, Option<Arc<crate::cluster_qos::Gate>>) {
-        let matched = self.publish_unoffered(&msg, congested);
-        let gate = self.cluster_qos.offer(&msg);
+        let plan = self.cluster_qos.plan(&msg);
+        let matched = self.publish_unoffered(&msg, congested, plan.as_ref());
+        let gate = self.cluster_qos.offer(&msg, plan);
         (matched || gate.is_some(), gate)
     }
 
-    /// The retained copy, the streams and the routing of a message on this node.
-    fn publish_unoffered(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
+    /// The retained copy, the streams and the routing of a message on this node; `plan`: what
+    /// goes through JetStream (`cluster_qos`), for routing to leave to it.
+    fn publish_unoffered(
+        &self,
+        msg: &Arc<Message>,
+        congested: &mut Vec<Arc<Session>>,
+        plan: Option<&crate::cluster_qos::Plan>,
+    ) -> bool {
         if msg.topic.starts_with("$SYS") && self.is_own_bridge_state(&msg.topic) {
             // A client (or its will) on the state topic of a bridge this broker runs: the
             // broker's value stays.
@@ -343,7 +351,7 @@ impl BrokerState {
             }
         }
         self.streams.append(msg);
-        self.route_from(msg, congested)
+        self.route_planned(msg, congested, plan)
     }
 
     /// True when `topic` is `$SYS/broker/connection/<client id>/state` of a bridge this
@@ -518,6 +526,18 @@ impl BrokerState {
 
     /// [`BrokerState::route`], collecting the sessions at their high-water mark.
     pub(crate) fn route_from(&self, msg: &Arc<Message>, congested: &mut Vec<Arc<Session>>) -> bool {
+        self.route_planned(msg, congested, None)
+    }
+
+    /// [`BrokerState::route_from`] for a message published on this node, with `plan`, what
+    /// goes through JetStream ([`crate::cluster_qos::ClusterQos::plan`]): in cluster mode a
+    /// QoS 1/2 message of a group with members on this node only goes to one of them here.
+    fn route_planned(
+        &self,
+        msg: &Arc<Message>,
+        congested: &mut Vec<Arc<Session>>,
+        plan: Option<&crate::cluster_qos::Plan>,
+    ) -> bool {
         let matches = self.index.read().matches(&msg.topic);
         // What the message costs in a queue, computed once for every client it goes to.
         let size = msg.size() as u64;
@@ -564,10 +584,15 @@ impl BrokerState {
                 congested.push(Arc::clone(&first.session));
             }
         }
-        // In cluster mode a group gets a message through NATS, once in the whole cluster
-        // (`cluster`, `deliver_to_group`), except on `$` topics, which stay on their node.
-        let groups_here = !self.interest.is_on() || msg.topic.starts_with('$');
-        for sm in matches.shared.iter().filter(|_| groups_here) {
+        // In cluster mode a group gets a message once in the whole cluster (`cluster`,
+        // `deliver_to_group`): QoS 0 through NATS core; QoS 1 and 2 through JetStream when
+        // the group has members on another node (`plan`), else here. `$` topics stay on
+        // their node.
+        let all_here = !self.interest.is_on() || msg.topic.starts_with('$');
+        let here = |sm: &&crate::router::SharedMatch<SubEntry>| {
+            all_here || plan.is_some_and(|p| !p.crosses(&sm.filter))
+        };
+        for sm in matches.shared.iter().filter(here) {
             if sm.members.is_empty() {
                 continue;
             }

@@ -34,13 +34,24 @@ impl BrokerState {
         msg: &Arc<Message>,
         congested: &mut Vec<Arc<Session>>,
     ) {
-        let group = self.index.read().shared_group(full);
-        let taken = group
-            .filter(|sm| !sm.members.is_empty())
-            .is_some_and(|sm| self.deliver_shared(&sm, msg, msg.qos, congested));
-        if !taken {
+        if !self.give_to_group(full, msg, congested) {
             self.dropped(None, &msg.topic, DropCause::NoShareMember);
         }
+    }
+
+    /// [`BrokerState::deliver_to_group`] without counting a drop: false when no member here
+    /// took it (cluster mode then lets JetStream give it to another node).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn give_to_group(
+        &self,
+        full: &str,
+        msg: &Arc<Message>,
+        congested: &mut Vec<Arc<Session>>,
+    ) -> bool {
+        let group = self.index.read().shared_group(full);
+        group
+            .filter(|sm| !sm.members.is_empty())
+            .is_some_and(|sm| self.deliver_shared(&sm, msg, msg.qos, congested))
     }
 
     /// Gives `msg` to one member of the group `sm`, in turn (MQTT 5.0 section 4.8.2): a

@@ -13,7 +13,12 @@
 //!   which outlives the node's restarts, routes each message locally, and acknowledges it to
 //!   JetStream only then (with `durable_ack`, once storage has committed it) ([`take_in`]);
 //!   a message for a session handed over to another node is forwarded there first
-//!   (`forward`).
+//!   (`forward`);
+//! - a QoS 1 or 2 message of a shared subscription group with members on another node is
+//!   published once, on the group's subject `{prefix}.qos.share.{group id}` ([`Names`]), read
+//!   through one durable consumer per group that every node with members pulls from
+//!   ([`take_groups`]): JetStream gives each message to one of them, which gives it to one
+//!   of its members and acknowledges it then, or gives it back when none here takes it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -75,6 +80,20 @@ impl Names {
         format!("{}.{node}", self.base)
     }
 
+    /// The subject of the messages for the shared subscription group `full`
+    /// (`$share/{ShareName}/{filter}`): `{prefix}.qos.share.{group id}`, one more token than
+    /// a node's subject, so that no node's consumer reads it.
+    pub(super) fn group_subject(&self, full: &str) -> String {
+        format!("{}.share.{}", self.base, group_id(full))
+    }
+
+    /// The durable consumer every node with members of the group `full` pulls from:
+    /// `share-{group id}`, 70 characters, longer than any `node_name` (a node's consumer is
+    /// named after the node).
+    pub(super) fn group_consumer(full: &str) -> String {
+        format!("share-{}", group_id(full))
+    }
+
     /// The stream's configuration from `[cluster]`.
     fn stream_config(&self, cfg: &ClusterConfig) -> stream::Config {
         stream::Config {
@@ -90,6 +109,15 @@ impl Names {
             ..Default::default()
         }
     }
+}
+
+/// A shared subscription group's identifier in JetStream names: the SHA-256 of its full
+/// filter, in hexadecimal (64 digits). A group's filter may be longer than a consumer's name
+/// may be, and hold characters names may not; every node computes the same.
+fn group_id(full: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(full.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The JetStream context on the node's connection: acknowledgements awaited for the context's
@@ -172,7 +200,7 @@ async fn ensure_stream(
     }
 }
 
-/// One copy of a handed-off message, for one node.
+/// One copy of a handed-off message, for one node or one shared group.
 struct NodeCopy {
     out: Arc<Handed>,
     subject: String,
@@ -350,14 +378,21 @@ pub(super) async fn send(
                 let out = Arc::new(Handed {
                     gate: o.gate,
                     cost: o.cost,
-                    left: AtomicUsize::new(o.nodes.len()),
+                    left: AtomicUsize::new(o.nodes.len() + o.groups.len()),
                     refused: AtomicBool::new(false),
                 });
-                for node in &o.nodes {
+                let nodes = o.nodes.iter().map(|node| {
+                    (names.node_subject(node), format!("{origin:016x}-{seq}-{node}"))
+                });
+                let groups = o.groups.iter().map(|full| {
+                    let consumer = Names::group_consumer(full);
+                    (names.group_subject(full), format!("{origin:016x}-{seq}-{consumer}"))
+                });
+                for (subject, id) in nodes.chain(groups) {
                     let c = NodeCopy {
                         out: Arc::clone(&out),
-                        subject: names.node_subject(node),
-                        id: format!("{origin:016x}-{seq}-{node}"),
+                        subject,
+                        id,
                         payload: payload.clone(),
                         attempts: 0,
                     };
@@ -432,22 +467,9 @@ pub(super) async fn take_in(
     let node = cfg.node_name.clone();
     let stream_config = names.stream_config(&cfg);
     // Unbounded, but JetStream hands out at most MAX_ACK_PENDING unacknowledged messages.
-    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<Ack>();
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<Ack>();
     // Acknowledgements go out in the order given, on a task of their own.
-    let acks = tokio::spawn(async move {
-        while let Some((acker, ok)) = ack_rx.recv().await {
-            let r = if ok {
-                acker.ack().await
-            } else {
-                acker.ack_with(AckKind::Nak(None)).await
-            };
-            if let Err(e) = r {
-                // JetStream delivers it again after ACK_WAIT.
-                tracing::debug!("cluster: acknowledging to JetStream: {e}");
-            }
-        }
-    });
-    let _acks = super::Forward(acks);
+    let _acks = super::Forward(tokio::spawn(acknowledge(ack_rx)));
     let config = consumer::pull::Config {
         durable_name: Some(node.clone()),
         filter_subject: names.node_subject(&node),
@@ -513,12 +535,7 @@ pub(super) async fn take_in(
                     continue;
                 }
             };
-            let age = m.info().ok().map(|i| {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs() as i64);
-                u32::try_from(now - i.published.unix_timestamp()).unwrap_or(0)
-            });
+            let age = age_of(&m);
             let (m, acker) = m.split();
             let Some(msg) = receive(&broker, &publisher, &mut seen, &mut warned, &m, age) else {
                 // A copy already routed, or unreadable: acknowledged, never to come again.
@@ -534,9 +551,7 @@ pub(super) async fn take_in(
             };
             if !done {
                 // Given back, to be taken as new when it comes again.
-                if let Ok(env) = Envelope::decode(m.payload.clone()) {
-                    seen.forget(env.origin, env.seq);
-                }
+                given_back(&mut seen, &m.payload);
                 let later = AckKind::Nak(Some(forward::RETRY_LATER));
                 tokio::spawn(async move { acker.ack_with(later).await });
                 continue;
@@ -544,20 +559,246 @@ pub(super) async fn take_in(
             let msg = Arc::new(msg);
             broker.route_from(&msg, &mut congested);
             broker.wait_congested(None, &mut congested).await;
-            match broker.persist.get().filter(|p| p.durable_ack()) {
-                Some(p) => {
-                    let tx = ack_tx.clone();
-                    p.after_commit(Box::new(move |held| {
-                        let _ = tx.send((acker, held));
-                    }));
+            acknowledge_after_commit(&broker, &ack_tx, acker);
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// How long JetStream waits for a node's acknowledgement of a shared group's message before
+/// it gives the message to a node again (a node killed with messages taken: the other nodes
+/// with members get them after this).
+const GROUP_ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// Messages a node asks a group's consumer for at a time (one pull request): at most this
+/// many wait for the node's members at once, the rest for whichever node asks next.
+const GROUP_BATCH: usize = 16;
+
+/// How long one pull request for a group's messages waits for them before the node asks
+/// again.
+const GROUP_PULL_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a group's consumer outlives the last node pulling from it (its members gone
+/// everywhere, or their nodes stopped); what its subject holds then stays in the stream
+/// (`jetstream_max_age`), for the consumer made again when a member comes.
+const GROUP_INACTIVE: Duration = Duration::from_secs(300);
+
+/// A change of this node's shared groups for [`take_groups`]: the group's full filter, and
+/// whether it has members here now.
+pub(super) type GroupChange = (Arc<str>, bool);
+
+/// In, for shared subscription groups: pulls from the consumer of each group with members
+/// on this node (one task per group, started and stopped as `changes` say), as
+/// [`take_group`].
+pub(super) async fn take_groups(
+    broker: Arc<BrokerState>,
+    js: jetstream::Context,
+    names: Names,
+    cfg: ClusterConfig,
+    publisher: Arc<str>,
+    mut changes: mpsc::UnboundedReceiver<GroupChange>,
+    connected: tokio::sync::watch::Receiver<u64>,
+) {
+    // Unbounded, but each group's consumer hands out at most MAX_ACK_PENDING messages.
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<Ack>();
+    let _acks = super::Forward(tokio::spawn(acknowledge(ack_rx)));
+    let mut pulling: std::collections::HashMap<Arc<str>, super::Forward> = Default::default();
+    while let Some((full, present)) = changes.recv().await {
+        if !present {
+            // What it took and had not given yet goes to another node after GROUP_ACK_WAIT.
+            pulling.remove(&full);
+            continue;
+        }
+        let task = tokio::spawn(take_group(
+            Arc::clone(&broker),
+            js.clone(),
+            names.clone(),
+            cfg.clone(),
+            Arc::clone(&publisher),
+            Arc::clone(&full),
+            connected.clone(),
+            ack_tx.clone(),
+        ));
+        pulling.insert(full, super::Forward(task));
+    }
+}
+
+/// Sends the acknowledgements given, in order: `true` acknowledges, `false` has the message
+/// delivered again at once.
+async fn acknowledge(mut acks: mpsc::UnboundedReceiver<Ack>) {
+    while let Some((acker, ok)) = acks.recv().await {
+        let r = if ok {
+            acker.ack().await
+        } else {
+            acker.ack_with(AckKind::Nak(None)).await
+        };
+        if let Err(e) = r {
+            // JetStream delivers it again after its ack wait.
+            tracing::debug!("cluster: acknowledging to JetStream: {e}");
+        }
+    }
+}
+
+/// Pulls the messages of the shared group `full` from its durable consumer (made by the
+/// first node to need it), gives each to one member here (`BrokerState::give_to_group`)
+/// and acknowledges it then (with `durable_ack`, once storage has committed it); a message
+/// no member here takes is given back, for JetStream to give it again (to this node or
+/// another with members), after a second.
+#[allow(clippy::too_many_arguments)]
+async fn take_group(
+    broker: Arc<BrokerState>,
+    js: jetstream::Context,
+    names: Names,
+    cfg: ClusterConfig,
+    publisher: Arc<str>,
+    full: Arc<str>,
+    mut connected: tokio::sync::watch::Receiver<u64>,
+    ack_tx: mpsc::UnboundedSender<Ack>,
+) {
+    let name = Names::group_consumer(&full);
+    let stream_config = names.stream_config(&cfg);
+    let config = consumer::pull::Config {
+        durable_name: Some(name.clone()),
+        description: Some(format!("mercurio shared subscription group {full}")),
+        filter_subject: names.group_subject(&full),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: GROUP_ACK_WAIT,
+        max_ack_pending: MAX_ACK_PENDING,
+        deliver_policy: consumer::DeliverPolicy::All,
+        inactive_threshold: GROUP_INACTIVE,
+        ..Default::default()
+    };
+    let mut seen = dedup::Seen::default();
+    let mut warned = Throttle::default();
+    let mut congested = Vec::new();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let found = async {
+            let stream = js
+                .get_or_create_stream(stream_config.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .get_or_create_consumer::<consumer::pull::Config>(&name, config.clone())
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        let consumer = match found {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(consumer = %name, group = %full, "cluster: JetStream consumer not ready: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(50);
+        connected.mark_unchanged();
+        // One pull request at a time (not a continuous stream of them): the node holds no
+        // more of the group's messages than GROUP_BATCH beyond what its members took.
+        let mut errors = 0;
+        while errors < 3 {
+            let batch = consumer
+                .batch()
+                .max_messages(GROUP_BATCH)
+                .expires(GROUP_PULL_WAIT)
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::debug!(consumer = %name, "cluster: JetStream: {e}");
+                    errors += 1;
+                    tokio::time::sleep(backoff).await;
+                    continue;
                 }
-                None => {
+            };
+            loop {
+                let m = tokio::select! {
+                    m = batch.next() => m,
+                    // Reconnected: the consumer is looked up again (and made, after a NATS
+                    // server started afresh).
+                    Ok(()) = connected.changed() => {
+                        errors = 3;
+                        break;
+                    }
+                };
+                let Some(m) = m else { break };
+                let m = match m {
+                    Ok(m) => {
+                        errors = 0;
+                        m
+                    }
+                    Err(e) => {
+                        // As for the node's own consumer (take_in): after a few errors in a
+                        // row (the consumer removed, a NATS server started afresh), looked up
+                        // again.
+                        tracing::debug!(consumer = %name, "cluster: JetStream: {e}");
+                        errors += 1;
+                        break;
+                    }
+                };
+                let age = age_of(&m);
+                let (m, acker) = m.split();
+                let Some(msg) = receive(&broker, &publisher, &mut seen, &mut warned, &m, age)
+                else {
                     let _ = ack_tx.send((acker, true));
+                    continue;
+                };
+                let msg = Arc::new(msg);
+                if !broker.give_to_group(&full, &msg, &mut congested) {
+                    // No member here takes it (they left, or are full): given back, to be
+                    // taken as new when it comes again.
+                    given_back(&mut seen, &m.payload);
+                    let later = AckKind::Nak(Some(Duration::from_secs(1)));
+                    tokio::spawn(async move { acker.ack_with(later).await });
+                    continue;
                 }
+                broker.wait_congested(None, &mut congested).await;
+                acknowledge_after_commit(&broker, &ack_tx, acker);
             }
         }
         tokio::time::sleep(backoff).await;
     }
+}
+
+/// Acknowledges a message routed here: now, or with `durable_ack` once storage has
+/// committed what routing stored (`false`, delivered again, when it could not).
+fn acknowledge_after_commit(
+    broker: &BrokerState,
+    ack_tx: &mpsc::UnboundedSender<Ack>,
+    acker: jetstream::message::Acker,
+) {
+    match broker.persist.get().filter(|p| p.durable_ack()) {
+        Some(p) => {
+            let tx = ack_tx.clone();
+            p.after_commit(Box::new(move |held| {
+                let _ = tx.send((acker, held));
+            }));
+        }
+        None => {
+            let _ = ack_tx.send((acker, true));
+        }
+    }
+}
+
+/// Forgets the message `payload` carries: given back undone, its next delivery is to be
+/// taken as the first.
+fn given_back(seen: &mut dedup::Seen, payload: &bytes::Bytes) {
+    if let Ok(env) = Envelope::decode(payload.clone()) {
+        seen.forget(env.origin, env.seq);
+    }
+}
+
+/// Seconds since JetStream stored `m`, if it says.
+fn age_of(m: &jetstream::Message) -> Option<u32> {
+    m.info().ok().map(|i| {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        u32::try_from(now - i.published.unix_timestamp()).unwrap_or(0)
+    })
 }
 
 /// The message a JetStream message carries, or `None` for a copy already taken or one that

@@ -15,10 +15,12 @@
 //!   subscriptions that match it, as published by `$internal/cluster`; the RETAIN flag goes
 //!   with it for Retain As Published; what is kept as the topic's retained message comes
 //!   separately (`control.rs`: retained changes, heartbeats, on a third connection).
-//! - Shared subscription groups: routing leaves them out in cluster mode; each group with
-//!   members here is a NATS queue subscription (on a second connection, which receives this
-//!   node's own messages too), so that NATS gives each message to one node with members, and
-//!   that node to one member (`BrokerState::deliver_to_group`).
+//! - Shared subscription groups: routing leaves their QoS 0 messages out in cluster mode;
+//!   each group with members here is a NATS queue subscription (on a second connection,
+//!   which receives this node's own messages too), so that NATS gives each message to one
+//!   node with members, and that node to one member (`BrokerState::deliver_to_group`).
+//!   Their QoS 1 and 2 messages go through JetStream when the group has members on another
+//!   node (one durable consumer per group, `jetstream.rs`), else to a member here.
 //!
 //! Dependency: `async-nats`, the NATS client of the NATS project (recorded in the crate's
 //! Cargo.toml).
@@ -216,6 +218,8 @@ impl Cluster {
         ));
         let mut tasks = vec![out, control, sessions];
         let mut jetstream_client = None;
+        // This node's shared groups, told to the JetStream task that pulls their messages.
+        let mut group_changes = None;
         if cfg.jetstream_on() {
             // QoS 1 and 2 between nodes through JetStream (jetstream.rs): the broker hands
             // off what other nodes want; this node reads its own durable consumer.
@@ -291,6 +295,17 @@ impl Cluster {
                 origin,
                 connected.clone(),
             )));
+            let (groups_tx, groups_rx) = mpsc::unbounded_channel();
+            group_changes = Some(groups_tx);
+            tasks.push(tokio::spawn(jetstream::take_groups(
+                Arc::clone(broker),
+                js.clone(),
+                names.clone(),
+                cfg.clone(),
+                Arc::clone(&id),
+                groups_rx,
+                connected.clone(),
+            )));
             tasks.push(tokio::spawn(jetstream::take_in(
                 Arc::clone(broker),
                 js,
@@ -308,6 +323,7 @@ impl Cluster {
             shares.clone(),
             prefix,
             link_filters,
+            group_changes,
         )));
         Ok(Some(Cluster {
             tasks,
@@ -507,12 +523,9 @@ async fn send_out(
             let drained = broker.drain(&session, &mut batch);
             let now = Instant::now();
             for (msg, qos, retain) in batch.messages.drain(..) {
-                // QoS 1 and 2 go to the other nodes through JetStream (jetstream.rs), and on
-                // NATS core only for shared groups.
-                if qos != QoS::AtMostOnce
-                    && broker.cluster_qos.is_on()
-                    && !broker.cluster_qos.for_a_group(&msg.topic)
-                {
+                // QoS 1 and 2 go to the other nodes and to shared groups through JetStream
+                // (jetstream.rs).
+                if qos != QoS::AtMostOnce && broker.cluster_qos.is_on() {
                     continue;
                 }
                 seq += 1;
@@ -577,8 +590,16 @@ async fn take_in(
     shares: async_nats::Client,
     prefix: String,
     link_filters: Arc<remote::LinkFilters>,
+    group_changes: Option<mpsc::UnboundedSender<jetstream::GroupChange>>,
 ) {
     let (tx, mut rx) = mpsc::channel::<Inbound>(1024);
+    // QoS 1 and 2 messages of a group come through JetStream (jetstream.rs), for as long as
+    // it has members here.
+    let tell_group = |full: &str, present: bool| {
+        if let Some(tx) = &group_changes {
+            let _ = tx.send((Arc::from(full), present));
+        }
+    };
     // Subject -> (filters needing it, the task forwarding its messages).
     let mut subs: HashMap<String, (usize, Forward)> = HashMap::new();
     // The filters subscribed to on NATS.
@@ -633,12 +654,14 @@ async fn take_in(
                         broker.cluster_qos.want("", e.key(), true);
                         broker.cluster.interest.lock().change(e.key().clone(), true);
                         broker.cluster.interest_wake.notify_one();
+                        tell_group(e.key(), true);
                         let forwards = subscribe_group(&shares, &prefix, e.key(), &tx).await;
                         e.insert(forwards);
                     }
                 }
                 Key::Group(full) => {
                     if groups.remove(&full).is_some() {
+                        tell_group(&full, false);
                         link_filters.remove(&broker, &full);
                         broker.cluster_qos.want("", &full, false);
                         broker.cluster.interest.lock().change(full, false);

@@ -431,21 +431,28 @@ fn a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster() {
         }));
     }
 
-    // 20 messages from B (no member there) and 20 from A (a member's node).
+    // 20 messages from B (no member there) and 20 from A (a member's node), at QoS 1
+    // (through JetStream) and at QoS 0 (through the NATS queue group) each.
     let mut from_b = client(&b, "from-b");
     let mut from_a = client(&a, "from-a");
     for i in 0..20 {
-        from_b.publish("s/b", i.to_string().as_bytes(), QoS::AtLeastOnce, false);
-        from_a.publish("s/a", i.to_string().as_bytes(), QoS::AtLeastOnce, false);
+        for qos in [QoS::AtLeastOnce, QoS::AtMostOnce] {
+            let q = if qos == QoS::AtMostOnce { "0" } else { "" };
+            let payload = i.to_string();
+            from_b.publish(&format!("s/b{q}"), payload.as_bytes(), qos, false);
+            from_a.publish(&format!("s/a{q}"), payload.as_bytes(), qos, false);
+        }
     }
-    // The ordinary subscriber gets all 40.
-    for _ in 0..40 {
+    from_b.settle();
+    from_a.settle();
+    // The ordinary subscriber gets all 80.
+    for _ in 0..80 {
         let p = plain.expect_publish();
         plain.ack(&p);
     }
     plain.settle();
     let count = || got.lock().unwrap_or_else(|e| e.into_inner()).len();
-    wait_until("40 messages to the group", || count() >= 40);
+    wait_until("80 messages to the group", || count() >= 80);
     for s in &sockets {
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
@@ -453,14 +460,18 @@ fn a_shared_subscription_group_gets_each_message_once_in_the_whole_cluster() {
         r.join().expect("a reader");
     }
     // Once each in the group as a whole [MQTT-4.8.2-2 (one member per message)], spread by
-    // NATS over the nodes with members.
+    // NATS (QoS 0) or JetStream (QoS 1) over the nodes with members. In the stream: the
+    // QoS 1 ones once each for the group (40), and B's for A's ordinary subscriber (20); the
+    // QoS 0 ones not at all.
+    let stream = nats.stream_state("mercurio_qos").expect("the stream");
+    assert_eq!(stream["last_seq"], 60, "{stream}");
     let got = got.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut distinct: Vec<(String, Vec<u8>)> =
         got.iter().map(|(t, p, _)| (t.clone(), p.clone())).collect();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(distinct.len(), 40, "{got:?}");
-    assert_eq!(got.len(), 40, "copies: {got:?}");
+    assert_eq!(distinct.len(), 80, "{got:?}");
+    assert_eq!(got.len(), 80, "copies: {got:?}");
     drop((a, b, c));
 }
 

@@ -693,3 +693,264 @@ fn a_message_over_the_nats_max_payload_is_refused_for_other_nodes_and_its_publis
     let p = sub.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("big/3", &b"small"[..]));
 }
+
+/// A message a [`Publisher`] sent: its topic and number.
+type Sent = (String, u32);
+
+/// The messages `acked` (numbers, as [`Publisher::finish`] returns them) on `topic`.
+fn on(topic: &str, acked: &[u32]) -> Vec<Sent> {
+    acked.iter().map(|n| (topic.to_string(), *n)).collect()
+}
+
+/// The members of a shared subscription group, each read on a thread of its own (each QoS 1
+/// message acknowledged) until [`Members::finish`] shuts their sockets.
+struct Members {
+    /// Each message received, with the members that got it, in order.
+    got: Arc<Mutex<BTreeMap<Sent, Vec<&'static str>>>>,
+    sockets: Vec<std::net::TcpStream>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Members {
+    fn new() -> Members {
+        Members {
+            got: Arc::default(),
+            sockets: Vec::new(),
+            readers: Vec::new(),
+        }
+    }
+
+    /// Reads `m`, the member `name`, from now on, until its connection closes.
+    fn read(&mut self, name: &'static str, mut m: Client) {
+        self.sockets
+            .push(m.stream.try_clone().expect("clone the socket"));
+        let got = Arc::clone(&self.got);
+        self.readers.push(std::thread::spawn(move || {
+            while let Some(p) = m.recv() {
+                if let Packet::Publish(p) = p {
+                    assert_eq!(p.qos, QoS::AtLeastOnce);
+                    m.ack(&p);
+                    got.lock()
+                        .expect("got")
+                        .entry((p.topic.clone(), number(&p)))
+                        .or_default()
+                        .push(name);
+                }
+            }
+        }));
+    }
+
+    /// How many of `sent` some member received.
+    fn received(&self, sent: &[Sent]) -> usize {
+        let got = self.got.lock().expect("got");
+        sent.iter().filter(|s| got.contains_key(*s)).count()
+    }
+
+    /// Waits until every message of `sent` was received by some member.
+    fn wait_all(&self, sent: &[Sent]) {
+        wait_until(
+            &format!("{} messages received by the group", sent.len()),
+            || self.received(sent) == sent.len(),
+        );
+    }
+
+    /// Stops reading; the members each message went to.
+    fn finish(self) -> BTreeMap<Sent, Vec<&'static str>> {
+        for s in &self.sockets {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for r in self.readers {
+            r.join().expect("a member's reader");
+        }
+        std::mem::take(&mut *self.got.lock().expect("got"))
+    }
+}
+
+/// How many messages of `got` each member received, as the test's report.
+fn per_member(got: &BTreeMap<Sent, Vec<&'static str>>) -> BTreeMap<&'static str, usize> {
+    let mut counts = BTreeMap::new();
+    for m in got.values().flatten() {
+        *counts.entry(*m).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Whether `d` knows that node `name` has `n` filters and groups.
+fn knows(d: &Daemon, name: &str, n: u64) -> bool {
+    interest_of(d, name) == Some(n)
+}
+
+#[test]
+fn a_group_with_members_on_two_nodes_gets_every_acknowledged_qos_1_message_once() {
+    const TEST: &str =
+        "a_group_with_members_on_two_nodes_gets_every_acknowledged_qos_1_message_once";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let (a, b) = nodes(&nats);
+    let c = ClusterNode::start("c", &nats.urls()[2..3], "", CLUSTER_KEYS);
+    // Members of group g on A and B; the publishers on A (a member's node) and C (none).
+    let mut members = Members::new();
+    for (d, name) in [(&a.daemon, "member-a"), (&b.daemon, "member-b")] {
+        let mut m = client(d, name, true);
+        m.subscribe("$share/g/grp/#", QoS::AtLeastOnce);
+        members.read(name, m);
+    }
+    wait_until("the group known on every node", || {
+        knows(&a.daemon, "b", 1) && knows(&c.daemon, "a", 1) && knows(&c.daemon, "b", 1)
+    });
+    let from_c = Publisher::start(&c.daemon, "pub-c", "grp/c");
+    let from_a = Publisher::start(&a.daemon, "pub-a", "grp/a");
+    from_c.wait_acked(300);
+    from_a.wait_acked(300);
+    let mut sent = on("grp/c", &from_c.finish());
+    sent.extend(on("grp/a", &from_a.finish()));
+    members.wait_all(&sent);
+    // Through JetStream, one copy a message, for the group as a whole.
+    let stream = || {
+        nats.servers[0]
+            .stream_state("mercurio_qos")
+            .expect("the stream")
+    };
+    wait_until("the stream emptied by the nodes' acknowledgements", || {
+        stream()["messages"] == 0
+    });
+    assert_eq!(stream()["last_seq"], sent.len() as u64);
+    let got = members.finish();
+    eprintln!(
+        "{TEST}: {} messages, by member {:?}",
+        sent.len(),
+        per_member(&got)
+    );
+    // Each acknowledged message reached one member once [MQTT-4.8.2-2]: nothing failed, so
+    // nothing came twice; and nothing came that was not sent.
+    for s in &sent {
+        assert_eq!(got[s].len(), 1, "{s:?} went to {:?}", got[s]);
+    }
+    assert_eq!(got.len(), sent.len());
+
+    // A group whose members are all on the publisher's node gets its messages there,
+    // without JetStream, as on a single broker.
+    let mut solo = client(&c.daemon, "solo", false);
+    solo.subscribe("$share/solo/only/#", QoS::AtLeastOnce);
+    let mut publisher = client(&c.daemon, "pub-solo", false);
+    for n in 0..20u32 {
+        publisher.publish("only/c", n.to_string().as_bytes(), QoS::AtLeastOnce, false);
+    }
+    for n in 0..20u32 {
+        let p = solo.expect_publish();
+        solo.ack(&p);
+        assert_eq!((p.topic.as_str(), number(&p)), ("only/c", n));
+    }
+    assert_eq!(stream()["last_seq"], sent.len() as u64);
+}
+
+#[test]
+fn killing_the_node_of_a_receiving_member_loses_no_acknowledged_group_message() {
+    const TEST: &str = "killing_the_node_of_a_receiving_member_loses_no_acknowledged_group_message";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let (a, b) = nodes(&nats);
+    let c = ClusterNode::start("c", &nats.urls()[2..3], "", CLUSTER_KEYS);
+    // Persistent members of group g on A and B; the publisher on C.
+    let mut members = Members::new();
+    for (d, name) in [(&a.daemon, "member-a"), (&b.daemon, "member-b")] {
+        let mut m = client(d, name, true);
+        m.subscribe("$share/g/grp/#", QoS::AtLeastOnce);
+        members.read(name, m);
+    }
+    wait_until("the group known on C", || {
+        knows(&c.daemon, "a", 1) && knows(&c.daemon, "b", 1)
+    });
+    let publisher = Publisher::start(&c.daemon, "pub", "grp/c");
+    publisher.wait_acked(200);
+    // The node of the member receiving the latest message is killed.
+    let latest = on("grp/c", &[publisher.acked() as u32 - 1]).remove(0);
+    wait_until("the latest message received", || {
+        members.received(std::slice::from_ref(&latest)) == 1
+    });
+    let receiving = members.got.lock().expect("got")[&latest][0];
+    let (mut victim, survivor) = if receiving == "member-a" {
+        (a, "member-b")
+    } else {
+        (b, "member-a")
+    };
+    victim.kill();
+    let killed_at = publisher.acked();
+    // The publisher goes on; the surviving member takes what the killed node had taken from
+    // JetStream and not acknowledged (after its ack wait), and everything from now on.
+    publisher.wait_acked(killed_at + 300);
+    let acked = publisher.finish();
+    // (Past the one in flight at the kill, which the killed node may have had.)
+    let after: Vec<Sent> = on("grp/c", &acked[killed_at + 5..]);
+    members.wait_all(&after);
+    // What the killed node had committed to its member's session stays in that session, as
+    // on a single broker: the node back, its member gets it.
+    victim.restart();
+    members.read("restarted", client(&victim.daemon, receiving, true));
+    let sent = on("grp/c", &acked);
+    members.wait_all(&sent);
+    let got = members.finish();
+    let duplicates: usize = got.values().map(|m| m.len() - 1).sum();
+    eprintln!(
+        "{TEST}: {} acknowledged ({killed_at} before {receiving}'s node was killed), by member {:?} (restarted: the killed node's member after its restart), {duplicates} duplicates",
+        acked.len(),
+        per_member(&got)
+    );
+    // Every acknowledged message reached a member; those after the kill, the survivor.
+    for s in &sent {
+        assert!(got.contains_key(s), "{s:?} lost");
+    }
+    for s in &after {
+        assert!(got[s].contains(&survivor), "{s:?} went to {:?}", got[s]);
+    }
+}
+
+#[test]
+fn a_publishers_puback_waits_for_jetstream_when_a_groups_members_are_on_other_nodes() {
+    const TEST: &str =
+        "a_publishers_puback_waits_for_jetstream_when_a_groups_members_are_on_other_nodes";
+    let Some(nats) = NatsServer::start(TEST) else {
+        return;
+    };
+    let port = nats.port;
+    let keys = "heartbeat_interval = 1
+jetstream_ack_timeout = 120
+";
+    let mut a = ClusterNode::start("a", &[nats.url()], "", keys);
+    let mut b = ClusterNode::start("b", &[nats.url()], "", keys);
+    let mut member = client(&b.daemon, "member", true);
+    member.subscribe("$share/g/q/#", QoS::AtLeastOnce);
+    wait_until("B's group known to A", || knows(&a.daemon, "b", 1));
+    drop(nats);
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the disconnection", |l| {
+            l.contains("cluster: disconnected from NATS")
+        });
+    }
+    // NATS away: a QoS 1 message for the group, whose only member is on B, is not
+    // acknowledged (a later message's PUBACK, which follows every acknowledgement ready
+    // before it, comes first) [MQTT-4.3.2-1].
+    let mut publisher = client(&a.daemon, "pub", false);
+    let id = publisher.publish_packet("q/1", b"1", QoS::AtLeastOnce, false);
+    assert_eq!(
+        next_acknowledgement(&mut publisher),
+        None,
+        "no PUBACK before JetStream has the message"
+    );
+    // NATS back (its JetStream empty): the message goes in, then its PUBACK, and the member
+    // gets it.
+    let nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    match publisher.recv() {
+        Some(Packet::PubAck(r)) => {
+            assert_eq!((r.packet_id, r.reason_code), (id, ReasonCode::SUCCESS))
+        }
+        other => panic!("expected PUBACK {id}, got {other:?}"),
+    }
+    let p = member.expect_publish();
+    assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"1"[..]));
+    member.ack(&p);
+    let state = nats.stream_state("mercurio_qos").expect("the stream");
+    assert_eq!(state["last_seq"], 1);
+}
