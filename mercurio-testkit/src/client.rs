@@ -75,6 +75,11 @@ impl Client {
         self.runtime.block_on(self.conn.send(&p)).expect("write");
     }
 
+    /// Writes one packet; `false` when the connection is gone (its broker killed, say).
+    pub fn try_send(&mut self, p: Packet) -> bool {
+        self.runtime.block_on(self.conn.send(&p)).is_ok()
+    }
+
     /// The next packet; `None` when the connection closed.
     pub fn recv(&mut self) -> Option<Packet> {
         let conn = &mut self.conn;

@@ -402,16 +402,27 @@ pub(super) async fn fence(broker: &Arc<BrokerState>, registry: &Arc<Registry>) {
     let checks: Vec<_> = sessions.iter().map(|session| {
         let (registry, session) = (Arc::clone(registry), Arc::clone(session));
         async move {
-            match registry.check(&session.client_id).await {
-                Claim::Lost(node) => Some(node),
-                Claim::Ours(rev) => {
-                    // Claimed for this copy (made when nobody owns it).
-                    match registry.confirm(&session.client_id, rev, &session).await {
-                        Claim::Lost(node) => Some(node),
-                        _ => None,
-                    }
+            match registry.read(&key_of(&session.client_id)).await {
+                Ok((Some(node), _)) if node != registry.node => {
+                    registry.owned.lock().remove(&session.client_id);
+                    Some(node)
                 }
-                Claim::Unknown(e) => {
+                // Already this node's: kept as it is, not written again. A write here could
+                // overtake a node claiming the session this instant (its client moving on
+                // while this node starts), and refuse that client.
+                Ok((Some(_), rev)) => {
+                    registry
+                        .owned
+                        .lock()
+                        .insert(Arc::clone(&session.client_id), (rev, Arc::downgrade(&session)));
+                    None
+                }
+                // Nobody's: claimed for this copy.
+                Ok((None, rev)) => match registry.confirm(&session.client_id, rev, &session).await {
+                    Claim::Lost(node) => Some(node),
+                    _ => None,
+                },
+                Err(e) => {
                     tracing::debug!(client_id = %session.client_id, "cluster: session not checked against the registry: {e}");
                     None
                 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mercurio_core::codec::{
-    Connect, Packet, Properties, ProtocolVersion, Publish, QoS, ReasonCode,
+    Connect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
 };
 use mercurio_testkit::{
     free_port, http, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
@@ -729,12 +729,19 @@ impl Members {
             while let Some(p) = m.recv() {
                 if let Packet::Publish(p) = p {
                     assert_eq!(p.qos, QoS::AtLeastOnce);
-                    m.ack(&p);
                     got.lock()
                         .expect("got")
                         .entry((p.topic.clone(), number(&p)))
                         .or_default()
                         .push(name);
+                    // The member's node may be killed under it: the connection is gone then.
+                    let ack = Packet::PubAck(PubAck {
+                        packet_id: p.packet_id,
+                        ..PubAck::default()
+                    });
+                    if !m.try_send(ack) {
+                        break;
+                    }
                 }
             }
         }));
