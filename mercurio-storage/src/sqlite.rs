@@ -1644,12 +1644,16 @@ fn trim_segments(
     }
     tx.prepare_cached("UPDATE streams SET trimmed = ?2 WHERE name = ?1")?
         .execute(params![stream, below])?;
-    // Releases below every inline message still held are no longer needed.
-    tx.prepare_cached(
-        "DELETE FROM inline_released_runs WHERE last_id < coalesce((SELECT min(min_id) \
-         FROM stream_segments WHERE min_id IS NOT NULL), 1 << 62)",
-    )?
-    .execute([])?;
+    // Releases below every inline message still held are no longer needed (the runs are
+    // disjoint: those starting below it, through the key, but one reaching over it).
+    let lowest_held: i64 = tx
+        .prepare_cached(
+            "SELECT coalesce((SELECT min(min_id) FROM stream_segments \
+             WHERE min_id IS NOT NULL), 1 << 62)",
+        )?
+        .query_row([], |r| r.get(0))?;
+    tx.prepare_cached("DELETE FROM inline_released_runs WHERE first_id < ?1 AND last_id < ?1")?
+        .execute([lowest_held])?;
     Ok(())
 }
 
