@@ -2206,6 +2206,25 @@ pub async fn check_read_stream<S: Storage>(storage: &S) {
             .collect::<Vec<_>>()
     };
     assert_eq!(read(2, 0, 2).await, [2, 3], "from an offset, at most max");
+    // Bounded in bytes: the first entries, at least one, each message counted once read.
+    let within = must(
+        "read_stream_within",
+        storage.read_stream_within("s", 2, 0, 10, 1),
+    )
+    .await;
+    let offsets: Vec<u64> = within.iter().map(|e| e.entry.offset).collect();
+    assert!(
+        !offsets.is_empty()
+            && offsets.len() <= 4
+            && offsets == (2..2 + offsets.len() as u64).collect::<Vec<_>>(),
+        "a prefix of the entries from the offset: {offsets:?}"
+    );
+    let all = must(
+        "read_stream_within",
+        storage.read_stream_within("s", 1, 0, 3, u64::MAX),
+    )
+    .await;
+    assert!((1..=3).contains(&all.len()), "at most max: {}", all.len());
     assert_eq!(read(0, 1_004, 10).await, [4, 5], "from a time");
     assert_eq!(read(6, 0, 10).await, Vec::<u64>::new(), "read to its end");
     let first = must("read_stream", storage.read_stream("s", 1, 0, 1)).await;

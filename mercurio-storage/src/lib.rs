@@ -120,6 +120,10 @@ pub struct SetAside {
     pub cause: String,
 }
 
+/// Entries [`Storage::read_stream_within`] reads at most by default (a backend that does not
+/// bound a read in bytes): what one read of a stream reader asked for before.
+pub const STREAM_READ_DEFAULT: usize = 64;
+
 /// A storage backend: memory, SQLite or PostgreSQL.
 ///
 /// Implementations are shared (`Arc<dyn Storage>`) between the broker's background writer
@@ -178,6 +182,29 @@ pub trait Storage: Send + Sync + 'static {
         max: usize,
     ) -> Result<Vec<StreamEntryRead>, StorageError>;
 
+    /// Some of the entries [`read_stream`](Storage::read_stream) would return, from the
+    /// first on: at most `max`, stopping once their messages add up to `max_bytes` or more
+    /// ([`MessageRecord::size`]; the entry that reaches it is included), and possibly fewer
+    /// (at least one while any is left): a reader replaying a long stream reads large
+    /// batches without holding more than that, and reads on after the last entry returned
+    /// until a read is empty. SQLite reads up to both bounds; by default it is `read_stream`
+    /// of at most [`STREAM_READ_DEFAULT`] entries.
+    ///
+    /// Errors: as [`read_stream`](Storage::read_stream).
+    async fn read_stream_within(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<StreamEntryRead>, StorageError> {
+        let _ = max_bytes;
+        let max = max.min(STREAM_READ_DEFAULT);
+        self.read_stream(stream, from_offset, from_time_ms, max)
+            .await
+    }
+
     /// Apply `batch` in order, in one transaction: all of it or none of it.
     ///
     /// The meaning of each change is on [`Change`]. On error nothing was applied and the
@@ -210,6 +237,22 @@ pub trait Storage: Send + Sync + 'static {
     async fn apply_durable(&self, batch: &[Change]) -> Result<(), StorageError> {
         self.apply(batch).await?;
         self.flush().await
+    }
+
+    /// [`apply`](Storage::apply) `batch`, or [`apply_durable`](Storage::apply_durable) when
+    /// `durable`, given shared rather than borrowed: a backend that writes on a thread of its
+    /// own (SQLite) sends it there as it is instead of copying every change. By default the
+    /// borrowed methods.
+    async fn apply_shared(
+        &self,
+        batch: std::sync::Arc<Vec<Change>>,
+        durable: bool,
+    ) -> Result<(), StorageError> {
+        if durable {
+            self.apply_durable(&batch).await
+        } else {
+            self.apply(&batch).await
+        }
     }
 
     /// Flush and release the database (its file lock, its connections): a stopping broker's

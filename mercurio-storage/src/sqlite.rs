@@ -23,6 +23,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -58,8 +59,10 @@ use queue::QueueChanges;
 /// stream and batch, see [`segment`]), `streams.trimmed` (the stream's first offset: older
 /// entries of a partly trimmed segment are skipped) and `inline_released` (releases of
 /// messages held only inline); the upgrade from 7 turns each stream's entries into segments
-/// of at most 128, moving the messages only streams refer to into them.
-pub const SCHEMA_VERSION: i64 = 8;
+/// of at most 128, moving the messages only streams refer to into them. 9: those releases
+/// as runs of consecutive ids (`inline_released_runs`), one row per run instead of one per
+/// message (a stream releases each message as it leaves the broker's memory, in order).
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
 /// is one reference of its message (`messages.refs`), like a queued delivery.
@@ -113,6 +116,19 @@ CREATE TABLE stream_segments (
 CREATE INDEX stream_segments_ids ON stream_segments (min_id) WHERE min_id IS NOT NULL;
 CREATE TABLE inline_released (id INTEGER PRIMARY KEY);
 ALTER TABLE streams ADD COLUMN trimmed INTEGER NOT NULL DEFAULT 0;
+"
+    };
+}
+
+/// Schema 9: the releases of messages held only inline, as runs of consecutive ids (a
+/// release is remembered for a later reference that stores the message, see
+/// [`materialize`]); schema 8's table of single ids becomes runs of one.
+macro_rules! released_runs_9 {
+    () => {
+        "
+CREATE TABLE inline_released_runs (first_id INTEGER PRIMARY KEY, last_id INTEGER NOT NULL);
+INSERT INTO inline_released_runs (first_id, last_id) SELECT id, id FROM inline_released;
+DROP TABLE inline_released;
 "
     };
 }
@@ -260,6 +276,7 @@ const UPGRADES: &[&str] = &[
     TO_6,
     concat!(streams_tables!(), stream_entries_7!()),
     segments_table!(),
+    released_runs_9!(),
 ];
 
 /// Entries one segment holds at most: about what a reader asks for at once, so that a read
@@ -416,7 +433,9 @@ CREATE TABLE meta (
 ) WITHOUT ROWID;
 ",
     streams_tables!(),
-    segments_table!()
+    // Schema 8's tables, then 9's change (it replaces a table 8 creates, empty here).
+    segments_table!(),
+    released_runs_9!()
 );
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -555,6 +574,9 @@ fn open_database(path: &Path) -> Result<(Connection, File), StorageError> {
             StorageError::fatal(format!("cannot create {}: {e}", path.display())).with_source(e)
         })?;
     let mut conn = Connection::open(path).map_err(|e| sql_error(path, "open", e))?;
+    // Every statement a batch may run stays prepared (rusqlite keeps 16 by default, fewer
+    // than one batch of sessions, streams and releases uses).
+    conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
     let setup = || -> rusqlite::Result<i64> {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -687,7 +709,7 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     // A message only stream entries refer to is read back with them, never held: it goes
     // with its last entry.
     // Every inline message stored so far is released: this broker holds none of them.
-    tx.execute("DELETE FROM inline_released", [])?;
+    tx.execute("DELETE FROM inline_released_runs", [])?;
     tx.execute(
         "INSERT OR REPLACE INTO meta (key, value) VALUES ('held_from', \
          1 + max(coalesce((SELECT max(id) FROM messages), 0), \
@@ -719,14 +741,17 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
 }
 
 /// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
-/// later, with their messages (an unreadable one left out): only the segments holding them
-/// are read.
+/// later, with their messages (an unreadable one left out), stopping after the entry whose
+/// inline message brings the batch to `max_bytes` (a message in the message store counts
+/// once read: a batch of those is bounded by `max`): only the segments holding them are
+/// read.
 fn read_stream(
     conn: &Connection,
     stream: &str,
     from_offset: u64,
     from_time_ms: u64,
     max: usize,
+    max_bytes: u64,
 ) -> rusqlite::Result<Vec<crate::StreamEntryRead>> {
     let trimmed: i64 = conn
         .prepare_cached("SELECT trimmed FROM streams WHERE name = ?1")?
@@ -741,13 +766,20 @@ fn read_stream(
     )?;
     let mut found = stmt.query(params![stream, to_i64(from)])?;
     let mut entries = Vec::new();
-    while entries.len() < max {
+    let mut bytes = 0u64;
+    while entries.len() < max && bytes < max_bytes {
         let Some(row) = found.next()? else { break };
         let wanted = |e: &crate::StreamEntryRecord| e.offset >= from && e.time_ms >= from_time_ms;
         let left = max - entries.len();
-        let Ok(decoded) = segment::decode_where(row.get_ref(0)?.as_blob()?, wanted, left) else {
+        let blob = row.get_ref(0)?.as_blob()?;
+        let Ok(decoded) = segment::decode_where(blob, wanted, left, max_bytes - bytes) else {
             continue;
         };
+        bytes += decoded
+            .iter()
+            .filter_map(|d| d.message.as_ref())
+            .map(crate::MessageRecord::size)
+            .sum::<u64>();
         entries.extend(decoded);
     }
     // The entries that refer to the message store read their messages in one go.
@@ -803,6 +835,10 @@ fn load_messages(conn: &Connection, ids: &[u64]) -> rusqlite::Result<Vec<StoredM
 /// Ids one statement names at most ([`load_messages`], [`release_messages`]): under SQLite's
 /// smallest limit of bound parameters (999).
 const IDS_PER_READ: usize = 500;
+
+/// Prepared statements kept per connection: the fixed ones and the few shapes of each list
+/// of ids ([`padded_ids`]).
+const STATEMENTS_CACHED: usize = 128;
 
 /// Everything stored; with `queues` false, each session's queue is left in storage and
 /// counted ([`LoadedState::backlogs`]).
@@ -986,13 +1022,12 @@ fn store_message(tx: &Transaction<'_>, stored: &StoredMessage) -> rusqlite::Resu
 /// from it). Last in the batch: nothing refers to a message again once it is released.
 fn release_messages(tx: &Transaction<'_>, ids: &[u64], refs: &mut Refs) -> rusqlite::Result<()> {
     for chunk in ids.chunks(IDS_PER_READ) {
-        let marks = vec!["?"; chunk.len()].join(",");
+        let padded = padded_ids(chunk);
+        let marks = vec!["?"; padded.len()].join(",");
         let mut stmt = tx.prepare_cached(&format!(
             "UPDATE messages SET released = 1 WHERE id IN ({marks}) RETURNING id, refs"
         ))?;
-        let mut found = stmt.query(rusqlite::params_from_iter(
-            chunk.iter().map(|id| to_i64(*id)),
-        ))?;
+        let mut found = stmt.query(rusqlite::params_from_iter(padded))?;
         let mut marked = HashSet::new();
         while let Some(row) = found.next()? {
             let (id, n): (i64, i64) = (row.get(0)?, row.get(1)?);
@@ -1003,21 +1038,47 @@ fn release_messages(tx: &Transaction<'_>, ids: &[u64], refs: &mut Refs) -> rusql
             }
         }
         // The others are held inline by stream segments (or were never stored): their
-        // release is remembered for a later reference that stores them.
-        let inline: Vec<i64> = chunk
+        // release is remembered for a later reference that stores them, as runs of
+        // consecutive ids (a stream's messages leave memory in the order they were stored).
+        let mut inline: Vec<u64> = chunk
             .iter()
             .filter(|id| !marked.contains(id))
-            .map(|id| to_i64(*id))
+            .copied()
             .collect();
-        if !inline.is_empty() {
-            let marks = vec!["(?)"; inline.len()].join(",");
-            tx.prepare_cached(&format!(
-                "INSERT OR IGNORE INTO inline_released (id) VALUES {marks}"
-            ))?
-            .execute(rusqlite::params_from_iter(inline))?;
+        inline.sort_unstable();
+        inline.dedup();
+        let mut insert = tx.prepare_cached(
+            "INSERT OR REPLACE INTO inline_released_runs (first_id, last_id) VALUES (?1, ?2)",
+        )?;
+        for (first, last) in runs(&inline) {
+            insert.execute(params![to_i64(first), to_i64(last)])?;
         }
     }
     Ok(())
+}
+
+/// The runs of consecutive ids of `ids` (sorted, without duplicates), as (first, last).
+fn runs(ids: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &id in ids {
+        match out.last_mut() {
+            Some((_, last)) if *last + 1 == id => *last = id,
+            _ => out.push((id, id)),
+        }
+    }
+    out
+}
+
+/// `ids` (not empty) as statement parameters, the last repeated up to the next power of two:
+/// a statement naming a list of ids is then one of a few shapes, each prepared once and
+/// cached, not one per length (preparing took a few percent of the core under a stream's
+/// releases). Only for statements a repeated id does not change (`IN`).
+fn padded_ids(ids: &[u64]) -> Vec<i64> {
+    let mut out: Vec<i64> = ids.iter().map(|id| to_i64(*id)).collect();
+    if let Some(&last) = out.last() {
+        out.resize(out.len().next_power_of_two(), last);
+    }
+    out
 }
 
 /// Sets an in-flight message (change `index`), counting the reference it adds and the one it
@@ -1583,12 +1644,16 @@ fn trim_segments(
     }
     tx.prepare_cached("UPDATE streams SET trimmed = ?2 WHERE name = ?1")?
         .execute(params![stream, below])?;
-    // Releases below every inline message still held are no longer needed.
-    tx.prepare_cached(
-        "DELETE FROM inline_released WHERE id < coalesce((SELECT min(min_id) \
-         FROM stream_segments WHERE min_id IS NOT NULL), 1 << 62)",
-    )?
-    .execute([])?;
+    // Releases below every inline message still held are no longer needed (the runs are
+    // disjoint: those starting below it, through the key, but one reaching over it).
+    let lowest_held: i64 = tx
+        .prepare_cached(
+            "SELECT coalesce((SELECT min(min_id) FROM stream_segments \
+             WHERE min_id IS NOT NULL), 1 << 62)",
+        )?
+        .query_row([], |r| r.get(0))?;
+    tx.prepare_cached("DELETE FROM inline_released_runs WHERE first_id < ?1 AND last_id < ?1")?
+        .execute([lowest_held])?;
     Ok(())
 }
 
@@ -1779,8 +1844,9 @@ fn materialize(tx: &Transaction<'_>, id: u64, refs: i64) -> rusqlite::Result<boo
     // (which then holds no message only streams refer to).
     let released: bool = tx
         .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM inline_released WHERE id = ?1) \
-             OR ?1 < coalesce((SELECT value FROM meta WHERE key = 'held_from'), 0)",
+            "SELECT EXISTS (SELECT 1 FROM inline_released_runs WHERE first_id = \
+             (SELECT max(first_id) FROM inline_released_runs WHERE first_id <= ?1) \
+             AND last_id >= ?1) OR ?1 < coalesce((SELECT value FROM meta WHERE key = 'held_from'), 0)",
         )?
         .query_row([to_i64(id)], |r| r.get(0))?;
     store_message(tx, &StoredMessage { id, message })?;
@@ -1967,9 +2033,21 @@ impl Storage for SqliteStorage {
         from_time_ms: u64,
         max: usize,
     ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
+        self.read_stream_within(stream, from_offset, from_time_ms, max, u64::MAX)
+            .await
+    }
+
+    async fn read_stream_within(
+        &self,
+        stream: &str,
+        from_offset: u64,
+        from_time_ms: u64,
+        max: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
         let stream = stream.to_string();
         self.call(move |conn| {
-            read_stream(conn, &stream, from_offset, from_time_ms, max).map_err(classify)
+            read_stream(conn, &stream, from_offset, from_time_ms, max, max_bytes).map_err(classify)
         })
         .await
     }
@@ -1989,6 +2067,21 @@ impl Storage for SqliteStorage {
         }
         let batch = batch.to_vec();
         self.call(move |conn| apply_batch(conn, &batch, true)).await
+    }
+
+    async fn apply_shared(
+        &self,
+        batch: Arc<Vec<Change>>,
+        durable: bool,
+    ) -> Result<(), StorageError> {
+        if batch.is_empty() && durable {
+            return self.flush().await;
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.call(move |conn| apply_batch(conn, &batch, durable))
+            .await
     }
 
     async fn delete_session(&self, client_id: &str) -> Result<bool, StorageError> {
@@ -2327,6 +2420,40 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    /// Schema 8's releases of inline messages, one row each, become runs of one; a batch
+    /// writes runs of consecutive ids.
+    #[tokio::test]
+    async fn version_8_releases_become_runs() {
+        assert_eq!(runs(&[3, 4, 5, 9, 11, 12]), [(3, 5), (9, 9), (11, 12)]);
+        let h = SqliteHarness::new("upgrade8");
+        let path = h.dir.join("m.db");
+        old_database(&path, 3, "");
+        let conn = Connection::open(&path).unwrap();
+        for (from, upgrade) in UPGRADES.iter().enumerate().take(7).skip(2) {
+            let to = from + 2;
+            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
+                .unwrap();
+        }
+        conn.execute_batch("INSERT INTO inline_released (id) VALUES (4), (5), (9);")
+            .unwrap();
+        drop(conn);
+        SqliteStorage::open(&path).unwrap().close().await.unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let mut stmt = conn
+            .prepare("SELECT first_id, last_id FROM inline_released_runs ORDER BY first_id")
+            .unwrap();
+        let rows: Vec<(i64, i64)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(rows, [(4, 4), (5, 5), (9, 9)]);
     }
 
     /// The stream entries of schema 7 (a row each, referring to the message store) become

@@ -668,6 +668,40 @@ async fn a_replay_longer_than_memory_reads_storage_then_memory_then_live() {
     broker.shutdown().await;
 }
 
+/// With SQLite, a reader replays thousands of small messages left in storage only (read
+/// back a thousand at a time, the next batch while the last is delivered): every one once,
+/// in order, with its payload, then those in memory, then a live one.
+#[tokio::test]
+async fn a_long_replay_of_small_messages_from_storage_is_whole_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = sqlite_config(dir.path(), vec![stream("s", "t/#")]);
+    config.storage.stream_memory_bytes = 64 << 10;
+    let (broker, addr) = start_with(config).await;
+    let mut publisher = Client::connect(addr, ProtocolVersion::V5, "pub").await;
+    publish_range(&mut publisher, "t/a", 0..3000).await;
+    wait_until("most messages left memory", || {
+        let s = info(&broker, "s");
+        s.messages == 3000 && s.in_memory < 200
+    })
+    .await;
+    let mut reader = Client::connect(addr, ProtocolVersion::V5, "reader").await;
+    read_from(&mut reader, "$stream/s", "earliest").await;
+    let got = take(&mut reader, 3000).await;
+    for (i, (offset, _, topic, payload)) in got.iter().enumerate() {
+        assert_eq!(
+            (*offset, topic.as_str(), payload.as_str()),
+            (i as u64 + 1, "t/a", i.to_string().as_str()),
+            "in order, no gap"
+        );
+    }
+    reader
+        .expect_nothing(std::time::Duration::from_millis(100))
+        .await;
+    publish_range(&mut publisher, "t/a", 3000..3001).await;
+    assert_eq!(take(&mut reader, 1).await[0].0, 3001, "then live");
+    broker.shutdown().await;
+}
+
 /// With SQLite, retention (`max_bytes`) trims a stream whose oldest messages are in storage
 /// only, and counts what it removed; a restart keeps every offset, time and message, with
 /// nothing of the stream read into memory until a reader asks, and offsets go on.

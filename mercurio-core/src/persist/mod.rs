@@ -50,7 +50,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use records::{
     header, inflight_record, message_record, session_record, subscription_record, will_record,
 };
-use writer::{BatchWriter, Callback, Op, QueuedOp};
+use writer::{AppendedOp, BatchWriter, Callback, Op, QueuedOp};
 
 use crate::message::{Message, ReleaseStored, Stored};
 use crate::session::{
@@ -504,21 +504,56 @@ impl Persister {
 
 /// Streams' changes, emitted under the stream's log lock (in the order of its log).
 impl Persister {
-    /// An entry appended: the message stored (once, owed by its publisher), then the
-    /// reference to it (owed by its publisher too).
-    pub(crate) fn stream_appended(&self, stream: &str, offset: u64, time_ms: u64, msg: &Message) {
-        let message_id = self.message_id(msg);
-        self.emit_paid(
-            Change::StreamAppended {
-                stream: stream.to_string(),
-                entry: mercurio_storage::StreamEntryRecord {
-                    offset,
-                    time_ms,
-                    message_id,
-                },
-            },
-            publisher(msg),
-        );
+    /// An entry appended: the message stored (once: by this append if nothing stored it
+    /// before), then the reference to it, both owed by its publisher. One small op carrying
+    /// the shared message, made into those changes by the writer: an append costs the
+    /// publisher's task one send, not two boxed changes and a copy of the message's topic.
+    pub(crate) fn stream_appended(
+        &self,
+        stream: &Arc<str>,
+        offset: u64,
+        time_ms: u64,
+        msg: &Arc<Message>,
+    ) {
+        let mut sent = false;
+        let id = msg
+            .stored
+            .get_or_init(|| {
+                let id = self.next_message_id.fetch_add(1, Ordering::Relaxed);
+                // Sent inside the initialiser, as `message_id` sends its `MessageStored`: no
+                // other reference to the message reaches the writer before it.
+                self.send_appended(stream, offset, time_ms, msg, id, true);
+                sent = true;
+                Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>)
+            })
+            .id;
+        if !sent {
+            self.send_appended(stream, offset, time_ms, msg, id, false);
+        }
+    }
+
+    fn send_appended(
+        &self,
+        stream: &Arc<str>,
+        offset: u64,
+        time_ms: u64,
+        msg: &Arc<Message>,
+        message_id: u64,
+        store: bool,
+    ) {
+        // What the two changes cost (see `emit_paid`): the message's bytes when it stores it.
+        let bytes = 2 * (CHANGE_OVERHEAD + std::mem::size_of::<Change>())
+            + if store { msg.size() } else { 0 };
+        self.owe(msg.publisher.as_deref(), bytes);
+        self.send(Op::Appended(AppendedOp {
+            stream: Arc::clone(stream),
+            offset,
+            time_ms,
+            msg: Arc::clone(msg),
+            message_id,
+            store,
+            bytes,
+        }));
     }
 
     /// Retention removed the entries below `below`.
@@ -574,7 +609,9 @@ impl Persister {
 /// A stored message dropped by the broker: storage deletes it with its last reference.
 impl ReleaseStored for Persister {
     fn release(&self, id: u64) {
-        self.emit_paid(Change::MessageReleased { id }, Payer::Broker);
+        // Unboxed: a stream releases each message as it leaves memory.
+        self.owe(None, CHANGE_OVERHEAD);
+        self.send(Op::Released(id));
     }
 }
 

@@ -56,14 +56,16 @@ pub(crate) fn message_record(msg: &Message, qos: QoS, retain: bool, ids: &[u32])
         }
         out.freeze()
     };
-    let (now, now_ms) = (Instant::now(), unix_ms());
     MessageRecord {
         topic: msg.topic.clone(),
         payload: msg.payload.clone(),
         qos: qos as u8,
         retain,
         properties,
-        expires_at: msg.expires_at.map(|at| instant_to_unix(at, now, now_ms)),
+        // The clock is read only for a message that expires (most do not).
+        expires_at: msg
+            .expires_at
+            .map(|at| instant_to_unix(at, Instant::now(), unix_ms())),
         publisher: msg.publisher.as_deref().map(str::to_string),
         share: None,
     }

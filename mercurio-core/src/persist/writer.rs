@@ -6,10 +6,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use mercurio_storage::{Change, DeliveryRecord, StorageError, REFUSED_ATTEMPTS};
+use mercurio_storage::{
+    Change, DeliveryRecord, StorageError, StoredMessage, StreamEntryRecord, REFUSED_ATTEMPTS,
+};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Charge, Payer, Persister, UNWRITABLE_AFTER};
+use super::records::message_record;
+use super::{Charge, Payer, Persister, CHANGE_OVERHEAD, UNWRITABLE_AFTER};
+use crate::message::Message;
 use crate::session::SessionTable;
 use crate::stats::Counters;
 
@@ -44,6 +48,13 @@ pub(super) enum Op {
     /// message's publisher: what a fan-out to many sessions sends, one per session, so
     /// kept small (the session's client identifier shared, not copied).
     Queued(QueuedOp),
+    /// An entry appended to a stream ([`Change::StreamAppended`], after the
+    /// [`Change::MessageStored`] of its message when it stores it), owed by the message's
+    /// publisher.
+    Appended(AppendedOp),
+    /// A stored message the broker dropped ([`Change::MessageReleased`]), owed by the broker
+    /// ([`CHANGE_OVERHEAD`]).
+    Released(u64),
     /// Run after everything before it is committed (and synced, with durable_ack), told
     /// whether all of it was.
     AfterCommit(Callback),
@@ -59,7 +70,10 @@ impl Op {
     /// Whether something waits for this op's commit (an acknowledgement with `durable_ack`,
     /// a flush, a deletion, the close).
     fn waits(&self) -> bool {
-        !matches!(self, Op::Change(..) | Op::Queued(_))
+        !matches!(
+            self,
+            Op::Change(..) | Op::Queued(_) | Op::Appended(_) | Op::Released(_)
+        )
     }
 }
 
@@ -126,12 +140,67 @@ impl QueuedOp {
     }
 }
 
+/// A stream's append as it waits for the writer: the shared message, not a copy of it.
+pub(super) struct AppendedOp {
+    pub(super) stream: Arc<str>,
+    pub(super) offset: u64,
+    pub(super) time_ms: u64,
+    pub(super) msg: Arc<Message>,
+    pub(super) message_id: u64,
+    /// This append stores the message (nothing did before it).
+    pub(super) store: bool,
+    /// What it owes (its publisher, or the broker for an in-process publish).
+    pub(super) bytes: usize,
+}
+
+impl AppendedOp {
+    /// The changes it stands for: the message stored when it stores it, then the entry; the
+    /// whole debt is the entry's.
+    fn into_changes(self, mut push: impl FnMut(Change, Charge)) {
+        let payer = || match &self.msg.publisher {
+            Some(p) => Payer::Client(Arc::clone(p)),
+            None => Payer::Broker,
+        };
+        if self.store {
+            let msg = &self.msg;
+            push(
+                Change::MessageStored {
+                    message: StoredMessage {
+                        id: self.message_id,
+                        message: message_record(msg, msg.qos, msg.retain, &[]),
+                    },
+                },
+                Charge {
+                    payer: payer(),
+                    bytes: 0,
+                },
+            );
+        }
+        push(
+            Change::StreamAppended {
+                stream: self.stream.to_string(),
+                entry: StreamEntryRecord {
+                    offset: self.offset,
+                    time_ms: self.time_ms,
+                    message_id: self.message_id,
+                },
+            },
+            Charge {
+                payer: payer(),
+                bytes: self.bytes,
+            },
+        );
+    }
+}
+
 impl Op {
     /// Who owes this op's bytes and how many, for a change.
     pub(super) fn debt(&self) -> Option<(Option<&str>, usize)> {
         match self {
             Op::Change(change, charge) => Some((charge.client(change), charge.bytes)),
             Op::Queued(q) => Some((q.payer.as_deref(), q.bytes)),
+            Op::Appended(a) => Some((a.msg.publisher.as_deref(), a.bytes)),
+            Op::Released(_) => Some((None, CHANGE_OVERHEAD)),
             _ => None,
         }
     }
@@ -219,6 +288,17 @@ impl BatchWriter {
                         changes.charges.push(charge);
                     }
                 }
+                Op::Appended(a) => a.into_changes(|change, charge| {
+                    changes.changes.push(change);
+                    changes.charges.push(charge);
+                }),
+                Op::Released(id) => {
+                    changes.changes.push(Change::MessageReleased { id });
+                    changes.charges.push(Charge {
+                        payer: Payer::Broker,
+                        bytes: CHANGE_OVERHEAD,
+                    });
+                }
                 Op::AfterCommit(f) => after.push(After::Run(f)),
                 Op::Flush(tx) => {
                     after.push(After::Flush(tx));
@@ -249,13 +329,29 @@ impl BatchWriter {
             changes: batch,
             charges,
         } = std::mem::take(changes);
+        // Shared with the backend, which may write it on a thread of its own: not copied.
+        let batch = Arc::new(batch);
         if !batch.is_empty() || durable {
             self.commit(&batch, durable).await;
         }
         // What each client owed for this batch is paid, stored or given up.
         let mut owed: HashMap<Option<&str>, usize> = HashMap::new();
+        // Summed per run of one payer first: a publisher's changes come in runs, and a
+        // comparison costs less than hashing its client identifier per change.
+        let mut run: Option<(Option<&str>, usize)> = None;
         for (change, charge) in batch.iter().zip(&charges) {
-            *owed.entry(charge.client(change)).or_default() += charge.bytes;
+            let client = charge.client(change);
+            match &mut run {
+                Some((c, n)) if *c == client => *n += charge.bytes,
+                _ => {
+                    if let Some((c, n)) = run.replace((client, charge.bytes)) {
+                        *owed.entry(c).or_default() += n;
+                    }
+                }
+            }
+        }
+        if let Some((c, n)) = run {
+            *owed.entry(c).or_default() += n;
         }
         for (client_id, bytes) in owed {
             self.persister.done(client_id, bytes);
@@ -300,22 +396,22 @@ impl BatchWriter {
     /// [`REFUSED_ATTEMPTS`] times in all is given up (its client marked dirty). A refused batch
     /// that covers several clients is split per client at once, each part having the attempts
     /// left, so no change is tried more than [`REFUSED_ATTEMPTS`] times.
-    async fn commit(&mut self, batch: &[Change], durable: bool) {
+    async fn commit(&mut self, batch: &Arc<Vec<Change>>, durable: bool) {
         self.commit_within(batch, durable, REFUSED_ATTEMPTS).await
     }
 
-    async fn commit_within(&mut self, batch: &[Change], durable: bool, attempts: u32) {
+    async fn commit_within(&mut self, batch: &Arc<Vec<Change>>, durable: bool, attempts: u32) {
         if self.fenced {
             return;
         }
         let mut refused = 0;
         let mut backoff = Duration::from_millis(5);
         loop {
-            let result = if durable {
-                self.persister.storage.apply_durable(batch).await
-            } else {
-                self.persister.storage.apply(batch).await
-            };
+            let result = self
+                .persister
+                .storage
+                .apply_shared(Arc::clone(batch), durable)
+                .await;
             let e = match result {
                 Ok(()) => {
                     self.writable();
@@ -354,9 +450,15 @@ impl BatchWriter {
     ///
     /// The messages the batch stores go first, as a part of their own (the references to
     /// them, in the clients' parts, are refused without them), and its releases last.
-    async fn give_up(&mut self, batch: &[Change], durable: bool, e: &StorageError, left: u32) {
+    async fn give_up(
+        &mut self,
+        batch: &Arc<Vec<Change>>,
+        durable: bool,
+        e: &StorageError,
+        left: u32,
+    ) {
         let mut groups: Vec<(Part<'_>, Vec<Change>)> = Vec::new();
-        for c in batch {
+        for c in batch.iter() {
             let key = match c {
                 Change::MessageStored { .. } => Part::Stored,
                 Change::MessageReleased { .. } => Part::Released,
@@ -374,6 +476,7 @@ impl BatchWriter {
         });
         if groups.len() > 1 {
             for (_, part) in groups {
+                let part = Arc::new(part);
                 if left > 0 {
                     Box::pin(self.commit_within(&part, durable, left)).await;
                 } else {
@@ -474,8 +577,8 @@ impl BatchWriter {
             batch.push(change);
         }
         // Marked clean before the write: changes emitted from now on follow it.
-        for change in &batch {
-            self.commit(std::slice::from_ref(change), false).await;
+        for change in batch {
+            self.commit(&Arc::new(vec![change]), false).await;
         }
         self.stats
             .storage_clients_dirty

@@ -143,6 +143,8 @@ const TRIM_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Stream {
     pub(crate) config: StreamConfig,
+    /// Its name, shared by each append sent to the storage writer.
+    shared_name: Arc<str>,
     /// Lock: taken with no session lock held; under it only the storage writer's leaf locks
     /// (`Persister::emit`, and a released message's), so its changes reach storage in the
     /// log's order.
@@ -164,6 +166,7 @@ impl Stream {
     fn new(config: StreamConfig, runtime: bool, memory_bytes: u64) -> Arc<Stream> {
         Arc::new_cyclic(|me| Stream {
             runtime,
+            shared_name: Arc::from(config.name.as_str()),
             config,
             log: Mutex::new(Log::new(memory_bytes)),
             appended: Notify::new(),
@@ -289,7 +292,7 @@ impl Stream {
                 }
             }
             if let Some(p) = persist {
-                p.stream_appended(name, offset, time_ms, msg);
+                p.stream_appended(&self.shared_name, offset, time_ms, msg);
             }
             self.retain(&mut log, now_ms);
             if self.evicts() {

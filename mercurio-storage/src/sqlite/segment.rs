@@ -70,16 +70,18 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 
 /// Decodes a segment blob; an error names what is wrong (a damaged or newer segment).
 pub(super) fn decode(blob: &[u8]) -> Result<Vec<Decoded>, String> {
-    decode_where(blob, |_| true, usize::MAX)
+    decode_where(blob, |_| true, usize::MAX, u64::MAX)
 }
 
-/// Decodes the first `max` entries of a segment blob that `keep` takes; the others are
-/// skipped without copying their messages (a reader asks for a few entries of a segment of
-/// thousands).
+/// Decodes the first `max` entries of a segment blob that `keep` takes, stopping after the
+/// one whose inline message brings them to `max_bytes` ([`MessageRecord::size`]); the
+/// others are skipped without copying their messages (a reader asks for a few entries of a
+/// segment of thousands).
 pub(super) fn decode_where(
     blob: &[u8],
     keep: impl Fn(&StreamEntryRecord) -> bool,
     max: usize,
+    max_bytes: u64,
 ) -> Result<Vec<Decoded>, String> {
     let mut r = Reader { blob, at: 0 };
     match r.u8()? {
@@ -87,7 +89,8 @@ pub(super) fn decode_where(
         v => return Err(format!("segment version {v}, this build reads {VERSION}")),
     }
     let mut out = Vec::new();
-    while r.at < blob.len() && out.len() < max {
+    let mut bytes = 0u64;
+    while r.at < blob.len() && out.len() < max && bytes < max_bytes {
         let entry = StreamEntryRecord {
             offset: r.u64()?,
             time_ms: r.u64()?,
@@ -132,6 +135,7 @@ pub(super) fn decode_where(
             t => return Err(format!("entry tag {t}")),
         };
         if wanted {
+            bytes += message.as_ref().map_or(0, MessageRecord::size);
             out.push(Decoded { entry, message });
         }
     }
@@ -215,15 +219,23 @@ mod tests {
                 (entry(7, 11), Some(bare.clone()))
             ]
         );
-        let some = decode_where(&blob, |e| e.offset >= 6, 1).unwrap();
+        let some = decode_where(&blob, |e| e.offset >= 6, 1, u64::MAX).unwrap();
         assert_eq!(some.len(), 1, "at most max");
         assert_eq!((some[0].entry.offset, some[0].message.is_none()), (6, true));
-        let last = decode_where(&blob, |e| e.offset == 7, 10).unwrap();
+        let last = decode_where(&blob, |e| e.offset == 7, 10, u64::MAX).unwrap();
         assert_eq!(
             last[0].message.as_ref(),
             Some(&bare),
             "skipped ones passed over"
         );
+        let within = decode_where(&blob, |_| true, 10, 1).unwrap();
+        assert_eq!(
+            within.len(),
+            1,
+            "stops after the entry that reaches the bound in bytes"
+        );
+        let within = decode_where(&blob, |e| e.offset >= 6, 10, 1).unwrap();
+        assert_eq!(within.len(), 2, "a reference counts no bytes here");
     }
 
     #[test]
