@@ -136,8 +136,7 @@ impl BusyPoll {
         Some(tokio::spawn(Arc::clone(self).run(window)))
     }
 
-    /// Whether the spinner is polling (not asleep) now.
-    #[cfg_attr(not(test), allow(dead_code))] // read by the tests only, so far
+    /// Whether the spinner is polling (not asleep) now: the loop is busy.
     pub(crate) fn polling(&self) -> bool {
         self.polling.load(Ordering::Relaxed)
     }

@@ -488,6 +488,11 @@ impl Link {
         std::mem::take(&mut control.pubacks)
     }
 
+    /// True when no packet waits for the writer.
+    pub(crate) fn control_is_empty(&self) -> bool {
+        self.control.lock().buf.is_empty()
+    }
+
     /// The packets waiting for the writer, taken (the last bytes of a closing connection).
     pub(crate) fn take_control(&self) -> BytesMut {
         std::mem::take(&mut self.control.lock().buf)

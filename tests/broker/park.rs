@@ -130,6 +130,65 @@ async fn keep_alive_closes_a_parked_client_and_publishes_its_will() {
     broker.shutdown().await;
 }
 
+/// A parked client that says goodbye is closed as a served one would be: a plain DISCONNECT
+/// discards the will [MQTT-3.14.4-3], DISCONNECT 0x04 keeps it, and a socket closed without
+/// DISCONNECT publishes it [MQTT-3.1.2-8]; the connection is counted closed and its bytes read.
+#[tokio::test]
+async fn a_parked_client_that_disconnects_or_goes_away() {
+    let (broker, addr) = start_parking().await;
+    let mut watcher = Client::connect(addr, ProtocolVersion::V311, "pg-watch").await;
+    watcher.subscribe("wills/#", QoS::AtMostOnce).await;
+    let with_will = |version, id: &str| {
+        let mut connect = connect_packet(version, id);
+        connect.will = Some(common::will(
+            &format!("wills/{id}"),
+            id,
+            QoS::AtMostOnce,
+            false,
+        ));
+        connect
+    };
+    let (bye, _) = Client::connect_with(addr, with_will(ProtocolVersion::V311, "pg-bye")).await;
+    let (gone, _) = Client::connect_with(addr, with_will(ProtocolVersion::V5, "pg-gone")).await;
+    let (mut keep, _) = Client::connect_with(addr, with_will(ProtocolVersion::V5, "pg-keep")).await;
+    wait_parked(&broker, 4).await;
+    let (connected, received) = {
+        let s = broker.stats();
+        (s.clients_connected, s.bytes_received)
+    };
+
+    bye.disconnect().await;
+    common::wait_until("the client that disconnected counted closed", || {
+        broker.stats().clients_connected == connected - 1
+    })
+    .await;
+    assert!(
+        broker.stats().bytes_received >= received + 2,
+        "the DISCONNECT read while parked is counted"
+    );
+    assert_eq!(parked(&broker), 3);
+
+    drop(gone);
+    let p = watcher.expect_publish().await;
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("wills/pg-gone", &b"pg-gone"[..]),
+        "the will of the client that disconnected was discarded; the lost one's comes"
+    );
+    keep.send(Packet::Disconnect(mercurio::codec::Disconnect {
+        reason_code: ReasonCode::DISCONNECT_WITH_WILL_MESSAGE,
+        properties: Properties::default(),
+    }))
+    .await;
+    assert_eq!(watcher.expect_publish().await.topic, "wills/pg-keep");
+    watcher.expect_nothing(Duration::from_millis(200)).await;
+    common::wait_until("every goodbye counted", || {
+        broker.stats().clients_connected == connected - 3
+    })
+    .await;
+    broker.shutdown().await;
+}
+
 /// A new connection with the client identifier of a parked one takes the session over: the
 /// parked one is closed (5.0: DISCONNECT 0x8E Session taken over [MQTT-3.1.4-3]).
 #[tokio::test]

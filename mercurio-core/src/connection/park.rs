@@ -17,6 +17,7 @@ use super::{Connected, LazyMap, Shared};
 use crate::broker::BrokerState;
 use crate::link::{DisconnectReason, Link};
 use crate::parking::{Parking, Resume};
+use crate::stats::Counters;
 
 /// An accepted socket's place in the connection counts (`max_connections`, shutdown's wait):
 /// given back when the connection has closed, whichever task (or parked record) holds it then.
@@ -75,14 +76,25 @@ async fn resume(p: Parked, slot: Slot) {
     // the end of the stream: the reader finds it again.
     // (In a block: a local in scope at a wait would take room in this future, which the
     // resumed connection's task holds for as long as it is served.)
-    let buf = {
+    let (buf, goodbye) = {
         let mut buf = BytesMut::new();
         let mut first = [0u8; READ_ROOM];
-        if let Ok(n @ 1..) = std::io::Read::read(&mut &stream, &mut first) {
+        let read = std::io::Read::read(&mut &stream, &mut first);
+        if let Ok(n @ 1..) = read {
+            Counters::add(&shared.broker.stats.bytes_received, n as u64);
             buf.extend_from_slice(&first[..n]);
         }
-        buf
+        (buf, goodbye(&read, &first))
     };
+    // A client that only said goodbye is closed here, as its reader would close it, without
+    // the stream registered with the runtime and a reader and a writer set up for one packet:
+    // at the end of a connect storm, or when a fleet disconnects, that is most of what a
+    // resume costs. Not when answers are owed to it (they would be written first).
+    if let Some(close) = goodbye.filter(|_| shared.link.control_is_empty()) {
+        shared.link.disarm_keep_alive();
+        super::detach(&shared, peer, &close);
+        return;
+    }
     let stream = match tokio::net::TcpStream::from_std(stream) {
         Ok(s) => s,
         Err(e) => {
@@ -101,6 +113,23 @@ async fn resume(p: Parked, slot: Slot) {
     let running = Box::pin(super::run(c, true));
     if let Some(p) = running.await {
         park_or_resume(p, slot);
+    }
+}
+
+/// How a parked connection closes when all its client sent is a plain DISCONNECT (`E0 00`:
+/// Normal disconnection, no properties, in every protocol version; the will is discarded
+/// [MQTT-3.14.4-3]) or the end of the stream (the connection is lost: the will goes out);
+/// `None` for anything else, which the reader handles. `read`: the first read of a resume,
+/// into `first`.
+fn goodbye(read: &std::io::Result<usize>, first: &[u8]) -> Option<super::Close> {
+    match read {
+        Ok(0) => Some(super::Close::lost(DisconnectReason::ConnectionLost)),
+        Ok(2) if first[..2] == [0xE0, 0x00] => Some(super::Close {
+            reason: DisconnectReason::ClientDisconnect,
+            send: None,
+            publish_will: false,
+        }),
+        _ => None,
     }
 }
 

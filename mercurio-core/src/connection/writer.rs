@@ -62,6 +62,15 @@ impl<'a> Writer<'a> {
                 self.c.link.set_rest(crate::link::WRITER_AT_REST, true);
                 self.c.link.wait_woken().await;
                 self.c.link.set_rest(crate::link::WRITER_AT_REST, false);
+                // Below saturation, PUBACKs go out after the deliveries of the same turn: the
+                // subscribers' writers, woken by the same PUBLISH packets, write first, and the
+                // subscribers' own PUBACKs, a round trip away, more often arrive before the
+                // loop sleeps (one wake-up less). The publisher waits one turn of the loop. Not
+                // while the loop is busy enough to be polled: there the turns are full anyway
+                // (docs/BENCHMARKS.md, "Below saturation, against mosquitto").
+                if self.c.link.unanswered_qos1() > 0 && !self.c.broker.busy_poll.polling() {
+                    tokio::task::yield_now().await;
+                }
                 if self.out.capacity() == 0 {
                     self.out.reserve(room);
                 }
