@@ -441,6 +441,14 @@ impl BrokerState {
     /// connection, if any, closed with Session taken over [MQTT-3.1.4-3], without its will
     /// (the session goes on on the other node).
     pub(crate) async fn fenced(&self, session: &Arc<Session>) {
+        self.fence_out(session).await;
+        self.end_session(session);
+    }
+
+    /// The part of [`BrokerState::fenced`] that stops `session` acting here, its state
+    /// kept (for a hand-over to the node that owns it now): its will discarded, its
+    /// connection closed with 0x8E Session taken over.
+    pub(crate) async fn fence_out(&self, session: &Arc<Session>) {
         loop {
             session.state.lock().discard_will();
             let Some(link) = session.link() else {
@@ -450,7 +458,6 @@ impl BrokerState {
             link.wait_closed().await;
         }
         session.state.lock().discard_will();
-        self.end_session(session);
     }
 
     /// In cluster mode, before a timer of `session` acts: false when another node owns the

@@ -384,9 +384,10 @@ pub(super) async fn ensure(
     fence(&broker, &registry).await;
 }
 
-/// Ends, without their wills, the sessions held here that another node owns now (a copy
-/// left by a crash or by an outage of NATS), closing their connections with Session taken
-/// over; claims those nobody owns; then publishes the wills the restore held, but those of
+/// Fences out the sessions held here that another node owns now (a copy left by a crash or
+/// by an outage of NATS): their wills discarded, their connections closed with Session taken
+/// over, their state kept for `takeover_timeout` for the owner's hand-over, then ended;
+/// claims those nobody owns; then publishes the wills the restore held, but those of
 /// sessions another node owns.
 pub(super) async fn fence(broker: &Arc<BrokerState>, registry: &Arc<Registry>) {
     let held: Vec<(String, Will)> = broker.held_wills.release();
@@ -440,8 +441,24 @@ pub(super) async fn fence(broker: &Arc<BrokerState>, registry: &Arc<Registry>) {
         let Some(node) = lost else {
             continue;
         };
-        tracing::info!(client_id = %session.client_id, owner = %node, "cluster: session owned by another node now: this node's copy ends, without its will");
-        broker.fenced(session).await;
+        // Not ended at once: the owner may have claimed it this instant (its client moving
+        // on while this node starts) and be about to ask this node for it, which the
+        // hand-over answers with this copy. Its will discarded and its connection closed
+        // now; after `takeover_timeout`, ended if still here and still another node's.
+        tracing::info!(client_id = %session.client_id, owner = %node, "cluster: session owned by another node now: this node's copy ends, without its will, once handed over or after takeover_timeout");
+        broker.fence_out(session).await;
+        let (broker, session) = (Arc::clone(broker), Arc::clone(session));
+        tokio::spawn(async move {
+            tokio::time::sleep(broker.config.cluster.takeover()).await;
+            let here = broker
+                .sessions
+                .lock()
+                .get(&session.client_id)
+                .is_some_and(|s| Arc::ptr_eq(s, &session));
+            if here {
+                broker.still_owned(&session).await;
+            }
+        });
     }
     for (client_id, will) in held {
         let lost = match checked.get(client_id.as_str()) {
