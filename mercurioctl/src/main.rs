@@ -721,7 +721,7 @@ fn cluster_status(r: &Value) -> String {
         ));
     }
     out.push_str(&format!(
-        "\n* this node ({}), {}\n{} up, {} on them\n",
+        "\n* this node ({}), {}\n{} up, {} on {}\n",
         status.node,
         if status.state == NodeState::Degraded {
             "degraded: NATS unreachable; it serves its own clients, messages for other nodes wait"
@@ -730,6 +730,7 @@ fn cluster_status(r: &Value) -> String {
         },
         counted(status.nodes as u64, "node"),
         counted(status.clients as u64, "client"),
+        if status.nodes == 1 { "it" } else { "them" },
     ));
     out.push_str(&format!(
         "waiting for JetStream: {} ({} bytes)\n",

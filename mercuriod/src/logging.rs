@@ -66,6 +66,17 @@ pub fn unknown_targets_warning(level: &str) -> Option<String> {
     })
 }
 
+/// `directives` as the filter applies them: the NATS client library (cluster mode) at `warn`
+/// unless they name it, as its INFO lines repeat per connection what the cluster's own lines
+/// say.
+fn quiet_libraries(directives: &str) -> String {
+    if directives.contains("async_nats") {
+        directives.to_string()
+    } else {
+        format!("{directives},async_nats=warn")
+    }
+}
+
 /// `level`, with [`CONNECTIONS_TARGET`] turned off when `connection_messages` is false and
 /// `level` does not name it.
 fn with_connections(level: &str, connection_messages: bool) -> String {
@@ -79,7 +90,8 @@ fn with_connections(level: &str, connection_messages: bool) -> String {
 /// The filter of [`directives`], for `--check-config` and tests.
 pub fn filter(config: &LoggingConfig, verbose: bool) -> (EnvFilter, Option<String>) {
     let (directives, warning) = directives(config, verbose);
-    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_new(quiet_libraries(&directives)).unwrap_or_else(|_| EnvFilter::new("info"));
     (filter, warning)
 }
 
@@ -175,7 +187,8 @@ impl LogControl {
     }
 
     fn reload(&self, directives: &str) -> Result<(), String> {
-        let filter = EnvFilter::try_new(directives).map_err(|e| format!("{directives:?}: {e}"))?;
+        let filter = EnvFilter::try_new(quiet_libraries(directives))
+            .map_err(|e| format!("{directives:?}: {e}"))?;
         self.inner
             .handle
             .reload(filter)
@@ -197,7 +210,8 @@ type Boxed = Box<
 /// once installed. Errors: the log file cannot be opened (one line).
 pub fn init(config: &LoggingConfig, verbose: bool) -> Result<LogControl, String> {
     let (directives, warning) = directives(config, verbose);
-    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_new(quiet_libraries(&directives)).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
 
     let mut outputs: Vec<Boxed> = Vec::new();

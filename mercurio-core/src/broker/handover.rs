@@ -468,7 +468,8 @@ impl BrokerState {
         };
         match r.check(&session.client_id).await {
             Claim::Lost(node) => {
-                tracing::info!(client_id = %session.client_id, owner = %node, "cluster: session owned by another node now: this node's copy ends, without its will");
+                let queued = session.state.lock().queued_len();
+                tracing::info!(client_id = %session.client_id, owner = %node, queued, "cluster: session owned by another node now: this node's copy ends, without its will (its queued messages with it)");
                 self.fenced(session).await;
                 false
             }
