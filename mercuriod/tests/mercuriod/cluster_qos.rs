@@ -373,12 +373,7 @@ fn a_subscribers_node_killed_and_restarted_gets_every_message_acknowledged_meanw
     let mut probe = client(&a.daemon, "probe", false);
     // (A number out of the publisher's range, as the subscriber reads numbers.)
     let id = probe.publish_packet("chaos/b", b"4000000000", QoS::AtLeastOnce, false);
-    match probe.recv() {
-        Some(Packet::PubAck(r)) => {
-            assert_eq!((r.packet_id, r.reason_code), (id, ReasonCode::SUCCESS))
-        }
-        other => panic!("expected PUBACK 0x00, got {other:?}"),
-    }
+    expect_acknowledgement(&mut probe, id, QoS::AtLeastOnce, ReasonCode::SUCCESS);
     drop(probe);
     // B is back, on the same storage: the subscriber's session, and what JetStream held.
     b.restart();
@@ -439,6 +434,18 @@ fn a_publisher_waits_while_nats_is_down_and_is_acknowledged_once_jetstream_has_t
         .stream_state("mercurio_qos")
         .expect("the stream made again");
     assert_eq!(state["last_seq"], 1);
+}
+
+/// The next packet `c` receives is the acknowledgement of its PUBLISH `id` sent at `qos`
+/// (PUBACK for QoS 1, PUBREC for QoS 2), with `reason`.
+fn expect_acknowledgement(c: &mut Client, id: u16, qos: QoS, reason: ReasonCode) {
+    let got = c.recv();
+    let ack = match (&got, qos) {
+        (Some(Packet::PubAck(a)), QoS::AtLeastOnce)
+        | (Some(Packet::PubRec(a)), QoS::ExactlyOnce) => a,
+        _ => panic!("expected the acknowledgement of {id} at {qos:?}, got {got:?}"),
+    };
+    assert_eq!((ack.packet_id, ack.reason_code), (id, reason));
 }
 
 /// Publishes a QoS 1 message on a topic nobody subscribes to (it waits for nothing but
@@ -513,12 +520,7 @@ fn a_resent_qos_2_publish_gets_its_pubrec_only_once_jetstream_has_the_message() 
     );
     // JetStream back: the message goes in, then the PUBREC, and B's subscriber gets it once.
     let _nats = NatsServer::start_on(TEST, port).expect("nats-server");
-    match publisher.recv() {
-        Some(Packet::PubRec(r)) => {
-            assert_eq!((r.packet_id, r.reason_code), (id, ReasonCode::SUCCESS))
-        }
-        other => panic!("expected PUBREC {id}, got {other:?}"),
-    }
+    expect_acknowledgement(&mut publisher, id, QoS::ExactlyOnce, ReasonCode::SUCCESS);
     let p = sub.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"once"[..]));
     wait_until("nothing waiting for JetStream", || {
@@ -664,26 +666,24 @@ fn a_message_over_the_nats_max_payload_is_refused_for_other_nodes_and_its_publis
     // QoS 1: PUBACK 0x83 (Implementation specific error), as for message_size_limit; A's
     // own subscriber has it.
     let id = publisher.publish_packet("big/1", &big, QoS::AtLeastOnce, false);
-    match publisher.recv() {
-        Some(Packet::PubAck(r)) => assert_eq!(
-            (r.packet_id, r.reason_code),
-            (id, ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR)
-        ),
-        other => panic!("expected PUBACK 0x83, got {other:?}"),
-    }
+    expect_acknowledgement(
+        &mut publisher,
+        id,
+        QoS::AtLeastOnce,
+        ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+    );
     let p = local.expect_publish();
     assert_eq!((p.topic.as_str(), p.payload.len()), ("big/1", big.len()));
     local.ack(&p);
     // QoS 2: PUBREC 0x83, which ends the exchange [MQTT-4.3.3-4]: no PUBREL needed, and the
     // packet identifier may carry a new message at once.
     let id = publisher.publish_packet("big/2", &big, QoS::ExactlyOnce, false);
-    match publisher.recv() {
-        Some(Packet::PubRec(r)) => assert_eq!(
-            (r.packet_id, r.reason_code),
-            (id, ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR)
-        ),
-        other => panic!("expected PUBREC 0x83, got {other:?}"),
-    }
+    expect_acknowledgement(
+        &mut publisher,
+        id,
+        QoS::ExactlyOnce,
+        ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+    );
     // Counted and logged.
     assert_eq!(metric(metrics_addr, "mercurio_cluster_errors_total"), 2);
     a.daemon
@@ -949,12 +949,7 @@ jetstream_ack_timeout = 120
     // NATS back (its JetStream empty): the message goes in, then its PUBACK, and the member
     // gets it.
     let nats = NatsServer::start_on(TEST, port).expect("nats-server");
-    match publisher.recv() {
-        Some(Packet::PubAck(r)) => {
-            assert_eq!((r.packet_id, r.reason_code), (id, ReasonCode::SUCCESS))
-        }
-        other => panic!("expected PUBACK {id}, got {other:?}"),
-    }
+    expect_acknowledgement(&mut publisher, id, QoS::AtLeastOnce, ReasonCode::SUCCESS);
     let p = member.expect_publish();
     assert_eq!((p.topic.as_str(), &p.payload[..]), ("q/1", &b"1"[..]));
     member.ack(&p);
