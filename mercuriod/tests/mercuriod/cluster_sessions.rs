@@ -40,6 +40,20 @@ fn wait_cluster(nodes: &[&Daemon]) {
     });
 }
 
+/// A NATS server and the nodes `names`, each on its own SQLite file in the returned
+/// directory, once every node hears the others; `None` (the test skips, or fails under
+/// CI=true) without nats-server.
+fn cluster<const N: usize>(
+    test: &str,
+    names: [&str; N],
+) -> Option<(NatsServer, tempfile::TempDir, [Daemon; N])> {
+    let nats = NatsServer::start(test)?;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nodes = names.map(|name| node(&nats, name, dir.path()));
+    wait_cluster(&nodes.iter().collect::<Vec<_>>());
+    Some((nats, dir, nodes))
+}
+
 /// A persistent MQTT 5 CONNECT (session expiry `expiry` seconds), with `will`.
 fn connect(id: &str, clean_start: bool, expiry: u32, will: Option<LastWill>) -> Connect {
     Connect {
@@ -100,13 +114,9 @@ fn drain(c: &mut Client) -> Vec<Publish> {
 #[test]
 fn a_client_connecting_to_another_node_takes_its_session_there() {
     const TEST: &str = "a_client_connecting_to_another_node_takes_its_session_there";
-    let Some(nats) = NatsServer::start(TEST) else {
+    let Some((_nats, _dir, [a, b])) = cluster(TEST, ["a", "b"]) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = node(&nats, "a", dir.path());
-    let b = node(&nats, "b", dir.path());
-    wait_cluster(&[&a, &b]);
 
     // On A: a persistent session subscribed to dev/in, then three QoS 1 messages for it.
     let (mut dev, present) = Client::connect(a.addr(), connect("dev", true, 300, None));
@@ -179,13 +189,9 @@ fn a_client_connecting_to_another_node_takes_its_session_there() {
 #[test]
 fn a_will_fires_once_in_the_cluster_when_a_handed_over_session_expires() {
     const TEST: &str = "a_will_fires_once_in_the_cluster_when_a_handed_over_session_expires";
-    let Some(nats) = NatsServer::start(TEST) else {
+    let Some((_nats, _dir, [a, b])) = cluster(TEST, ["a", "b"]) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = node(&nats, "a", dir.path());
-    let b = node(&nats, "b", dir.path());
-    wait_cluster(&[&a, &b]);
     let (mut watcher, _) = Client::connect(a.addr(), connect("watcher", true, 0, None));
     watcher.subscribe("will/#", QoS::AtLeastOnce);
     wait_until("A's interest in will/# known to B", || {
@@ -223,13 +229,9 @@ fn a_clean_start_ends_the_session_on_its_node_a_3_1_1_client_is_closed_and_a_cra
 ) {
     const TEST: &str =
         "a_clean_start_ends_the_session_on_its_node_a_3_1_1_client_is_closed_and_a_crashed_nodes_copy_is_stale";
-    let Some(nats) = NatsServer::start(TEST) else {
+    let Some((nats, dir, [mut a, b])) = cluster(TEST, ["a", "b"]) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut a = node(&nats, "a", dir.path());
-    let b = node(&nats, "b", dir.path());
-    wait_cluster(&[&a, &b]);
 
     // Clean Start on B: A's connection is taken over [MQTT-3.1.4-3] and its session ends
     // there; B starts a new one [MQTT-3.2.2-1].
@@ -335,14 +337,9 @@ fn client_addr(a: &Daemon, b: &Daemon, id: &str) -> std::net::SocketAddr {
 #[test]
 fn two_connects_at_once_on_two_nodes_end_with_one_session() {
     const TEST: &str = "two_connects_at_once_on_two_nodes_end_with_one_session";
-    let Some(nats) = NatsServer::start(TEST) else {
+    let Some((_nats, _dir, [a, b, c])) = cluster(TEST, ["a", "b", "c"]) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = node(&nats, "a", dir.path());
-    let b = node(&nats, "b", dir.path());
-    let c = node(&nats, "c", dir.path());
-    wait_cluster(&[&a, &b, &c]);
 
     // Several rounds, since "at once" is up to the scheduler: without a session anywhere,
     // and with one on C.
@@ -404,14 +401,9 @@ fn two_connects_at_once_on_two_nodes_end_with_one_session() {
 fn a_node_back_from_a_crash_ends_a_session_another_node_owns_now_without_its_will() {
     const TEST: &str =
         "a_node_back_from_a_crash_ends_a_session_another_node_owns_now_without_its_will";
-    let Some(nats) = NatsServer::start(TEST) else {
+    let Some((nats, dir, [mut a, b, _c])) = cluster(TEST, ["a", "b", "c"]) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut a = node(&nats, "a", dir.path());
-    let b = node(&nats, "b", dir.path());
-    let c = node(&nats, "c", dir.path());
-    wait_cluster(&[&a, &b, &c]);
 
     // A watcher's persistent session on A keeps what A publishes on will/# for it.
     let (mut watcher, _) = Client::connect(a.addr(), connect("watcher", true, 300, None));
@@ -478,14 +470,9 @@ fn a_node_back_from_a_crash_ends_a_session_another_node_owns_now_without_its_wil
 fn a_delayed_will_is_not_published_by_a_node_whose_session_another_node_claimed_meanwhile() {
     const TEST: &str =
         "a_delayed_will_is_not_published_by_a_node_whose_session_another_node_claimed_meanwhile";
-    let Some(nats) = NatsServer::start(TEST) else {
+    let Some((_nats, _dir, [a, b, c])) = cluster(TEST, ["a", "b", "c"]) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let a = node(&nats, "a", dir.path());
-    let b = node(&nats, "b", dir.path());
-    let c = node(&nats, "c", dir.path());
-    wait_cluster(&[&a, &b, &c]);
     let (mut watcher, _) = Client::connect(c.addr(), connect("watcher", true, 0, None));
     watcher.subscribe("will/#", QoS::AtLeastOnce);
     wait_until("C's interest in will/# known to A", || {
