@@ -847,23 +847,11 @@ async fn idle(a: &Args, target: &Target, token: &str, errors: &mut Vec<String>) 
     }
     drop(up_tx);
     let mut connect = Histogram::default();
-    let (mut ok, mut failed) = (0usize, 0usize);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while ok + failed < a.connections {
-        match tokio::time::timeout_at(deadline.into(), up_rx.recv()).await {
-            Ok(Some(Ok(ns))) => {
-                ok += 1;
-                connect.record(ns);
-            }
-            Ok(Some(Err(e))) => {
-                failed += 1;
-                if errors.len() < 5 {
-                    errors.push(e);
-                }
-            }
-            _ => break,
-        }
-    }
+    let (ok, failed) = tally_connects(&mut up_rx, a.connections, deadline, errors, |ns| {
+        connect.record(ns)
+    })
+    .await;
     let connect_s = start.elapsed().as_secs_f64();
     eprintln!("idle: {ok} connections up in {connect_s:.2} s, {failed} failed; holding");
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;
@@ -882,4 +870,33 @@ async fn idle(a: &Args, target: &Target, token: &str, errors: &mut Vec<String>) 
         connect_p99_us: connect.quantile(0.99) / 1000,
         hold_s: a.duration,
     }
+}
+
+/// Reads up to `n` connection outcomes from `up` until `deadline` (or until every sender is
+/// gone): each success is given to `each`, each failure counted, the first 5 failures' words
+/// kept in `errors`. Returns the successes and the failures counted.
+pub(crate) async fn tally_connects<T>(
+    up: &mut tokio::sync::mpsc::UnboundedReceiver<Result<T, String>>,
+    n: usize,
+    deadline: Instant,
+    errors: &mut Vec<String>,
+    mut each: impl FnMut(T),
+) -> (usize, usize) {
+    let (mut ok, mut failed) = (0usize, 0usize);
+    while ok + failed < n {
+        match tokio::time::timeout_at(deadline.into(), up.recv()).await {
+            Ok(Some(Ok(t))) => {
+                ok += 1;
+                each(t);
+            }
+            Ok(Some(Err(e))) => {
+                failed += 1;
+                if errors.len() < 5 {
+                    errors.push(e);
+                }
+            }
+            _ => break,
+        }
+    }
+    (ok, failed)
 }

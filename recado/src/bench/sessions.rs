@@ -139,24 +139,14 @@ async fn phase(
     }
     drop(up_tx);
     let mut connect = Histogram::default();
-    let (mut ok, mut present, mut failed) = (0usize, 0usize, 0usize);
+    let mut present = 0usize;
     let deadline = Instant::now() + PHASE_LIMIT;
-    while ok + failed < s.sessions {
-        match tokio::time::timeout_at(deadline.into(), up_rx.recv()).await {
-            Ok(Some(Ok((p, ns)))) => {
-                ok += 1;
-                present += usize::from(p);
-                connect.record(ns);
-            }
-            Ok(Some(Err(e))) => {
-                failed += 1;
-                if errors.len() < 5 {
-                    errors.push(e);
-                }
-            }
-            _ => break,
-        }
-    }
+    let (ok, failed) =
+        super::tally_connects(&mut up_rx, s.sessions, deadline, errors, |(p, ns)| {
+            present += usize::from(p);
+            connect.record(ns);
+        })
+        .await;
     let connect_s = start.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     for t in tasks {
