@@ -2034,7 +2034,11 @@ async fn offsets<S: Storage>(
         .iter()
         .find(|s| s.name == stream)
         .unwrap_or_else(|| panic!("stream {stream} stored: {:?}", state.streams));
-    let entries = must("read_stream", storage.read_stream(stream, 0, 0, 1000)).await;
+    let entries = must(
+        "read_stream",
+        storage.read_stream(stream, 0, 0, 1000, u64::MAX),
+    )
+    .await;
     (
         s.next_offset,
         entries
@@ -2199,19 +2203,18 @@ pub async fn check_read_stream<S: Storage>(storage: &S) {
     batch.push(queue_ref("c", 1, 5));
     apply(storage, batch).await;
     let read = |from: u64, time: u64, max: usize| async move {
-        must("read_stream", storage.read_stream("s", from, time, max))
-            .await
-            .iter()
-            .map(|e| e.entry.offset)
-            .collect::<Vec<_>>()
+        must(
+            "read_stream",
+            storage.read_stream("s", from, time, max, u64::MAX),
+        )
+        .await
+        .iter()
+        .map(|e| e.entry.offset)
+        .collect::<Vec<_>>()
     };
     assert_eq!(read(2, 0, 2).await, [2, 3], "from an offset, at most max");
     // Bounded in bytes: the first entries, at least one, each message counted once read.
-    let within = must(
-        "read_stream_within",
-        storage.read_stream_within("s", 2, 0, 10, 1),
-    )
-    .await;
+    let within = must("read_stream", storage.read_stream("s", 2, 0, 10, 1)).await;
     let offsets: Vec<u64> = within.iter().map(|e| e.entry.offset).collect();
     assert!(
         !offsets.is_empty()
@@ -2219,15 +2222,11 @@ pub async fn check_read_stream<S: Storage>(storage: &S) {
             && offsets == (2..2 + offsets.len() as u64).collect::<Vec<_>>(),
         "a prefix of the entries from the offset: {offsets:?}"
     );
-    let all = must(
-        "read_stream_within",
-        storage.read_stream_within("s", 1, 0, 3, u64::MAX),
-    )
-    .await;
+    let all = must("read_stream", storage.read_stream("s", 1, 0, 3, u64::MAX)).await;
     assert!((1..=3).contains(&all.len()), "at most max: {}", all.len());
     assert_eq!(read(0, 1_004, 10).await, [4, 5], "from a time");
     assert_eq!(read(6, 0, 10).await, Vec::<u64>::new(), "read to its end");
-    let first = must("read_stream", storage.read_stream("s", 1, 0, 1)).await;
+    let first = must("read_stream", storage.read_stream("s", 1, 0, 1, u64::MAX)).await;
     assert_eq!(first.len(), 1);
     assert_eq!(
         (first[0].entry.time_ms, first[0].entry.message_id),
@@ -2239,13 +2238,16 @@ pub async fn check_read_stream<S: Storage>(storage: &S) {
         "with its message"
     );
     assert!(
-        must("read_stream", storage.read_stream("none", 0, 0, 10))
-            .await
-            .is_empty(),
+        must(
+            "read_stream",
+            storage.read_stream("none", 0, 0, 10, u64::MAX)
+        )
+        .await
+        .is_empty(),
         "a stream not stored reads empty"
     );
     apply(storage, vec![appended("s", 5, 4)]).await;
-    let again = must("read_stream", storage.read_stream("s", 5, 0, 1)).await;
+    let again = must("read_stream", storage.read_stream("s", 5, 0, 1, u64::MAX)).await;
     assert_eq!(
         again.iter().map(|e| e.entry.message_id).collect::<Vec<_>>(),
         [4],
@@ -2297,6 +2299,20 @@ pub async fn check_read_stream<S: Storage>(storage: &S) {
         );
     }
     assert!(is_stored(storage, 5).await, "still queued");
+    // Messages only a stream holds: 4 bytes each (topic "t/b", payload "m"), so a bound of
+    // 5 bytes stops after the second, the one that reaches it.
+    let mut only_stream = Vec::new();
+    for id in 11..=14u64 {
+        only_stream.push(stored(id, "t/b", b"m"));
+        only_stream.push(appended("b", id, id));
+    }
+    apply(storage, only_stream).await;
+    let bounded = must("read_stream", storage.read_stream("b", 0, 0, 10, 5)).await;
+    assert_eq!(
+        bounded.iter().map(|e| e.entry.offset).collect::<Vec<_>>(),
+        [11, 12],
+        "bounded in bytes: up to the entry whose message reaches the bound"
+    );
 }
 
 /// Streams and the messages they refer to survive a reopen; the messages nothing refers to
@@ -2322,7 +2338,7 @@ pub async fn check_streams_across_reopen<H: Harness>(harness: &mut H) {
     let storage = harness.reopen(storage).await;
     let state = load(&storage).await;
     assert_eq!(offsets(&storage, &state, "s").await, (3, vec![(2, 1)]));
-    let read = must("read_stream", storage.read_stream("s", 0, 0, 10)).await;
+    let read = must("read_stream", storage.read_stream("s", 0, 0, 10, u64::MAX)).await;
     assert_eq!(
         read.iter().map(|e| e.message.clone()).collect::<Vec<_>>(),
         [message("t", b"kept", 1)]

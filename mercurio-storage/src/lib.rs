@@ -120,10 +120,6 @@ pub struct SetAside {
     pub cause: String,
 }
 
-/// Entries [`Storage::read_stream_within`] reads at most by default (a backend that does not
-/// bound a read in bytes): what one read of a stream reader asked for before.
-pub const STREAM_READ_DEFAULT: usize = 64;
-
 /// A storage backend: memory, SQLite or PostgreSQL.
 ///
 /// Implementations are shared (`Arc<dyn Storage>`) between the broker's background writer
@@ -167,11 +163,15 @@ pub trait Storage: Send + Sync + 'static {
     /// Errors: storage unreachable ([`ErrorKind::Transient`]).
     async fn load_messages(&self, ids: &[u64]) -> Result<Vec<StoredMessage>, StorageError>;
 
-    /// Up to `max` entries of stream `stream` with their messages, by offset: those at
-    /// offset `from_offset` or above appended at `from_time_ms` (unix milliseconds) or later
-    /// (0: any time), as the changes applied so far left them. A reader of a stream longer
-    /// than the broker holds in memory reads it so, in batches. Empty for a stream not
-    /// stored or read to its end; an entry whose message cannot be read is left out.
+    /// Entries of stream `stream` with their messages, by offset: those at offset
+    /// `from_offset` or above appended at `from_time_ms` (unix milliseconds) or later (0: any
+    /// time), as the changes applied so far left them. At most `max` entries, stopping once
+    /// their messages add up to `max_bytes` or more ([`MessageRecord::size`]; the entry that
+    /// reaches it is included, so a read returns at least one entry while any is left). A
+    /// reader of a stream longer than the broker holds in memory reads it so, in batches,
+    /// reading on after the last entry returned until a read is empty: it never holds more
+    /// than one batch's bytes. Empty for a stream not stored or read to its end; an entry
+    /// whose message cannot be read is left out.
     ///
     /// Errors: storage unreachable ([`ErrorKind::Transient`]).
     async fn read_stream(
@@ -180,30 +180,8 @@ pub trait Storage: Send + Sync + 'static {
         from_offset: u64,
         from_time_ms: u64,
         max: usize,
-    ) -> Result<Vec<StreamEntryRead>, StorageError>;
-
-    /// Some of the entries [`read_stream`](Storage::read_stream) would return, from the
-    /// first on: at most `max`, stopping once their messages add up to `max_bytes` or more
-    /// ([`MessageRecord::size`]; the entry that reaches it is included), and possibly fewer
-    /// (at least one while any is left): a reader replaying a long stream reads large
-    /// batches without holding more than that, and reads on after the last entry returned
-    /// until a read is empty. SQLite reads up to both bounds; by default it is `read_stream`
-    /// of at most [`STREAM_READ_DEFAULT`] entries.
-    ///
-    /// Errors: as [`read_stream`](Storage::read_stream).
-    async fn read_stream_within(
-        &self,
-        stream: &str,
-        from_offset: u64,
-        from_time_ms: u64,
-        max: usize,
         max_bytes: u64,
-    ) -> Result<Vec<StreamEntryRead>, StorageError> {
-        let _ = max_bytes;
-        let max = max.min(STREAM_READ_DEFAULT);
-        self.read_stream(stream, from_offset, from_time_ms, max)
-            .await
-    }
+    ) -> Result<Vec<StreamEntryRead>, StorageError>;
 
     /// Apply `batch` in order, in one transaction: all of it or none of it.
     ///

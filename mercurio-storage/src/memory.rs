@@ -339,17 +339,19 @@ impl State {
     }
 
     /// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
-    /// later, with their messages.
+    /// later, with their messages, stopping after the one that brings them to `max_bytes`.
     fn read_stream(
         &self,
         stream: &str,
         from_offset: u64,
         from_time_ms: u64,
         max: usize,
+        max_bytes: u64,
     ) -> Vec<StreamEntryRead> {
         let Some(s) = self.streams.get(stream) else {
             return Vec::new();
         };
+        let mut bytes = 0u64;
         s.entries
             .range(from_offset..)
             .map(|(_, e)| e)
@@ -361,6 +363,11 @@ impl State {
                 })
             })
             .take(max)
+            .take_while(|read| {
+                let under = bytes < max_bytes;
+                bytes = bytes.saturating_add(read.message.size());
+                under
+            })
             .collect()
     }
 
@@ -653,12 +660,13 @@ impl Storage for MemoryStorage {
         from_offset: u64,
         from_time_ms: u64,
         max: usize,
+        max_bytes: u64,
     ) -> Result<Vec<StreamEntryRead>, StorageError> {
         Ok(self
             .shared
             .state
             .lock()
-            .read_stream(stream, from_offset, from_time_ms, max))
+            .read_stream(stream, from_offset, from_time_ms, max, max_bytes))
     }
 
     async fn load_without_queues(&self) -> Result<LoadedState, StorageError> {

@@ -388,14 +388,22 @@ impl Storage for PostgresStorage {
         from_offset: u64,
         from_time_ms: u64,
         max: usize,
+        max_bytes: u64,
     ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
         let guard = self.writer().await?;
         let Some(writer) = guard.as_ref() else {
             return Err(StorageError::fatal("the PostgreSQL storage is closed"));
         };
-        load::read_stream(&writer.client, stream, from_offset, from_time_ms, max)
-            .await
-            .map_err(|e| classify(e, "cannot read a stream"))
+        load::read_stream(
+            &writer.client,
+            stream,
+            from_offset,
+            from_time_ms,
+            max,
+            max_bytes,
+        )
+        .await
+        .map_err(|e| classify(e, "cannot read a stream"))
     }
 
     async fn apply(&self, batch: &[Change]) -> Result<(), StorageError> {

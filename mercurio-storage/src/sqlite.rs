@@ -2032,17 +2032,6 @@ impl Storage for SqliteStorage {
         from_offset: u64,
         from_time_ms: u64,
         max: usize,
-    ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
-        self.read_stream_within(stream, from_offset, from_time_ms, max, u64::MAX)
-            .await
-    }
-
-    async fn read_stream_within(
-        &self,
-        stream: &str,
-        from_offset: u64,
-        from_time_ms: u64,
-        max: usize,
         max_bytes: u64,
     ) -> Result<Vec<crate::StreamEntryRead>, StorageError> {
         let stream = stream.to_string();
@@ -2509,7 +2498,7 @@ mod tests {
         assert_eq!(state.max_message_id, 3);
         assert_eq!(state.messages.len(), 1, "the in-flight message only");
         assert_eq!(state.messages[0].id, 2);
-        let read = storage.read_stream("s", 0, 0, 10).await.unwrap();
+        let read = storage.read_stream("s", 0, 0, 10, u64::MAX).await.unwrap();
         let seen: Vec<_> = read
             .iter()
             .map(|r| {
@@ -2548,7 +2537,7 @@ mod tests {
             }])
             .await
             .unwrap();
-        let read = storage.read_stream("s", 0, 0, 10).await.unwrap();
+        let read = storage.read_stream("s", 0, 0, 10, u64::MAX).await.unwrap();
         assert_eq!(read.iter().map(|r| r.entry.offset).collect::<Vec<_>>(), [3]);
         let state = storage.load().await.unwrap();
         assert_eq!(state.sessions[0].inflight[0].delivery.message_id, 2);

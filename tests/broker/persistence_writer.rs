@@ -172,9 +172,10 @@ impl mercurio::storage::Storage for UnreadableQueues {
         from_offset: u64,
         from_time_ms: u64,
         max: usize,
+        max_bytes: u64,
     ) -> Result<Vec<mercurio::storage::StreamEntryRead>, StorageError> {
         self.inner
-            .read_stream(stream, from_offset, from_time_ms, max)
+            .read_stream(stream, from_offset, from_time_ms, max, max_bytes)
             .await
     }
     async fn apply(&self, batch: &[mercurio::storage::Change]) -> Result<(), StorageError> {

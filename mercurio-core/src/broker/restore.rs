@@ -97,7 +97,9 @@ pub(crate) async fn read_last_value_streams(
         let mut entries = Vec::new();
         let mut from = record.first_offset;
         loop {
-            let batch = storage.read_stream(&record.name, from, 0, BATCH).await?;
+            let batch = storage
+                .read_stream(&record.name, from, 0, BATCH, u64::MAX)
+                .await?;
             let full = batch.len() == BATCH;
             if let Some(last) = batch.last() {
                 from = last.entry.offset + 1;

@@ -199,7 +199,7 @@ const STORAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 async fn read_stored(stream: &Stream, from: u64, upto: u64, from_time_ms: u64) -> StoredRead {
     let storage = stream.storage()?;
     let read = match storage
-        .read_stream_within(
+        .read_stream(
             stream.name(),
             from,
             from_time_ms,

@@ -221,7 +221,11 @@ impl Stream {
                 }
                 (log.first(), log.tail_from())
             };
-            let batch = match p.storage().read_stream(&c.name, from, 0, TRIM_BATCH).await {
+            let batch = match p
+                .storage()
+                .read_stream(&c.name, from, 0, TRIM_BATCH, u64::MAX)
+                .await
+            {
                 Ok(batch) => batch,
                 Err(e) => {
                     tracing::warn!(stream = %c.name, "stream retention cannot read storage, retried: {e}");

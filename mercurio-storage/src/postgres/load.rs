@@ -154,19 +154,29 @@ pub(super) async fn load_all(
 }
 
 /// Up to `max` entries of `stream` from `from_offset` on, appended at `from_time_ms` or
-/// later, with their messages (an unreadable one left out).
+/// later, with their messages (an unreadable one left out), stopping after the entry whose
+/// message brings the batch to `max_bytes`: the running sum is computed by the database, so
+/// no more than that crosses the connection. The entries are limited before the join, so a
+/// read joins at most `max` messages however long the rest of the stream is.
 pub(super) async fn read_stream(
     client: &Client,
     stream: &str,
     from_offset: u64,
     from_time_ms: u64,
     max: usize,
+    max_bytes: u64,
 ) -> Result<Vec<crate::StreamEntryRead>, tokio_postgres::Error> {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    // A message's size as `MessageRecord::size` counts it: topic, payload and properties.
+    let size = "octet_length(m.topic) + octet_length(m.payload) \
+                + coalesce(octet_length(m.properties), 0)";
     let sql = format!(
-        "SELECT {STREAM_ENTRY_COLUMNS} FROM mercurio_stream_entries e \
-         JOIN mercurio_messages m ON m.id = e.message_id WHERE e.stream = $1 \
-         AND e.entry_offset >= $2 AND e.time_ms >= $3 ORDER BY e.entry_offset LIMIT $4"
+        "SELECT * FROM (SELECT {STREAM_ENTRY_COLUMNS}, \
+         sum({size}) OVER (ORDER BY e.entry_offset) - ({size}) AS bytes_before \
+         FROM (SELECT * FROM mercurio_stream_entries WHERE stream = $1 \
+         AND entry_offset >= $2 AND time_ms >= $3 ORDER BY entry_offset LIMIT $4) e \
+         JOIN mercurio_messages m ON m.id = e.message_id) r \
+         WHERE r.bytes_before < $5 ORDER BY r.entry_offset"
     );
     let found = client
         .query(
@@ -176,6 +186,7 @@ pub(super) async fn read_stream(
                 &clamp(from_offset),
                 &clamp(from_time_ms),
                 &clamp(max as u64),
+                &clamp(max_bytes),
             ],
         )
         .await?;

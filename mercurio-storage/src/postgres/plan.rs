@@ -14,7 +14,7 @@ use crate::change::{refused, Change};
 use crate::error::StorageError;
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, RetainedRecord, SessionHeader, StoredMessage,
-    SubscriptionRecord, WillRecord,
+    StreamEntryRecord, SubscriptionRecord, WillRecord,
 };
 use crate::refs::Refs;
 use crate::rows::encode_ids;
@@ -240,6 +240,7 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
     let mut released: Vec<i64> = Vec::new();
     let mut first_release = None;
     let mut removes = None;
+    let mut appends = Appends::default();
     // Each client's changes (None: the retained set), in order of first appearance.
     let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
     let mut position: HashMap<Option<&str>, usize> = HashMap::new();
@@ -259,14 +260,22 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
             | Change::InflightRemoved { .. } => {
                 removes.get_or_insert(index);
             }
+            Change::StreamAppended { stream, entry } => {
+                // A stream's appends in a row are one statement each way.
+                if !appends.add(index, stream, entry) {
+                    appends.plan(s, out);
+                    appends.add(index, stream, entry);
+                }
+                continue;
+            }
             Change::StreamDefined { .. }
-            | Change::StreamAppended { .. }
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
             | Change::StreamDeleted { .. } => {
                 // In batch order, after the messages they refer to (stored first). Removals
                 // delete the released messages they leave unreferenced themselves (no sweep
                 // over every released message, a long stream's included).
+                appends.plan(s, out);
                 stream_ops(s, index, change, out);
                 continue;
             }
@@ -279,6 +288,7 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
         });
         groups[at].1.push(index);
     }
+    appends.plan(s, out);
     // Clients whose changes in the batch are deliveries queued and nothing else (a
     // fan-out): one statement for all of them, and one check that their sessions are stored.
     let mut fanout = Fanout::default();
@@ -344,6 +354,63 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
     }
 }
 
+/// Appends to one stream in a row of the batch: one `stream_next` and one multi-row
+/// `stream_append` for all of them, instead of two statements per message.
+#[derive(Default)]
+struct Appends<'b> {
+    /// The batch index of the first append, and its stream.
+    first: Option<(usize, &'b str)>,
+    /// Offset -> (time_ms, message id): an offset appended twice keeps its last entry, as
+    /// two statements in a row would (one statement may not write a row twice).
+    entries: BTreeMap<u64, (u64, u64)>,
+}
+
+impl<'b> Appends<'b> {
+    /// Adds the append at `index`; false (nothing added) when the run holds another stream's.
+    fn add(&mut self, index: usize, stream: &'b str, entry: &StreamEntryRecord) -> bool {
+        match self.first {
+            Some((_, other)) if other != stream => return false,
+            Some(_) => {}
+            None => self.first = Some((index, stream)),
+        }
+        self.entries
+            .insert(entry.offset, (entry.time_ms, entry.message_id));
+        true
+    }
+
+    /// The run's statements, and a new run.
+    fn plan<'a>(&mut self, s: &'a Statements, out: &mut Vec<Op<'a>>) {
+        let Some((index, stream)) = self.first.take() else {
+            return;
+        };
+        let entries = std::mem::take(&mut self.entries);
+        let next = entries
+            .keys()
+            .next_back()
+            .map_or(0, |o| big(*o).saturating_add(1));
+        let offsets: Vec<i64> = entries.keys().map(|o| big(*o)).collect();
+        let times: Vec<i64> = entries.values().map(|(t, _)| big(*t)).collect();
+        let ids: Vec<i64> = entries.values().map(|(_, id)| big(*id)).collect();
+        out.push(Op {
+            index,
+            statement: &s.stream_next,
+            params: vec![text(stream), int(next)],
+            must_touch: false,
+        });
+        out.push(Op {
+            index,
+            statement: &s.stream_append,
+            params: vec![
+                text(stream),
+                Box::new(offsets),
+                Box::new(times),
+                Box::new(ids),
+            ],
+            must_touch: false,
+        });
+    }
+}
+
 /// A stream's change as its statements.
 fn stream_ops<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Vec<Op<'a>>) {
     let mut op = |statement: &'a Statement, params: Vec<Param>| {
@@ -368,21 +435,8 @@ fn stream_ops<'a>(s: &'a Statements, index: usize, change: &Change, out: &mut Ve
                 Box::new(d.last_value),
             ],
         ),
-        Change::StreamAppended { stream, entry } => {
-            op(
-                &s.stream_next,
-                vec![text(stream), int(big(entry.offset).saturating_add(1))],
-            );
-            op(
-                &s.stream_append,
-                vec![
-                    text(stream),
-                    int(big(entry.offset)),
-                    int(big(entry.time_ms)),
-                    int(big(entry.message_id)),
-                ],
-            );
-        }
+        // Planned by `Appends`, a run of them at a time.
+        Change::StreamAppended { .. } => {}
         Change::StreamTrimmed { stream, below } => {
             op(&s.stream_trim, vec![text(stream), int(big(*below))]);
             op(&s.stream_next, vec![text(stream), int(big(*below))]);

@@ -337,7 +337,9 @@ impl Statements {
             .await?,
             stream_append: p(
                 "INSERT INTO mercurio_stream_entries (stream, entry_offset, \
-                 time_ms, message_id) VALUES ($1, $2, $3, $4) \
+                 time_ms, message_id) SELECT $1, a.entry_offset, a.time_ms, a.message_id \
+                 FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) \
+                 AS a(entry_offset, time_ms, message_id) \
                  ON CONFLICT (stream, entry_offset) DO UPDATE \
                  SET time_ms = excluded.time_ms, message_id = excluded.message_id"
                     .into(),
