@@ -21,19 +21,34 @@ use super::cluster_qos::{
 /// Nodes `a`, `b` and `c`, each on its own NATS server of `nats` and its own database of
 /// `pg`; returns once each hears the other two.
 fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
+    nodes_on(nats, pg, false)
+}
+
+/// [`three_nodes`]; with `peer_storage`, each node lists the other two's databases
+/// (`[cluster] peer_storage`), to take a crashed node's sessions from its database.
+fn nodes_on(nats: &NatsCluster, pg: &TestPostgres, peer_storage: bool) -> [ClusterNode; 3] {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let urls = nats.urls();
-    let nodes = [("a", 0), ("b", 1), ("c", 2)].map(|(name, i)| {
-        let db = rt.block_on(async { pg.url(&pg.database(name, None).await) });
+    let names = ["a", "b", "c"];
+    let dbs = names.map(|name| rt.block_on(async { pg.url(&pg.database(name, None).await) }));
+    let nodes = [0, 1, 2].map(|i| {
+        let mut keys = CLUSTER_KEYS.to_string();
+        if peer_storage {
+            let peers: Vec<String> = (0..3)
+                .filter(|j| *j != i)
+                .map(|j| format!("{} = {:?}", names[j], dbs[j]))
+                .collect();
+            keys.push_str(&format!("peer_storage = {{ {} }}\n", peers.join(", ")));
+        }
         ClusterNode::start_on(
-            name,
+            names[i],
             &urls[i..=i],
-            NodeStorage::Postgres(db),
+            NodeStorage::Postgres(dbs[i].clone()),
             "",
-            CLUSTER_KEYS,
+            &keys,
         )
     });
     wait_until("every node hears the other two", || {
@@ -187,6 +202,51 @@ fn a_session_taken_over_by_another_node_mid_stream_loses_nothing() {
     eprintln!(
         "{TEST}: {} messages acknowledged to the publisher ({moved_at} before the hand-over), \
          {} received, {} duplicates, none lost",
+        acked.len(),
+        got.len(),
+        duplicates(&got)
+    );
+}
+
+/// The subscriber's node killed and left down: the subscriber reconnecting to another node
+/// (Clean Start 0) gets its session from the dead node's database (`peer_storage`), present
+/// [MQTT-3.2.2-2], and every message acknowledged to the publisher [MQTT-4.3.2-4]: those
+/// the dead node had committed, those it had taken from JetStream and not committed, those
+/// sent to it after its death, and those after the move. Prints how long the CONNECT took.
+#[test]
+fn a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_loses_nothing() {
+    const TEST: &str =
+        "a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_loses_nothing";
+    let Some(nats) = NatsCluster::start(TEST, 3) else {
+        return;
+    };
+    let Some(pg) = TestPostgres::start("cluster_chaos_dead") else {
+        return;
+    };
+    let [a, mut b, c] = nodes_on(&nats, &pg, true);
+    let mut sub = subscriber(&b, "b", [&a, &c]);
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+    let mut got = BTreeMap::new();
+    receive_some(&mut sub, 200, &mut got);
+    b.kill();
+    drop(sub);
+    let killed_at = publisher.acked();
+    publisher.wait_acked(killed_at + 200);
+    // B stays down; the subscriber comes back on C.
+    let started = std::time::Instant::now();
+    let (mut sub, present) = connect(&c.daemon, "sub", true);
+    let took = started.elapsed();
+    assert!(
+        present,
+        "the session taken from B's database is present [MQTT-3.2.2-2]"
+    );
+    publisher.wait_acked(publisher.acked() + 200);
+    let acked = publisher.finish();
+    let got = receive_rest(&mut sub, &acked, got);
+    eprintln!(
+        "{TEST}: CONNECT on C took {} ms; {} messages acknowledged to the publisher \
+         ({killed_at} before B's kill), {} received, {} duplicates, none lost",
+        took.as_millis(),
         acked.len(),
         got.len(),
         duplicates(&got)
