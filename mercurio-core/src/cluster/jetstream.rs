@@ -537,15 +537,8 @@ pub(super) async fn take_in(
             };
             let age = age_of(&m);
             let (m, acker) = m.split();
-            let Some(msg) = receive(
-                &broker,
-                &publisher,
-                &mut seen,
-                &mut warned,
-                &m.subject,
-                &m.payload,
-                age,
-            ) else {
+            let Some(msg) = receive_from(&broker, &publisher, &mut seen, &mut warned, &m, age)
+            else {
                 // A copy already routed, or unreadable: acknowledged, never to come again.
                 let _ = ack_tx.send((acker, true));
                 continue;
@@ -749,15 +742,8 @@ async fn take_group(
                 };
                 let age = age_of(&m);
                 let (m, acker) = m.split();
-                let Some(msg) = receive(
-                    &broker,
-                    &publisher,
-                    &mut seen,
-                    &mut warned,
-                    &m.subject,
-                    &m.payload,
-                    age,
-                ) else {
+                let Some(msg) = receive_from(&broker, &publisher, &mut seen, &mut warned, &m, age)
+                else {
                     let _ = ack_tx.send((acker, true));
                     continue;
                 };
@@ -814,6 +800,18 @@ fn age_of(m: &jetstream::Message) -> Option<u32> {
             .map_or(0, |d| d.as_secs() as i64);
         u32::try_from(now - i.published.unix_timestamp()).unwrap_or(0)
     })
+}
+
+/// [`receive`] for a message from a consumer.
+fn receive_from(
+    broker: &BrokerState,
+    publisher: &Arc<str>,
+    seen: &mut dedup::Seen,
+    warned: &mut Throttle,
+    m: &async_nats::Message,
+    age: Option<u32>,
+) -> Option<Message> {
+    receive(broker, publisher, seen, warned, &m.subject, &m.payload, age)
 }
 
 /// The message a JetStream message carries, or `None` for a copy already taken or one that

@@ -35,6 +35,16 @@ fn standby(url: &str) -> PostgresOptions {
     options
 }
 
+/// Message `id` on `topic`, payload `m{id}`, stored.
+fn stored(topic: &str, id: u64) -> Change {
+    Change::MessageStored {
+        message: StoredMessage {
+            id,
+            message: MessageRecord::new(topic, format!("m{id}"), 1),
+        },
+    }
+}
+
 fn saved(client_id: &str) -> Change {
     Change::SessionSaved(SessionHeader {
         client_id: client_id.into(),
@@ -130,6 +140,20 @@ async fn one_broker_serves_and_a_standby_takes_over_then_fences() {
     second.close().await.unwrap();
 }
 
+/// Makes the serving broker's heartbeat look 20 s old and freezes it, as a stopped
+/// process's would be.
+async fn freeze_heartbeat(pg: &TestPostgres, url: &str) {
+    pg.execute(
+        url,
+        "CREATE FUNCTION stale_beat() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN NEW.heartbeat_at := now() - interval '20 s'; RETURN NEW; END $$; \
+         CREATE TRIGGER stale_beat BEFORE UPDATE ON mercurio_leader FOR EACH ROW \
+         WHEN (NEW.epoch = OLD.epoch) EXECUTE FUNCTION stale_beat(); \
+         UPDATE mercurio_leader SET heartbeat_at = now() - interval '20 s';",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn stale_heartbeat_is_taken_over_and_the_old_writer_is_fenced() {
     let Some(pg) = TestPostgres::start("stale_heartbeat") else {
@@ -138,16 +162,7 @@ async fn stale_heartbeat_is_taken_over_and_the_old_writer_is_fenced() {
     let url = pg.url(&pg.database("stale", None).await);
     let first = open(&url).await;
     first.apply(&[saved("a")]).await.unwrap();
-    // Make the heartbeat look 20 s old and freeze it, as a stopped process's would be.
-    pg.execute(
-        &url,
-        "CREATE FUNCTION stale_beat() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN NEW.heartbeat_at := now() - interval '20 s'; RETURN NEW; END $$; \
-         CREATE TRIGGER stale_beat BEFORE UPDATE ON mercurio_leader FOR EACH ROW \
-         WHEN (NEW.epoch = OLD.epoch) EXECUTE FUNCTION stale_beat(); \
-         UPDATE mercurio_leader SET heartbeat_at = now() - interval '20 s';",
-    )
-    .await;
+    freeze_heartbeat(&pg, &url).await;
     let started = std::time::Instant::now();
     let second = tokio::time::timeout(DEADLINE, PostgresStorage::open(standby(&url)))
         .await
@@ -426,12 +441,7 @@ async fn a_standby_takes_over_the_message_store() {
     };
     let url = pg.url(&pg.database("takeover", None).await);
     let first = open(&url).await;
-    let stored = |id: u64| Change::MessageStored {
-        message: StoredMessage {
-            id,
-            message: MessageRecord::new("fan/out", format!("m{id}"), 1),
-        },
-    };
+    let stored = |id: u64| stored("fan/out", id);
     let queued = |client_id: &str, id: u64| Change::MessageQueued {
         client_id: client_id.into(),
         seq: id,
@@ -620,12 +630,7 @@ async fn a_gone_brokers_session_is_taken_from_its_database_and_its_late_write_re
     };
     let url = pg.url(&pg.database("peer", None).await);
     let old = open(&url).await;
-    let stored = |id: u64| Change::MessageStored {
-        message: StoredMessage {
-            id,
-            message: MessageRecord::new("dev/1", format!("m{id}"), 1),
-        },
-    };
+    let stored = |id: u64| stored("dev/1", id);
     old.apply(&[
         saved("dev"),
         saved("other"),
@@ -662,16 +667,8 @@ async fn a_gone_brokers_session_is_taken_from_its_database_and_its_late_write_re
     assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
     old.apply(&[saved("still-served")]).await.unwrap();
 
-    // Stalled: its heartbeat frozen 20 s old.
-    pg.execute(
-        &url,
-        "CREATE FUNCTION stale_beat() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN NEW.heartbeat_at := now() - interval '20 s'; RETURN NEW; END $$; \
-         CREATE TRIGGER stale_beat BEFORE UPDATE ON mercurio_leader FOR EACH ROW \
-         WHEN (NEW.epoch = OLD.epoch) EXECUTE FUNCTION stale_beat(); \
-         UPDATE mercurio_leader SET heartbeat_at = now() - interval '20 s';",
-    )
-    .await;
+    // Stalled: its heartbeat frozen.
+    freeze_heartbeat(&pg, &url).await;
     let (record, messages, hold) = tokio::time::timeout(
         DEADLINE,
         peer::take_session(&url, "dev", "taker", DEADLINE, HEARTBEAT_STALE),

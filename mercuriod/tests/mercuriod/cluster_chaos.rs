@@ -18,6 +18,14 @@ use super::cluster_qos::{
     client, connect, duplicates, interest_of, number, receive_rest, Publisher, CLUSTER_KEYS,
 };
 
+/// A NATS cluster of three servers with JetStream, and a PostgreSQL server named `pg` (a
+/// short name: it names the server's socket directory, whose path PostgreSQL limits);
+/// `None` (the test skips) without nats-server or PostgreSQL.
+fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
+    let nats = NatsCluster::start(test, 3)?;
+    Some((nats, TestPostgres::start(pg)?))
+}
+
 /// Nodes `a`, `b` and `c`, each on its own NATS server of `nats` and its own database of
 /// `pg`; returns once each hears the other two.
 fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
@@ -76,11 +84,7 @@ fn receive_some(sub: &mut Client, n: usize, got: &mut BTreeMap<u32, u32>) {
 fn a_publishers_node_killed_mid_stream_and_the_publisher_going_on_through_another_loses_nothing() {
     const TEST: &str =
         "a_publishers_node_killed_mid_stream_and_the_publisher_going_on_through_another_loses_nothing";
-    let Some(nats) = NatsCluster::start(TEST, 3) else {
-        return;
-    };
-    // A short name: it names the server's socket directory, whose path PostgreSQL limits.
-    let Some(pg) = TestPostgres::start("cluster_chaos") else {
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos") else {
         return;
     };
     let [mut a, b, c] = three_nodes(&nats, &pg);
@@ -128,27 +132,36 @@ fn subscriber(on: &ClusterNode, name: &str, others: [&ClusterNode; 2]) -> Client
     sub
 }
 
-#[test]
-fn a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing() {
-    const TEST: &str =
-        "a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing";
-    let Some(nats) = NatsCluster::start(TEST, 3) else {
-        return;
-    };
-    let Some(pg) = TestPostgres::start("cluster_chaos_sub") else {
-        return;
-    };
-    let [a, mut b, c] = three_nodes(&nats, &pg);
-    let mut sub = subscriber(&b, "b", [&a, &c]);
-
-    // B is killed under its subscriber's stream; the publisher on A goes on.
-    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+/// Kills the subscriber `sub`'s node `b` once `sub` has received 200 messages of
+/// `publisher`'s stream, and waits for 200 more to be acknowledged to the publisher; returns
+/// what `sub` received, and the messages acknowledged before the kill.
+fn killed_under_stream(
+    b: &mut ClusterNode,
+    mut sub: Client,
+    publisher: &Publisher,
+) -> (BTreeMap<u32, u32>, usize) {
     let mut got = BTreeMap::new();
     receive_some(&mut sub, 200, &mut got);
     b.kill();
     drop(sub);
     let killed_at = publisher.acked();
     publisher.wait_acked(killed_at + 200);
+    (got, killed_at)
+}
+
+#[test]
+fn a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing() {
+    const TEST: &str =
+        "a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing";
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_sub") else {
+        return;
+    };
+    let [a, mut b, c] = three_nodes(&nats, &pg);
+    let sub = subscriber(&b, "b", [&a, &c]);
+
+    // B is killed under its subscriber's stream; the publisher on A goes on.
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+    let (got, killed_at) = killed_under_stream(&mut b, sub, &publisher);
     // B is back on the same storage and node name, with the session and what JetStream
     // kept for it; the subscriber comes back on C, which takes the session from B.
     b.restart();
@@ -176,10 +189,7 @@ fn a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_los
 #[test]
 fn a_session_taken_over_by_another_node_mid_stream_loses_nothing() {
     const TEST: &str = "a_session_taken_over_by_another_node_mid_stream_loses_nothing";
-    let Some(nats) = NatsCluster::start(TEST, 3) else {
-        return;
-    };
-    let Some(pg) = TestPostgres::start("cluster_chaos_move") else {
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_move") else {
         return;
     };
     let [a, b, c] = three_nodes(&nats, &pg);
@@ -217,21 +227,13 @@ fn a_session_taken_over_by_another_node_mid_stream_loses_nothing() {
 fn a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_loses_nothing() {
     const TEST: &str =
         "a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_loses_nothing";
-    let Some(nats) = NatsCluster::start(TEST, 3) else {
-        return;
-    };
-    let Some(pg) = TestPostgres::start("cluster_chaos_dead") else {
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_dead") else {
         return;
     };
     let [a, mut b, c] = nodes_on(&nats, &pg, true);
-    let mut sub = subscriber(&b, "b", [&a, &c]);
+    let sub = subscriber(&b, "b", [&a, &c]);
     let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
-    let mut got = BTreeMap::new();
-    receive_some(&mut sub, 200, &mut got);
-    b.kill();
-    drop(sub);
-    let killed_at = publisher.acked();
-    publisher.wait_acked(killed_at + 200);
+    let (got, killed_at) = killed_under_stream(&mut b, sub, &publisher);
     // B stays down; the subscriber comes back on C.
     let started = std::time::Instant::now();
     let (mut sub, present) = connect(&c.daemon, "sub", true);
