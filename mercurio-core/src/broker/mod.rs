@@ -614,7 +614,7 @@ impl BrokerState {
     /// In cluster mode, a message another node was sent for a session this node took from
     /// that node's storage after it crashed (`cluster/recovery.rs`): offered to that session
     /// alone, as routing would offer it. True when queued.
-    #[cfg(feature = "cluster")]
+    #[cfg(all(feature = "cluster", feature = "postgres"))]
     pub(crate) fn deliver_to_client(&self, client_id: &str, msg: &Arc<Message>) -> bool {
         let matches = self.index.read().matches(&msg.topic);
         let Some(cm) = matches.clients.iter().find(|cm| &*cm.client == client_id) else {
