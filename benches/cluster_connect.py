@@ -87,4 +87,5 @@ def main():
     )
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -13,16 +13,8 @@ before=$1 after=$2 rounds=${3:-5} n=${4:-400}
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d)
 trap 'kill $(cat "$dir"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$dir"' EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-wait_port() {
-    for _ in $(seq 100); do
-        python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1)).close()" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "port $1 not listening" >&2; exit 1
-}
+# shellcheck source=benches/ports.sh
+. "$here/ports.sh"
 
 run() { # LABEL BIN
     nats=$(free_port); pa=$(free_port); pb=$(free_port)

@@ -19,9 +19,12 @@
 //!   ([`ErrorKind::Incompatible`](crate::ErrorKind::Incompatible)). A standby migrates only
 //!   once it serves.
 //! - A session whose rows cannot be read is set aside, as with SQLite.
+//! - A cluster node takes one session out of the database of a node that crashed, fencing
+//!   it as a standby would ([`peer`]).
 
 pub mod leader;
 mod load;
+pub mod peer;
 mod plan;
 mod schema;
 mod statements;

@@ -61,8 +61,9 @@ pub(crate) trait OtherNodes: Send + Sync {
     /// Asks every other node for the session of `client_id`: the node that has it closes
     /// the client's connection there and hands the session over, or, with `clean_start`,
     /// ends it (then [`Taken::None`]). Waits for the nodes it knows to answer, within the
-    /// cluster's `takeover_timeout`.
-    async fn take(&self, client_id: &str, clean_start: bool) -> Taken;
+    /// cluster's `takeover_timeout`. `owner`: the other node the registry named the owner
+    /// before this node's claim; when it is gone, its session may be taken from its storage.
+    async fn take(&self, client_id: &str, clean_start: bool, owner: Option<&str>) -> Taken;
 }
 
 /// What the session ownership registry says of a client identifier's session (cluster mode
@@ -82,7 +83,8 @@ pub(crate) enum Claim {
 pub(crate) trait SessionRegistry: Send + Sync {
     /// At the CONNECT of a persistent session: this node claims it over the revision it
     /// reads (compare-and-set). [`Claim::Lost`] when another node claimed it in between.
-    async fn claim(&self, client_id: &str) -> Claim;
+    /// With the claim, the other node the registry named the owner before it, if any.
+    async fn claim(&self, client_id: &str) -> (Claim, Option<String>);
     /// Once `session` is attached: claims it again over `revision` (the claim's, 0 for
     /// none), so that a node that claimed it meanwhile wins over this one, and records the
     /// new revision as `session`'s.
@@ -182,7 +184,8 @@ impl BrokerState {
     ///
     /// With `claimed` (the session claimed in the registry), the confirmation to the nodes
     /// that handed it over also waits for the claim's own confirmation: it is returned, for
-    /// the caller's [`Confirmation::done`] once the claim is confirmed, or to drop.
+    /// the caller's [`Confirmation::done`] once the claim is confirmed, or to drop. `owner`:
+    /// the other node the registry named the owner before the claim ([`OtherNodes::take`]).
     ///
     /// Errors: a node has the session and cannot hand it over now ([`Taken::Unavailable`]).
     pub(crate) async fn take_from_other_nodes(
@@ -190,6 +193,7 @@ impl BrokerState {
         client_id: &Arc<str>,
         clean_start: bool,
         claimed: bool,
+        owner: Option<&str>,
     ) -> Result<Option<Arc<Confirmation>>, mercurio_storage::StorageError> {
         let Some(others) = self.other_nodes.get() else {
             return Ok(None);
@@ -197,7 +201,7 @@ impl BrokerState {
         if client_id.starts_with(super::INTERNAL_PREFIX) {
             return Ok(None);
         }
-        let handed = match others.take(client_id, clean_start).await {
+        let handed = match others.take(client_id, clean_start, owner).await {
             Taken::None => return Ok(None),
             Taken::Unavailable(why) => {
                 return Err(mercurio_storage::StorageError::transient(format!(

@@ -175,6 +175,36 @@ pub(crate) struct BrokerState {
     pub(crate) held_wills: handover::HeldWills,
 }
 
+/// What one client gets of `msg` through its matching subscriptions `cm`: one copy at the
+/// highest QoS granted, with every subscription identifier (MQTT 5.0 section 3.3.4); `None`
+/// when No Local leaves none.
+fn delivery_for(cm: &crate::router::ClientMatch<SubEntry>, msg: &Arc<Message>) -> Option<Delivery> {
+    let mut qos: Option<QoS> = None;
+    let mut retain = false;
+    let mut ids = Vec::new();
+    for e in &cm.subscriptions {
+        let o = &e.granted.options;
+        // No Local: never back to the publisher's own subscription [MQTT-3.8.3-3].
+        if o.no_local && msg.publisher.as_deref() == Some(&*cm.client) {
+            continue;
+        }
+        let q = msg.qos.min(o.qos);
+        qos = Some(qos.map_or(q, |have| have.max(q)));
+        retain |= o.retain_as_published && msg.retain;
+        if let Some(id) = e.granted.identifier {
+            ids.push(id);
+        }
+    }
+    Some(Delivery {
+        msg: Arc::clone(msg),
+        qos: qos?,
+        retain,
+        subscription_ids: ids,
+        seq: 0,
+        share: None,
+    })
+}
+
 /// True for a message one of this broker's bridges brought in (published by its session
 /// `$internal/bridge/<name>`): it is not sent to other brokers' bridges connected here
 /// (`try_private`), so that over MQTT 3.1.1 too a message crosses one bridge
@@ -554,30 +584,8 @@ impl BrokerState {
                 // 3.1.1 the remote cannot tell, so it is not sent.
                 continue;
             }
-            let mut qos: Option<QoS> = None;
-            let mut retain = false;
-            let mut ids = Vec::new();
-            for e in &cm.subscriptions {
-                let o = &e.granted.options;
-                // No Local: never back to the publisher's own subscription [MQTT-3.8.3-3].
-                if o.no_local && msg.publisher.as_deref() == Some(&*cm.client) {
-                    continue;
-                }
-                let q = msg.qos.min(o.qos);
-                qos = Some(qos.map_or(q, |have| have.max(q)));
-                retain |= o.retain_as_published && msg.retain;
-                if let Some(id) = e.granted.identifier {
-                    ids.push(id);
-                }
-            }
-            let Some(qos) = qos else { continue };
-            let q = Delivery {
-                msg: Arc::clone(msg),
-                qos,
-                retain,
-                subscription_ids: ids,
-                seq: 0,
-                share: None,
+            let Some(q) = delivery_for(cm, msg) else {
+                continue;
             };
             let cost = size + 4 * q.subscription_ids.len() as u64;
             if self.offer(&first.session, q, cost) {
@@ -601,6 +609,21 @@ impl BrokerState {
             }
         }
         matched
+    }
+
+    /// In cluster mode, a message another node was sent for a session this node took from
+    /// that node's storage after it crashed (`cluster/recovery.rs`): offered to that session
+    /// alone, as routing would offer it. True when queued.
+    #[cfg(all(feature = "cluster", feature = "postgres"))]
+    pub(crate) fn deliver_to_client(&self, client_id: &str, msg: &Arc<Message>) -> bool {
+        let matches = self.index.read().matches(&msg.topic);
+        let Some(cm) = matches.clients.iter().find(|cm| &*cm.client == client_id) else {
+            return false;
+        };
+        match (cm.subscriptions.first(), delivery_for(cm, msg)) {
+            (Some(first), Some(q)) => self.deliver(&first.session, q),
+            _ => false,
+        }
     }
 
     /// Offers one delivery to a session, counting a drop. True when queued.

@@ -116,9 +116,14 @@ impl BrokerState {
             .get()
             .filter(|_| expiry_interval > 0 && !client_id.starts_with(super::INTERNAL_PREFIX));
         let mut revision = None;
+        let mut previous_owner = None;
         if let Some(r) = registry {
-            match r.claim(client_id).await {
-                Claim::Ours(rev) => revision = Some(rev),
+            let (claim, before) = r.claim(client_id).await;
+            match claim {
+                Claim::Ours(rev) => {
+                    revision = Some(rev);
+                    previous_owner = before;
+                }
                 Claim::Lost(node) => return Err(TakeError::Claimed(node)),
                 Claim::Unknown(why) => {
                     tracing::warn!(%client_id, "cluster: session not claimed in the registry, served by this node alone: {why}");
@@ -126,7 +131,12 @@ impl BrokerState {
             }
         }
         let owed = self
-            .take_from_other_nodes(client_id, clean_start, revision.is_some())
+            .take_from_other_nodes(
+                client_id,
+                clean_start,
+                revision.is_some(),
+                previous_owner.as_deref(),
+            )
             .await?;
         let (session, link, present) = self
             .attach_session(

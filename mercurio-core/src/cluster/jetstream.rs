@@ -537,7 +537,8 @@ pub(super) async fn take_in(
             };
             let age = age_of(&m);
             let (m, acker) = m.split();
-            let Some(msg) = receive(&broker, &publisher, &mut seen, &mut warned, &m, age) else {
+            let Some(msg) = receive_from(&broker, &publisher, &mut seen, &mut warned, &m, age)
+            else {
                 // A copy already routed, or unreadable: acknowledged, never to come again.
                 let _ = ack_tx.send((acker, true));
                 continue;
@@ -741,7 +742,7 @@ async fn take_group(
                 };
                 let age = age_of(&m);
                 let (m, acker) = m.split();
-                let Some(msg) = receive(&broker, &publisher, &mut seen, &mut warned, &m, age)
+                let Some(msg) = receive_from(&broker, &publisher, &mut seen, &mut warned, &m, age)
                 else {
                     let _ = ack_tx.send((acker, true));
                     continue;
@@ -801,10 +802,8 @@ fn age_of(m: &jetstream::Message) -> Option<u32> {
     })
 }
 
-/// The message a JetStream message carries, or `None` for a copy already taken or one that
-/// cannot be read (counted, logged). `age`: seconds since JetStream stored it, taken off its
-/// Message Expiry Interval.
-fn receive(
+/// [`receive`] for a message from a consumer.
+fn receive_from(
     broker: &BrokerState,
     publisher: &Arc<str>,
     seen: &mut dedup::Seen,
@@ -812,17 +811,32 @@ fn receive(
     m: &async_nats::Message,
     age: Option<u32>,
 ) -> Option<Message> {
+    receive(broker, publisher, seen, warned, &m.subject, &m.payload, age)
+}
+
+/// The message a JetStream message carries, or `None` for a copy already taken or one that
+/// cannot be read (counted, logged). `age`: seconds since JetStream stored it, taken off its
+/// Message Expiry Interval.
+pub(super) fn receive(
+    broker: &BrokerState,
+    publisher: &Arc<str>,
+    seen: &mut dedup::Seen,
+    warned: &mut Throttle,
+    subject: &str,
+    payload: &bytes::Bytes,
+    age: Option<u32>,
+) -> Option<Message> {
     let status = &broker.cluster;
-    let mut env = envelope_of(status, warned, &m.subject, m.payload.clone())?;
+    let mut env = envelope_of(status, warned, subject, payload.clone())?;
     if !seen.first(env.origin, env.seq) {
         ClusterStatus::add(&status.duplicates, 1);
         return None;
     }
     let Some(topic) = env.topic.take() else {
-        unreadable(status, warned, &m.subject, "a message without its topic");
+        unreadable(status, warned, subject, "a message without its topic");
         return None;
     };
-    if !routable(status, warned, &m.subject, &topic) {
+    if !routable(status, warned, subject, &topic) {
         return None;
     }
     let expiry = match env.expiry {

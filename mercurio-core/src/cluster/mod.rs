@@ -31,6 +31,7 @@ pub mod envelope;
 mod forward;
 mod jetstream;
 mod ownership;
+mod recovery;
 mod registry;
 mod remote;
 pub mod subject;

@@ -25,6 +25,7 @@ use mercurio_storage::{SessionRecord, StoredMessage};
 use serde::{Deserialize, Serialize};
 
 use super::forward::Forwards;
+use super::recovery;
 use crate::broker::handover::{HandOver, HandedOver, OtherNodes, Taken};
 use crate::broker::BrokerState;
 
@@ -96,6 +97,7 @@ fn confirm_wait(takeover: Duration) -> Duration {
 pub(super) struct NatsNodes {
     broker: Weak<BrokerState>,
     client: async_nats::Client,
+    prefix: String,
     subject: String,
     node: String,
     timeout: Duration,
@@ -111,6 +113,7 @@ impl NatsNodes {
         NatsNodes {
             broker: Arc::downgrade(broker),
             client,
+            prefix: prefix.to_string(),
             subject: take_subject(prefix),
             node: cfg.node_name.clone(),
             timeout: cfg.takeover(),
@@ -131,7 +134,7 @@ struct Collected {
 
 #[async_trait::async_trait]
 impl OtherNodes for NatsNodes {
-    async fn take(&self, client_id: &str, clean_start: bool) -> Taken {
+    async fn take(&self, client_id: &str, clean_start: bool, owner: Option<&str>) -> Taken {
         let Some(broker) = self.broker.upgrade() else {
             return Taken::None;
         };
@@ -153,8 +156,27 @@ impl OtherNodes for NatsNodes {
             .map(|p| p.heartbeat.node.clone())
             .collect();
         let expected = asked.len();
+        // The registry's owner, gone: its session may be in its storage ("recovery").
+        let from_storage = |owner: Option<&str>| {
+            let owner = owner.filter(|_| !clean_start).map(str::to_string);
+            let broker = Arc::clone(&broker);
+            async move {
+                match owner {
+                    Some(owner) => {
+                        let nodes = recovery::Nodes {
+                            client: &self.client,
+                            prefix: &self.prefix,
+                            node: &self.node,
+                            timeout: self.timeout,
+                        };
+                        recovery::take(&broker, &nodes, client_id, &owner).await
+                    }
+                    None => Taken::None,
+                }
+            }
+        };
         if expected == 0 {
-            return Taken::None;
+            return from_storage(owner).await;
         }
         let ask = Ask {
             client_id: client_id.to_string(),
@@ -250,6 +272,11 @@ impl OtherNodes for NatsNodes {
             String,
         )> = Vec::new();
         let mut unavailable = None;
+        let answered: Vec<String> = nodes
+            .iter()
+            .filter(|(_, c)| c.done)
+            .map(|(n, _)| n.clone())
+            .collect();
         for (node, c) in nodes {
             if let Some(why) = c.unavailable {
                 unavailable = Some(format!("node {node}: {why}"));
@@ -272,6 +299,10 @@ impl OtherNodes for NatsNodes {
         else {
             return match unavailable {
                 Some(why) => Taken::Unavailable(why),
+                // The owner did not answer: gone (crashed, not yet seen as gone).
+                None if owner.is_some_and(|o| !answered.iter().any(|n| n == o)) => {
+                    from_storage(owner).await
+                }
                 None => Taken::None,
             };
         };

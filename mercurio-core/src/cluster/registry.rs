@@ -257,26 +257,29 @@ impl Registry {
 
 #[async_trait::async_trait]
 impl SessionRegistry for Registry {
-    async fn claim(&self, client_id: &str) -> Claim {
+    async fn claim(&self, client_id: &str) -> (Claim, Option<String>) {
         let key = key_of(client_id);
         if key.len() > MAX_KEY_LEN {
-            return Claim::Unknown("its client identifier is too long for the registry".into());
+            let why = "its client identifier is too long for the registry";
+            return (Claim::Unknown(why.into()), None);
         }
         // A client back on the node that owns its session: over the revision known here,
         // without reading first (the read below when another write came in between).
         let known = self.owned.lock().get(client_id).map(|(rev, _)| *rev);
         if let Some(rev) = known {
             if let Ok(Claim::Ours(rev)) = self.write(&key, rev).await {
-                return Claim::Ours(rev);
+                return (Claim::Ours(rev), None);
             }
         }
-        let revision = match self.read(&key).await {
-            Ok((_, rev)) => rev,
-            Err(e) => return Claim::Unknown(e),
+        let (owner, revision) = match self.read(&key).await {
+            Ok(read) => read,
+            Err(e) => return (Claim::Unknown(e), None),
         };
-        self.write(&key, revision)
+        let claim = self
+            .write(&key, revision)
             .await
-            .unwrap_or_else(Claim::Unknown)
+            .unwrap_or_else(Claim::Unknown);
+        (claim, owner.filter(|o| *o != self.node))
     }
 
     async fn confirm(&self, client_id: &Arc<str>, revision: u64, session: &Arc<Session>) -> Claim {

@@ -74,6 +74,13 @@ pub struct ClusterConfig {
     /// 16 GiB; default 64 MiB): over it, publishers whose messages other nodes want are
     /// not read until JetStream catches up.
     pub jetstream_max_pending_bytes: Option<u64>,
+    /// The PostgreSQL databases of the other nodes, by node name (`{ b =
+    /// "postgres://mercurio@db/node_b" }`; default none): a CONNECT whose session the
+    /// registry names one of them the owner of, and that node gone (silent for
+    /// `takeover_timeout`), takes the session out of that node's database, fencing it
+    /// (docs/cluster.md, "A crashed node's sessions"). Needs `jetstream` on and this build's
+    /// PostgreSQL storage; a node not listed keeps its sessions until it is back.
+    pub peer_storage: std::collections::BTreeMap<String, String>,
 }
 
 /// Checks a NATS URL's shape: `[scheme://][user[:password]@]host[:port]`, the scheme one of
@@ -193,6 +200,46 @@ impl ClusterConfig {
             .unwrap_or(DEFAULT_JETSTREAM_MAX_PENDING_BYTES)
     }
 
+    /// `peer_storage`: other nodes' names, PostgreSQL URLs, JetStream on, the backend built.
+    fn validate_peer_storage(&self) -> Result<(), ConfigError> {
+        if self.peer_storage.is_empty() {
+            return Ok(());
+        }
+        if !cfg!(feature = "postgres") {
+            return Err(ConfigError::new(
+                "cluster.peer_storage",
+                "needs the PostgreSQL storage, which this build does not have (cargo feature \
+                 postgres)",
+            ));
+        }
+        if !self.jetstream_on() {
+            return Err(ConfigError::new(
+                "cluster.peer_storage",
+                "needs jetstream = true: the session registry names the node a session is \
+                 taken from",
+            ));
+        }
+        for (node, url) in &self.peer_storage {
+            let key = format!("cluster.peer_storage.{node}");
+            if *node == self.node_name {
+                return Err(ConfigError::new(
+                    key,
+                    "names this node: list the other nodes' databases",
+                ));
+            }
+            if !(url.starts_with("postgres://")
+                || url.starts_with("postgresql://")
+                || url.contains("dbname="))
+            {
+                return Err(ConfigError::new(
+                    key,
+                    "must be a PostgreSQL connection URL (postgres://user@host/database)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the section's values and combinations; the files are checked when opened.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(p) = &self.subject_prefix {
@@ -224,7 +271,8 @@ impl ClusterConfig {
             || self.jetstream_max_bytes.is_some()
             || self.jetstream_replicas.is_some()
             || self.jetstream_ack_timeout.is_some()
-            || self.jetstream_max_pending_bytes.is_some();
+            || self.jetstream_max_pending_bytes.is_some()
+            || !self.peer_storage.is_empty();
         if !self.enabled() {
             if has_settings {
                 return Err(ConfigError::new(
@@ -255,6 +303,7 @@ impl ClusterConfig {
                 "must be 1 to 64 letters, digits, '-' or '_'",
             ));
         }
+        self.validate_peer_storage()?;
         if self
             .heartbeat_interval
             .is_some_and(|s| !(1..=300).contains(&s))
@@ -351,6 +400,30 @@ impl ClusterConfig {
 #[cfg(test)]
 mod tests {
     use super::{check_url, ClusterConfig};
+
+    #[test]
+    fn peer_storage_names_other_nodes_postgresql_databases() {
+        let mut c = ClusterConfig {
+            nats_urls: vec!["nats://127.0.0.1:4222".into()],
+            node_name: "a".into(),
+            ..ClusterConfig::default()
+        };
+        c.peer_storage
+            .insert("b".into(), "postgres://mercurio@db/node_b".into());
+        assert_eq!(c.validate().is_ok(), cfg!(feature = "postgres"));
+        if !cfg!(feature = "postgres") {
+            return;
+        }
+        c.peer_storage.insert("c".into(), "/var/lib/c.db".into());
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "cluster.peer_storage.c");
+        c.peer_storage.remove("c");
+        c.peer_storage.insert("a".into(), "postgres://db/a".into());
+        assert_eq!(c.validate().unwrap_err().key, "cluster.peer_storage.a");
+        c.peer_storage.remove("a");
+        c.jetstream = Some(false);
+        assert_eq!(c.validate().unwrap_err().key, "cluster.peer_storage");
+    }
 
     #[test]
     fn takeover_timeout_is_1_to_60_seconds_and_2_by_default() {

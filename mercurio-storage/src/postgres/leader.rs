@@ -29,7 +29,7 @@ use crate::error::{ErrorKind, StorageError};
 /// The leadership advisory lock's two keys: "MQTT" and 1 (session level, held by the
 /// serving broker's lock connection).
 pub(crate) const LOCK_CLASS: i32 = 0x4d51_5454;
-const LOCK_OBJECT: i32 = 1;
+pub(crate) const LOCK_OBJECT: i32 = 1;
 /// The fence: a transaction-level advisory lock ("MQTT", 2) that every write transaction
 /// takes shared and a takeover exclusively, so the epoch cannot change under a write in
 /// progress and every write after a takeover sees the new epoch. An advisory lock rather than
@@ -124,7 +124,7 @@ pub(crate) async fn zero_timeouts(client: &Client) -> Result<(), StorageError> {
         .map_err(|e| classify(e, "cannot set up the connection"))
 }
 
-async fn backend_pid(client: &Client) -> Result<i32, StorageError> {
+pub(crate) async fn backend_pid(client: &Client) -> Result<i32, StorageError> {
     Ok(client
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -133,14 +133,14 @@ async fn backend_pid(client: &Client) -> Result<i32, StorageError> {
 }
 
 /// A new connection with its timeouts at 0.
-async fn dedicated(config: &super::PgConfig) -> Result<Client, StorageError> {
+pub(crate) async fn dedicated(config: &super::PgConfig) -> Result<Client, StorageError> {
     let client = connect(config).await?;
     zero_timeouts(&client).await?;
     Ok(client)
 }
 
 /// Who serves, for messages: "host H (pid P, heartbeat N s ago)".
-async fn serving(client: &Client) -> String {
+pub(crate) async fn serving(client: &Client) -> String {
     let row = client
         .query_opt(
             "SELECT host, pid, extract(epoch FROM now() - heartbeat_at)::float8 \
@@ -282,7 +282,7 @@ async fn wait_for_lock(config: &super::PgConfig) -> Result<Client, StorageError>
                             monitor = dedicated(config).await.ok();
                         }
                         if let Some(m) = &monitor {
-                            if let Err(e) = check_stale(m).await {
+                            if let Err(e) = terminate_if_stale(m, HEARTBEAT_STALE).await {
                                 tracing::warn!("standby: cannot check the heartbeat: {e}");
                             }
                         }
@@ -316,8 +316,12 @@ impl ClosedExt for Option<&Client> {
     }
 }
 
-/// Terminates the lock holder and the recorded backends when the heartbeat is stale.
-async fn check_stale(monitor: &Client) -> Result<(), StorageError> {
+/// Terminates the lock holder and the recorded backends when the heartbeat is older than
+/// `stale_after`.
+pub(crate) async fn terminate_if_stale(
+    monitor: &Client,
+    stale_after: Duration,
+) -> Result<(), StorageError> {
     let row = monitor
         .query_opt(
             "SELECT extract(epoch FROM now() - heartbeat_at)::float8, host, backend_pids \
@@ -333,7 +337,7 @@ async fn check_stale(monitor: &Client) -> Result<(), StorageError> {
         Err(e) => return Err(classify(e, "cannot read the heartbeat")),
     };
     let age: f64 = row.get(0);
-    if age < HEARTBEAT_STALE.as_secs_f64() {
+    if age < stale_after.as_secs_f64() {
         return Ok(());
     }
     let host: String = row.get(1);
@@ -359,7 +363,11 @@ async fn check_stale(monitor: &Client) -> Result<(), StorageError> {
 
 /// With the lock held: ends the previous leader's connections, increments the epoch and
 /// records the takeover. Returns the new epoch.
-async fn take_over(lock: &mut Client, host: &str, pids: &[i32]) -> Result<i64, StorageError> {
+pub(crate) async fn take_over(
+    lock: &mut Client,
+    host: &str,
+    pids: &[i32],
+) -> Result<i64, StorageError> {
     let err = |e| classify(e, "cannot record the takeover");
     // A previous leader's write transaction may still hold the row (a stopped process):
     // its backends belong to an older epoch and must not write anyway.

@@ -9,7 +9,7 @@ use crate::rows::{
     self, Columns, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
     STREAM_ENTRY_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
-use crate::{Backlog, LoadedState, QueuedRecord, SetAside, StoredMessage};
+use crate::{Backlog, LoadedState, QueuedRecord, SessionRecord, SetAside, StoredMessage};
 
 fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, String> {
     row.try_get::<_, T>(i).map_err(|e| {
@@ -245,4 +245,69 @@ pub(super) async fn load_queue(
     );
     let found = client.query(&sql, &[&client_id]).await?;
     Ok(found.iter().map(rows::queued).collect())
+}
+
+/// The session of `client_id` with its collections and its queue, and the messages they
+/// refer to: `Ok(None)` when the database has no such session, `Err` (inside) naming a row
+/// that cannot be read.
+pub(super) async fn load_session(
+    client: &Client,
+    client_id: &str,
+) -> Result<Result<Option<(SessionRecord, Vec<StoredMessage>)>, String>, tokio_postgres::Error> {
+    let subscriptions_sql = format!(
+        "SELECT client_id, {SUBSCRIPTION_COLUMNS} FROM mercurio_subscriptions \
+         WHERE client_id = $1 ORDER BY filter"
+    );
+    let queued_sql = format!(
+        "SELECT client_id, seq, {DELIVERY_COLUMNS} FROM mercurio_queued WHERE client_id = $1 \
+         ORDER BY seq"
+    );
+    let inflight_sql = format!(
+        "SELECT client_id, packet_id, state, {DELIVERY_COLUMNS} FROM mercurio_inflight \
+         WHERE client_id = $1 ORDER BY ord"
+    );
+    let session_sql =
+        format!("SELECT {SESSION_COLUMNS} FROM mercurio_sessions WHERE client_id = $1");
+    let id: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&client_id];
+    let (subs, queued, inflight, inbound, session) = tokio::try_join!(
+        client.query(&subscriptions_sql, &id),
+        client.query(&queued_sql, &id),
+        client.query(&inflight_sql, &id),
+        client.query(
+            "SELECT client_id, packet_id FROM mercurio_inbound_qos2 WHERE client_id = $1 \
+             ORDER BY packet_id",
+            &id,
+        ),
+        client.query_opt(&session_sql, &id),
+    )?;
+    let Some(row) = session else {
+        return Ok(Ok(None));
+    };
+    let mut children = rows::Sessions {
+        subscriptions: per_client(&subs, rows::subscription),
+        queued: per_client(&queued, rows::queued),
+        inflight: per_client(&inflight, rows::inflight),
+        inbound: per_client(&inbound, rows::inbound),
+    };
+    let record = match children.read(client_id, &row) {
+        Ok(record) => record,
+        Err(cause) => return Ok(Err(cause)),
+    };
+    let mut ids: Vec<u64> = record
+        .queued
+        .iter()
+        .map(|q| q.delivery.message_id)
+        .chain(record.inflight.iter().map(|i| i.delivery.message_id))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let messages = load_messages(client, &ids).await?;
+    if messages.len() != ids.len() {
+        return Ok(Err(format!(
+            "{} of the {} messages its queue and in-flight list refer to cannot be read",
+            ids.len() - messages.len(),
+            ids.len()
+        )));
+    }
+    Ok(Ok(Some((record, messages))))
 }

@@ -35,6 +35,16 @@ fn standby(url: &str) -> PostgresOptions {
     options
 }
 
+/// Message `id` on `topic`, payload `m{id}`, stored.
+fn stored(topic: &str, id: u64) -> Change {
+    Change::MessageStored {
+        message: StoredMessage {
+            id,
+            message: MessageRecord::new(topic, format!("m{id}"), 1),
+        },
+    }
+}
+
 fn saved(client_id: &str) -> Change {
     Change::SessionSaved(SessionHeader {
         client_id: client_id.into(),
@@ -130,6 +140,20 @@ async fn one_broker_serves_and_a_standby_takes_over_then_fences() {
     second.close().await.unwrap();
 }
 
+/// Makes the serving broker's heartbeat look 20 s old and freezes it, as a stopped
+/// process's would be.
+async fn freeze_heartbeat(pg: &TestPostgres, url: &str) {
+    pg.execute(
+        url,
+        "CREATE FUNCTION stale_beat() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN NEW.heartbeat_at := now() - interval '20 s'; RETURN NEW; END $$; \
+         CREATE TRIGGER stale_beat BEFORE UPDATE ON mercurio_leader FOR EACH ROW \
+         WHEN (NEW.epoch = OLD.epoch) EXECUTE FUNCTION stale_beat(); \
+         UPDATE mercurio_leader SET heartbeat_at = now() - interval '20 s';",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn stale_heartbeat_is_taken_over_and_the_old_writer_is_fenced() {
     let Some(pg) = TestPostgres::start("stale_heartbeat") else {
@@ -138,16 +162,7 @@ async fn stale_heartbeat_is_taken_over_and_the_old_writer_is_fenced() {
     let url = pg.url(&pg.database("stale", None).await);
     let first = open(&url).await;
     first.apply(&[saved("a")]).await.unwrap();
-    // Make the heartbeat look 20 s old and freeze it, as a stopped process's would be.
-    pg.execute(
-        &url,
-        "CREATE FUNCTION stale_beat() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN NEW.heartbeat_at := now() - interval '20 s'; RETURN NEW; END $$; \
-         CREATE TRIGGER stale_beat BEFORE UPDATE ON mercurio_leader FOR EACH ROW \
-         WHEN (NEW.epoch = OLD.epoch) EXECUTE FUNCTION stale_beat(); \
-         UPDATE mercurio_leader SET heartbeat_at = now() - interval '20 s';",
-    )
-    .await;
+    freeze_heartbeat(&pg, &url).await;
     let started = std::time::Instant::now();
     let second = tokio::time::timeout(DEADLINE, PostgresStorage::open(standby(&url)))
         .await
@@ -426,12 +441,7 @@ async fn a_standby_takes_over_the_message_store() {
     };
     let url = pg.url(&pg.database("takeover", None).await);
     let first = open(&url).await;
-    let stored = |id: u64| Change::MessageStored {
-        message: StoredMessage {
-            id,
-            message: MessageRecord::new("fan/out", format!("m{id}"), 1),
-        },
-    };
+    let stored = |id: u64| stored("fan/out", id);
     let queued = |client_id: &str, id: u64| Change::MessageQueued {
         client_id: client_id.into(),
         seq: id,
@@ -601,4 +611,108 @@ async fn version_6_queues_are_upgraded_to_chunks() {
         version,
         Some(mercurio_storage::postgres::SCHEMA_VERSION.to_string())
     );
+}
+
+/// A cluster node takes one session out of the database of a node gone
+/// (`postgres::peer`): while the old broker serves the database (a fresh heartbeat) the take
+/// is refused after its wait; once its heartbeat is stale (a stalled process), the taker
+/// ends its connections, fences the database and reads the session whole (subscription,
+/// queue, in-flight message, the messages they refer to); the old broker's late write is
+/// refused; once finished, the session is gone from the database, for the old broker's
+/// next start too.
+#[tokio::test]
+async fn a_gone_brokers_session_is_taken_from_its_database_and_its_late_write_refused() {
+    use mercurio_storage::postgres::{peer, HEARTBEAT_STALE};
+    use mercurio_storage::{InflightRecord, InflightState, SubscriptionRecord};
+
+    let Some(pg) = TestPostgres::start("peer_take") else {
+        return;
+    };
+    let url = pg.url(&pg.database("peer", None).await);
+    let old = open(&url).await;
+    let stored = |id: u64| stored("dev/1", id);
+    old.apply(&[
+        saved("dev"),
+        saved("other"),
+        Change::SubscriptionAdded {
+            client_id: "dev".into(),
+            subscription: SubscriptionRecord::new("dev/#", 1),
+        },
+        stored(1),
+        stored(2),
+        Change::MessageQueued {
+            client_id: "dev".into(),
+            seq: 1,
+            delivery: DeliveryRecord::new(2, 1),
+        },
+        Change::InflightSet {
+            client_id: "dev".into(),
+            inflight: InflightRecord {
+                packet_id: 7,
+                delivery: DeliveryRecord::new(1, 1),
+                state: InflightState::AwaitingPubAck,
+            },
+        },
+        Change::MessageReleased { id: 1 },
+        Change::MessageReleased { id: 2 },
+    ])
+    .await
+    .unwrap();
+
+    // Still served: refused once the wait is over, the old broker untouched.
+    let wait = Duration::from_millis(300);
+    let err = peer::take_session(&url, "dev", "taker", wait, HEARTBEAT_STALE)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+    old.apply(&[saved("still-served")]).await.unwrap();
+
+    // Stalled: its heartbeat frozen.
+    freeze_heartbeat(&pg, &url).await;
+    let (record, messages, hold) = tokio::time::timeout(
+        DEADLINE,
+        peer::take_session(&url, "dev", "taker", DEADLINE, HEARTBEAT_STALE),
+    )
+    .await
+    .expect("the take ends")
+    .unwrap()
+    .expect("the session is there");
+    assert_eq!(hold.epoch(), old.epoch() + 1);
+    assert_eq!(record.client_id, "dev");
+    assert_eq!(record.subscriptions[0].filter, "dev/#");
+    assert_eq!(record.queued[0].delivery.message_id, 2);
+    assert_eq!(record.inflight[0].packet_id, 7);
+    let payloads: Vec<_> = messages
+        .iter()
+        .map(|m| (m.id, m.message.payload.clone()))
+        .collect();
+    assert_eq!(payloads, [(1, "m1".into()), (2, "m2".into())]);
+
+    // The stalled broker's late write is refused, and it is told to stop.
+    let err = old.apply(&[saved("late")]).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+    let failed = tokio::time::timeout(DEADLINE, old.failed())
+        .await
+        .expect("failed resolves");
+    assert_eq!(failed.kind(), ErrorKind::Fenced);
+
+    hold.finish().await.unwrap();
+    let again = peer::take_session(&url, "dev", "taker", DEADLINE, HEARTBEAT_STALE)
+        .await
+        .unwrap();
+    assert!(again.is_none(), "the session was deleted");
+    // The old broker starting again finds the other sessions, not the one taken.
+    drop(old);
+    let restarted = open(&url).await;
+    let mut names: Vec<String> = restarted
+        .load()
+        .await
+        .unwrap()
+        .sessions
+        .into_iter()
+        .map(|s| s.client_id)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["other", "still-served"]);
+    restarted.close().await.unwrap();
 }

@@ -18,22 +18,45 @@ use super::cluster_qos::{
     client, connect, duplicates, interest_of, number, receive_rest, Publisher, CLUSTER_KEYS,
 };
 
+/// A NATS cluster of three servers with JetStream, and a PostgreSQL server named `pg` (a
+/// short name: it names the server's socket directory, whose path PostgreSQL limits);
+/// `None` (the test skips) without nats-server or PostgreSQL.
+fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
+    let nats = NatsCluster::start(test, 3)?;
+    Some((nats, TestPostgres::start(pg)?))
+}
+
 /// Nodes `a`, `b` and `c`, each on its own NATS server of `nats` and its own database of
 /// `pg`; returns once each hears the other two.
 fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
+    nodes_on(nats, pg, false)
+}
+
+/// [`three_nodes`]; with `peer_storage`, each node lists the other two's databases
+/// (`[cluster] peer_storage`), to take a crashed node's sessions from its database.
+fn nodes_on(nats: &NatsCluster, pg: &TestPostgres, peer_storage: bool) -> [ClusterNode; 3] {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let urls = nats.urls();
-    let nodes = [("a", 0), ("b", 1), ("c", 2)].map(|(name, i)| {
-        let db = rt.block_on(async { pg.url(&pg.database(name, None).await) });
+    let names = ["a", "b", "c"];
+    let dbs = names.map(|name| rt.block_on(async { pg.url(&pg.database(name, None).await) }));
+    let nodes = [0, 1, 2].map(|i| {
+        let mut keys = CLUSTER_KEYS.to_string();
+        if peer_storage {
+            let peers: Vec<String> = (0..3)
+                .filter(|j| *j != i)
+                .map(|j| format!("{} = {:?}", names[j], dbs[j]))
+                .collect();
+            keys.push_str(&format!("peer_storage = {{ {} }}\n", peers.join(", ")));
+        }
         ClusterNode::start_on(
-            name,
+            names[i],
             &urls[i..=i],
-            NodeStorage::Postgres(db),
+            NodeStorage::Postgres(dbs[i].clone()),
             "",
-            CLUSTER_KEYS,
+            &keys,
         )
     });
     wait_until("every node hears the other two", || {
@@ -61,11 +84,7 @@ fn receive_some(sub: &mut Client, n: usize, got: &mut BTreeMap<u32, u32>) {
 fn a_publishers_node_killed_mid_stream_and_the_publisher_going_on_through_another_loses_nothing() {
     const TEST: &str =
         "a_publishers_node_killed_mid_stream_and_the_publisher_going_on_through_another_loses_nothing";
-    let Some(nats) = NatsCluster::start(TEST, 3) else {
-        return;
-    };
-    // A short name: it names the server's socket directory, whose path PostgreSQL limits.
-    let Some(pg) = TestPostgres::start("cluster_chaos") else {
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos") else {
         return;
     };
     let [mut a, b, c] = three_nodes(&nats, &pg);
@@ -113,27 +132,36 @@ fn subscriber(on: &ClusterNode, name: &str, others: [&ClusterNode; 2]) -> Client
     sub
 }
 
-#[test]
-fn a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing() {
-    const TEST: &str =
-        "a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing";
-    let Some(nats) = NatsCluster::start(TEST, 3) else {
-        return;
-    };
-    let Some(pg) = TestPostgres::start("cluster_chaos_sub") else {
-        return;
-    };
-    let [a, mut b, c] = three_nodes(&nats, &pg);
-    let mut sub = subscriber(&b, "b", [&a, &c]);
-
-    // B is killed under its subscriber's stream; the publisher on A goes on.
-    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+/// Kills the subscriber `sub`'s node `b` once `sub` has received 200 messages of
+/// `publisher`'s stream, and waits for 200 more to be acknowledged to the publisher; returns
+/// what `sub` received, and the messages acknowledged before the kill.
+fn killed_under_stream(
+    b: &mut ClusterNode,
+    mut sub: Client,
+    publisher: &Publisher,
+) -> (BTreeMap<u32, u32>, usize) {
     let mut got = BTreeMap::new();
     receive_some(&mut sub, 200, &mut got);
     b.kill();
     drop(sub);
     let killed_at = publisher.acked();
     publisher.wait_acked(killed_at + 200);
+    (got, killed_at)
+}
+
+#[test]
+fn a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing() {
+    const TEST: &str =
+        "a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_loses_nothing";
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_sub") else {
+        return;
+    };
+    let [a, mut b, c] = three_nodes(&nats, &pg);
+    let sub = subscriber(&b, "b", [&a, &c]);
+
+    // B is killed under its subscriber's stream; the publisher on A goes on.
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+    let (got, killed_at) = killed_under_stream(&mut b, sub, &publisher);
     // B is back on the same storage and node name, with the session and what JetStream
     // kept for it; the subscriber comes back on C, which takes the session from B.
     b.restart();
@@ -161,10 +189,7 @@ fn a_subscribers_node_killed_restarted_and_its_session_taken_by_another_node_los
 #[test]
 fn a_session_taken_over_by_another_node_mid_stream_loses_nothing() {
     const TEST: &str = "a_session_taken_over_by_another_node_mid_stream_loses_nothing";
-    let Some(nats) = NatsCluster::start(TEST, 3) else {
-        return;
-    };
-    let Some(pg) = TestPostgres::start("cluster_chaos_move") else {
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_move") else {
         return;
     };
     let [a, b, c] = three_nodes(&nats, &pg);
@@ -187,6 +212,43 @@ fn a_session_taken_over_by_another_node_mid_stream_loses_nothing() {
     eprintln!(
         "{TEST}: {} messages acknowledged to the publisher ({moved_at} before the hand-over), \
          {} received, {} duplicates, none lost",
+        acked.len(),
+        got.len(),
+        duplicates(&got)
+    );
+}
+
+/// The subscriber's node killed and left down: the subscriber reconnecting to another node
+/// (Clean Start 0) gets its session from the dead node's database (`peer_storage`), present
+/// [MQTT-3.2.2-2], and every message acknowledged to the publisher [MQTT-4.3.2-4]: those
+/// the dead node had committed, those it had taken from JetStream and not committed, those
+/// sent to it after its death, and those after the move. Prints how long the CONNECT took.
+#[test]
+fn a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_loses_nothing() {
+    const TEST: &str =
+        "a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_loses_nothing";
+    let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_dead") else {
+        return;
+    };
+    let [a, mut b, c] = nodes_on(&nats, &pg, true);
+    let sub = subscriber(&b, "b", [&a, &c]);
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+    let (got, killed_at) = killed_under_stream(&mut b, sub, &publisher);
+    // B stays down; the subscriber comes back on C.
+    let started = std::time::Instant::now();
+    let (mut sub, present) = connect(&c.daemon, "sub", true);
+    let took = started.elapsed();
+    assert!(
+        present,
+        "the session taken from B's database is present [MQTT-3.2.2-2]"
+    );
+    publisher.wait_acked(publisher.acked() + 200);
+    let acked = publisher.finish();
+    let got = receive_rest(&mut sub, &acked, got);
+    eprintln!(
+        "{TEST}: CONNECT on C took {} ms; {} messages acknowledged to the publisher \
+         ({killed_at} before B's kill), {} received, {} duplicates, none lost",
+        took.as_millis(),
         acked.len(),
         got.len(),
         duplicates(&got)

@@ -102,7 +102,7 @@ fn every_key_is_shown() {
     assert_eq!(len("logging"), 4);
     assert_eq!(len("admin"), 1);
     assert_eq!(len("bridges"), 19);
-    assert_eq!(len("cluster"), 18);
+    assert_eq!(len("cluster"), 19);
     let bridges = table["bridges"].as_array().expect("bridges");
     let topics = bridges[0]["topics"].as_array().expect("bridges.topics");
     assert_eq!(topics[0].as_table().map(|t| t.len()), Some(5));
