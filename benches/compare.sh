@@ -371,7 +371,8 @@ trap '[ -n "$BPID" ] && stop_broker; for p in "${STORM_PIDS[@]}"; do BPID=$p; st
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 # CPU time of a process's live threads in nanoseconds (schedstat: finer than the ticks of stat).
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%d\n", s }'; }
+# %.0f, not %d: awk's %d stops at 2^31 - 1, 2.1 s of CPU, which a broker passes within a round.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'; }
 
 # The storm kind: every broker up at once, each on the broker CPU and idle but in its turn;
 # then STORMS connect storms per broker (recado's idle scenario, each from fresh source

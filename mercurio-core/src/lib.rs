@@ -7,7 +7,7 @@
 //!
 //! Dependencies: mercurio-codec (the packet codec and topic rules, re-exported as [`codec`]
 //! and [`topic`]), tokio (runtime), bytes (shared payloads), parking_lot (short, uncontended
-//! locks), ahash (fast hashing in the topic trie), thiserror (error enum), serde (the
+//! locks), ahash (fast hashing, randomly keyed, in the topic trie and the session table), thiserror (error enum), serde (the
 //! configuration), tracing (logs), async-trait (hook traits), mercurio-storage (the `Storage`
 //! trait and backends; its `sqlite` feature through ours).
 //! hyper + hyper-util (HTTP/1.1 on WebSocket listeners, with upgrades), http-body (response

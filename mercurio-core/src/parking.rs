@@ -59,7 +59,40 @@ pub(crate) trait Resume: Send {
     /// Serves the connection again: first right here, in the parking task's turn (what the
     /// client sent is handled before what others sent later), then in a task of its own.
     /// Called with no lock of the parking held (the connection may park again at once).
-    fn resume(self: Box<Self>);
+    /// The socket is still in the parking's epoll set: `unwatch` takes it out, before it is
+    /// served (or parked) again; a record that closes its socket instead lets it go with
+    /// [`Unwatch::closing`] (the close takes it out of the set).
+    fn resume(self: Box<Self>, unwatch: Unwatch);
+}
+
+/// A resumed socket's place in the parking's epoll set, taken out when this is dropped
+/// (or [`Unwatch::now`]) unless the socket is closed first ([`Unwatch::closing`]): a
+/// connection that only came back to say goodbye costs no `epoll_ctl` for it.
+pub(crate) struct Unwatch {
+    parking: Arc<Parking>,
+    fd: RawFd,
+}
+
+impl Unwatch {
+    /// Takes the socket out of the parking's epoll set now.
+    pub(crate) fn now(self) {
+        drop(self);
+    }
+
+    /// The socket is about to be closed, which takes it out of the epoll set: nothing to do.
+    /// (Its descriptor is its own, never duplicated: closing it ends its registrations.)
+    pub(crate) fn closing(mut self) {
+        self.fd = -1;
+    }
+}
+
+impl Drop for Unwatch {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            // Fails harmlessly when it was never added.
+            let _ = sys::del(self.parking.epoll.get_ref().as_raw_fd(), self.fd);
+        }
+    }
 }
 
 /// The parked connections of a broker and the epoll set that watches their sockets.
@@ -188,15 +221,17 @@ impl Parking {
     }
 
     /// Takes a parked connection out and serves it again ([`Resume::resume`]).
-    fn resume(&self, id: u64) {
+    fn resume(self: &Arc<Self>, id: u64) {
         let record = self.parked.lock().map.remove(&id);
         let Some(record) = record else {
             return;
         };
         self.stats.clients_parked.fetch_sub(1, Ordering::Relaxed);
-        // Fails harmlessly when it was never added.
-        let _ = sys::del(self.epoll.get_ref().as_raw_fd(), record.fd());
-        record.resume();
+        let unwatch = Unwatch {
+            parking: Arc::clone(self),
+            fd: record.fd(),
+        };
+        record.resume(unwatch);
     }
 
     /// The parking task: resumes the connections whose socket is readable or whose link was
@@ -321,5 +356,42 @@ mod sys {
 
     pub(super) fn token(e: &u64) -> u64 {
         *e
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    fn watched(parking: &Arc<Parking>, fd: RawFd, token: u64) -> Unwatch {
+        sys::add(parking.epoll.get_ref().as_raw_fd(), fd, token).expect("added to the set");
+        Unwatch {
+            parking: Arc::clone(parking),
+            fd,
+        }
+    }
+
+    /// A resumed socket leaves the epoll set through `Unwatch`, unless it is closing (then
+    /// the close takes it out, and no `epoll_ctl` is spent on it).
+    #[tokio::test]
+    async fn unwatch_takes_the_socket_out_unless_it_is_closing() {
+        let parking = Parking::start(Arc::new(Counters::default()), 60).expect("parking");
+        let epoll = parking.epoll.get_ref().as_raw_fd();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let socket =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let fd = socket.as_raw_fd();
+
+        watched(&parking, fd, 1).now();
+        assert!(sys::del(epoll, fd).is_err(), "now: out of the set");
+        drop(watched(&parking, fd, 2));
+        assert!(sys::del(epoll, fd).is_err(), "dropped: out of the set");
+        watched(&parking, fd, 3).closing();
+        assert!(sys::del(epoll, fd).is_ok(), "closing: left in the set");
+        assert_eq!(
+            Arc::strong_count(&parking),
+            2,
+            "this test's and the parking task's: none kept by an Unwatch"
+        );
     }
 }

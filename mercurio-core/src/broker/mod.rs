@@ -244,7 +244,7 @@ impl BrokerState {
             limits,
             queued_memory,
             releasing: tokio::sync::Mutex::new(()),
-            sessions: Arc::new(Mutex::new(HashMap::new())),
+            sessions: Arc::new(Mutex::new(HashMap::default())),
             index: RwLock::new(SubscriptionIndex::new()),
             retained: Mutex::new(RetainedStore::weighed(|m: &Arc<Message>| m.size())),
             retained_full: AtomicBool::new(false),

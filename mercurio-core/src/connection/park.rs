@@ -16,7 +16,7 @@ use super::reader::READ_ROOM;
 use super::{Connected, LazyMap, Shared};
 use crate::broker::BrokerState;
 use crate::link::{DisconnectReason, Link};
-use crate::parking::{Parking, Resume};
+use crate::parking::{Parking, Resume, Unwatch};
 use crate::stats::Counters;
 
 /// An accepted socket's place in the connection counts (`max_connections`, shutdown's wait):
@@ -60,8 +60,9 @@ pub(super) struct Aliases {
     pub(super) outbound: LazyMap<String, u16>,
 }
 
-/// Serves a parked connection again, in the task this runs in.
-async fn resume(p: Parked, slot: Slot) {
+/// Serves a parked connection again, in the task this runs in; `unwatch`: its socket's place
+/// in the parking's epoll set, if any.
+async fn resume(p: Parked, slot: Slot, unwatch: Option<Unwatch>) {
     let Parked {
         stream,
         shared,
@@ -93,7 +94,15 @@ async fn resume(p: Parked, slot: Slot) {
     if let Some(close) = goodbye.filter(|_| shared.link.control_is_empty()) {
         shared.link.disarm_keep_alive();
         super::detach(&shared, peer, &close);
+        // Closed below, as `stream` goes: no `epoll_ctl` to take it out of the set first.
+        if let Some(unwatch) = unwatch {
+            unwatch.closing();
+        }
+        drop(stream);
         return;
+    }
+    if let Some(unwatch) = unwatch {
+        unwatch.now();
     }
     let stream = match tokio::net::TcpStream::from_std(stream) {
         Ok(s) => s,
@@ -138,7 +147,7 @@ fn goodbye(read: &std::io::Result<usize>, first: &[u8]) -> Option<super::Close> 
 pub(super) fn park_or_resume(p: Parked, slot: Slot) {
     match parking_of(&p.shared.broker) {
         Some(parking) => Arc::clone(parking).park(Box::new(Record { p, slot })),
-        None => drop(tokio::spawn(resume(p, slot))),
+        None => drop(tokio::spawn(resume(p, slot, None))),
     }
 }
 
@@ -157,7 +166,7 @@ impl Resume for Record {
         &self.p.shared.link
     }
 
-    fn resume(self: Box<Self>) {
+    fn resume(self: Box<Self>, unwatch: Unwatch) {
         let Record { p, slot } = *self;
         // Served a first time here, in the parking's turn, and only then, if not done, in a
         // task of its own: a new task runs after every task woken before it, and what this
@@ -165,7 +174,7 @@ impl Resume for Record {
         // later in the same turn (a PUBLISH to that filter, which the subscriber would miss).
         // Whatever this poll registers its (no-op) waker with, the task's first poll
         // registers again.
-        let mut task = Box::pin(resume(p, slot));
+        let mut task = Box::pin(resume(p, slot, Some(unwatch)));
         let mut cx = Context::from_waker(Waker::noop());
         if task.as_mut().poll(&mut cx).is_pending() {
             drop(tokio::spawn(task));
