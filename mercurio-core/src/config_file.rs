@@ -122,7 +122,7 @@ pub fn named_files<'a>(config: &'a Config) -> Vec<(String, &'a Path, bool)> {
 
 /// Credentials that users other than the broker's may read, one warning each: the
 /// configuration file `path` itself when it is readable by others (mode & 0o004) and holds a
-/// bridge's `password` or a `[storage] url` with a password, and each `password_file` or
+/// bridge's `password`, or a `[storage] url` or `[cluster] peer_storage` URL with a password, and each `password_file` or
 /// `url_file` readable by others. mercuriod logs them once at start; `--check-config` prints
 /// them.
 pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
@@ -136,6 +136,11 @@ pub fn credential_warnings(path: &Path, config: &Config) -> Vec<String> {
     }
     if config.storage.url.as_deref().is_some_and(url_has_password) {
         inline.push("storage.url".to_string());
+    }
+    for (node, url) in &config.cluster.peer_storage {
+        if url_has_password(url) {
+            inline.push(format!("cluster.peer_storage.{node}"));
+        }
     }
     if !inline.is_empty() && readable_by_others(path) {
         warnings.push(format!(

@@ -93,7 +93,7 @@ async fn take_from_postgres(
             ));
         }
         Err(e) => {
-            tracing::warn!(%client_id, %owner, "cluster: the session cannot be taken from the storage of the node gone, a new session is started (the old one waits there for its node): {e}");
+            tracing::warn!(%client_id, %owner, "cluster: the session cannot be taken from the storage of the node gone, a new session is started (the old one stays in that storage and ends, its queued messages with it, when its node is back and finds the session owned here): {e}");
             return Taken::None;
         }
     };

@@ -198,6 +198,35 @@ fn check_config_warns_about_inline_credentials_in_a_readable_file() {
     assert!(!stderr.contains("readable by every user"), "{stderr}");
 }
 
+/// A `[cluster] peer_storage` URL with a password is a credential too: `--check-config` warns
+/// about it in a file every user may read.
+#[test]
+fn check_config_warns_about_a_password_in_peer_storage() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("mercuriod.toml");
+    let text = "[auth]\nallow_anonymous = true\n\n[storage]\nbackend = \"postgres\"\n\
+                url = \"postgres://mercurio@127.0.0.1/node_a\"\n\n\
+                [cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\nnode_name = \"a\"\n\
+                peer_storage = { b = \"postgres://mercurio:pw@127.0.0.1/node_b\" }\n";
+    write_with_mode(&config, text, 0o644);
+    let out = Command::new(mercurio_testkit::mercuriod_bin())
+        .arg("-c")
+        .arg(&config)
+        .arg("--check-config")
+        .output()
+        .expect("run mercuriod");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "mercuriod: warning: {} is readable by every user and holds a credential \
+             (cluster.peer_storage.b)",
+            config.display()
+        )),
+        "{stderr}"
+    );
+}
+
 /// `[storage] url_file`: the PostgreSQL URL read from a file (with a trailing newline);
 /// the broker starts on that database.
 #[test]
