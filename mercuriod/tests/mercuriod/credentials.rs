@@ -16,6 +16,16 @@ fn write_with_mode(path: &Path, text: &str, mode: u32) {
 }
 
 /// The bridge's configuration: user `bridge`, its password in `password_file`, one topic out.
+/// `mercuriod -c CONFIG --check-config`: its exit status and output.
+fn check_config(config: &Path) -> std::process::Output {
+    Command::new(mercurio_testkit::mercuriod_bin())
+        .arg("-c")
+        .arg(config)
+        .arg("--check-config")
+        .output()
+        .expect("run mercuriod")
+}
+
 fn bridge_config(port: u16, password_file: &Path) -> String {
     format!(
         "[[bridges]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:{port}\"]\n\
@@ -122,12 +132,7 @@ fn bridge_password_file_errors_name_key_and_file() {
         ),
     )
     .expect("write");
-    let out = Command::new(mercurio_testkit::mercuriod_bin())
-        .arg("-c")
-        .arg(&config)
-        .arg("--check-config")
-        .output()
-        .expect("run mercuriod");
+    let out = check_config(&config);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(
@@ -148,12 +153,7 @@ fn bridge_password_file_errors_name_key_and_file() {
         ),
     )
     .expect("write");
-    let out = Command::new(mercurio_testkit::mercuriod_bin())
-        .arg("-c")
-        .arg(&config)
-        .arg("--check-config")
-        .output()
-        .expect("run mercuriod");
+    let out = check_config(&config);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(
@@ -174,12 +174,7 @@ fn check_config_warns_about_inline_credentials_in_a_readable_file() {
                 username = \"u\"\npassword = \"p\"\n\
                 [[bridges.topics]]\npattern = \"q/#\"\n";
     let check = || {
-        let out = Command::new(mercurio_testkit::mercuriod_bin())
-            .arg("-c")
-            .arg(&config)
-            .arg("--check-config")
-            .output()
-            .expect("run mercuriod");
+        let out = check_config(&config);
         assert_eq!(out.status.code(), Some(0), "{out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
@@ -209,12 +204,7 @@ fn check_config_warns_about_a_password_in_peer_storage() {
                 [cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\nnode_name = \"a\"\n\
                 peer_storage = { b = \"postgres://mercurio:pw@127.0.0.1/node_b\" }\n";
     write_with_mode(&config, text, 0o644);
-    let out = Command::new(mercurio_testkit::mercuriod_bin())
-        .arg("-c")
-        .arg(&config)
-        .arg("--check-config")
-        .output()
-        .expect("run mercuriod");
+    let out = check_config(&config);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
