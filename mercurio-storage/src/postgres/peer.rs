@@ -13,9 +13,12 @@
 //! - It reads how long ago the broker it took the database from last wrote its heartbeat
 //!   ([`PeerSession::silent_for`]): when that broker's connections ended, for its wills
 //!   ([`will_wait`]).
+//! - [`sweep_wills`] fences the database the same way, clears every will due there
+//!   (committed) and releases the lock at once: the sweeper publishes them, the wills of
+//!   sessions whose clients do not come back.
 //!
-//! The lock serialises the takers of one database: a second one waits for the first's
-//! [`PeerSession::finish`], at most the wait it was given.
+//! The lock serialises the takers and sweepers of one database: a second one waits for the
+//! first's [`PeerSession::finish`] (or sweep), at most the wait it was given.
 
 use std::time::Duration;
 
@@ -100,7 +103,7 @@ pub async fn take_session(
     Ok(Some((record, messages, hold)))
 }
 
-/// A database fenced by a taker, its lock held.
+/// A database fenced by a taker or sweeper, its lock held.
 struct Fenced {
     epoch: i64,
     silent_for: Option<Duration>,
@@ -159,6 +162,83 @@ pub fn will_wait(
     Some(Duration::from_millis(
         ended.saturating_add(wait).saturating_sub(now_ms),
     ))
+}
+
+/// What [`sweep_wills`] did.
+#[derive(Debug, Default)]
+pub struct SweptWills {
+    /// The sessions whose will was due, each with its will (its other collections empty):
+    /// cleared in the database (committed), for the sweeper to publish.
+    pub due: Vec<SessionRecord>,
+    /// How long until the first will left there is due; `None` when none is left.
+    pub next: Option<Duration>,
+    /// Sessions whose row cannot be read (client identifier, why): left as they are.
+    pub unreadable: Vec<(String, String)>,
+}
+
+/// Sweeps the database at `url`, served by another broker that is gone, for the wills of its
+/// sessions that are due ([`will_wait`]): fences it as [`take_session`] does (`host`,
+/// `wait`, `stale_after` alike), clears those wills in one commit, and releases the lock.
+/// A will is cleared before its publication, so a sweeper that stops in between loses it
+/// rather than publishing it twice.
+///
+/// Errors: as [`take_session`]'s, and `Fenced` when another broker took the database over
+/// while the wills were cleared (nothing cleared then).
+pub async fn sweep_wills(
+    url: &str,
+    host: &str,
+    wait: Duration,
+    stale_after: Duration,
+) -> Result<SweptWills, StorageError> {
+    let Some(mut fenced) = fence(url, host, wait, stale_after).await? else {
+        return Ok(SweptWills::default());
+    };
+    let result = clear_due_wills(&mut fenced).await;
+    unlock(&fenced.lock).await;
+    result
+}
+
+/// [`sweep_wills`] with the lock held.
+async fn clear_due_wills(fenced: &mut Fenced) -> Result<SweptWills, StorageError> {
+    let found = load::load_wills(&fenced.writer.client)
+        .await
+        .map_err(|e| classify(e, "cannot read the wills"))?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let mut swept = SweptWills::default();
+    for read in found {
+        let record = match read {
+            Ok(record) => record,
+            Err(unreadable) => {
+                swept.unreadable.push(unreadable);
+                continue;
+            }
+        };
+        match will_wait(&record, fenced.silent_for, now_ms) {
+            Some(left) if left.is_zero() => swept.due.push(record),
+            Some(left) => swept.next = Some(swept.next.map_or(left, |n| n.min(left))),
+            None => {}
+        }
+    }
+    if swept.due.is_empty() {
+        return Ok(swept);
+    }
+    let cleared: Vec<Change> = swept
+        .due
+        .iter()
+        .map(|r| Change::WillCleared {
+            client_id: r.client_id.clone(),
+        })
+        .collect();
+    match write_batch(&mut fenced.writer, &cleared, fenced.epoch, false).await {
+        Ok(()) => Ok(swept),
+        Err(WriteError::Fenced(epoch)) => Err(StorageError::new(
+            ErrorKind::Fenced,
+            format!("another broker took the database over (epoch {epoch})"),
+        )),
+        Err(WriteError::Storage(e)) => Err(e),
+    }
 }
 
 /// How long ago, by the database's clock, the last broker that served the database (not a
