@@ -204,6 +204,7 @@ pub(super) async fn run(
                 status.retained.prune(TOMBSTONE_TTL);
                 let now = Instant::now();
                 status.peers.lock().retain(|_, p| now.duration_since(p.seen) < FORGET_GONE);
+                let mut gone = Vec::new();
                 {
                     let peers = status.peers.lock();
                     members.retain(|node| match peers.get(node) {
@@ -211,9 +212,17 @@ pub(super) async fn run(
                         p => {
                             let silent_s = p.map_or(0, |p| now.duration_since(p.seen).as_secs());
                             tracing::warn!(node = %node, silent_s, "cluster: node gone: its heartbeats stopped");
+                            gone.push(node.clone());
                             false
                         }
                     });
+                }
+                // Its sessions' wills, if its storage is listed; not while this node is the
+                // one cut off (then every other node looks gone). A node alive is safe
+                // anyway: its database, served, is not taken.
+                let connected = status.connected.load(Ordering::Relaxed);
+                for node in gone.iter().filter(|_| connected) {
+                    super::sweep::start(&broker, node);
                 }
                 // A node gone takes its interest with it; but while this node is cut off
                 // from NATS (or just back, not having heard the others yet), it keeps what

@@ -35,6 +35,7 @@ mod recovery;
 mod registry;
 mod remote;
 pub mod subject;
+mod sweep;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,10 +5,12 @@
 //!
 //! - The database is fenced and the session read from it (`mercurio_storage::postgres::peer`);
 //!   the records are adopted as a hand-over's would be, without the crashed connection's
-//!   will (the new connection brings its own; the node gone can no longer publish it: its
-//!   copy is deleted, and the registry names this node the owner).
+//!   will (the new connection brings its own).
 //! - Once this node's storage holds the session and its claim is confirmed, the session is
 //!   deleted from the node's database and its lock released ([`take`]'s confirmation).
+//!   Then the crashed connection's will is published here if it is due ([`due_will`]): the
+//!   node gone can no longer publish it (its copy is deleted, and the registry names this
+//!   node the owner), and a take that fails leaves it in that database.
 //! - What the node gone was sent through JetStream and never took (its durable consumer's
 //!   messages, acknowledged to their publishers) is read from the stream without being
 //!   consumed, and given to the session taken ([`redeliver`]); the node takes the messages
@@ -79,7 +81,7 @@ async fn take_from_postgres(
         return Taken::None;
     };
     let started = std::time::Instant::now();
-    let host = format!("cluster node {}", nodes.node);
+    let host = format!("{}{}", peer::TAKER_HOST_PREFIX, nodes.node);
     let taken = peer::take_session(url, client_id, &host, nodes.timeout, HEARTBEAT_STALE).await;
     let (mut record, messages, hold) = match taken {
         Ok(Some(taken)) => taken,
@@ -97,14 +99,15 @@ async fn take_from_postgres(
             return Taken::None;
         }
     };
-    // The crashed connection's will: not published (see the module's comment).
-    record.will = None;
+    // The crashed connection's will: published once the take is confirmed, if due.
+    let will = due_will(&mut record, hold.silent_for());
     tracing::info!(
         %client_id,
         %owner,
         epoch = hold.epoch(),
         queued = record.queued.len(),
         inflight = record.inflight.len(),
+        will_due = will.is_some(),
         ms = started.elapsed().as_millis() as u64,
         "cluster: session taken from the storage of a node gone, its database fenced"
     );
@@ -115,8 +118,16 @@ async fn take_from_postgres(
     let (client_id, owner) = (client_id.to_string(), owner.to_string());
     let confirm = Box::new(move || {
         tokio::spawn(async move {
-            if let Err(e) = hold.finish().await {
-                tracing::warn!(%client_id, %owner, "cluster: the session taken is still in the storage of the node gone; that copy ends when the node starts again (the registry names this node the owner): {e}");
+            match hold.finish().await {
+                Ok(()) => {
+                    if let (Some(will), Some(broker)) = (will, broker.upgrade()) {
+                        tracing::info!(%client_id, %owner, topic = %will.msg.topic, "cluster: the will of the connection that ended with the node gone, published");
+                        broker.publish_will(&client_id, will);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%client_id, %owner, will_left = will.is_some(), "cluster: the session taken is still in the storage of the node gone, with its will; that copy ends when the node starts again (the registry names this node the owner): {e}");
+                }
             }
             tokio::time::sleep(INTEREST_SPREAD).await;
             redeliver(broker, js, names.stream, subject, client_id).await;
@@ -128,6 +139,44 @@ async fn take_from_postgres(
         stale: false,
         confirm,
     }))
+}
+
+/// Takes the crashed connection's will out of `record`, and returns it when it is due now
+/// (`mercurio_storage::postgres::peer::will_wait`): a 3.1.1 will or one without a Will
+/// Delay Interval [MQTT-3.1.2-8], or one whose delay (or the session's expiry, if sooner)
+/// has passed since the connection ended, at the node's last heartbeat in its database
+/// (`silent_for` before now). A will not yet due is dropped: its client has connected
+/// again [MQTT-3.1.3-9].
+#[cfg(feature = "postgres")]
+fn due_will(
+    record: &mut mercurio_storage::SessionRecord,
+    silent_for: Option<Duration>,
+) -> Option<crate::session::Will> {
+    let now_ms = crate::persist::records::unix_ms();
+    let left = mercurio_storage::postgres::peer::will_wait(record, silent_for, now_ms)?;
+    let stored = record.will.take()?;
+    if !left.is_zero() {
+        tracing::info!(client_id = %record.client_id, delay = stored.delay_interval, "cluster: the will of the connection that ended with the node gone is not due: not published, its client connected again");
+        return None;
+    }
+    will_of(&record.client_id, &stored)
+}
+
+/// The will `stored` of `client_id`'s session, to publish now; `None` (logged) when it
+/// cannot be read.
+#[cfg(feature = "postgres")]
+pub(super) fn will_of(
+    client_id: &str,
+    stored: &mercurio_storage::WillRecord,
+) -> Option<crate::session::Will> {
+    let now_ms = crate::persist::records::unix_ms();
+    match crate::persist::records::will_from(stored, std::time::Instant::now(), now_ms) {
+        Ok(will) => Some(will),
+        Err(e) => {
+            tracing::warn!(%client_id, "cluster: the will of a connection that ended with a node gone cannot be read, not published: {e}");
+            None
+        }
+    }
 }
 
 /// Gives the session `client_id` what the stream holds on `subject` (a node gone's), up to

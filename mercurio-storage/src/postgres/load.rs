@@ -311,3 +311,24 @@ pub(super) async fn load_session(
     }
     Ok(Ok(Some((record, messages))))
 }
+
+/// The sessions that hold a will, each without its collections; a row that cannot be read
+/// is given back as its client identifier and why.
+pub(super) async fn load_wills(
+    client: &Client,
+) -> Result<Vec<Result<SessionRecord, (String, String)>>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT {SESSION_COLUMNS} FROM mercurio_sessions WHERE will_topic IS NOT NULL \
+         ORDER BY client_id"
+    );
+    let found = client.query(&sql, &[]).await?;
+    let mut none = rows::Sessions::default();
+    Ok(found
+        .iter()
+        .map(|row| {
+            let client_id: String = row.try_get(0).unwrap_or_default();
+            none.read(&client_id, row)
+                .map_err(|cause| (client_id, cause))
+        })
+        .collect())
+}

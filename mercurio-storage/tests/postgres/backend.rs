@@ -716,3 +716,81 @@ async fn a_gone_brokers_session_is_taken_from_its_database_and_its_late_write_re
     assert_eq!(names, ["other", "still-served"]);
     restarted.close().await.unwrap();
 }
+
+/// A cluster node sweeps the wills of a node gone out of its database
+/// (`postgres::peer::sweep_wills`): the database fenced as for a take (its broker's heartbeat
+/// stale, 20 s old), the wills due cleared there and returned: one without delay, one
+/// whose 10 s delay passed since the broker's last heartbeat (its connection's end); one
+/// delayed by an hour is left, and when it is due said: at its session's end (60 s of
+/// expiry), sooner than its delay. A second sweep finds nothing due.
+#[tokio::test]
+async fn a_gone_brokers_due_wills_are_swept_from_its_database_once() {
+    use mercurio_storage::postgres::{peer, HEARTBEAT_STALE};
+    use mercurio_storage::WillRecord;
+
+    let Some(pg) = TestPostgres::start("peer_sweep") else {
+        return;
+    };
+    let url = pg.url(&pg.database("sweep", None).await);
+    let old = open(&url).await;
+    let will = |client_id: &str, delay_interval: u32| Change::WillSet {
+        client_id: client_id.into(),
+        will: WillRecord {
+            message: MessageRecord::new(format!("will/{client_id}"), "gone", 1),
+            delay_interval,
+        },
+    };
+    old.apply(&[
+        saved("now"),
+        will("now", 0),
+        saved("soon"),
+        will("soon", 10),
+        saved("later"),
+        will("later", 3600),
+        saved("plain"),
+    ])
+    .await
+    .unwrap();
+    freeze_heartbeat(&pg, &url).await;
+
+    let host = format!("{}a", peer::TAKER_HOST_PREFIX);
+    let swept = tokio::time::timeout(
+        DEADLINE,
+        peer::sweep_wills(&url, &host, DEADLINE, HEARTBEAT_STALE),
+    )
+    .await
+    .expect("the sweep ends")
+    .unwrap();
+    let due: Vec<(&str, &str)> = swept
+        .due
+        .iter()
+        .map(|r| {
+            let w = r.will.as_ref().expect("a will");
+            (r.client_id.as_str(), w.message.topic.as_str())
+        })
+        .collect();
+    assert_eq!(due, [("now", "will/now"), ("soon", "will/soon")]);
+    let next = swept.next.expect("a will left");
+    assert!(
+        next > Duration::from_secs(30) && next <= Duration::from_secs(40),
+        "{next:?}"
+    );
+    assert_eq!(
+        pg.scalar(
+            &url,
+            "SELECT string_agg(client_id, ',') FROM mercurio_sessions \
+             WHERE will_topic IS NOT NULL"
+        )
+        .await
+        .as_deref(),
+        Some("later"),
+        "the wills swept are cleared there"
+    );
+
+    // A second sweeper (the first's takeover no longer counts as the broker's heartbeat).
+    let again = peer::sweep_wills(&url, &host, DEADLINE, HEARTBEAT_STALE)
+        .await
+        .unwrap();
+    assert!(again.due.is_empty(), "swept once");
+    assert!(again.next.is_some_and(|n| n > Duration::from_secs(30)));
+}
