@@ -21,7 +21,7 @@ use super::cluster_qos::{
 /// A NATS cluster of three servers with JetStream, and a PostgreSQL server named `pg` (a
 /// short name: it names the server's socket directory, whose path PostgreSQL limits);
 /// `None` (the test skips) without nats-server or PostgreSQL.
-fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
+pub(super) fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
     let nats = NatsCluster::start(test, 3)?;
     Some((nats, TestPostgres::start(pg)?))
 }
@@ -29,12 +29,18 @@ fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
 /// Nodes `a`, `b` and `c`, each on its own NATS server of `nats` and its own database of
 /// `pg`; returns once each hears the other two.
 fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
-    nodes_on(nats, pg, false)
+    nodes_on(nats, pg, false, "")
 }
 
 /// [`three_nodes`]; with `peer_storage`, each node lists the other two's databases
-/// (`[cluster] peer_storage`), to take a crashed node's sessions from its database.
-fn nodes_on(nats: &NatsCluster, pg: &TestPostgres, peer_storage: bool) -> [ClusterNode; 3] {
+/// (`[cluster] peer_storage`), to take a crashed node's sessions from its database; `extra`:
+/// configuration sections of every node (before `[storage]`).
+pub(super) fn nodes_on(
+    nats: &NatsCluster,
+    pg: &TestPostgres,
+    peer_storage: bool,
+    extra: &str,
+) -> [ClusterNode; 3] {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -55,7 +61,7 @@ fn nodes_on(nats: &NatsCluster, pg: &TestPostgres, peer_storage: bool) -> [Clust
             names[i],
             &urls[i..=i],
             NodeStorage::Postgres(dbs[i].clone()),
-            "",
+            extra,
             &keys,
         )
     });
@@ -68,7 +74,7 @@ fn nodes_on(nats: &NatsCluster, pg: &TestPostgres, peer_storage: bool) -> [Clust
 }
 
 /// Receives on `sub` (acknowledging each) until `n` messages in all have come, into `got`.
-fn receive_some(sub: &mut Client, n: usize, got: &mut BTreeMap<u32, u32>) {
+pub(super) fn receive_some(sub: &mut Client, n: usize, got: &mut BTreeMap<u32, u32>) {
     for _ in 0..n {
         match sub.recv() {
             Some(Packet::Publish(p)) => {
@@ -121,7 +127,7 @@ fn a_publishers_node_killed_mid_stream_and_the_publisher_going_on_through_anothe
 }
 
 /// A persistent subscriber to `chaos/#` on `on`, known to the nodes `others`.
-fn subscriber(on: &ClusterNode, name: &str, others: [&ClusterNode; 2]) -> Client {
+pub(super) fn subscriber(on: &ClusterNode, name: &str, others: [&ClusterNode; 2]) -> Client {
     let mut sub = client(&on.daemon, "sub", true);
     sub.subscribe("chaos/#", QoS::AtLeastOnce);
     for n in others {
@@ -230,7 +236,7 @@ fn a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_l
     let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_dead") else {
         return;
     };
-    let [a, mut b, c] = nodes_on(&nats, &pg, true);
+    let [a, mut b, c] = nodes_on(&nats, &pg, true, "");
     let sub = subscriber(&b, "b", [&a, &c]);
     let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
     let (got, killed_at) = killed_under_stream(&mut b, sub, &publisher);
