@@ -191,10 +191,11 @@ fn a_subscribers_node_stalled_past_its_stale_heartbeat_has_the_session_taken_and
         present,
         "the session taken from B's database [MQTT-3.2.2-2]"
     );
-    // B's database is taken only once its heartbeat is stale (11 s; B wrote its last one at
-    // most a second before it stopped): before, C refused.
+    // B's database is taken only once its heartbeat is stale (11 s): before, C refused. B
+    // wrote its last one about a second before it stopped, and surely less than 7 s before
+    // (or it would have stopped itself), whatever the load.
     assert!(
-        took >= Duration::from_secs(9) && refused >= 1,
+        took >= Duration::from_secs(4) && refused >= 1,
         "taken {} ms after the stall, after {refused} refusals",
         took.as_millis()
     );
@@ -333,10 +334,11 @@ fn a_subscribers_node_stalled_briefly_keeps_the_session_until_it_resumes_and_han
     );
 }
 
-/// The publisher's node A stalled mid-stream: the publisher, without a PUBACK for 3 s, goes
+/// The publisher's node A stalled mid-stream: the publisher, without a PUBACK for 5 s, goes
 /// on through C from the message A did not acknowledge; every message acknowledged (by A
 /// before its stall, by C after) reaches the persistent subscriber on B [MQTT-4.3.2-4]. A,
-/// resumed, keeps serving.
+/// resumed (stalled past the 7 s after which it holds its writes until its next heartbeat:
+/// its database was not taken), keeps serving.
 #[test]
 fn a_publishers_node_stalled_mid_stream_and_the_publisher_going_on_through_another_loses_nothing() {
     const TEST: &str =
@@ -351,11 +353,12 @@ fn a_publishers_node_stalled_mid_stream_and_the_publisher_going_on_through_anoth
         c.daemon.addr(),
         "pub",
         "chaos/pub",
-        Duration::from_secs(3),
+        Duration::from_secs(5),
     );
     let mut got = BTreeMap::new();
     receive_some(&mut sub, 200, &mut got);
     a.stall();
+    let stalled = Instant::now();
     let stalled_at = publisher.acked();
     wait_until("the publisher gone on through C", || {
         publisher.moved_at().is_some()
@@ -363,6 +366,7 @@ fn a_publishers_node_stalled_mid_stream_and_the_publisher_going_on_through_anoth
     let moved_at = publisher.moved_at().unwrap_or_default();
     assert!(moved_at >= stalled_at, "moved to C before A's stall");
     publisher.wait_acked(moved_at + 200);
+    let stalled_for = stalled.elapsed();
     a.resume();
     publisher.wait_acked(publisher.acked() + 100);
     let acked = publisher.finish();
@@ -370,8 +374,9 @@ fn a_publishers_node_stalled_mid_stream_and_the_publisher_going_on_through_anoth
     all_hear_three(&[&a, &b, &c]);
     serves(&a);
     eprintln!(
-        "{TEST}: {} messages acknowledged ({moved_at} by A before its stall, the rest by C), \
-         {} received on B, {} duplicates, none lost",
+        "{TEST}: A stalled {} ms; {} messages acknowledged ({moved_at} by A before its \
+         stall, the rest by C), {} received on B, {} duplicates, none lost",
+        stalled_for.as_millis(),
         acked.len(),
         got.len(),
         duplicates(&got)
