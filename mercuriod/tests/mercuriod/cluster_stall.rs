@@ -17,13 +17,17 @@ use bytes::Bytes;
 use mercurio_core::codec::{
     Connect, LastWill, Packet, Properties, ProtocolVersion, QoS, ReasonCode,
 };
-use mercurio_testkit::{wait_until, Client, ClusterNode};
+use mercurio_storage::postgres::testing::TestPostgres;
+use mercurio_testkit::{wait_until, Client, ClusterNode, NatsCluster};
 
 use super::cluster_chaos::{nodes_on, prerequisites, receive_some, subscriber};
 use super::cluster_qos::{client, duplicates, interest_of, receive_rest, Publisher};
 
-/// Every node logs the wills it publishes (at debug), for the tests to see that B does not.
-const LOG_WILLS: &str = "[logging]\nlevel = \"info,mercurio_core::broker::entry=debug\"\n\n";
+/// Every node logs the wills it publishes (at debug), for the tests to see that B does not;
+/// and a session's queue holds 2,000 messages, fewer than B is sent while stalled (the
+/// node taking its session must give them as its client takes them, not drop them).
+const NODE_EXTRA: &str = "[logging]\nlevel = \"info,mercurio_core::broker::entry=debug\"\n\n\
+                          [server]\nmax_queued_messages = 2000\n\n";
 
 /// How long the subscriber's reconnection may be refused: past the storage's stale
 /// heartbeat (11 s) with room for a loaded machine.
@@ -161,6 +165,50 @@ fn subscriber_with_will(b: &ClusterNode, a: &ClusterNode, c: &ClusterNode) -> Cl
     sub
 }
 
+/// Three nodes, the subscriber (with a will) on B under a publisher's stream from A, and B
+/// stalled once the subscriber has received 200 messages.
+struct Stalled {
+    nodes: [ClusterNode; 3],
+    /// The subscriber's connection to B, what B wrote before the stall read.
+    old: Client,
+    publisher: Publisher,
+    /// What the subscriber received (and acknowledged) before the stall.
+    got: BTreeMap<u32, u32>,
+    stalled: Instant,
+    /// Messages acknowledged to the publisher when B was stalled.
+    stalled_at: usize,
+    /// PUBLISH packets B wrote before the stall and the subscriber had not read.
+    buffered: usize,
+    // Last: the nodes stop before the servers they use.
+    _servers: (NatsCluster, TestPostgres),
+}
+
+/// [`Stalled`], on a PostgreSQL server named `pg`; `None` (the test skips) without
+/// nats-server or PostgreSQL.
+fn stalled_under_stream(test: &str, pg: &str) -> Option<Stalled> {
+    let (nats, pg) = prerequisites(test, pg)?;
+    let nodes = nodes_on(&nats, &pg, true, NODE_EXTRA);
+    let [a, b, c] = &nodes;
+    let mut old = subscriber_with_will(b, a, c);
+    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
+    let mut got = BTreeMap::new();
+    receive_some(&mut old, 200, &mut got);
+    b.stall();
+    let stalled = Instant::now();
+    let stalled_at = publisher.acked();
+    let buffered = drain(&mut old);
+    Some(Stalled {
+        nodes,
+        old,
+        publisher,
+        got,
+        stalled,
+        stalled_at,
+        buffered,
+        _servers: (nats, pg),
+    })
+}
+
 /// B stalled past its database's stale heartbeat: the subscriber's CONNECT on C is refused
 /// with 0x88 until C can take the session from B's database, then gets it (Session Present 1
 /// [MQTT-3.2.2-2]) and every message acknowledged to the publisher [MQTT-4.3.2-4]. B,
@@ -171,19 +219,19 @@ fn subscriber_with_will(b: &ClusterNode, a: &ClusterNode, c: &ClusterNode) -> Cl
 fn a_subscribers_node_stalled_past_its_stale_heartbeat_has_the_session_taken_and_resumes_fenced() {
     const TEST: &str =
         "a_subscribers_node_stalled_past_its_stale_heartbeat_has_the_session_taken_and_resumes_fenced";
-    let Some((nats, pg)) = prerequisites(TEST, "cluster_stall_taken") else {
+    let Some(setup) = stalled_under_stream(TEST, "cluster_stall_taken") else {
         return;
     };
-    let [a, mut b, mut c] = nodes_on(&nats, &pg, true, LOG_WILLS);
-    let mut old = subscriber_with_will(&b, &a, &c);
-    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
-    let mut got = BTreeMap::new();
-    receive_some(&mut old, 200, &mut got);
-
-    b.stall();
-    let stalled = Instant::now();
-    let stalled_at = publisher.acked();
-    let buffered = drain(&mut old);
+    let Stalled {
+        nodes: [a, mut b, mut c],
+        mut old,
+        publisher,
+        got,
+        stalled,
+        stalled_at,
+        buffered,
+        ..
+    } = setup;
     // The subscriber, its connection to B silent, goes to C and keeps trying.
     let (mut sub, present, refused) = reconnect(&c);
     let took = stalled.elapsed();
@@ -270,19 +318,19 @@ fn a_subscribers_node_stalled_past_its_stale_heartbeat_has_the_session_taken_and
 fn a_subscribers_node_stalled_briefly_keeps_the_session_until_it_resumes_and_hands_it_over() {
     const TEST: &str =
         "a_subscribers_node_stalled_briefly_keeps_the_session_until_it_resumes_and_hands_it_over";
-    let Some((nats, pg)) = prerequisites(TEST, "cluster_stall_brief") else {
+    let Some(setup) = stalled_under_stream(TEST, "cluster_stall_brief") else {
         return;
     };
-    let [a, mut b, c] = nodes_on(&nats, &pg, true, LOG_WILLS);
-    let mut old = subscriber_with_will(&b, &a, &c);
-    let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
-    let mut got = BTreeMap::new();
-    receive_some(&mut old, 200, &mut got);
-
-    b.stall();
-    let stalled = Instant::now();
-    let stalled_at = publisher.acked();
-    let buffered = drain(&mut old);
+    let Stalled {
+        nodes: [a, mut b, c],
+        mut old,
+        publisher,
+        got,
+        stalled,
+        stalled_at,
+        buffered,
+        ..
+    } = setup;
     // B's heartbeat is fresh: its database is not taken, the CONNECT is refused.
     match Client::try_connect(c.daemon.addr(), sub_connect()) {
         Err(code) => assert_eq!(code, ReasonCode::SERVER_UNAVAILABLE),
