@@ -394,7 +394,7 @@ fn a_publishers_node_stalled_mid_stream_and_the_publisher_going_on_through_anoth
     let Some((nats, pg)) = prerequisites(TEST, "cluster_stall_pub") else {
         return;
     };
-    let [a, b, c] = nodes_on(&nats, &pg, true, "");
+    let [mut a, b, c] = nodes_on(&nats, &pg, true, "");
     let mut sub = subscriber(&b, "b", [&a, &c]);
     let publisher = Publisher::start_watching(
         &a.daemon,
@@ -414,6 +414,11 @@ fn a_publishers_node_stalled_mid_stream_and_the_publisher_going_on_through_anoth
     let moved_at = publisher.moved_at().unwrap_or_default();
     assert!(moved_at >= stalled_at, "moved to C before A's stall");
     publisher.wait_acked(moved_at + 200);
+    // A stays stalled past the 7 s after which, resumed, it holds its writes until its next
+    // heartbeat (no session was taken from its database: it goes on).
+    wait_until("A stalled 8 s", || {
+        stalled.elapsed() >= Duration::from_secs(8)
+    });
     let stalled_for = stalled.elapsed();
     a.resume();
     publisher.wait_acked(publisher.acked() + 100);
@@ -421,6 +426,7 @@ fn a_publishers_node_stalled_mid_stream_and_the_publisher_going_on_through_anoth
     let got = receive_rest(&mut sub, &acked, got);
     all_hear_three(&[&a, &b, &c]);
     serves(&a);
+    assert!(a.daemon.is_running(), "A stopped");
     eprintln!(
         "{TEST}: A stalled {} ms; {} messages acknowledged ({moved_at} by A before its \
          stall, the rest by C), {} received on B, {} duplicates, none lost",
