@@ -11,6 +11,8 @@
 #![cfg(unix)]
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -21,7 +23,7 @@ use mercurio_storage::postgres::testing::TestPostgres;
 use mercurio_testkit::{wait_until, Client, ClusterNode, NatsCluster};
 
 use super::cluster_chaos::{nodes_on, prerequisites, receive_some, subscriber};
-use super::cluster_qos::{client, duplicates, interest_of, receive_rest, Publisher};
+use super::cluster_qos::{client, duplicates, interest_of, number, receive_rest, Publisher};
 
 /// Every node logs the wills it publishes (at debug), for the tests to see that B does not;
 /// and a session's queue holds 2,000 messages, fewer than B is sent while stalled (the
@@ -110,6 +112,42 @@ fn until_closed(old: &mut Client) -> (usize, Option<ReasonCode>) {
             None => return (n, None),
             Some(other) => panic!("expected PUBLISH or DISCONNECT, got {other:?}"),
         }
+    }
+}
+
+/// The subscriber reading and acknowledging on a thread of its own, as a client does (one
+/// that reads nothing for `stall_time` is a stalled client: its queue's limit drops), until
+/// [`Reading::finish`].
+struct Reading {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(Client, BTreeMap<u32, u32>)>,
+}
+
+impl Reading {
+    /// `sub` reading on, counting into `got`.
+    fn start(mut sub: Client, mut got: BTreeMap<u32, u32>) -> Reading {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                match sub.recv_within(Duration::from_millis(100)) {
+                    Some(Some(Packet::Publish(p))) => {
+                        sub.ack(&p);
+                        *got.entry(number(&p)).or_insert(0) += 1;
+                    }
+                    None => {}
+                    other => panic!("the subscriber on C: expected PUBLISH, got {other:?}"),
+                }
+            }
+            (sub, got)
+        });
+        Reading { stop, thread }
+    }
+
+    /// The client and what it received.
+    fn finish(self) -> (Client, BTreeMap<u32, u32>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the subscriber's thread")
     }
 }
 
@@ -233,8 +271,9 @@ fn a_subscribers_node_stalled_past_its_stale_heartbeat_has_the_session_taken_and
         ..
     } = setup;
     // The subscriber, its connection to B silent, goes to C and keeps trying.
-    let (mut sub, present, refused) = reconnect(&c);
+    let (sub, present, refused) = reconnect(&c);
     let took = stalled.elapsed();
+    let reading = Reading::start(sub, got);
     assert!(
         present,
         "the session taken from B's database [MQTT-3.2.2-2]"
@@ -272,6 +311,7 @@ fn a_subscribers_node_stalled_past_its_stale_heartbeat_has_the_session_taken_and
     assert_eq!((connected(&a, "sub"), connected(&c, "sub")), (0, 1));
     publisher.wait_acked(publisher.acked() + 100);
     let acked = publisher.finish();
+    let (mut sub, got) = reading.finish();
     let got = receive_rest(&mut sub, &acked, got);
 
     // B started again (as a service manager would) on its database: without the session,
@@ -343,8 +383,9 @@ fn a_subscribers_node_stalled_briefly_keeps_the_session_until_it_resumes_and_han
         refused_after.as_millis()
     );
     b.resume();
-    let (mut sub, present, refused) = reconnect(&c);
+    let (sub, present, refused) = reconnect(&c);
     assert!(present, "the session handed over by B [MQTT-3.2.2-2]");
+    let reading = Reading::start(sub, got);
     // What B sent on the old connection after it resumed, and before the hand-over, is not
     // acknowledged: it stays in flight and C sends it again.
     let (after, reason) = until_closed(&mut old);
@@ -353,8 +394,16 @@ fn a_subscribers_node_stalled_briefly_keeps_the_session_until_it_resumes_and_han
         Some(ReasonCode::SESSION_TAKEN_OVER),
         "[MQTT-3.1.4-3]"
     );
+    // B answered, once resumed, the ask of the CONNECT refused while it was stalled too: that
+    // hand-over is never confirmed, and B gives up waiting (`takeover_timeout` + 10 s) with
+    // the session on C. The stream goes on past it.
+    b.daemon
+        .wait_logged("B giving up the unconfirmed hand-over", |l| {
+            l.contains("handed over without confirmation")
+        });
     publisher.wait_acked(publisher.acked() + 200);
     let acked = publisher.finish();
+    let (mut sub, got) = reading.finish();
     let got = receive_rest(&mut sub, &acked, got);
     assert_eq!(
         (
