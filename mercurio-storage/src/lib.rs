@@ -246,4 +246,14 @@ pub trait Storage: Send + Sync + 'static {
     async fn failed(&self) -> StorageError {
         std::future::pending().await
     }
+
+    /// Whether this broker cannot tell now that it still serves the database: with
+    /// PostgreSQL, 7 s (`postgres::LOST_AFTER`) since its last heartbeat, as after the
+    /// process was stalled (stopped, a frozen VM) long enough for another broker or cluster
+    /// node to take the database over. While true the broker sends its clients nothing; its
+    /// next heartbeat ends it, or [`Storage::failed`] resolves. `false` by default (a
+    /// database no other process takes).
+    fn lapsed(&self) -> bool {
+        false
+    }
 }

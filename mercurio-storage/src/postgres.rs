@@ -495,6 +495,10 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
+    fn lapsed(&self) -> bool {
+        self.leadership.lapsed()
+    }
+
     async fn failed(&self) -> StorageError {
         let mut failed = self.failed.clone();
         loop {

@@ -94,6 +94,21 @@ impl Client {
         }
     }
 
+    /// The next packet within `wait`: `None` when nothing came in that time (a broker
+    /// stalled, or nothing more to read), `Some(None)` when the connection closed.
+    pub fn recv_within(&mut self, wait: std::time::Duration) -> Option<Option<Packet>> {
+        let conn = &mut self.conn;
+        let read = self
+            .runtime
+            .block_on(async { tokio::time::timeout(wait, conn.recv()).await });
+        match read {
+            Err(_) => None,
+            Ok(Ok(p)) => Some(Some(p)),
+            Ok(Err(ClientError::Decode { error, .. })) => panic!("decode: {error}"),
+            Ok(Err(_)) => Some(None),
+        }
+    }
+
     /// Writes a PUBLISH with the next packet identifier (none for QoS 0) and returns it,
     /// without waiting for its acknowledgement.
     pub fn publish_packet(&mut self, topic: &str, payload: &[u8], qos: QoS, retain: bool) -> u16 {

@@ -387,6 +387,17 @@ impl ClusterNode {
         let _ = self.daemon.wait_exit();
     }
 
+    /// Stalls the process (SIGSTOP: a long pause, a frozen VM): its sockets stay open and
+    /// silent until [`ClusterNode::resume`].
+    pub fn stall(&self) {
+        self.daemon.signal(libc::SIGSTOP);
+    }
+
+    /// Resumes a process [`ClusterNode::stall`] stalled (SIGCONT).
+    pub fn resume(&self) {
+        self.daemon.signal(libc::SIGCONT);
+    }
+
     /// Starts the node again, on the same storage and with the same name (a new listening
     /// port: read it from `daemon`).
     pub fn restart(&mut self) {

@@ -89,6 +89,12 @@ pub(crate) trait SessionRegistry: Send + Sync {
     /// none), so that a node that claimed it meanwhile wins over this one, and records the
     /// new revision as `session`'s.
     async fn confirm(&self, client_id: &Arc<str>, revision: u64, session: &Arc<Session>) -> Claim;
+    /// A CONNECT refused after its claim at `revision` (the session could not be taken from
+    /// `owner`, the other node the registry named the owner before it): `owner` is written
+    /// back over `revision` (compare-and-set: a newer claim stays), so that the client's next
+    /// CONNECT asks that node, or its storage, again rather than finding this node the owner
+    /// of a session it does not have.
+    async fn give_back(&self, client_id: &str, revision: u64, owner: &str);
     /// Before a timer of a session acts (its delayed will, its expiry): which node owns it.
     async fn check(&self, client_id: &str) -> Claim;
     /// `session` ended here: its key is deleted (compare-and-delete on its revision), but

@@ -130,24 +130,41 @@ impl BrokerState {
                 }
             }
         }
-        let owed = self
+        let attached = match self
             .take_from_other_nodes(
                 client_id,
                 clean_start,
                 revision.is_some(),
                 previous_owner.as_deref(),
             )
-            .await?;
-        let (session, link, present) = self
-            .attach_session(
-                client_id,
-                owner,
-                clean_start,
-                version,
-                expiry_interval,
-                will,
-            )
-            .await?;
+            .await
+        {
+            Ok(owed) => self
+                .attach_session(
+                    client_id,
+                    owner,
+                    clean_start,
+                    version,
+                    expiry_interval,
+                    will,
+                )
+                .await
+                .map(|attached| (attached, owed)),
+            Err(e) => Err(e),
+        };
+        let ((session, link, present), owed) = match attached {
+            Ok(attached) => attached,
+            Err(e) => {
+                // Refused, the session left where it was (a node stalled, say): the claim
+                // would hide its owner from the client's next CONNECT.
+                if let (Some(r), Some(rev), Some(before)) =
+                    (registry, revision, previous_owner.as_deref())
+                {
+                    r.give_back(client_id, rev, before).await;
+                }
+                return Err(e.into());
+            }
+        };
         if let (Some(r), Some(rev)) = (registry, revision) {
             // A node that claimed it after this one asked the others (and so found nothing
             // here yet) wins: this copy ends, its client refused, and the nodes that handed it

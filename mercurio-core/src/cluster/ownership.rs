@@ -440,6 +440,11 @@ async fn answer(
         } => (record, messages, stale, session),
     };
     let kept_after_all = |session: &Arc<crate::session::Session>| {
+        // Handed over meanwhile through a later ask (an earlier one's CONNECT given up, asked
+        // again, a node resumed after a stall answering both): the forwarding is that one's.
+        if session.state.lock().ended() {
+            return;
+        }
         if let Some(f) = &forwards {
             f.cancel(&ask.client_id);
         }

@@ -239,6 +239,12 @@ async fn redeliver(
         if broker.deliver_to_client(&client_id, &Arc::new(msg)) {
             given += 1;
         }
+        // As fast as the client takes them, as a publisher's: the backlog of a node stalled
+        // or gone for seconds is more than a session's queue holds (its limit drops).
+        let session = broker.sessions.lock().get(client_id.as_str()).cloned();
+        if let Some(session) = session {
+            session.wait_room(&broker.limits, &broker.stats).await;
+        }
     }
     tracing::info!(%client_id, given, "cluster: messages the node gone was sent and never took, given to the session taken from its storage");
 }

@@ -295,6 +295,35 @@ impl SessionRegistry for Registry {
         claim
     }
 
+    async fn give_back(&self, client_id: &str, revision: u64, owner: &str) {
+        let key = key_of(client_id);
+        let value = Owner {
+            node: owner.to_string(),
+            at: unix_ms(),
+        };
+        let Ok(value) = serde_json::to_vec(&value) else {
+            return;
+        };
+        let written = self
+            .within(|store| async move {
+                store
+                    .update(&key, value.into(), revision)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        match written {
+            Ok(_) => {
+                tracing::info!(%client_id, %owner, "cluster: CONNECT refused, the session left to its owner in the registry")
+            }
+            // Claimed again since (another CONNECT), or the registry unreachable: that claim,
+            // or the fencing at the next reconnection, decides.
+            Err(e) => {
+                tracing::debug!(%client_id, %owner, "cluster: the session's claim not given back: {e}")
+            }
+        }
+    }
+
     async fn check(&self, client_id: &str) -> Claim {
         match self.read(&key_of(client_id)).await {
             Ok((Some(node), _)) if node != self.node => {

@@ -20,6 +20,17 @@ const OUTBOUND_ALIASES: u16 = 100;
 /// Longest topic the broker gives an alias to (the alias table holds the topics).
 const OUTBOUND_ALIAS_TOPIC: usize = 256;
 
+/// How often a writer held by a lapsed storage lease ([`mercurio_storage::Storage::lapsed`])
+/// looks again.
+const LAPSED_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Waits while `storage`'s lease is lapsed ([`mercurio_storage::Storage::lapsed`]).
+async fn until_renewed(storage: &dyn mercurio_storage::Storage) {
+    while storage.lapsed() {
+        tokio::time::sleep(LAPSED_POLL).await;
+    }
+}
+
 /// What the client asked for that bounds what the broker sends it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ClientLimits {
@@ -62,6 +73,15 @@ impl<'a> Writer<'a> {
                 self.c.link.set_rest(crate::link::WRITER_AT_REST, true);
                 self.c.link.wait_woken().await;
                 self.c.link.set_rest(crate::link::WRITER_AT_REST, false);
+                // Stalled long enough for another node or broker to take the database (and
+                // the sessions in it): nothing goes out until the next heartbeat says this
+                // broker still serves; fenced instead, it stops and the connection is closed.
+                // (Boxed: the wait takes no room in the future every connection holds.)
+                if let Some(p) = self.c.broker.persist.get() {
+                    if p.storage().lapsed() {
+                        Box::pin(until_renewed(p.storage().as_ref())).await;
+                    }
+                }
                 // Below saturation, PUBACKs go out after the deliveries of the same turn: the
                 // subscribers' writers, woken by the same PUBLISH packets, write first, and the
                 // subscribers' own PUBACKs, a round trip away, more often arrive before the

@@ -14,7 +14,7 @@
 //! - Taking the lock: the schema is created or updated, the epoch incremented and the
 //!   takeover recorded in `mercurio_takeovers`.
 
-use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,9 +62,24 @@ struct Shared {
     writer_pid: AtomicI32,
     lock_pid: AtomicI32,
     epoch: AtomicI64,
+    /// When the last heartbeat was written, milliseconds after `started`.
+    beat_at: AtomicU64,
+    started: std::time::Instant,
 }
 
 impl Shared {
+    /// Since the last heartbeat written (the process stalled counts: the clock is the
+    /// system's monotonic one).
+    fn since_beat(&self) -> Duration {
+        let at = Duration::from_millis(self.beat_at.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(at)
+    }
+
+    fn beaten(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.beat_at.store(ms, Ordering::Relaxed);
+    }
+
     fn fail(&self, kind: ErrorKind, message: &str) {
         let sent = self.failed.send_if_modified(|failure| {
             if failure.is_none() {
@@ -202,6 +217,8 @@ impl Leadership {
             writer_pid: AtomicI32::new(writer_pid),
             lock_pid: AtomicI32::new(lock_pid),
             epoch: AtomicI64::new(epoch),
+            beat_at: AtomicU64::new(0),
+            started: std::time::Instant::now(),
         });
         let task = tokio::spawn(heartbeat(
             config.clone(),
@@ -222,6 +239,15 @@ impl Leadership {
     /// The epoch this broker serves under.
     pub fn epoch(&self) -> i64 {
         self.epoch
+    }
+
+    /// Whether [`LOST_AFTER`] has passed since the last heartbeat written: this broker may
+    /// have been stalled (stopped, frozen) long enough for another to take the database
+    /// ([`HEARTBEAT_STALE`] later), and must not act for it until its next heartbeat says it
+    /// still serves (or fails, [`ErrorKind::Fenced`]). Awake and unable to write its
+    /// heartbeat that long, it stops anyway.
+    pub fn lapsed(&self) -> bool {
+        self.shared.since_beat() >= LOST_AFTER
     }
 
     /// Records the backend of a new write connection (a standby terminates it on takeover).
@@ -510,7 +536,10 @@ async fn heartbeat(
         }
         let result = result.expect("attempted");
         match result {
-            Ok(Ok(true)) => last_ok = Instant::now(),
+            Ok(Ok(true)) => {
+                last_ok = Instant::now();
+                shared.beaten();
+            }
             Ok(Ok(false)) => {
                 shared.fail(ErrorKind::Fenced, &fenced_message("heartbeat refused"));
                 break;

@@ -23,7 +23,7 @@ use super::cluster_qos::{
 /// A NATS cluster of three servers with JetStream, and a PostgreSQL server named `pg` (a
 /// short name: it names the server's socket directory, whose path PostgreSQL limits);
 /// `None` (the test skips) without nats-server or PostgreSQL.
-fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
+pub(super) fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
     let nats = NatsCluster::start(test, 3)?;
     Some((nats, TestPostgres::start(pg)?))
 }
@@ -31,19 +31,20 @@ fn prerequisites(test: &str, pg: &str) -> Option<(NatsCluster, TestPostgres)> {
 /// Nodes `a`, `b` and `c`, each on its own NATS server of `nats` and its own database of
 /// `pg`; returns once each hears the other two.
 fn three_nodes(nats: &NatsCluster, pg: &TestPostgres) -> [ClusterNode; 3] {
-    nodes_on(nats, pg, false, CLUSTER_KEYS)
+    nodes_on(nats, pg, false, "", CLUSTER_KEYS)
 }
 
 /// [`three_nodes`] with the `[cluster]` keys `keys`; with `peer_storage`, each node lists
 /// the other two's databases (`[cluster] peer_storage`), to take a crashed node's sessions
-/// from its database.
-fn nodes_on(
+/// from its database; `extra`: configuration sections of every node (before `[storage]`).
+pub(super) fn nodes_on(
     nats: &NatsCluster,
     pg: &TestPostgres,
     peer_storage: bool,
+    extra: &str,
     keys: &str,
 ) -> [ClusterNode; 3] {
-    nodes_and_databases(nats, pg, peer_storage, keys).0
+    nodes_and_databases(nats, pg, peer_storage, extra, keys).0
 }
 
 /// [`nodes_on`], and the URLs of the nodes' databases.
@@ -51,6 +52,7 @@ fn nodes_and_databases(
     nats: &NatsCluster,
     pg: &TestPostgres,
     peer_storage: bool,
+    extra: &str,
     keys: &str,
 ) -> ([ClusterNode; 3], [String; 3]) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -73,7 +75,7 @@ fn nodes_and_databases(
             names[i],
             &urls[i..=i],
             NodeStorage::Postgres(dbs[i].clone()),
-            "",
+            extra,
             &keys,
         )
     });
@@ -86,7 +88,7 @@ fn nodes_and_databases(
 }
 
 /// Receives on `sub` (acknowledging each) until `n` messages in all have come, into `got`.
-fn receive_some(sub: &mut Client, n: usize, got: &mut BTreeMap<u32, u32>) {
+pub(super) fn receive_some(sub: &mut Client, n: usize, got: &mut BTreeMap<u32, u32>) {
     for _ in 0..n {
         match sub.recv() {
             Some(Packet::Publish(p)) => {
@@ -139,7 +141,7 @@ fn a_publishers_node_killed_mid_stream_and_the_publisher_going_on_through_anothe
 }
 
 /// A persistent subscriber to `chaos/#` on `on`, known to the nodes `others`.
-fn subscriber(on: &ClusterNode, name: &str, others: [&ClusterNode; 2]) -> Client {
+pub(super) fn subscriber(on: &ClusterNode, name: &str, others: [&ClusterNode; 2]) -> Client {
     let mut sub = client(&on.daemon, "sub", true);
     sub.subscribe("chaos/#", QoS::AtLeastOnce);
     for n in others {
@@ -248,7 +250,7 @@ fn a_subscribers_node_killed_and_left_down_its_session_taken_from_its_database_l
     let Some((nats, pg)) = prerequisites(TEST, "cluster_chaos_dead") else {
         return;
     };
-    let [a, mut b, c] = nodes_on(&nats, &pg, true, CLUSTER_KEYS);
+    let [a, mut b, c] = nodes_on(&nats, &pg, true, "", CLUSTER_KEYS);
     let sub = subscriber(&b, "b", [&a, &c]);
     let publisher = Publisher::start(&a.daemon, "pub", "chaos/pub");
     let (got, killed_at) = killed_under_stream(&mut b, sub, &publisher);
@@ -319,7 +321,7 @@ struct Crashed {
 /// without the prerequisites.
 fn crashed_with_a_device(test: &str, pg: &str, delay: u32, keys: &str) -> Option<Crashed> {
     let (nats, pg) = prerequisites(test, pg)?;
-    let ([a, mut b, c], [_, b_db, _]) = nodes_and_databases(&nats, &pg, true, keys);
+    let ([a, mut b, c], [_, b_db, _]) = nodes_and_databases(&nats, &pg, true, "", keys);
     let watchers = [(&a, "watcher-a"), (&c, "watcher-c")].map(|(n, id)| {
         let mut w = client(&n.daemon, id, false);
         w.subscribe("will/#", QoS::AtLeastOnce);

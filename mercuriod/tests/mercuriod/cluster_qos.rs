@@ -9,12 +9,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use mercurio_core::codec::{
     Connect, Packet, Properties, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
 };
 use mercurio_testkit::{
-    free_port, http, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer,
+    free_port, http, wait_until, Client, ClusterNode, Daemon, NatsCluster, NatsServer, DEADLINE,
 };
 
 /// `[cluster]` keys of every node: three copies of the stream on the three NATS servers, and
@@ -98,6 +99,8 @@ pub(super) fn interest_of(d: &Daemon, name: &str) -> Option<u64> {
 pub(super) struct Publisher {
     /// The numbers the broker acknowledged (PUBACK), in order.
     acked: Arc<Mutex<Vec<u32>>>,
+    /// How many were acknowledged when it fell back on the other node, once it did.
+    moved_at: Arc<Mutex<Option<usize>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -111,28 +114,61 @@ impl Publisher {
     /// connection.
     pub(super) fn start_with_fallback(
         d: &Daemon,
+        fallback: Option<SocketAddr>,
+        id: &str,
+        topic: &'static str,
+    ) -> Publisher {
+        Publisher::spawn(d, fallback, id, topic, None)
+    }
+
+    /// [`Publisher::start_with_fallback`], falling back also when a PUBACK does not come
+    /// within `silence` (its node stalled: the connection open and silent), as a client's
+    /// keep alive would.
+    pub(super) fn start_watching(
+        d: &Daemon,
+        fallback: SocketAddr,
+        id: &str,
+        topic: &'static str,
+        silence: Duration,
+    ) -> Publisher {
+        Publisher::spawn(d, Some(fallback), id, topic, Some(silence))
+    }
+
+    fn spawn(
+        d: &Daemon,
         mut fallback: Option<SocketAddr>,
         id: &str,
         topic: &'static str,
+        silence: Option<Duration>,
     ) -> Publisher {
         let mut c = client(d, id, false);
         let client_id = id.to_string();
         let acked = Arc::new(Mutex::new(Vec::new()));
+        let moved_at = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
-        let (acked2, stop2) = (Arc::clone(&acked), Arc::clone(&stop));
+        let (acked2, moved2, stop2) =
+            (Arc::clone(&acked), Arc::clone(&moved_at), Arc::clone(&stop));
         let thread = std::thread::spawn(move || {
             let mut n = 0u32;
             while !stop2.load(Ordering::Relaxed) {
                 let id = c.publish_packet(topic, n.to_string().as_bytes(), QoS::AtLeastOnce, false);
-                match c.recv() {
+                let answer = match c.recv_within(silence.unwrap_or(DEADLINE)) {
+                    Some(answer) => answer,
+                    None if silence.is_some() && fallback.is_some() => None,
+                    None => panic!("no PUBACK {id} before the deadline"),
+                };
+                match answer {
                     Some(Packet::PubAck(a)) if a.packet_id == id => {
                         assert!(!a.reason_code.is_failure(), "PUBACK {a:?}");
                         acked2.lock().expect("acked").push(n);
                     }
-                    // The node is gone (killed): what it acknowledged is what counts; the
-                    // unacknowledged message goes again to the node fallen back on.
+                    // The node is gone (killed) or silent (stalled): what it acknowledged is
+                    // what counts; the unacknowledged message goes again to the node fallen
+                    // back on.
                     None => match fallback.take() {
                         Some(addr) => {
+                            *moved2.lock().expect("moved") =
+                                Some(acked2.lock().expect("acked").len());
                             c = client_at(addr, &client_id, false);
                             continue;
                         }
@@ -145,6 +181,7 @@ impl Publisher {
         });
         Publisher {
             acked,
+            moved_at,
             stop,
             thread: Some(thread),
         }
@@ -152,6 +189,12 @@ impl Publisher {
 
     pub(super) fn acked(&self) -> usize {
         self.acked.lock().expect("acked").len()
+    }
+
+    /// How many messages were acknowledged when it fell back on the other node; `None`
+    /// while it has not.
+    pub(super) fn moved_at(&self) -> Option<usize> {
+        *self.moved_at.lock().expect("moved")
     }
 
     /// Waits until `n` messages in all were acknowledged.
@@ -186,12 +229,17 @@ pub(super) fn receive_rest(
 ) -> BTreeMap<u32, u32> {
     let missing = |got: &BTreeMap<u32, u32>| acked.iter().filter(|n| !got.contains_key(n)).count();
     while missing(&got) > 0 {
-        let p = match sub.recv() {
-            Some(Packet::Publish(p)) => p,
-            other => panic!(
-                "{} acknowledged messages missing; got {other:?}",
-                missing(&got)
-            ),
+        let p = match sub.recv_within(DEADLINE) {
+            Some(Some(Packet::Publish(p))) => p,
+            other => {
+                let lost: Vec<&u32> = acked.iter().filter(|n| !got.contains_key(n)).collect();
+                panic!(
+                    "{} of {} acknowledged messages missing (the first: {:?}); got {other:?}",
+                    lost.len(),
+                    acked.len(),
+                    &lost[..lost.len().min(20)]
+                )
+            }
         };
         assert_eq!(p.qos, QoS::AtLeastOnce);
         sub.ack(&p);

@@ -9,6 +9,7 @@ mod cluster;
 mod cluster_chaos;
 mod cluster_qos;
 mod cluster_sessions;
+mod cluster_stall;
 mod console;
 mod credentials;
 mod daemon;
