@@ -45,10 +45,12 @@ const PAYLOAD: usize = 4096;
 /// parts, 2,640 before the keep alive sweep and the link's single waker.
 const IDLE_BUDGET: isize = 1800;
 /// The broker's heap per parked connection (`park_after`: its task and its socket's
-/// registration with tokio are gone, a small record is left), everything included: 601 bytes
-/// measured (debug build; 566 when parking came), the parking's own allocations (its epoll
-/// event list) included. A connection that kept a read or write buffer would hold KiBs more.
-const PARKED_BUDGET: isize = 640;
+/// registration with tokio are gone, a small record is left), everything included: 511 to
+/// 553 bytes measured (debug build; 569 to 601 before the session, the link and the parked
+/// record each left a rarely used field out, 566 when parking came), the parking's own
+/// allocations (its epoll event list) included. A connection that kept a read or write
+/// buffer would hold KiBs more.
+const PARKED_BUDGET: isize = 565;
 /// What a connection may hold more after a burst: its subscription (in its session and the
 /// subscription index). One that kept the buffers of its burst would hold 8 KiB more.
 const BURST_GROWTH: isize = 1024;
@@ -113,12 +115,25 @@ fn an_idle_connection_holds_no_buffers_after_a_burst() {
     let per_connection =
         |since: isize| (LIVE.load(Ordering::Relaxed) - since) / CONNECTIONS as isize;
     // The last buffers are released as each connection goes back to waiting: within moments.
+    // Within the budget for ten looks in a row (200 ms), the largest of them: a moment's dip
+    // (a table being regrown, a record on its way in) does not pass for the figure.
     let settled = |since: isize, budget: isize| {
         let deadline = Instant::now() + common::DEADLINE;
-        while per_connection(since) > budget && Instant::now() < deadline {
+        let mut within = Vec::new();
+        while within.len() < 10 && Instant::now() < deadline {
+            let now = per_connection(since);
+            if now <= budget {
+                within.push(now);
+            } else {
+                within.clear();
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        per_connection(since)
+        within
+            .into_iter()
+            .max()
+            .filter(|_| Instant::now() < deadline)
+            .unwrap_or_else(|| per_connection(since))
     };
     let before = LIVE.load(Ordering::Relaxed);
 

@@ -139,17 +139,21 @@ const WRITTEN: u8 = 4;
 /// The parking's sweep found the connection idle: its task checks, and parks.
 const PARK: u8 = 8;
 
+// Every connection holds an `Arc<Link>`; 112 bytes or less, it is one of jemalloc's 128-byte
+// class (16 bytes of counts included), not the 160-byte one.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Link>() <= 112);
+
 /// The control buffer and how many PUBACKs it holds; and what is rarely used, each a
 /// pointer until then (an idle link is in memory for as long as its connection).
 #[derive(Debug, Default)]
 struct Control {
     buf: BytesMut,
     pubacks: usize,
-    /// Boxed: most links are never killed and never re-authenticate (a reason is 32 bytes).
+    /// Boxed: most links are never killed, never re-authenticate and are never waited for
+    /// (a reason is 32 bytes; and a link of 112 bytes or less is an `Arc` allocation in
+    /// jemalloc's 128-byte class, not the 160-byte one).
     rare: Option<Box<Rare>>,
-    /// What [`Link::wait_closed`] waits on, made by the first wait (a `Notify` is 32 bytes,
-    /// and only a takeover or a shutdown waits for a link's close).
-    closed: Option<Arc<Notify>>,
 }
 
 /// What few links use, in one box.
@@ -162,6 +166,9 @@ struct Rare {
     auth: Option<String>,
     /// The client's address when it is an IPv6 one (an IPv4 one is in `Link::peer_v4`).
     peer_v6: Option<SocketAddr>,
+    /// What [`Link::wait_closed`] waits on, made by the first wait (only a takeover or a
+    /// shutdown waits for a link's close).
+    closed: Option<Arc<Notify>>,
 }
 
 /// An IPv4 address and port in one word: bit 48 set (so that 0 is "none"), the address in
@@ -393,7 +400,8 @@ impl Link {
                 if self.is_closed.load(Ordering::Acquire) {
                     return;
                 }
-                Arc::clone(control.closed.get_or_insert_with(Default::default))
+                let rare = control.rare.get_or_insert_with(Default::default);
+                Arc::clone(rare.closed.get_or_insert_with(Default::default))
             };
             let notified = closed.notified();
             tokio::pin!(notified);
@@ -438,7 +446,7 @@ impl Link {
         let closed = {
             let control = self.control.lock();
             self.is_closed.store(true, Ordering::Release);
-            control.closed.clone()
+            control.rare.as_ref().and_then(|r| r.closed.clone())
         };
         if let Some(closed) = closed {
             closed.notify_waiters();

@@ -126,7 +126,7 @@ where
         // Never parked: only `serve_tcp` lets a connection park (it has the slot to keep).
         if let Some(p) = running.await {
             let close = Close::lost(DisconnectReason::Io("cannot park".into()));
-            detach(&p.shared, p.peer, &close);
+            detach(&p.shared, p.peer(), &close);
         }
     }
 }
@@ -511,7 +511,6 @@ where
             Some(stream) => Some(park::Parked {
                 stream,
                 shared,
-                peer,
                 aliases: kept,
             }),
             None => {

@@ -44,12 +44,25 @@ impl Drop for Slot {
     }
 }
 
-/// What is left of a parked connection.
+/// What is left of a parked connection. Not its peer's address: the link has it (set at
+/// CONNECT, 8 bytes for IPv4), and a 32-byte `SocketAddr` here would take the record out of
+/// jemalloc's 80-byte class.
 pub(super) struct Parked {
     pub(super) stream: std::net::TcpStream,
     pub(super) shared: Shared,
-    pub(super) peer: SocketAddr,
     pub(super) aliases: Aliases,
+}
+
+impl Parked {
+    /// The peer's address: the link's (set at CONNECT, before any connection can park), else
+    /// the socket's.
+    pub(super) fn peer(&self) -> SocketAddr {
+        self.shared
+            .link
+            .peer()
+            .or_else(|| self.stream.peer_addr().ok())
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
 }
 
 /// The topic alias tables of a connection's reader and writer, which last as long as the
@@ -63,10 +76,10 @@ pub(super) struct Aliases {
 /// Serves a parked connection again, in the task this runs in; `unwatch`: its socket's place
 /// in the parking's epoll set, if any.
 async fn resume(p: Parked, slot: Slot, unwatch: Option<Unwatch>) {
+    let peer = p.peer();
     let Parked {
         stream,
         shared,
-        peer,
         aliases,
     } = p;
     // What the client sent while parked is read first, before anything else can happen to
@@ -156,6 +169,10 @@ struct Record {
     p: Parked,
     slot: Slot,
 }
+
+// One per parked connection: 80 bytes or less, one of jemalloc's 80-byte class.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Record>() <= 80);
 
 impl Resume for Record {
     fn fd(&self) -> RawFd {

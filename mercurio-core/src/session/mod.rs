@@ -135,9 +135,6 @@ pub(crate) struct SessionState {
     /// The user name of the last connection, stored with the session so that access checks
     /// made while it is offline after a restart use it (`identity` is restored from it).
     username: Option<Arc<str>>,
-    /// The name of the client certificate of the last connection (`None`: none), stored with
-    /// the session: with `username`, who the session belongs to.
-    certificate: Option<Arc<str>>,
     /// Where changes are reported for storage, for a broker with a storage backend.
     changes: Option<Arc<dyn SessionChanges>>,
     /// The `seq` of the next queued message.
@@ -155,7 +152,9 @@ pub(crate) struct SessionState {
 }
 
 /// A dropping queue's marks ([`SessionState`]'s `dropping`).
-/// The rarely present part of a [`SessionState`]; the box goes when both are `None`.
+/// The rarely present part of a [`SessionState`]; the box goes when all are `None`. (Each
+/// field here keeps 8 to 16 bytes out of every session: a session of 304 bytes or less is an
+/// `Arc` allocation in jemalloc's 320-byte class, not the 384-byte one.)
 #[derive(Debug, Default)]
 struct Rare {
     /// While the queue is dropping (to log once when it starts and once when it stops): the
@@ -165,6 +164,9 @@ struct Rare {
     /// Queue limits of this session in place of the broker's (a bridge's queue has its
     /// own); `None`: the broker's.
     own_limits: Option<QueueLimits>,
+    /// The name of the client certificate of the last connection (`None`: none), stored with
+    /// the session: with `username`, who the session belongs to.
+    certificate: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -226,6 +228,11 @@ pub struct Session {
     pub(crate) identity: parking_lot::RwLock<crate::auth::Identity>,
 }
 
+// Every session is an `Arc<Session>` allocation; 304 bytes or less, it is one of jemalloc's
+// 320-byte class (16 bytes of counts included), not the 384-byte one: 64 bytes per session.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Session>() <= 304);
+
 /// What happened to a message offered to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Enqueued {
@@ -273,7 +280,6 @@ impl Session {
                 remote_bridge: false,
                 disconnected_at: None,
                 username: None,
-                certificate: None,
                 changes: None,
                 next_seq: 1,
                 last_progress: Instant::now(),

@@ -49,11 +49,9 @@ impl SessionState {
     /// Changes the rare part, dropping its box when nothing is left in it.
     fn set_rare(&mut self, change: impl FnOnce(&mut super::Rare)) {
         change(self.rare.get_or_insert_default());
-        if self
-            .rare
-            .as_ref()
-            .is_some_and(|r| r.dropping.is_none() && r.own_limits.is_none())
-        {
+        if self.rare.as_ref().is_some_and(|r| {
+            r.dropping.is_none() && r.own_limits.is_none() && r.certificate.is_none()
+        }) {
             self.rare = None;
         }
     }
@@ -224,7 +222,7 @@ impl SessionState {
 
     /// The client certificate's name of the last connection.
     pub(crate) fn certificate(&self) -> Option<&Arc<str>> {
-        self.certificate.as_ref()
+        self.rare.as_ref().and_then(|r| r.certificate.as_ref())
     }
 }
 
@@ -235,7 +233,9 @@ impl SessionState {
     /// so that access checks made while it is offline use it).
     pub(crate) fn set_owner(&mut self, username: Option<Arc<str>>, certificate: Option<Arc<str>>) {
         self.username = username;
-        self.certificate = certificate;
+        if certificate.is_some() || self.certificate().is_some() {
+            self.set_rare(|r| r.certificate = certificate);
+        }
     }
 
     /// DISCONNECT changed the Session Expiry Interval (MQTT 5.0).
