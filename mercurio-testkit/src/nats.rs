@@ -18,6 +18,52 @@ pub struct NatsServer {
     /// The monitoring (HTTP) port.
     pub monitor_port: u16,
     _dir: tempfile::TempDir,
+    // Last, so that it is released after the process is killed.
+    _one_at_a_time: OneAtATime,
+}
+
+/// One test at a time runs NATS servers (and the cluster of brokers around them): a test
+/// thread's first server waits for the other tests' servers to be gone; its further servers
+/// (a NATS cluster, a partition's two sides) join it. Three brokers, three NATS servers and
+/// PostgreSQL per test are as much as two cores keep within the cluster tests' timeouts.
+struct OneAtATime;
+
+/// The test thread whose servers run, and how many it has.
+static RUNNING: std::sync::Mutex<Option<(std::thread::ThreadId, usize)>> =
+    std::sync::Mutex::new(None);
+static GONE: std::sync::Condvar = std::sync::Condvar::new();
+
+impl OneAtATime {
+    fn wait() -> OneAtATime {
+        let me = std::thread::current().id();
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match running.as_mut() {
+                None => {
+                    *running = Some((me, 1));
+                    return OneAtATime;
+                }
+                Some((thread, n)) if *thread == me => {
+                    *n += 1;
+                    return OneAtATime;
+                }
+                Some(_) => running = GONE.wait(running).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    }
+}
+
+impl Drop for OneAtATime {
+    fn drop(&mut self) {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, n)) = running.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                *running = None;
+                GONE.notify_all();
+            }
+        }
+    }
 }
 
 /// The nats-server program: `$NATS_SERVER`, else `nats-server` on the PATH or in /usr/sbin.
@@ -110,6 +156,7 @@ impl NatsServer {
             );
             return None;
         };
+        let one_at_a_time = OneAtATime::wait();
         let dir = tempfile::tempdir().expect("temp dir");
         // nats-server takes no port 0: free ports, found by binding port 0 first.
         let port = if port == 0 { free_port() } else { port };
@@ -156,6 +203,7 @@ impl NatsServer {
             port,
             monitor_port,
             _dir: dir,
+            _one_at_a_time: one_at_a_time,
         })
     }
 
