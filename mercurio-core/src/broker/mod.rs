@@ -170,6 +170,9 @@ pub(crate) struct BrokerState {
     /// In cluster mode with JetStream, the registry of which node owns each persistent
     /// session (`handover.rs`); set once by the cluster link at its start, empty otherwise.
     pub(crate) registry: OnceLock<Arc<dyn handover::SessionRegistry>>,
+    /// The CONNECTs of one client identifier that claim its session in the registry, one at
+    /// a time on this node (`takeover.rs`).
+    pub(crate) claiming: takeover::Claiming,
     /// The wills due at start, held until the registry is asked (cluster mode with
     /// JetStream), given out at once otherwise.
     pub(crate) held_wills: handover::HeldWills,
@@ -276,6 +279,7 @@ impl BrokerState {
             cluster_qos: Default::default(),
             other_nodes: OnceLock::new(),
             registry: OnceLock::new(),
+            claiming: Default::default(),
             held_wills,
             busy_poll: Arc::new(crate::busy_poll::BusyPoll::new()),
             streams,

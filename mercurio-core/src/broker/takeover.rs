@@ -22,6 +22,51 @@ pub(crate) enum TakeError {
     Claimed(String),
 }
 
+/// The CONNECTs of one client identifier claiming its session in the registry, one at a
+/// time on this node. A second CONNECT made while the first still waits (for the nodes'
+/// answers, for a stalled owner's database) would otherwise read the first one's claim as
+/// this node's ownership and start a new session, with the old one still elsewhere; it now
+/// waits for the first to be answered, then claims afresh: it takes over the first
+/// connection, or is refused as the first was.
+#[derive(Default)]
+pub(crate) struct Claiming {
+    /// Per client identifier being claimed, its turn (held by the CONNECT whose turn it is).
+    turns: parking_lot::Mutex<std::collections::HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// One CONNECT's turn to claim its client identifier's session ([`Claiming::turn`]).
+pub(crate) struct Turn<'a> {
+    claiming: &'a Claiming,
+    client_id: Arc<str>,
+    turn: Arc<tokio::sync::Mutex<()>>,
+    _held: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Claiming {
+    /// Waits for the CONNECTs of `client_id` before this one to be answered.
+    pub(crate) async fn turn(&self, client_id: &Arc<str>) -> Turn<'_> {
+        let turn = Arc::clone(self.turns.lock().entry(Arc::clone(client_id)).or_default());
+        let held = Arc::clone(&turn).lock_owned().await;
+        Turn {
+            claiming: self,
+            client_id: Arc::clone(client_id),
+            turn,
+            _held: held,
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut turns = self.claiming.turns.lock();
+        // Nobody else waits (the references are the map's, this turn's and its guard's):
+        // the entry goes. A waiter holds two more, and takes its first under this lock.
+        if Arc::strong_count(&self.turn) == 3 {
+            turns.remove(&self.client_id);
+        }
+    }
+}
+
 impl From<mercurio_storage::StorageError> for TakeError {
     fn from(e: mercurio_storage::StorageError) -> TakeError {
         TakeError::Storage(e)
@@ -117,6 +162,10 @@ impl BrokerState {
             .filter(|_| expiry_interval > 0 && !client_id.starts_with(super::INTERNAL_PREFIX));
         let mut revision = None;
         let mut previous_owner = None;
+        let _turn = match registry {
+            Some(_) => Some(self.claiming.turn(client_id).await),
+            None => None,
+        };
         if let Some(r) = registry {
             let (claim, before) = r.claim(client_id).await;
             match claim {

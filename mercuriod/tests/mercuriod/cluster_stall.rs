@@ -433,6 +433,58 @@ fn a_subscribers_node_stalled_briefly_keeps_the_session_until_it_resumes_and_han
     );
 }
 
+/// B stalled with the subscriber's session: a second CONNECT of the client on C, made while
+/// C still waits on B for the first, waits its turn; neither gets a new session (Session
+/// Present 0 would leave the old one, with its queued messages, on B). Each is refused with
+/// 0x88 or resumes the session [MQTT-3.2.2-2]; the client's next CONNECT gets it, with every
+/// message acknowledged to the publisher [MQTT-4.3.2-4].
+#[test]
+fn two_connects_of_a_client_on_one_node_while_its_sessions_node_is_stalled_start_no_new_session() {
+    const TEST: &str =
+        "two_connects_of_a_client_on_one_node_while_its_sessions_node_is_stalled_start_no_new_session";
+    let Some(setup) = stalled_under_stream(TEST, "cluster_stall_twice") else {
+        return;
+    };
+    let Stalled {
+        nodes: [_a, _b, c],
+        publisher,
+        got,
+        ..
+    } = setup;
+    let addr = c.daemon.addr();
+    let first = std::thread::spawn(move || Client::try_connect(addr, sub_connect()));
+    // The second CONNECT starts while the first waits on B (at least `takeover_timeout`, 2 s,
+    // for B's answer): not a synchronisation, the overlap this test is about.
+    std::thread::sleep(Duration::from_millis(300));
+    let second = Client::try_connect(addr, sub_connect());
+    let first = first.join().expect("first CONNECT");
+    let mut open = Vec::new();
+    for (which, outcome) in [("first", first), ("second", second)] {
+        match outcome {
+            Ok((client, present)) => {
+                assert!(
+                    present,
+                    "the {which} CONNECT started a new session while B holds the old one"
+                );
+                open.push(client);
+            }
+            Err(code) => assert_eq!(code, ReasonCode::SERVER_UNAVAILABLE, "{which} CONNECT"),
+        }
+    }
+    drop(open);
+    let (sub, present, _) = reconnect(&c);
+    let reading = Reading::start(sub, got);
+    assert!(
+        present,
+        "the session taken from B's database [MQTT-3.2.2-2]"
+    );
+    publisher.wait_acked(publisher.acked() + 100);
+    let acked = publisher.finish();
+    let (mut sub, got) = reading.finish();
+    // Every acknowledged number reaches the subscriber (within the deadline).
+    receive_rest(&mut sub, &acked, got);
+}
+
 /// The publisher's node A stalled mid-stream: the publisher, without a PUBACK for 5 s, goes
 /// on through C from the message A did not acknowledge; every message acknowledged (by A
 /// before its stall, by C after) reaches the persistent subscriber on B [MQTT-4.3.2-4]. A,
