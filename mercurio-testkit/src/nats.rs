@@ -271,9 +271,26 @@ fn dechunk(body: &str) -> String {
     out
 }
 
-/// A port no one listens on now (bound to port 0, then released): where a NATS server will
+/// A port no one listens on now (bound, then released): where a NATS server will
 /// be started later.
+///
+/// Below Linux's ephemeral range (32768 and up): a server a test stops and starts again on
+/// its port could otherwise find it taken meanwhile by the source port of an outgoing
+/// connection, a client's reconnecting to that very port among them (a socket connected to
+/// itself).
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const PORTS: u32 = 32_768 - FIRST;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..PORTS {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(seed) % PORTS;
+        let port = u16::try_from(FIRST + n).expect("below 32768");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     l.local_addr().expect("its address").port()
 }
