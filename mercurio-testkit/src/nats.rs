@@ -286,7 +286,9 @@ pub fn free_port() -> u16 {
     let seed = std::process::id().wrapping_mul(2_654_435_761);
     for _ in 0..PORTS {
         let n = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(seed) % PORTS;
-        let port = u16::try_from(FIRST + n).expect("below 32768");
+        let Ok(port) = u16::try_from(FIRST + n) else {
+            continue;
+        };
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }

@@ -45,6 +45,20 @@ fn stored(topic: &str, id: u64) -> Change {
     }
 }
 
+/// The client identifiers of the sessions `storage` loads, sorted.
+async fn session_names(storage: &PostgresStorage) -> Vec<String> {
+    let mut names: Vec<String> = storage
+        .load()
+        .await
+        .unwrap()
+        .sessions
+        .into_iter()
+        .map(|s| s.client_id)
+        .collect();
+    names.sort();
+    names
+}
+
 fn saved(client_id: &str) -> Change {
     Change::SessionSaved(SessionHeader {
         client_id: client_id.into(),
@@ -177,15 +191,7 @@ async fn stale_heartbeat_is_taken_over_and_the_old_writer_is_fenced() {
         .await
         .expect("failed resolves");
     assert_eq!(failed.kind(), ErrorKind::Fenced);
-    let names: Vec<String> = second
-        .load()
-        .await
-        .unwrap()
-        .sessions
-        .into_iter()
-        .map(|s| s.client_id)
-        .collect();
-    assert_eq!(names, ["a"]);
+    assert_eq!(session_names(&second).await, ["a"]);
     second.close().await.unwrap();
 }
 
@@ -704,16 +710,7 @@ async fn a_gone_brokers_session_is_taken_from_its_database_and_its_late_write_re
     // The old broker starting again finds the other sessions, not the one taken.
     drop(old);
     let restarted = open(&url).await;
-    let mut names: Vec<String> = restarted
-        .load()
-        .await
-        .unwrap()
-        .sessions
-        .into_iter()
-        .map(|s| s.client_id)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["other", "still-served"]);
+    assert_eq!(session_names(&restarted).await, ["other", "still-served"]);
     restarted.close().await.unwrap();
 }
 
