@@ -643,7 +643,15 @@ fn a_bridge_acknowledges_its_remote_only_once_jetstream_has_the_message() {
     assert_eq!(events.recv().expect("the remote"), "closed");
     // JetStream back: the copy sent again is acknowledged once JetStream holds it, and B's
     // subscriber gets the message.
+    // The nodes back on NATS first: their client retries with a growing delay (up to
+    // seconds), longer than jetstream_ack_timeout, so the copy sent before that could time out
+    // again.
     let _nats = NatsServer::start_on(TEST, port).expect("nats-server");
+    for d in [&mut a.daemon, &mut b.daemon] {
+        d.wait_logged("the reconnection", |l| {
+            l.contains("cluster: reconnected to NATS")
+        });
+    }
     go.send(()).expect("the remote");
     assert_eq!(events.recv().expect("the remote"), "0x40 Some([0, 7])");
     let p = sub.expect_publish();
