@@ -623,6 +623,19 @@ mod tests {
         total: 1 << 24,
     };
 
+    /// A writer on `storage`, with its counters.
+    fn start(storage: &MemoryStorage, durable_ack: bool) -> (Arc<Persister>, Arc<Counters>) {
+        let stats = Arc::new(Counters::default());
+        let p = Persister::start(
+            Arc::new(storage.clone()),
+            durable_ack,
+            LIMITS,
+            Arc::clone(&stats),
+            Weak::new(),
+        );
+        (p, stats)
+    }
+
     fn deleted(client_id: &str) -> Change {
         Change::SessionDeleted {
             client_id: client_id.into(),
@@ -645,14 +658,7 @@ mod tests {
     #[tokio::test]
     async fn a_streams_appends_are_one_segment_committed_before_the_acknowledgement() {
         let storage = MemoryStorage::new();
-        let stats = Arc::new(Counters::default());
-        let p = Persister::start(
-            Arc::new(storage.clone()),
-            true,
-            LIMITS,
-            Arc::clone(&stats),
-            Weak::new(),
-        );
+        let (p, stats) = start(&storage, true);
         let buffer = AppendBuffer::new("s");
         let msgs: Vec<Arc<Message>> = (0..3)
             .map(|_| {
@@ -703,14 +709,7 @@ mod tests {
     async fn a_refused_batch_of_several_clients_gets_five_attempts_in_all() {
         let storage = MemoryStorage::new();
         storage.fail_next(ErrorKind::Refused, 9);
-        let stats = Arc::new(Counters::default());
-        let p = Persister::start(
-            Arc::new(storage.clone()),
-            false,
-            LIMITS,
-            Arc::clone(&stats),
-            Weak::new(),
-        );
+        let (p, stats) = start(&storage, false);
         // Both sent before the writer task runs: one batch.
         p.emit(deleted("a"));
         p.emit(deleted("b"));
@@ -721,14 +720,7 @@ mod tests {
         // the second part then goes through at its first attempt.
         let storage = MemoryStorage::new();
         storage.fail_next(ErrorKind::Refused, 5);
-        let stats = Arc::new(Counters::default());
-        let p = Persister::start(
-            Arc::new(storage.clone()),
-            false,
-            LIMITS,
-            Arc::clone(&stats),
-            Weak::new(),
-        );
+        let (p, stats) = start(&storage, false);
         p.emit(deleted("a"));
         p.emit(deleted("b"));
         p.flush().await;
