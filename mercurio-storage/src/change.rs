@@ -13,7 +13,8 @@ use std::collections::BTreeSet;
 
 use crate::records::{
     DeliveryRecord, InflightRecord, MessageRecord, RetainedRecord, SessionHeader, SessionRecord,
-    StoredMessage, StreamDefinition, StreamEntryRecord, SubscriptionRecord, WillRecord,
+    StoredMessage, StreamAppend, StreamDefinition, StreamEntryRecord, SubscriptionRecord,
+    WillRecord,
 };
 
 /// Largest MQTT 5 Subscription Identifier (a variable byte integer).
@@ -148,6 +149,19 @@ pub enum Change {
         /// The entry.
         entry: StreamEntryRecord,
     },
+    /// Append entries to a stream's log (creating the stream if needed), in strictly
+    /// increasing offset order, each replacing an entry at the same offset. Each entry
+    /// brings its own message, stored under the entry's `message_id` (as by
+    /// [`Change::MessageStored`]) and released at once (as by [`Change::MessageReleased`]):
+    /// the entry is its only reference and nothing else may ever refer to that id, so the
+    /// message goes with the entry. What the broker emits for the messages its streams take,
+    /// one change per stream and batch. Belongs to no client.
+    StreamSegment {
+        /// The stream's name.
+        stream: String,
+        /// The entries, by offset, with their messages.
+        entries: Vec<StreamAppend>,
+    },
     /// Retention: remove the stream's entries below offset `below` (and remember that the
     /// stream's offsets go on at `below` at least, even when it is left empty). Nothing if
     /// the stream is not stored.
@@ -196,6 +210,7 @@ impl Change {
             | Change::MessageReleased { .. }
             | Change::StreamDefined { .. }
             | Change::StreamAppended { .. }
+            | Change::StreamSegment { .. }
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
             | Change::StreamDeleted { .. } => None,
@@ -224,6 +239,7 @@ impl Change {
             Change::RetainedDeleted { .. } => "retained_deleted",
             Change::StreamDefined { .. } => "stream_defined",
             Change::StreamAppended { .. } => "stream_appended",
+            Change::StreamSegment { .. } => "stream_segment",
             Change::StreamTrimmed { .. } => "stream_trimmed",
             Change::StreamEntryRemoved { .. } => "stream_entry_removed",
             Change::StreamDeleted { .. } => "stream_deleted",
@@ -294,6 +310,13 @@ impl Change {
             Change::RetainedSet(r) => message(&r.message),
             Change::RetainedDeleted { topic } => topic.len(),
             Change::StreamDefined { stream, definition } => stream.len() + definition.filter.len(),
+            Change::StreamSegment { stream, entries } => {
+                stream.len()
+                    + entries
+                        .iter()
+                        .map(|a| std::mem::size_of::<StreamAppend>() + message(&a.message))
+                        .sum::<usize>()
+            }
             Change::StreamAppended { stream, .. }
             | Change::StreamTrimmed { stream, .. }
             | Change::StreamEntryRemoved { stream, .. }
@@ -340,12 +363,20 @@ pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
             }
             Ok(())
         }
-        Change::StreamAppended { entry, .. } => {
-            if entry.message_id > MAX_ID || entry.offset > MAX_ID || entry.time_ms > MAX_ID {
-                return Err(format!(
-                    "stream entry {} (message {}) is over 2^63 - 1",
-                    entry.offset, entry.message_id
-                ));
+        Change::StreamAppended { entry, .. } => validate_entry(entry),
+        Change::StreamSegment { entries, .. } => {
+            let mut last = None;
+            for a in entries {
+                validate_entry(&a.entry)?;
+                validate_message(&a.message)?;
+                if last.is_some_and(|l| l >= a.entry.offset) {
+                    return Err(format!(
+                        "stream entry {} follows entry {} (offsets must increase)",
+                        a.entry.offset,
+                        last.unwrap_or(0)
+                    ));
+                }
+                last = Some(a.entry.offset);
             }
             Ok(())
         }
@@ -356,6 +387,16 @@ pub(crate) fn validate_values(change: &Change) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+fn validate_entry(entry: &StreamEntryRecord) -> Result<(), String> {
+    if entry.message_id > MAX_ID || entry.offset > MAX_ID || entry.time_ms > MAX_ID {
+        return Err(format!(
+            "stream entry {} (message {}) is over 2^63 - 1",
+            entry.offset, entry.message_id
+        ));
+    }
+    Ok(())
 }
 
 fn validate_header(header: &SessionHeader) -> Result<(), String> {
@@ -476,6 +517,7 @@ pub(crate) fn refused(index: usize, change: &Change, reason: &str) -> crate::Sto
         Change::MessageStored { .. } | Change::MessageReleased { .. } => "the message store",
         Change::StreamDefined { .. }
         | Change::StreamAppended { .. }
+        | Change::StreamSegment { .. }
         | Change::StreamTrimmed { .. }
         | Change::StreamEntryRemoved { .. }
         | Change::StreamDeleted { .. } => "the streams",

@@ -22,8 +22,8 @@ use bytes::Bytes;
 use crate::{
     AccessChange, AccessKind, AccessRecord, Change, DeliveryRecord, ErrorKind, InflightRecord,
     InflightState, LoadedState, MessageRecord, QueuedRecord, RetainedRecord, SessionHeader,
-    SessionRecord, Storage, StorageError, StoredMessage, StreamDefinition, StreamEntryRecord,
-    SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    SessionRecord, Storage, StorageError, StoredMessage, StreamAppend, StreamDefinition,
+    StreamEntryRecord, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
 };
 
 /// How the checks get storages of the backend under test.
@@ -78,6 +78,7 @@ pub async fn run_all<H: Harness>(harness: &mut H) {
     check_streams(&harness.fresh().await).await;
     check_streams_across_reopen(harness).await;
     check_read_stream(&harness.fresh().await).await;
+    check_stream_segments(harness).await;
     check_queues_left_in_storage(harness).await;
     check_messages_read_by_id(harness).await;
 }
@@ -2344,4 +2345,132 @@ pub async fn check_streams_across_reopen<H: Harness>(harness: &mut H) {
         [message("t", b"kept", 1)]
     );
     assert_eq!(state.max_message_id, 1, "the trimmed message is gone");
+}
+
+/// A segment of `stream`: entries at `offsets`, each with its own message (payload: the
+/// offset in decimal) stored under id `1000 + offset`.
+fn segment(stream: &str, offsets: std::ops::RangeInclusive<u64>) -> Change {
+    Change::StreamSegment {
+        stream: stream.to_string(),
+        entries: offsets
+            .map(|offset| StreamAppend {
+                entry: StreamEntryRecord {
+                    offset,
+                    time_ms: 1_000 + offset,
+                    message_id: 1_000 + offset,
+                },
+                message: MessageRecord::new("seg/t", offset.to_string(), 1),
+            })
+            .collect(),
+    }
+}
+
+/// The payloads of `stream`'s entries read back, by offset.
+async fn payloads<S: Storage>(storage: &S, stream: &str) -> Vec<(u64, String)> {
+    must(
+        "read_stream",
+        storage.read_stream(stream, 0, 0, 1000, u64::MAX),
+    )
+    .await
+    .iter()
+    .map(|e| {
+        (
+            e.entry.offset,
+            String::from_utf8_lossy(&e.message.payload).into_owned(),
+        )
+    })
+    .collect()
+}
+
+/// A stream's appends as segments, each entry with the message only it refers to: read
+/// back with their messages in offset order, mixed in one batch with entries referring to
+/// the message store, trimmed and removed like any entry (their messages go with them:
+/// released at once), counted at the load and kept across a reopen; a segment whose offsets
+/// do not increase is refused.
+pub async fn check_stream_segments<H: Harness>(harness: &mut H) {
+    let storage = harness.fresh().await;
+    apply(&storage, vec![segment("s", 1..=3)]).await;
+    let expected = |r: std::ops::RangeInclusive<u64>| -> Vec<(u64, String)> {
+        r.map(|o| (o, o.to_string())).collect()
+    };
+    assert_eq!(payloads(&storage, "s").await, expected(1..=3));
+    // One batch: a segment, an entry referring to the message store, a segment, a trim.
+    apply(
+        &storage,
+        vec![
+            segment("s", 4..=5),
+            stored(7, "t/a", b"6"),
+            appended("s", 6, 7),
+            segment("s", 7..=9),
+            Change::StreamTrimmed {
+                stream: "s".into(),
+                below: 3,
+            },
+            released(7),
+        ],
+    )
+    .await;
+    assert_eq!(payloads(&storage, "s").await, expected(3..=9));
+    assert!(
+        must("load_messages", storage.load_messages(&[1_001, 1_002]))
+            .await
+            .is_empty(),
+        "trimmed: their messages went with them"
+    );
+    apply(
+        &storage,
+        vec![Change::StreamEntryRemoved {
+            stream: "s".into(),
+            offset: 8,
+        }],
+    )
+    .await;
+    let mut left = expected(3..=9);
+    left.retain(|(o, _)| *o != 8);
+    assert_eq!(payloads(&storage, "s").await, left);
+    expect_refused(
+        storage
+            .apply(&[Change::StreamSegment {
+                stream: "s".into(),
+                entries: match segment("s", 10..=11) {
+                    Change::StreamSegment { mut entries, .. } => {
+                        entries.reverse();
+                        entries
+                    }
+                    _ => unreachable!(),
+                },
+            }])
+            .await,
+        "a segment whose offsets do not increase",
+    );
+    let state = load(&storage).await;
+    let s = state.streams.iter().find(|s| s.name == "s").unwrap();
+    assert_eq!(
+        (s.next_offset, s.first_offset, s.messages, s.bytes),
+        (10, 3, 6, 5 * 6 + 4),
+        "counters: 6 entries (seg/t or t/a, and one digit each)"
+    );
+    assert!(
+        state.messages.is_empty(),
+        "messages only a stream refers to are not loaded: {:?}",
+        state.messages
+    );
+    assert!(state.max_message_id >= 1_009, "the segments' ids are taken");
+    let storage = harness.reopen(storage).await;
+    assert_eq!(payloads(&storage, "s").await, left, "kept across a reopen");
+    apply(
+        &storage,
+        vec![
+            segment("s", 10..=10),
+            Change::StreamTrimmed {
+                stream: "s".into(),
+                below: 10,
+            },
+        ],
+    )
+    .await;
+    assert_eq!(payloads(&storage, "s").await, expected(10..=10));
+    assert!(!is_stored(&storage, 7).await, "trimmed and released: gone");
+    apply(&storage, vec![Change::StreamDeleted { stream: "s".into() }]).await;
+    assert!(payloads(&storage, "s").await.is_empty());
 }

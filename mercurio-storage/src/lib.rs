@@ -78,8 +78,9 @@ pub use error::{ErrorKind, StorageError, REFUSED_ATTEMPTS};
 pub use memory::MemoryStorage;
 pub use records::{
     Backlog, DeliveryRecord, InflightRecord, InflightState, MessageRecord, QueuedRecord,
-    RetainedRecord, SessionHeader, SessionRecord, StoredMessage, StreamDefinition, StreamEntryRead,
-    StreamEntryRecord, StreamRecord, SubscriptionRecord, WillRecord, NEVER_EXPIRES,
+    RetainedRecord, SessionHeader, SessionRecord, StoredMessage, StreamAppend, StreamDefinition,
+    StreamEntryRead, StreamEntryRecord, StreamRecord, SubscriptionRecord, WillRecord,
+    NEVER_EXPIRES,
 };
 
 /// Everything a broker reads from storage when it starts.

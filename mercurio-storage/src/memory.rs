@@ -274,6 +274,17 @@ impl State {
         }
     }
 
+    /// `entry` appended to `stream`, replacing one at its offset.
+    fn append(&mut self, stream: &str, entry: &StreamEntryRecord) {
+        let s = self.streams.entry(stream.to_string()).or_default();
+        s.next_offset = s.next_offset.max(entry.offset + 1);
+        let replaced = s.entries.insert(entry.offset, *entry);
+        self.refer(entry.message_id);
+        if let Some(old) = replaced {
+            self.unrefer(old.message_id);
+        }
+    }
+
     /// A delivery of message `id` went: the message goes too if it was the last one and the
     /// broker released it.
     fn unrefer(&mut self, id: u64) {
@@ -521,13 +532,18 @@ impl State {
                 self.streams.entry(stream.clone()).or_default().definition =
                     Some(definition.clone());
             }
-            Change::StreamAppended { stream, entry } => {
-                let s = self.streams.entry(stream.clone()).or_default();
-                s.next_offset = s.next_offset.max(entry.offset + 1);
-                let replaced = s.entries.insert(entry.offset, *entry);
-                self.refer(entry.message_id);
-                if let Some(old) = replaced {
-                    self.unrefer(old.message_id);
+            Change::StreamAppended { stream, entry } => self.append(stream, entry),
+            Change::StreamSegment { stream, entries } => {
+                for a in entries {
+                    // Released at once: the entry is its only reference.
+                    self.messages
+                        .entry(a.entry.message_id)
+                        .or_insert_with(|| Stored {
+                            message: a.message.clone(),
+                            references: 0,
+                            released: true,
+                        });
+                    self.append(stream, &a.entry);
                 }
             }
             Change::StreamTrimmed { stream, below } => {

@@ -442,6 +442,16 @@ pub struct StreamEntryRecord {
     pub message_id: u64,
 }
 
+/// One entry of a [`Change::StreamSegment`](crate::Change::StreamSegment): the entry and
+/// the message only it refers to (stored under `entry.message_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamAppend {
+    /// The entry (its offset, append time and the id its message is stored under).
+    pub entry: StreamEntryRecord,
+    /// Its message.
+    pub message: MessageRecord,
+}
+
 /// A stream as loaded at start: its counters, not its entries (read with
 /// [`Storage::read_stream`](crate::Storage::read_stream)), and where its offsets go on.
 #[derive(Debug, Clone, PartialEq, Eq)]

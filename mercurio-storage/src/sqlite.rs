@@ -1297,6 +1297,30 @@ fn cancelled_sets(batch: &[Change]) -> HashSet<usize> {
 }
 
 impl<'c> Pending<'c> {
+    /// `stream` holds an entry at `offset`: its row is made now if needed, and moves on
+    /// once at the end of the batch ([`move_streams_on`]).
+    fn move_on(
+        &mut self,
+        tx: &Transaction<'_>,
+        stream: &'c str,
+        offset: u64,
+    ) -> rusqlite::Result<()> {
+        let next = to_i64(offset) + 1;
+        match self.appended.get_mut(stream) {
+            Some(n) => *n = (*n).max(next),
+            None => {
+                tx.prepare_cached(
+                    "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) \
+                     ON CONFLICT (name) \
+                     DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
+                )?
+                .execute(params![stream, next])?;
+                self.appended.insert(stream, next);
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the session of `client_id` is stored, as of this point of the batch.
     fn session_stored(
         &mut self,
@@ -1506,20 +1530,7 @@ fn apply_one<'c>(
             true
         }
         Change::StreamAppended { stream, entry } => {
-            let next = to_i64(entry.offset) + 1;
-            match p.appended.get_mut(stream.as_str()) {
-                // The stream's row moves on once at the end of the batch.
-                Some(n) => *n = (*n).max(next),
-                None => {
-                    tx.prepare_cached(
-                        "INSERT INTO streams (name, next_offset) VALUES (?1, ?2) \
-                         ON CONFLICT (name) \
-                         DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
-                    )?
-                    .execute(params![stream, next])?;
-                    p.appended.insert(stream, next);
-                }
-            }
+            p.move_on(tx, stream, entry.offset)?;
             let body = match p.inline_messages.get(&entry.message_id) {
                 Some(m) => segment::Body::Inline(&m.message),
                 None => {
@@ -1537,6 +1548,32 @@ fn apply_one<'c>(
                 drop_pending(pending, &mut p.refs, |o| o == entry.offset);
             }
             pending.push((*entry, body));
+            true
+        }
+        Change::StreamSegment { stream, entries } => {
+            let Some(last) = entries.last() else {
+                return Ok(true);
+            };
+            p.move_on(tx, stream, last.entry.offset)?;
+            let pending = p.segments.entry(stream.as_str()).or_default();
+            let first = entries
+                .first()
+                .map_or(last.entry.offset, |a| a.entry.offset);
+            // Entries written again at their offsets replace those before.
+            let again = pending.last().is_some_and(|(e, _)| e.offset >= first);
+            if again {
+                let offsets: HashSet<u64> = entries.iter().map(|a| a.entry.offset).collect();
+                drop_pending(pending, &mut p.refs, |o| offsets.contains(&o));
+            }
+            // Held inline: the entry is the message's only reference (released at once).
+            pending.extend(
+                entries
+                    .iter()
+                    .map(|a| (a.entry, segment::Body::Inline(&a.message))),
+            );
+            if again {
+                pending.sort_by_key(|(e, _)| e.offset);
+            }
             true
         }
         Change::StreamTrimmed { stream, below } => {

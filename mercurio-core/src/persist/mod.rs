@@ -50,7 +50,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use records::{
     header, inflight_record, message_record, session_record, subscription_record, will_record,
 };
-use writer::{AppendedOp, BatchWriter, Callback, Op, QueuedOp};
+use writer::{BatchWriter, Callback, Op, QueuedOp};
 
 use crate::message::{Message, ReleaseStored, Stored};
 use crate::session::{
@@ -504,56 +504,42 @@ impl Persister {
 
 /// Streams' changes, emitted under the stream's log lock (in the order of its log).
 impl Persister {
-    /// An entry appended: the message stored (once: by this append if nothing stored it
-    /// before), then the reference to it, both owed by its publisher. One small op carrying
-    /// the shared message, made into those changes by the writer: an append costs the
-    /// publisher's task one send, not two boxed changes and a copy of the message's topic.
-    pub(crate) fn stream_appended(
+    /// An entry appended to the stream whose buffer is `appends`, called under the stream's
+    /// log lock (so in the log's order): the shared message waits in the buffer, owed by its
+    /// publisher ([`append_cost`]), and the writer takes the whole buffer once per batch into
+    /// one [`Change::StreamSegment`], each message stored with its entry under an id of its
+    /// own. No change, no message id and no release per message: the stream's copy of a
+    /// message is not the one sessions refer to (a message also queued for a stored session
+    /// is stored a second time for it).
+    ///
+    /// The first append to an empty buffer sends the writer a notice, in order with the other
+    /// ops: an acknowledgement the publisher sends after this call (`durable_ack`) follows
+    /// the notice, so the commit it waits for holds the entry.
+    pub(crate) fn stream_append(
         &self,
-        stream: &Arc<str>,
+        appends: &Arc<AppendBuffer>,
         offset: u64,
         time_ms: u64,
         msg: &Arc<Message>,
     ) {
-        let mut sent = false;
-        let id = msg
-            .stored
-            .get_or_init(|| {
-                let id = self.next_message_id.fetch_add(1, Ordering::Relaxed);
-                // Sent inside the initialiser, as `message_id` sends its `MessageStored`: no
-                // other reference to the message reaches the writer before it.
-                self.send_appended(stream, offset, time_ms, msg, id, true);
-                sent = true;
-                Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>)
-            })
-            .id;
-        if !sent {
-            self.send_appended(stream, offset, time_ms, msg, id, false);
+        self.owe(msg.publisher.as_deref(), append_cost(msg));
+        let first = {
+            let mut pending = appends.pending.lock();
+            pending.push(PendingAppend {
+                offset,
+                time_ms,
+                msg: Arc::clone(msg),
+            });
+            pending.len() == 1
+        };
+        if first {
+            if let Err(mpsc::error::SendError(_)) = self.tx.send(Op::Appends(Arc::clone(appends))) {
+                // The writer has stopped (the broker is stopping): nothing more is stored.
+                for a in appends.take() {
+                    self.done(a.msg.publisher.as_deref(), append_cost(&a.msg));
+                }
+            }
         }
-    }
-
-    fn send_appended(
-        &self,
-        stream: &Arc<str>,
-        offset: u64,
-        time_ms: u64,
-        msg: &Arc<Message>,
-        message_id: u64,
-        store: bool,
-    ) {
-        // What the two changes cost (see `emit_paid`): the message's bytes when it stores it.
-        let bytes = 2 * (CHANGE_OVERHEAD + std::mem::size_of::<Change>())
-            + if store { msg.size() } else { 0 };
-        self.owe(msg.publisher.as_deref(), bytes);
-        self.send(Op::Appended(AppendedOp {
-            stream: Arc::clone(stream),
-            offset,
-            time_ms,
-            msg: Arc::clone(msg),
-            message_id,
-            store,
-            bytes,
-        }));
     }
 
     /// Retention removed the entries below `below`.
@@ -715,6 +701,61 @@ impl SessionChanges for Persister {
         self.emit(Change::SessionDeleted {
             client_id: client_id.to_string(),
         });
+    }
+}
+
+/// A message a stream took, waiting in its [`AppendBuffer`] for the writer: the shared
+/// message, not a copy.
+pub(crate) struct PendingAppend {
+    /// Its offset in the stream.
+    pub(crate) offset: u64,
+    /// Its append time, milliseconds since the Unix epoch.
+    pub(crate) time_ms: u64,
+    pub(crate) msg: Arc<Message>,
+}
+
+/// What an append owes until it is stored: the message's bytes and what its entry holds
+/// while it waits (in the buffer, then in the writer's segment).
+pub(crate) fn append_cost(msg: &Message) -> usize {
+    msg.size()
+        + std::mem::size_of::<PendingAppend>()
+        + std::mem::size_of::<mercurio_storage::StreamAppend>()
+}
+
+/// One stream's appends waiting for the writer ([`Persister::stream_append`]), owned by the
+/// stream and taken whole by the writer once per batch.
+pub(crate) struct AppendBuffer {
+    /// The stream's name.
+    stream: Arc<str>,
+    /// Lock: a leaf, taken under the stream's log lock (an append) or alone (the writer).
+    pending: Mutex<Vec<PendingAppend>>,
+}
+
+impl std::fmt::Debug for AppendBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppendBuffer")
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppendBuffer {
+    /// An empty buffer for the stream named `stream`.
+    pub(crate) fn new(stream: &str) -> Arc<AppendBuffer> {
+        Arc::new(AppendBuffer {
+            stream: Arc::from(stream),
+            pending: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The stream's name.
+    pub(super) fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Every append waiting, in offset order; the next append sends a notice again.
+    pub(super) fn take(&self) -> Vec<PendingAppend> {
+        std::mem::take(&mut *self.pending.lock())
     }
 }
 

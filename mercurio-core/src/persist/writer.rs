@@ -7,13 +7,14 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mercurio_storage::{
-    Change, DeliveryRecord, StorageError, StoredMessage, StreamEntryRecord, REFUSED_ATTEMPTS,
+    Change, DeliveryRecord, StorageError, StreamAppend, StreamEntryRecord, REFUSED_ATTEMPTS,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use super::records::message_record;
-use super::{Charge, Payer, Persister, CHANGE_OVERHEAD, UNWRITABLE_AFTER};
-use crate::message::Message;
+use super::{
+    append_cost, AppendBuffer, Charge, Payer, Persister, CHANGE_OVERHEAD, UNWRITABLE_AFTER,
+};
 use crate::session::SessionTable;
 use crate::stats::Counters;
 
@@ -48,10 +49,9 @@ pub(super) enum Op {
     /// message's publisher: what a fan-out to many sessions sends, one per session, so
     /// kept small (the session's client identifier shared, not copied).
     Queued(QueuedOp),
-    /// An entry appended to a stream ([`Change::StreamAppended`], after the
-    /// [`Change::MessageStored`] of its message when it stores it), owed by the message's
-    /// publisher.
-    Appended(AppendedOp),
+    /// A stream's buffer of appends went from empty to not: the writer takes all it holds
+    /// then into one [`Change::StreamSegment`] (its debts paid with the batch's).
+    Appends(Arc<AppendBuffer>),
     /// A stored message the broker dropped ([`Change::MessageReleased`]), owed by the broker
     /// ([`CHANGE_OVERHEAD`]).
     Released(u64),
@@ -72,7 +72,7 @@ impl Op {
     fn waits(&self) -> bool {
         !matches!(
             self,
-            Op::Change(..) | Op::Queued(_) | Op::Appended(_) | Op::Released(_)
+            Op::Change(..) | Op::Queued(_) | Op::Appends(_) | Op::Released(_)
         )
     }
 }
@@ -140,66 +140,12 @@ impl QueuedOp {
     }
 }
 
-/// A stream's append as it waits for the writer: the shared message, not a copy of it.
-pub(super) struct AppendedOp {
-    pub(super) stream: Arc<str>,
-    pub(super) offset: u64,
-    pub(super) time_ms: u64,
-    pub(super) msg: Arc<Message>,
-    pub(super) message_id: u64,
-    /// This append stores the message (nothing did before it).
-    pub(super) store: bool,
-    /// What it owes (its publisher, or the broker for an in-process publish).
-    pub(super) bytes: usize,
-}
-
-impl AppendedOp {
-    /// The changes it stands for: the message stored when it stores it, then the entry; the
-    /// whole debt is the entry's.
-    fn into_changes(self, mut push: impl FnMut(Change, Charge)) {
-        let payer = || match &self.msg.publisher {
-            Some(p) => Payer::Client(Arc::clone(p)),
-            None => Payer::Broker,
-        };
-        if self.store {
-            let msg = &self.msg;
-            push(
-                Change::MessageStored {
-                    message: StoredMessage {
-                        id: self.message_id,
-                        message: message_record(msg, msg.qos, msg.retain, &[]),
-                    },
-                },
-                Charge {
-                    payer: payer(),
-                    bytes: 0,
-                },
-            );
-        }
-        push(
-            Change::StreamAppended {
-                stream: self.stream.to_string(),
-                entry: StreamEntryRecord {
-                    offset: self.offset,
-                    time_ms: self.time_ms,
-                    message_id: self.message_id,
-                },
-            },
-            Charge {
-                payer: payer(),
-                bytes: self.bytes,
-            },
-        );
-    }
-}
-
 impl Op {
     /// Who owes this op's bytes and how many, for a change.
     pub(super) fn debt(&self) -> Option<(Option<&str>, usize)> {
         match self {
             Op::Change(change, charge) => Some((charge.client(change), charge.bytes)),
             Op::Queued(q) => Some((q.payer.as_deref(), q.bytes)),
-            Op::Appended(a) => Some((a.msg.publisher.as_deref(), a.bytes)),
             Op::Released(_) => Some((None, CHANGE_OVERHEAD)),
             _ => None,
         }
@@ -288,10 +234,7 @@ impl BatchWriter {
                         changes.charges.push(charge);
                     }
                 }
-                Op::Appended(a) => a.into_changes(|change, charge| {
-                    changes.changes.push(change);
-                    changes.charges.push(charge);
-                }),
+                Op::Appends(buffer) => self.segment(&buffer, &mut changes),
                 Op::Released(id) => {
                     changes.changes.push(Change::MessageReleased { id });
                     changes.charges.push(Charge {
@@ -318,6 +261,46 @@ impl BatchWriter {
         closed
     }
 
+    /// Takes every append waiting in `buffer` into one [`Change::StreamSegment`] of
+    /// `changes`, each message stored under a new id of its own (taken as one range), and
+    /// owes each append's debt to the batch.
+    fn segment(&self, buffer: &AppendBuffer, changes: &mut Batch) {
+        let taken = buffer.take();
+        let Some(n) = u64::try_from(taken.len()).ok().filter(|n| *n > 0) else {
+            return;
+        };
+        let first_id = self
+            .persister
+            .next_message_id
+            .fetch_add(n, Ordering::Relaxed);
+        let mut entries = Vec::with_capacity(taken.len());
+        for (id, a) in (first_id..).zip(&taken) {
+            let msg = &a.msg;
+            entries.push(StreamAppend {
+                entry: StreamEntryRecord {
+                    offset: a.offset,
+                    time_ms: a.time_ms,
+                    message_id: id,
+                },
+                message: message_record(msg, msg.qos, msg.retain, &[]),
+            });
+            let cost = append_cost(msg);
+            match changes.appends_owed.last_mut() {
+                // Summed per run of one publisher (see `finish`).
+                Some((p, bytes)) if p.as_deref() == msg.publisher.as_deref() => *bytes += cost,
+                _ => changes.appends_owed.push((msg.publisher.clone(), cost)),
+            }
+        }
+        changes.changes.push(Change::StreamSegment {
+            stream: buffer.stream().to_string(),
+            entries,
+        });
+        changes.charges.push(Charge {
+            payer: Payer::Broker,
+            bytes: 0,
+        });
+    }
+
     /// Commits `changes`, then runs `after`. Returns true once closed.
     async fn finish(&mut self, changes: &mut Batch, after: &mut Vec<After>) -> bool {
         if changes.changes.is_empty() && after.is_empty() {
@@ -328,6 +311,7 @@ impl BatchWriter {
         let Batch {
             changes: batch,
             charges,
+            appends_owed,
         } = std::mem::take(changes);
         // Shared with the backend, which may write it on a thread of its own: not copied.
         let batch = Arc::new(batch);
@@ -352,6 +336,9 @@ impl BatchWriter {
         }
         if let Some((c, n)) = run {
             *owed.entry(c).or_default() += n;
+        }
+        for (c, n) in &appends_owed {
+            *owed.entry(c.as_deref()).or_default() += n;
         }
         for (client_id, bytes) in owed {
             self.persister.done(client_id, bytes);
@@ -603,6 +590,9 @@ struct Batch {
     changes: Vec<Change>,
     /// `charges[i]` is owed for `changes[i]`.
     charges: Vec<Charge>,
+    /// What the appends of its [`Change::StreamSegment`]s owe, in runs of one publisher
+    /// (`None`: the broker).
+    appends_owed: Vec<(Option<Arc<str>>, usize)>,
 }
 
 /// Whether `batch` holds the changes of more than one client (or of a client and the retained
@@ -620,13 +610,31 @@ mod tests {
 
     use mercurio_storage::{Change, ErrorKind, MemoryStorage};
 
-    use super::super::{PendingLimits, Persister};
+    use bytes::Bytes;
+    use tokio::sync::oneshot;
+
+    use super::super::{append_cost, AppendBuffer, PendingLimits, Persister};
+    use crate::codec::QoS;
+    use crate::message::Message;
     use crate::stats::Counters;
 
     const LIMITS: PendingLimits = PendingLimits {
         per_client: 1 << 20,
         total: 1 << 24,
     };
+
+    /// A writer on `storage`, with its counters.
+    fn start(storage: &MemoryStorage, durable_ack: bool) -> (Arc<Persister>, Arc<Counters>) {
+        let stats = Arc::new(Counters::default());
+        let p = Persister::start(
+            Arc::new(storage.clone()),
+            durable_ack,
+            LIMITS,
+            Arc::clone(&stats),
+            Weak::new(),
+        );
+        (p, stats)
+    }
 
     fn deleted(client_id: &str) -> Change {
         Change::SessionDeleted {
@@ -643,6 +651,57 @@ mod tests {
         assert!(size <= 80, "an Op is {size} bytes");
     }
 
+    /// A stream's appends wait in its buffer, not as changes: the writer takes them whole
+    /// into one segment, committed before an acknowledgement handed to it after them
+    /// (`durable_ack`), and pays their debts at that commit; no message gets an id the broker
+    /// holds (nothing to release per message). An append after the take sends a new notice.
+    #[tokio::test]
+    async fn a_streams_appends_are_one_segment_committed_before_the_acknowledgement() {
+        let storage = MemoryStorage::new();
+        let (p, stats) = start(&storage, true);
+        let buffer = AppendBuffer::new("s");
+        let msgs: Vec<Arc<Message>> = (0..3)
+            .map(|_| {
+                let mut m = Message::for_test("t/a", Bytes::from(vec![b'x'; 10]), QoS::AtLeastOnce);
+                m.publisher = Some(Arc::from("pub"));
+                Arc::new(m)
+            })
+            .collect();
+        // Sent before the writer task runs: one batch.
+        for (offset, m) in (1..).zip(&msgs) {
+            p.stream_append(&buffer, offset, 1_000, m);
+        }
+        let owed = stats.storage_pending_bytes.load(Ordering::Relaxed);
+        assert_eq!(owed, 3 * append_cost(&msgs[0]) as u64, "owed until stored");
+        let (tx, rx) = oneshot::channel();
+        let seen = storage.clone();
+        p.after_commit(Box::new(move |ok| {
+            let state = seen.snapshot();
+            let held = state
+                .streams
+                .iter()
+                .find(|s| s.name == "s")
+                .map(|s| s.messages);
+            let _ = tx.send((ok, held, seen.applied_batches()));
+        }));
+        assert_eq!(
+            rx.await.ok(),
+            Some((true, Some(3), 1)),
+            "one commit holding the three entries, before the acknowledgement"
+        );
+        assert_eq!(stats.storage_pending_bytes.load(Ordering::Relaxed), 0);
+        p.stream_append(&buffer, 4, 1_001, &msgs[0]);
+        p.flush().await;
+        let state = storage.snapshot();
+        let s = state.streams.iter().find(|s| s.name == "s");
+        assert_eq!(s.map(|s| (s.messages, s.next_offset)), Some((4, 5)));
+        assert_eq!(stats.storage_pending_bytes.load(Ordering::Relaxed), 0);
+        assert!(
+            msgs.iter().all(|m| m.stored.get().is_none()),
+            "no message id per append"
+        );
+    }
+
     /// One batch holding two clients' changes, refused nine times: each change has been
     /// tried five times (the batch once, then its client's part four times) and both are
     /// given up; before, the batch had five attempts and each part five more, ten in all.
@@ -650,14 +709,7 @@ mod tests {
     async fn a_refused_batch_of_several_clients_gets_five_attempts_in_all() {
         let storage = MemoryStorage::new();
         storage.fail_next(ErrorKind::Refused, 9);
-        let stats = Arc::new(Counters::default());
-        let p = Persister::start(
-            Arc::new(storage.clone()),
-            false,
-            LIMITS,
-            Arc::clone(&stats),
-            Weak::new(),
-        );
+        let (p, stats) = start(&storage, false);
         // Both sent before the writer task runs: one batch.
         p.emit(deleted("a"));
         p.emit(deleted("b"));
@@ -668,14 +720,7 @@ mod tests {
         // the second part then goes through at its first attempt.
         let storage = MemoryStorage::new();
         storage.fail_next(ErrorKind::Refused, 5);
-        let stats = Arc::new(Counters::default());
-        let p = Persister::start(
-            Arc::new(storage.clone()),
-            false,
-            LIMITS,
-            Arc::clone(&stats),
-            Weak::new(),
-        );
+        let (p, stats) = start(&storage, false);
         p.emit(deleted("a"));
         p.emit(deleted("b"));
         p.flush().await;

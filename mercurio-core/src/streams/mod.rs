@@ -6,9 +6,11 @@
 //! bounded batches ([`Stream::read`]) and wait on [`Stream::appended`] at its end, so a
 //! reader's replay and its live part are one sequence with no gap and no duplicate.
 //!
-//! With storage, each append stores the message (once, shared with the sessions it is queued
-//! for) and a reference to it, and retention removes the references (`Persister`'s stream
-//! changes, emitted under the log's lock, so in the log's order). The log then keeps only its
+//! With storage, each append waits in the stream's append buffer (the shared message, owed
+//! by its publisher until stored) and the storage writer takes the whole buffer once per
+//! batch, as one segment of entries each holding its message (`Persister::stream_append`);
+//! retention removes entries (`Persister`'s stream changes, emitted under the log's lock,
+//! so in the log's order). The log then keeps only its
 //! newest entries in memory, those older are read back from storage in batches (by readers,
 //! and by retention, in the background); the restore gives each log its counters, not its
 //! entries ([`Stream::restore`]).
@@ -34,7 +36,7 @@ use tokio::sync::Notify;
 
 use crate::config::StreamConfig;
 use crate::message::Message;
-use crate::persist::Persister;
+use crate::persist::{AppendBuffer, Persister};
 
 /// The topic prefix readers subscribe under: `$stream/<name>[/@<offset>][/<filter>]`.
 pub const STREAM_PREFIX: &str = "$stream/";
@@ -143,11 +145,11 @@ const TRIM_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Stream {
     pub(crate) config: StreamConfig,
-    /// Its name, shared by each append sent to the storage writer.
-    shared_name: Arc<str>,
+    /// Its appends waiting for the storage writer (with storage).
+    appends: Arc<AppendBuffer>,
     /// Lock: taken with no session lock held; under it only the storage writer's leaf locks
-    /// (`Persister::emit`, and a released message's), so its changes reach storage in the
-    /// log's order.
+    /// (`Persister::emit`, the append buffer's, and a released message's), so its changes
+    /// reach storage in the log's order.
     log: Mutex<Log>,
     /// Signalled (all waiters) after each append, for readers at the end of the log.
     pub(crate) appended: Notify,
@@ -166,7 +168,7 @@ impl Stream {
     fn new(config: StreamConfig, runtime: bool, memory_bytes: u64) -> Arc<Stream> {
         Arc::new_cyclic(|me| Stream {
             runtime,
-            shared_name: Arc::from(config.name.as_str()),
+            appends: AppendBuffer::new(&config.name),
             config,
             log: Mutex::new(Log::new(memory_bytes)),
             appended: Notify::new(),
@@ -296,7 +298,7 @@ impl Stream {
                 }
             }
             if let Some(p) = persist {
-                p.stream_appended(&self.shared_name, offset, time_ms, msg);
+                p.stream_append(&self.appends, offset, time_ms, msg);
             }
             self.retain(&mut log, now_ms);
             if self.evicts() {

@@ -225,20 +225,37 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
     // The messages stored by the batch go first: the references to them come later in the
     // batch (a message is stored before its first reference). Releases go last: nothing
     // refers to a message again once it is released.
-    let stored: Vec<(usize, &StoredMessage)> = batch
-        .iter()
-        .enumerate()
-        .filter_map(|(index, change)| match change {
-            Change::MessageStored { message } => Some((index, message)),
-            _ => None,
-        })
-        .collect();
-    if let Some((first, _)) = stored.first() {
-        let messages: Vec<&StoredMessage> = stored.iter().map(|(_, m)| *m).collect();
-        store_op(s, *first, &messages, out);
-    }
+    // A stream segment's messages too, each released at once (its entry is its only
+    // reference, and the release keeps it while the entry is there).
+    let mut stored = StoredColumns::default();
+    let mut first_stored = None;
     let mut released: Vec<i64> = Vec::new();
     let mut first_release = None;
+    for (index, change) in batch.iter().enumerate() {
+        match change {
+            Change::MessageStored { message } => {
+                first_stored.get_or_insert(index);
+                stored.push(message);
+            }
+            Change::StreamSegment { entries, .. } => {
+                for a in entries {
+                    first_stored.get_or_insert(index);
+                    first_release.get_or_insert(index);
+                    stored.push_record(a.entry.message_id, &a.message);
+                    released.push(big(a.entry.message_id));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(index) = first_stored {
+        out.push(Op {
+            index,
+            statement: &s.store_many,
+            params: stored.into_params(),
+            must_touch: false,
+        });
+    }
     let mut removes = None;
     let mut appends = Appends::default();
     // Each client's changes (None: the retained set), in order of first appearance.
@@ -265,6 +282,15 @@ fn plan<'a>(s: &'a Statements, batch: &[Change], out: &mut Vec<Op<'a>>) {
                 if !appends.add(index, stream, entry) {
                     appends.plan(s, out);
                     appends.add(index, stream, entry);
+                }
+                continue;
+            }
+            Change::StreamSegment { stream, entries } => {
+                for a in entries {
+                    if !appends.add(index, stream, &a.entry) {
+                        appends.plan(s, out);
+                        appends.add(index, stream, &a.entry);
+                    }
                 }
                 continue;
             }
@@ -562,6 +588,7 @@ impl<'c> Run<'c> {
             | Change::MessageReleased { .. }
             | Change::StreamDefined { .. }
             | Change::StreamAppended { .. }
+            | Change::StreamSegment { .. }
             | Change::StreamTrimmed { .. }
             | Change::StreamEntryRemoved { .. }
             | Change::StreamDeleted { .. } => unreachable!("not part of a run"),
@@ -1041,8 +1068,11 @@ struct StoredColumns {
 
 impl StoredColumns {
     fn push(&mut self, stored: &StoredMessage) {
-        let m = &stored.message;
-        self.id.push(big(stored.id));
+        self.push_record(stored.id, &stored.message);
+    }
+
+    fn push_record(&mut self, id: u64, m: &MessageRecord) {
+        self.id.push(big(id));
         self.topic.push(m.topic.clone());
         self.payload.push(m.payload.to_vec());
         self.qos.push(i64::from(m.qos));
@@ -1208,6 +1238,7 @@ pub(super) async fn write_batch(
                                 "the message store",
                             Change::StreamDefined { .. }
                             | Change::StreamAppended { .. }
+                            | Change::StreamSegment { .. }
                             | Change::StreamTrimmed { .. }
                             | Change::StreamEntryRemoved { .. }
                             | Change::StreamDeleted { .. } => "the streams",
