@@ -405,6 +405,9 @@ where
                 let parking = (parks && S::PARKS)
                     .then(|| park::parking_of(&shared.broker))
                     .flatten();
+                if shared.broker.shards.is_some() {
+                    crate::shards::Shards::serving(&shared.link);
+                }
                 if shared.link.serving(resumed.is_some()) {
                     if let Some(parking) = parking {
                         parking.watch(&shared.link);
