@@ -35,7 +35,7 @@ fn expect_puback(c: &mut Mqtt, id: u16) {
 
 #[test]
 fn spread_threads_exchange_and_take_over_across_threads() {
-    let mut d = Daemon::with("")
+    let d = Daemon::with("")
         .args(["--threads", "2", "--thread-placement", "spread"])
         .start();
     let port = d.port();
@@ -69,7 +69,7 @@ fn spread_threads_exchange_and_take_over_across_threads() {
 
 #[test]
 fn fill_keeps_a_light_load_on_the_first_thread() {
-    let mut d = Daemon::with("").args(["--threads", "2"]).start();
+    let d = Daemon::with("").args(["--threads", "2"]).start();
     let port = d.port();
     let mut sub = Mqtt::connect(port, 4, "sub", false);
     sub.subscribe(4, "x/#", 1);
