@@ -4,25 +4,27 @@
 //! Why not one multi-threaded scheduler: below saturation its workers sleep between
 //! messages, and every message that a task on one worker hands to a task on another wakes
 //! that worker (a futex wake-up and a scheduling of the thread, several times what routing
-//! the message costs): two threads cost 2-3 times the CPU of one at rates one core carries
+//! the message costs): two threads cost 1.7 to 3 times the CPU of one at rates one core carries
 //! (docs/BENCHMARKS.md, "More than one thread"). Here a shard is a current-thread runtime, as
 //! with one thread, and a message crosses threads only when its publisher and a subscriber
 //! are served on different shards.
 //!
-//! Placement ([`Shards::place`]): a connection goes to the first shard that is not busy (its
-//! thread used less than [`FILL`] of a core over the last samples), so a load one core carries
-//! stays on shard 0 and costs what it costs with one thread; the next shard takes connections
-//! only once the first is busy. Connections are placed when accepted and each time they are
-//! served again after a park (new connections park as soon as their CONNECT is answered, so
-//! a fleet's connections are placed again at their first packet). A shard over [`HIGH`] while
-//! another is under [`LOW`] asks one of its connections at a time to park
-//! ([`Link::park_now`]): it is served again, at its next packet, on a less busy shard.
+//! Placement ([`Shards::place`], [`Placement`]): with `Fill` (the default) a connection goes
+//! to the first shard that is not busy (its thread used less than [`FILL`] per mille of a core
+//! over the last samples), so a load one core carries stays on shard 0 and costs what it costs
+//! with one thread; the next shard takes connections only once the first is busy. Connections
+//! are placed when accepted and each time they are served again after a park (new
+//! connections park as soon as their CONNECT is answered, so each is placed again at its
+//! first packet). A shard over [`HIGH`] while another is under [`LOW`] asks one of its
+//! connections at a time to park ([`Link::park_now`]): it is served again, at its next
+//! packet, where placement says. With `Spread` connections are dealt out in turn when
+//! accepted and stay where they are.
 //!
 //! What stays on shard 0 (the thread that starts the broker): the listeners' accept loops,
-//! the parking, the storage writer, `$SYS`, bridges and the cluster. What is shared per
-//! message between shards: the session table and the subscription tree (read locks), the
-//! receiving session's queue (its own lock) and the wake-up of its writer, which is a wake-up
-//! of the other shard's thread when it sleeps.
+//! the parking, the storage writer, `$SYS`, bridges and the cluster. What a message shares
+//! between shards: the subscription index (a read lock), the receiving session's state (its
+//! own lock), the counters (atomic adds) and, for a subscriber on another shard, the wake-up
+//! of its writer there (an `eventfd` write when that shard's thread sleeps).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -38,11 +40,11 @@ use crate::link::Link;
 
 /// A shard whose thread used less than this share of a core (per mille) takes new
 /// connections (placement fills shard 0 first).
-pub const FILL: u32 = 600;
+pub(crate) const FILL: u32 = 600;
 /// A shard busier than this (per mille) moves connections to one under [`LOW`].
-pub const HIGH: u32 = 850;
+pub(crate) const HIGH: u32 = 850;
 /// See [`HIGH`].
-pub const LOW: u32 = 500;
+pub(crate) const LOW: u32 = 500;
 /// How often each shard samples its thread's CPU time.
 const SAMPLE: Duration = Duration::from_millis(100);
 /// A shard asks one connection to move at most this often.
@@ -198,13 +200,22 @@ impl Shards {
         drop(self.shards[k].handle.spawn(task));
     }
 
-    /// Notes that `link` is served on this thread's shard (a candidate to move).
+    /// Notes that `link` is served on this thread's shard (a candidate to move), until
+    /// [`Shards::not_serving`].
     pub(crate) fn serving(link: &Arc<Link>) {
         if let Some(k) = Shards::current() {
             link.set_shard(k);
             SERVED.with_borrow_mut(|s| {
                 s.insert(Arc::as_ptr(link) as usize, Arc::downgrade(link));
             });
+        }
+    }
+
+    /// `link`'s connection parks or closes: no longer a candidate to move (the list holds
+    /// only connections being served, and closed ones are not kept).
+    pub(crate) fn not_serving(link: &Arc<Link>) {
+        if Shards::current().is_some() {
+            SERVED.with_borrow_mut(|s| s.remove(&(Arc::as_ptr(link) as usize)));
         }
     }
 }
@@ -243,21 +254,17 @@ async fn sample(shards: Weak<Shards>, k: usize) {
         {
             moved = Instant::now();
             turn += 1;
-            move_one(k, turn);
+            move_one(turn);
         }
     }
 }
 
-/// Asks one connection served on shard `k` (this thread's) to park, to be served again where
-/// [`Shards::place`] says; forgets the closed ones and those served elsewhere now. `turn`
-/// counts the asks: each picks the next connection (one not at rest when asked does not
-/// move, and the next ask goes to another).
-fn move_one(k: usize, turn: usize) {
+/// Asks one connection served on this thread's shard to park, to be served again where
+/// [`Shards::place_again`] says. `turn` counts the asks: each picks the next connection (one
+/// not at rest when asked does not move, and the next ask goes to another).
+fn move_one(turn: usize) {
     SERVED.with_borrow_mut(|served| {
-        served.retain(|_, l| {
-            l.upgrade()
-                .is_some_and(|l| !l.is_closed() && l.shard() == k)
-        });
+        // Parked and closed connections take themselves out (`Shards::not_serving`).
         if served.is_empty() {
             return;
         }
