@@ -45,10 +45,11 @@ pub(crate) const FILL: u32 = 600;
 pub(crate) const HIGH: u32 = 850;
 /// See [`HIGH`].
 pub(crate) const LOW: u32 = 500;
-/// How often each shard samples its thread's CPU time.
-const SAMPLE: Duration = Duration::from_millis(100);
+/// How often each shard samples its thread's CPU time (each sample wakes the thread: an idle
+/// broker's threads wake 4 times a second each).
+const SAMPLE: Duration = Duration::from_millis(250);
 /// A shard asks one connection to move at most this often.
-const MOVE_EVERY: Duration = Duration::from_millis(300);
+const MOVE_EVERY: Duration = Duration::from_millis(500);
 
 thread_local! {
     /// The shard this thread runs (`usize::MAX`: none).
@@ -240,7 +241,7 @@ async fn sample(shards: Weak<Shards>, k: usize) {
         let sampled = (used * 1000 / wall).min(1000) as u32;
         // Smoothed over about half a second: one slow turn does not move connections.
         let busy = &shards.shards[k].busy;
-        let smoothed = (busy.load(Ordering::Relaxed) * 3 + sampled) / 4;
+        let smoothed = (busy.load(Ordering::Relaxed) + sampled) / 2;
         busy.store(smoothed, Ordering::Relaxed);
         let idle_elsewhere = shards
             .shards
