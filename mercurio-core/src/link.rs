@@ -149,7 +149,12 @@ const _: () = assert!(std::mem::size_of::<Link>() <= 112);
 #[derive(Debug, Default)]
 struct Control {
     buf: BytesMut,
-    pubacks: usize,
+    /// PUBACKs among `buf`'s packets (a `u32`, as `unanswered_qos1` which bounds it; the
+    /// room left holds `shard`).
+    pubacks: u32,
+    /// The shard serving the connection now (or last, while parked), when the broker has
+    /// more than one (`shards`; at most 256).
+    shard: u8,
     /// Boxed: most links are never killed, never re-authenticate and are never waited for
     /// (a reason is 32 bytes; and a link of 112 bytes or less is an `Arc` allocation in
     /// jemalloc's 128-byte class, not the 160-byte one).
@@ -250,6 +255,22 @@ impl Link {
         if activity == seen && self.at_rest() {
             self.signal(PARK);
         }
+    }
+
+    /// Asks the connection to park as soon as it is at rest, idle or not: it is then served
+    /// again, at its next packet, on the shard `Shards::place` picks (`shards`).
+    pub(crate) fn park_now(&self) {
+        self.signal(PARK);
+    }
+
+    /// Notes the shard serving the connection now.
+    pub(crate) fn set_shard(&self, shard: usize) {
+        self.control.lock().shard = u8::try_from(shard).unwrap_or(u8::MAX);
+    }
+
+    /// The shard serving the connection (as last noted by [`Link::set_shard`]).
+    pub(crate) fn shard(&self) -> usize {
+        usize::from(self.control.lock().shard)
     }
 
     /// Ready (once) when the sweep's [`Link::park_if_idle`] asked since the last call (only
@@ -478,7 +499,7 @@ impl Link {
             return;
         }
         if let Packet::PubAck(_) = packet {
-            control.pubacks += 1;
+            control.pubacks = control.pubacks.saturating_add(1);
         }
         drop(control);
         self.wake();
@@ -493,7 +514,7 @@ impl Link {
             // Released, not kept: an idle link holds no buffer.
             control.buf = BytesMut::new();
         }
-        std::mem::take(&mut control.pubacks)
+        std::mem::take(&mut control.pubacks) as usize
     }
 
     /// True when no packet waits for the writer.

@@ -18,6 +18,7 @@ use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
 use crate::proxy_protocol::{ProxyListener, Refused};
+use crate::shards::Shards;
 use crate::tls::{self, TlsIdentity, TlsListener};
 use crate::websocket;
 
@@ -155,6 +156,35 @@ pub(crate) async fn run(
         // Given back when the connection closes, by whichever task serves it then (a plain
         // TCP connection's task ends while it is parked).
         let slot = connection::Slot::new(Arc::clone(&broker), Arc::clone(&on_listener));
+        let accepted = || Accepted {
+            http: http.clone(),
+            tls: tls.clone(),
+            proxy: proxy.clone(),
+            use_identity_as_username: cfg.use_identity_as_username,
+            index,
+        };
+        // More than one shard: the connection is served on the one `Shards::place` picks,
+        // its socket registered with that shard's event loop.
+        if let Some(shards) = &broker.shards {
+            let k = shards.place();
+            if Shards::current() != Some(k) {
+                let socket = match stream.into_std() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!(%peer, "cannot hand a connection to a shard: {e}");
+                        continue;
+                    }
+                };
+                let accepted = accepted();
+                shards.spawn(k, async move {
+                    match tokio::net::TcpStream::from_std(socket) {
+                        Ok(stream) => accepted.serve(slot, stream, peer).await,
+                        Err(e) => tracing::debug!(%peer, "cannot serve a connection: {e}"),
+                    }
+                });
+                continue;
+            }
+        }
         // A task is as large as its future: a plain MQTT connection, idle most of its life,
         // gets a task of its own kind; the others share one whose TLS and WebSocket branches
         // (TLS state, HTTP) are boxed.
@@ -162,84 +192,115 @@ pub(crate) async fn run(
             tokio::spawn(connection::serve_tcp(slot, stream, peer, None, index));
             continue;
         }
-        let http = http.clone();
-        let tls = tls.clone();
-        let proxy = proxy.clone();
-        let use_identity_as_username = cfg.use_identity_as_username;
-        tokio::spawn(async move {
-            // The PROXY header, the TLS handshake and CONNECT share one connect_timeout,
-            // counted from the task's start (on a plain TCP listener, CONNECT gets its own
-            // after the header: `serve_tcp` counts it). Plain TCP connections without a
-            // PROXY header never come here: their task does not hold these.
-            let deadline = tokio::time::Instant::now()
-                + std::time::Duration::from_secs(slot.broker.config.server.connect_timeout);
-            let mut stream = stream;
-            let mut peer = peer;
-            let mut balancer_identity = None;
-            if let Some(proxy) = &proxy {
-                match Box::pin(proxy.read(&mut stream, peer, deadline)).await {
-                    Ok(header) => {
-                        let header = header.unwrap_or_default();
-                        if let Some(source) = header.source {
-                            tracing::debug!(balancer = %peer, client = %source, "PROXY header");
-                            peer = source;
-                        }
-                        // TLS terminated at the balancer: the certificate it verified.
-                        if use_identity_as_username && tls.is_none() {
-                            balancer_identity = Some(TlsIdentity {
-                                certificate_cn: header.ssl_cn,
-                                use_as_username: true,
-                            });
-                        }
+        tokio::spawn(accepted().serve_other(slot, stream, peer));
+    }
+}
+
+/// What serving an accepted socket takes from its listener.
+struct Accepted {
+    http: Option<Arc<Endpoint>>,
+    tls: Option<Arc<TlsListener>>,
+    proxy: Option<Arc<ProxyListener>>,
+    use_identity_as_username: bool,
+    index: usize,
+}
+
+impl Accepted {
+    /// Serves the socket, as the listener's loop would have in its own runtime.
+    async fn serve(self, slot: connection::Slot, stream: tokio::net::TcpStream, peer: SocketAddr) {
+        if self.tls.is_none() && self.http.is_none() && self.proxy.is_none() {
+            connection::serve_tcp(slot, stream, peer, None, self.index).await
+        } else {
+            Box::pin(self.serve_other(slot, stream, peer)).await
+        }
+    }
+
+    /// Serves a socket of a TLS, WebSocket or PROXY protocol listener.
+    async fn serve_other(
+        self,
+        slot: connection::Slot,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+    ) {
+        let Accepted {
+            http,
+            tls,
+            proxy,
+            use_identity_as_username,
+            index,
+        } = self;
+        // The PROXY header, the TLS handshake and CONNECT share one connect_timeout,
+        // counted from the task's start (on a plain TCP listener, CONNECT gets its own
+        // after the header: `serve_tcp` counts it). Plain TCP connections without a
+        // PROXY header never come here: their task does not hold these.
+        let deadline = tokio::time::Instant::now()
+            + std::time::Duration::from_secs(slot.broker.config.server.connect_timeout);
+        let mut stream = stream;
+        let mut peer = peer;
+        let mut balancer_identity = None;
+        if let Some(proxy) = &proxy {
+            match Box::pin(proxy.read(&mut stream, peer, deadline)).await {
+                Ok(header) => {
+                    let header = header.unwrap_or_default();
+                    if let Some(source) = header.source {
+                        tracing::debug!(balancer = %peer, client = %source, "PROXY header");
+                        peer = source;
                     }
-                    Err(Refused::Quiet) => return,
-                    Err(Refused::Warn(why)) => {
-                        proxy.warn(&why);
-                        return;
+                    // TLS terminated at the balancer: the certificate it verified.
+                    if use_identity_as_username && tls.is_none() {
+                        balancer_identity = Some(TlsIdentity {
+                            certificate_cn: header.ssl_cn,
+                            use_as_username: true,
+                        });
                     }
+                }
+                Err(Refused::Quiet) => return,
+                Err(Refused::Warn(why)) => {
+                    proxy.warn(&why);
+                    return;
                 }
             }
-            match (tls, http) {
-                (None, None) => {
-                    connection::serve_tcp(slot, stream, peer, balancer_identity, index).await
-                }
-                (None, Some(ep)) => {
-                    Box::pin(websocket::serve(ep, stream, peer)).await;
-                    drop(slot);
-                }
-                (Some(tls), None) => {
-                    let broker = &slot.broker;
-                    Box::pin(async {
-                        if let Some((stream, identity)) =
-                            tls::handshake(&tls, stream, peer, deadline).await
-                        {
-                            connection::serve_with(
-                                Arc::clone(broker),
-                                stream,
-                                peer,
-                                Some(identity),
-                                deadline,
-                                index,
-                            )
-                            .await
-                        }
-                    })
-                    .await;
-                    drop(slot);
-                }
-                (Some(tls), Some(ep)) => {
-                    Box::pin(async {
-                        if let Some((stream, _identity)) =
-                            tls::handshake(&tls, stream, peer, deadline).await
-                        {
-                            websocket::serve(ep, stream, peer).await
-                        }
-                    })
-                    .await;
-                    drop(slot);
-                }
+        }
+        match (tls, http) {
+            (None, None) => {
+                connection::serve_tcp(slot, stream, peer, balancer_identity, index).await
             }
-        });
+            (None, Some(ep)) => {
+                Box::pin(websocket::serve(ep, stream, peer)).await;
+                drop(slot);
+            }
+            (Some(tls), None) => {
+                let broker = &slot.broker;
+                Box::pin(async {
+                    if let Some((stream, identity)) =
+                        tls::handshake(&tls, stream, peer, deadline).await
+                    {
+                        connection::serve_with(
+                            Arc::clone(broker),
+                            stream,
+                            peer,
+                            Some(identity),
+                            deadline,
+                            index,
+                        )
+                        .await
+                    }
+                })
+                .await;
+                drop(slot);
+            }
+            (Some(tls), Some(ep)) => {
+                Box::pin(async {
+                    if let Some((stream, _identity)) =
+                        tls::handshake(&tls, stream, peer, deadline).await
+                    {
+                        websocket::serve(ep, stream, peer).await
+                    }
+                })
+                .await;
+                drop(slot);
+            }
+        }
     }
 }
 

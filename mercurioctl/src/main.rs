@@ -851,6 +851,9 @@ fn show(r: &Value) -> String {
     if let Some(address) = r["address"].as_str() {
         out.push_str(&format!("address         {address}\n"));
     }
+    if let Some(thread) = r["thread"].as_u64() {
+        out.push_str(&format!("thread          {thread}\n"));
+    }
     if let Some(secs) = r["disconnected_secs"].as_u64() {
         out.push_str(&format!("disconnected    {} ago\n", duration(secs)));
     }

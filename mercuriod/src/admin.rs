@@ -270,6 +270,7 @@ pub async fn answer(request: Request, handle: &BrokerHandle, log: &LogControl, b
                 "will": d.will,
                 "disconnected_secs": d.disconnected_for.map(|t| t.as_secs()),
                 "address": d.address.map(|a| a.to_string()),
+                "thread": d.thread,
             })),
             None => failure(ErrorCode::NotFound, format!("no such client: {client_id}")),
         },

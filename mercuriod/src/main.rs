@@ -41,12 +41,13 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
 use mercurio_core::admin::socket_path;
 use mercurio_core::config::{Config, ListenerConfig, ListenerProtocol};
 use mercurio_core::config_file;
-use mercurio_core::{Broker, BrokerHandle};
+use mercurio_core::{Broker, BrokerHandle, Shards};
 use tracing::{error, info, warn};
 
 use crate::admin::AdminSocket;
@@ -121,19 +122,13 @@ fn main() -> ExitCode {
     }
     raise_open_files_limit();
 
-    // One event loop by default: sockets are served in the order their data arrived (a
-    // multi-threaded scheduler runs the task woken last first, which can reorder a SUBSCRIBE
-    // and a PUBLISH sent just after it on another connection).
-    let built = if cli.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(usize::from(cli.threads))
-            .enable_all()
-            .build()
-    };
+    // One event loop by default: sockets are served in the order their data arrived. More
+    // threads are more such loops (`Shards`), this one the first: a connection is served by
+    // one loop at a time, and a message crosses threads only between connections on
+    // different loops (a multi-threaded scheduler's workers woke each other for most messages).
+    let built = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
     let runtime = match built {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -141,7 +136,22 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_FAILURE);
         }
     };
-    let code = runtime.block_on(serve(config, cli.config.clone(), log));
+    let shards = if cli.threads > 1 {
+        let _in_runtime = runtime.enter();
+        match Shards::start(usize::from(cli.threads), cli.thread_placement) {
+            Ok(shards) => Some(shards),
+            Err(e) => {
+                eprintln!("mercuriod: cannot start {} threads: {e}", cli.threads);
+                return ExitCode::from(EX_FAILURE);
+            }
+        }
+    } else {
+        None
+    };
+    let code = runtime.block_on(serve(config, cli.config.clone(), log, shards.clone()));
+    if let Some(shards) = shards {
+        shards.stop();
+    }
     // Tasks still running (a stopped broker's connections) are not waited for.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     code
@@ -171,7 +181,12 @@ fn check_config(config: &Config, path: Option<&Path>, verbose: bool) -> ExitCode
 }
 
 /// Starts the broker and the admin socket, reloads on SIGHUP, stops on SIGTERM or SIGINT.
-async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCode {
+async fn serve(
+    config: Config,
+    path: Option<PathBuf>,
+    log: LogControl,
+    shards: Option<Arc<Shards>>,
+) -> ExitCode {
     info!("mercuriod {} starting", env!("CARGO_PKG_VERSION"));
     match &path {
         Some(path) => info!("configuration: {}", path.display()),
@@ -241,7 +256,7 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
         systemd::ready("standby: waiting for the serving broker");
     }
     let started = tokio::select! {
-        started = start_broker(config, log.clone()) => started,
+        started = start_broker(config, log.clone(), shards) => started,
         signal = wait_stop(&mut signals) => {
             info!("{signal} received while starting: stopping");
             return ExitCode::SUCCESS;
@@ -331,12 +346,16 @@ async fn serve(config: Config, path: Option<PathBuf>, log: LogControl) -> ExitCo
 async fn start_broker(
     mut config: Config,
     log: LogControl,
+    shards: Option<Arc<Shards>>,
 ) -> Result<BrokerHandle, mercurio_core::Error> {
     config.logging.connection_messages = true;
-    Broker::builder(config)
-        .admin_handler(admin::Handler { log })
-        .start()
-        .await
+    let builder = Broker::builder(config).admin_handler(admin::Handler { log });
+    match shards {
+        Some(shards) => builder.shards(shards),
+        None => builder,
+    }
+    .start()
+    .await
 }
 
 /// Waits for SIGTERM or SIGINT (SIGHUP is ignored), naming it.

@@ -142,6 +142,9 @@ pub(crate) struct BrokerState {
     /// The parked connections and what resumes them (`parking`, `connection::park`), started by the
     /// first connection to park (`None` when it cannot be).
     pub parking: OnceLock<Option<Arc<crate::parking::Parking>>>,
+    /// The shards serving connections when there is more than one thread (`shards`);
+    /// `None`: every task runs in the runtime that started the broker.
+    pub shards: Option<Arc<crate::Shards>>,
     /// Network activity, and the task that polls instead of sleeping while it comes close
     /// together (`busy_poll`); started by the builder.
     pub busy_poll: Arc<crate::busy_poll::BusyPoll>,
@@ -274,6 +277,7 @@ impl BrokerState {
             stored_access: None,
             keep_alive: Arc::default(),
             parking: OnceLock::new(),
+            shards: None,
             interest,
             cluster: Default::default(),
             cluster_qos: Default::default(),

@@ -405,6 +405,9 @@ where
                 let parking = (parks && S::PARKS)
                     .then(|| park::parking_of(&shared.broker))
                     .flatten();
+                if shared.broker.shards.is_some() {
+                    crate::shards::Shards::serving(&shared.link);
+                }
                 if shared.link.serving(resumed.is_some()) {
                     if let Some(parking) = parking {
                         parking.watch(&shared.link);
@@ -501,6 +504,9 @@ where
         };
         // Parking: nothing is in flight (`idle`), so the stream and what the halves keep
         // are all there is.
+        if c.shared.broker.shards.is_some() {
+            crate::shards::Shards::not_serving(&c.shared.link);
+        }
         let Connected {
             shared,
             stream,
@@ -593,6 +599,9 @@ fn detach(shared: &Shared, peer: SocketAddr, close: &Close) {
     });
     broker.detach(session, link, close.publish_will);
     link.mark_closed();
+    if broker.shards.is_some() {
+        crate::shards::Shards::not_serving(link);
+    }
     if broker.config.logging.connection_messages {
         tracing::info!(target: "mercurio::connections", %client_id, %peer, reason = %close.reason, "client disconnected");
     }

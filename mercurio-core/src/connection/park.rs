@@ -17,6 +17,7 @@ use super::{Connected, LazyMap, Shared};
 use crate::broker::BrokerState;
 use crate::link::{DisconnectReason, Link};
 use crate::parking::{Parking, Resume, Unwatch};
+use crate::shards::Shards;
 use crate::stats::Counters;
 
 /// An accepted socket's place in the connection counts (`max_connections`, shutdown's wait):
@@ -185,6 +186,15 @@ impl Resume for Record {
 
     fn resume(self: Box<Self>, unwatch: Unwatch) {
         let Record { p, slot } = *self;
+        // More than one shard: served again where there is room (`shards`), in a task of
+        // that shard's, which registers the socket with its event loop.
+        if let Some(shards) = slot.broker.shards.clone() {
+            let k = shards.place_again(&p.shared.link);
+            if Shards::current() != Some(k) {
+                shards.spawn(k, resume(p, slot, Some(unwatch)));
+                return;
+            }
+        }
         // Served a first time here, in the parking's turn, and only then, if not done, in a
         // task of its own: a new task runs after every task woken before it, and what this
         // client sent (a SUBSCRIBE, say) would be handled after what another client sent
@@ -201,7 +211,7 @@ impl Resume for Record {
 
 /// The broker's parking, started on first use (in a tokio runtime); `None` when it cannot
 /// be started (connections then never park).
-pub(super) fn parking_of(broker: &BrokerState) -> Option<&Arc<Parking>> {
+pub(crate) fn parking_of(broker: &BrokerState) -> Option<&Arc<Parking>> {
     broker
         .parking
         .get_or_init(|| {

@@ -63,6 +63,7 @@ impl Broker {
             observers: Observers::default(),
             event_capacity: DEFAULT_EVENT_CAPACITY,
             admin_handler: None,
+            shards: None,
         }
     }
 }
@@ -124,6 +125,7 @@ pub struct BrokerBuilder {
     observers: Observers,
     event_capacity: usize,
     admin_handler: Option<Arc<dyn crate::AdminHandler>>,
+    shards: Option<Arc<crate::Shards>>,
 }
 
 impl BrokerBuilder {
@@ -251,6 +253,15 @@ impl BrokerBuilder {
         self
     }
 
+    /// Serves clients on these shards (more than one thread, see [`Shards`](crate::Shards)):
+    /// each connection on one of them, placed where there is room, filling the first shard
+    /// first. Without this (the default), every task runs in the runtime that calls
+    /// [`BrokerBuilder::start`]. `[server] busy_poll` does not apply with more than one shard.
+    pub fn shards(mut self, shards: Arc<crate::Shards>) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
     /// Binds every listener and starts serving. Returns once all listeners are bound.
     ///
     /// Errors: [`Error::Bind`] when an address is in use or not available,
@@ -336,6 +347,7 @@ impl BrokerBuilder {
         inner.observers = self.observers;
         inner.listener_auth = listener_auth;
         inner.stored_access = stored;
+        inner.shards = self.shards.filter(|s| s.len() > 1);
         let inner = Arc::new_cyclic(|this| {
             inner.this = this.clone();
             inner
@@ -383,7 +395,15 @@ impl BrokerBuilder {
             tokio::spawn(listener::run(Arc::clone(&inner), l, index, cfg, http, tls));
         }
         *inner.local_addrs.lock() = addrs;
-        let _ = inner.busy_poll.start(inner.config.server.busy_poll);
+        if inner.shards.is_some() {
+            // The parking's tasks on this shard, whichever connection parks first.
+            let _ = crate::connection::park::parking_of(&inner);
+            if inner.config.server.busy_poll > 0 {
+                tracing::info!("busy_poll does not apply with more than one thread: nothing polls");
+            }
+        } else {
+            let _ = inner.busy_poll.start(inner.config.server.busy_poll);
+        }
         // sys_interval = 0 turns $SYS off, as in mosquitto.
         if inner.config.server.sys_interval > 0 {
             let mut sys = SysPublisher::new(Arc::clone(&inner));
@@ -1061,7 +1081,11 @@ impl BrokerHandle {
             return None;
         }
         let session = self.inner.sessions.lock().get(client_id).cloned()?;
-        let address = session.link().and_then(|link| link.peer());
+        let link = session.link();
+        let address = link.as_ref().and_then(|link| link.peer());
+        let thread = link
+            .filter(|_| self.inner.shards.is_some())
+            .map(|link| link.shard());
         let st = session.state.lock();
         if st.ended() {
             return None;
@@ -1081,6 +1105,7 @@ impl BrokerHandle {
             will: st.will().is_some(),
             disconnected_for: st.disconnected_at().map(|at| at.elapsed()),
             address,
+            thread,
         })
     }
 }
@@ -1107,4 +1132,8 @@ pub struct SessionDetail {
     /// The connected client's address and port: the one a PROXY protocol header gave
     /// (`proxy_protocol`), else the socket's peer. `None` while disconnected.
     pub address: Option<SocketAddr>,
+    /// The thread that serves the connection (or served it last, if it is parked), from 0,
+    /// when the broker serves clients on more than one ([`BrokerBuilder::shards`]); `None`
+    /// with one thread or while disconnected.
+    pub thread: Option<usize>,
 }

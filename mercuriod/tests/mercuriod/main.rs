@@ -24,3 +24,4 @@ mod proxy_protocol;
 mod run;
 mod security_reload;
 mod standby;
+mod threads;
