@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use crate::admission::{AcceptRate, LISTEN_BACKLOG};
 
 use crate::broker::BrokerState;
-use crate::config::ListenerConfig;
+use crate::config::{ListenerConfig, ListenerProtocol};
 use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
@@ -38,7 +38,7 @@ pub(crate) async fn bind_all(
         let mut last_err = None;
         let mut listener = None;
         for a in addrs {
-            match bind(a) {
+            match bind(a, plain_mqtt(cfg)) {
                 Ok(l) => {
                     listener = Some(l);
                     break;
@@ -59,10 +59,17 @@ pub(crate) async fn bind_all(
     Ok(bound)
 }
 
+/// Whether a listener speaks MQTT over plain TCP: no TLS, no WebSocket, no PROXY header.
+fn plain_mqtt(cfg: &ListenerConfig) -> bool {
+    matches!(cfg.protocol, ListenerProtocol::Mqtt)
+        && cfg.cert_file.is_none()
+        && cfg.proxy_protocol.is_none()
+}
+
 /// A listening socket on `a` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as
-/// `TcpListener::bind` sets it), accepting connections once their first bytes are in
-/// ([`crate::admission::DEFER_ACCEPT_SECS`], Linux).
-fn bind(a: SocketAddr) -> std::io::Result<TcpListener> {
+/// `TcpListener::bind` sets it); with `defer`, accepting connections once their first bytes
+/// are in ([`crate::admission::DEFER_ACCEPT_SECS`], Linux).
+fn bind(a: SocketAddr, defer: bool) -> std::io::Result<TcpListener> {
     let socket = if a.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -71,7 +78,9 @@ fn bind(a: SocketAddr) -> std::io::Result<TcpListener> {
     #[cfg(unix)]
     socket.set_reuseaddr(true)?;
     socket.bind(a)?;
-    defer_accept(&socket);
+    if defer {
+        defer_accept(&socket);
+    }
     socket.listen(LISTEN_BACKLOG)
 }
 
