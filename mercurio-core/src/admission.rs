@@ -15,6 +15,19 @@ use tokio::time::Instant;
 /// is full is not refused: its SYN is dropped and the client retries it (after 1 s, then 3 s).
 pub(crate) const LISTEN_BACKLOG: u32 = 8192;
 
+/// Seconds the kernel holds a new connection back from `accept` until its first bytes
+/// arrive (`TCP_DEFER_ACCEPT` on plain MQTT over TCP listeners, Linux): the client sends
+/// CONNECT first [MQTT-3.1.0-1], so a connection is accepted with it already in and
+/// answered in the same turn, where accepting it at the handshake costs the broker a second
+/// wake-up (the empty first read, the wait for the CONNECT) and the client the cost of
+/// waking it. A connection that sends nothing is accepted when this runs out (at the
+/// kernel's first SYN-ACK retransmission, about 1 s): only then does it take a
+/// `max_connections` place and its `connect_timeout` start. TLS, WebSocket and PROXY
+/// listeners accept at the handshake as before: their `connect_timeout`, shared with a TLS
+/// handshake or a header, keeps counting from there.
+#[cfg(target_os = "linux")]
+pub(crate) const DEFER_ACCEPT_SECS: libc::c_int = 1;
+
 /// A token bucket: `burst` tokens at most, refilled at `rate` per second; one per accepted
 /// connection (a connection's reader also paces its PUBLISH packets with it,
 /// `connection::rate`, one per packet or one per byte).

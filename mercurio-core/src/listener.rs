@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use crate::admission::{AcceptRate, LISTEN_BACKLOG};
 
 use crate::broker::BrokerState;
-use crate::config::ListenerConfig;
+use crate::config::{ListenerConfig, ListenerProtocol};
 use crate::connection;
 use crate::error::Error;
 use crate::http::Endpoint;
@@ -39,7 +39,7 @@ pub(crate) async fn bind_all(
         let mut last_err = None;
         let mut listener = None;
         for a in addrs {
-            match bind(a) {
+            match bind(a, plain_mqtt(cfg)) {
                 Ok(l) => {
                     listener = Some(l);
                     break;
@@ -60,9 +60,17 @@ pub(crate) async fn bind_all(
     Ok(bound)
 }
 
+/// Whether a listener speaks MQTT over plain TCP: no TLS, no WebSocket, no PROXY header.
+fn plain_mqtt(cfg: &ListenerConfig) -> bool {
+    matches!(cfg.protocol, ListenerProtocol::Mqtt)
+        && cfg.cert_file.is_none()
+        && cfg.proxy_protocol.is_none()
+}
+
 /// A listening socket on `a` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as
-/// `TcpListener::bind` sets it).
-fn bind(a: SocketAddr) -> std::io::Result<TcpListener> {
+/// `TcpListener::bind` sets it); with `defer`, accepting connections once their first bytes
+/// are in ([`crate::admission::DEFER_ACCEPT_SECS`], Linux).
+fn bind(a: SocketAddr, defer: bool) -> std::io::Result<TcpListener> {
     let socket = if a.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -71,8 +79,40 @@ fn bind(a: SocketAddr) -> std::io::Result<TcpListener> {
     #[cfg(unix)]
     socket.set_reuseaddr(true)?;
     socket.bind(a)?;
+    if defer {
+        defer_accept(&socket);
+    }
     socket.listen(LISTEN_BACKLOG)
 }
+
+/// Sets `TCP_DEFER_ACCEPT` ([`crate::admission::DEFER_ACCEPT_SECS`]) on a listening socket. Without it the
+/// listener still works, accepting at the handshake: a failure is only logged.
+#[cfg(target_os = "linux")]
+fn defer_accept(socket: &TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let secs = crate::admission::DEFER_ACCEPT_SECS;
+    // SAFETY: a plain system call on an open socket, with a pointer to a live c_int and its
+    // size.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            std::ptr::from_ref(&secs).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(
+            "TCP_DEFER_ACCEPT not set: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Elsewhere connections are accepted at the handshake.
+#[cfg(not(target_os = "linux"))]
+fn defer_accept(_socket: &TcpSocket) {}
 
 /// Accepts connections until the broker stops. `http` is the HTTP side of a WebSocket
 /// listener (`None` for MQTT over TCP); with `tls`, each connection first completes a TLS

@@ -453,6 +453,26 @@ fn encode(version: ProtocolVersion, p: Packet) -> Vec<u8> {
     out.to_vec()
 }
 
+/// A connection is accepted only once its first bytes are in (the listener's
+/// `TCP_DEFER_ACCEPT`, Linux): one that has sent nothing yet takes no `max_connections`
+/// place, so a client sending its CONNECT after it is served at once; the silent one is
+/// handed over by the kernel about a second later, then closed (the place is taken).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_connection_that_sent_nothing_takes_no_place_yet() {
+    let (broker, addr) = start_with(config(|s| {
+        s.max_connections = 1;
+        s.connect_timeout = 1;
+    }))
+    .await;
+    let mut silent = Client::open(addr, V5).await;
+    let mut a = Client::connect(addr, V5, "a").await;
+    a.ping().await;
+    assert!(silent.expect_closed().await.is_empty());
+    a.ping().await;
+    broker.shutdown().await;
+}
+
 /// Per-listener max_connections: a full listener refuses, another listener still accepts.
 #[tokio::test]
 async fn max_connections_per_listener() {
