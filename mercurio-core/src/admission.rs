@@ -16,11 +16,11 @@ use tokio::time::Instant;
 pub(crate) const LISTEN_BACKLOG: u32 = 8192;
 
 /// Seconds the kernel holds a new connection back from `accept` until its first bytes
-/// arrive (`TCP_DEFER_ACCEPT` on plain MQTT over TCP listeners, Linux): the client sends
-/// CONNECT first [MQTT-3.1.0-1], so a connection is accepted with it already in and
-/// answered in the same turn, where accepting it at the handshake costs the broker a second
-/// wake-up (the empty first read, the wait for the CONNECT) and the client the cost of
-/// waking it. A connection that sends nothing is accepted when this runs out (at the
+/// arrive (`TCP_DEFER_ACCEPT` on plain MQTT over TCP listeners without
+/// `max_connection_rate`, Linux): the client sends CONNECT first [MQTT-3.1.0-1], so a
+/// connection is accepted with it already in and answered in the same turn, where
+/// accepting it at the handshake costs the broker a second wake-up (the empty first read,
+/// the wait for the CONNECT) and the client the cost of waking it. A connection that sends nothing is accepted when this runs out (at the
 /// kernel's first SYN-ACK retransmission, about 1 s): only then does it take a
 /// `max_connections` place and its `connect_timeout` start. TLS, WebSocket and PROXY
 /// listeners accept at the handshake as before: their `connect_timeout`, shared with a TLS

@@ -39,7 +39,7 @@ pub(crate) async fn bind_all(
         let mut last_err = None;
         let mut listener = None;
         for a in addrs {
-            match bind(a, plain_mqtt(cfg)) {
+            match bind(a, defers_accept(cfg)) {
                 Ok(l) => {
                     listener = Some(l);
                     break;
@@ -60,11 +60,17 @@ pub(crate) async fn bind_all(
     Ok(bound)
 }
 
-/// Whether a listener speaks MQTT over plain TCP: no TLS, no WebSocket, no PROXY header.
-fn plain_mqtt(cfg: &ListenerConfig) -> bool {
+/// Whether a listener accepts connections once their first bytes are in: one that speaks
+/// MQTT over plain TCP (no TLS, no WebSocket, no PROXY header) and is not paced by
+/// `max_connection_rate`. A paced listener keeps clients waiting in the backlog on purpose;
+/// deferred, those beyond the accept queue wait as unfinished handshakes whose CONNECT the
+/// kernel drops and the client sends again on its own timer, so they come back in bunches
+/// rather than in the order the rate serves them.
+fn defers_accept(cfg: &ListenerConfig) -> bool {
     matches!(cfg.protocol, ListenerProtocol::Mqtt)
         && cfg.cert_file.is_none()
         && cfg.proxy_protocol.is_none()
+        && cfg.max_connection_rate == 0
 }
 
 /// A listening socket on `a` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as
