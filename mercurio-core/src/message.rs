@@ -27,6 +27,10 @@ pub struct Message {
     pub expires_at: Option<Instant>,
     /// Client identifier of the publisher, for No Local; `None` for in-process publishes.
     pub publisher: Option<Arc<str>>,
+    /// The rest of the publisher's identity (user name, listener), kept only on a retained
+    /// message published with `check_retain_source` on, whose delivery asks the access rules
+    /// about its publisher again; `None` otherwise (one pointer, no allocation).
+    pub(crate) source: Option<Box<Source>>,
     /// This message as an MQTT 3.1.1 PUBLISH at QoS 0 without DUP, RETAIN or properties,
     /// encoded by the first delivery that shares it with others ([`Message::shared_v3_qos0`]);
     /// empty until then. Not copied by `clone`.
@@ -36,6 +40,15 @@ pub struct Message {
     /// the message, which then tells storage it holds the message no more. Not copied by
     /// `clone`.
     pub(crate) stored: OnceLock<Stored>,
+}
+
+/// A retained message's publisher as the access rules know it (`check_retain_source`): the
+/// user name it authenticated with, and the listener whose own rules applied to it (an index
+/// into `listeners`; `None`: `[auth]`'s), as in the publisher's session identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Source {
+    pub(crate) username: Option<Arc<str>>,
+    pub(crate) listener: Option<u32>,
 }
 
 /// Who a stored message tells that the broker holds it no more (the storage writer).
@@ -82,6 +95,7 @@ impl Clone for Message {
             properties: self.properties.clone(),
             expires_at: self.expires_at,
             publisher: self.publisher.clone(),
+            source: self.source.clone(),
             encoded: OnceLock::new(),
             stored: OnceLock::new(),
         }
@@ -100,6 +114,7 @@ impl Message {
             properties: Properties::default(),
             expires_at: None,
             publisher: None,
+            source: None,
             encoded: OnceLock::new(),
             stored: OnceLock::new(),
         }

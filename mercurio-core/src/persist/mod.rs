@@ -487,12 +487,15 @@ impl Drop for Waiting<'_> {
 
 /// Retained-set changes, emitted under the retained store's lock.
 impl Persister {
-    /// Owed by the message's publisher.
-    pub(crate) fn retained_set(&self, msg: &Message) {
-        self.emit_paid(
-            Change::RetainedSet(RetainedRecord::new(message_record(msg, msg.qos, true, &[]))),
-            publisher(msg),
-        );
+    /// Owed by the message's publisher. `listener_port`: the port of the publisher's listener
+    /// when `msg` keeps its source (`check_retain_source`).
+    pub(crate) fn retained_set(&self, msg: &Message, listener_port: Option<u16>) {
+        let mut record = RetainedRecord::new(message_record(msg, msg.qos, true, &[]));
+        if let Some(source) = &msg.source {
+            record.publisher_username = source.username.as_deref().map(str::to_string);
+            record.publisher_listener = listener_port;
+        }
+        self.emit_paid(Change::RetainedSet(record), publisher(msg));
     }
 
     pub(crate) fn retained_deleted(&self, topic: &str) {
