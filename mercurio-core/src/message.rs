@@ -27,6 +27,10 @@ pub struct Message {
     pub expires_at: Option<Instant>,
     /// Client identifier of the publisher, for No Local; `None` for in-process publishes.
     pub publisher: Option<Arc<str>>,
+    /// The rest of the publisher's identity (user name, listener), kept only on a retained
+    /// message published with `check_retain_source` on, whose delivery asks the access rules
+    /// about its publisher again; `None` otherwise (one pointer, no allocation).
+    pub(crate) source: Option<Box<Source>>,
     /// This message as an MQTT 3.1.1 PUBLISH at QoS 0 without DUP, RETAIN or properties,
     /// encoded by the first delivery that shares it with others ([`Message::shared_v3_qos0`]);
     /// empty until then. Not copied by `clone`.
@@ -38,20 +42,34 @@ pub struct Message {
     pub(crate) stored: OnceLock<Stored>,
 }
 
+/// A retained message's publisher as the access rules know it (`check_retain_source`): the
+/// user name it authenticated with, and the listener whose own rules applied to it (an index
+/// into `listeners`; `None`: `[auth]`'s), as in the publisher's session identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Source {
+    pub(crate) username: Option<Arc<str>>,
+    pub(crate) listener: Option<u32>,
+}
+
 /// Who a stored message tells that the broker holds it no more (the storage writer).
 pub(crate) trait ReleaseStored: Send + Sync {
     /// Message `id` of the message store is held no more: no reference to it will be made.
     fn release(&self, id: u64);
 }
 
+/// The storage writer as stored messages hold it: a sized type, so that their `Weak` to it
+/// is one pointer (one to a `dyn` trait is two, which would make every `Message` 8 bytes
+/// larger, and its moves dearer on the hot path).
+pub(crate) struct Releaser(pub(crate) Box<dyn ReleaseStored>);
+
 /// A message's identifier in storage's message store, released when the message is dropped.
 pub(crate) struct Stored {
     pub(crate) id: u64,
-    release: Weak<dyn ReleaseStored>,
+    release: Weak<Releaser>,
 }
 
 impl Stored {
-    pub(crate) fn new(id: u64, release: Weak<dyn ReleaseStored>) -> Stored {
+    pub(crate) fn new(id: u64, release: Weak<Releaser>) -> Stored {
         Stored { id, release }
     }
 }
@@ -59,7 +77,7 @@ impl Stored {
 impl Drop for Stored {
     fn drop(&mut self) {
         if let Some(r) = self.release.upgrade() {
-            r.release(self.id);
+            r.0.release(self.id);
         }
     }
 }
@@ -82,6 +100,7 @@ impl Clone for Message {
             properties: self.properties.clone(),
             expires_at: self.expires_at,
             publisher: self.publisher.clone(),
+            source: self.source.clone(),
             encoded: OnceLock::new(),
             stored: OnceLock::new(),
         }
@@ -100,6 +119,7 @@ impl Message {
             properties: Properties::default(),
             expires_at: None,
             publisher: None,
+            source: None,
             encoded: OnceLock::new(),
             stored: OnceLock::new(),
         }
@@ -161,3 +181,7 @@ impl Message {
         })
     }
 }
+
+// `source` fits where a `Weak<dyn ...>` in `Stored` took room: a move of a message copies
+// no more than before it.
+const _: () = assert!(std::mem::size_of::<Message>() <= 512);

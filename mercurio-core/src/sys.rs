@@ -86,6 +86,7 @@ impl SysPublisher {
                 properties: Properties::default(),
                 expires_at: None,
                 publisher: None,
+                source: None,
                 encoded: Default::default(),
                 stored: Default::default(),
             });

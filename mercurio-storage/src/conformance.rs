@@ -889,8 +889,12 @@ pub async fn check_session_written<S: Storage>(storage: &S) {
     assert_eq!(seqs(&session(storage, "b").await), [1, 2]);
 }
 
-/// Retained messages: set, replaced, deleted, listed by topic, with their publisher.
+/// Retained messages: set, replaced, deleted, listed by topic, with their publisher (its
+/// client identifier, user name and listener port).
 pub async fn check_retained<S: Storage>(storage: &S) {
+    let mut second = retained("b/t", b"second", Some("p2"));
+    second.publisher_username = Some("utilisateur-é".to_string());
+    second.publisher_listener = Some(8883);
     apply(
         storage,
         vec![
@@ -903,7 +907,7 @@ pub async fn check_retained<S: Storage>(storage: &S) {
     apply(
         storage,
         vec![
-            Change::RetainedSet(retained("b/t", b"second", Some("p2"))),
+            Change::RetainedSet(second.clone()),
             Change::RetainedDeleted {
                 topic: "c/t".to_string(),
             },
@@ -914,13 +918,7 @@ pub async fn check_retained<S: Storage>(storage: &S) {
     )
     .await;
     let state = load(storage).await;
-    assert_eq!(
-        state.retained,
-        [
-            retained("a/t", b"a", None),
-            retained("b/t", b"second", Some("p2"))
-        ]
-    );
+    assert_eq!(state.retained, [retained("a/t", b"a", None), second]);
     assert!(
         state.sessions.is_empty(),
         "retained changes create no session"

@@ -358,12 +358,24 @@ pub struct InflightRecord {
 pub struct RetainedRecord {
     /// The retained message (its RETAIN flag set), with the client that published it.
     pub message: MessageRecord,
+    /// The user name the publisher had authenticated with, kept with `check_retain_source`
+    /// (whose check asks the access rules for the publisher as it was); `None` for none, or
+    /// when not kept. Schema 10 (SQLite), 8 (PostgreSQL).
+    pub publisher_username: Option<String>,
+    /// The port of the listener the publisher had connected to, kept with
+    /// `check_retain_source` (a listener's own access rules apply to its clients); `None`
+    /// when not kept. Schema 10 (SQLite), 8 (PostgreSQL).
+    pub publisher_listener: Option<u16>,
 }
 
 impl RetainedRecord {
-    /// A retained record holding `message`.
+    /// A retained record holding `message`, without its publisher's user name and listener.
     pub fn new(message: MessageRecord) -> RetainedRecord {
-        RetainedRecord { message }
+        RetainedRecord {
+            message,
+            publisher_username: None,
+            publisher_listener: None,
+        }
     }
 
     /// The topic the message is retained on.

@@ -19,9 +19,10 @@ use crate::records::{
 #[cfg(feature = "postgres")]
 use crate::records::{StreamEntryRead, StreamEntryRecord};
 
-/// The columns of a retained message, in this order.
-pub(crate) const MESSAGE_COLUMNS: &str =
-    "topic, payload, qos, retain, properties, expires_at, publisher, share";
+/// The columns of a retained message, in this order: the message (its first eight, read by
+/// [`message_at`]), then its publisher's user name and listener port.
+pub(crate) const RETAINED_COLUMNS: &str = "topic, payload, qos, retain, properties, expires_at, \
+     publisher, share, publisher_username, publisher_listener";
 /// The columns of a stored message (the message store's table), in this order.
 pub(crate) const STORED_COLUMNS: &str =
     "id, topic, payload, qos, retain, properties, expires_at, publisher";
@@ -109,14 +110,15 @@ fn unsigned(v: i64, what: &str) -> Result<u64, String> {
     u64::try_from(v).map_err(|_| format!("{what}: negative value {v}"))
 }
 
-/// A message from the [`MESSAGE_COLUMNS`] starting at column `at` (`share` included).
+/// A message from the first eight [`RETAINED_COLUMNS`] starting at column `at` (`share`
+/// included).
 pub(crate) fn message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
     let mut message = will_message_at(row, at)?;
     message.share = row.opt_text(at + 7)?;
     Ok(message)
 }
 
-/// A will's or a stored message: the [`MESSAGE_COLUMNS`] but `share` (neither has one),
+/// A will's or a stored message: the first seven [`RETAINED_COLUMNS`] (no `share`),
 /// starting at column `at`.
 pub(crate) fn will_message_at(row: &impl Columns, at: usize) -> Result<MessageRecord, String> {
     Ok(MessageRecord {
@@ -217,11 +219,21 @@ pub(crate) fn inbound(row: &impl Columns) -> Result<u16, String> {
     small(row.int(1)?, "packet identifier")
 }
 
-/// A retained message: the [`MESSAGE_COLUMNS`]; `None` when it cannot be read (it belongs to
-/// no session, so it is skipped).
+/// A retained message: the [`RETAINED_COLUMNS`]; skipped when it cannot be read (it belongs
+/// to no session).
 pub(crate) fn retained(row: &impl Columns, into: &mut BTreeMap<String, RetainedRecord>) {
-    if let Ok(message) = message_at(row, 0) {
-        into.insert(message.topic.clone(), RetainedRecord::new(message));
+    let read = || -> Result<RetainedRecord, String> {
+        Ok(RetainedRecord {
+            message: message_at(row, 0)?,
+            publisher_username: row.opt_text(8)?,
+            publisher_listener: row
+                .opt_int(9)?
+                .map(|v| small(v, "publisher_listener"))
+                .transpose()?,
+        })
+    };
+    if let Ok(r) = read() {
+        into.insert(r.message.topic.clone(), r);
     }
 }
 

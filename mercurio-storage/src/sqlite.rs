@@ -37,7 +37,7 @@ use crate::error::StorageError;
 use crate::records::{InflightRecord, QueuedRecord, StoredMessage, SubscriptionRecord, WillRecord};
 use crate::refs::Refs;
 use crate::rows::{
-    self, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
+    self, DELIVERY_COLUMNS, RETAINED_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
 use crate::{LoadedState, SetAside, Storage};
 use queue::QueueChanges;
@@ -62,7 +62,14 @@ use queue::QueueChanges;
 /// of at most 128, moving the messages only streams refer to into them. 9: those releases
 /// as runs of consecutive ids (`inline_released_runs`), one row per run instead of one per
 /// message (a stream releases each message as it leaves the broker's memory, in order).
-pub const SCHEMA_VERSION: i64 = 9;
+/// 10: a retained message's publisher's user name and listener port
+/// (`retained.publisher_username`, `retained.publisher_listener`, for `check_retain_source`;
+/// NULL in the rows of older versions).
+pub const SCHEMA_VERSION: i64 = 10;
+
+/// From version 9 to 10: who published a retained message, as its access check needs.
+const TO_10: &str = "ALTER TABLE retained ADD COLUMN publisher_username TEXT; \
+     ALTER TABLE retained ADD COLUMN publisher_listener INTEGER;";
 
 /// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
 /// is one reference of its message (`messages.refs`), like a queued delivery.
@@ -277,6 +284,7 @@ const UPGRADES: &[&str] = &[
     concat!(streams_tables!(), stream_entries_7!()),
     segments_table!(),
     released_runs_9!(),
+    TO_10,
 ];
 
 /// Entries one segment holds at most: about what a reader asks for at once, so that a read
@@ -425,7 +433,9 @@ CREATE TABLE retained (
     properties BLOB NOT NULL,
     expires_at INTEGER,
     publisher TEXT,
-    share TEXT
+    share TEXT,
+    publisher_username TEXT,
+    publisher_listener INTEGER
 ) WITHOUT ROWID;
 CREATE TABLE meta (
     key TEXT PRIMARY KEY NOT NULL,
@@ -902,7 +912,7 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
         }
     }
     let mut stmt = conn.prepare(&format!(
-        "SELECT {MESSAGE_COLUMNS} FROM retained ORDER BY topic"
+        "SELECT {RETAINED_COLUMNS} FROM retained ORDER BY topic"
     ))?;
     let mut found = stmt.query([])?;
     let mut retained = BTreeMap::new();
@@ -1491,7 +1501,8 @@ fn apply_one<'c>(
             let m = &r.message;
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO retained (topic, payload, qos, retain, properties, \
-                 expires_at, publisher, share) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 expires_at, publisher, share, publisher_username, publisher_listener) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?
             .execute(params![
                 m.topic,
@@ -1502,6 +1513,8 @@ fn apply_one<'c>(
                 m.expires_at.map(to_i64),
                 m.publisher,
                 m.share,
+                r.publisher_username,
+                r.publisher_listener,
             ])?;
             true
         }
@@ -2446,6 +2459,35 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    /// A retained message of schema 9 and before has no publisher's user name or listener;
+    /// once upgraded to 10, both are kept.
+    #[tokio::test]
+    async fn version_9_retained_gains_its_publisher_identity() {
+        let h = SqliteHarness::new("upgrade9");
+        let path = h.dir.join("m.db");
+        old_database(
+            &path,
+            3,
+            "INSERT INTO retained (topic, payload, qos, retain, properties, expires_at, \
+             publisher, share) VALUES ('r/t', X'07', 1, 1, X'', NULL, 'pub', NULL);",
+        );
+        let storage = SqliteStorage::open(&path).unwrap();
+        let loaded = storage.load().await.unwrap();
+        assert_eq!(loaded.retained.len(), 1);
+        assert_eq!(loaded.retained[0].publisher(), Some("pub"));
+        assert_eq!(loaded.retained[0].publisher_username, None);
+        assert_eq!(loaded.retained[0].publisher_listener, None);
+        let mut again = loaded.retained[0].clone();
+        again.publisher_username = Some("alice".into());
+        again.publisher_listener = Some(1884);
+        storage
+            .apply(&[Change::RetainedSet(again.clone())])
+            .await
+            .unwrap();
+        assert_eq!(storage.load().await.unwrap().retained, [again]);
+        storage.close().await.unwrap();
     }
 
     /// Schema 8's releases of inline messages, one row each, become runs of one; a batch

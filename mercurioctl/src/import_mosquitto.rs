@@ -298,13 +298,6 @@ fn no_equivalent(key: &str) -> Option<&'static str> {
             "messages in flight are limited by count only (max_inflight, the client's Receive \
              Maximum)"
         }
-        "upgrade_outgoing_qos" => {
-            "not offered: MQTT delivers at the lower of the published and the subscribed QoS"
-        }
-        "check_retain_source" => {
-            "not offered: a retained message is checked against the subscriber's read access \
-             when delivered"
-        }
         "allow_duplicate_messages" => {
             "Mercurio always sends one copy per client for overlapping subscriptions (what \
              allow_duplicate_messages false did; mosquitto 2 deprecated the option)"
@@ -684,7 +677,7 @@ impl Conversion {
                     self.server.set(key, v.to_string(), f);
                 }
             }
-            "retain_available" => {
+            "retain_available" | "check_retain_source" | "upgrade_outgoing_qos" => {
                 let v = parse_bool(line)?;
                 self.server.set(key, v.to_string(), f);
             }

@@ -39,6 +39,8 @@
 #   max_packet_size N              -> server.max_packet_size (0 = unlimited -> 268435455)
 #   maximum_qos / max_qos N        -> server.max_qos (per listener in mosquitto, global here)
 #   retain_available B             -> server.retain_available
+#   check_retain_source B          -> server.check_retain_source
+#   upgrade_outgoing_qos B         -> server.upgrade_outgoing_qos
 #   persistent_client_expiration D -> server.persistent_client_expiration (seconds; h d w m y)
 #   sys_interval N                 -> server.sys_interval (0 = off -> 1e9)
 #   clientid_prefixes S            -> server.clientid_prefixes = [S]
@@ -51,8 +53,8 @@
 #   protocol websockets            -> listeners[i].protocol = "websocket"
 #   log_type, log_dest, log_timestamp*, autosave_*  -> ignored (logging / save timing only)
 #   [admin] socket = /tmp/mosq-standin-<first port>.sock (one per instance)
-# Not mapped (reported on stderr; the broker still starts): max_inflight_bytes,
-#   check_retain_source, upgrade_outgoing_qos, and any other key.
+# Not mapped (reported on stderr; the broker still starts): max_inflight_bytes, and any
+#   other key.
 
 import os
 import sys
@@ -188,8 +190,8 @@ def main(argv):
                 server["max_packet_size"] = 268435455 if v <= 0 else v
             elif key in ("maximum_qos", "max_qos"):
                 server["max_qos"] = int(toks[0])
-            elif key == "retain_available":
-                server["retain_available"] = parse_bool(key, toks[0])
+            elif key in ("retain_available", "check_retain_source", "upgrade_outgoing_qos"):
+                server[key] = parse_bool(key, toks[0])
             elif key == "persistent_client_expiration":
                 server["persistent_client_expiration"] = parse_duration(toks[0])
             elif key == "sys_interval":

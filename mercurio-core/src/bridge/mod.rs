@@ -461,6 +461,7 @@ impl Task {
             properties: Properties::default(),
             expires_at: None,
             publisher: None,
+            source: None,
             encoded: Default::default(),
             stored: Default::default(),
         });

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::BrokerState;
 use crate::auth::hooks::{AccessRequest, Action};
 use crate::auth::{Auth, FileError, Identity};
+use crate::message::{Message, Source};
 use crate::session::Session;
 use crate::stats::DropCause;
 
@@ -60,6 +61,49 @@ impl BrokerState {
             topic,
             action,
         })
+    }
+
+    /// `session`'s identity as a retained message keeps it for `check_retain_source`;
+    /// `None` for the broker's own sessions (trusted).
+    pub(crate) fn source_of(&self, session: &Session) -> Option<Box<Source>> {
+        match &*session.identity.read() {
+            Identity::Trusted => None,
+            Identity::Client { username, listener } => Some(Box::new(Source {
+                username: username.clone(),
+                listener: *listener,
+            })),
+        }
+    }
+
+    /// With `check_retain_source`, whether the publisher of the retained message `msg` may
+    /// still publish it: the access rules are asked for a write as its publisher (client
+    /// identifier, user name, listener) at each delivery on subscribe, as mosquitto does,
+    /// so a retained message left by a client whose rights were taken away is not
+    /// delivered. Always true without the option, without authorizers, and for the
+    /// broker's and the application's own messages. A message kept before the option was
+    /// on (or from another cluster node) knows only its publisher's client identifier: it
+    /// is checked as that client without a user name, under `[auth]`'s rules.
+    pub(crate) fn source_may_publish(&self, msg: &Message) -> bool {
+        if !self.config.server.check_retain_source || !self.checks_access {
+            return true;
+        }
+        let Some(client_id) = msg.publisher.as_deref() else {
+            return true;
+        };
+        if client_id.starts_with(super::INTERNAL_PREFIX) {
+            return true;
+        }
+        let (username, listener) = msg
+            .source
+            .as_deref()
+            .map_or((None, None), |s| (s.username.as_deref(), s.listener));
+        self.auth_of(listener.map(|l| l as usize))
+            .authorize_now(&AccessRequest {
+                client_id,
+                username,
+                topic: &msg.topic,
+                action: Action::Write,
+            })
     }
 
     /// Whether handling a client's PUBLISH may wait: for an authorizer or an interceptor

@@ -59,6 +59,7 @@ pub(crate) fn message_of(p: Publish, publisher: Option<Arc<str>>) -> Message {
         properties,
         expires_at,
         publisher,
+        source: None,
         encoded: Default::default(),
         stored: Default::default(),
     }

@@ -181,10 +181,27 @@ pub(crate) struct BrokerState {
     pub(crate) held_wills: handover::HeldWills,
 }
 
+/// The QoS a message published at `published` goes out at through a subscription granted
+/// `granted`: the lower of the two [MQTT-3.8.4-6] (3.1.1), 5.0 section 3.8.4; with
+/// `upgrade_outgoing_qos` (`upgrade`), the subscription's, which departs from the
+/// specification as mosquitto's option of that name does.
+#[inline]
+pub(crate) fn outgoing_qos(published: QoS, granted: QoS, upgrade: bool) -> QoS {
+    if upgrade {
+        granted
+    } else {
+        published.min(granted)
+    }
+}
+
 /// What one client gets of `msg` through its matching subscriptions `cm`: one copy at the
 /// highest QoS granted, with every subscription identifier (MQTT 5.0 section 3.3.4); `None`
-/// when No Local leaves none.
-fn delivery_for(cm: &crate::router::ClientMatch<SubEntry>, msg: &Arc<Message>) -> Option<Delivery> {
+/// when No Local leaves none. `upgrade`: `upgrade_outgoing_qos`.
+fn delivery_for(
+    cm: &crate::router::ClientMatch<SubEntry>,
+    msg: &Arc<Message>,
+    upgrade: bool,
+) -> Option<Delivery> {
     let mut qos: Option<QoS> = None;
     let mut retain = false;
     let mut ids = Vec::new();
@@ -194,7 +211,7 @@ fn delivery_for(cm: &crate::router::ClientMatch<SubEntry>, msg: &Arc<Message>) -
         if o.no_local && msg.publisher.as_deref() == Some(&*cm.client) {
             continue;
         }
-        let q = msg.qos.min(o.qos);
+        let q = outgoing_qos(msg.qos, o.qos, upgrade);
         qos = Some(qos.map_or(q, |have| have.max(q)));
         retain |= o.retain_as_published && msg.retain;
         if let Some(id) = e.granted.identifier {
@@ -524,7 +541,15 @@ impl BrokerState {
         }
         store.insert(&msg.topic, Arc::clone(msg));
         if let Some(p) = self.persist.get() {
-            p.retained_set(msg);
+            // The publisher's listener is stored as its port, which outlives its place in
+            // the configuration's list.
+            let port = msg
+                .source
+                .as_ref()
+                .and_then(|s| s.listener)
+                .and_then(|i| self.config.listeners.get(i as usize))
+                .map(|l| l.port);
+            p.retained_set(msg, port);
         }
         self.retained_room(&store);
         Some(RetainedNotice::Set(Arc::clone(msg)))
@@ -583,6 +608,7 @@ impl BrokerState {
             !matches.clients.is_empty() || matches.shared.iter().any(|s| !s.members.is_empty());
         // Brought in by one of this broker's bridges: not for other brokers' bridges.
         let from_own_bridge = from_own_bridge(msg);
+        let upgrade = self.config.server.upgrade_outgoing_qos;
         for cm in &matches.clients {
             let Some(first) = cm.subscriptions.first() else {
                 continue;
@@ -592,7 +618,7 @@ impl BrokerState {
                 // 3.1.1 the remote cannot tell, so it is not sent.
                 continue;
             }
-            let Some(q) = delivery_for(cm, msg) else {
+            let Some(q) = delivery_for(cm, msg, upgrade) else {
                 continue;
             };
             let cost = size + 4 * q.subscription_ids.len() as u64;
@@ -628,7 +654,8 @@ impl BrokerState {
         let Some(cm) = matches.clients.iter().find(|cm| &*cm.client == client_id) else {
             return false;
         };
-        match (cm.subscriptions.first(), delivery_for(cm, msg)) {
+        let upgrade = self.config.server.upgrade_outgoing_qos;
+        match (cm.subscriptions.first(), delivery_for(cm, msg, upgrade)) {
             (Some(first), Some(q)) => self.deliver(&first.session, q),
             _ => false,
         }
@@ -758,11 +785,18 @@ impl BrokerState {
         };
         let remote_bridge = session.state.lock().remote_bridge();
         for msg in found {
-            if msg.is_expired(now) || (remote_bridge && from_own_bridge(&msg)) {
+            if msg.is_expired(now)
+                || (remote_bridge && from_own_bridge(&msg))
+                || !self.source_may_publish(&msg)
+            {
                 continue;
             }
             let q = Delivery {
-                qos: msg.qos.min(granted.options.qos),
+                qos: outgoing_qos(
+                    msg.qos,
+                    granted.options.qos,
+                    self.config.server.upgrade_outgoing_qos,
+                ),
                 msg,
                 retain: true,
                 subscription_ids: granted.identifier.into_iter().collect(),

@@ -23,6 +23,7 @@ use mercurio_storage::{
 
 use super::BrokerState;
 use crate::auth::Identity;
+use crate::message::Source;
 use crate::persist::records::{
     delivery_from, granted_from, header, inflight_from, message_from, protocol_from_level, unix_ms,
     unix_to_instant, will_from, Restored,
@@ -326,6 +327,32 @@ fn shared_left(messages: &Restored, record: &SessionRecord) -> Vec<Delivery> {
         .collect()
 }
 
+/// The publisher of a stored retained message as `check_retain_source` checks it: its user
+/// name, and the listener on its port that has access rules of its own (none: `[auth]`'s).
+/// `None` without the option, or when neither was stored.
+fn retained_source(broker: &BrokerState, r: &RetainedRecord) -> Option<Box<Source>> {
+    if !broker.config.server.check_retain_source
+        || (r.publisher_username.is_none() && r.publisher_listener.is_none())
+    {
+        return None;
+    }
+    let listener = r.publisher_listener.and_then(|port| {
+        broker
+            .config
+            .listeners
+            .iter()
+            .enumerate()
+            .position(|(i, l)| {
+                l.port == port && broker.listener_auth.get(i).is_some_and(Option::is_some)
+            })
+            .and_then(|i| u32::try_from(i).ok())
+    });
+    Some(Box::new(Source {
+        username: r.publisher_username.as_deref().map(Arc::from),
+        listener,
+    }))
+}
+
 /// The retained messages still valid; those that expired are deleted from storage.
 fn restore_retained(
     broker: &BrokerState,
@@ -337,7 +364,8 @@ fn restore_retained(
     let mut retained = broker.retained.lock();
     for r in records {
         match message_from(&r.message, now, now_ms) {
-            Ok((msg, _)) if !msg.is_expired(now) => {
+            Ok((mut msg, _)) if !msg.is_expired(now) => {
+                msg.source = retained_source(broker, r);
                 let msg = Arc::new(msg);
                 retained.insert(&msg.topic, Arc::clone(&msg));
             }

@@ -71,7 +71,7 @@ impl BrokerState {
             let o = &e.granted.options;
             Delivery {
                 msg: Arc::clone(msg),
-                qos: qos.min(o.qos),
+                qos: super::outgoing_qos(qos, o.qos, self.config.server.upgrade_outgoing_qos),
                 retain: o.retain_as_published && msg.retain,
                 subscription_ids: e.granted.identifier.into_iter().collect(),
                 seq: 0,

@@ -370,6 +370,7 @@ fn cleared(topic: &str) -> Message {
         properties: Default::default(),
         expires_at: None,
         publisher: None,
+        source: None,
         encoded: Default::default(),
         stored: Default::default(),
     }
@@ -475,6 +476,7 @@ fn apply(
         properties: env.properties,
         expires_at: Message::expiry_deadline(env.expiry, Instant::now()),
         publisher: Some(Arc::clone(publisher)),
+        source: None,
         encoded: Default::default(),
         stored: Default::default(),
     });

@@ -868,6 +868,7 @@ fn inbound_message(
         properties: env.properties,
         expires_at: Message::expiry_deadline(expiry, Instant::now()),
         publisher: Some(Arc::clone(publisher)),
+        source: None,
         encoded: Default::default(),
         stored: Default::default(),
     }

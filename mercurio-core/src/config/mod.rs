@@ -96,6 +96,17 @@ pub struct ServerConfig {
     pub max_qos: u8,
     /// Whether retained messages are kept; default true.
     pub retain_available: bool,
+    /// Whether a retained message is delivered to a new subscription only if its publisher
+    /// may still publish it (mosquitto's option of that name): its client identifier, user
+    /// name and listener are kept with it (in storage too) and the access rules are asked
+    /// again, for a write, at each delivery on subscribe. Default false: only the
+    /// subscriber's read access is checked. Read at start.
+    pub check_retain_source: bool,
+    /// Whether a message goes out at the QoS of the subscription it matched even when it was
+    /// published at a lower one (mosquitto's option of that name). Default false: it goes out
+    /// at the lower of the two, as MQTT requires ([MQTT-3.8.4-6], 5.0 section 3.8.4); true
+    /// departs from the specification. Read at start.
+    pub upgrade_outgoing_qos: bool,
     /// Allowed client identifier prefixes; empty (default) allows any.
     pub clientid_prefixes: Vec<String>,
     /// Messages queued per session before any is dropped; 0 = unlimited; default 10,000.
@@ -194,6 +205,8 @@ impl Default for ServerConfig {
             max_inflight: 20,
             max_qos: 2,
             retain_available: true,
+            check_retain_source: false,
+            upgrade_outgoing_qos: false,
             clientid_prefixes: Vec::new(),
             max_queued_messages: 10_000,
             max_queued_qos0_messages: 1_000,

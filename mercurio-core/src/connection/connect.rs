@@ -523,6 +523,13 @@ pub(super) async fn accept(
                 properties,
                 expires_at: None,
                 publisher: Some(Arc::clone(&client_id)),
+                // A will retained is checked as any retained message (`check_retain_source`).
+                source: (server.check_retain_source && w.retain).then(|| {
+                    Box::new(crate::message::Source {
+                        username: username.clone(),
+                        listener: own_auth.and_then(|l| u32::try_from(l).ok()),
+                    })
+                }),
                 encoded: Default::default(),
                 stored: Default::default(),
             }),

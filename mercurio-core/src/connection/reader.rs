@@ -786,6 +786,9 @@ impl<'a> Reader<'a> {
         let broker = &self.c.broker;
         let (qos, packet_id) = (p.qos, p.packet_id);
         let mut msg = message_of(p, Some(Arc::clone(&self.c.session.client_id)));
+        if msg.retain && broker.config.server.check_retain_source {
+            msg.source = broker.source_of(&self.c.session);
+        }
         if self.c.bridge && !crate::bridge::queue::is_bridged(&msg.properties) {
             // From another broker's bridge (try_private): it crossed a bridge already, so it
             // crosses no other of this broker's, as a message with the hop marker

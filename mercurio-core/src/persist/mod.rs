@@ -52,7 +52,7 @@ use records::{
 };
 use writer::{BatchWriter, Callback, Op, QueuedOp};
 
-use crate::message::{Message, ReleaseStored, Stored};
+use crate::message::{Message, ReleaseStored, Releaser, Stored};
 use crate::session::{
     Delivery, Granted, Inflight, Session, SessionChanges, SessionState, SessionTable,
 };
@@ -147,8 +147,9 @@ pub(crate) struct Persister {
     failure: Mutex<Option<(String, Instant)>>,
     /// The id the next message stored gets (seeded by the restore above every stored one).
     next_message_id: AtomicU64,
-    /// This persister, for the messages it stores to release themselves when dropped.
-    me: Weak<Persister>,
+    /// This persister, for the messages it stores to release themselves when dropped (they
+    /// hold a `Weak` to it; gone with the persister).
+    releaser: Arc<Releaser>,
 }
 
 impl std::fmt::Debug for Persister {
@@ -182,7 +183,7 @@ impl Persister {
             set_aside: Mutex::new(HashSet::new()),
             failure: Mutex::new(None),
             next_message_id: AtomicU64::new(1),
-            me: me.clone(),
+            releaser: Arc::new(Releaser(Box::new(me.clone()))),
         });
         let writer = BatchWriter {
             persister: Arc::clone(&persister),
@@ -413,7 +414,7 @@ impl Persister {
                     },
                     publisher(msg),
                 );
-                Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>)
+                Stored::new(id, Arc::downgrade(&self.releaser))
             })
             .id
     }
@@ -421,7 +422,7 @@ impl Persister {
     /// A restored message: already in the message store under `id`.
     pub(crate) fn restored_message(&self, msg: &Message, id: u64) {
         msg.stored
-            .get_or_init(|| Stored::new(id, self.me.clone() as Weak<dyn ReleaseStored>));
+            .get_or_init(|| Stored::new(id, Arc::downgrade(&self.releaser)));
     }
 
     /// The whole session as stored (QoS 0 messages are not kept), with the messages it
@@ -487,12 +488,15 @@ impl Drop for Waiting<'_> {
 
 /// Retained-set changes, emitted under the retained store's lock.
 impl Persister {
-    /// Owed by the message's publisher.
-    pub(crate) fn retained_set(&self, msg: &Message) {
-        self.emit_paid(
-            Change::RetainedSet(RetainedRecord::new(message_record(msg, msg.qos, true, &[]))),
-            publisher(msg),
-        );
+    /// Owed by the message's publisher. `listener_port`: the port of the publisher's listener
+    /// when `msg` keeps its source (`check_retain_source`).
+    pub(crate) fn retained_set(&self, msg: &Message, listener_port: Option<u16>) {
+        let mut record = RetainedRecord::new(message_record(msg, msg.qos, true, &[]));
+        if let Some(source) = &msg.source {
+            record.publisher_username = source.username.as_deref().map(str::to_string);
+            record.publisher_listener = listener_port;
+        }
+        self.emit_paid(Change::RetainedSet(record), publisher(msg));
     }
 
     pub(crate) fn retained_deleted(&self, topic: &str) {
@@ -593,11 +597,13 @@ impl Persister {
 }
 
 /// A stored message dropped by the broker: storage deletes it with its last reference.
-impl ReleaseStored for Persister {
+impl ReleaseStored for Weak<Persister> {
     fn release(&self, id: u64) {
-        // Unboxed: a stream releases each message as it leaves memory.
-        self.owe(None, CHANGE_OVERHEAD);
-        self.send(Op::Released(id));
+        if let Some(p) = self.upgrade() {
+            // Unboxed: a stream releases each message as it leaves memory.
+            p.owe(None, CHANGE_OVERHEAD);
+            p.send(Op::Released(id));
+        }
     }
 }
 

@@ -93,6 +93,7 @@ pub(crate) fn message_from(
             properties,
             expires_at: record.expires_at.map(|ms| unix_to_instant(ms, now, now_ms)),
             publisher: record.publisher.as_deref().map(Arc::from),
+            source: None,
             encoded: Default::default(),
             stored: Default::default(),
         },

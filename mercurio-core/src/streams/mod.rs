@@ -669,6 +669,7 @@ mod tests {
             properties: Properties::default(),
             expires_at: None,
             publisher: None,
+            source: None,
             encoded: Default::default(),
             stored: Default::default(),
         })

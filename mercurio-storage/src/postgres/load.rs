@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use tokio_postgres::{Client, Row};
 
 use crate::rows::{
-    self, Columns, DELIVERY_COLUMNS, MESSAGE_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
+    self, Columns, DELIVERY_COLUMNS, RETAINED_COLUMNS, SESSION_COLUMNS, STORED_COLUMNS,
     STREAM_ENTRY_COLUMNS, SUBSCRIPTION_COLUMNS,
 };
 use crate::{Backlog, LoadedState, QueuedRecord, SessionRecord, SetAside, StoredMessage};
@@ -56,7 +56,7 @@ pub(super) async fn load_all(
     );
     let sessions_sql =
         format!("SELECT {SESSION_COLUMNS} FROM mercurio_sessions ORDER BY client_id");
-    let retained_sql = format!("SELECT {MESSAGE_COLUMNS} FROM mercurio_retained ORDER BY topic");
+    let retained_sql = format!("SELECT {RETAINED_COLUMNS} FROM mercurio_retained ORDER BY topic");
     let messages_sql =
         format!("SELECT {STORED_COLUMNS} FROM mercurio_messages WHERE NOT released ORDER BY id");
     let (subs, queued, inflight, inbound, sessions, retained, messages, streams, max_id) = tokio::try_join!(

@@ -851,6 +851,9 @@ fn plan_retained<'a>(
         let mut c = MessageColumns::default();
         for (_, r) in &set {
             c.push(&r.message);
+            c.publisher_username.push(r.publisher_username.clone());
+            c.publisher_listener
+                .push(r.publisher_listener.map(i64::from));
         }
         out.push(Op {
             index,
@@ -861,7 +864,7 @@ fn plan_retained<'a>(
     }
 }
 
-/// Messages as one array per column, for `unnest`.
+/// Retained messages as one array per column, for `unnest`.
 #[derive(Default)]
 struct MessageColumns {
     topic: Vec<String>,
@@ -872,6 +875,8 @@ struct MessageColumns {
     expires_at: Vec<Option<i64>>,
     publisher: Vec<Option<String>>,
     share: Vec<Option<String>>,
+    publisher_username: Vec<Option<String>>,
+    publisher_listener: Vec<Option<i64>>,
 }
 
 impl MessageColumns {
@@ -896,6 +901,8 @@ impl MessageColumns {
             Box::new(self.expires_at),
             Box::new(self.publisher),
             Box::new(self.share),
+            Box::new(self.publisher_username),
+            Box::new(self.publisher_listener),
         ]
     }
 }

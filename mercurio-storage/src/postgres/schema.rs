@@ -23,8 +23,15 @@ use crate::error::StorageError;
 /// session as arrays, one element per delivery), and each message counts the queued
 /// deliveries that refer to it (`mercurio_messages.refs`); `mercurio_queued` becomes a view
 /// of the chunks, one row per delivery as before. From 6, each session's queue is moved
-/// into chunks of at most [`CHUNK_MAX`] deliveries and each message's count set.
-pub const SCHEMA_VERSION: i64 = 7;
+/// into chunks of at most [`CHUNK_MAX`] deliveries and each message's count set. 8: a
+/// retained message's publisher's user name and listener port
+/// (`mercurio_retained.publisher_username`, `publisher_listener`, for `check_retain_source`;
+/// NULL in the rows of older versions).
+pub const SCHEMA_VERSION: i64 = 8;
+
+/// From version 7 to 8: who published a retained message, as its access check needs.
+const TO_8: &str = "ALTER TABLE mercurio_retained ADD COLUMN IF NOT EXISTS publisher_username text;
+ALTER TABLE mercurio_retained ADD COLUMN IF NOT EXISTS publisher_listener bigint;";
 
 /// Most deliveries in one chunk of `mercurio_queue_chunks` (a removal rewrites the chunks it
 /// touches, so they stay small).
@@ -336,6 +343,11 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
             tx.batch_execute(TO_7)
                 .await
                 .map_err(|e| classify(e, "cannot upgrade the schema to version 7"))?;
+        }
+        if version.is_none_or(|v| v < 8) {
+            tx.batch_execute(TO_8)
+                .await
+                .map_err(|e| classify(e, "cannot upgrade the schema to version 8"))?;
         }
         tx.execute(
             "INSERT INTO mercurio_meta (key, value) VALUES ('schema_version', $1) \

@@ -4,7 +4,7 @@
 use tokio_postgres::{Client, Statement};
 
 use super::leader;
-use crate::rows::{DELIVERY_COLUMNS, MESSAGE_COLUMNS, STORED_COLUMNS};
+use crate::rows::{DELIVERY_COLUMNS, RETAINED_COLUMNS, STORED_COLUMNS};
 
 /// The statements a write connection prepares once.
 pub(super) struct Statements {
@@ -86,8 +86,8 @@ fn remove_entries(which: &str) -> String {
 }
 
 /// The array parameters of a retained message's columns, numbered from 1.
-const MESSAGE_ARRAYS_FROM_1: &str = "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], \
-     $5::bytea[], $6::bigint[], $7::text[], $8::text[]";
+const RETAINED_ARRAYS_FROM_1: &str = "$1::text[], $2::bytea[], $3::bigint[], $4::boolean[], \
+     $5::bytea[], $6::bigint[], $7::text[], $8::text[], $9::text[], $10::bigint[]";
 /// The array parameters of the [`DELIVERY_COLUMNS`], numbered from 4.
 const DELIVERY_ARRAYS_FROM_4: &str =
     "$4::bigint[], $5::bigint[], $6::boolean[], $7::bytea[], $8::text[]";
@@ -275,12 +275,14 @@ impl Statements {
                 .into())
             .await?,
             set_retained_many: p(format!(
-                "INSERT INTO mercurio_retained ({MESSAGE_COLUMNS}) \
-                 SELECT u.* FROM unnest({MESSAGE_ARRAYS_FROM_1}) AS u \
+                "INSERT INTO mercurio_retained ({RETAINED_COLUMNS}) \
+                 SELECT u.* FROM unnest({RETAINED_ARRAYS_FROM_1}) AS u \
                  ON CONFLICT (topic) DO UPDATE SET \
                  payload = excluded.payload, qos = excluded.qos, retain = excluded.retain, \
                  properties = excluded.properties, expires_at = excluded.expires_at, \
-                 publisher = excluded.publisher"
+                 publisher = excluded.publisher, \
+                 publisher_username = excluded.publisher_username, \
+                 publisher_listener = excluded.publisher_listener"
             ))
             .await?,
             delete_retained_many: p(

@@ -377,7 +377,9 @@ async fn version_3_schema_is_upgraded() {
              '$share/g/t/#'), ('b', 7, 't/1', '\\x01', 1, false, '\\x', NULL, 'pub', NULL); \
              INSERT INTO mercurio_inflight (client_id, packet_id, ord, state, topic, payload, \
              qos, retain, properties, expires_at, publisher, share) VALUES \
-             ('a', 9, 1, 'awaiting_pubrec', 't/i', '\\xff', 2, false, '\\x', NULL, 'pub', NULL);",
+             ('a', 9, 1, 'awaiting_pubrec', 't/i', '\\xff', 2, false, '\\x', NULL, 'pub', NULL); \
+             INSERT INTO mercurio_retained (topic, payload, qos, retain, properties, expires_at, \
+             publisher, share) VALUES ('r/t', '\\x07', 1, true, '\\x', NULL, 'pub', NULL);",
             mercurio_storage::postgres::testing::SCHEMA_VERSION_3_SQL
         ),
     )
@@ -407,6 +409,11 @@ async fn version_3_schema_is_upgraded() {
     assert_eq!(a.inflight[0].packet_id, 9);
     assert_eq!(message(a.inflight[0].delivery.message_id).topic, "t/i");
     assert_eq!(state.sessions[1].queued[0].seq, 7);
+    // A retained message of an older schema has no publisher's user name or listener.
+    assert_eq!(state.retained.len(), 1);
+    assert_eq!(state.retained[0].publisher(), Some("pub"));
+    assert_eq!(state.retained[0].publisher_username, None);
+    assert_eq!(state.retained[0].publisher_listener, None);
     let next = state.messages.iter().map(|m| m.id).max().unwrap() + 1;
     storage
         .apply(&[

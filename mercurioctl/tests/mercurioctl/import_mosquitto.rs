@@ -389,7 +389,8 @@ fn every_option_of_the_manual_page_is_carried_or_explained() {
 }
 
 /// `per_listener_settings true`: each listener's security options go to its own table;
-/// mount_point, allow_zero_length_clientid and message_size_limit carried over.
+/// mount_point, allow_zero_length_clientid, message_size_limit, check_retain_source and
+/// upgrade_outgoing_qos carried over.
 #[test]
 fn per_listener_settings_and_mosquitto_options() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -403,6 +404,7 @@ fn per_listener_settings_and_mosquitto_options() {
         &main,
         &format!(
             "per_listener_settings true\nmessage_size_limit 1000\n\
+             check_retain_source true\nupgrade_outgoing_qos true\n\
              listener 1883 127.0.0.1\nallow_anonymous true\nmount_point local/\n\
              allow_zero_length_clientid false\n\
              listener 8883 0.0.0.0\npassword_file {}\nacl_file {}\nallow_zero_length_clientid false\n",
@@ -412,6 +414,8 @@ fn per_listener_settings_and_mosquitto_options() {
     );
     let (toml, config) = round_trip(&main);
     assert_eq!(config.auth.allow_anonymous, Some(false), "{toml}");
+    assert!(config.server.check_retain_source, "{toml}");
+    assert!(config.server.upgrade_outgoing_qos, "{toml}");
     let (local, public) = (&config.listeners[0], &config.listeners[1]);
     assert_eq!(local.allow_anonymous, Some(true));
     assert_eq!(local.mount_point.as_deref(), Some("local/"));
