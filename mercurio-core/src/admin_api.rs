@@ -329,6 +329,7 @@ impl AdminApi {
             "clients_connected": s.clients_connected,
             "clients_maximum": s.clients_maximum,
             "clients_parked": s.clients_parked,
+            "clients_moved": s.clients_moved,
             "clients_stalled": s.clients_stalled,
             "clients_rate_limited": s.clients_rate_limited,
             "clients_rate_limited_ms": s.clients_rate_limited_ms,

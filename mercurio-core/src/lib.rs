@@ -105,4 +105,4 @@ pub use message::Message;
 pub use observe::{DeliveryCompleted, MessageDropped, RetainedChange, WillPublished};
 pub use persist::WriteFailure;
 pub use session::Session;
-pub use shards::{Placement, Shards};
+pub use shards::{Placement, Shards, Thresholds};

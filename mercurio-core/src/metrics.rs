@@ -68,6 +68,7 @@ pub(crate) struct Snapshot {
     pub clients_rate_limited_ms: u64,
     pub connections_delayed: u64,
     pub clients_parked: u64,
+    pub clients_moved: u64,
     pub shared_passed_on: u64,
     pub messages_received: u64,
     pub messages_sent: u64,
@@ -116,6 +117,7 @@ impl Snapshot {
             clients_rate_limited_ms: get(&s.clients_rate_limited_us) / 1000,
             connections_delayed: get(&s.connections_delayed),
             clients_parked: get(&s.clients_parked),
+            clients_moved: get(&s.clients_moved),
             shared_passed_on: get(&s.shared_passed_on),
             messages_received: get(&s.messages_received),
             messages_sent: get(&s.messages_sent),
@@ -367,6 +369,11 @@ fn families(
             "mercurio_sessions_expired",
             "Sessions ended by their expiry",
             s.sessions_expired,
+        ),
+        Family::counter(
+            "mercurio_clients_moved",
+            "Connections served again on another thread than before (--threads above 1)",
+            s.clients_moved,
         ),
         Family::counter(
             "mercurio_clients_stalled",

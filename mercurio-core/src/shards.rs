@@ -10,14 +10,15 @@
 //! are served on different shards.
 //!
 //! Placement ([`Shards::place`], [`Placement`]): with `Fill` (the default) a connection goes
-//! to the first shard that is not busy (its thread used less than [`FILL`] per mille of a core
-//! over the last samples), so a load one core carries stays on shard 0 and costs what it costs
-//! with one thread; the next shard takes connections only once the first is busy. Connections
-//! are placed when accepted and each time they are served again after a park (new
-//! connections park as soon as their CONNECT is answered, so each is placed again at its
-//! first packet). A shard over [`HIGH`] while another is under [`LOW`] asks one of its
-//! connections at a time to park ([`Link::park_now`]): it is served again, at its next
-//! packet, where placement says. With `Spread` connections are dealt out in turn when
+//! to the first shard that is not busy (its thread used less than [`Thresholds::fill`] per
+//! mille of a core over the last samples), so a load one core carries stays on shard 0 and
+//! costs what it costs with one thread; the next shard takes connections only once the first
+//! is busy. Connections are placed when accepted and each time they are served again after a
+//! park (new connections park as soon as their CONNECT is answered, so each is placed again
+//! at its first packet). A shard over [`Thresholds::high`] while another is under
+//! [`Thresholds::low`] asks one of its connections at a time to park ([`Link::park_now`]): it
+//! is served again, at its next packet, where placement says (counted in `clients/moved` when
+//! that is another shard). With `Spread` connections are dealt out in turn when
 //! accepted and stay where they are.
 //!
 //! What stays on shard 0 (the thread that starts the broker): the listeners' accept loops,
@@ -38,18 +39,39 @@ use tokio::sync::oneshot;
 
 use crate::link::Link;
 
-/// A shard whose thread used less than this share of a core (per mille) takes new
-/// connections (placement fills shard 0 first).
-pub(crate) const FILL: u32 = 600;
-/// A shard busier than this (per mille) moves connections to one under [`LOW`].
-pub(crate) const HIGH: u32 = 850;
-/// See [`HIGH`].
-pub(crate) const LOW: u32 = 500;
 /// How often each shard samples its thread's CPU time (each sample wakes the thread: an idle
 /// broker's threads wake 4 times a second each).
 const SAMPLE: Duration = Duration::from_millis(250);
-/// A shard asks one connection to move at most this often.
-const MOVE_EVERY: Duration = Duration::from_millis(500);
+
+/// When [`Placement::Fill`] fills a shard and moves connections off it: shares of a core
+/// (per mille, 0 to 1000) that a shard's thread used over the last samples (one every 250
+/// ms, smoothed over about half a second). `mercuriod` uses the default; an embedding
+/// application sets others with [`Shards::start_with`] (a test, say, that wants connections
+/// to move whatever the load: `fill: 0, high: 0, low: 1001`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    /// A shard that used less than this takes new connections and those served again after a
+    /// park (the first such shard; when none does, the least busy). Default 600.
+    pub fill: u32,
+    /// A shard that used more than this asks one of its connections at a time to move, while
+    /// another shard used less than `low`. Default 850.
+    pub high: u32,
+    /// See `high`; above 1000, every other shard counts as having room. Default 500.
+    pub low: u32,
+    /// A busy shard asks one connection to move at most this often. Default 500 ms.
+    pub move_every: Duration,
+}
+
+impl Default for Thresholds {
+    fn default() -> Thresholds {
+        Thresholds {
+            fill: 600,
+            high: 850,
+            low: 500,
+            move_every: Duration::from_millis(500),
+        }
+    }
+}
 
 thread_local! {
     /// The shard this thread runs (`usize::MAX`: none).
@@ -83,6 +105,8 @@ struct Shard {
 pub struct Shards {
     shards: Vec<Shard>,
     placement: Placement,
+    /// When placement fills a shard and moves connections off it.
+    thresholds: Thresholds,
     /// The next shard of [`Placement::Spread`] (wrapping).
     next: AtomicUsize,
     /// Each other shard's thread runs until its sender here is dropped.
@@ -92,10 +116,20 @@ pub struct Shards {
 impl Shards {
     /// Starts `n` shards (1 to 256): shard 0 is the current-thread runtime this is called
     /// in, the others are new threads (`mercurio-shard-K`), each with its own current-thread
-    /// runtime, until [`Shards::stop`]; connections are placed by `placement`. Errors: a
-    /// thread or a runtime cannot be made, or this is not called in a current-thread tokio
-    /// runtime.
+    /// runtime, until [`Shards::stop`]; connections are placed by `placement`, with the
+    /// default [`Thresholds`]. Errors: a thread or a runtime cannot be made, or this is not
+    /// called in a current-thread tokio runtime.
     pub fn start(n: usize, placement: Placement) -> std::io::Result<Arc<Shards>> {
+        Shards::start_with(n, placement, Thresholds::default())
+    }
+
+    /// [`Shards::start`] with `thresholds` for [`Placement::Fill`] (unused with `Spread`).
+    /// Errors: as [`Shards::start`].
+    pub fn start_with(
+        n: usize,
+        placement: Placement,
+        thresholds: Thresholds,
+    ) -> std::io::Result<Arc<Shards>> {
         let here = Handle::try_current()
             .ok()
             .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
@@ -130,6 +164,7 @@ impl Shards {
                 })
                 .collect(),
             placement,
+            thresholds,
             next: AtomicUsize::new(0),
             threads: parking_lot::Mutex::new(threads),
         });
@@ -163,7 +198,8 @@ impl Shards {
     }
 
     /// Where an accepted connection is served: with [`Placement::Fill`], the first shard
-    /// under [`FILL`], else the least busy; with [`Placement::Spread`], the next in turn.
+    /// under [`Thresholds::fill`], else the least busy; with [`Placement::Spread`], the next
+    /// in turn.
     pub(crate) fn place(&self) -> usize {
         if self.placement == Placement::Spread {
             return self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len();
@@ -180,12 +216,12 @@ impl Shards {
         }
     }
 
-    /// The first shard under [`FILL`], else the least busy.
+    /// The first shard under [`Thresholds::fill`], else the least busy.
     fn place_fill(&self) -> usize {
         let mut least = (u32::MAX, 0);
         for (k, shard) in self.shards.iter().enumerate() {
             let busy = shard.busy.load(Ordering::Relaxed);
-            if busy < FILL {
+            if busy < self.thresholds.fill {
                 return k;
             }
             least = least.min((busy, k));
@@ -222,7 +258,8 @@ impl Shards {
 }
 
 /// A shard's sampler: every [`SAMPLE`], how much of a core its thread used; when it is over
-/// [`HIGH`] and another shard is under [`LOW`], one of its connections is asked to move.
+/// [`Thresholds::high`] and another shard is under [`Thresholds::low`], one of its
+/// connections is asked to move.
 async fn sample(shards: Weak<Shards>, k: usize) {
     let mut tick = tokio::time::interval(SAMPLE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -247,11 +284,11 @@ async fn sample(shards: Weak<Shards>, k: usize) {
             .shards
             .iter()
             .enumerate()
-            .any(|(j, s)| j != k && s.busy.load(Ordering::Relaxed) < LOW);
+            .any(|(j, s)| j != k && s.busy.load(Ordering::Relaxed) < shards.thresholds.low);
         if shards.placement == Placement::Fill
-            && smoothed > HIGH
+            && smoothed > shards.thresholds.high
             && idle_elsewhere
-            && moved.elapsed() >= MOVE_EVERY
+            && moved.elapsed() >= shards.thresholds.move_every
         {
             moved = Instant::now();
             turn += 1;

@@ -82,6 +82,10 @@ pub struct Stats {
     /// Connections parked now: idle for `park_after`, held as a socket and a small record
     /// instead of a task (a gauge).
     pub clients_parked: u64,
+    /// Connections served again on another thread than the one that served them before
+    /// (`--threads` above 1: a move off a busy thread, or an idle connection resumed
+    /// elsewhere), since the start.
+    pub clients_moved: u64,
     /// Accepted connections that waited for their listener's `max_connection_rate`.
     pub connections_delayed: u64,
     /// Batches of session changes written again after a storage error.
@@ -141,6 +145,8 @@ pub(crate) struct Counters {
     /// Connections parked now: idle for `park_after`, held as a socket and a small record
     /// instead of a task (a gauge).
     pub(crate) clients_parked: AtomicU64,
+    /// Connections served again on another shard than the one that served them before.
+    pub(crate) clients_moved: AtomicU64,
     /// Accepted connections that waited for their listener's `max_connection_rate`.
     pub(crate) connections_delayed: AtomicU64,
     /// Batches of session changes written again after a storage error.
@@ -216,6 +222,7 @@ impl Counters {
             clients_rate_limited: self.clients_rate_limited.load(Ordering::Relaxed),
             clients_rate_limited_ms: self.clients_rate_limited_us.load(Ordering::Relaxed) / 1000,
             clients_parked: self.clients_parked.load(Ordering::Relaxed),
+            clients_moved: self.clients_moved.load(Ordering::Relaxed),
             connections_delayed: self.connections_delayed.load(Ordering::Relaxed),
             storage_batches_retried: self.storage_batches_retried.load(Ordering::Relaxed),
             storage_batches_dropped: self.storage_batches_dropped.load(Ordering::Relaxed),

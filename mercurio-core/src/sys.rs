@@ -136,6 +136,7 @@ impl SysPublisher {
                 get(&s.sessions_expired).to_string(),
             ),
             ("clients/parked".into(), get(&s.clients_parked).to_string()),
+            ("clients/moved".into(), get(&s.clients_moved).to_string()),
             (
                 "clients/stalled".into(),
                 get(&s.clients_stalled).to_string(),

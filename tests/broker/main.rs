@@ -30,6 +30,7 @@ mod security_acl;
 mod security_auth;
 mod security_tls;
 mod session;
+mod shard_moves;
 mod shared_subscriptions;
 mod smoke;
 mod streams;

@@ -190,6 +190,11 @@ impl Resume for Record {
         // that shard's, which registers the socket with its event loop.
         if let Some(shards) = slot.broker.shards.clone() {
             let k = shards.place_again(&p.shared.link);
+            // What operators see of moves (`clients/moved`): the link still names the shard
+            // that served it last.
+            if k != p.shared.link.shard() {
+                Counters::add(&slot.broker.stats.clients_moved, 1);
+            }
             if Shards::current() != Some(k) {
                 shards.spawn(k, resume(p, slot, Some(unwatch)));
                 return;
