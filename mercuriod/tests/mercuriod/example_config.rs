@@ -95,7 +95,7 @@ fn every_key_is_shown() {
         other => panic!("{other:?}"),
     };
     // Field counts of the structs in mercurio_core::config.
-    assert_eq!(len("server"), 26);
+    assert_eq!(len("server"), 28);
     assert_eq!(len("listeners"), 17);
     assert_eq!(len("auth"), 4);
     assert_eq!(len("storage"), 9);
