@@ -282,10 +282,10 @@ pub fn parse_with_ports(path: &Path, text: &str, ports: &[u16]) -> Result<Config
         error(e.span(), key, &message)
     })?;
 
-    if locate(root, "auth.allow_anonymous").is_none() {
+    if !is_set(root, "auth.allow_anonymous") {
         config.auth.allow_anonymous = Some(false);
     }
-    if locate(root, "server.busy_poll").is_none() {
+    if !is_set(root, "server.busy_poll") {
         config.server.busy_poll = DAEMON_BUSY_POLL;
     }
     if !ports.is_empty() {
@@ -661,6 +661,30 @@ fn steps(path: &str) -> Vec<Step<'_>> {
 
 /// Span of the key at `path`, or of its innermost ancestor present in the file; `None` when
 /// not even the first step is in the file.
+/// Whether the file sets the key at `path` itself ([`locate`] also answers with the nearest
+/// table when only that is there: `[server]` without `busy_poll`).
+fn is_set(root: Node<'_>, path: &str) -> bool {
+    let mut node = root;
+    for step in steps(path) {
+        node = match (step, node) {
+            (Step::Key(name), Node::Table(table)) => match table.get(name) {
+                Some(item) => Node::of_item(item),
+                None => return false,
+            },
+            (Step::Index(i), Node::TableArray(tables)) => match tables.get(i) {
+                Some(table) => Node::Table(table),
+                None => return false,
+            },
+            (Step::Index(i), Node::Array(values)) => match values.get(i) {
+                Some(value) => Node::of_value(value),
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    true
+}
+
 fn locate(root: Node<'_>, path: &str) -> Option<Range<usize>> {
     let mut node = root;
     let mut best = None;
@@ -769,6 +793,11 @@ mod tests {
         assert_eq!(DAEMON_BUSY_POLL, 50);
         let c = parse(Path::new("m.toml"), "[server]\nbusy_poll = 0\n").expect("parse");
         assert_eq!(c.server.busy_poll, 0);
+        // A [server] table without the key is still "unset".
+        let c = parse(Path::new("m.toml"), "[server]\nsys_interval = 10\n").expect("parse");
+        assert_eq!(c.server.busy_poll, DAEMON_BUSY_POLL);
+        let c = parse(Path::new("m.toml"), "[auth]\npassword_file = \"p\"\n").expect("parse");
+        assert_eq!(c.auth.allow_anonymous, Some(false));
     }
 
     #[test]
