@@ -230,7 +230,7 @@ fn check_named_files(path: &Path, text: &str, config: &Config) -> Result<(), Loa
 /// Parses and checks `text`, the contents of the file `path` (used in messages only).
 ///
 /// Rules of the file mode: `[auth] allow_anonymous` unset means false, `[server] busy_poll`
-/// unset means [`DAEMON_BUSY_POLL`] (50; the library's default is 0), and a file without
+/// unset means [`DAEMON_BUSY_POLL`] (0, as the library's), and a file without
 /// `[[listeners]]` gets the default listener (127.0.0.1:1883). Then [`Config::validate`].
 pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     parse_with_ports(path, text, &[])
@@ -790,7 +790,7 @@ mod tests {
         assert_eq!(Config::default().server.busy_poll, 0);
         let c = parse(Path::new("m.toml"), "").expect("empty file");
         assert_eq!(c.server.busy_poll, DAEMON_BUSY_POLL);
-        assert_eq!(DAEMON_BUSY_POLL, 50);
+        assert_eq!(DAEMON_BUSY_POLL, 0);
         let c = parse(Path::new("m.toml"), "[server]\nbusy_poll = 0\n").expect("parse");
         assert_eq!(c.server.busy_poll, 0);
         // A [server] table without the key is still "unset".

@@ -28,9 +28,9 @@ PROXY header (from proxy_from, default loopback) for the client's address;
 max_connection_rate and max_connection_burst pace reconnect storms. Health listeners answer
 /livez and /readyz for orchestrators' probes.
 
-CPU: while packets come close together and the event loop is busy at least half the time, it
-polls its sockets instead of sleeping ([server] busy_poll, 50 microseconds; 0 turns it off), so
-near saturation it reads near 100 % of a core. See docs/operations.md, \"CPU\".
+CPU: the event loop sleeps between packets. [server] busy_poll (microseconds, 0 = off, the
+default) makes it poll its sockets instead while packets come close together and it is busy
+at least half the time: CPU time for latency near saturation. See docs/operations.md, \"CPU\".
 
 Storage: [storage] backend = \"memory\" (default), \"sqlite\" (path) or \"postgres\" (url; one
 broker serves a database, standby = true waits and takes over when it stops).

@@ -187,9 +187,9 @@ pub struct ServerConfig {
     /// QoS 1/2 window then skips a CPU wake-up. A loop busy less than half the time while it
     /// polls rests from polling (5 ms, doubling to 200 ms). Applies on the current-thread runtime
     /// (mercuriod's default, `--threads 1`). At most 1,000,000 (one second). Default 0 for
-    /// an embedding application (its runtime does not spin unless it asks); mercuriod's
-    /// configuration file and its default configuration set 50 when the key is absent
-    /// ([`DAEMON_BUSY_POLL`]).
+    /// an embedding application and for mercuriod ([`DAEMON_BUSY_POLL`]): measured by an
+    /// independent generator at fixed rates below saturation, polling cost 1.4 to 1.9 times
+    /// the CPU of sleeping (docs/BENCHMARKS.md, "Busy polling off by default").
     pub busy_poll: u32,
 }
 
@@ -533,9 +533,9 @@ pub const MIN_QUEUED_MEMORY: u64 = 64 * 1024;
 /// smaller value is taken for a unit mistake (64 meant as KiB) and refused.
 pub const MIN_PUBLISH_BYTES_RATE: u32 = 1024;
 
-/// mercuriod's `busy_poll` when its configuration does not set one, in microseconds (the
-/// library's own default is 0).
-pub const DAEMON_BUSY_POLL: u32 = 50;
+/// mercuriod's `busy_poll` when its configuration does not set one, in microseconds: 0, as
+/// the library's (off; a deployment that runs at saturation may set 50).
+pub const DAEMON_BUSY_POLL: u32 = 0;
 
 /// Largest `busy_poll`, in microseconds: one second. Polling longer after the last packet only
 /// spends CPU; a larger value is taken for a unit mistake and refused.
