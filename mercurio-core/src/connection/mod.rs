@@ -569,7 +569,10 @@ async fn finish<S>(
         });
         let _ = codec::encode(&d, version, &mut last);
     }
-    if !last.is_empty() {
+    // A close the server decides ends the sending side at once, even with nothing left to
+    // write (a 3.1.1 client taken over has no DISCONNECT): the client sees the close now,
+    // not once the linger below is over.
+    if !last.is_empty() || close.send.is_some() {
         let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, async {
             rw.write_all(&last).await?;
             rw.shutdown().await
