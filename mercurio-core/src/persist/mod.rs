@@ -259,6 +259,14 @@ impl Persister {
         }
     }
 
+    /// Runs `f` as [`Self::after_commit`] does, for what nobody waits on: the writer may
+    /// let its batch linger for more changes, and does not sync it for `f`.
+    pub(crate) fn when_settled(&self, f: Callback) {
+        if let Err(mpsc::error::SendError(Op::Settled(f))) = self.tx.send(Op::Settled(f)) {
+            f(false);
+        }
+    }
+
     /// `bytes` owed by `client_id` (`None`: by the broker) are stored, given up or dropped.
     pub(super) fn done(&self, client_id: Option<&str>, bytes: usize) {
         if let Some(client_id) = client_id {

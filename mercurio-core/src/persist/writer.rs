@@ -58,6 +58,10 @@ pub(super) enum Op {
     /// Run after everything before it is committed (and synced, with durable_ack), told
     /// whether all of it was.
     AfterCommit(Callback),
+    /// As [`Op::AfterCommit`], but nothing waits for it (a stream letting go of entries it
+    /// keeps in memory once storage holds them): it neither cuts a lingering batch short
+    /// nor asks for a sync.
+    Settled(Callback),
     /// Commit everything before it, flush, answer.
     Flush(oneshot::Sender<()>),
     /// Delete a session from storage, in order with the changes before it.
@@ -72,7 +76,7 @@ impl Op {
     fn waits(&self) -> bool {
         !matches!(
             self,
-            Op::Change(..) | Op::Queued(_) | Op::Appends(_) | Op::Released(_)
+            Op::Change(..) | Op::Queued(_) | Op::Appends(_) | Op::Released(_) | Op::Settled(_)
         )
     }
 }
@@ -155,6 +159,7 @@ impl Op {
 /// What to do after the changes of a batch are committed.
 enum After {
     Run(Callback),
+    Settled(Callback),
     Flush(oneshot::Sender<()>),
     Delete(String, oneshot::Sender<Result<bool, StorageError>>),
     Close(oneshot::Sender<()>),
@@ -243,6 +248,7 @@ impl BatchWriter {
                     });
                 }
                 Op::AfterCommit(f) => after.push(After::Run(f)),
+                Op::Settled(f) => after.push(After::Settled(f)),
                 Op::Flush(tx) => {
                     after.push(After::Flush(tx));
                     closed |= self.finish(&mut changes, &mut after).await;
@@ -351,7 +357,7 @@ impl BatchWriter {
         for a in after.drain(..) {
             match a {
                 // Never an acknowledgement for what storage does not hold.
-                After::Run(f) => f(!self.fenced && !self.lost),
+                After::Run(f) | After::Settled(f) => f(!self.fenced && !self.lost),
                 After::Flush(tx) => {
                     if let Err(e) = self.persister.storage.flush().await {
                         tracing::error!("storage flush failed: {e}");

@@ -323,7 +323,7 @@ impl Stream {
             return;
         };
         let me = self.me.clone();
-        p.after_commit(Box::new(move |ok| {
+        p.when_settled(Box::new(move |ok| {
             if let Some(stream) = me.upgrade() {
                 let mut evicted = Vec::new();
                 let next = {
