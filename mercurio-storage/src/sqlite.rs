@@ -2509,13 +2509,14 @@ mod tests {
         let h = SqliteHarness::new("upgrade10");
         let path = h.dir.join("m.db");
         SqliteStorage::open(&path).unwrap().close().await.unwrap();
-        let mut first = crate::MessageRecord::new("t/a", &b"\x01\x02"[..], 1);
+        use crate::{MessageRecord, StreamEntryRecord};
+        let mut first = MessageRecord::new("t/a", &b"\x01\x02"[..], 1);
         first.publisher = Some("p".into());
         first.expires_at = Some(1_700_000_000_000);
-        let mut second = crate::MessageRecord::new("t/b", &b"\x03"[..], 2);
+        let mut second = MessageRecord::new("t/b", &b"\x03"[..], 2);
         second.retain = true;
         second.properties = bytes::Bytes::from_static(&[0x0B, 0x01]);
-        let entry = |offset| crate::StreamEntryRecord {
+        let entry = |offset| StreamEntryRecord {
             offset,
             time_ms: 1_000 + offset,
             message_id: offset,
@@ -2553,10 +2554,12 @@ mod tests {
             ),
             (4, 1, 1_001, 3, 16)
         );
-        let read = storage.read_stream("s", 0, 0, 10, u64::MAX).await.unwrap();
-        let seen: Vec<_> = read.iter().map(|r| (r.entry, r.message.clone())).collect();
+        async fn entries(storage: &SqliteStorage) -> Vec<(StreamEntryRecord, MessageRecord)> {
+            let read = storage.read_stream("s", 0, 0, 10, u64::MAX).await.unwrap();
+            read.into_iter().map(|r| (r.entry, r.message)).collect()
+        }
         assert_eq!(
-            seen,
+            entries(&storage).await,
             [
                 (entry(1), first.clone()),
                 (entry(2), second.clone()),
@@ -2565,25 +2568,22 @@ mod tests {
         );
         let read = storage.read_stream("s", 2, 0, 1, u64::MAX).await.unwrap();
         assert_eq!(read[0].message, second);
-        storage
-            .apply(&[Change::StreamEntryRemoved {
-                stream: "s".into(),
-                offset: 2,
-            }])
-            .await
-            .unwrap();
-        let read = storage.read_stream("s", 0, 0, 10, u64::MAX).await.unwrap();
-        let seen: Vec<_> = read.iter().map(|r| (r.entry, r.message.clone())).collect();
-        assert_eq!(seen, [(entry(1), first.clone()), (entry(3), first.clone())]);
-        storage
-            .apply(&[Change::StreamTrimmed {
-                stream: "s".into(),
-                below: 3,
-            }])
-            .await
-            .unwrap();
-        let read = storage.read_stream("s", 0, 0, 10, u64::MAX).await.unwrap();
-        assert_eq!(read.iter().map(|r| r.entry).collect::<Vec<_>>(), [entry(3)]);
+        let stream = || "s".to_string();
+        let removed = Change::StreamEntryRemoved {
+            stream: stream(),
+            offset: 2,
+        };
+        storage.apply(&[removed]).await.unwrap();
+        assert_eq!(
+            entries(&storage).await,
+            [(entry(1), first.clone()), (entry(3), first.clone())]
+        );
+        let trimmed = Change::StreamTrimmed {
+            stream: stream(),
+            below: 3,
+        };
+        storage.apply(&[trimmed]).await.unwrap();
+        assert_eq!(entries(&storage).await, [(entry(3), first)]);
         storage.close().await.unwrap();
         let conn = Connection::open(&path).unwrap();
         let (version, format): (i64, Vec<u8>) = conn
