@@ -64,12 +64,20 @@ use queue::QueueChanges;
 /// message (a stream releases each message as it leaves the broker's memory, in order).
 /// 10: a retained message's publisher's user name and listener port
 /// (`retained.publisher_username`, `retained.publisher_listener`, for `check_retain_source`;
-/// NULL in the rows of older versions).
-pub const SCHEMA_VERSION: i64 = 10;
+/// NULL in the rows of older versions). 11: stream segments written in version 2 of their
+/// format (varints and differences, see [`segment`]); older segments are still read, so
+/// the upgrade changes no data: the version is there so that an older build refuses the
+/// database when it opens it rather than failing on a segment it cannot read.
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// From version 9 to 10: who published a retained message, as its access check needs.
 const TO_10: &str = "ALTER TABLE retained ADD COLUMN publisher_username TEXT; \
      ALTER TABLE retained ADD COLUMN publisher_listener INTEGER;";
+
+/// From version 10 to 11: nothing in the data changes (segments of version 1 are still
+/// read, new ones are written in version 2); the version number alone keeps older builds
+/// away.
+const TO_11: &str = "";
 
 /// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
 /// is one reference of its message (`messages.refs`), like a queued delivery.
@@ -285,6 +293,7 @@ const UPGRADES: &[&str] = &[
     segments_table!(),
     released_runs_9!(),
     TO_10,
+    TO_11,
 ];
 
 /// Entries one segment holds at most: about what a reader asks for at once, so that a read
@@ -1805,6 +1814,9 @@ fn insert_segment(
             }
         }
     }
+    // A message that cannot be encoded (a QoS above 2) refuses the batch.
+    let body =
+        segment::encode(entries).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
     tx.prepare_cached(
         "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, refs, \
          min_id, max_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -1818,7 +1830,7 @@ fn insert_segment(
         refs,
         min_id.map(to_i64),
         max_id.map(to_i64),
-        segment::encode(entries),
+        body,
     ])?;
     Ok(())
 }
@@ -2487,6 +2499,107 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(storage.load().await.unwrap().retained, [again]);
+        storage.close().await.unwrap();
+    }
+
+    /// Schema 10's segments (format version 1) are read after the upgrade to 11, counted at
+    /// start, trimmed, and rewritten in version 2 when an entry is removed from one.
+    #[tokio::test]
+    async fn version_10_segments_are_still_read() {
+        let h = SqliteHarness::new("upgrade10");
+        let path = h.dir.join("m.db");
+        SqliteStorage::open(&path).unwrap().close().await.unwrap();
+        use crate::{MessageRecord, StreamEntryRecord};
+        let mut first = MessageRecord::new("t/a", &b"\x01\x02"[..], 1);
+        first.publisher = Some("p".into());
+        first.expires_at = Some(1_700_000_000_000);
+        let mut second = MessageRecord::new("t/b", &b"\x03"[..], 2);
+        second.retain = true;
+        second.properties = bytes::Bytes::from_static(&[0x0B, 0x01]);
+        let entry = |offset| StreamEntryRecord {
+            offset,
+            time_ms: 1_000 + offset,
+            message_id: offset,
+        };
+        let v1 = segment::tests::encode_v1(&[
+            (entry(1), segment::Body::Inline(&first)),
+            (entry(2), segment::Body::Inline(&second)),
+            (entry(3), segment::Body::Inline(&first)),
+        ]);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "INSERT INTO streams (name, next_offset, filter, max_age, max_bytes, last_value) \
+             VALUES ('s', 4, NULL, NULL, NULL, NULL)",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, \
+             refs, min_id, max_id, body) VALUES ('s', 1, 3, 3, 16, 0, 1, 3, ?1)",
+            [&v1],
+        )
+        .unwrap();
+        conn.execute_batch("PRAGMA user_version = 10").unwrap();
+        drop(conn);
+        let storage = SqliteStorage::open(&path).unwrap();
+        let state = storage.load().await.unwrap();
+        let s = &state.streams[0];
+        assert_eq!(
+            (
+                s.next_offset,
+                s.first_offset,
+                s.first_time_ms,
+                s.messages,
+                s.bytes
+            ),
+            (4, 1, 1_001, 3, 16)
+        );
+        async fn entries(storage: &SqliteStorage) -> Vec<(StreamEntryRecord, MessageRecord)> {
+            let read = storage.read_stream("s", 0, 0, 10, u64::MAX).await.unwrap();
+            read.into_iter().map(|r| (r.entry, r.message)).collect()
+        }
+        assert_eq!(
+            entries(&storage).await,
+            [
+                (entry(1), first.clone()),
+                (entry(2), second.clone()),
+                (entry(3), first.clone())
+            ]
+        );
+        let read = storage.read_stream("s", 2, 0, 1, u64::MAX).await.unwrap();
+        assert_eq!(read[0].message, second);
+        let stream = || "s".to_string();
+        let removed = Change::StreamEntryRemoved {
+            stream: stream(),
+            offset: 2,
+        };
+        storage.apply(&[removed]).await.unwrap();
+        assert_eq!(
+            entries(&storage).await,
+            [(entry(1), first.clone()), (entry(3), first.clone())]
+        );
+        let trimmed = Change::StreamTrimmed {
+            stream: stream(),
+            below: 3,
+        };
+        storage.apply(&[trimmed]).await.unwrap();
+        assert_eq!(entries(&storage).await, [(entry(3), first)]);
+        storage.close().await.unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let (version, format): (i64, Vec<u8>) = conn
+            .query_row(
+                "SELECT (SELECT user_version FROM pragma_user_version), substr(body, 1, 1) \
+                 FROM stream_segments",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((version, format), (SCHEMA_VERSION, vec![2]), "rewritten");
+        drop(conn);
+        let storage = SqliteStorage::open(&path).unwrap();
+        let state = storage.load().await.unwrap();
+        let s = &state.streams[0];
+        assert_eq!((s.first_offset, s.messages, s.bytes), (3, 1, 5));
         storage.close().await.unwrap();
     }
 
