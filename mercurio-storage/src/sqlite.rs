@@ -14,6 +14,7 @@
 //! - A session whose rows cannot be read (a damaged value, one a newer version wrote) is set
 //!   aside: reported in [`LoadedState::set_aside`] and left as it is.
 
+mod files;
 mod queue;
 mod segment;
 
@@ -64,12 +65,19 @@ use queue::QueueChanges;
 /// message (a stream releases each message as it leaves the broker's memory, in order).
 /// 10: a retained message's publisher's user name and listener port
 /// (`retained.publisher_username`, `retained.publisher_listener`, for `check_retain_source`;
-/// NULL in the rows of older versions).
-pub const SCHEMA_VERSION: i64 = 10;
+/// NULL in the rows of older versions). 11: a segment's body in a file beside the database
+/// (`stream_segments.file`, `position`, `length`, its `body` then empty, see [`files`]);
+/// the rows of older versions keep their bodies.
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// From version 9 to 10: who published a retained message, as its access check needs.
 const TO_10: &str = "ALTER TABLE retained ADD COLUMN publisher_username TEXT; \
      ALTER TABLE retained ADD COLUMN publisher_listener INTEGER;";
+
+/// From version 10 to 11: where a segment's body is when it is in a file (NULL: in `body`).
+const TO_11: &str = "ALTER TABLE stream_segments ADD COLUMN file INTEGER; \
+     ALTER TABLE stream_segments ADD COLUMN position INTEGER; \
+     ALTER TABLE stream_segments ADD COLUMN length INTEGER;";
 
 /// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
 /// is one reference of its message (`messages.refs`), like a queued delivery.
@@ -285,6 +293,7 @@ const UPGRADES: &[&str] = &[
     segments_table!(),
     released_runs_9!(),
     TO_10,
+    TO_11,
 ];
 
 /// Entries one segment holds at most: about what a reader asks for at once, so that a read
@@ -325,7 +334,7 @@ fn entries_to_segments(tx: &Transaction<'_>) -> rusqlite::Result<()> {
                     (*e, body)
                 })
                 .collect();
-            insert_segment(tx, stream, &bodies, &sizes)?;
+            insert_segment(tx, stream, &bodies, &sizes, None)?;
             entries.clear();
             Ok::<_, rusqlite::Error>(())
         };
@@ -445,7 +454,12 @@ CREATE TABLE meta (
     streams_tables!(),
     // Schema 8's tables, then 9's change (it replaces a table 8 creates, empty here).
     segments_table!(),
-    released_runs_9!()
+    released_runs_9!(),
+    "\n",
+    // Schema 11's columns of `stream_segments`.
+    "ALTER TABLE stream_segments ADD COLUMN file INTEGER; \
+     ALTER TABLE stream_segments ADD COLUMN position INTEGER; \
+     ALTER TABLE stream_segments ADD COLUMN length INTEGER;"
 );
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -466,7 +480,15 @@ impl std::fmt::Debug for SqliteStorage {
 
 /// What the dedicated thread owns. `None` once closed.
 struct Worker {
-    open: Option<(Connection, File)>,
+    open: Option<Open>,
+}
+
+/// An open database: the connection, the lock file, and the stream segment files (`None`
+/// for a database in memory).
+struct Open {
+    conn: Connection,
+    _lock: File,
+    files: Option<files::SegmentFiles>,
 }
 
 /// The lock file of the database at `path`: `path` with `.lock` appended.
@@ -486,13 +508,18 @@ impl SqliteStorage {
     pub fn open(path: impl AsRef<Path>) -> Result<SqliteStorage, StorageError> {
         let path = path.as_ref().to_path_buf();
         let (conn, lock) = open_database(&path)?;
+        let files = files::SegmentFiles::open(&conn)?;
         let (tx, rx) = std_mpsc::channel::<Job>();
         let name = format!("mercurio-sqlite {}", path.display());
         std::thread::Builder::new()
             .name(name.chars().take(15).collect())
             .spawn(move || {
                 let mut worker = Worker {
-                    open: Some((conn, lock)),
+                    open: Some(Open {
+                        conn,
+                        _lock: lock,
+                        files,
+                    }),
                 };
                 while let Ok(job) = rx.recv() {
                     job(&mut worker);
@@ -516,11 +543,22 @@ impl SqliteStorage {
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StorageError> + Send + 'static,
     {
+        self.call_with_files(|conn, _| f(conn)).await
+    }
+
+    /// Runs `f` on the dedicated thread with the open connection and its segment files.
+    async fn call_with_files<R, F>(&self, f: F) -> Result<R, StorageError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection, Option<&mut files::SegmentFiles>) -> Result<R, StorageError>
+            + Send
+            + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let path = self.path.clone();
         let job: Job = Box::new(move |worker: &mut Worker| {
             let result = match worker.open.as_mut() {
-                Some((conn, _)) => f(conn),
+                Some(open) => f(&mut open.conn, open.files.as_mut()),
                 None => Err(StorageError::fatal(format!(
                     "database {} is closed",
                     path.display()
@@ -729,13 +767,15 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     let mut held: HashMap<u64, i64> = HashMap::new();
     {
         let mut stmt = tx.prepare(
-            "SELECT s.body, t.trimmed FROM stream_segments s JOIN streams t \
-             ON t.name = s.stream WHERE s.refs > 0",
+            "SELECT t.trimmed, s.stream, s.body, s.file, s.position, s.length \
+             FROM stream_segments s JOIN streams t ON t.name = s.stream WHERE s.refs > 0",
         )?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
-            let from = u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0);
-            for d in segment::decode(row.get_ref(0)?.as_blob()?).unwrap_or_default() {
+            let from = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+            let stream: String = row.get(1)?;
+            let body = files::body(&tx, &stream, row, 2)?;
+            for d in segment::decode(&body).unwrap_or_default() {
                 if d.message.is_none() && d.entry.offset >= from {
                     *held.entry(d.entry.message_id).or_default() += 1;
                 }
@@ -770,7 +810,8 @@ fn read_stream(
         .unwrap_or(0);
     let from = from_offset.max(u64::try_from(trimmed).unwrap_or(0));
     let mut stmt = conn.prepare_cached(
-        "SELECT body FROM stream_segments WHERE stream = ?1 AND first_offset >= \
+        "SELECT body, file, position, length FROM stream_segments WHERE stream = ?1 \
+         AND first_offset >= \
          coalesce((SELECT max(first_offset) FROM stream_segments WHERE stream = ?1 \
          AND first_offset <= ?2), 0) ORDER BY first_offset",
     )?;
@@ -781,8 +822,8 @@ fn read_stream(
         let Some(row) = found.next()? else { break };
         let wanted = |e: &crate::StreamEntryRecord| e.offset >= from && e.time_ms >= from_time_ms;
         let left = max - entries.len();
-        let blob = row.get_ref(0)?.as_blob()?;
-        let Ok(decoded) = segment::decode_where(blob, wanted, left, max_bytes - bytes) else {
+        let blob = files::body(conn, stream, row, 0)?;
+        let Ok(decoded) = segment::decode_where(&blob, wanted, left, max_bytes - bytes) else {
             continue;
         };
         bytes += decoded
@@ -948,7 +989,8 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
          s.filter, s.max_age, s.max_bytes, s.last_value FROM streams s ORDER BY s.name",
     )?;
     let mut first_segment = conn.prepare(
-        "SELECT body FROM stream_segments WHERE stream = ?1 ORDER BY first_offset LIMIT 1",
+        "SELECT body, file, position, length FROM stream_segments WHERE stream = ?1 \
+         ORDER BY first_offset LIMIT 1",
     )?;
     let mut found = stmt.query([])?;
     let unsigned = |v: Option<i64>| v.map_or(0, |v| u64::try_from(v).unwrap_or(0));
@@ -967,7 +1009,9 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
         let mut messages = row.get::<_, f64>(4)? as u64;
         let mut bytes = row.get::<_, f64>(5)? as u64;
         let (mut first_offset, mut first_time_ms) = (next_offset, 0);
-        let first: Option<Vec<u8>> = first_segment.query_row([&name], |r| r.get(0)).optional()?;
+        let first: Option<Vec<u8>> = first_segment
+            .query_row([&name], |r| files::body(conn, &name, r, 0).map(|b| b.into_owned()))
+            .optional()?;
         if let Some(Ok(decoded)) = first.as_deref().map(segment::decode) {
             // Entries below the first offset are skipped, not counted. A referenced message
             // counts its bytes as stored in the segment row's total.
@@ -1674,22 +1718,23 @@ fn trim_segments(
     {
         let mut stmt = tx.prepare_cached(
             "DELETE FROM stream_segments WHERE stream = ?1 AND first_offset < ?2 \
-             AND last_offset < ?2 RETURNING refs, body",
+             AND last_offset < ?2 RETURNING refs, body, file, position, length",
         )?;
         let mut rows = stmt.query(params![stream, below])?;
         while let Some(row) = rows.next()? {
             if row.get::<_, i64>(0)? > 0 {
-                give_up_refs(row.get_ref(1)?.as_blob()?, refs, |o| o >= from);
+                give_up_refs(&files::body(tx, stream, row, 1)?, refs, |o| o >= from);
             }
         }
         // A segment partly below `below` is kept; its entries below give up theirs now.
         let mut stmt = tx.prepare_cached(
-            "SELECT body FROM stream_segments WHERE stream = ?1 AND first_offset < ?2 \
-             AND refs > 0",
+            "SELECT body, file, position, length FROM stream_segments WHERE stream = ?1 \
+             AND first_offset < ?2 AND refs > 0",
         )?;
         let mut rows = stmt.query(params![stream, below])?;
         while let Some(row) = rows.next()? {
-            give_up_refs(row.get_ref(0)?.as_blob()?, refs, |o| o >= from && o < to);
+            let body = files::body(tx, stream, row, 0)?;
+            give_up_refs(&body, refs, |o| o >= from && o < to);
         }
     }
     tx.prepare_cached("UPDATE streams SET trimmed = ?2 WHERE name = ?1")?
@@ -1716,11 +1761,14 @@ fn remove_segment_entry(
 ) -> rusqlite::Result<()> {
     let found: Option<(i64, Vec<u8>)> = tx
         .prepare_cached(
-            "SELECT first_offset, body FROM stream_segments WHERE stream = ?1 \
-             AND first_offset = (SELECT max(first_offset) FROM stream_segments \
-             WHERE stream = ?1 AND first_offset <= ?2) AND last_offset >= ?2",
+            "SELECT first_offset, body, file, position, length FROM stream_segments \
+             WHERE stream = ?1 AND first_offset = (SELECT max(first_offset) \
+             FROM stream_segments WHERE stream = ?1 AND first_offset <= ?2) \
+             AND last_offset >= ?2",
         )?
-        .query_row(params![stream, offset], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(params![stream, offset], |r| {
+            Ok((r.get(0)?, files::body(tx, stream, r, 1)?.into_owned()))
+        })
         .optional()?;
     let Some((first, body)) = found else {
         return Ok(());
@@ -1759,7 +1807,8 @@ fn remove_segment_entry(
             (d.entry, body)
         })
         .collect();
-    insert_segment(tx, stream, &entries, &sizes)
+    // Rewritten inline: a file is append-only.
+    insert_segment(tx, stream, &entries, &sizes, None)
 }
 
 /// The bytes (topic, payload, properties) of each stored message of `ids`.
@@ -1780,12 +1829,14 @@ fn ref_sizes(tx: &Transaction<'_>, ids: &[u64]) -> rusqlite::Result<HashMap<u64,
     Ok(out)
 }
 
-/// Writes `entries` (offset order, not empty) of `stream` as one segment row.
+/// Writes `entries` (offset order, not empty) of `stream` as one segment row, its body
+/// appended to the stream's file by `to` (the row then refers to it), or in the row.
 fn insert_segment(
     tx: &Transaction<'_>,
     stream: &str,
     entries: &[(crate::StreamEntryRecord, segment::Body<'_>)],
     sizes: &HashMap<u64, i64>,
+    to: Option<&mut files::Appends<'_>>,
 ) -> rusqlite::Result<()> {
     let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
         return Ok(());
@@ -1805,11 +1856,8 @@ fn insert_segment(
             }
         }
     }
-    tx.prepare_cached(
-        "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, refs, \
-         min_id, max_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?
-    .execute(params![
+    let body = segment::encode(entries);
+    let row = params![
         stream,
         to_i64(first.0.offset),
         to_i64(last.0.offset),
@@ -1818,17 +1866,40 @@ fn insert_segment(
         refs,
         min_id.map(to_i64),
         max_id.map(to_i64),
-        segment::encode(entries),
-    ])?;
+    ];
+    let Some(to) = to else {
+        // Without the columns of schema 11: the upgrade from 7 writes these too.
+        tx.prepare_cached(
+            "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, \
+             refs, min_id, max_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )?
+        .execute(rusqlite::params_from_iter(row.iter().copied().chain([&body as &dyn rusqlite::ToSql])))?;
+        return Ok(());
+    };
+    let at = to
+        .append(stream, &body)
+        .map_err(|e| files::write_failure(stream, e))?;
+    tx.prepare_cached(
+        "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, refs, \
+         min_id, max_id, body, file, position, length) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, X'', ?9, ?10, ?11)",
+    )?
+    .execute(rusqlite::params_from_iter(row.iter().copied().chain([
+        &to_i64(at.file) as &dyn rusqlite::ToSql,
+        &to_i64(at.position),
+        &to_i64(at.length),
+    ])))?;
     Ok(())
 }
 
 /// Writes the segments the batch appended: per stream, one row per
-/// [`ENTRIES_PER_SEGMENT`] entries.
+/// [`ENTRIES_PER_SEGMENT`] entries, their bodies in the stream's file through `appends`
+/// (a `last_value` stream's in the rows: an older value's removal rewrites its segment).
 fn write_segments(
     tx: &Transaction<'_>,
     segments: &BTreeMap<&str, Vec<(crate::StreamEntryRecord, segment::Body<'_>)>>,
     refs: &mut Refs,
+    mut appends: Option<&mut files::Appends<'_>>,
 ) -> rusqlite::Result<()> {
     for (stream, entries) in segments {
         let Some((first, _)) = entries.first() else {
@@ -1854,8 +1925,14 @@ fn write_segments(
             .map(|(e, _)| e.message_id)
             .collect();
         let sizes = ref_sizes(tx, &ids)?;
+        let last_value: bool = tx
+            .prepare_cached("SELECT coalesce(last_value, 0) FROM streams WHERE name = ?1")?
+            .query_row([stream], |r| r.get(0))
+            .optional()?
+            .unwrap_or(false);
         for chunk in entries.chunks(ENTRIES_PER_SEGMENT) {
-            insert_segment(tx, stream, chunk, &sizes)?;
+            let to = appends.as_deref_mut().filter(|_| !last_value);
+            insert_segment(tx, stream, chunk, &sizes, to)?;
         }
     }
     Ok(())
@@ -1866,15 +1943,16 @@ fn write_segments(
 /// segment holds it.
 fn materialize(tx: &Transaction<'_>, id: u64, refs: i64) -> rusqlite::Result<bool> {
     let mut stmt = tx.prepare_cached(
-        "SELECT g.body, t.trimmed FROM stream_segments g JOIN streams t ON t.name = g.stream \
-         WHERE g.min_id <= ?1 AND g.max_id >= ?1 AND g.min_id IS NOT NULL \
+        "SELECT t.trimmed, g.stream, g.body, g.file, g.position, g.length \
+         FROM stream_segments g JOIN streams t ON t.name = g.stream WHERE g.min_id <= ?1 AND g.max_id >= ?1 AND g.min_id IS NOT NULL \
          ORDER BY g.min_id DESC",
     )?;
     let mut rows = stmt.query([to_i64(id)])?;
     let mut message = None;
     while let Some(row) = rows.next()? {
-        let from = u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0);
-        let Ok(decoded) = segment::decode(row.get_ref(0)?.as_blob()?) else {
+        let from = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+        let stream: String = row.get(1)?;
+        let Ok(decoded) = segment::decode(&files::body(tx, &stream, row, 2)?) else {
             continue;
         };
         // An entry below its stream's first offset is gone.
@@ -1972,7 +2050,12 @@ fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<R
     Ok(Ok(()))
 }
 
-fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result<(), StorageError> {
+fn apply_batch(
+    conn: &mut Connection,
+    mut files: Option<&mut files::SegmentFiles>,
+    batch: &[Change],
+    durable: bool,
+) -> Result<(), StorageError> {
     validate_batch(batch)?;
     if durable {
         conn.pragma_update(None, "synchronous", "FULL")
@@ -1982,6 +2065,7 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(classify)?;
+        let mut appends = files.as_deref_mut().map(files::SegmentFiles::appends);
         let mut pending = Pending {
             cancelled: cancelled_sets(batch),
             inline: inline_candidates(batch),
@@ -2017,7 +2101,8 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
             ..
         } = pending;
         move_streams_on(&tx, &appended).map_err(|e| failed(batch.len(), e))?;
-        write_segments(&tx, &segments, &mut refs).map_err(|e| failed(batch.len(), e))?;
+        write_segments(&tx, &segments, &mut refs, appends.as_mut())
+            .map_err(|e| failed(batch.len(), e))?;
         queues
             .write_all(&tx, &mut refs)
             .map_err(|e| failed(batch.len(), e))?;
@@ -2032,10 +2117,31 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
                 ))
             }
         }
-        tx.commit().map_err(classify)
+        // The bytes the rows refer to are on disk before a durable commit.
+        if let Some(a) = appends.as_mut().filter(|_| durable) {
+            a.sync().map_err(|e| {
+                StorageError::transient(format!("cannot sync the stream segment files: {e}"))
+            })?;
+        }
+        tx.commit().map_err(classify)?;
+        if let Some(a) = appends {
+            a.committed();
+        }
+        Ok(())
     })();
     if durable {
         let _ = conn.pragma_update(None, "synchronous", "NORMAL");
+    }
+    if let Some(files) = files.filter(|_| result.is_ok()) {
+        // Files of trimmed or deleted ranges go once no committed row refers to them.
+        let retained = batch.iter().filter_map(|c| match c {
+            Change::StreamTrimmed { stream, .. }
+            | Change::StreamDeleted { stream }
+            | Change::StreamEntryRemoved { stream, .. } => Some(stream.as_str()),
+            _ => None,
+        });
+        files.tidy(conn, retained);
+        files.after_commit(conn);
     }
     result
 }
@@ -2096,7 +2202,7 @@ impl Storage for SqliteStorage {
             return Ok(());
         }
         let batch = batch.to_vec();
-        self.call(move |conn| apply_batch(conn, &batch, false))
+        self.call_with_files(move |conn, files| apply_batch(conn, files, &batch, false))
             .await
     }
 
@@ -2105,7 +2211,8 @@ impl Storage for SqliteStorage {
             return self.flush().await;
         }
         let batch = batch.to_vec();
-        self.call(move |conn| apply_batch(conn, &batch, true)).await
+        self.call_with_files(move |conn, files| apply_batch(conn, files, &batch, true))
+            .await
     }
 
     async fn apply_shared(
@@ -2119,7 +2226,7 @@ impl Storage for SqliteStorage {
         if batch.is_empty() {
             return Ok(());
         }
-        self.call(move |conn| apply_batch(conn, &batch, durable))
+        self.call_with_files(move |conn, files| apply_batch(conn, files, &batch, durable))
             .await
     }
 
@@ -2204,7 +2311,13 @@ impl Storage for SqliteStorage {
     async fn flush(&self) -> Result<(), StorageError> {
         // A commit with synchronous = FULL syncs the write-ahead log, and with it every
         // commit before it.
-        self.call(|conn| {
+        self.call_with_files(|conn, files| {
+            // And the segment files written since their last sync, first.
+            if let Some(files) = files {
+                files.sync_unsynced().map_err(|e| {
+                    StorageError::transient(format!("cannot sync the stream segment files: {e}"))
+                })?;
+            }
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(classify)?;
             let result = conn
