@@ -2603,6 +2603,269 @@ mod tests {
         storage.close().await.unwrap();
     }
 
+    /// Schema 10's segments keep their bodies in their rows; the upgrade to 11 adds where
+    /// a body in a file is, and new segments go to the stream's file.
+    #[tokio::test]
+    async fn version_10_segments_keep_their_bodies() {
+        let h = SqliteHarness::new("upgrade10");
+        let path = h.dir.join("m.db");
+        old_database(&path, 3, "");
+        let conn = Connection::open(&path).unwrap();
+        for (from, upgrade) in UPGRADES.iter().enumerate().take(9).skip(2) {
+            let to = from + 2;
+            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
+                .unwrap();
+        }
+        let old = pieces("s", 1..=3, 5);
+        let bodies: Vec<_> = old
+            .iter()
+            .map(|a| (a.entry, segment::Body::Inline(&a.message)))
+            .collect();
+        conn.execute(
+            "INSERT INTO streams (name, next_offset) VALUES ('s', 4)",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, \
+             refs, min_id, max_id, body) VALUES ('s', 1, 3, 3, 0, 0, 1001, 1003, ?1)",
+            [segment::encode(&bodies)],
+        )
+        .unwrap();
+        conn.execute_batch("PRAGMA user_version = 10;").unwrap();
+        drop(conn);
+        let storage = SqliteStorage::open(&path).unwrap();
+        storage.load().await.unwrap();
+        storage
+            .apply(&[Change::StreamSegment {
+                stream: "s".into(),
+                entries: pieces("s", 4..=5, 5),
+            }])
+            .await
+            .unwrap();
+        assert_eq!(read_offsets(&storage, "s").await, [1, 2, 3, 4, 5]);
+        storage.close().await.unwrap();
+        drop(storage);
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        let places: Vec<(i64, Option<i64>, i64)> = conn
+            .prepare("SELECT first_offset, file, length(body) FROM stream_segments ORDER BY 1")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        assert!(places[0].1.is_none() && places[0].2 > 0, "{places:?}");
+        assert_eq!((places[1].0, places[1].1, places[1].2), (4, Some(0), 0));
+        assert!(segment_file(&path, "s", 0).is_file());
+    }
+
+    /// Entries at `offsets` of `stream`, each with a payload of `len` bytes (the offset's
+    /// digits repeated) stored under id `1000 + offset`.
+    fn pieces(
+        _stream: &str,
+        offsets: std::ops::RangeInclusive<u64>,
+        len: usize,
+    ) -> Vec<crate::StreamAppend> {
+        offsets
+            .map(|offset| crate::StreamAppend {
+                entry: crate::StreamEntryRecord {
+                    offset,
+                    time_ms: 1_000 + offset,
+                    message_id: 1_000 + offset,
+                },
+                message: crate::MessageRecord::new("seg/t", payload_of(offset, len), 1),
+            })
+            .collect()
+    }
+
+    fn payload_of(offset: u64, len: usize) -> Vec<u8> {
+        offset.to_string().bytes().cycle().take(len).collect()
+    }
+
+    /// The offsets read back from `stream`, each payload checked.
+    async fn read_offsets(storage: &SqliteStorage, stream: &str) -> Vec<u64> {
+        let read = storage
+            .read_stream(stream, 0, 0, 100_000, u64::MAX)
+            .await
+            .unwrap();
+        for r in &read {
+            let len = r.message.payload.len();
+            assert_eq!(r.message.payload, payload_of(r.entry.offset, len));
+        }
+        read.iter().map(|r| r.entry.offset).collect()
+    }
+
+    /// Segment file `n` of `stream` of the database at `db`.
+    fn segment_file(db: &Path, stream: &str, n: u64) -> PathBuf {
+        PathBuf::from(format!("{}-streams", db.display()))
+            .join(format!("s-{stream}"))
+            .join(format!("{n}.seg"))
+    }
+
+    /// Bytes after the last segment a row refers to (a SIGKILL between a batch's write and
+    /// its commit) are cut when the database is opened, and the next segment goes there.
+    #[tokio::test]
+    async fn torn_tail_is_cut_when_reopened() {
+        let h = SqliteHarness::new("torn");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        for range in [1..=10, 11..=20] {
+            storage
+                .apply(&[Change::StreamSegment {
+                    stream: "s".into(),
+                    entries: pieces("s", range, 300),
+                }])
+                .await
+                .unwrap();
+        }
+        storage.close().await.unwrap();
+        drop(storage);
+        let file = segment_file(&path, "s", 0);
+        let len = std::fs::metadata(&file).unwrap().len();
+        assert!(len > 20 * 300, "{len}");
+        {
+            use std::io::Write;
+            let mut f = OpenOptions::new().append(true).open(&file).unwrap();
+            f.write_all(&[0xAB; 1000]).unwrap();
+        }
+        let storage = SqliteStorage::open(&path).unwrap();
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), len, "cut to its end");
+        let state = storage.load().await.unwrap();
+        assert_eq!(state.streams[0].messages, 20);
+        assert_eq!(read_offsets(&storage, "s").await, (1..=20).collect::<Vec<_>>());
+        storage
+            .apply(&[Change::StreamSegment {
+                stream: "s".into(),
+                entries: pieces("s", 21..=30, 300),
+            }])
+            .await
+            .unwrap();
+        assert_eq!(read_offsets(&storage, "s").await, (1..=30).collect::<Vec<_>>());
+        let storage = {
+            storage.close().await.unwrap();
+            drop(storage);
+            SqliteStorage::open(&path).unwrap()
+        };
+        assert_eq!(read_offsets(&storage, "s").await, (1..=30).collect::<Vec<_>>());
+    }
+
+    /// Retention unlinks the files no row refers to any more, a deleted stream's directory
+    /// goes, and names that are special in paths (`.`, `..`) stay inside the directory of
+    /// segment files. A `last_value` stream keeps its segments in its rows.
+    #[tokio::test]
+    async fn trimmed_files_and_deleted_streams_are_removed() {
+        let h = SqliteHarness::new("trimfiles");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        // 12 batches of 10 entries of 64 KiB: 7.5 MiB, so files 0 and 1.
+        for stream in [".", ".."] {
+            for b in 0..12u64 {
+                storage
+                    .apply(&[Change::StreamSegment {
+                        stream: stream.into(),
+                        entries: pieces(stream, b * 10 + 1..=b * 10 + 10, 64 << 10),
+                    }])
+                    .await
+                    .unwrap();
+            }
+        }
+        for stream in [".", ".."] {
+            assert!(segment_file(&path, stream, 0).is_file());
+            assert!(segment_file(&path, stream, 1).is_file());
+            assert!(!segment_file(&path, stream, 2).exists());
+        }
+        // File 0 holds the first 7 batches (4.375 MiB), so below 71 it is not needed.
+        storage
+            .apply(&[Change::StreamTrimmed {
+                stream: ".".into(),
+                below: 71,
+            }])
+            .await
+            .unwrap();
+        assert!(!segment_file(&path, ".", 0).exists(), "trimmed file unlinked");
+        assert!(segment_file(&path, ".", 1).is_file());
+        assert_eq!(read_offsets(&storage, ".").await, (71..=120).collect::<Vec<_>>());
+        storage
+            .apply(&[Change::StreamDeleted { stream: ".".into() }])
+            .await
+            .unwrap();
+        assert!(!segment_file(&path, ".", 1).parent().unwrap().exists());
+        assert_eq!(read_offsets(&storage, "..").await, (1..=120).collect::<Vec<_>>());
+        // A last_value stream's segments stay in its rows.
+        storage
+            .apply(&[
+                Change::StreamDefined {
+                    stream: "lv".into(),
+                    definition: crate::StreamDefinition {
+                        filter: "lv/#".into(),
+                        max_age: 0,
+                        max_bytes: 0,
+                        last_value: true,
+                    },
+                },
+                Change::StreamSegment {
+                    stream: "lv".into(),
+                    entries: pieces("lv", 1..=3, 10),
+                },
+            ])
+            .await
+            .unwrap();
+        assert_eq!(read_offsets(&storage, "lv").await, [1, 2, 3]);
+        assert!(!segment_file(&path, "lv", 0).parent().unwrap().exists());
+        storage.close().await.unwrap();
+        drop(storage);
+        let storage = SqliteStorage::open(&path).unwrap();
+        assert_eq!(read_offsets(&storage, "..").await, (1..=120).collect::<Vec<_>>());
+        assert!(h.dir.join("m.db-streams").join("s-..").is_dir());
+        assert!(h.dir.join("m.db").is_file(), "nothing outside was touched");
+    }
+
+    /// A row whose file is missing or shorter than the row says makes opening fail with an
+    /// error naming the stream, the file and the offsets (no panic, nothing dropped).
+    #[tokio::test]
+    async fn missing_or_short_segment_file_is_an_error() {
+        let h = SqliteHarness::new("missingfile");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        storage
+            .apply(&[Change::StreamSegment {
+                stream: "gone".into(),
+                entries: pieces("gone", 1..=5, 100),
+            }])
+            .await
+            .unwrap();
+        storage.close().await.unwrap();
+        drop(storage);
+        let file = segment_file(&path, "gone", 0);
+        let len = std::fs::metadata(&file).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(len - 10)
+            .unwrap();
+        let e = SqliteStorage::open(&path).unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.contains("stream gone")
+                && message.contains("0.seg")
+                && message.contains("offsets 1 to 5"),
+            "{message}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        let e = SqliteStorage::open(&path).unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.contains("stream gone") && message.contains("missing"),
+            "{message}"
+        );
+        assert_eq!(e.kind(), crate::ErrorKind::Fatal);
+    }
+
     /// Schema 8's releases of inline messages, one row each, become runs of one; a batch
     /// writes runs of consecutive ids.
     #[tokio::test]
