@@ -1010,7 +1010,9 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
         let mut bytes = row.get::<_, f64>(5)? as u64;
         let (mut first_offset, mut first_time_ms) = (next_offset, 0);
         let first: Option<Vec<u8>> = first_segment
-            .query_row([&name], |r| files::body(conn, &name, r, 0).map(|b| b.into_owned()))
+            .query_row([&name], |r| {
+                files::body(conn, &name, r, 0).map(|b| b.into_owned())
+            })
             .optional()?;
         if let Some(Ok(decoded)) = first.as_deref().map(segment::decode) {
             // Entries below the first offset are skipped, not counted. A referenced message
@@ -1873,7 +1875,9 @@ fn insert_segment(
             "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, \
              refs, min_id, max_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?
-        .execute(rusqlite::params_from_iter(row.iter().copied().chain([&body as &dyn rusqlite::ToSql])))?;
+        .execute(rusqlite::params_from_iter(
+            row.iter().copied().chain([&body as &dyn rusqlite::ToSql]),
+        ))?;
         return Ok(());
     };
     let at = to
@@ -2527,6 +2531,19 @@ mod tests {
 
     /// A database of schema `version` built with the SQL of version 3 (and, below 3, without
     /// the columns added since).
+    /// A database of schema 3 brought to `version` by the upgrades' statements alone (the
+    /// rows a test then adds are upgraded when the storage opens it).
+    fn upgraded_database(path: &Path, version: usize) -> Connection {
+        old_database(path, 3, "");
+        let conn = Connection::open(path).unwrap();
+        for (from, upgrade) in UPGRADES.iter().enumerate().take(version - 1).skip(2) {
+            let to = from + 2;
+            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
+                .unwrap();
+        }
+        conn
+    }
+
     fn old_database(path: &Path, version: i64, extra: &str) {
         let conn = Connection::open(path).unwrap();
         let downgrade = if version < 3 {
@@ -2609,14 +2626,8 @@ mod tests {
     async fn version_10_segments_keep_their_bodies() {
         let h = SqliteHarness::new("upgrade10");
         let path = h.dir.join("m.db");
-        old_database(&path, 3, "");
-        let conn = Connection::open(&path).unwrap();
-        for (from, upgrade) in UPGRADES.iter().enumerate().take(9).skip(2) {
-            let to = from + 2;
-            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
-                .unwrap();
-        }
-        let old = pieces("s", 1..=3, 5);
+        let conn = upgraded_database(&path, 10);
+        let old = pieces(1..=3, 5);
         let bodies: Vec<_> = old
             .iter()
             .map(|a| (a.entry, segment::Body::Inline(&a.message)))
@@ -2636,13 +2647,7 @@ mod tests {
         drop(conn);
         let storage = SqliteStorage::open(&path).unwrap();
         storage.load().await.unwrap();
-        storage
-            .apply(&[Change::StreamSegment {
-                stream: "s".into(),
-                entries: pieces("s", 4..=5, 5),
-            }])
-            .await
-            .unwrap();
+        append(&storage, "s", 4..=5, 5).await;
         assert_eq!(read_offsets(&storage, "s").await, [1, 2, 3, 4, 5]);
         storage.close().await.unwrap();
         drop(storage);
@@ -2663,13 +2668,9 @@ mod tests {
         assert!(segment_file(&path, "s", 0).is_file());
     }
 
-    /// Entries at `offsets` of `stream`, each with a payload of `len` bytes (the offset's
+    /// Entries at `offsets`, each with a payload of `len` bytes (the offset's
     /// digits repeated) stored under id `1000 + offset`.
-    fn pieces(
-        _stream: &str,
-        offsets: std::ops::RangeInclusive<u64>,
-        len: usize,
-    ) -> Vec<crate::StreamAppend> {
+    fn pieces(offsets: std::ops::RangeInclusive<u64>, len: usize) -> Vec<crate::StreamAppend> {
         offsets
             .map(|offset| crate::StreamAppend {
                 entry: crate::StreamEntryRecord {
@@ -2684,6 +2685,22 @@ mod tests {
 
     fn payload_of(offset: u64, len: usize) -> Vec<u8> {
         offset.to_string().bytes().cycle().take(len).collect()
+    }
+
+    /// Appends the entries at `offsets` of `stream` ([`pieces`]) in one batch.
+    async fn append(
+        storage: &SqliteStorage,
+        stream: &str,
+        offsets: std::ops::RangeInclusive<u64>,
+        len: usize,
+    ) {
+        storage
+            .apply(&[Change::StreamSegment {
+                stream: stream.into(),
+                entries: pieces(offsets, len),
+            }])
+            .await
+            .unwrap();
     }
 
     /// The offsets read back from `stream`, each payload checked.
@@ -2714,13 +2731,7 @@ mod tests {
         let path = h.dir.join("m.db");
         let storage = SqliteStorage::open(&path).unwrap();
         for range in [1..=10, 11..=20] {
-            storage
-                .apply(&[Change::StreamSegment {
-                    stream: "s".into(),
-                    entries: pieces("s", range, 300),
-                }])
-                .await
-                .unwrap();
+            append(&storage, "s", range, 300).await;
         }
         storage.close().await.unwrap();
         drop(storage);
@@ -2733,24 +2744,31 @@ mod tests {
             f.write_all(&[0xAB; 1000]).unwrap();
         }
         let storage = SqliteStorage::open(&path).unwrap();
-        assert_eq!(std::fs::metadata(&file).unwrap().len(), len, "cut to its end");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().len(),
+            len,
+            "cut to its end"
+        );
         let state = storage.load().await.unwrap();
         assert_eq!(state.streams[0].messages, 20);
-        assert_eq!(read_offsets(&storage, "s").await, (1..=20).collect::<Vec<_>>());
-        storage
-            .apply(&[Change::StreamSegment {
-                stream: "s".into(),
-                entries: pieces("s", 21..=30, 300),
-            }])
-            .await
-            .unwrap();
-        assert_eq!(read_offsets(&storage, "s").await, (1..=30).collect::<Vec<_>>());
+        assert_eq!(
+            read_offsets(&storage, "s").await,
+            (1..=20).collect::<Vec<_>>()
+        );
+        append(&storage, "s", 21..=30, 300).await;
+        assert_eq!(
+            read_offsets(&storage, "s").await,
+            (1..=30).collect::<Vec<_>>()
+        );
         let storage = {
             storage.close().await.unwrap();
             drop(storage);
             SqliteStorage::open(&path).unwrap()
         };
-        assert_eq!(read_offsets(&storage, "s").await, (1..=30).collect::<Vec<_>>());
+        assert_eq!(
+            read_offsets(&storage, "s").await,
+            (1..=30).collect::<Vec<_>>()
+        );
     }
 
     /// Retention unlinks the files no row refers to any more, a deleted stream's directory
@@ -2764,13 +2782,7 @@ mod tests {
         // 12 batches of 10 entries of 64 KiB: 7.5 MiB, so files 0 and 1.
         for stream in [".", ".."] {
             for b in 0..12u64 {
-                storage
-                    .apply(&[Change::StreamSegment {
-                        stream: stream.into(),
-                        entries: pieces(stream, b * 10 + 1..=b * 10 + 10, 64 << 10),
-                    }])
-                    .await
-                    .unwrap();
+                append(&storage, stream, b * 10 + 1..=b * 10 + 10, 64 << 10).await;
             }
         }
         for stream in [".", ".."] {
@@ -2786,15 +2798,24 @@ mod tests {
             }])
             .await
             .unwrap();
-        assert!(!segment_file(&path, ".", 0).exists(), "trimmed file unlinked");
+        assert!(
+            !segment_file(&path, ".", 0).exists(),
+            "trimmed file unlinked"
+        );
         assert!(segment_file(&path, ".", 1).is_file());
-        assert_eq!(read_offsets(&storage, ".").await, (71..=120).collect::<Vec<_>>());
+        assert_eq!(
+            read_offsets(&storage, ".").await,
+            (71..=120).collect::<Vec<_>>()
+        );
         storage
             .apply(&[Change::StreamDeleted { stream: ".".into() }])
             .await
             .unwrap();
         assert!(!segment_file(&path, ".", 1).parent().unwrap().exists());
-        assert_eq!(read_offsets(&storage, "..").await, (1..=120).collect::<Vec<_>>());
+        assert_eq!(
+            read_offsets(&storage, "..").await,
+            (1..=120).collect::<Vec<_>>()
+        );
         // A last_value stream's segments stay in its rows.
         storage
             .apply(&[
@@ -2809,7 +2830,7 @@ mod tests {
                 },
                 Change::StreamSegment {
                     stream: "lv".into(),
-                    entries: pieces("lv", 1..=3, 10),
+                    entries: pieces(1..=3, 10),
                 },
             ])
             .await
@@ -2819,7 +2840,10 @@ mod tests {
         storage.close().await.unwrap();
         drop(storage);
         let storage = SqliteStorage::open(&path).unwrap();
-        assert_eq!(read_offsets(&storage, "..").await, (1..=120).collect::<Vec<_>>());
+        assert_eq!(
+            read_offsets(&storage, "..").await,
+            (1..=120).collect::<Vec<_>>()
+        );
         assert!(h.dir.join("m.db-streams").join("s-..").is_dir());
         assert!(h.dir.join("m.db").is_file(), "nothing outside was touched");
     }
@@ -2831,13 +2855,7 @@ mod tests {
         let h = SqliteHarness::new("missingfile");
         let path = h.dir.join("m.db");
         let storage = SqliteStorage::open(&path).unwrap();
-        storage
-            .apply(&[Change::StreamSegment {
-                stream: "gone".into(),
-                entries: pieces("gone", 1..=5, 100),
-            }])
-            .await
-            .unwrap();
+        append(&storage, "gone", 1..=5, 100).await;
         storage.close().await.unwrap();
         drop(storage);
         let file = segment_file(&path, "gone", 0);
@@ -2908,13 +2926,7 @@ mod tests {
     async fn version_7_stream_entries_become_segments() {
         let h = SqliteHarness::new("upgrade7");
         let path = h.dir.join("m.db");
-        old_database(&path, 3, "");
-        let conn = Connection::open(&path).unwrap();
-        for (from, upgrade) in UPGRADES.iter().enumerate().take(6).skip(2) {
-            let to = from + 2;
-            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
-                .unwrap();
-        }
+        let conn = upgraded_database(&path, 7);
         conn.execute_batch(
             "INSERT INTO sessions (client_id, protocol_level, session_expiry_interval) \
              VALUES ('c', 5, 3600); \

@@ -113,7 +113,7 @@ fn damaged(message: String) -> StorageError {
 }
 
 impl SegmentFiles {
-    /// Opens the segment files of the database `db` (whose schema is current): cuts each
+    /// Opens the segment files of the database `conn` has open (its schema current): cuts each
     /// file to the largest end a row refers to, deletes files no row refers to, and checks
     /// that every row's bytes are there. `None` for a database in memory.
     ///
@@ -206,8 +206,7 @@ impl SegmentFiles {
         // Directories of streams no row refers to (deleted, or never committed).
         match std::fs::read_dir(&root) {
             Ok(entries) => {
-                let kept: HashSet<PathBuf> =
-                    ends.keys().map(|s| stream_dir(&root, s)).collect();
+                let kept: HashSet<PathBuf> = ends.keys().map(|s| stream_dir(&root, s)).collect();
                 for entry in entries {
                     let entry = entry.map_err(|e| io_error("read", &root, e))?;
                     let path = entry.path();
@@ -325,9 +324,7 @@ impl SegmentFiles {
                 let upto = first.map_or(current.file, |f| unsigned(Some(f)).min(current.file));
                 for n in current.oldest..upto {
                     match std::fs::remove_file(dir.join(format!("{n}.seg"))) {
-                        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                            return Err(e.to_string())
-                        }
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.to_string()),
                         _ => current.oldest = n + 1,
                     }
                 }
@@ -560,6 +557,8 @@ pub(super) fn write_failure(stream: &str, e: io::Error) -> rusqlite::Error {
     };
     rusqlite::Error::SqliteFailure(
         rusqlite::ffi::Error::new(code),
-        Some(format!("stream {stream}: cannot write its segment file: {e}")),
+        Some(format!(
+            "stream {stream}: cannot write its segment file: {e}"
+        )),
     )
 }
