@@ -2848,6 +2848,57 @@ mod tests {
         assert!(h.dir.join("m.db").is_file(), "nothing outside was touched");
     }
 
+    /// A batch refused after its segment was written to the file leaves the file's end
+    /// where it was: the next batch writes over those bytes, and nothing refers to them.
+    #[tokio::test]
+    async fn a_refused_batch_is_overwritten_by_the_next() {
+        let h = SqliteHarness::new("refusedfile");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        let missing = Change::StreamAppended {
+            stream: "s".into(),
+            entry: crate::StreamEntryRecord {
+                offset: 6,
+                time_ms: 1,
+                message_id: 999,
+            },
+        };
+        let segment = Change::StreamSegment {
+            stream: "s".into(),
+            entries: pieces(1..=5, 100),
+        };
+        // The entry at 6 refers to a message that is not stored: refused at the end of the
+        // batch, after the segment of 1 to 6 went to the file.
+        let e = storage
+            .apply(&[segment.clone(), missing])
+            .await
+            .unwrap_err();
+        assert!(e.is_refused(), "{e}");
+        let file = segment_file(&path, "s", 0);
+        let written = std::fs::metadata(&file).unwrap().len();
+        assert!(written > 500, "{written}");
+        storage.apply(&[segment]).await.unwrap();
+        append(&storage, "s", 6..=7, 100).await;
+        assert_eq!(read_offsets(&storage, "s").await, [1, 2, 3, 4, 5, 6, 7]);
+        storage.close().await.unwrap();
+        drop(storage);
+        let places: Vec<(i64, i64)> = Connection::open(&path)
+            .unwrap()
+            .prepare("SELECT position, length FROM stream_segments ORDER BY first_offset")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(places.len(), 2);
+        assert_eq!(places[0].0, 0, "written again from the start");
+        assert_eq!(places[1].0, places[0].1, "then after it");
+        let storage = SqliteStorage::open(&path).unwrap();
+        let end = u64::try_from(places[1].0 + places[1].1).unwrap();
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), end);
+        assert_eq!(read_offsets(&storage, "s").await, [1, 2, 3, 4, 5, 6, 7]);
+    }
+
     /// A row whose file is missing or shorter than the row says makes opening fail with an
     /// error naming the stream, the file and the offsets (no panic, nothing dropped).
     #[tokio::test]
