@@ -13,6 +13,9 @@
 //!   ([`ErrorKind::Incompatible`]).
 //! - A session whose rows cannot be read (a damaged value, one a newer version wrote) is set
 //!   aside: reported in [`LoadedState::set_aside`] and left as it is.
+//! - Stream segments' messages are in append-only files in `<database>-streams/` (see
+//!   [`files`]), the rows saying where; the write-ahead log is checkpointed by this thread
+//!   once a second, after syncing those files, instead of by SQLite's automatic checkpoint.
 
 mod files;
 mod queue;
