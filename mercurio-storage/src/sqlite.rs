@@ -77,10 +77,15 @@ pub const SCHEMA_VERSION: i64 = 11;
 const TO_10: &str = "ALTER TABLE retained ADD COLUMN publisher_username TEXT; \
      ALTER TABLE retained ADD COLUMN publisher_listener INTEGER;";
 
-/// From version 10 to 11: where a segment's body is when it is in a file (NULL: in `body`).
-const TO_11: &str = "ALTER TABLE stream_segments ADD COLUMN file INTEGER; \
-     ALTER TABLE stream_segments ADD COLUMN position INTEGER; \
-     ALTER TABLE stream_segments ADD COLUMN length INTEGER;";
+/// From version 10 to 11 (and in [`SCHEMA`]): where a segment's body is when it is in a
+/// file (NULL: in `body`).
+macro_rules! segment_places_11 {
+    () => {
+        "ALTER TABLE stream_segments ADD COLUMN file INTEGER; \
+         ALTER TABLE stream_segments ADD COLUMN position INTEGER; \
+         ALTER TABLE stream_segments ADD COLUMN length INTEGER;"
+    };
+}
 
 /// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
 /// is one reference of its message (`messages.refs`), like a queued delivery.
@@ -296,7 +301,7 @@ const UPGRADES: &[&str] = &[
     segments_table!(),
     released_runs_9!(),
     TO_10,
-    TO_11,
+    segment_places_11!(),
 ];
 
 /// Entries one segment holds at most: about what a reader asks for at once, so that a read
@@ -459,10 +464,7 @@ CREATE TABLE meta (
     segments_table!(),
     released_runs_9!(),
     "\n",
-    // Schema 11's columns of `stream_segments`.
-    "ALTER TABLE stream_segments ADD COLUMN file INTEGER; \
-     ALTER TABLE stream_segments ADD COLUMN position INTEGER; \
-     ALTER TABLE stream_segments ADD COLUMN length INTEGER;"
+    segment_places_11!()
 );
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
