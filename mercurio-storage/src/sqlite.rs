@@ -13,7 +13,11 @@
 //!   ([`ErrorKind::Incompatible`]).
 //! - A session whose rows cannot be read (a damaged value, one a newer version wrote) is set
 //!   aside: reported in [`LoadedState::set_aside`] and left as it is.
+//! - Stream segments' messages are in append-only files in `<database>-streams/` (see
+//!   [`files`]), the rows saying where; the write-ahead log is checkpointed by this thread
+//!   once a second, after syncing those files, instead of by SQLite's automatic checkpoint.
 
+mod files;
 mod queue;
 mod segment;
 
@@ -67,8 +71,11 @@ use queue::QueueChanges;
 /// NULL in the rows of older versions). 11: stream segments written in version 2 of their
 /// format (varints and differences, see [`segment`]); older segments are still read, so
 /// the upgrade changes no data: the version is there so that an older build refuses the
-/// database when it opens it rather than failing on a segment it cannot read.
-pub const SCHEMA_VERSION: i64 = 11;
+/// database when it opens it rather than failing on a segment it cannot read. 12: a
+/// segment's body in a file beside the database (`stream_segments.file`, `position`,
+/// `length`, its `body` then empty, see [`files`]); the rows of older versions keep their
+/// bodies.
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// From version 9 to 10: who published a retained message, as its access check needs.
 const TO_10: &str = "ALTER TABLE retained ADD COLUMN publisher_username TEXT; \
@@ -78,6 +85,16 @@ const TO_10: &str = "ALTER TABLE retained ADD COLUMN publisher_username TEXT; \
 /// read, new ones are written in version 2); the version number alone keeps older builds
 /// away.
 const TO_11: &str = "";
+
+/// From version 11 to 12 (and in [`SCHEMA`]): where a segment's body is when it is in a
+/// file (NULL: in `body`).
+macro_rules! segment_places_12 {
+    () => {
+        "ALTER TABLE stream_segments ADD COLUMN file INTEGER; \
+         ALTER TABLE stream_segments ADD COLUMN position INTEGER; \
+         ALTER TABLE stream_segments ADD COLUMN length INTEGER;"
+    };
+}
 
 /// The streams' tables (schema 7), shared by [`SCHEMA`] and the upgrade from 6. An entry
 /// is one reference of its message (`messages.refs`), like a queued delivery.
@@ -294,6 +311,7 @@ const UPGRADES: &[&str] = &[
     released_runs_9!(),
     TO_10,
     TO_11,
+    segment_places_12!(),
 ];
 
 /// Entries one segment holds at most: about what a reader asks for at once, so that a read
@@ -334,7 +352,7 @@ fn entries_to_segments(tx: &Transaction<'_>) -> rusqlite::Result<()> {
                     (*e, body)
                 })
                 .collect();
-            insert_segment(tx, stream, &bodies, &sizes)?;
+            insert_segment(tx, stream, &bodies, &sizes, None)?;
             entries.clear();
             Ok::<_, rusqlite::Error>(())
         };
@@ -454,7 +472,9 @@ CREATE TABLE meta (
     streams_tables!(),
     // Schema 8's tables, then 9's change (it replaces a table 8 creates, empty here).
     segments_table!(),
-    released_runs_9!()
+    released_runs_9!(),
+    "\n",
+    segment_places_12!()
 );
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -475,7 +495,15 @@ impl std::fmt::Debug for SqliteStorage {
 
 /// What the dedicated thread owns. `None` once closed.
 struct Worker {
-    open: Option<(Connection, File)>,
+    open: Option<Open>,
+}
+
+/// An open database: the connection, the lock file, and the stream segment files (`None`
+/// for a database in memory).
+struct Open {
+    conn: Connection,
+    _lock: File,
+    files: Option<files::SegmentFiles>,
 }
 
 /// The lock file of the database at `path`: `path` with `.lock` appended.
@@ -495,13 +523,18 @@ impl SqliteStorage {
     pub fn open(path: impl AsRef<Path>) -> Result<SqliteStorage, StorageError> {
         let path = path.as_ref().to_path_buf();
         let (conn, lock) = open_database(&path)?;
+        let files = files::SegmentFiles::open(&conn)?;
         let (tx, rx) = std_mpsc::channel::<Job>();
         let name = format!("mercurio-sqlite {}", path.display());
         std::thread::Builder::new()
             .name(name.chars().take(15).collect())
             .spawn(move || {
                 let mut worker = Worker {
-                    open: Some((conn, lock)),
+                    open: Some(Open {
+                        conn,
+                        _lock: lock,
+                        files,
+                    }),
                 };
                 while let Ok(job) = rx.recv() {
                     job(&mut worker);
@@ -525,11 +558,22 @@ impl SqliteStorage {
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StorageError> + Send + 'static,
     {
+        self.call_with_files(|conn, _| f(conn)).await
+    }
+
+    /// Runs `f` on the dedicated thread with the open connection and its segment files.
+    async fn call_with_files<R, F>(&self, f: F) -> Result<R, StorageError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection, Option<&mut files::SegmentFiles>) -> Result<R, StorageError>
+            + Send
+            + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let path = self.path.clone();
         let job: Job = Box::new(move |worker: &mut Worker| {
             let result = match worker.open.as_mut() {
-                Some((conn, _)) => f(conn),
+                Some(open) => f(&mut open.conn, open.files.as_mut()),
                 None => Err(StorageError::fatal(format!(
                     "database {} is closed",
                     path.display()
@@ -738,13 +782,15 @@ fn start_broker(conn: &mut Connection) -> rusqlite::Result<()> {
     let mut held: HashMap<u64, i64> = HashMap::new();
     {
         let mut stmt = tx.prepare(
-            "SELECT s.body, t.trimmed FROM stream_segments s JOIN streams t \
-             ON t.name = s.stream WHERE s.refs > 0",
+            "SELECT t.trimmed, s.stream, s.body, s.file, s.position, s.length \
+             FROM stream_segments s JOIN streams t ON t.name = s.stream WHERE s.refs > 0",
         )?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
-            let from = u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0);
-            for d in segment::decode(row.get_ref(0)?.as_blob()?).unwrap_or_default() {
+            let from = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+            let stream: String = row.get(1)?;
+            let body = files::body(&tx, &stream, row, 2)?;
+            for d in segment::decode(&body).unwrap_or_default() {
                 if d.message.is_none() && d.entry.offset >= from {
                     *held.entry(d.entry.message_id).or_default() += 1;
                 }
@@ -779,7 +825,8 @@ fn read_stream(
         .unwrap_or(0);
     let from = from_offset.max(u64::try_from(trimmed).unwrap_or(0));
     let mut stmt = conn.prepare_cached(
-        "SELECT body FROM stream_segments WHERE stream = ?1 AND first_offset >= \
+        "SELECT body, file, position, length FROM stream_segments WHERE stream = ?1 \
+         AND first_offset >= \
          coalesce((SELECT max(first_offset) FROM stream_segments WHERE stream = ?1 \
          AND first_offset <= ?2), 0) ORDER BY first_offset",
     )?;
@@ -790,8 +837,8 @@ fn read_stream(
         let Some(row) = found.next()? else { break };
         let wanted = |e: &crate::StreamEntryRecord| e.offset >= from && e.time_ms >= from_time_ms;
         let left = max - entries.len();
-        let blob = row.get_ref(0)?.as_blob()?;
-        let Ok(decoded) = segment::decode_where(blob, wanted, left, max_bytes - bytes) else {
+        let blob = files::body(conn, stream, row, 0)?;
+        let Ok(decoded) = segment::decode_where(&blob, wanted, left, max_bytes - bytes) else {
             continue;
         };
         bytes += decoded
@@ -957,7 +1004,8 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
          s.filter, s.max_age, s.max_bytes, s.last_value FROM streams s ORDER BY s.name",
     )?;
     let mut first_segment = conn.prepare(
-        "SELECT body FROM stream_segments WHERE stream = ?1 ORDER BY first_offset LIMIT 1",
+        "SELECT body, file, position, length FROM stream_segments WHERE stream = ?1 \
+         ORDER BY first_offset LIMIT 1",
     )?;
     let mut found = stmt.query([])?;
     let unsigned = |v: Option<i64>| v.map_or(0, |v| u64::try_from(v).unwrap_or(0));
@@ -976,7 +1024,11 @@ fn load_all(conn: &mut Connection, queues: bool) -> rusqlite::Result<LoadedState
         let mut messages = row.get::<_, f64>(4)? as u64;
         let mut bytes = row.get::<_, f64>(5)? as u64;
         let (mut first_offset, mut first_time_ms) = (next_offset, 0);
-        let first: Option<Vec<u8>> = first_segment.query_row([&name], |r| r.get(0)).optional()?;
+        let first: Option<Vec<u8>> = first_segment
+            .query_row([&name], |r| {
+                files::body(conn, &name, r, 0).map(|b| b.into_owned())
+            })
+            .optional()?;
         if let Some(Ok(decoded)) = first.as_deref().map(segment::decode) {
             // Entries below the first offset are skipped, not counted. A referenced message
             // counts its bytes as stored in the segment row's total.
@@ -1683,22 +1735,23 @@ fn trim_segments(
     {
         let mut stmt = tx.prepare_cached(
             "DELETE FROM stream_segments WHERE stream = ?1 AND first_offset < ?2 \
-             AND last_offset < ?2 RETURNING refs, body",
+             AND last_offset < ?2 RETURNING refs, body, file, position, length",
         )?;
         let mut rows = stmt.query(params![stream, below])?;
         while let Some(row) = rows.next()? {
             if row.get::<_, i64>(0)? > 0 {
-                give_up_refs(row.get_ref(1)?.as_blob()?, refs, |o| o >= from);
+                give_up_refs(&files::body(tx, stream, row, 1)?, refs, |o| o >= from);
             }
         }
         // A segment partly below `below` is kept; its entries below give up theirs now.
         let mut stmt = tx.prepare_cached(
-            "SELECT body FROM stream_segments WHERE stream = ?1 AND first_offset < ?2 \
-             AND refs > 0",
+            "SELECT body, file, position, length FROM stream_segments WHERE stream = ?1 \
+             AND first_offset < ?2 AND refs > 0",
         )?;
         let mut rows = stmt.query(params![stream, below])?;
         while let Some(row) = rows.next()? {
-            give_up_refs(row.get_ref(0)?.as_blob()?, refs, |o| o >= from && o < to);
+            let body = files::body(tx, stream, row, 0)?;
+            give_up_refs(&body, refs, |o| o >= from && o < to);
         }
     }
     tx.prepare_cached("UPDATE streams SET trimmed = ?2 WHERE name = ?1")?
@@ -1725,11 +1778,14 @@ fn remove_segment_entry(
 ) -> rusqlite::Result<()> {
     let found: Option<(i64, Vec<u8>)> = tx
         .prepare_cached(
-            "SELECT first_offset, body FROM stream_segments WHERE stream = ?1 \
-             AND first_offset = (SELECT max(first_offset) FROM stream_segments \
-             WHERE stream = ?1 AND first_offset <= ?2) AND last_offset >= ?2",
+            "SELECT first_offset, body, file, position, length FROM stream_segments \
+             WHERE stream = ?1 AND first_offset = (SELECT max(first_offset) \
+             FROM stream_segments WHERE stream = ?1 AND first_offset <= ?2) \
+             AND last_offset >= ?2",
         )?
-        .query_row(params![stream, offset], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(params![stream, offset], |r| {
+            Ok((r.get(0)?, files::body(tx, stream, r, 1)?.into_owned()))
+        })
         .optional()?;
     let Some((first, body)) = found else {
         return Ok(());
@@ -1768,7 +1824,8 @@ fn remove_segment_entry(
             (d.entry, body)
         })
         .collect();
-    insert_segment(tx, stream, &entries, &sizes)
+    // Rewritten inline: a file is append-only.
+    insert_segment(tx, stream, &entries, &sizes, None)
 }
 
 /// The bytes (topic, payload, properties) of each stored message of `ids`.
@@ -1789,12 +1846,14 @@ fn ref_sizes(tx: &Transaction<'_>, ids: &[u64]) -> rusqlite::Result<HashMap<u64,
     Ok(out)
 }
 
-/// Writes `entries` (offset order, not empty) of `stream` as one segment row.
+/// Writes `entries` (offset order, not empty) of `stream` as one segment row, its body
+/// appended to the stream's file by `to` (the row then refers to it), or in the row.
 fn insert_segment(
     tx: &Transaction<'_>,
     stream: &str,
     entries: &[(crate::StreamEntryRecord, segment::Body<'_>)],
     sizes: &HashMap<u64, i64>,
+    to: Option<&mut files::Appends<'_>>,
 ) -> rusqlite::Result<()> {
     let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
         return Ok(());
@@ -1817,11 +1876,7 @@ fn insert_segment(
     // A message that cannot be encoded (a QoS above 2) refuses the batch.
     let body =
         segment::encode(entries).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
-    tx.prepare_cached(
-        "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, refs, \
-         min_id, max_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?
-    .execute(params![
+    let row = params![
         stream,
         to_i64(first.0.offset),
         to_i64(last.0.offset),
@@ -1830,17 +1885,42 @@ fn insert_segment(
         refs,
         min_id.map(to_i64),
         max_id.map(to_i64),
-        body,
-    ])?;
+    ];
+    let Some(to) = to else {
+        // Without the columns of schema 12: the upgrade from 7 writes these too.
+        tx.prepare_cached(
+            "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, \
+             refs, min_id, max_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )?
+        .execute(rusqlite::params_from_iter(
+            row.iter().copied().chain([&body as &dyn rusqlite::ToSql]),
+        ))?;
+        return Ok(());
+    };
+    let at = to
+        .append(stream, &body)
+        .map_err(|e| files::write_failure(stream, e))?;
+    tx.prepare_cached(
+        "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, refs, \
+         min_id, max_id, body, file, position, length) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, X'', ?9, ?10, ?11)",
+    )?
+    .execute(rusqlite::params_from_iter(row.iter().copied().chain([
+        &to_i64(at.file) as &dyn rusqlite::ToSql,
+        &to_i64(at.position),
+        &to_i64(at.length),
+    ])))?;
     Ok(())
 }
 
 /// Writes the segments the batch appended: per stream, one row per
-/// [`ENTRIES_PER_SEGMENT`] entries.
+/// [`ENTRIES_PER_SEGMENT`] entries, their bodies in the stream's file through `appends`
+/// (a `last_value` stream's in the rows: an older value's removal rewrites its segment).
 fn write_segments(
     tx: &Transaction<'_>,
     segments: &BTreeMap<&str, Vec<(crate::StreamEntryRecord, segment::Body<'_>)>>,
     refs: &mut Refs,
+    mut appends: Option<&mut files::Appends<'_>>,
 ) -> rusqlite::Result<()> {
     for (stream, entries) in segments {
         let Some((first, _)) = entries.first() else {
@@ -1866,8 +1946,14 @@ fn write_segments(
             .map(|(e, _)| e.message_id)
             .collect();
         let sizes = ref_sizes(tx, &ids)?;
+        let last_value: bool = tx
+            .prepare_cached("SELECT coalesce(last_value, 0) FROM streams WHERE name = ?1")?
+            .query_row([stream], |r| r.get(0))
+            .optional()?
+            .unwrap_or(false);
         for chunk in entries.chunks(ENTRIES_PER_SEGMENT) {
-            insert_segment(tx, stream, chunk, &sizes)?;
+            let to = appends.as_deref_mut().filter(|_| !last_value);
+            insert_segment(tx, stream, chunk, &sizes, to)?;
         }
     }
     Ok(())
@@ -1878,15 +1964,16 @@ fn write_segments(
 /// segment holds it.
 fn materialize(tx: &Transaction<'_>, id: u64, refs: i64) -> rusqlite::Result<bool> {
     let mut stmt = tx.prepare_cached(
-        "SELECT g.body, t.trimmed FROM stream_segments g JOIN streams t ON t.name = g.stream \
-         WHERE g.min_id <= ?1 AND g.max_id >= ?1 AND g.min_id IS NOT NULL \
+        "SELECT t.trimmed, g.stream, g.body, g.file, g.position, g.length \
+         FROM stream_segments g JOIN streams t ON t.name = g.stream WHERE g.min_id <= ?1 AND g.max_id >= ?1 AND g.min_id IS NOT NULL \
          ORDER BY g.min_id DESC",
     )?;
     let mut rows = stmt.query([to_i64(id)])?;
     let mut message = None;
     while let Some(row) = rows.next()? {
-        let from = u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0);
-        let Ok(decoded) = segment::decode(row.get_ref(0)?.as_blob()?) else {
+        let from = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+        let stream: String = row.get(1)?;
+        let Ok(decoded) = segment::decode(&files::body(tx, &stream, row, 2)?) else {
             continue;
         };
         // An entry below its stream's first offset is gone.
@@ -1984,7 +2071,12 @@ fn count_references(tx: &Transaction<'_>, refs: &mut Refs) -> rusqlite::Result<R
     Ok(Ok(()))
 }
 
-fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result<(), StorageError> {
+fn apply_batch(
+    conn: &mut Connection,
+    mut files: Option<&mut files::SegmentFiles>,
+    batch: &[Change],
+    durable: bool,
+) -> Result<(), StorageError> {
     validate_batch(batch)?;
     if durable {
         conn.pragma_update(None, "synchronous", "FULL")
@@ -1994,6 +2086,7 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(classify)?;
+        let mut appends = files.as_deref_mut().map(files::SegmentFiles::appends);
         let mut pending = Pending {
             cancelled: cancelled_sets(batch),
             inline: inline_candidates(batch),
@@ -2029,7 +2122,8 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
             ..
         } = pending;
         move_streams_on(&tx, &appended).map_err(|e| failed(batch.len(), e))?;
-        write_segments(&tx, &segments, &mut refs).map_err(|e| failed(batch.len(), e))?;
+        write_segments(&tx, &segments, &mut refs, appends.as_mut())
+            .map_err(|e| failed(batch.len(), e))?;
         queues
             .write_all(&tx, &mut refs)
             .map_err(|e| failed(batch.len(), e))?;
@@ -2044,10 +2138,31 @@ fn apply_batch(conn: &mut Connection, batch: &[Change], durable: bool) -> Result
                 ))
             }
         }
-        tx.commit().map_err(classify)
+        // The bytes the rows refer to are on disk before a durable commit.
+        if let Some(a) = appends.as_mut().filter(|_| durable) {
+            a.sync().map_err(|e| {
+                StorageError::transient(format!("cannot sync the stream segment files: {e}"))
+            })?;
+        }
+        tx.commit().map_err(classify)?;
+        if let Some(a) = appends {
+            a.committed();
+        }
+        Ok(())
     })();
     if durable {
         let _ = conn.pragma_update(None, "synchronous", "NORMAL");
+    }
+    if let Some(files) = files.filter(|_| result.is_ok()) {
+        // Files of trimmed or deleted ranges go once no committed row refers to them.
+        let retained = batch.iter().filter_map(|c| match c {
+            Change::StreamTrimmed { stream, .. }
+            | Change::StreamDeleted { stream }
+            | Change::StreamEntryRemoved { stream, .. } => Some(stream.as_str()),
+            _ => None,
+        });
+        files.tidy(conn, retained);
+        files.after_commit(conn);
     }
     result
 }
@@ -2108,7 +2223,7 @@ impl Storage for SqliteStorage {
             return Ok(());
         }
         let batch = batch.to_vec();
-        self.call(move |conn| apply_batch(conn, &batch, false))
+        self.call_with_files(move |conn, files| apply_batch(conn, files, &batch, false))
             .await
     }
 
@@ -2117,7 +2232,8 @@ impl Storage for SqliteStorage {
             return self.flush().await;
         }
         let batch = batch.to_vec();
-        self.call(move |conn| apply_batch(conn, &batch, true)).await
+        self.call_with_files(move |conn, files| apply_batch(conn, files, &batch, true))
+            .await
     }
 
     async fn apply_shared(
@@ -2131,7 +2247,7 @@ impl Storage for SqliteStorage {
         if batch.is_empty() {
             return Ok(());
         }
-        self.call(move |conn| apply_batch(conn, &batch, durable))
+        self.call_with_files(move |conn, files| apply_batch(conn, files, &batch, durable))
             .await
     }
 
@@ -2216,7 +2332,13 @@ impl Storage for SqliteStorage {
     async fn flush(&self) -> Result<(), StorageError> {
         // A commit with synchronous = FULL syncs the write-ahead log, and with it every
         // commit before it.
-        self.call(|conn| {
+        self.call_with_files(|conn, files| {
+            // And the segment files written since their last sync, first.
+            if let Some(files) = files {
+                files.sync_unsynced().map_err(|e| {
+                    StorageError::transient(format!("cannot sync the stream segment files: {e}"))
+                })?;
+            }
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(classify)?;
             let result = conn
@@ -2426,6 +2548,19 @@ mod tests {
 
     /// A database of schema `version` built with the SQL of version 3 (and, below 3, without
     /// the columns added since).
+    /// A database of schema 3 brought to `version` by the upgrades' statements alone (the
+    /// rows a test then adds are upgraded when the storage opens it).
+    fn upgraded_database(path: &Path, version: usize) -> Connection {
+        old_database(path, 3, "");
+        let conn = Connection::open(path).unwrap();
+        for (from, upgrade) in UPGRADES.iter().enumerate().take(version - 1).skip(2) {
+            let to = from + 2;
+            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
+                .unwrap();
+        }
+        conn
+    }
+
     fn old_database(path: &Path, version: i64, extra: &str) {
         let conn = Connection::open(path).unwrap();
         let downgrade = if version < 3 {
@@ -2601,6 +2736,320 @@ mod tests {
         let s = &state.streams[0];
         assert_eq!((s.first_offset, s.messages, s.bytes), (3, 1, 5));
         storage.close().await.unwrap();
+
+    /// Schema 10's segments keep their bodies in their rows; the upgrade to 12 adds where
+    /// a body in a file is, and new segments go to the stream's file.
+    #[tokio::test]
+    async fn version_10_segments_keep_their_bodies() {
+        let h = SqliteHarness::new("upgrade10");
+        let path = h.dir.join("m.db");
+        let conn = upgraded_database(&path, 10);
+        let old = pieces(1..=3, 5);
+        let bodies: Vec<_> = old
+            .iter()
+            .map(|a| (a.entry, segment::Body::Inline(&a.message)))
+            .collect();
+        conn.execute(
+            "INSERT INTO streams (name, next_offset) VALUES ('s', 4)",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, \
+             refs, min_id, max_id, body) VALUES ('s', 1, 3, 3, 0, 0, 1001, 1003, ?1)",
+            [segment::encode(&bodies)],
+        )
+        .unwrap();
+        conn.execute_batch("PRAGMA user_version = 10;").unwrap();
+        drop(conn);
+        let storage = SqliteStorage::open(&path).unwrap();
+        storage.load().await.unwrap();
+        append(&storage, "s", 4..=5, 5).await;
+        assert_eq!(read_offsets(&storage, "s").await, [1, 2, 3, 4, 5]);
+        storage.close().await.unwrap();
+        drop(storage);
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        let places: Vec<(i64, Option<i64>, i64)> = conn
+            .prepare("SELECT first_offset, file, length(body) FROM stream_segments ORDER BY 1")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        assert!(places[0].1.is_none() && places[0].2 > 0, "{places:?}");
+        assert_eq!((places[1].0, places[1].1, places[1].2), (4, Some(0), 0));
+        assert!(segment_file(&path, "s", 0).is_file());
+    }
+
+    /// Entries at `offsets`, each with a payload of `len` bytes (the offset's
+    /// digits repeated) stored under id `1000 + offset`.
+    fn pieces(offsets: std::ops::RangeInclusive<u64>, len: usize) -> Vec<crate::StreamAppend> {
+        offsets
+            .map(|offset| crate::StreamAppend {
+                entry: crate::StreamEntryRecord {
+                    offset,
+                    time_ms: 1_000 + offset,
+                    message_id: 1_000 + offset,
+                },
+                message: crate::MessageRecord::new("seg/t", payload_of(offset, len), 1),
+            })
+            .collect()
+    }
+
+    fn payload_of(offset: u64, len: usize) -> Vec<u8> {
+        offset.to_string().bytes().cycle().take(len).collect()
+    }
+
+    /// Appends the entries at `offsets` of `stream` ([`pieces`]) in one batch.
+    async fn append(
+        storage: &SqliteStorage,
+        stream: &str,
+        offsets: std::ops::RangeInclusive<u64>,
+        len: usize,
+    ) {
+        storage
+            .apply(&[Change::StreamSegment {
+                stream: stream.into(),
+                entries: pieces(offsets, len),
+            }])
+            .await
+            .unwrap();
+    }
+
+    /// The offsets read back from `stream`, each payload checked.
+    async fn read_offsets(storage: &SqliteStorage, stream: &str) -> Vec<u64> {
+        let read = storage
+            .read_stream(stream, 0, 0, 100_000, u64::MAX)
+            .await
+            .unwrap();
+        for r in &read {
+            let len = r.message.payload.len();
+            assert_eq!(r.message.payload, payload_of(r.entry.offset, len));
+        }
+        read.iter().map(|r| r.entry.offset).collect()
+    }
+
+    /// Segment file `n` of `stream` of the database at `db`.
+    fn segment_file(db: &Path, stream: &str, n: u64) -> PathBuf {
+        PathBuf::from(format!("{}-streams", db.display()))
+            .join(format!("s-{stream}"))
+            .join(format!("{n}.seg"))
+    }
+
+    /// Bytes after the last segment a row refers to (a SIGKILL between a batch's write and
+    /// its commit) are cut when the database is opened, and the next segment goes there.
+    #[tokio::test]
+    async fn torn_tail_is_cut_when_reopened() {
+        let h = SqliteHarness::new("torn");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        for range in [1..=10, 11..=20] {
+            append(&storage, "s", range, 300).await;
+        }
+        storage.close().await.unwrap();
+        drop(storage);
+        let file = segment_file(&path, "s", 0);
+        let len = std::fs::metadata(&file).unwrap().len();
+        assert!(len > 20 * 300, "{len}");
+        {
+            use std::io::Write;
+            let mut f = OpenOptions::new().append(true).open(&file).unwrap();
+            f.write_all(&[0xAB; 1000]).unwrap();
+        }
+        let storage = SqliteStorage::open(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().len(),
+            len,
+            "cut to its end"
+        );
+        let state = storage.load().await.unwrap();
+        assert_eq!(state.streams[0].messages, 20);
+        assert_eq!(
+            read_offsets(&storage, "s").await,
+            (1..=20).collect::<Vec<_>>()
+        );
+        append(&storage, "s", 21..=30, 300).await;
+        assert_eq!(
+            read_offsets(&storage, "s").await,
+            (1..=30).collect::<Vec<_>>()
+        );
+        let storage = {
+            storage.close().await.unwrap();
+            drop(storage);
+            SqliteStorage::open(&path).unwrap()
+        };
+        assert_eq!(
+            read_offsets(&storage, "s").await,
+            (1..=30).collect::<Vec<_>>()
+        );
+    }
+
+    /// Retention unlinks the files no row refers to any more, a deleted stream's directory
+    /// goes, and names that are special in paths (`.`, `..`) stay inside the directory of
+    /// segment files. A `last_value` stream keeps its segments in its rows.
+    #[tokio::test]
+    async fn trimmed_files_and_deleted_streams_are_removed() {
+        let h = SqliteHarness::new("trimfiles");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        // 12 batches of 10 entries of 64 KiB: 7.5 MiB, so files 0 and 1.
+        for stream in [".", ".."] {
+            for b in 0..12u64 {
+                append(&storage, stream, b * 10 + 1..=b * 10 + 10, 64 << 10).await;
+            }
+        }
+        for stream in [".", ".."] {
+            assert!(segment_file(&path, stream, 0).is_file());
+            assert!(segment_file(&path, stream, 1).is_file());
+            assert!(!segment_file(&path, stream, 2).exists());
+        }
+        // File 0 holds the first 7 batches (4.375 MiB), so below 71 it is not needed.
+        storage
+            .apply(&[Change::StreamTrimmed {
+                stream: ".".into(),
+                below: 71,
+            }])
+            .await
+            .unwrap();
+        assert!(
+            !segment_file(&path, ".", 0).exists(),
+            "trimmed file unlinked"
+        );
+        assert!(segment_file(&path, ".", 1).is_file());
+        assert_eq!(
+            read_offsets(&storage, ".").await,
+            (71..=120).collect::<Vec<_>>()
+        );
+        storage
+            .apply(&[Change::StreamDeleted { stream: ".".into() }])
+            .await
+            .unwrap();
+        assert!(!segment_file(&path, ".", 1).parent().unwrap().exists());
+        assert_eq!(
+            read_offsets(&storage, "..").await,
+            (1..=120).collect::<Vec<_>>()
+        );
+        // A last_value stream's segments stay in its rows.
+        storage
+            .apply(&[
+                Change::StreamDefined {
+                    stream: "lv".into(),
+                    definition: crate::StreamDefinition {
+                        filter: "lv/#".into(),
+                        max_age: 0,
+                        max_bytes: 0,
+                        last_value: true,
+                    },
+                },
+                Change::StreamSegment {
+                    stream: "lv".into(),
+                    entries: pieces(1..=3, 10),
+                },
+            ])
+            .await
+            .unwrap();
+        assert_eq!(read_offsets(&storage, "lv").await, [1, 2, 3]);
+        assert!(!segment_file(&path, "lv", 0).parent().unwrap().exists());
+        storage.close().await.unwrap();
+        drop(storage);
+        let storage = SqliteStorage::open(&path).unwrap();
+        assert_eq!(
+            read_offsets(&storage, "..").await,
+            (1..=120).collect::<Vec<_>>()
+        );
+        assert!(h.dir.join("m.db-streams").join("s-..").is_dir());
+        assert!(h.dir.join("m.db").is_file(), "nothing outside was touched");
+    }
+
+    /// A batch refused after its segment was written to the file leaves the file's end
+    /// where it was: the next batch writes over those bytes, and nothing refers to them.
+    #[tokio::test]
+    async fn a_refused_batch_is_overwritten_by_the_next() {
+        let h = SqliteHarness::new("refusedfile");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        let missing = Change::StreamAppended {
+            stream: "s".into(),
+            entry: crate::StreamEntryRecord {
+                offset: 6,
+                time_ms: 1,
+                message_id: 999,
+            },
+        };
+        let segment = Change::StreamSegment {
+            stream: "s".into(),
+            entries: pieces(1..=5, 100),
+        };
+        // The entry at 6 refers to a message that is not stored: refused at the end of the
+        // batch, after the segment of 1 to 6 went to the file.
+        let e = storage
+            .apply(&[segment.clone(), missing])
+            .await
+            .unwrap_err();
+        assert!(e.is_refused(), "{e}");
+        let file = segment_file(&path, "s", 0);
+        let written = std::fs::metadata(&file).unwrap().len();
+        assert!(written > 500, "{written}");
+        storage.apply(&[segment]).await.unwrap();
+        append(&storage, "s", 6..=7, 100).await;
+        assert_eq!(read_offsets(&storage, "s").await, [1, 2, 3, 4, 5, 6, 7]);
+        storage.close().await.unwrap();
+        drop(storage);
+        let places: Vec<(i64, i64)> = Connection::open(&path)
+            .unwrap()
+            .prepare("SELECT position, length FROM stream_segments ORDER BY first_offset")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(places.len(), 2);
+        assert_eq!(places[0].0, 0, "written again from the start");
+        assert_eq!(places[1].0, places[0].1, "then after it");
+        let storage = SqliteStorage::open(&path).unwrap();
+        let end = u64::try_from(places[1].0 + places[1].1).unwrap();
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), end);
+        assert_eq!(read_offsets(&storage, "s").await, [1, 2, 3, 4, 5, 6, 7]);
+    }
+
+    /// A row whose file is missing or shorter than the row says makes opening fail with an
+    /// error naming the stream, the file and the offsets (no panic, nothing dropped).
+    #[tokio::test]
+    async fn missing_or_short_segment_file_is_an_error() {
+        let h = SqliteHarness::new("missingfile");
+        let path = h.dir.join("m.db");
+        let storage = SqliteStorage::open(&path).unwrap();
+        append(&storage, "gone", 1..=5, 100).await;
+        storage.close().await.unwrap();
+        drop(storage);
+        let file = segment_file(&path, "gone", 0);
+        let len = std::fs::metadata(&file).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(len - 10)
+            .unwrap();
+        let e = SqliteStorage::open(&path).unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.contains("stream gone")
+                && message.contains("0.seg")
+                && message.contains("offsets 1 to 5"),
+            "{message}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        let e = SqliteStorage::open(&path).unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.contains("stream gone") && message.contains("missing"),
+            "{message}"
+        );
+        assert_eq!(e.kind(), crate::ErrorKind::Fatal);
     }
 
     /// Schema 8's releases of inline messages, one row each, become runs of one; a batch
@@ -2645,13 +3094,7 @@ mod tests {
     async fn version_7_stream_entries_become_segments() {
         let h = SqliteHarness::new("upgrade7");
         let path = h.dir.join("m.db");
-        old_database(&path, 3, "");
-        let conn = Connection::open(&path).unwrap();
-        for (from, upgrade) in UPGRADES.iter().enumerate().take(6).skip(2) {
-            let to = from + 2;
-            conn.execute_batch(&format!("{upgrade} PRAGMA user_version = {to};"))
-                .unwrap();
-        }
+        let conn = upgraded_database(&path, 7);
         conn.execute_batch(
             "INSERT INTO sessions (client_id, protocol_level, session_expiry_interval) \
              VALUES ('c', 5, 3600); \
