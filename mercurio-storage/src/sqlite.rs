@@ -2637,13 +2637,12 @@ mod tests {
         storage.close().await.unwrap();
     }
 
-    /// Schema 10's segments (format version 1) are read after the upgrade to 11, counted at
+    /// Schema 10's segments (format version 1) are read after the upgrades, counted at
     /// start, trimmed, and rewritten in version 2 when an entry is removed from one.
     #[tokio::test]
     async fn version_10_segments_are_still_read() {
         let h = SqliteHarness::new("upgrade10");
         let path = h.dir.join("m.db");
-        SqliteStorage::open(&path).unwrap().close().await.unwrap();
         use crate::{MessageRecord, StreamEntryRecord};
         let mut first = MessageRecord::new("t/a", &b"\x01\x02"[..], 1);
         first.publisher = Some("p".into());
@@ -2661,7 +2660,7 @@ mod tests {
             (entry(2), segment::Body::Inline(&second)),
             (entry(3), segment::Body::Inline(&first)),
         ]);
-        let conn = Connection::open(&path).unwrap();
+        let conn = upgraded_database(&path, 10);
         conn.execute(
             "INSERT INTO streams (name, next_offset, filter, max_age, max_bytes, last_value) \
              VALUES ('s', 4, NULL, NULL, NULL, NULL)",
@@ -2674,7 +2673,6 @@ mod tests {
             [&v1],
         )
         .unwrap();
-        conn.execute_batch("PRAGMA user_version = 10").unwrap();
         drop(conn);
         let storage = SqliteStorage::open(&path).unwrap();
         let state = storage.load().await.unwrap();
@@ -2736,6 +2734,7 @@ mod tests {
         let s = &state.streams[0];
         assert_eq!((s.first_offset, s.messages, s.bytes), (3, 1, 5));
         storage.close().await.unwrap();
+    }
 
     /// Schema 10's segments keep their bodies in their rows; the upgrade to 12 adds where
     /// a body in a file is, and new segments go to the stream's file.
@@ -2757,7 +2756,7 @@ mod tests {
         conn.execute(
             "INSERT INTO stream_segments (stream, first_offset, last_offset, entries, bytes, \
              refs, min_id, max_id, body) VALUES ('s', 1, 3, 3, 0, 0, 1001, 1003, ?1)",
-            [segment::encode(&bodies)],
+            [segment::tests::encode_v1(&bodies)],
         )
         .unwrap();
         conn.execute_batch("PRAGMA user_version = 10;").unwrap();
