@@ -2086,7 +2086,20 @@ fn apply_batch(
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(classify)?;
-        let mut appends = files.as_deref_mut().map(files::SegmentFiles::appends);
+        // A durable commit makes the earlier commits' rows durable too: the file bytes they
+        // refer to are on disk first.
+        if let Some(f) = files.as_deref_mut().filter(|_| durable) {
+            f.sync_unsynced().map_err(|e| {
+                StorageError::transient(format!("cannot sync the stream segment files: {e}"))
+            })?;
+        }
+        // A durable commit keeps its segments in their rows: in a file they would cost a
+        // second sync per commit (the file's, then the log's), about 40 % of a durable
+        // publisher's rate with a stream.
+        let mut appends = files
+            .as_deref_mut()
+            .filter(|_| !durable)
+            .map(files::SegmentFiles::appends);
         let mut pending = Pending {
             cancelled: cancelled_sets(batch),
             inline: inline_candidates(batch),
@@ -2137,12 +2150,6 @@ fn apply_batch(
                     "the message it refers to is not stored",
                 ))
             }
-        }
-        // The bytes the rows refer to are on disk before a durable commit.
-        if let Some(a) = appends.as_mut().filter(|_| durable) {
-            a.sync().map_err(|e| {
-                StorageError::transient(format!("cannot sync the stream segment files: {e}"))
-            })?;
         }
         tx.commit().map_err(classify)?;
         if let Some(a) = appends {

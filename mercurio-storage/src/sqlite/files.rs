@@ -7,10 +7,11 @@
 //!   retention frees disk in steps of a few MiB.
 //! - A `stream_segments` row then has an empty `body` and the segment's place: `file`,
 //!   `position`, `length` (bytes). Rows with a body (older builds, the upgrade, `last_value`
-//!   streams) keep it.
-//! - Order: a batch's bytes are written before the COMMIT that refers to them (synced first
-//!   when the commit is durable); a batch that fails leaves the ends where they were, so the
-//!   next one overwrites what it wrote.
+//!   streams, and the segments of a durable commit, which in a file would cost it a second
+//!   sync) keep it.
+//! - Order: a batch's bytes are written before the COMMIT that refers to them, and synced
+//!   before the next checkpoint or durable commit (either makes their rows durable); a batch
+//!   that fails leaves the ends where they were, so the next one overwrites what it wrote.
 //! - Opening ([`SegmentFiles::open`]): each file is cut to the largest end a row refers to
 //!   (the rest was written by a transaction that never committed), files no row refers to
 //!   are deleted, and a row whose file is missing or short is an error.
@@ -237,7 +238,6 @@ impl SegmentFiles {
             ends: HashMap::new(),
             opened: HashMap::new(),
             written: HashSet::new(),
-            synced: false,
         }
     }
 
@@ -373,8 +373,6 @@ pub(super) struct Appends<'a> {
     /// Files this batch opened (a stream's first write, or a new file), per stream.
     opened: HashMap<String, (u64, File)>,
     written: HashSet<(String, u64)>,
-    /// Whether [`sync`](Self::sync) ran.
-    synced: bool,
 }
 
 impl Appends<'_> {
@@ -433,38 +431,11 @@ impl Appends<'_> {
         })
     }
 
-    /// Syncs the data of every file this batch wrote (`fdatasync`): before a durable
-    /// commit, so that an acknowledged message's bytes are on disk before its row.
-    pub(super) fn sync(&mut self) -> io::Result<()> {
-        self.files.sync_unsynced()?;
-        self.synced = true;
-        for (stream, file) in &self.written {
-            match self.opened.get(stream) {
-                Some((n, h)) if n == file => h.sync_data()?,
-                _ => {
-                    if let Some(h) = self
-                        .files
-                        .streams
-                        .get(stream)
-                        .filter(|c| c.file == *file)
-                        .and_then(|c| c.handle.as_ref())
-                    {
-                        h.sync_data()?;
-                    } else {
-                        File::open(file_path(&self.files.root, stream, *file))?.sync_data()?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The batch committed: its ends become the streams' committed ends. Without this (a
     /// batch that failed) the next batch writes where this one started.
     pub(super) fn committed(mut self) {
-        if !self.synced {
-            self.files.unsynced.extend(self.written.drain());
-        }
+        // Synced before the next checkpoint or durable commit.
+        self.files.unsynced.extend(self.written.drain());
         for (stream, (file, end)) in self.ends.drain() {
             let opened = self.opened.remove(&stream).filter(|(n, _)| *n == file);
             let current = self.files.streams.entry(stream).or_insert(Current {
