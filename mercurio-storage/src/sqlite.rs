@@ -513,6 +513,36 @@ pub fn lock_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// How much lower the SQLite thread's scheduling priority is than the thread that opened
+/// the storage (its nice value this much higher, at most 19).
+///
+/// The broker's event loops and the SQLite thread often share a core: a commit that
+/// preempted a loop delayed every client it serves, while the writer's work can wait a
+/// little (what clients owe it is bounded by `max_pending_bytes`, which slows them when it
+/// falls behind). It takes the CPU the loops leave, and its fair share (about a tenth of a
+/// core against one busy loop) when they leave none. Measured: docs/BENCHMARKS.md,
+/// "Streams".
+pub const THREAD_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority by [`THREAD_NICE`] (Linux, where a nice value is a
+/// thread's own); a refusal is logged and the thread runs as it is.
+fn run_behind_event_loops() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid, getpriority and setpriority take plain integers; none touches
+        // memory of ours.
+        let tid = unsafe { libc::gettid() } as libc::id_t;
+        let current = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+        let nice = (current + THREAD_NICE).min(19);
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+            tracing::debug!(
+                "the SQLite thread keeps its priority: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 impl SqliteStorage {
     /// Opens (creating if needed, mode 0600) the database at `path`, takes its lock file,
     /// and creates or checks the schema.
@@ -529,6 +559,7 @@ impl SqliteStorage {
         std::thread::Builder::new()
             .name(name.chars().take(15).collect())
             .spawn(move || {
+                run_behind_event_loops();
                 let mut worker = Worker {
                     open: Some(Open {
                         conn,
@@ -2848,6 +2879,39 @@ mod tests {
 
     /// Bytes after the last segment a row refers to (a SIGKILL between a batch's write and
     /// its commit) are cut when the database is opened, and the next segment goes there.
+    /// The nice value of the thread `task` of this process (field 19 of its `stat`).
+    #[cfg(target_os = "linux")]
+    fn nice_of(task: &str) -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{task}/stat")).unwrap();
+        // After the command name in parentheses: state is field 3, nice field 19.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        after.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    /// The SQLite thread runs THREAD_NICE below the thread that opened the storage.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_sqlite_thread_runs_behind_the_event_loops() {
+        let h = SqliteHarness::new("nice");
+        let storage = SqliteStorage::open(h.dir.join("m.db")).unwrap();
+        storage.load().await.unwrap();
+        let mine = nice_of(&unsafe { libc::gettid() }.to_string());
+        let mut seen = 0;
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let task = task.unwrap().file_name().into_string().unwrap();
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{task}/comm"));
+            if comm.is_ok_and(|c| c.starts_with("mercurio-sqlite")) {
+                seen += 1;
+                assert!(
+                    nice_of(&task) >= (mine + THREAD_NICE).min(19),
+                    "thread {task}"
+                );
+            }
+        }
+        assert!(seen > 0, "no SQLite thread found");
+        storage.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn torn_tail_is_cut_when_reopened() {
         let h = SqliteHarness::new("torn");

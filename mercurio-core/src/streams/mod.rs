@@ -312,7 +312,12 @@ impl Stream {
         if let Some(upto) = await_commit {
             self.await_commit(persist, upto);
         }
-        self.appended.notify_waiters();
+        // Waking takes the waiters' lock: not for a stream nobody reads. A reader is counted
+        // before its first look at the log, and the entry is in the log before this load, so
+        // either the reader sees the entry or this sees the reader.
+        if self.readers.load(Ordering::SeqCst) > 0 {
+            self.appended.notify_waiters();
+        }
     }
 
     /// Asks the writer to tell once every entry below `upto` is committed (sent after those
@@ -402,7 +407,8 @@ impl Stream {
 
     /// Counts a reader until the returned guard drops.
     pub(crate) fn reading(self: &Arc<Stream>) -> ReaderCount {
-        self.readers.fetch_add(1, Ordering::Relaxed);
+        // Before the reader's first look at the log (see `append`).
+        self.readers.fetch_add(1, Ordering::SeqCst);
         ReaderCount(Arc::clone(self))
     }
 }
