@@ -513,15 +513,17 @@ pub fn lock_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// How much lower the SQLite thread's scheduling priority is than the thread that opened
-/// the storage (its nice value this much higher, at most 19).
+/// How much lower the SQLite thread's scheduling priority is, when it runs in the
+/// background ([`SqliteStorage::open_in_background`]), than the thread that opened the
+/// storage (its nice value this much higher, at most 19).
 ///
 /// The broker's event loops and the SQLite thread often share a core: a commit that
-/// preempted a loop delayed every client it serves, while the writer's work can wait a
-/// little (what clients owe it is bounded by `max_pending_bytes`, which slows them when it
-/// falls behind). It takes the CPU the loops leave, and its fair share (about a tenth of a
-/// core against one busy loop) when they leave none. Measured: docs/BENCHMARKS.md,
-/// "Streams".
+/// preempted a loop delayed every client it serves. When nothing waits for a commit (no
+/// `durable_ack`), the writer's work can wait a little (what clients owe it is bounded by
+/// `max_pending_bytes`, which slows them when it falls behind): it takes the CPU the loops
+/// leave, and its fair share (about a tenth of a core against one busy loop) when they leave
+/// none. With `durable_ack` acknowledgements wait for commits, and the thread keeps the
+/// broker's priority. Measured: docs/BENCHMARKS.md, "Streams".
 pub const THREAD_NICE: i32 = 10;
 
 /// Lowers the calling thread's priority by [`THREAD_NICE`] (Linux, where a nice value is a
@@ -551,7 +553,17 @@ impl SqliteStorage {
     /// another storage in this one) holds the lock; `Incompatible` for a newer schema;
     /// `Fatal` when the file can't be created or isn't a database.
     pub fn open(path: impl AsRef<Path>) -> Result<SqliteStorage, StorageError> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_on_thread(path.as_ref(), false)
+    }
+
+    /// As [`Self::open`], its thread running [`THREAD_NICE`] below the caller's priority:
+    /// for a broker whose acknowledgements do not wait for commits (no `durable_ack`).
+    pub fn open_in_background(path: impl AsRef<Path>) -> Result<SqliteStorage, StorageError> {
+        Self::open_on_thread(path.as_ref(), true)
+    }
+
+    fn open_on_thread(path: &Path, background: bool) -> Result<SqliteStorage, StorageError> {
+        let path = path.to_path_buf();
         let (conn, lock) = open_database(&path)?;
         let files = files::SegmentFiles::open(&conn)?;
         let (tx, rx) = std_mpsc::channel::<Job>();
@@ -559,7 +571,9 @@ impl SqliteStorage {
         std::thread::Builder::new()
             .name(name.chars().take(15).collect())
             .spawn(move || {
-                run_behind_event_loops();
+                if background {
+                    run_behind_event_loops();
+                }
                 let mut worker = Worker {
                     open: Some(Open {
                         conn,
@@ -2888,27 +2902,21 @@ mod tests {
         after.split(' ').nth(16).unwrap().parse().unwrap()
     }
 
-    /// The SQLite thread runs THREAD_NICE below the thread that opened the storage.
+    /// In the background, the SQLite thread runs THREAD_NICE below the thread that opened
+    /// the storage; opened plainly, at its priority.
     #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn the_sqlite_thread_runs_behind_the_event_loops() {
         let h = SqliteHarness::new("nice");
-        let storage = SqliteStorage::open(h.dir.join("m.db")).unwrap();
-        storage.load().await.unwrap();
         let mine = nice_of(&unsafe { libc::gettid() }.to_string());
-        let mut seen = 0;
-        for task in std::fs::read_dir("/proc/self/task").unwrap() {
-            let task = task.unwrap().file_name().into_string().unwrap();
-            let comm = std::fs::read_to_string(format!("/proc/self/task/{task}/comm"));
-            if comm.is_ok_and(|c| c.starts_with("mercurio-sqlite")) {
-                seen += 1;
-                assert!(
-                    nice_of(&task) >= (mine + THREAD_NICE).min(19),
-                    "thread {task}"
-                );
-            }
-        }
-        assert!(seen > 0, "no SQLite thread found");
+        let on_its_thread = || Ok(nice_of(&unsafe { libc::gettid() }.to_string()));
+        let storage = SqliteStorage::open_in_background(h.dir.join("b.db")).unwrap();
+        let behind = storage.call(move |_| on_its_thread()).await.unwrap();
+        assert_eq!(behind, (mine + THREAD_NICE).min(19), "in the background");
+        storage.close().await.unwrap();
+        let storage = SqliteStorage::open(h.dir.join("p.db")).unwrap();
+        let plain = storage.call(move |_| on_its_thread()).await.unwrap();
+        assert_eq!(plain, mine, "opened plainly");
         storage.close().await.unwrap();
     }
 

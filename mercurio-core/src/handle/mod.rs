@@ -444,8 +444,16 @@ async fn open_configured(
                 .path
                 .clone()
                 .ok_or_else(|| Error::Config("backend = \"sqlite\" needs path".into()))?;
+            // Without durable_ack nothing waits for a commit: the storage thread then runs
+            // behind the event loops (`THREAD_NICE`).
+            let background = !config.durable_ack;
             let storage = tokio::task::spawn_blocking(move || {
-                mercurio_storage::sqlite::SqliteStorage::open(path)
+                use mercurio_storage::sqlite::SqliteStorage;
+                if background {
+                    SqliteStorage::open_in_background(path)
+                } else {
+                    SqliteStorage::open(path)
+                }
             })
             .await
             .map_err(|e| Error::Config(format!("opening the database: {e}")))??;
