@@ -121,6 +121,11 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
             .collect(),
         properties: sub_properties,
     };
+    // A stream reader (one filter, --stream-offset) that connects again resumes after the
+    // last message it received, not at its --stream-offset again (which would print the
+    // same messages twice, or with `latest` skip those appended meanwhile).
+    let resumable = a.stream_offset.is_some() && filters.len() == 1;
+    let mut resume_at: Option<u64> = None;
     let mut count = 0u64;
     let mut redraw = tokio::time::interval(Duration::from_millis(200));
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
@@ -178,12 +183,18 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
             if !filters.is_empty() {
                 let id = session.next_packet_id();
                 subscribe_id = Some(id);
-                let sent = session
-                    .send(&Packet::Subscribe(Subscribe {
-                        packet_id: id,
-                        ..subscribe.clone()
-                    }))
-                    .await;
+                let mut again = Subscribe {
+                    packet_id: id,
+                    ..subscribe.clone()
+                };
+                if let Some(next) = resume_at {
+                    for (key, value) in &mut again.properties.user_properties {
+                        if key == mercurio_core::streams::OFFSET_PROPERTY {
+                            *value = next.to_string();
+                        }
+                    }
+                }
+                let sent = session.send(&Packet::Subscribe(again)).await;
                 if let Err(f) = sent {
                     break 'session Err(f);
                 }
@@ -222,6 +233,16 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                     }
                     Event::Publish(p) => {
                         let at = Moment::now();
+                        if resumable {
+                            let offset = p.properties.user_properties.iter().find_map(|(k, v)| {
+                                (k == mercurio_core::streams::OFFSET_PROPERTY)
+                                    .then(|| v.parse::<u64>().ok())
+                                    .flatten()
+                            });
+                            if let Some(offset) = offset {
+                                resume_at = Some(offset + 1);
+                            }
+                        }
                         if a.filter_out.iter().any(|f| topic::matches(f, &p.topic)) {
                             continue;
                         }

@@ -14,7 +14,8 @@
 //!   that fails leaves the ends where they were, so the next one overwrites what it wrote.
 //! - Opening ([`SegmentFiles::open`]): each file is cut to the largest end a row refers to
 //!   (the rest was written by a transaction that never committed), files no row refers to
-//!   are deleted, and a row whose file is missing or short is an error.
+//!   are deleted, and the rows whose bytes are not all in their file (a power failure, a
+//!   copy without the file) are deleted and logged as lost ([`drop_unbacked`]).
 //! - After a commit that trimmed or deleted streams ([`SegmentFiles::tidy`]), the files no
 //!   row refers to any more (but the one written to) are unlinked, a deleted stream's
 //!   directory removed.
@@ -108,18 +109,91 @@ pub(super) struct SegmentFiles {
 /// refer to must be synced first).
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
+/// Deletes the rows of segments whose bytes are not all in their file, logging each range of
+/// offsets lost: a power failure can leave the database holding a commit whose file bytes
+/// never reached the disk (without `durable_ack`), and a copy taken while retention deleted
+/// a file refers to it. Refusing to start would leave the operator nothing to do but delete
+/// the stream. A segment that refers to messages of the message store (`refs`: none written
+/// since segments are in files) cannot go without them: that stays an error.
+fn drop_unbacked(conn: &Connection, root: &Path) -> Result<(), StorageError> {
+    let sql = |e: rusqlite::Error| {
+        StorageError::fatal(format!(
+            "segment files {}: cannot check the stream segments: {e}",
+            root.display()
+        ))
+    };
+    let groups: Vec<(String, i64, i64)> = conn
+        .prepare(
+            "SELECT stream, file, max(position + length) FROM stream_segments \
+             WHERE file IS NOT NULL GROUP BY stream, file",
+        )
+        .map_err(sql)?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .map_err(sql)?
+        .collect::<rusqlite::Result<_>>()
+        .map_err(sql)?;
+    for (stream, file, end) in groups {
+        let path = file_path(root, &stream, unsigned(Some(file)));
+        let (len, what) = match std::fs::metadata(&path) {
+            Ok(m) => (m.len(), format!("has {} of its {end} bytes", m.len())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (0, "is missing".to_string()),
+            Err(e) => {
+                return Err(
+                    StorageError::fatal(format!("cannot read {}: {e}", path.display()))
+                        .with_source(e),
+                )
+            }
+        };
+        if len >= unsigned(Some(end)) {
+            continue;
+        }
+        let len = i64::try_from(len).unwrap_or(i64::MAX);
+        let (first, last, messages, refs): (i64, i64, i64, i64) = conn
+            .query_row(
+                "SELECT min(first_offset), max(last_offset), sum(entries), sum(refs) \
+                 FROM stream_segments WHERE stream = ?1 AND file = ?2 \
+                 AND position + length > ?3",
+                rusqlite::params![stream, file, len],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(sql)?;
+        if refs > 0 {
+            return Err(damaged(format!(
+                "stream {stream}: the segments of offsets {first} to {last} are in {}, which \
+                 {what}, and refer to stored messages",
+                path.display()
+            )));
+        }
+        conn.execute(
+            "DELETE FROM stream_segments WHERE stream = ?1 AND file = ?2 \
+             AND position + length > ?3",
+            rusqlite::params![stream, file, len],
+        )
+        .map_err(sql)?;
+        tracing::error!(
+            "stream {stream}: {messages} messages lost, offsets {first} to {last}: their \
+             segment file {} {what} (a power failure before it was synced, or a copy of the \
+             database without it); the rest of the stream is kept",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// A storage error naming the damage (fatal: a file the database refers to is gone).
 fn damaged(message: String) -> StorageError {
     StorageError::fatal(message)
 }
 
 impl SegmentFiles {
-    /// Opens the segment files of the database `conn` has open (its schema current): cuts each
-    /// file to the largest end a row refers to, deletes files no row refers to, and checks
-    /// that every row's bytes are there. `None` for a database in memory.
+    /// Opens the segment files of the database `conn` has open (its schema current): drops
+    /// the rows whose bytes are not all in their file ([`drop_unbacked`]), cuts each file to
+    /// the largest end a row refers to, deletes files no row refers to. `None` for a
+    /// database in memory.
     ///
-    /// Errors (`Fatal`): a row whose file is missing or shorter than the row says (naming
-    /// the stream, the file and the offsets), or a directory or file that cannot be read.
+    /// Errors (`Fatal`): a segment referring to stored messages whose file is missing or
+    /// short (naming the stream, the file and the offsets), or a directory or file that
+    /// cannot be read.
     pub(super) fn open(conn: &Connection) -> Result<Option<SegmentFiles>, StorageError> {
         let Some(root) = root(conn) else {
             return Ok(None);
@@ -133,6 +207,7 @@ impl SegmentFiles {
                 root.display()
             ))
         };
+        drop_unbacked(conn, &root)?;
         // Per stream and file, the largest end a row refers to, and the first offset of
         // the row that ends there (to name it).
         let mut ends: BTreeMap<String, BTreeMap<u64, (u64, i64, i64)>> = BTreeMap::new();

@@ -1437,6 +1437,80 @@ async fn sub_connects_again_when_the_broker_restarts() {
     }
 }
 
+/// A stream reader that loses its connection subscribes again from the message after the
+/// last one it received, not from its --stream-offset again.
+#[tokio::test(flavor = "multi_thread")]
+async fn sub_resumes_a_stream_after_its_last_message_when_it_connects_again() {
+    let port = support::free_port();
+    let port_s = port.to_string();
+    let mut config = support::common::test_config();
+    config.listeners[0].port = port;
+    config.streams = vec![mercurio::config::StreamConfig {
+        name: "s".into(),
+        filter: "st/#".into(),
+        max_age: 0,
+        max_bytes: 0,
+        last_value: false,
+    }];
+    let broker = start_on_same_port(&config).await;
+    let publish = |m: &'static str| {
+        let port_s = port_s.clone();
+        async move {
+            recado(&[
+                "pub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port_s,
+                "-t",
+                "st/x",
+                "-m",
+                m,
+                "-q",
+                "1",
+            ])
+            .await
+            .ok();
+        }
+    };
+    publish("a").await;
+    publish("b").await;
+    let mut sub = Background::subscribed(&[
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port_s,
+        "-V",
+        "5",
+        "-i",
+        "reader",
+        "-t",
+        "$stream/s",
+        "--stream-offset",
+        "earliest",
+        "-v",
+        "-C",
+        "3",
+        "-q",
+        "1",
+    ])
+    .await;
+    sub.wait_stderr("received PUBLISH").await;
+    sub.wait_stderr("received PUBLISH").await;
+    assert!(broker.disconnect("reader"), "the reader was connected");
+    sub.wait_stderr("connected again").await;
+    sub.wait_stderr("received SUBACK").await;
+    publish("c").await;
+    let run = sub.finish().await;
+    assert_eq!(
+        run.lines(),
+        ["st/x @1 a", "st/x @2 b", "st/x @3 c"],
+        "{run:?}"
+    );
+    broker.shutdown().await;
+}
+
 /// Starts a broker on the fixed port of `config`, again: the port of a broker just stopped
 /// may take a moment to be free.
 async fn start_on_same_port(config: &mercurio::config::Config) -> mercurio::BrokerHandle {
