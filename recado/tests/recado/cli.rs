@@ -1445,36 +1445,10 @@ async fn sub_resumes_a_stream_after_its_last_message_when_it_connects_again() {
     let port_s = port.to_string();
     let mut config = support::common::test_config();
     config.listeners[0].port = port;
-    config.streams = vec![mercurio::config::StreamConfig {
-        name: "s".into(),
-        filter: "st/#".into(),
-        max_age: 0,
-        max_bytes: 0,
-        last_value: false,
-    }];
+    config.streams = vec![stream_s()];
     let broker = start_on_same_port(&config).await;
-    let publish = |m: &'static str| {
-        let port_s = port_s.clone();
-        async move {
-            recado(&[
-                "pub",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port_s,
-                "-t",
-                "st/x",
-                "-m",
-                m,
-                "-q",
-                "1",
-            ])
-            .await
-            .ok();
-        }
-    };
-    publish("a").await;
-    publish("b").await;
+    publish_to_stream(&port_s, "a").await;
+    publish_to_stream(&port_s, "b").await;
     let mut sub = Background::subscribed(&[
         "sub",
         "-h",
@@ -1501,7 +1475,7 @@ async fn sub_resumes_a_stream_after_its_last_message_when_it_connects_again() {
     assert!(broker.disconnect("reader"), "the reader was connected");
     sub.wait_stderr("connected again").await;
     sub.wait_stderr("received SUBACK").await;
-    publish("c").await;
+    publish_to_stream(&port_s, "c").await;
     let run = sub.finish().await;
     assert_eq!(
         run.lines(),
@@ -1601,36 +1575,46 @@ async fn client_identifier_prefix() {
     }
 }
 
-/// `--stream-offset` starts a stream reader where it says (the SUBSCRIBE's user property);
-/// -v prints each message's offset after its topic.
-#[tokio::test(flavor = "multi_thread")]
-async fn sub_reads_a_stream_from_an_offset() {
-    let mut config = common::test_config();
-    config.streams = vec![mercurio::config::StreamConfig {
+/// A stream `s` on `st/#`, unbounded.
+fn stream_s() -> mercurio::config::StreamConfig {
+    mercurio::config::StreamConfig {
         name: "s".into(),
         filter: "st/#".into(),
         max_age: 0,
         max_bytes: 0,
         last_value: false,
-    }];
+    }
+}
+
+/// Publishes `message` at QoS 1 to `st/x` (stream `s`) through the broker on `port`.
+async fn publish_to_stream(port: &str, message: &str) {
+    recado(&[
+        "pub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        port,
+        "-t",
+        "st/x",
+        "-m",
+        message,
+        "-q",
+        "1",
+    ])
+    .await
+    .ok();
+}
+
+/// `--stream-offset` starts a stream reader where it says (the SUBSCRIBE's user property);
+/// -v prints each message's offset after its topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn sub_reads_a_stream_from_an_offset() {
+    let mut config = common::test_config();
+    config.streams = vec![stream_s()];
     let b = TestBroker::mercurio_with(config).await;
     let port = b.port();
     for m in ["a", "b", "c"] {
-        recado(&[
-            "pub",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-t",
-            "st/x",
-            "-m",
-            m,
-            "-q",
-            "1",
-        ])
-        .await
-        .ok();
+        publish_to_stream(&port, m).await;
     }
     let run = recado(&[
         "sub",
