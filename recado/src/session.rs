@@ -210,6 +210,12 @@ impl Session {
         self.client.in_flight()
     }
 
+    /// Whether a whole packet from the broker is already read, so that [`Session::next`]
+    /// has it without waiting.
+    pub fn packet_buffered(&self) -> bool {
+        self.client.packet_buffered()
+    }
+
     /// Encodes and sends one packet.
     pub async fn send(&mut self, packet: &Packet) -> Result<(), Failure> {
         self.client.send(packet).await.map_err(sending)

@@ -103,6 +103,7 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
     let timeout = parse_timeout(a.timeout)?;
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut table = a.table.then(Table::new);
+    let mut out = output::Batched::default();
 
     let qos = QoS::from_u8(a.qos).unwrap_or_default();
     let subscribe = Subscribe {
@@ -274,11 +275,17 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                             t.update(&m);
                         } else {
                             match printer.render(&m) {
-                                Ok(bytes) => match output::write(&bytes) {
-                                    Ok(Written::Ok) => {}
-                                    Ok(Written::Closed) => break 'session Ok(End::Done),
-                                    Err(f) => break 'session Err(f),
-                                },
+                                Ok(bytes) => {
+                                    out.push(&bytes);
+                                    // Written when no other message came in the same read.
+                                    if !session.packet_buffered() || out.len() >= output::BATCH {
+                                        match out.flush() {
+                                            Ok(Written::Ok) => {}
+                                            Ok(Written::Closed) => break 'session Ok(End::Done),
+                                            Err(f) => break 'session Err(f),
+                                        }
+                                    }
+                                }
                                 Err(warning) => {
                                     if !s.quiet {
                                         eprintln!("{warning}");
@@ -296,6 +303,10 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                 }
             }
         };
+        // What the session's last read brought (-C reached, the connection lost, ...).
+        if let Err(f) = out.flush() {
+            return Err(f);
+        }
         match result {
             Ok(end) => {
                 let _ = session.disconnect(s.properties.disconnect.clone()).await;

@@ -313,6 +313,12 @@ impl<T: Transport> Connection<T> {
         }
     }
 
+    /// Whether a whole packet is buffered, so that [`Connection::buffered`] returns one
+    /// without a read (a malformed or too large one counts: decoding it is what fails).
+    pub fn packet_buffered(&self) -> bool {
+        !matches!(codec::check_frame(&self.rbuf, self.max_incoming), Ok(None))
+    }
+
     async fn read_more(&mut self) -> Result<(), ClientError> {
         match self.transport.read_into(&mut self.rbuf).await? {
             0 => Err(ClientError::Closed),
@@ -321,7 +327,8 @@ impl<T: Transport> Connection<T> {
     }
 
     /// The next whole packet, without keep alive (see [`Connection::recv_keeping_alive`]).
-    /// Cancel safe: bytes read stay buffered.
+    /// What is queued ([`Connection::queue`]) is written before it waits for bytes. Cancel
+    /// safe: bytes read stay buffered.
     ///
     /// # Errors
     ///
@@ -331,12 +338,14 @@ impl<T: Transport> Connection<T> {
             if let Some(p) = self.buffered()? {
                 return Ok(p);
             }
+            self.flush().await?;
             self.read_more().await?;
         }
     }
 
     /// The next whole packet, sending PINGREQ when nothing was sent for the keep alive
-    /// (MQTT 5.0 section 3.1.2.10). PINGRESP is returned like any packet. Cancel safe.
+    /// (MQTT 5.0 section 3.1.2.10). PINGRESP is returned like any packet. What is queued
+    /// ([`Connection::queue`]) is written before it waits for bytes. Cancel safe.
     ///
     /// # Errors
     ///
@@ -347,6 +356,7 @@ impl<T: Transport> Connection<T> {
             if let Some(p) = self.buffered()? {
                 return Ok(p);
             }
+            self.flush().await?;
             let deadline = self.keep_alive.map(|ka| match self.ping_sent {
                 Some(sent) => sent + ka,
                 None => self.last_sent + ka,

@@ -129,6 +129,12 @@ impl<T: Transport> Client<T> {
         self.connack().properties.maximum_qos.unwrap_or(2)
     }
 
+    /// Whether a whole packet from the server is already read, so that [`Client::next`]
+    /// handles it without a read (see [`Connection::packet_buffered`]).
+    pub fn packet_buffered(&self) -> bool {
+        self.conn.packet_buffered()
+    }
+
     /// How many QoS 1 and 2 messages published await their acknowledgement.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
@@ -252,8 +258,10 @@ impl<T: Transport> Client<T> {
     }
 
     /// Waits for the next [`Event`], answering PINGRESP, PUBREC, PUBREL and the
-    /// acknowledgement of received messages meanwhile, and pinging for the keep alive.
-    /// Cancel safe between packets.
+    /// acknowledgement of received messages meanwhile, and pinging for the keep alive. A
+    /// received message's acknowledgement is written before its event is returned, in one
+    /// write with those of the other packets of the same read (it waits, queued, while a
+    /// packet of that read is still to be handed over). Cancel safe between packets.
     ///
     /// # Errors
     ///
@@ -264,22 +272,28 @@ impl<T: Transport> Client<T> {
     pub async fn next(&mut self) -> Result<Event, ClientError> {
         loop {
             let packet = self.conn.recv_keeping_alive().await?;
-            if let Some(event) = self.handle(packet).await? {
+            if let Some(event) = self.handle(packet)? {
+                // The acknowledgements of the packets of one read go out in one write: here
+                // when no other packet is buffered, else when the last one is handed over.
+                // The server thus gets them together and refills its window in one write
+                // (each on its own cost a write on both sides per message).
+                if !self.conn.packet_buffered() {
+                    self.conn.flush().await?;
+                }
                 return Ok(event);
             }
         }
     }
 
-    async fn ack(&mut self, make: fn(PubAck) -> Packet, packet_id: u16) -> Result<(), ClientError> {
-        self.conn
-            .send(&make(PubAck {
-                packet_id,
-                ..PubAck::default()
-            }))
-            .await
+    /// Queues an acknowledgement step (written by [`Client::next`]).
+    fn ack(&mut self, make: fn(PubAck) -> Packet, packet_id: u16) -> Result<(), ClientError> {
+        self.conn.queue(&make(PubAck {
+            packet_id,
+            ..PubAck::default()
+        }))
     }
 
-    async fn handle(&mut self, packet: Packet) -> Result<Option<Event>, ClientError> {
+    fn handle(&mut self, packet: Packet) -> Result<Option<Event>, ClientError> {
         match packet {
             Packet::PingResp => Ok(None),
             Packet::Publish(mut p) => {
@@ -296,19 +310,19 @@ impl<T: Transport> Client<T> {
                 match p.qos {
                     QoS::AtMostOnce => Ok(Some(Event::Publish(p))),
                     QoS::AtLeastOnce => {
-                        self.ack(Packet::PubAck, p.packet_id).await?;
+                        self.ack(Packet::PubAck, p.packet_id)?;
                         Ok(Some(Event::Publish(p)))
                     }
                     QoS::ExactlyOnce => {
                         let first = self.qos2_in.insert(p.packet_id);
-                        self.ack(Packet::PubRec, p.packet_id).await?;
+                        self.ack(Packet::PubRec, p.packet_id)?;
                         Ok(first.then_some(Event::Publish(p)))
                     }
                 }
             }
             Packet::PubRel(rel) => {
                 self.qos2_in.remove(&rel.packet_id);
-                self.ack(Packet::PubComp, rel.packet_id).await?;
+                self.ack(Packet::PubComp, rel.packet_id)?;
                 Ok(None)
             }
             Packet::PubAck(ack) | Packet::PubComp(ack) => Ok(self.done(ack)),
@@ -316,7 +330,7 @@ impl<T: Transport> Client<T> {
                 if rec.reason_code.is_failure() {
                     return Ok(self.done(rec));
                 }
-                self.ack(Packet::PubRel, rec.packet_id).await?;
+                self.ack(Packet::PubRel, rec.packet_id)?;
                 Ok(None)
             }
             Packet::SubAck(a) => Ok(Some(Event::SubAck(a))),
@@ -450,6 +464,44 @@ mod tests {
         assert!(matches!(server.recv().await, Packet::PubRel(a) if a.packet_id == id));
         assert!(matches!(server.recv().await, Packet::PubRec(a) if a.packet_id == 7));
         assert!(matches!(server.recv().await, Packet::PubRec(a) if a.packet_id == 7));
+    }
+
+    /// Whether the server can read a byte now, without waiting (a zero timeout polls its
+    /// read once; a byte read is lost, and the test fails then anyway).
+    async fn readable_now(server: &mut Server) -> bool {
+        let mut probe = [0u8; 1];
+        let read = tokio::time::timeout(std::time::Duration::ZERO, server.io.read(&mut probe));
+        read.await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_acknowledgements_of_one_read_go_out_together() {
+        let (mut client, mut server) = connected(10).await;
+        // Three QoS 1 messages in one write: the client's first read takes them all.
+        let mut out = BytesMut::new();
+        for id in 1..=3 {
+            codec::encode(
+                &Packet::Publish(publish(QoS::AtLeastOnce, id)),
+                V5,
+                &mut out,
+            )
+            .unwrap();
+        }
+        server.io.write_all(&out).await.unwrap();
+        for id in 1..=2 {
+            assert!(matches!(client.next().await, Ok(Event::Publish(p)) if p.packet_id == id));
+            // Its PUBACK waits for those of the rest of the read.
+            assert!(
+                !readable_now(&mut server).await,
+                "PUBACK {id} written alone"
+            );
+        }
+        // The last one of the read: all three are written before it is handed over, without
+        // the client reading again.
+        assert!(matches!(client.next().await, Ok(Event::Publish(p)) if p.packet_id == 3));
+        for id in 1..=3 {
+            assert!(matches!(server.recv().await, Packet::PubAck(a) if a.packet_id == id));
+        }
     }
 
     #[tokio::test]
