@@ -44,7 +44,7 @@ impl Batched {
     }
 
     /// Bytes waiting.
-    pub fn len(&self) -> usize {
+    pub fn bytes_waiting(&self) -> usize {
         self.pending.len()
     }
 

@@ -201,6 +201,15 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                 }
             }
             loop {
+                // What was printed goes out before the wait for more: the messages of one
+                // read together, each as soon as no other came with it.
+                if !session.packet_buffered() || out.bytes_waiting() >= output::BATCH {
+                    match out.flush() {
+                        Ok(Written::Ok) => {}
+                        Ok(Written::Closed) => break 'session Ok(End::Done),
+                        Err(f) => break 'session Err(f),
+                    }
+                }
                 let event = tokio::select! {
                     e = session.next() => match e {
                         Ok(e) => e,
@@ -275,17 +284,7 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                             t.update(&m);
                         } else {
                             match printer.render(&m) {
-                                Ok(bytes) => {
-                                    out.push(&bytes);
-                                    // Written when no other message came in the same read.
-                                    if !session.packet_buffered() || out.len() >= output::BATCH {
-                                        match out.flush() {
-                                            Ok(Written::Ok) => {}
-                                            Ok(Written::Closed) => break 'session Ok(End::Done),
-                                            Err(f) => break 'session Err(f),
-                                        }
-                                    }
-                                }
+                                Ok(bytes) => out.push(&bytes),
                                 Err(warning) => {
                                     if !s.quiet {
                                         eprintln!("{warning}");
@@ -304,9 +303,7 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
             }
         };
         // What the session's last read brought (-C reached, the connection lost, ...).
-        if let Err(f) = out.flush() {
-            return Err(f);
-        }
+        out.flush()?;
         match result {
             Ok(end) => {
                 let _ = session.disconnect(s.properties.disconnect.clone()).await;

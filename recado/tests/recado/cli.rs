@@ -1437,6 +1437,65 @@ async fn sub_connects_again_when_the_broker_restarts() {
     }
 }
 
+/// What sub prints reaches a pipe while it runs, as soon as no other message came with it,
+/// also when the last message of a read is one it does not print (--filter-out): two
+/// retained messages come with the SUBACK, the first printed, the second filtered out.
+#[tokio::test(flavor = "multi_thread")]
+async fn sub_prints_each_message_while_it_runs() {
+    let broker = TestBroker::mercurio().await;
+    let port = broker.port();
+    for (topic, message) in [("live/a", "first"), ("live/b", "hidden")] {
+        recado(&[
+            "pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-q",
+            "1",
+            "-r",
+            "-t",
+            topic,
+            "-m",
+            message,
+        ])
+        .await
+        .ok();
+    }
+    let mut sub = Background::subscribed(&[
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "live/#",
+        "--filter-out",
+        "live/b",
+        "-v",
+        "-C",
+        "2",
+    ])
+    .await;
+    sub.wait_stdout("live/a first").await;
+    recado(&[
+        "pub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "live/c",
+        "-m",
+        "second",
+    ])
+    .await
+    .ok();
+    sub.wait_stdout("live/c second").await;
+    let run = sub.finish().await;
+    assert_eq!(run.ok(), "live/a first\nlive/c second\n");
+}
+
 /// A stream reader that loses its connection subscribes again from the message after the
 /// last one it received, not from its --stream-offset again.
 #[tokio::test(flavor = "multi_thread")]

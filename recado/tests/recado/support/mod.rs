@@ -11,7 +11,7 @@ use std::time::Duration;
 use mercurio::config::Config;
 use mercurio::BrokerHandle;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, ChildStderr, Command};
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
 #[path = "../../../../tests/common/mod.rs"]
 pub mod common;
@@ -99,6 +99,9 @@ pub struct Background {
     child: Child,
     stderr: BufReader<ChildStderr>,
     seen: String,
+    /// Standard output, once [`Background::wait_stdout`] read from it.
+    stdout: Option<BufReader<ChildStdout>>,
+    printed: String,
 }
 
 impl Background {
@@ -112,6 +115,8 @@ impl Background {
             child,
             stderr,
             seen: String::new(),
+            stdout: None,
+            printed: String::new(),
         };
         b.wait_stderr("received SUBACK").await;
         b
@@ -140,13 +145,48 @@ impl Background {
         );
     }
 
+    /// Waits for a line of standard output equal to `line` (without its newline), printed
+    /// while recado runs.
+    pub async fn wait_stdout(&mut self, line: &str) {
+        if self.stdout.is_none() {
+            self.stdout = Some(BufReader::new(self.child.stdout.take().expect("stdout")));
+        }
+        let Some(stdout) = self.stdout.as_mut() else {
+            return;
+        };
+        let printed = &mut self.printed;
+        let found = tokio::time::timeout(DEADLINE, async {
+            let mut got = String::new();
+            loop {
+                got.clear();
+                if stdout.read_line(&mut got).await.unwrap_or(0) == 0 {
+                    return false;
+                }
+                printed.push_str(&got);
+                if got.trim_end_matches('\n') == line {
+                    return true;
+                }
+            }
+        })
+        .await;
+        assert!(
+            matches!(found, Ok(true)),
+            "recado did not print {line:?} while running; standard output so far:\n{}",
+            self.printed
+        );
+    }
+
     /// Waits for the end of the run.
     pub async fn finish(mut self) -> Run {
         let mut rest = String::new();
         let mut stderr = self.stderr;
         let (status, out) = tokio::time::timeout(DEADLINE, async {
-            let mut out = Vec::new();
-            let mut stdout = self.child.stdout.take().expect("stdout");
+            let mut out = std::mem::take(&mut self.printed).into_bytes();
+            let mut stdout: Box<dyn tokio::io::AsyncRead + Unpin + Send> = match self.stdout.take()
+            {
+                Some(read) => Box::new(read),
+                None => Box::new(self.child.stdout.take().expect("stdout")),
+            };
             let (_, _, status) = tokio::join!(
                 stdout.read_to_end(&mut out),
                 stderr.read_to_string(&mut rest),
