@@ -127,6 +127,23 @@ impl Message {
 }
 
 impl Message {
+    /// One of the broker's own retained messages (`$SYS`, a bridge's state topic): QoS 0,
+    /// retained, no properties, no publisher.
+    pub(crate) fn broker_retained(topic: String, payload: Bytes) -> Message {
+        Message {
+            topic,
+            payload,
+            qos: QoS::AtMostOnce,
+            retain: true,
+            properties: Properties::default(),
+            expires_at: None,
+            publisher: None,
+            source: None,
+            encoded: OnceLock::new(),
+            stored: OnceLock::new(),
+        }
+    }
+
     /// When a message published now with this Message Expiry Interval (seconds) runs out.
     /// `None` (never) when the property is absent, and also when it is 0: mosquitto treats 0
     /// as "no expiry", and dropping a message in the instant it is published would only ever

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::broker::BrokerState;
-use crate::codec::{Properties, QoS};
 use crate::message::Message;
 use crate::stats::DropCause;
 
@@ -70,26 +69,32 @@ impl SysPublisher {
         }
     }
 
-    /// Computes every value and publishes those that changed.
+    /// Computes every value and publishes those that changed. A topic of something gone (a
+    /// stream deleted, a bridge removed) is cleared: its retained value deleted and an empty
+    /// retained message sent to its subscribers, as a client deletes a retained message
+    /// [MQTT-3.3.1-6], so that no one reads a stale value of it.
     pub(crate) fn publish_all(&mut self) {
         let values = self.values();
+        let current: std::collections::HashSet<&str> =
+            values.iter().map(|(topic, _)| topic.as_str()).collect();
+        let gone: Vec<String> = self
+            .last_sent
+            .keys()
+            .filter(|topic| !current.contains(topic.as_str()))
+            .cloned()
+            .collect();
+        for topic in gone {
+            self.last_sent.remove(&topic);
+            self.broker
+                .publish_sys(Message::broker_retained(topic, Bytes::new()));
+        }
         for (topic, value) in values {
             if self.last_sent.get(&topic) == Some(&value) {
                 continue;
             }
             self.last_sent.insert(topic.clone(), value.clone());
-            self.broker.publish_sys(Message {
-                topic,
-                payload: Bytes::from(value),
-                qos: QoS::AtMostOnce,
-                retain: true,
-                properties: Properties::default(),
-                expires_at: None,
-                publisher: None,
-                source: None,
-                encoded: Default::default(),
-                stored: Default::default(),
-            });
+            self.broker
+                .publish_sys(Message::broker_retained(topic, Bytes::from(value)));
         }
     }
 

@@ -519,7 +519,21 @@ fn human(command: &Command, result: &Value, socket: &Path) -> String {
         Command::Bridge(BridgeCommand::Show { .. }) => bridge_show(result),
         Command::Stream(StreamCommand::List) => stream_list(result),
         Command::Stream(StreamCommand::Show { .. }) => stream_show(result),
-        Command::Stream(StreamCommand::Create { .. }) => stream_show(result),
+        Command::Stream(StreamCommand::Create {
+            max_bytes,
+            last_value,
+            ..
+        }) => {
+            let mut out = stream_show(result);
+            // As mercuriod warns for such a stream of its configuration file.
+            if *max_bytes == 0 && !*last_value {
+                out.push_str(
+                    "warning: no --max-bytes: the stream grows with what is published to its \
+                     filter (on disk with storage, in memory without)\n",
+                );
+            }
+            out
+        }
         Command::Stream(StreamCommand::Delete { name }) => format!("deleted the stream {name}\n"),
         Command::Cluster(ClusterCommand::Status) => cluster_status(result),
         Command::Client(ClientCommand::Show { .. }) => show(result),

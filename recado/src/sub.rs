@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use mercurio_core::codec::{
-    Packet, Properties, Publish, QoS, Subscribe, SubscribeFilter, SubscriptionOptions, Unsubscribe,
+    Packet, Properties, ProtocolVersion, Publish, QoS, Subscribe, SubscribeFilter,
+    SubscriptionOptions, Unsubscribe,
 };
 use mercurio_core::topic;
 use tokio::time::Instant;
@@ -86,6 +87,12 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
         }
         mercurio_core::streams::StartAt::parse(v)
             .map_err(|e| Failure::usage(format!("--stream-offset: {e}")))?;
+        if !filters.iter().any(|f| f.starts_with("$stream/")) {
+            return Err(Failure::usage(format!(
+                "--stream-offset {v}: only a stream reader has an offset; subscribe to \
+                 -t '$stream/<name>' (docs/streams.md)"
+            )));
+        }
         sub_properties.user_properties.push((
             mercurio_core::streams::OFFSET_PROPERTY.to_string(),
             v.clone(),
@@ -234,7 +241,8 @@ pub async fn run(a: SubArgs) -> Result<(), Failure> {
                         break 'session Ok(End::Done);
                     }
                     Event::SubAck(ack) if Some(ack.packet_id) == subscribe_id => {
-                        if let Err(f) = check_suback(&filters, &ack.reason_codes, s.quiet) {
+                        if let Err(f) = check_suback(&filters, &ack.reason_codes, version, s.quiet)
+                        {
                             break 'session Err(f);
                         }
                         if a.exit_after_subscribe {
@@ -343,13 +351,18 @@ fn finish_timeout(w: Option<f64>, table: Option<&mut Table>) -> Result<(), Failu
 fn check_suback(
     filters: &[String],
     codes: &[mercurio_core::codec::ReasonCode],
+    version: ProtocolVersion,
     quiet: bool,
 ) -> Result<(), Failure> {
     let refused: Vec<String> = filters
         .iter()
         .zip(codes)
         .filter(|(_, c)| c.is_failure())
-        .map(|(f, c)| format!("{f} (0x{:02X} {})", c.0, c.name()))
+        .map(|(f, c)| {
+            // 3.x has one refusal code, 0x80, named Failure (MQTT 3.1.1 section 3.9.3).
+            let name = if version.is_v5() { c.name() } else { "Failure" };
+            format!("{f} (0x{:02X} {name})", c.0)
+        })
         .collect();
     if refused.is_empty() {
         return Ok(());

@@ -428,6 +428,32 @@ async fn sys_topics_and_metrics_per_stream() {
     }
 }
 
+/// A stream deleted while the broker runs leaves no `$SYS` value behind: at the next tick
+/// its topics' subscribers get each value deleted (an empty retained message, as a client
+/// deletes one [MQTT-3.3.1-6]), and a new subscriber gets none of them.
+#[tokio::test]
+async fn a_deleted_streams_sys_topics_are_cleared() {
+    let mut config = test_config();
+    config.server.sys_interval = 1;
+    let (broker, addr) = start_with(config).await;
+    broker
+        .create_stream(stream("gone", "g/#"))
+        .expect("created");
+    let mut sys = Client::connect(addr, ProtocolVersion::V311, "sys").await;
+    sys.subscribe("$SYS/broker/streams/gone/messages", QoS::AtMostOnce)
+        .await;
+    assert_eq!(&sys.expect_publish().await.payload[..], b"0");
+    broker.delete_stream("gone").expect("deleted");
+    let cleared = sys.expect_publish().await;
+    assert_eq!(cleared.topic, "$SYS/broker/streams/gone/messages");
+    assert!(cleared.payload.is_empty(), "{cleared:?}");
+    let mut late = Client::connect(addr, ProtocolVersion::V311, "late").await;
+    late.subscribe("$SYS/broker/streams/#", QoS::AtMostOnce)
+        .await;
+    // Retained values come before the answer to a later PINGREQ: none here.
+    late.ping().await;
+}
+
 /// With SQLite, a restart keeps every acknowledged message of a stream with its offset and
 /// append time, retention's place (offsets go on, never given twice) and a `last_value`
 /// stream's values; a stream removed from the configuration is deleted.

@@ -453,18 +453,10 @@ impl Task {
     /// The local state topic, and the remote's when notifications are on (done by the
     /// caller for the remote).
     fn set_state(&self, connected: bool) {
-        self.broker.publish_sys(Message {
-            topic: self.cfg.state_topic(),
-            payload: Bytes::from_static(if connected { b"1" } else { b"0" }),
-            qos: QoS::AtMostOnce,
-            retain: true,
-            properties: Properties::default(),
-            expires_at: None,
-            publisher: None,
-            source: None,
-            encoded: Default::default(),
-            stored: Default::default(),
-        });
+        self.broker.publish_sys(Message::broker_retained(
+            self.cfg.state_topic(),
+            Bytes::from_static(if connected { b"1" } else { b"0" }),
+        ));
     }
 
     /// On a stop while connected: the state 0 on the remote, then DISCONNECT (the will is

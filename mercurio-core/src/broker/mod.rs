@@ -422,13 +422,19 @@ impl BrokerState {
         self.bridges.lock().iter().any(|b| b.client_id == id)
     }
 
-    /// Publishes one of the broker's own `$SYS` messages: kept in the `$SYS` retained store,
-    /// then routed like any message.
+    /// Publishes one of the broker's own `$SYS` messages: kept in the `$SYS` retained store
+    /// (an empty payload deletes the topic's value there instead), then routed like any
+    /// message.
     pub(crate) fn publish_sys(&self, msg: Message) {
         let msg = Arc::new(msg);
-        self.sys_retained
-            .lock()
-            .insert(&msg.topic, Arc::clone(&msg));
+        {
+            let mut store = self.sys_retained.lock();
+            if msg.payload.is_empty() {
+                store.remove(&msg.topic);
+            } else {
+                store.insert(&msg.topic, Arc::clone(&msg));
+            }
+        }
         self.route(&msg);
     }
 

@@ -584,6 +584,23 @@ fn stream_create_and_delete_at_run_time() {
         1,
         "in the configuration file",
     );
+    // Without a byte limit: created, with the warning mercuriod gives for the file's.
+    let (code, out, err) = run(&d, &["stream", "create", "open", "o/#"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("warning: no --max-bytes"), "{out}");
+    let (code, out, err) = run(
+        &d,
+        &[
+            "stream",
+            "create",
+            "capped",
+            "c/#",
+            "--max-bytes",
+            "1048576",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("warning"), "{out}");
     let (code, out, err) = run(&d, &["stream", "delete", "made"]);
     assert_eq!(
         (code, out.as_str()),

@@ -1726,4 +1726,21 @@ async fn sub_reads_a_stream_from_an_offset() {
     .await;
     assert_eq!(run.code, exit::USAGE, "{run:?}");
     assert!(run.stderr.contains("stream-offset \"soon\""), "{run:?}");
+    // An offset without a stream to read: refused before connecting, not sent for nothing.
+    let run = recado(&[
+        "sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-V",
+        "5",
+        "-t",
+        "tenants/#",
+        "--stream-offset",
+        "earliest",
+    ])
+    .await;
+    assert_eq!(run.code, exit::USAGE, "{run:?}");
+    assert!(run.stderr.contains("-t '$stream/<name>'"), "{run:?}");
 }
