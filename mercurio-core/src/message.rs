@@ -112,16 +112,9 @@ impl Message {
     /// A message on `topic` with `payload`, as published without properties (for tests).
     pub(crate) fn for_test(topic: &str, payload: Bytes, qos: QoS) -> Message {
         Message {
-            topic: topic.into(),
-            payload,
             qos,
             retain: false,
-            properties: Properties::default(),
-            expires_at: None,
-            publisher: None,
-            source: None,
-            encoded: OnceLock::new(),
-            stored: OnceLock::new(),
+            ..Message::broker_retained(topic.into(), payload)
         }
     }
 }

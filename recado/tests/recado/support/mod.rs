@@ -124,22 +124,9 @@ impl Background {
 
     /// Waits for a line of standard error containing `needle`.
     pub async fn wait_stderr(&mut self, needle: &str) {
-        let found = tokio::time::timeout(DEADLINE, async {
-            let mut line = String::new();
-            loop {
-                line.clear();
-                if self.stderr.read_line(&mut line).await.unwrap_or(0) == 0 {
-                    return false;
-                }
-                self.seen.push_str(&line);
-                if line.contains(needle) {
-                    return true;
-                }
-            }
-        })
-        .await;
+        let found = wait_line(&mut self.stderr, &mut self.seen, |l| l.contains(needle)).await;
         assert!(
-            matches!(found, Ok(true)),
+            found,
             "recado printed no line with {needle:?}; standard error so far:\n{}",
             self.seen
         );
@@ -148,29 +135,18 @@ impl Background {
     /// Waits for a line of standard output equal to `line` (without its newline), printed
     /// while recado runs.
     pub async fn wait_stdout(&mut self, line: &str) {
-        if self.stdout.is_none() {
-            self.stdout = Some(BufReader::new(self.child.stdout.take().expect("stdout")));
-        }
-        let Some(stdout) = self.stdout.as_mut() else {
-            return;
+        let stdout = match self.stdout.as_mut() {
+            Some(stdout) => stdout,
+            None => self
+                .stdout
+                .insert(BufReader::new(self.child.stdout.take().expect("stdout"))),
         };
-        let printed = &mut self.printed;
-        let found = tokio::time::timeout(DEADLINE, async {
-            let mut got = String::new();
-            loop {
-                got.clear();
-                if stdout.read_line(&mut got).await.unwrap_or(0) == 0 {
-                    return false;
-                }
-                printed.push_str(&got);
-                if got.trim_end_matches('\n') == line {
-                    return true;
-                }
-            }
+        let found = wait_line(stdout, &mut self.printed, |l| {
+            l.trim_end_matches('\n') == line
         })
         .await;
         assert!(
-            matches!(found, Ok(true)),
+            found,
             "recado did not print {line:?} while running; standard output so far:\n{}",
             self.printed
         );
@@ -202,6 +178,30 @@ impl Background {
             stderr: self.seen + &rest,
         }
     }
+}
+
+/// Reads lines from `from` into `seen` until one `wanted` (true) or the end or the deadline
+/// (false).
+async fn wait_line<R: tokio::io::AsyncBufRead + Unpin>(
+    from: &mut R,
+    seen: &mut String,
+    wanted: impl Fn(&str) -> bool,
+) -> bool {
+    let found = tokio::time::timeout(DEADLINE, async {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if from.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return false;
+            }
+            seen.push_str(&line);
+            if wanted(&line) {
+                return true;
+            }
+        }
+    })
+    .await;
+    matches!(found, Ok(true))
 }
 
 /// A broker under test.
