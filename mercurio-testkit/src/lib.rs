@@ -45,6 +45,23 @@ pub use process::Proc;
 /// before failing. Long enough for restarts and standby takeovers on a loaded machine.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
+/// Runs a blocking socket call, again each time it fails with `Interrupted`, and returns its
+/// first other result.
+///
+/// A blocking `read` or `recv` on a socket with a read timeout (`set_read_timeout`) fails with
+/// `EINTR` when the process is stopped and resumed (a stop signal, a cgroup freeze), even
+/// with no signal handler (signal(7), "Interruption of system calls ... by stop signals").
+/// `read_exact`, `read_to_end` and `BufRead::read_line` retry it themselves; a plain `read`
+/// or `recv` does not, and a test that reads that way would take the pause for a close.
+pub fn uninterrupted<T>(mut call: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    loop {
+        match call() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
 /// Waits until `cond` holds, checking every 20 ms, up to [`DEADLINE`]; panics naming `what`.
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + DEADLINE;

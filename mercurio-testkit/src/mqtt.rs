@@ -108,7 +108,7 @@ impl Mqtt {
     /// stream or reset) before it. Panics when nothing comes within [`DEADLINE`].
     pub fn read(&mut self) -> Option<(u8, Vec<u8>)> {
         let mut first = [0u8; 1];
-        match self.0.read(&mut first) {
+        match crate::uninterrupted(|| self.0.read(&mut first)) {
             Ok(0) => return None,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,

@@ -106,8 +106,9 @@ fn connack(addr: SocketAddr, id: &str, user: &str, password: &str) -> u8 {
             }
         }
         let mut chunk = [0u8; 1024];
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => panic!("closed before CONNACK"),
+        match mercurio_testkit::uninterrupted(|| stream.read(&mut chunk)) {
+            Ok(0) => panic!("closed before CONNACK"),
+            Err(e) => panic!("no CONNACK: {e}"),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     };

@@ -195,7 +195,8 @@ fn syslog_lines_reach_the_socket() {
     {
         assert!(Instant::now() < deadline, "{got:#?}");
         let mut buf = [0u8; 9000];
-        let n = syslog.recv(&mut buf).expect("a syslog datagram");
+        let n =
+            mercurio_testkit::uninterrupted(|| syslog.recv(&mut buf)).expect("a syslog datagram");
         got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
     }
     let warning = got
@@ -383,7 +384,7 @@ fn systemd_readiness_and_stopping() {
         .spawn();
     let recv = || {
         let mut buf = [0u8; 1024];
-        let n = notify.recv(&mut buf).expect("a notification");
+        let n = mercurio_testkit::uninterrupted(|| notify.recv(&mut buf)).expect("a notification");
         String::from_utf8_lossy(&buf[..n]).into_owned()
     };
     let ready = recv();

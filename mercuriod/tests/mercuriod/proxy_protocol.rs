@@ -84,7 +84,7 @@ fn mqtt_connect(s: &mut TcpStream, client_id: &str) -> Option<[u8; 4]> {
 fn closed_after(s: &mut TcpStream, started: Instant) -> Duration {
     let mut buf = [0u8; 64];
     loop {
-        match s.read(&mut buf) {
+        match mercurio_testkit::uninterrupted(|| s.read(&mut buf)) {
             Ok(0) | Err(_) => return started.elapsed(),
             Ok(_) => {}
         }

@@ -291,7 +291,7 @@ impl Proxy {
                         from.set_read_timeout(Some(Duration::from_millis(100))).ok();
                         let mut buf = [0u8; 16384];
                         loop {
-                            match from.read(&mut buf) {
+                            match mercurio_testkit::uninterrupted(|| from.read(&mut buf)) {
                                 Ok(0) => return,
                                 Ok(n) => {
                                     if !flag.load(Ordering::Relaxed)
