@@ -323,6 +323,12 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(), StorageError> {
     let version = schema_version(&tx).await?;
     check_version(version)?;
     if version != Some(SCHEMA_VERSION) {
+        // The steps are written to run again harmlessly (`IF NOT EXISTS`), and PostgreSQL
+        // answers each such step that finds its work done with a NOTICE ("already exists,
+        // skipping"), which the broker would log: not news, so not asked for.
+        tx.batch_execute("SET LOCAL client_min_messages = warning")
+            .await
+            .map_err(|e| classify(e, "cannot create the schema"))?;
         if version.is_none_or(|v| v < 4) {
             tx.batch_execute(SCHEMA_V3)
                 .await

@@ -108,6 +108,9 @@ fn sigkill_of_the_serving_broker_and_the_standby_serves() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut serving = Daemon::with_file(&config(dir.path(), "a", &url, false)).spawn();
     let addr = serving.wait_ready();
+    // The schema is created before the listeners open, without PostgreSQL's notices.
+    let notices = serving.seen(|l| l.contains("NOTICE") || l.contains("skipping"));
+    assert!(notices.is_empty(), "{notices:#?}");
     let mut standby = Daemon::with_file(&config(dir.path(), "b", &url, true)).spawn();
     standby.wait_line("waiting for the serving broker", |l| {
         l.contains("waiting for the serving broker")
