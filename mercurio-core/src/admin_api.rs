@@ -65,7 +65,8 @@ pub const ADMIN_ROUTES: &[(&str, &str)] = &[
 /// Each route is one [`admin::Request`] (the table of [`crate::admin`]). An [`Answer::Ok`]'s
 /// result is the HTTP body (200); an [`Answer::Refused`]'s code chooses the HTTP status:
 /// [`ErrorCode::NotFound`] and [`ErrorCode::Unsupported`] 404, [`ErrorCode::Conflict`] 409,
-/// [`ErrorCode::Failed`] 500, [`ErrorCode::BadRequest`] 400. The body of an error is
+/// [`ErrorCode::Failed`] 500, [`ErrorCode::BadRequest`] 400, [`ErrorCode::Unavailable`] 503.
+/// The body of an error is
 /// `{"error":"one line"}`.
 #[async_trait]
 pub trait AdminHandler: Send + Sync + 'static {
@@ -240,6 +241,7 @@ impl AdminApi {
                     ErrorCode::Conflict => StatusCode::CONFLICT,
                     ErrorCode::Failed => StatusCode::INTERNAL_SERVER_ERROR,
                     ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+                    ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
                 };
                 error(status, &message, guard)
             }

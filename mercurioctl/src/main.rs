@@ -57,7 +57,8 @@ systemd), /run/mercurio/mercuriod.sock as root, $XDG_RUNTIME_DIR/mercurio/mercur
 user or as root. A socket that belongs to another user is refused (except by root).
 
 Exit status: 0 on success; 1 when the broker refuses (no such client, invalid level, client
-connected); 2 for a usage error; 69 when the broker is not running or does not answer; 77 for
+connected); 2 for a usage error; 69 when the broker is not running, does not answer or does
+not serve yet (starting, or a standby waiting); 77 for
 permission denied or a refused socket path; 78 when -c FILE cannot be used. Errors are one line
 on standard error.
 
@@ -378,7 +379,7 @@ fn import(cli: &Cli, socket: &Path, i: &access::Import) -> Result<(), Failure> {
             } => match &step.on_conflict {
                 Some(again) => match exchange(socket, again)? {
                     Answer::Ok(_) => done += 1,
-                    Answer::Refused { error, .. } => return Err(Failure(EXIT_REFUSED, error)),
+                    Answer::Refused { error, code } => return Err(refusal(code, error)),
                 },
                 None => kept += 1,
             },
@@ -389,7 +390,7 @@ fn import(cli: &Cli, socket: &Path, i: &access::Import) -> Result<(), Failure> {
                 eprintln!("mercurioctl: warning: skipped: {error}");
                 skipped += 1;
             }
-            Answer::Refused { error, .. } => return Err(Failure(EXIT_REFUSED, error)),
+            Answer::Refused { error, code } => return Err(refusal(code, error)),
         }
     }
     if cli.json {
@@ -435,7 +436,16 @@ fn socket_from_config(file: &Path) -> Result<PathBuf, String> {
 fn ask(path: &Path, request: &Request) -> Result<Value, Failure> {
     match exchange(path, request)? {
         Answer::Ok(result) => Ok(result),
-        Answer::Refused { error, .. } => Err(Failure(EXIT_REFUSED, error)),
+        Answer::Refused { error, code } => Err(refusal(code, error)),
+    }
+}
+
+/// The failure of a refused request: exit status 1, or 69 when the broker does not serve
+/// yet (starting, or a standby waiting), as when no broker answers.
+fn refusal(code: ErrorCode, error: String) -> Failure {
+    match code {
+        ErrorCode::Unavailable => Failure(EXIT_UNAVAILABLE, error),
+        _ => Failure(EXIT_REFUSED, error),
     }
 }
 

@@ -9,8 +9,11 @@
 //!
 //! A malformed request gets an error answer; a line over [`MAX_REQUEST`] bytes gets one and
 //! the connection is closed. An idle connection is closed after [`IDLE_TIMEOUT`]; at most
-//! [`MAX_CONNECTIONS`] are served at once.
+//! [`MAX_CONNECTIONS`] are served at once. While the broker starts (a standby waits for the
+//! serving broker, perhaps for days) every request is answered at once with the code
+//! `unavailable` ([`Answering::Starting`]), one per connection.
 
+use std::convert::Infallible;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,6 +37,16 @@ pub const MAX_CONNECTIONS: usize = 16;
 
 /// An admin connection with no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Who answers the admin socket's requests.
+#[derive(Clone)]
+pub enum Answering {
+    /// The broker is not serving yet: every request is refused with this reason and the
+    /// code `unavailable`, and its connection closed.
+    Starting(Arc<str>),
+    /// The running broker, and the log's level control (`broker.log-level`).
+    Broker(BrokerHandle, LogControl),
+}
 
 /// The bound admin socket; the file is removed when this is dropped.
 pub struct AdminSocket {
@@ -111,16 +124,17 @@ impl AdminSocket {
         &self.path
     }
 
-    /// Serves connections until the task is dropped.
-    pub async fn serve(&self, handle: BrokerHandle, log: LogControl) {
+    /// Serves connections, answered by `answering`, until the future is dropped (it never
+    /// ends on its own). A connection accepted meanwhile is served to its end by its own task.
+    pub async fn serve(&self, answering: Answering) -> Infallible {
         let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
             match self.listener.accept().await {
                 Ok((mut stream, _)) => match Arc::clone(&permits).try_acquire_owned() {
                     Ok(permit) => {
-                        let (handle, log) = (handle.clone(), log.clone());
+                        let answering = answering.clone();
                         tokio::spawn(async move {
-                            connection(stream, handle, log).await;
+                            connection(stream, answering).await;
                             drop(permit);
                         });
                     }
@@ -149,8 +163,8 @@ impl Drop for AdminSocket {
     }
 }
 
-/// One admin connection: answers each request line.
-async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
+/// One admin connection: answers each request line (the first only, while starting).
+async fn connection(stream: UnixStream, answering: Answering) {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut line = Vec::new();
@@ -173,13 +187,23 @@ async fn connection(stream: UnixStream, handle: BrokerHandle, log: LogControl) {
                 .map_err(|e| e.to_string())
                 .and_then(Request::parse)
             {
-                Ok(request) => answer(request, &handle, &log, "mercurioctl").await,
+                Ok(request) => match &answering {
+                    Answering::Broker(handle, log) => {
+                        answer(request, handle, log, "mercurioctl").await
+                    }
+                    Answering::Starting(why) => {
+                        Answer::refused(ErrorCode::Unavailable, why.to_string())
+                    }
+                },
                 Err(e) => Answer::bad_request(format!("bad request: {e}")),
             }
         };
         let mut out = answer.to_json().to_string().into_bytes();
         out.push(b'\n');
-        if write.write_all(&out).await.is_err() || too_long {
+        // While starting, one answer: a later request on this connection would get the
+        // same refusal after the broker serves.
+        let starting = matches!(answering, Answering::Starting(_));
+        if write.write_all(&out).await.is_err() || too_long || starting {
             return;
         }
     }

@@ -50,7 +50,7 @@ use mercurio_core::config_file;
 use mercurio_core::{Broker, BrokerHandle, Shards};
 use tracing::{error, info, warn};
 
-use crate::admin::AdminSocket;
+use crate::admin::{AdminSocket, Answering};
 use crate::cli::Cli;
 use crate::logging::LogControl;
 use crate::reload::Reloader;
@@ -255,12 +255,25 @@ async fn serve(
         // A standby may wait long for the serving broker: systemd's start must not time out.
         systemd::ready("standby: waiting for the serving broker");
     }
+    // Until the broker serves, mercurioctl is told so at once (instead of its 10 s wait).
+    let not_yet: Arc<str> = if standby {
+        Arc::from("mercuriod is a standby waiting for the serving broker: it does not serve yet")
+    } else {
+        Arc::from("mercuriod is starting: it does not serve yet")
+    };
+    let starting_answers = async {
+        match &admin {
+            Some(admin) => admin.serve(Answering::Starting(not_yet)).await,
+            None => std::future::pending().await,
+        }
+    };
     let started = tokio::select! {
         started = start_broker(config, log.clone(), shards) => started,
         signal = wait_stop(&mut signals) => {
             info!("{signal} received while starting: stopping");
             return ExitCode::SUCCESS;
         }
+        never = starting_answers => match never {},
     };
     let handle = match started {
         Ok(handle) => handle,
@@ -284,7 +297,7 @@ async fn serve(
     let admin_task = admin.map(|admin| {
         info!("admin socket: {}", admin.path().display());
         let (handle, log) = (handle.clone(), log.clone());
-        tokio::spawn(async move { admin.serve(handle, log).await })
+        tokio::spawn(async move { admin.serve(Answering::Broker(handle, log)).await })
     });
     systemd::ready("serving");
     systemd::spawn_watchdog();

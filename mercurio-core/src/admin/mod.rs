@@ -412,11 +412,14 @@ pub enum ErrorCode {
     Failed,
     /// This broker does not offer the operation (404).
     Unsupported,
+    /// Not serving yet: starting (restoring from storage), or a standby waiting for the
+    /// serving broker (503). Ask again once it serves.
+    Unavailable,
 }
 
 impl ErrorCode {
     /// The code as it is written in an answer: `not_found`, `conflict`, `bad_request`,
-    /// `failed`, `unsupported`.
+    /// `failed`, `unsupported`, `unavailable`.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::NotFound => "not_found",
@@ -424,6 +427,7 @@ impl ErrorCode {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Failed => "failed",
             ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Unavailable => "unavailable",
         }
     }
 }

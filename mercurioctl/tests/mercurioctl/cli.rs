@@ -86,6 +86,42 @@ fn every_command_against_no_broker() {
     }
 }
 
+/// A broker that does not serve yet (starting, or a standby waiting for the serving broker)
+/// answers `unavailable`: mercurioctl prints its reason and exits 69, as for no broker.
+#[test]
+fn a_broker_not_serving_yet_is_unavailable() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().expect("dir");
+    let socket = dir.path().join("m.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    const WHY: &str =
+        "mercuriod is a standby waiting for the serving broker: it does not serve yet";
+    let server = std::thread::spawn(move || {
+        for _ in EVERY_COMMAND {
+            let (stream, _) = listener.accept().expect("accept");
+            let mut request = String::new();
+            BufReader::new(&stream)
+                .read_line(&mut request)
+                .expect("request");
+            assert!(request.contains("\"command\""), "{request}");
+            let answer = serde_json::json!({"ok": false, "error": WHY, "code": "unavailable"});
+            (&stream)
+                .write_all(format!("{answer}\n").as_bytes())
+                .expect("answer");
+        }
+    });
+    for args in EVERY_COMMAND {
+        let mut all = vec!["--socket", socket.to_str().expect("utf-8")];
+        all.extend_from_slice(args);
+        let out = ctl(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{all:?}: {err}");
+        assert_eq!(err.trim(), format!("mercurioctl: {WHY}"), "{all:?}");
+        assert!(out.stdout.is_empty());
+    }
+    server.join().expect("the fake broker");
+}
+
 #[test]
 fn usage_errors() {
     for args in [

@@ -115,6 +115,17 @@ fn sigkill_of_the_serving_broker_and_the_standby_serves() {
     standby.wait_line("waiting for the serving broker", |l| {
         l.contains("waiting for the serving broker")
     });
+    // While it waits, its admin socket says so at once (code unavailable, 503 over HTTP).
+    let waiting =
+        mercurio_testkit::admin(&dir.path().join("b.sock"), r#"{"command":"broker.status"}"#);
+    assert_eq!(waiting["ok"], false, "{waiting}");
+    assert_eq!(waiting["code"], "unavailable", "{waiting}");
+    assert!(
+        waiting["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("standby waiting")),
+        "{waiting}"
+    );
 
     // A second broker that is not a standby exits, naming the serving host.
     let mut second = Daemon::with_file(&config(dir.path(), "c", &url, false)).spawn();
