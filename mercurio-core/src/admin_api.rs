@@ -66,8 +66,7 @@ pub const ADMIN_ROUTES: &[(&str, &str)] = &[
 /// result is the HTTP body (200); an [`Answer::Refused`]'s code chooses the HTTP status:
 /// [`ErrorCode::NotFound`] and [`ErrorCode::Unsupported`] 404, [`ErrorCode::Conflict`] 409,
 /// [`ErrorCode::Failed`] 500, [`ErrorCode::BadRequest`] 400, [`ErrorCode::Unavailable`] 503.
-/// The body of an error is
-/// `{"error":"one line"}`.
+/// The body of an error is `{"error":"one line"}`.
 #[async_trait]
 pub trait AdminHandler: Send + Sync + 'static {
     /// The answer to one request (already authenticated as an admin's).

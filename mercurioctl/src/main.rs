@@ -58,9 +58,8 @@ user or as root. A socket that belongs to another user is refused (except by roo
 
 Exit status: 0 on success; 1 when the broker refuses (no such client, invalid level, client
 connected); 2 for a usage error; 69 when the broker is not running, does not answer or does
-not serve yet (starting, or a standby waiting); 77 for
-permission denied or a refused socket path; 78 when -c FILE cannot be used. Errors are one line
-on standard error.
+not serve yet (starting, or a standby waiting); 77 for permission denied or a refused socket
+path; 78 when -c FILE cannot be used. Errors are one line on standard error.
 
 Examples:
   mercurioctl broker status
